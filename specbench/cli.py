@@ -1,0 +1,212 @@
+"""The `specbench` command line: thin wrappers that parse options into dataclasses and call one function each."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from . import __version__
+from .errors import SpecbenchError
+from .progress import console, out
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+    help="Benchmark speculative and parallel decoding methods on your own hardware.\n\n"
+         "Start with [bold]specbench run[/] (ar vs pld on HumanEval with the embedded SmolLM2-135M).")
+list_app = typer.Typer(help="List methods and datasets.", no_args_is_help=True)
+app.add_typer(list_app, name="list")
+
+
+def _version(value: bool):
+    if value:
+        out.print(f"specbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False):
+    pass
+
+
+@app.command()
+def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto"):
+    """Print the hardware and software that results will be recorded with."""
+    from .hardware import describe
+    from .models import resolve_device
+
+    table = Table(title="specbench environment", show_header=False)
+    for key, value in describe(resolve_device(device)).items():
+        table.add_row(key, str(value))
+    out.print(table)
+
+
+@list_app.command("methods")
+def list_methods():
+    """Decoding methods: name, kind, what they need, lossless or lossy."""
+    from .methods import REGISTRY
+
+    table = Table(title="methods")
+    for col in ("name", "kind", "needs", "exactness", "what it does"):
+        table.add_column(col)
+    for name, cls in REGISTRY.items():
+        table.add_row(name, cls.kind, " + ".join(cls.needs), "lossless" if cls.lossless else "lossy", cls.summary)
+    out.print(table)
+
+
+@list_app.command("datasets")
+def list_datasets():
+    """Benchmark datasets: where each is found and how many prompts it has."""
+    from . import datasets as ds
+
+    table = Table(title="datasets")
+    for col in ("name", "description", "sources (in the order tried)"):
+        table.add_column(col)
+    for name in ds.dataset_names():
+        spec = ds.get_spec(name)
+        sources = "\n".join(f"{place}: {state}" for place, state in ds.describe_sources(spec))
+        table.add_row(name, spec.description, sources)
+    out.print(table)
+
+
+@app.command()
+def run(
+    method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="Method to run (repeatable). "
+                      "`ar` always runs too, as the baseline.")] = None,
+    dataset: Annotated[Optional[list[str]], typer.Option("--dataset", "-d", help="Dataset name or a .jsonl "
+                       "file (repeatable).")] = None,
+    model: Annotated[str, typer.Option(help="smollm2-135m, HF id, local dir, .gguf file, random:<preset>")]
+    = "smollm2-135m",
+    drafter: Annotated[Optional[str], typer.Option(help="Draft model, for methods that need one.")] = None,
+    dtype: Annotated[str, typer.Option(help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, "
+                                            "float16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    limit: Annotated[int, typer.Option(help="Prompts per dataset (the first N).")] = 10,
+    max_new_tokens: Annotated[int, typer.Option(help="Cap on new tokens per turn.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (checks lossless methods against ar).")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (temperature > 0).")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Top-k sampling, 0 = off (temperature > 0).")] = 0,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    warmup: Annotated[int, typer.Option(help="Untimed warm-up generations per method.")] = 1,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default results/<time>).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue an interrupted run in --out (default: the newest "
+                                              "folder in results/).")] = False,
+    pld_ngram: Annotated[int, typer.Option(help="pld: longest n-gram looked up.")] = 3,
+    pld_draft_tokens: Annotated[int, typer.Option(help="pld: tokens copied after a match.")] = 10,
+):
+    """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
+    from .methods import MethodOptions
+    from .report import write_run_report
+    from .runner import RunConfig, default_out, run as run_benchmark
+
+    if out_dir is None:
+        out_dir = _newest_run() if resume else default_out()
+    cfg = RunConfig(
+        methods=tuple(method or ("ar", "pld")), datasets=tuple(dataset or ("humaneval",)), model=model,
+        drafter=drafter, dtype=dtype, device=device, limit=limit, max_new_tokens=max_new_tokens,
+        temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, threads=threads,
+        data_file=data_file, out=out_dir, resume=resume,
+        options=MethodOptions(pld_ngram=pld_ngram, pld_draft_tokens=pld_draft_tokens))
+    try:
+        run_dir = run_benchmark(cfg)
+    except SpecbenchError as exc:
+        if getattr(exc, "out", None) and (Path(exc.out) / "records.csv").exists():
+            write_run_report(exc.out)  # partial summary of what finished
+        raise
+    summary = write_run_report(run_dir)
+    _print_summary(summary, f"results ({run_dir})")
+    console.print(f"Reports: {run_dir}/records.csv, summary.csv, report.md, speedup.png, tokens_per_s.png, tau.png")
+
+
+def _newest_run() -> Path:
+    from .runner import default_out
+
+    runs = sorted(p for p in default_out().parent.glob("*") if (p / "run.yaml").exists())
+    if not runs:
+        raise SpecbenchError("--resume: no earlier run in results/; pass --out with the run folder.")
+    return runs[-1]
+
+
+def _print_summary(summary, title: str) -> None:
+    table = Table(title=title)
+    for col in ("method", "dataset", "prompts", "tok/s", "speedup vs ar", "mean ratio", "tau", "accept",
+                "lossless"):
+        table.add_column(col, justify="left" if col in ("method", "dataset") else "right")
+
+    def fmt(v, spec="{:.2f}"):
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
+
+    for r in summary.itertuples(index=False):
+        loss = fmt(r.lossless_rate, "{:.0%}") + ("" if r.exactness != "lossy" else " (lossy)")
+        table.add_row(r.method, r.dataset, str(r.prompts), fmt(r.tokens_per_s), fmt(r.speedup, "{:.2f}x"),
+                      fmt(r.speedup_mean, "{:.2f}x"), fmt(r.tau), fmt(r.acceptance_rate), loss)
+    out.print(table)
+
+
+@app.command()
+def report(
+    runs: Annotated[list[Path], typer.Argument(help="Run folders written by `specbench run`.")],
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where a comparison of several runs goes.")]
+    = None,
+    fail_below: Annotated[Optional[float], typer.Option(help="Exit 1 when a method's speedup is below this.")]
+    = None,
+):
+    """Re-draw tables and plots from result CSVs, compare runs, and gate CI on speedup."""
+    from .report import below_threshold, compare_runs, write_run_report
+
+    if len(runs) == 1:
+        summary = write_run_report(runs[0])
+        _print_summary(summary, str(runs[0]))
+        console.print(f"Wrote {runs[0]}/summary.csv, report.md and plots.")
+    else:
+        target = out_dir or Path("specbench-report")
+        summary = compare_runs(runs, target)
+        summary["method"] = summary.run + ":" + summary.method
+        _print_summary(summary, "comparison")
+        console.print(f"Wrote {target}/comparison.csv, summary.md and plots.")
+    if fail_below is not None:
+        bad = below_threshold(summary, fail_below)
+        if len(bad):
+            for r in bad.itertuples(index=False):
+                console.print(f"[red]FAIL[/] {r.method} on {r.dataset}: speedup {r.speedup:.3f} < {fail_below}")
+            raise typer.Exit(1)
+        console.print(f"[green]OK[/] every method's speedup is at least {fail_below}")
+
+
+def main() -> None:
+    """Entry point: user mistakes print one clear line and exit non-zero, without a traceback."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning, module="transformers")
+    try:
+        app(standalone_mode=False)
+    except SpecbenchError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        sys.exit(130)
+    except (typer.Exit, SystemExit) as exc:
+        sys.exit(getattr(exc, "exit_code", getattr(exc, "code", 0)))
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        raise

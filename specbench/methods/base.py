@@ -1,0 +1,107 @@
+"""What every decoding method shares: options, the Generation result, the registry, stop handling, forwards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from ..errors import SpecbenchError
+from ..models import LoadedModel
+from ..verify import Sampling
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    """Knobs of all methods, one flat dataclass so the CLI maps options 1:1 (each method reads its own)."""
+
+    pld_ngram: int = 3  # longest n-gram to look up (tries n, n-1, ..., 1)
+    pld_draft_tokens: int = 10  # tokens copied after a match
+
+
+@dataclass
+class Generation:
+    """What one generate() call returns. Counting follows DESIGN.md §3."""
+
+    tokens: list[int] = field(default_factory=list)  # new token ids, up to and including a stop token
+    target_forwards: int = 0  # target forward passes, prefill included
+    accepted_lengths: list[int] = field(default_factory=list)  # tokens emitted by each target forward
+    drafted: int = 0  # draft tokens proposed for verification
+    accepted_drafts: int = 0  # of those, accepted
+    accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts by draft position
+    drafted_per_position: list[int] = field(default_factory=list)  # proposed drafts by draft position
+    phase_s: dict[str, float] = field(default_factory=dict)
+    stopped: bool = False  # ended on a stop token (not the length cap)
+
+    def count_draft(self, proposed: int, accepted: int) -> None:
+        """Record one verification of `proposed` draft tokens of which the first `accepted` were kept."""
+        self.drafted += proposed
+        self.accepted_drafts += accepted
+        for counts, n in ((self.drafted_per_position, proposed), (self.accepted_per_position, accepted)):
+            if len(counts) < proposed:
+                counts.extend([0] * (proposed - len(counts)))
+            for i in range(n):
+                counts[i] += 1
+
+    def emit(self, new: list[int], stop_ids: tuple[int, ...], max_new_tokens: int) -> bool:
+        """Append tokens from one target forward, cut at a stop token or the cap; True when generation is done."""
+        self.target_forwards += 1
+        kept = 0
+        for tok in new:
+            if len(self.tokens) >= max_new_tokens:
+                break
+            self.tokens.append(tok)
+            kept += 1
+            if tok in stop_ids:
+                self.stopped = True
+                break
+        self.accepted_lengths.append(kept)
+        return self.stopped or len(self.tokens) >= max_new_tokens
+
+
+class DecodeMethod:
+    """A decoding method. Subclasses set the class attributes and implement generate()."""
+
+    name: ClassVar[str]
+    kind: ClassVar[str]  # baseline | draft-free | draft-model | tree
+    needs: ClassVar[tuple[str, ...]] = ("target",)
+    lossless: ClassVar[bool] = True
+    summary: ClassVar[str] = ""
+
+    def __init__(self, target: LoadedModel, options: MethodOptions, drafter: LoadedModel | None = None):
+        self.target = target
+        self.options = options
+        self.drafter = drafter
+        if "drafter" in self.needs and drafter is None:
+            raise SpecbenchError(f"method {self.name} needs a drafter: pass --drafter")
+
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling: Sampling,
+                 generator: torch.Generator | None) -> Generation:
+        """input_ids: [1, T] prompt. Returns the new tokens and counters."""
+        raise NotImplementedError
+
+
+REGISTRY: dict[str, type[DecodeMethod]] = {}
+
+
+def register(cls: type[DecodeMethod]) -> type[DecodeMethod]:
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_method(name: str) -> type[DecodeMethod]:
+    if name not in REGISTRY:
+        raise SpecbenchError(f"unknown method {name!r}; available: {', '.join(REGISTRY)} "
+                             "(see `specbench list methods`)")
+    return REGISTRY[name]
+
+
+def forward(model, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> torch.Tensor:
+    """Causal forward of input_ids [1, n] appended to `cache`; returns logits [n or logits_to_keep, V]."""
+    past = cache.get_seq_length()
+    n = input_ids.shape[1]
+    position_ids = torch.arange(past, past + n, device=input_ids.device).unsqueeze(0)  # [1, n]
+    out = model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                logits_to_keep=logits_to_keep)
+    return out.logits[0]

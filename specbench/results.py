@@ -1,0 +1,88 @@
+"""Result records (frozen dataclasses) and their files. The CSVs are the interface: reports never re-run models.
+
+A run directory holds:
+  run.yaml        the settings and environment of the run (a resumed run must match them)
+  records.csv     one row per method x prompt x turn, appended as each finishes
+  tokens.jsonl    the generated token ids of every row (for the lossless check and for resuming)
+  summary.csv     one row per method x dataset (written by report.py)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Record:
+    method: str
+    dataset: str
+    prompt_id: str
+    turn: int
+    prompt_tokens: int
+    new_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    target_forwards: int
+    tau: float  # new tokens / target forwards (bonus token included; ar = 1.00)
+    drafted: int
+    accepted_drafts: int
+    acceptance_rate: float  # accepted drafts / drafted (empty for methods that draft nothing)
+    lossless: str  # "match", "mismatch@<index>", or "" (no greedy reference)
+    stopped: bool  # ended on a stop token
+    peak_mem_mb: float
+    accepted_per_position: str  # "a1/d1 a2/d2 ...": accepted / drafted per draft position
+    temperature: float
+    model: str
+    dtype: str
+    device: str
+    threads: int
+    torch: str
+    transformers: str
+    git: str
+
+
+RECORD_COLUMNS = [f.name for f in fields(Record)]
+
+
+class RecordWriter:
+    """Appends records and their tokens, flushing each row so an interrupted run loses nothing."""
+
+    def __init__(self, run_dir: Path):
+        self.records_path = run_dir / "records.csv"
+        self.tokens_path = run_dir / "tokens.jsonl"
+        new = not self.records_path.exists()
+        self._csv_file = self.records_path.open("a", newline="")
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=RECORD_COLUMNS)
+        if new:
+            self._csv.writeheader()
+        self._tokens_file = self.tokens_path.open("a")
+
+    def write(self, record: Record, tokens: list[int]) -> None:
+        key = {"method": record.method, "dataset": record.dataset, "prompt_id": record.prompt_id,
+               "turn": record.turn}
+        self._tokens_file.write(json.dumps({**key, "tokens": tokens}) + "\n")
+        self._tokens_file.flush()
+        self._csv.writerow(asdict(record))
+        self._csv_file.flush()
+
+    def close(self) -> None:
+        self._csv_file.close()
+        self._tokens_file.close()
+
+
+def read_tokens(run_dir: Path) -> dict[tuple[str, str, str, int], list[int]]:
+    """(method, dataset, prompt_id, turn) -> token ids, from tokens.jsonl (a torn last line is ignored)."""
+    path = run_dir / "tokens.jsonl"
+    out: dict[tuple[str, str, str, int], list[int]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        out[(row["method"], row["dataset"], str(row["prompt_id"]), int(row["turn"]))] = row["tokens"]
+    return out
