@@ -3,23 +3,40 @@
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
+from typer.core import TyperGroup
 
 from . import __version__
 from .errors import SpecbenchError
 from .progress import console, out
 
+class _ClearErrors(TyperGroup):
+    """User mistakes (SpecbenchError) print one clear line and exit non-zero, without a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except SpecbenchError as exc:
+            console.print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/]")
+            raise typer.Exit(130) from None
+
+
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+    cls=_ClearErrors, add_completion=False, no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_enable=False,
     help="Benchmark speculative and parallel decoding methods on your own hardware.\n\n"
          "Start with [bold]specbench run[/] (ar vs pld on HumanEval with the embedded SmolLM2-135M).")
 list_app = typer.Typer(help="List methods and datasets.", no_args_is_help=True)
 app.add_typer(list_app, name="list")
+train_app = typer.Typer(help="Train the small artefacts some methods need (drafters, prompt tokens, ...).",
+                        no_args_is_help=True)
+app.add_typer(train_app, name="train")
 
 
 def _version(value: bool):
@@ -100,6 +117,13 @@ def run(
                                               "folder in results/).")] = False,
     pld_ngram: Annotated[int, typer.Option(help="pld: longest n-gram looked up.")] = 3,
     pld_draft_tokens: Annotated[int, typer.Option(help="pld: tokens copied after a match.")] = 10,
+    gamma: Annotated[Optional[int], typer.Option(help="sd / pearl: draft length (default: measured).")] = None,
+    pearl_exec: Annotated[str, typer.Option(help="pearl: threads, streams, devices, sequential or auto.")]
+    = "auto",
+    draft_device: Annotated[Optional[str], typer.Option(help="pearl devices mode: the drafter's device.")] = None,
+    tree: Annotated[str, typer.Option(help="Tree methods: auto, a trees/*.yaml path, or size=N.")] = "auto",
+    artifact: Annotated[Optional[str], typer.Option(help="Trained artefact to use instead of the shipped "
+                                                        "one (prompt tokens, heads, ...).")] = None,
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
     from .methods import MethodOptions
@@ -113,7 +137,8 @@ def run(
         drafter=drafter, dtype=dtype, device=device, limit=limit, max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, threads=threads,
         data_file=data_file, out=out_dir, resume=resume,
-        options=MethodOptions(pld_ngram=pld_ngram, pld_draft_tokens=pld_draft_tokens))
+        options=MethodOptions(pld_ngram=pld_ngram, pld_draft_tokens=pld_draft_tokens, gamma=gamma,
+                              pearl_exec=pearl_exec, draft_device=draft_device, tree=tree, artifact=artifact))
     try:
         run_dir = run_benchmark(cfg)
     except SpecbenchError as exc:
@@ -181,7 +206,7 @@ def report(
 
 
 def main() -> None:
-    """Entry point: user mistakes print one clear line and exit non-zero, without a traceback."""
+    """Console-script entry point: quiet library logging, then the Typer app."""
     import logging
     import warnings
 
@@ -191,22 +216,4 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     logging.getLogger("transformers").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=UserWarning, module="transformers")
-    try:
-        app(standalone_mode=False)
-    except SpecbenchError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]")
-        sys.exit(130)
-    except (typer.Exit, SystemExit) as exc:
-        sys.exit(getattr(exc, "exit_code", getattr(exc, "code", 0)))
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(130)
-        raise
+    app()

@@ -88,8 +88,8 @@ def environment(device: torch.device, dtype: torch.dtype | None = None) -> dict:
         "device": device_name(device),
         "device_type": device.type,
         "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "torch": str(torch.__version__),
+        "transformers": str(transformers.__version__),
         "git": git_revision(),
     }
     if dtype is not None:

@@ -8,7 +8,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 console = Console(stderr=True)
+if not console.is_terminal:
+    console = Console(stderr=True, width=160)
 out = Console()
+if not out.is_terminal:  # CI logs and pipes: wide enough that tables are not truncated
+    out = Console(width=160)
 
 
 @contextmanager

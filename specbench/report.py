@@ -57,7 +57,8 @@ def summarize(records: pd.DataFrame, temperature_greedy: bool = True) -> pd.Data
         ar_d = records[(records.method == "ar") & (records.dataset == dataset)]
         ar_tps = ar_d.new_tokens.sum() / ar_d.wall_s.sum() if len(ar_d) and ar_d.wall_s.sum() > 0 else math.nan
         tps = g.new_tokens.sum() / g.wall_s.sum() if g.wall_s.sum() > 0 else math.nan
-        joined = g.join(ar[["tokens_per_s"]], on=["dataset", "prompt_id", "turn"], rsuffix="_ar")
+        joined = g.merge(ar[["tokens_per_s"]].reset_index(), on=["dataset", "prompt_id", "turn"],
+                         suffixes=("", "_ar"))
         ratios = joined.tokens_per_s / joined.tokens_per_s_ar
         checked = g.lossless[g.lossless.astype(str) != ""]
         drafted = g.drafted.sum() if "drafted" in g else 0
@@ -118,6 +119,8 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     """summary.csv, report.md and plots for one run folder; returns the summary."""
     run_dir = Path(run_dir)
     records = read_records(run_dir)
+    if records.empty:
+        raise SpecbenchError(f"{run_dir}: the run has no results yet (every prompt was skipped or none finished).")
     summary = summarize(records)
     summary.to_csv(run_dir / "summary.csv", index=False)
     write_plots(summary, run_dir)

@@ -185,7 +185,7 @@ class Runner:
             if method.name == "ar":
                 reference[key] = gen.tokens
             lossless = ""
-            if self.cfg.sampling.greedy and key in reference:
+            if self.cfg.sampling.greedy and key in reference and method.name != "ar":
                 lossless = _compare(gen.tokens, reference[key])
             writer.write(self.record(method.name, dataset, prompt.id, turn, ids.shape[1], gen, seconds, mem,
                                      lossless), gen.tokens)

@@ -18,6 +18,11 @@ class MethodOptions:
 
     pld_ngram: int = 3  # longest n-gram to look up (tries n, n-1, ..., 1)
     pld_draft_tokens: int = 10  # tokens copied after a match
+    gamma: int | None = None  # sd / pearl: draft length (None = method's measured default)
+    pearl_exec: str = "auto"  # pearl: threads | streams | devices | sequential | auto
+    draft_device: str | None = None  # pearl --pearl-exec devices: where the drafter runs
+    tree: str = "auto"  # tree methods: auto | path to a trees/*.yaml | size=N
+    artifact: str | None = None  # trained artefact (prompt tokens, heads, ...) path; None = the shipped default
 
 
 @dataclass

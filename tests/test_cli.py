@@ -1,0 +1,177 @@
+"""The command line end to end on a tiny random model: outputs, resume, Ctrl-C, reports and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench import __version__
+from specbench.cli import app
+from specbench.runner import Runner
+
+cli = CliRunner()
+TINY = ["--model", "random:tiny", "--max-new-tokens", "24", "--warmup", "0"]
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    rows = [{"prompt": "def add(a, b): return a + b\n" * 3}, {"instruction": "count 1 2 3 4 5 6 1 2 3"},
+            {"question": "what is 12 + 30?"}, {"turns": ["hello there", "and again hello there"]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def invoke(*args):
+    return cli.invoke(app, [str(a) for a in args])
+
+
+def test_help_and_version():
+    result = invoke("--help")
+    assert result.exit_code == 0 and "run" in result.output and "report" in result.output
+    assert invoke("--version").output.strip() == f"specbench {__version__}"
+    assert "--max-new-tokens" in invoke("run", "--help").output
+
+
+def test_list_and_env():
+    methods = invoke("list", "methods")
+    assert methods.exit_code == 0 and "ar" in methods.output and "pld" in methods.output
+    assert "lossless" in methods.output
+    datasets = invoke("list", "datasets")
+    assert datasets.exit_code == 0 and "humaneval" in datasets.output and "mt-bench" in datasets.output
+    env = invoke("env")
+    assert env.exit_code == 0 and "torch" in env.output and "threads" in env.output
+
+
+def test_run_writes_records_summary_report_and_plots(tmp_path, prompts_file):
+    out = tmp_path / "run"
+    result = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 4, "--out", out)
+    assert result.exit_code == 0, result.output
+    for name in ("records.csv", "summary.csv", "report.md", "speedup.png", "tokens_per_s.png", "tau.png", "run.yaml"):
+        assert (out / name).exists(), name
+    records = pd.read_csv(out / "records.csv")
+    assert len(records) == 2 * 5  # 2 methods x (3 one-turn prompts + 1 two-turn prompt)
+    summary = pd.read_csv(out / "summary.csv")
+    pld = summary[summary.method == "pld"].iloc[0]
+    assert pld.lossless_rate == 1.0 and pld.tau >= 1.0 and pld.speedup > 0
+    assert "speedup vs ar" in result.output
+
+
+def test_existing_run_needs_resume(tmp_path, prompts_file):
+    out = tmp_path / "run"
+    assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out).exit_code == 0
+    again = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out)
+    assert again.exit_code != 0 and "--resume" in again.output
+    other = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", out, "--resume")
+    assert other.exit_code != 0 and "settings differ" in other.output
+
+
+def test_ctrl_c_keeps_records_and_resume_finishes(tmp_path, prompts_file, monkeypatch):
+    out = tmp_path / "run"
+    real = Runner.run_prompt
+    calls = {"n": 0}
+
+    def interrupt_on_fourth(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "run_prompt", interrupt_on_fourth)
+    args = ["run", *TINY, "--dataset", prompts_file, "--limit", 4, "--out", out]
+    result = invoke(*args)
+    assert result.exit_code == 130 and "--resume" in result.output
+    assert len(pd.read_csv(out / "records.csv")) == 3  # three finished method x prompt results kept
+
+    monkeypatch.setattr(Runner, "run_prompt", real)
+    resumed = invoke(*args, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    records = pd.read_csv(out / "records.csv")
+    assert len(records) == 10
+    assert not records.duplicated(["method", "dataset", "prompt_id", "turn"]).any()
+
+
+def test_long_prompt_is_truncated_not_fatal(tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"prompt": "word " * 400}) + "\n")  # 2000 bytes > 512-token context
+    result = invoke("run", *TINY, "--dataset", path, "--out", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    assert "exceed the context" in result.output
+    skipped = invoke("run", "--model", "random:tiny", "--max-new-tokens", 600, "--warmup", 0,
+                     "--dataset", path, "--out", tmp_path / "run2")
+    assert skipped.exit_code != 0 and "skip" in skipped.output and "no results" in skipped.output
+
+
+def test_report_compares_runs_and_gates_on_speedup(tmp_path, prompts_file):
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for run in runs:
+        assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", run).exit_code == 0
+    single = invoke("report", runs[0])
+    assert single.exit_code == 0 and (runs[0] / "summary.csv").exists()
+    both = invoke("report", *runs, "--out", tmp_path / "cmp", "--fail-below", 0.01)
+    assert both.exit_code == 0, both.output
+    assert (tmp_path / "cmp" / "summary.md").exists() and (tmp_path / "cmp" / "comparison.csv").exists()
+    gate = invoke("report", runs[0], "--fail-below", 100)
+    assert gate.exit_code == 1 and "FAIL" in gate.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--method", "nope"], "unknown method"),
+    (["--dataset", "nope"], "unknown dataset"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["--limit", "-1"], "--limit must be at least 1"),
+    (["--dtype", "float8"], "unknown dtype"),
+])
+def test_bad_run_options(tmp_path, args, message):
+    result = invoke("run", "--model", "random:tiny", "--out", tmp_path / "r", *args)
+    assert result.exit_code != 0
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_unknown_model(tmp_path, prompts_file):
+    result = invoke("run", "--model", "no-such-model", "--dataset", prompts_file, "--out", tmp_path / "r")
+    assert result.exit_code != 0 and "unknown model" in result.output
+
+
+def test_malformed_jsonl(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "ok"}\n{not json\n')
+    result = invoke("run", *TINY, "--dataset", path, "--out", tmp_path / "r")
+    assert result.exit_code != 0 and "line 2" in result.output
+
+
+def test_offline_without_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_DATA_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECBENCH_OFFLINE", "1")
+    result = invoke("run", *TINY, "--dataset", "gsm8k", "--out", tmp_path / "r")
+    assert result.exit_code != 0
+    assert "SPECBENCH_DATA_DIR" in result.output
+
+
+def test_unwritable_out(tmp_path, prompts_file):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = invoke("run", *TINY, "--dataset", prompts_file, "--out", blocker / "sub")
+    assert result.exit_code != 0 and "cannot write to --out" in result.output
+
+
+def test_report_of_missing_folder(tmp_path):
+    result = invoke("report", tmp_path / "nothing")
+    assert result.exit_code != 0 and "records.csv" in result.output
+
+
+@pytest.mark.skipif(not os.environ.get("SPECBENCH_DATA_DIR"), reason="needs SPECBENCH_DATA_DIR")
+def test_run_on_mt_bench_two_turns(tmp_path):
+    result = invoke("run", *TINY, "--dataset", "mt-bench", "--limit", 1, "--out", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    records = pd.read_csv(tmp_path / "r" / "records.csv")
+    assert sorted(records.turn.unique()) == [0, 1]
+    turn2 = records[(records.turn == 1) & (records.method == "ar")].iloc[0]
+    turn1 = records[(records.turn == 0) & (records.method == "ar")].iloc[0]
+    assert turn2.prompt_tokens > turn1.prompt_tokens + turn1.new_tokens  # turn 2 sees the model's own answer
