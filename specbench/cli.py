@@ -103,7 +103,7 @@ def run(
     dtype: Annotated[str, typer.Option(help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, "
                                             "float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
-    limit: Annotated[int, typer.Option(help="Prompts per dataset (the first N).")] = 10,
+    limit: Annotated[int, typer.Option(help="Prompts per dataset (the first N).")] = 6,
     max_new_tokens: Annotated[int, typer.Option(help="Cap on new tokens per turn.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy (checks lossless methods against ar).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (temperature > 0).")] = 1.0,
@@ -173,6 +173,56 @@ def _print_summary(summary, title: str) -> None:
         table.add_row(r.method, r.dataset, str(r.prompts), fmt(r.tokens_per_s), fmt(r.speedup, "{:.2f}x"),
                       fmt(r.speedup_mean, "{:.2f}x"), fmt(r.tau), fmt(r.acceptance_rate), loss)
     out.print(table)
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SpecbenchError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise SpecbenchError(f"{option}: give at least one value")
+    return values
+
+
+@app.command()
+def profile(
+    model: Annotated[str, typer.Option(help="Model spec; random:<preset> needs no download.")] = "smollm2-135m",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    widths: Annotated[str, typer.Option(help="Input widths n (tokens per forward).")] = "1,2,4,8,16,32,64,128",
+    kv_lengths: Annotated[str, typer.Option(help="KV-cache lengths the widths are timed on.")] = "128,512,1024",
+    repeats: Annotated[int, typer.Option(help="Timed forwards per point (median and p10/p90 reported).")] = 7,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", help="Profile YAML (default "
+                        "profiles/<hardware>/<model>-<dtype>.yaml).")] = None,
+):
+    """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`)."""
+    import torch
+
+    from .models import load_model
+    from .profile import default_path, measure, plot
+
+    width_list, kv_list = _int_list(widths, "--widths"), _int_list(kv_lengths, "--kv-lengths")
+    if threads:
+        torch.set_num_threads(threads)
+    target = load_model(model, dtype, device)
+    result = measure(target, width_list, kv_list, repeats)
+    path = out_path or default_path(result)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(result.to_yaml())
+    except OSError as exc:
+        raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    plot(result, path.with_suffix(".png"))
+    table = Table(title=f"L_fp(n) ms, {result.model} {result.dtype} on {result.hardware}")
+    table.add_column("width n", justify="right")
+    for kv in result.curves:
+        table.add_column(f"KV {kv}", justify="right")
+    for i, n in enumerate(result.widths):
+        table.add_row(str(n), *(f"{c['median_ms'][i]:.2f}" for c in result.curves.values()))
+    out.print(table)
+    console.print(f"Wrote {path} and {path.with_suffix('.png')}")
 
 
 @app.command()

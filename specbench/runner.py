@@ -36,7 +36,7 @@ class RunConfig:
     drafter: str | None = None
     dtype: str = "auto"
     device: str = "auto"
-    limit: int | None = 10
+    limit: int | None = 6
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0

@@ -1,0 +1,147 @@
+"""Latency curves for hardware that is not here: a roofline estimate from a chip's published peak rates.
+
+L_fp(n) ~= overhead + max(FLOPs(n) / peak FLOP/s, bytes(n) / memory bandwidth), with FLOPs and bytes of one
+forward of n tokens on a KV cache of length kv (weights read once; KV read once; attention FLOPs included).
+Everything estimated here is labelled `source: estimated`; a measured profile of the same hardware always wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import SpecbenchError
+from .profile import DEFAULT_KV_LENGTHS, LatencyProfile, load_profile
+
+
+@dataclass(frozen=True)
+class Chip:
+    """Published dense (no sparsity) bf16/fp16 tensor-core peak and memory bandwidth of one GPU."""
+
+    name: str
+    tflops: float  # dense bf16/fp16, fp32 accumulate
+    bandwidth_gbs: float
+    slug_hint: str  # substring of the NVML-derived hardware slug, to find measured profiles
+
+
+# Vendor datasheets (NVIDIA A100 / H100 / H200 / L40S / GeForce RTX 4090, 3090 whitepapers).
+CHIPS = {
+    "a100": Chip("NVIDIA A100-SXM4-40GB", 312.0, 1555.0, "a100-sxm4-40gb"),
+    "a100-80gb": Chip("NVIDIA A100-SXM4-80GB", 312.0, 2039.0, "a100-sxm4-80gb"),
+    "h100": Chip("NVIDIA H100 80GB HBM3 (SXM)", 989.0, 3350.0, "h100"),
+    "h200": Chip("NVIDIA H200 (SXM)", 989.0, 4800.0, "h200"),
+    "l40s": Chip("NVIDIA L40S", 362.0, 864.0, "l40s"),
+    "rtx4090": Chip("NVIDIA GeForce RTX 4090", 165.2, 1008.0, "rtx-4090"),
+    "rtx3090": Chip("NVIDIA GeForce RTX 3090", 71.0, 936.0, "rtx-3090"),
+}
+GPU_CHOICES = (*CHIPS, "cpu")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a roofline needs from a decoder-only config."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, config) -> "ModelShape":
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(config.num_hidden_layers, config.hidden_size, config.intermediate_size, heads,
+                   getattr(config, "num_key_value_heads", None) or heads, head_dim, config.vocab_size)
+
+    @property
+    def weights_per_layer(self) -> int:
+        q_o = 2 * self.hidden * self.heads * self.head_dim
+        k_v = 2 * self.hidden * self.kv_heads * self.head_dim
+        return q_o + k_v + 3 * self.hidden * self.intermediate
+
+    def flops(self, n: int, kv: int) -> float:
+        matmuls = 2 * n * (self.layers * self.weights_per_layer + self.vocab * self.hidden)
+        attention = 4 * n * (kv + n) * self.heads * self.head_dim * self.layers
+        return float(matmuls + attention)
+
+    def bytes(self, n: int, kv: int, bytes_per_value: int) -> float:
+        weights = self.layers * self.weights_per_layer + self.vocab * self.hidden
+        cache = 2 * self.layers * (kv + n) * self.kv_heads * self.head_dim
+        return float((weights + cache) * bytes_per_value)
+
+
+def default_overhead_ms(shape: ModelShape) -> float:
+    """Fixed per-forward cost (kernel launches, Python) when no measured profile supplies it: an assumption of
+    about 0.25 ms per decoder layer plus 1 ms, typical of eager PyTorch on a GPU."""
+    return 1.0 + 0.25 * shape.layers
+
+
+# Share of the datasheet peaks that eager PyTorch kernels reach in practice (assumptions, stated in every
+# estimated profile): large GEMMs reach about 60% of tensor-core peak, streaming reads about 80% of bandwidth.
+COMPUTE_EFFICIENCY = 0.6
+BANDWIDTH_EFFICIENCY = 0.8
+
+
+def roofline_ms(shape: ModelShape, chip: Chip, n: int, kv: int, bytes_per_value: int, overhead_ms: float) -> float:
+    compute_s = shape.flops(n, kv) / (chip.tflops * 1e12 * COMPUTE_EFFICIENCY)
+    memory_s = shape.bytes(n, kv, bytes_per_value) / (chip.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY)
+    return overhead_ms + 1000 * max(compute_s, memory_s)
+
+
+def estimate_profile(model: str, config, chip_key: str, dtype: str, widths, kv_lengths=DEFAULT_KV_LENGTHS,
+                     overhead_ms: float | None = None) -> LatencyProfile:
+    """An estimated LatencyProfile of `config` on a preset chip."""
+    chip = CHIPS[chip_key]
+    shape = ModelShape.from_config(config)
+    overhead = default_overhead_ms(shape) if overhead_ms is None else overhead_ms
+    width_bytes = 4 if dtype == "float32" else 2
+    curves = {}
+    for kv in kv_lengths:
+        med = [round(roofline_ms(shape, chip, n, kv, width_bytes, overhead), 4) for n in widths]
+        curves[kv] = {"median_ms": med, "p10_ms": med, "p90_ms": med}
+    meta = {"chip": chip.name, "peak_tflops": chip.tflops, "bandwidth_gbs": chip.bandwidth_gbs,
+            "overhead_ms": overhead, "compute_efficiency": COMPUTE_EFFICIENCY,
+            "bandwidth_efficiency": BANDWIDTH_EFFICIENCY,
+            "method": "roofline: overhead + max(FLOPs / (peak x efficiency), bytes / (bandwidth x efficiency))"}
+    return LatencyProfile(model, dtype, chip_key, "estimated", list(widths), curves, meta)
+
+
+def find_measured(root: Path, slug_hint: str, model: str, dtype: str) -> Path | None:
+    """A measured profile of this model and dtype on hardware whose slug contains slug_hint."""
+    if not root.exists():
+        return None
+    for folder in sorted(root.iterdir()):
+        candidate = folder / f"{model}-{dtype}.yaml"
+        if slug_hint in folder.name and candidate.exists():
+            return candidate
+    return None
+
+
+def resolve_profile(gpu: str, model: str, config, dtype: str, local_slug: str, widths,
+                    root: Path = Path("profiles")) -> LatencyProfile:
+    """The latency curve that `--gpu X` means: a profile path, a measured profile of that hardware (always wins),
+    else a roofline estimate from the chip preset. `cpu` means this machine's measured CPU profile."""
+    if gpu.endswith((".yaml", ".yml")) or Path(gpu).is_file():
+        return load_profile(gpu)
+    if gpu == "cpu":
+        hint = local_slug if local_slug.startswith("cpu-") else "cpu-"
+        path = find_measured(root, hint, model, dtype)
+        if path is None:
+            raise SpecbenchError(f"--gpu cpu: no measured profile of {model} ({dtype}) for this CPU under {root}/; "
+                                 f"run `specbench profile --model {model} --dtype {dtype} --device cpu` first")
+        return load_profile(path)
+    if gpu not in CHIPS:
+        raise SpecbenchError(f"unknown --gpu {gpu!r}: use one of {', '.join(GPU_CHOICES)} or a profile .yaml path")
+    measured = find_measured(root, CHIPS[gpu].slug_hint, model, dtype)
+    if measured is not None:
+        return load_profile(measured)
+    overhead = None
+    for folder in sorted(root.glob("*")) if root.exists() else []:
+        if CHIPS[gpu].slug_hint in folder.name:  # the same chip measured with another model: reuse its overhead
+            for other in folder.glob("*.yaml"):
+                overhead = load_profile(other).meta.get("overhead_ms")
+                break
+    return estimate_profile(model, config, gpu, dtype, widths, overhead_ms=overhead)

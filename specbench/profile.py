@@ -1,0 +1,181 @@
+"""`specbench profile`: forward latency L_fp(n) for n input tokens on top of a KV cache, per (hardware, model, dtype).
+
+PPD §4 chooses the tree size that maximises tau(n) / L_fp(n); this module measures L_fp. Each point is the
+median of `repeats` timed forwards after warm-up (CUDA events on GPU, perf_counter on CPU), with the p10 / p90
+spread. Latency needs no trained weights: `random:<preset>` models give the same curve as the real ones.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+from . import __version__
+from .cache import drop_last, new_cache
+from .errors import SpecbenchError
+from .hardware import environment, gpu_facts, hardware_slug
+from .methods.base import forward
+from .models import LoadedModel, dtype_name
+from .progress import progress_bar
+
+DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)
+DEFAULT_KV_LENGTHS = (128, 512, 1024)
+
+
+@dataclass
+class LatencyProfile:
+    """Latency curves of one (hardware, model, dtype): ms per forward, for each KV length and input width."""
+
+    model: str
+    dtype: str
+    hardware: str  # slug, e.g. cpu-amd-epyc or nvidia-h100-80gb-hbm3
+    source: str  # measured | estimated
+    widths: list[int]
+    curves: dict[int, dict[str, list[float]]]  # kv_length -> {"median_ms": [...], "p10_ms": [...], "p90_ms": [...]}
+    meta: dict = field(default_factory=dict)
+
+    def latency_ms(self, width: float, kv_length: int | None = None) -> float:
+        """Median latency at `width` (linear interpolation between measured widths; clamped at the ends; linear
+        extrapolation beyond the widest), on the curve of the nearest measured KV length."""
+        kv = min(self.curves, key=lambda k: abs(k - kv_length)) if kv_length is not None else min(self.curves)
+        ys, xs = self.curves[kv]["median_ms"], self.widths
+        if width <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if width <= x1:
+                return y0 + (y1 - y0) * (width - x0) / (x1 - x0)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+        return ys[-1] + slope * (width - xs[-1])
+
+    def to_yaml(self) -> str:
+        data = {"kind": "latency-profile", "model": self.model, "dtype": self.dtype, "hardware": self.hardware,
+                "source": self.source, "widths": self.widths,
+                "curves": [{"kv_length": kv, **c} for kv, c in sorted(self.curves.items())], **self.meta}
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+def _float_list(value, path, name) -> list[float]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, (int, float)) for v in value):
+        raise SpecbenchError(f"{path}: field {name!r} must be a non-empty list of numbers")
+    return [float(v) for v in value]
+
+
+def load_profile(path: str | Path) -> LatencyProfile:
+    """Read and validate a profiles/*.yaml file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecbenchError(f"profile not found: {path} (make one with `specbench profile`)") from None
+    except yaml.YAMLError as exc:
+        raise SpecbenchError(f"{path}: malformed YAML ({exc})") from exc
+    if not isinstance(data, dict) or data.get("kind") != "latency-profile":
+        raise SpecbenchError(f"{path}: not a latency profile (expected `kind: latency-profile`)")
+    for key in ("model", "dtype", "hardware", "widths", "curves"):
+        if key not in data:
+            raise SpecbenchError(f"{path}: missing field {key!r}")
+    widths = [int(w) for w in _float_list(data["widths"], path, "widths")]
+    if widths != sorted(set(widths)) or widths[0] < 1:
+        raise SpecbenchError(f"{path}: field 'widths' must be increasing positive integers")
+    curves = {}
+    if not isinstance(data["curves"], list) or not data["curves"]:
+        raise SpecbenchError(f"{path}: field 'curves' must be a non-empty list")
+    for i, curve in enumerate(data["curves"]):
+        if not isinstance(curve, dict) or "kv_length" not in curve or "median_ms" not in curve:
+            raise SpecbenchError(f"{path}: curves[{i}] needs kv_length and median_ms")
+        median = _float_list(curve["median_ms"], path, f"curves[{i}].median_ms")
+        if len(median) != len(widths):
+            raise SpecbenchError(f"{path}: curves[{i}].median_ms has {len(median)} values for {len(widths)} widths")
+        curves[int(curve["kv_length"])] = {k: [float(x) for x in curve.get(k, median)]
+                                           for k in ("median_ms", "p10_ms", "p90_ms")}
+    meta = {k: v for k, v in data.items() if k not in ("kind", "model", "dtype", "hardware", "source", "widths",
+                                                      "curves")}
+    return LatencyProfile(str(data["model"]), str(data["dtype"]), str(data["hardware"]),
+                          str(data.get("source", "measured")), widths, curves, meta)
+
+
+def _timed_forward(model, ids: torch.Tensor, cache, device: torch.device) -> float:
+    """Milliseconds of one forward of ids [1, n] on top of the cache (the n new entries are dropped after)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        forward(model, ids, cache)
+        end.record()
+        torch.cuda.synchronize(device)
+        ms = start.elapsed_time(end)
+    else:
+        t0 = time.perf_counter()
+        forward(model, ids, cache)
+        ms = (time.perf_counter() - t0) * 1000
+    drop_last(cache, ids.shape[1])
+    return ms
+
+
+@torch.inference_mode()
+def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LENGTHS, repeats: int = 7,
+            warmup: int = 2) -> LatencyProfile:
+    """Measure L_fp(n) for every width on top of a random-token KV cache of every length."""
+    widths, kv_lengths = sorted(set(widths)), sorted(set(kv_lengths))
+    if repeats < 1 or warmup < 0 or widths[0] < 1 or kv_lengths[0] < 1:
+        raise SpecbenchError("profile: widths and KV lengths must be positive, --repeats at least 1")
+    if kv_lengths[-1] + widths[-1] > target.context_length:
+        raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + width {widths[-1]} exceeds the model's "
+                             f"context ({target.context_length}); lower --kv-lengths or --widths")
+    model, device = target.model, target.device
+    gen = torch.Generator().manual_seed(0)
+    vocab = min(target.vocab_size, 32000)
+    curves: dict[int, dict[str, list[float]]] = {}
+    with progress_bar() as bar:
+        task = bar.add_task("profiling", total=len(widths) * len(kv_lengths), info="")
+        for kv in kv_lengths:
+            cache = new_cache(model)
+            forward(model, torch.randint(0, vocab, (1, kv), generator=gen).to(device), cache, logits_to_keep=1)
+            med, lo, hi = [], [], []
+            for n in widths:
+                ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)
+                for _ in range(warmup):
+                    _timed_forward(model, ids, cache, device)
+                times = torch.tensor([_timed_forward(model, ids, cache, device) for _ in range(repeats)])
+                med.append(round(float(times.median()), 3))
+                lo.append(round(float(times.quantile(0.1)), 3))
+                hi.append(round(float(times.quantile(0.9)), 3))
+                bar.update(task, advance=1, info=f"kv {kv} n {n}: {med[-1]:.1f} ms")
+            curves[kv] = {"median_ms": med, "p10_ms": lo, "p90_ms": hi}
+    env = environment(device, target.dtype)
+    meta = {"device_name": env["device"], "threads": env["threads"], "repeats": repeats, "warmup": warmup,
+            "versions": {"torch": env["torch"], "transformers": env["transformers"], "specbench": __version__,
+                         "git": env["git"]}}
+    if device.type == "cuda":
+        meta["nvml"] = gpu_facts(device.index or 0)
+    return LatencyProfile(target.spec.removeprefix("random:"), dtype_name(target.dtype), hardware_slug(device),
+                          "measured", list(widths), curves, meta)
+
+
+def default_path(profile: LatencyProfile, root: Path = Path("profiles")) -> Path:
+    return root / profile.hardware / f"{profile.model}-{profile.dtype}.yaml"
+
+
+def plot(profile: LatencyProfile, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for kv, curve in sorted(profile.curves.items()):
+        ax.plot(profile.widths, curve["median_ms"], marker="o", label=f"KV {kv}")
+        ax.fill_between(profile.widths, curve["p10_ms"], curve["p90_ms"], alpha=0.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("input width n (tokens per forward)")
+    ax.set_ylabel("forward latency (ms)")
+    label = "" if profile.source == "measured" else " (source: estimated)"
+    ax.set_title(f"{profile.model} {profile.dtype} on {profile.hardware}{label}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

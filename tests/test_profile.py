@@ -1,0 +1,99 @@
+"""Latency profiles: measurement on a tiny model, YAML round trip, interpolation, malformed files."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.errors import SpecbenchError
+from specbench.profile import LatencyProfile, load_profile, measure
+
+
+def test_measure_and_round_trip(tiny, tmp_path):
+    prof = measure(tiny, widths=[1, 4, 2], kv_lengths=[16, 32], repeats=2, warmup=1)
+    assert prof.widths == [1, 2, 4] and sorted(prof.curves) == [16, 32]
+    for curve in prof.curves.values():
+        assert all(ms > 0 for ms in curve["median_ms"])
+        assert all(lo <= hi for lo, hi in zip(curve["p10_ms"], curve["p90_ms"]))
+    path = tmp_path / "p.yaml"
+    path.write_text(prof.to_yaml())
+    back = load_profile(path)
+    assert back.curves == prof.curves and back.widths == prof.widths and back.source == "measured"
+
+
+def test_latency_interpolates_and_extrapolates():
+    prof = LatencyProfile("m", "float32", "cpu-x", "measured", [1, 2, 4],
+                          {128: {"median_ms": [10.0, 12.0, 20.0], "p10_ms": [], "p90_ms": []}})
+    assert prof.latency_ms(1) == 10.0
+    assert prof.latency_ms(3) == pytest.approx(16.0)
+    assert prof.latency_ms(6) == pytest.approx(28.0)  # slope of the last segment
+    assert prof.latency_ms(2, kv_length=4096) == 12.0  # nearest KV curve
+
+
+@pytest.mark.parametrize("content, message", [
+    ("kind: latency-profile\nmodel: m\n", "missing field"),
+    ("[unclosed", "malformed YAML"),
+    ("kind: something-else\n", "not a latency profile"),
+    ("kind: latency-profile\nmodel: m\ndtype: f\nhardware: h\nwidths: [1, 2]\ncurves:\n"
+     "  - {kv_length: 1, median_ms: [1.0]}\n", "has 1 values for 2 widths"),
+])
+def test_malformed_profiles(tmp_path, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    with pytest.raises(SpecbenchError, match=message):
+        load_profile(path)
+
+
+def test_profile_command_writes_yaml_and_plot(tmp_path):
+    out = tmp_path / "prof.yaml"
+    result = CliRunner().invoke(app, ["profile", "--model", "random:tiny", "--widths", "1,2", "--kv-lengths",
+                                      "8", "--repeats", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load(out.read_text())
+    assert data["kind"] == "latency-profile" and data["source"] == "measured"
+    assert out.with_suffix(".png").exists()
+    bad = CliRunner().invoke(app, ["profile", "--model", "random:tiny", "--widths", "a,b"])
+    assert bad.exit_code != 0 and "comma-separated integers" in bad.output
+
+
+def _config(preset):
+    from transformers import AutoConfig
+
+    from specbench.models import RANDOM_PRESETS
+
+    d = dict(RANDOM_PRESETS[preset])
+    return AutoConfig.for_model(d.pop("model_type"), **d)
+
+
+def test_estimates_follow_the_chip_rates():
+    from specbench.latency_estimate import estimate_profile
+
+    cfg = _config("llama2-7b")
+    h100 = estimate_profile("llama2-7b", cfg, "h100", "bfloat16", [1, 16, 256], kv_lengths=[512])
+    r3090 = estimate_profile("llama2-7b", cfg, "rtx3090", "bfloat16", [1, 16, 256], kv_lengths=[512])
+    assert h100.source == "estimated"
+    h, r = h100.curves[512]["median_ms"], r3090.curves[512]["median_ms"]
+    assert r[0] > h[0]  # less bandwidth: slower single-token forwards
+    assert h[1] == pytest.approx(h[0], rel=0.05)  # memory-bound: flat at small widths
+    assert r[2] / r[0] > h[2] / h[0]  # fewer FLOP/s: the curve bends up earlier
+
+
+def test_resolve_profile_prefers_measured_and_rejects_unknown(tmp_path):
+    from specbench.latency_estimate import resolve_profile
+
+    cfg = _config("smollm2-135m")
+    est = resolve_profile("a100", "smollm2-135m", cfg, "bfloat16", "cpu-x", [1, 2], root=tmp_path)
+    assert est.source == "estimated"
+    measured = LatencyProfile("smollm2-135m", "bfloat16", "nvidia-a100-sxm4-40gb", "measured", [1, 2],
+                              {128: {"median_ms": [5.0, 5.1], "p10_ms": [5.0, 5.1], "p90_ms": [5.0, 5.1]}})
+    folder = tmp_path / "nvidia-a100-sxm4-40gb"
+    folder.mkdir()
+    (folder / "smollm2-135m-bfloat16.yaml").write_text(measured.to_yaml())
+    got = resolve_profile("a100", "smollm2-135m", cfg, "bfloat16", "cpu-x", [1, 2], root=tmp_path)
+    assert got.source == "measured" and got.latency_ms(1) == 5.0
+    with pytest.raises(SpecbenchError, match="unknown --gpu"):
+        resolve_profile("tpu9", "smollm2-135m", cfg, "bfloat16", "cpu-x", [1], root=tmp_path)
+    with pytest.raises(SpecbenchError, match="specbench profile"):
+        resolve_profile("cpu", "smollm2-135m", cfg, "bfloat16", "cpu-x", [1], root=tmp_path)
