@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -43,6 +44,11 @@ def path_prob(path: Path, acc) -> float:
     for depth, rank in enumerate(path):
         prob *= acc[depth][rank]
     return prob
+
+
+@lru_cache(maxsize=4096)
+def _optimal_candidates_cached(acc: tuple, n_c: int, max_depth: int) -> tuple[Path, ...]:
+    return tuple(optimal_candidates(acc, n_c, max_depth))
 
 
 def optimal_candidates(acc, n_c: int, max_depth: int) -> list[Path]:
@@ -80,11 +86,22 @@ def end_probs(paths: list[Path], acc) -> tuple[float, list[float]]:
     return 1.0 - root_children, [probs[p] - child_mass[p] for p in paths]
 
 
+@lru_cache(maxsize=65536)
+def _stats(acc_key: tuple, paths: tuple[Path, ...]) -> tuple[float, float, tuple[float, ...]]:
+    root_end, ends = end_probs(list(paths), acc_key)
+    return f_value(list(paths), acc_key), root_end, tuple(ends)
+
+
+def tree_stats(paths: list[Path], acc) -> tuple[float, float, tuple[float, ...]]:
+    """(f, root end probability, end probabilities) of a candidate tree, memoised (the search asks often)."""
+    return _stats(tuple(tuple(row) for row in acc), tuple(paths))
+
+
 def transition_matrix(trees: dict[int, StateTree], acc, m: int) -> np.ndarray:
     """P[k-1, i-1] = probability that state k leads to state i (the root carries m prompt tokens)."""
     P = np.zeros((m, m))
     for k, tree in trees.items():
-        root_end, ends = end_probs(tree.paths, acc)
+        _, root_end, ends = tree_stats(tree.paths, acc)
         P[k - 1, m - 1] += root_end
         for e, count in zip(ends, tree.prompt_tokens):
             P[k - 1, count - 1] += e
@@ -117,13 +134,17 @@ def remove_prompt_tokens(tree: StateTree, budget: int, acc, f_by_state: dict[int
     (every candidate keeps at least one prompt token)."""
     counts = list(tree.prompt_tokens)
     work = StateTree(tree.paths, counts)
-    _, ends = end_probs(tree.paths, acc)
-    while work.size > budget:
-        options = [(removal_loss(work, j, ends, f_by_state), j) for j, c in enumerate(counts) if c > 1]
-        if not options:
-            break
-        _, j = min(options)
+    _, _, ends = tree_stats(tree.paths, acc)
+    # a node's loss depends only on its own count, so a heap of each node's next loss gives the greedy order
+    heap = [(removal_loss(work, j, ends, f_by_state), j) for j, c in enumerate(counts) if c > 1]
+    heapq.heapify(heap)
+    excess = work.size - budget
+    while excess > 0 and heap:
+        _, j = heapq.heappop(heap)
         counts[j] -= 1
+        excess -= 1
+        if counts[j] > 1:
+            heapq.heappush(heap, (removal_loss(work, j, ends, f_by_state), j))
     return work
 
 
@@ -137,8 +158,10 @@ def max_candidates(acc, depth: int) -> int:
 
 def build_states(acc, m: int, n_c: dict[int, int], n: int) -> dict[int, StateTree]:
     """Trees for every state with the given candidate counts, prompt tokens greedily removed to size n."""
-    cands = {k: optimal_candidates(acc, min(n_c[k], max_candidates(acc, k)), k) for k in range(1, m + 1)}
-    f_by_state = {k: f_value(c, acc) for k, c in cands.items()}
+    key = tuple(tuple(row) for row in acc)
+    cands = {k: list(_optimal_candidates_cached(key, min(n_c[k], max_candidates(acc, k)), k))
+             for k in range(1, m + 1)}
+    f_by_state = {k: tree_stats(c, acc)[0] for k, c in cands.items()}
     f_by_state[0] = 0.0
     return {k: remove_prompt_tokens(StateTree(c, [m] * len(c)), n, acc, f_by_state) for k, c in cands.items()}
 
@@ -146,7 +169,7 @@ def build_states(acc, m: int, n_c: dict[int, int], n: int) -> dict[int, StateTre
 def amortized(trees: dict[int, StateTree], acc, m: int) -> tuple[float, np.ndarray]:
     """(R(T), stationary distribution) of a dynamic tree."""
     pi = stationary(transition_matrix(trees, acc, m))
-    return float(sum(pi[k - 1] * f_value(t.paths, acc) for k, t in trees.items())), pi
+    return float(sum(pi[k - 1] * tree_stats(t.paths, acc)[0] for k, t in trees.items())), pi
 
 
 @dataclass
