@@ -122,6 +122,8 @@ def run(
     = "auto",
     draft_device: Annotated[Optional[str], typer.Option(help="pearl devices mode: the drafter's device.")] = None,
     tree: Annotated[str, typer.Option(help="Tree methods: auto, a trees/*.yaml path, or size=N.")] = "auto",
+    tree_sizes: Annotated[Optional[str], typer.Option(help="Tree methods: sweep these sizes in one run "
+                                                           "(e.g. 4,8,16,32,64).")] = None,
     artifact: Annotated[Optional[str], typer.Option(help="Trained artefact to use instead of the shipped "
                                                         "one (prompt tokens, heads, ...).")] = None,
 ):
@@ -137,6 +139,7 @@ def run(
         drafter=drafter, dtype=dtype, device=device, limit=limit, max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, threads=threads,
         data_file=data_file, out=out_dir, resume=resume,
+        tree_sizes=tuple(_int_list(tree_sizes, "--tree-sizes")) if tree_sizes else (),
         options=MethodOptions(pld_ngram=pld_ngram, pld_draft_tokens=pld_draft_tokens, gamma=gamma,
                               pearl_exec=pearl_exec, draft_device=draft_device, tree=tree, artifact=artifact))
     try:

@@ -45,7 +45,7 @@ def read_records(run_dir: Path) -> pd.DataFrame:
 def _exactness(method: str) -> str:
     from .methods import REGISTRY
 
-    cls = REGISTRY.get(method)
+    cls = REGISTRY.get(method.split("@")[0])  # sweep labels: <method>@<tree size>
     return "" if cls is None else ("lossless" if cls.lossless else "lossy")
 
 

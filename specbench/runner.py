@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -48,6 +48,7 @@ class RunConfig:
     out: Path = Path("results/latest")
     resume: bool = False
     options: MethodOptions = field(default_factory=MethodOptions)
+    tree_sizes: tuple[int, ...] = ()  # tree methods run once per size, labelled <method>@<size>
 
     @property
     def sampling(self) -> Sampling:
@@ -58,6 +59,7 @@ class RunConfig:
         d = asdict(self)
         d.pop("out"), d.pop("resume")
         d["methods"], d["datasets"] = list(self.methods), list(self.datasets)
+        d["tree_sizes"] = list(self.tree_sizes)
         return d
 
 
@@ -73,6 +75,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SpecbenchError("sampling: need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0")
     for name in cfg.methods:
         get_method(name)
+    if any(n < 1 for n in cfg.tree_sizes):
+        raise SpecbenchError("--tree-sizes: sizes must be positive integers")
     methods = ("ar",) + tuple(dict.fromkeys(m for m in cfg.methods if m != "ar"))
     return RunConfig(**{**cfg.__dict__, "methods": methods})
 
@@ -130,8 +134,14 @@ class Runner:
     def __init__(self, cfg: RunConfig, target: LoadedModel, drafter: LoadedModel | None):
         self.cfg = cfg
         self.target = target
-        self.methods: dict[str, DecodeMethod] = {
-            name: get_method(name)(target, cfg.options, drafter) for name in cfg.methods}
+        self.methods: dict[str, DecodeMethod] = {}  # label -> method (label = name, or name@size in a sweep)
+        for name in cfg.methods:
+            cls = get_method(name)
+            if cfg.tree_sizes and cls.kind == "tree":
+                for n in cfg.tree_sizes:
+                    self.methods[f"{name}@{n}"] = cls(target, replace(cfg.options, tree=f"size={n}"), drafter)
+            else:
+                self.methods[name] = cls(target, cfg.options, drafter)
         self.env = environment(target.device, target.dtype)
 
     def prompt_ids(self, messages: list[dict], prompt: ds.Prompt) -> torch.Tensor | None:
@@ -171,9 +181,10 @@ class Runner:
                     method.generate(ids, min(self.cfg.max_new_tokens, 32), self.cfg.sampling,
                                     torch.Generator(device=self.target.device).manual_seed(0))
 
-    def run_prompt(self, dataset: str, prompt: ds.Prompt, index: int, method: DecodeMethod,
-                   reference: dict, writer: RecordWriter) -> float:
+    def run_prompt(self, dataset: str, prompt: ds.Prompt, index: int, label: str, reference: dict,
+                   writer: RecordWriter) -> float:
         """All turns of one prompt with one method; returns the tokens/s of the prompt (0 when skipped)."""
+        method = self.methods[label]
         answers: list[str] = []
         total_tokens, total_s = 0, 0.0
         for turn in range(len(prompt.turns)):
@@ -182,12 +193,12 @@ class Runner:
                 return 0.0
             gen, seconds, mem = self.generate(method, ids, self.cfg.seed * 1_000_003 + index * 16 + turn)
             key = (dataset, prompt.id, turn)
-            if method.name == "ar":
+            if label == "ar":
                 reference[key] = gen.tokens
             lossless = ""
-            if self.cfg.sampling.greedy and key in reference and method.name != "ar":
+            if self.cfg.sampling.greedy and key in reference and label != "ar":
                 lossless = _compare(gen.tokens, reference[key])
-            writer.write(self.record(method.name, dataset, prompt.id, turn, ids.shape[1], gen, seconds, mem,
+            writer.write(self.record(label, dataset, prompt.id, turn, ids.shape[1], gen, seconds, mem,
                                      lossless), gen.tokens)
             answers.append(self.target.tokenizer.decode(gen.tokens))
             total_tokens += len(gen.tokens)
@@ -256,7 +267,7 @@ def run(cfg: RunConfig) -> Path:
             task = bar.add_task("decoding", total=len(todo), info="")
             for dataset, index, prompt, method in todo:
                 bar.update(task, description=f"{dataset} {method}")
-                tps = runner.run_prompt(dataset, prompt, index, runner.methods[method], reference, writer)
+                tps = runner.run_prompt(dataset, prompt, index, method, reference, writer)
                 bar.update(task, advance=1, info=f"{tps:6.1f} tok/s")
     except KeyboardInterrupt:
         writer.close()
