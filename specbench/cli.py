@@ -110,6 +110,8 @@ def run(
     top_k: Annotated[int, typer.Option(help="Top-k sampling, 0 = off (temperature > 0).")] = 0,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     warmup: Annotated[int, typer.Option(help="Untimed warm-up generations per method.")] = 1,
+    repeats: Annotated[int, typer.Option(help="Timed generations per prompt turn; the median time is "
+                                              "recorded (use 3 on a noisy machine).")] = 1,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
     data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default results/<time>).")] = None,
@@ -137,7 +139,8 @@ def run(
     cfg = RunConfig(
         methods=tuple(method or ("ar", "pld")), datasets=tuple(dataset or ("humaneval",)), model=model,
         drafter=drafter, dtype=dtype, device=device, limit=limit, max_new_tokens=max_new_tokens,
-        temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, threads=threads,
+        temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, repeats=repeats,
+        threads=threads,
         data_file=data_file, out=out_dir, resume=resume,
         tree_sizes=tuple(_int_list(tree_sizes, "--tree-sizes")) if tree_sizes else (),
         options=MethodOptions(pld_ngram=pld_ngram, pld_draft_tokens=pld_draft_tokens, gamma=gamma,
@@ -228,6 +231,78 @@ def profile(
     console.print(f"Wrote {path} and {path.with_suffix('.png')}")
 
 
+@app.command("build-tree")
+def build_tree(
+    model: Annotated[str, typer.Option(help="Model the tree is for (its acceptance file and profile).")]
+    = "smollm2-135m",
+    gpu: Annotated[str, typer.Option(help="Hardware: a100, a100-80gb, h100, h200, l40s, rtx4090, rtx3090, cpu "
+                                          "(this CPU's measured profile), or a profile .yaml path. A measured "
+                                          "profile always wins over a preset estimate.")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="auto (float32 for cpu, bfloat16 for GPUs), float32, bfloat16, "
+                                            "float16")] = "auto",
+    prompt_tokens: Annotated[Optional[int], typer.Option(help="Prompt tokens m (default: all in the "
+                                                              "acceptance file).")] = None,
+    max_size: Annotated[int, typer.Option(help="Largest tree size n searched (candidates + their prompt "
+                                               "tokens).")] = 128,
+    kv_length: Annotated[int, typer.Option(help="KV length whose latency curve is used.")] = 512,
+    ept: Annotated[int, typer.Option(help="Ensemble tokens per prompt token (widens each forward).")] = 1,
+    acceptance: Annotated[Optional[Path], typer.Option(help="Acceptance file (default "
+                                                            "acceptance/<model>/ppd.yaml).")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", help="Tree file (default "
+                        "trees/<model>/<hardware>-<dtype>.yaml).")] = None,
+):
+    """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L_fp(n) on --gpu."""
+    import time
+
+    from .acceptance import read_rank_probs
+    from .buildtree import plot, size_curve, tree_file
+    from .hardware import hardware_slug
+    from .latency_estimate import GPU_CHOICES, resolve_profile
+    from .models import model_config, model_slug, resolve_device
+
+    start = time.perf_counter()
+    if gpu not in GPU_CHOICES and not gpu.endswith((".yaml", ".yml")):
+        raise SpecbenchError(f"unknown --gpu {gpu!r}: use one of {', '.join(GPU_CHOICES)} or a profile .yaml path")
+    dtype_name = {"auto": "float32" if gpu == "cpu" else "bfloat16", "fp32": "float32", "bf16": "bfloat16",
+                  "fp16": "float16"}.get(dtype, dtype)
+    if dtype_name not in ("float32", "bfloat16", "float16"):
+        raise SpecbenchError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
+    slug = model_slug(model)
+    acc_path = acceptance or Path("acceptance") / slug / "ppd.yaml"
+    acc = read_rank_probs(acc_path)
+    m = prompt_tokens or len(acc)
+    if m > len(acc):
+        raise SpecbenchError(f"--prompt-tokens {m}: {acc_path} has acceptance for {len(acc)} prompt tokens")
+    if max_size < 2 * 1:
+        raise SpecbenchError("--max-size must be at least 2 (one candidate plus its prompt token)")
+    if max_size < m:
+        raise SpecbenchError(f"--max-size {max_size} is smaller than the {m} prompt tokens")
+    local = hardware_slug(resolve_device("cpu"))
+    profile = resolve_profile(gpu, slug, model_config(model), dtype_name, local, [1, 2, 4, 8, 16, 32, 64, 128, 256,
+                                                                                  512])
+    with console.status(f"Searching dynamic sparse trees of sizes 2..{max_size}"):
+        curve = size_curve(acc[:m], m, profile, max_size, kv_length, ept)
+    result = tree_file(curve, m, slug, profile, str(acc_path), kv_length)
+    path = out_path or Path("trees") / slug / f"{profile.hardware}-{profile.dtype}.yaml"
+    result.write(path)
+    plot(curve, profile, path.with_suffix(".png"))
+    i = curve.best_index
+    label = " [yellow](source: estimated from the chip's published peak rates)[/]" \
+        if profile.source == "estimated" else " (measured profile)"
+    table = Table(title=f"PPD dynamic sparse tree for {slug} on {profile.hardware} {profile.dtype}")
+    for col in ("size n", "tau(n)", "L_fp ms", "predicted speedup"):
+        table.add_column(col, justify="right")
+    marks = sorted({1, 2, 4, 8, 16, 32, 64, 128, curve.best.size} & set(curve.sizes))
+    for n in marks:
+        j = curve.sizes.index(n)
+        style = "bold green" if n == curve.best.size else None
+        table.add_row(str(n), f"{curve.tau[j]:.3f}", f"{curve.latency_ms[j]:.2f}", f"{curve.speedup[j]:.3f}x",
+                      style=style)
+    out.print(table)
+    console.print(f"Chosen size {curve.best.size}: predicted tau {curve.tau[i]:.3f}, speedup {curve.speedup[i]:.3f}x"
+                  f"{label}. Wrote {path} and {path.with_suffix('.png')} in {time.perf_counter() - start:.1f} s.")
+
+
 @app.command()
 def report(
     runs: Annotated[list[Path], typer.Argument(help="Run folders written by `specbench run`.")],
@@ -256,6 +331,87 @@ def report(
                 console.print(f"[red]FAIL[/] {r.method} on {r.dataset}: speedup {r.speedup:.3f} < {fail_below}")
             raise typer.Exit(1)
         console.print(f"[green]OK[/] every method's speedup is at least {fail_below}")
+
+
+@train_app.command("ppd")
+def train_ppd(
+    model: Annotated[str, typer.Option(help="Model spec (the prompt tokens are trained for it).")] = "smollm2-135m",
+    prompt_tokens: Annotated[int, typer.Option(help="S: prompt tokens (token distances predicted).")] = 3,
+    ept: Annotated[int, typer.Option(help="Ensemble prompt tokens per prompt token.")] = 1,
+    data: Annotated[str, typer.Option(help="Dataset whose prompts are self-distilled.")] = "alpaca-eval",
+    steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 600,
+    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/ppd).")] = None,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 (bf16 trains ~2x faster on AMX CPUs).")]
+    = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay).")] = 0.01,
+    alpha: Annotated[float, typer.Option(help="Loss decay over prompt tokens.")] = 0.8,
+    insertions: Annotated[int, typer.Option(help="Random insertion points per sequence per step.")] = 32,
+    prompts: Annotated[int, typer.Option(help="Training prompts (after the held-out ones).")] = 300,
+    held_out: Annotated[int, typer.Option(help="First prompts left out for `specbench estimate`.")] = 100,
+    new_tokens: Annotated[int, typer.Option(help="Self-distilled continuation length.")] = 96,
+    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 50,
+    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
+    seed: Annotated[int, typer.Option(help="Data order, insertion points, initial tokens.")] = 0,
+    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+):
+    """Train PPD's prompt tokens (only their embeddings train; the model is frozen)."""
+    from .train.ppd import TrainConfig, train
+
+    cfg = TrainConfig(model=model, prompt_tokens=prompt_tokens, ept=ept, data=data, steps=steps, out=out,
+                      dtype=dtype, device=device, lr=lr, alpha=alpha, insertions=insertions, prompts=prompts,
+                      held_out=held_out, new_tokens=new_tokens, save_every=save_every, resume=resume, seed=seed,
+                      data_file=data_file)
+    path = train(cfg)
+    import yaml
+
+    meta = yaml.safe_load((path / "ppd.yaml").read_text())
+    console.print(f"Wrote {path}/prompt_tokens.safetensors, ppd.yaml, loss.png: {meta['steps']} steps, final loss "
+                  f"{meta['final_loss']} (from {meta['initial_loss']}), {meta['train_seconds']:.0f} s training + "
+                  f"{meta['data_seconds']:.0f} s data.")
+
+
+@app.command()
+def estimate(
+    method: Annotated[str, typer.Option(help="Method whose guesses are scored (ppd).")] = "ppd",
+    model: Annotated[str, typer.Option(help="Model spec.")] = "smollm2-135m",
+    data: Annotated[str, typer.Option(help="Validation prompts (held out of training).")] = "alpaca-eval",
+    limit: Annotated[int, typer.Option(help="Prompts scored (the first N).")] = 50,
+    new_tokens: Annotated[int, typer.Option(help="Greedy reference length per prompt.")] = 64,
+    artifact: Annotated[Optional[str], typer.Option(help="Prompt tokens (default: the shipped ones; "
+                                                        "untrained[:S] for random real-token embeddings).")] = None,
+    initial: Annotated[bool, typer.Option(help="Score the artefact's initial (untrained) embeddings.")] = False,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", help="Acceptance YAML (default "
+                        "acceptance/<model>/ppd.yaml).")] = None,
+):
+    """Top-k accuracy of the method's guesses per token distance (PPD Table 2), for `build-tree`."""
+    from . import acceptance
+    from . import prompt_tokens as pt
+    from .models import load_model
+
+    if method != "ppd":
+        raise SpecbenchError(f"estimate --method {method}: only ppd has an estimate so far")
+    if limit < 1 or new_tokens < 3:
+        raise SpecbenchError("--limit must be at least 1 and --new-tokens at least 3")
+    target = load_model(model, dtype, device)
+    tokens = pt.resolve(artifact, target)
+    if initial and not tokens.meta.get("untrained"):
+        tokens = pt.load(tokens.source, target, initial=True)  # the embeddings training started from
+    result = acceptance.estimate(target, tokens, data, limit, new_tokens, data_file)
+    path = out_path or acceptance.default_path(model, "ppd" + ("-initial" if initial else ""))
+    acceptance.write(result, path)
+    table = Table(title=f"prompt-token accuracy, {target.spec} {result['dtype']} ({tokens.source}), "
+                        f"{result['prompts']} {data} prompts")
+    table.add_column("distance", justify="left")
+    for k in (1, 2, 3, 5, 10):
+        table.add_column(f"top-{k}", justify="right")
+    for d, row in enumerate(result["topk_accuracy"]):
+        table.add_row(f"@{d + 1}", *(f"{row[k - 1]:.3f}" for k in (1, 2, 3, 5, 10)))
+    out.print(table)
+    console.print(f"Wrote {path} ({sum(result['positions'])} scored guesses, {result['seconds']:.0f} s)")
 
 
 def main() -> None:

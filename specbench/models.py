@@ -313,3 +313,27 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
             f"(presets: {', '.join(RANDOM_PRESETS)}).")
     with status(f"Loading {spec}"):
         return _load_hf(spec, dev, dt)
+
+
+def model_config(spec: str):
+    """The architecture config of a model spec without loading weights where possible (for latency estimates)."""
+    from transformers import AutoConfig
+
+    if spec == EMBEDDED_ALIAS or spec.removeprefix("random:") in RANDOM_PRESETS:
+        cfg = dict(RANDOM_PRESETS[spec.removeprefix("random:")])
+        return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    if spec.startswith("random:") and Path(spec[7:]).is_file():
+        cfg = json.loads(Path(spec[7:]).read_text())
+        return AutoConfig.for_model(cfg.pop("model_type", "llama"), **cfg)
+    if spec.endswith(".gguf"):
+        return load_model(spec, "float32", "cpu").model.config
+    try:
+        return AutoConfig.from_pretrained(spec)
+    except (OSError, ValueError) as exc:
+        raise SpecbenchError(f"could not read the config of model {spec!r}: {exc}") from exc
+
+
+def model_slug(spec: str) -> str:
+    """File-name form of a model spec: smollm2-135m, random:llama2-7b -> llama2-7b, org/name -> name."""
+    return Path(spec.removeprefix("random:")).stem.replace(".", "-").lower() if "/" in spec or "." in spec \
+        else spec.removeprefix("random:")

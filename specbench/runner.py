@@ -43,6 +43,7 @@ class RunConfig:
     top_k: int = 0
     seed: int = 0
     warmup: int = 1
+    repeats: int = 1  # timed generations per prompt turn (median wall time recorded)
     threads: int | None = None
     data_file: str | None = None
     out: Path = Path("results/latest")
@@ -69,6 +70,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SpecbenchError(f"--max-new-tokens must be at least 1 (got {cfg.max_new_tokens})")
     if cfg.limit is not None and cfg.limit < 1:
         raise SpecbenchError(f"--limit must be at least 1 (got {cfg.limit})")
+    if cfg.repeats < 1:
+        raise SpecbenchError(f"--repeats must be at least 1 (got {cfg.repeats})")
     if cfg.warmup < 0:
         raise SpecbenchError(f"--warmup must be 0 or more (got {cfg.warmup})")
     if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0:
@@ -159,14 +162,19 @@ class Runner:
         return torch.tensor([ids], device=self.target.device)
 
     def generate(self, method: DecodeMethod, input_ids: torch.Tensor, seed: int) -> tuple[Generation, float, float]:
+        """Generate `repeats` times with the same seed (same tokens); the wall time is the median of the repeats,
+        which keeps one-off stalls of a shared machine out of the numbers."""
         device = self.target.device
-        gen_rng = torch.Generator(device=device).manual_seed(seed)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        timed: dict = {}
-        with wall(device, timed):
-            gen = method.generate(input_ids, self.cfg.max_new_tokens, self.cfg.sampling, gen_rng)
-        return gen, timed["s"], peak_memory_mb(device)
+        times = []
+        for _ in range(self.cfg.repeats):
+            gen_rng = torch.Generator(device=device).manual_seed(seed)
+            timed: dict = {}
+            with wall(device, timed):
+                gen = method.generate(input_ids, self.cfg.max_new_tokens, self.cfg.sampling, gen_rng)
+            times.append(timed["s"])
+        return gen, sorted(times)[len(times) // 2], peak_memory_mb(device)
 
     def warm_up(self, prompts: list[ds.Prompt]) -> None:
         if not prompts or self.cfg.warmup == 0:

@@ -61,6 +61,12 @@ def test_run_writes_records_summary_report_and_plots(tmp_path, prompts_file):
     assert "speedup vs ar" in result.output
 
 
+def test_repeats_record_one_row_per_turn(tmp_path, prompts_file):
+    out = tmp_path / "run"
+    assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--repeats", 3, "--out", out).exit_code == 0
+    assert len(pd.read_csv(out / "records.csv")) == 2
+
+
 def test_existing_run_needs_resume(tmp_path, prompts_file):
     out = tmp_path / "run"
     assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out).exit_code == 0
@@ -125,6 +131,7 @@ def test_report_compares_runs_and_gates_on_speedup(tmp_path, prompts_file):
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     (["--limit", "-1"], "--limit must be at least 1"),
     (["--dtype", "float8"], "unknown dtype"),
+    (["--repeats", "0"], "--repeats must be at least 1"),
 ])
 def test_bad_run_options(tmp_path, args, message):
     result = invoke("run", "--model", "random:tiny", "--out", tmp_path / "r", *args)
