@@ -45,14 +45,20 @@ def main() -> None:
     totals = {"ar": [0, 0.0], "generate": [0, 0.0]}
     equal = 0
     print(f"{'prompt':>14} {'ar tok/s':>9} {'generate tok/s':>15} {'same tokens':>12}")
-    for prompt in prompts:
+    def timed(fn, ids):
+        start = time.perf_counter()
+        tokens = fn(ids)
+        return tokens, time.perf_counter() - start
+
+    run_ar = lambda ids: ar.generate(ids, args.max_new_tokens, Sampling(), None).tokens  # noqa: E731
+    run_hf = lambda ids: hf_generate(ids, args.max_new_tokens)  # noqa: E731
+    for i, prompt in enumerate(prompts):
         ids = torch.tensor([target.tokenizer.render([{"role": "user", "content": prompt.turns[0]}])])
-        start = time.perf_counter()
-        ours = ar.generate(ids, args.max_new_tokens, Sampling(), None).tokens
-        t_ar = time.perf_counter() - start
-        start = time.perf_counter()
-        theirs = hf_generate(ids, args.max_new_tokens)
-        t_hf = time.perf_counter() - start
+        # alternate which goes first, so drifting machine load does not favour one side
+        if i % 2 == 0:
+            (ours, t_ar), (theirs, t_hf) = timed(run_ar, ids), timed(run_hf, ids)
+        else:
+            (theirs, t_hf), (ours, t_ar) = timed(run_hf, ids), timed(run_ar, ids)
         same = ours == theirs
         equal += same
         totals["ar"][0] += len(ours); totals["ar"][1] += t_ar

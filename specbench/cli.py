@@ -240,8 +240,7 @@ def build_tree(
                                           "profile always wins over a preset estimate.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="auto (float32 for cpu, bfloat16 for GPUs), float32, bfloat16, "
                                             "float16")] = "auto",
-    prompt_tokens: Annotated[Optional[int], typer.Option(help="Prompt tokens m (default: all in the "
-                                                              "acceptance file).")] = None,
+    prompt_tokens: Annotated[int, typer.Option(help="Prompt tokens m (the states of the dynamic tree).")] = 3,
     max_size: Annotated[int, typer.Option(help="Largest tree size n searched (candidates + their prompt "
                                                "tokens).")] = 128,
     kv_length: Annotated[int, typer.Option(help="KV length whose latency curve is used.")] = 512,
@@ -254,7 +253,7 @@ def build_tree(
     """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L_fp(n) on --gpu."""
     import time
 
-    from .acceptance import read_rank_probs
+    from .acceptance import read_per_rank
     from .buildtree import plot, size_curve, tree_file
     from .hardware import hardware_slug
     from .latency_estimate import GPU_CHOICES, resolve_profile
@@ -269,19 +268,21 @@ def build_tree(
         raise SpecbenchError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
     slug = model_slug(model)
     acc_path = acceptance or Path("acceptance") / slug / "ppd.yaml"
-    acc = read_rank_probs(acc_path)
-    m = prompt_tokens or len(acc)
-    if m > len(acc):
-        raise SpecbenchError(f"--prompt-tokens {m}: {acc_path} has acceptance for {len(acc)} prompt tokens")
-    if max_size < 2 * 1:
-        raise SpecbenchError("--max-size must be at least 2 (one candidate plus its prompt token)")
-    if max_size < m:
-        raise SpecbenchError(f"--max-size {max_size} is smaller than the {m} prompt tokens")
+    if not acc_path.exists():
+        raise SpecbenchError(f"no acceptance estimates at {acc_path}: run `specbench estimate --method ppd --model "
+                             f"{model}` first, or pass --acceptance FILE")
+    m = prompt_tokens
+    if m < 1:
+        raise SpecbenchError("--prompt-tokens must be at least 1")
+    if max_size < max(2, m):
+        raise SpecbenchError(f"--max-size {max_size} is smaller than the {m} prompt tokens (and every candidate "
+                             "needs at least one prompt token: size >= 2)")
+    acc = read_per_rank(acc_path, m)
     local = hardware_slug(resolve_device("cpu"))
     profile = resolve_profile(gpu, slug, model_config(model), dtype_name, local, [1, 2, 4, 8, 16, 32, 64, 128, 256,
                                                                                   512])
     with console.status(f"Searching dynamic sparse trees of sizes 2..{max_size}"):
-        curve = size_curve(acc[:m], m, profile, max_size, kv_length, ept)
+        curve = size_curve(acc, m, profile, max_size, kv_length, ept)
     result = tree_file(curve, m, slug, profile, str(acc_path), kv_length)
     path = out_path or Path("trees") / slug / f"{profile.hardware}-{profile.dtype}.yaml"
     result.write(path)
@@ -339,14 +340,14 @@ def train_ppd(
     prompt_tokens: Annotated[int, typer.Option(help="S: prompt tokens (token distances predicted).")] = 3,
     ept: Annotated[int, typer.Option(help="Ensemble prompt tokens per prompt token.")] = 1,
     data: Annotated[str, typer.Option(help="Dataset whose prompts are self-distilled.")] = "alpaca-eval",
-    steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 600,
+    steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 450,
     out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/ppd).")] = None,
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16 (bf16 trains ~2x faster on AMX CPUs).")]
-    = "auto",
+    dtype: Annotated[str, typer.Option(help="auto (float32 on CPU: bf16 backward is slow there), float32, "
+                                            "bfloat16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay).")] = 0.01,
     alpha: Annotated[float, typer.Option(help="Loss decay over prompt tokens.")] = 0.8,
-    insertions: Annotated[int, typer.Option(help="Random insertion points per sequence per step.")] = 32,
+    insertions: Annotated[int, typer.Option(help="Random insertion points per sequence per step.")] = 64,
     prompts: Annotated[int, typer.Option(help="Training prompts (after the held-out ones).")] = 300,
     held_out: Annotated[int, typer.Option(help="First prompts left out for `specbench estimate`.")] = 100,
     new_tokens: Annotated[int, typer.Option(help="Self-distilled continuation length.")] = 96,

@@ -203,10 +203,11 @@ def search(acc, m: int, n: int, refine_rounds: int = 3) -> DynamicTree:
                key=lambda x: x[0])
     R, trees, pi, c = best
     counts = {k: c for k in range(1, m + 1)}
+    window = range(max(1, c - n // 8 - 2), min(n // 2, c + n // 8 + 2) + 1)  # per-state optima lie near c
     for _ in range(refine_rounds):
         improved = False
         for k in range(1, m + 1):
-            for alt in range(1, n // 2 + 1):
+            for alt in window:
                 trial = {**counts, k: alt}
                 r2, t2, p2 = evaluate(trial)
                 if r2 > R + 1e-12:

@@ -56,17 +56,18 @@ def next_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Genera
     return sample(warp_probs(logits, sampling), generator)
 
 
-def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor, bonus: bool = True) -> tuple[int, int | None]:
     """Longest prefix of draft [k] equal to the target's argmax; returns (accepted count, next token).
 
     target_logits: [k+1, V]. The next token is the target's argmax after the accepted prefix (correction on a
-    mismatch, bonus token when all k are accepted).
+    mismatch, bonus token when all k are accepted). With bonus=False target_logits is [k, V] and the next token is
+    None when all k are accepted (PEARL's post-verify keeps drafting instead of taking a bonus token).
     """
-    choice = target_logits.argmax(-1)  # [k+1]
+    choice = target_logits.argmax(-1)  # [k+1] ([k] without bonus)
     k = draft.shape[0]
     mismatch = (draft != choice[:k]).nonzero()
     n = int(mismatch[0, 0]) if mismatch.numel() else k
-    return n, int(choice[n])
+    return n, (int(choice[n]) if n < k or bonus else None)
 
 
 def speculative_accept(
@@ -74,7 +75,8 @@ def speculative_accept(
     p: torch.Tensor,
     q: torch.Tensor | None,
     generator: torch.Generator | None,
-) -> tuple[int, int]:
+    bonus: bool = True,
+) -> tuple[int, int | None]:
     """Speculative sampling (Leviathan et al. 2023, Alg. 1); returns (accepted count, next token).
 
     draft: [k] drafted tokens; p: [k+1, V] target probabilities; q: [k, V] draft probabilities, or None when the
@@ -82,7 +84,7 @@ def speculative_accept(
     resampling from p with x removed is the same rule.
     Accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); on the first rejection sample from
     norm(max(0, p_i - q_i)); when all k are accepted sample the bonus token from p_k. The emitted tokens are then
-    distributed exactly as p.
+    distributed exactly as p. bonus=False: p is [k, V] and the next token is None when all k are accepted.
     """
     k = draft.shape[0]
     for i in range(k):
@@ -101,7 +103,7 @@ def speculative_accept(
         if total <= 0.0:  # p == q up to rounding: any sample from p is exact
             residual, total = p[i], float(p[i].sum())
         return i, sample(residual / total, generator)
-    return k, sample(p[k], generator)
+    return k, (sample(p[k], generator) if bonus else None)
 
 
 def accept(
@@ -110,8 +112,91 @@ def accept(
     sampling: Sampling,
     q: torch.Tensor | None,
     generator: torch.Generator | None,
-) -> tuple[int, int]:
-    """Greedy prefix match at temperature 0, speculative sampling otherwise. target_logits: [k+1, V]."""
+    bonus: bool = True,
+) -> tuple[int, int | None]:
+    """Greedy prefix match at temperature 0, speculative sampling otherwise. target_logits: [k+1, V] ([k, V]
+    with bonus=False, when the next token is None if all k drafts are accepted)."""
     if sampling.greedy:
-        return greedy_accept(draft, target_logits)
-    return speculative_accept(draft, warp_probs(target_logits, sampling), q, generator)
+        return greedy_accept(draft, target_logits, bonus)
+    return speculative_accept(draft, warp_probs(target_logits, sampling), q, generator, bonus)
+
+
+# ------------------------------------------------------------------------------------------ tree verification
+# A tree step scores N nodes at once: node 0 is the root (the last accepted token), node i > 0 a candidate token
+# tokens[i] whose parent is parents[i] (parents before children). logits[i] [V] is the target's next-token
+# distribution after the path root .. i. Each function returns (accepted path of node indices from the root,
+# inclusive, and the next token): the emitted tokens are tokens[path[1:]] followed by the next token.
+
+def _path_to(node: int, parents: list[int]) -> list[int]:
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def _deepest(ok: list[bool], parents: list[int]) -> list[int]:
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    best = max((i for i in range(len(ok)) if ok[i]), key=lambda i: (depth[i], -i))
+    return _path_to(best, parents)
+
+
+def tree_greedy_accept(tokens: torch.Tensor, parents: list[int], logits: torch.Tensor) -> tuple[list[int], int]:
+    """The longest path whose tokens equal the target's argmax at their parents (exact match; lossless)."""
+    choice = logits.argmax(-1).tolist()  # [N]
+    toks = tokens.tolist()
+    ok = [True] + [False] * (len(toks) - 1)
+    for i in range(1, len(toks)):
+        ok[i] = ok[parents[i]] and toks[i] == choice[parents[i]]
+    path = _deepest(ok, parents)
+    return path, choice[path[-1]]
+
+
+def tree_typical_accept(tokens: torch.Tensor, parents: list[int], logits: torch.Tensor, sampling: Sampling,
+                        generator: torch.Generator | None, threshold: float = 0.09,
+                        alpha: float = 0.3) -> tuple[list[int], int]:
+    """Typical acceptance (Medusa §2.3.1, used by PPD at T > 0): a candidate x is accepted when its parent was and
+    p(x) > min(threshold, alpha * exp(-H(p))) under the parent's warped distribution p; the next token is sampled
+    from the last accepted node. LOSSY: the output distribution is not the target's. Greedy = exact match."""
+    if sampling.greedy:
+        return tree_greedy_accept(tokens, parents, logits)
+    probs = warp_probs(logits, sampling)  # [N, V]
+    entropy = -(probs * probs.clamp_min(1e-20).log()).sum(-1)  # [N]
+    limit = torch.minimum(torch.full_like(entropy, threshold), alpha * torch.exp(-entropy)).tolist()
+    toks = tokens.tolist()
+    ok = [True] + [False] * (len(toks) - 1)
+    for i in range(1, len(toks)):
+        par = parents[i]
+        ok[i] = ok[par] and float(probs[par, toks[i]]) > limit[par]
+    path = _deepest(ok, parents)
+    return path, sample(probs[path[-1]], generator)
+
+
+def tree_speculative_accept(tokens: torch.Tensor, parents: list[int], logits: torch.Tensor, sampling: Sampling,
+                            generator: torch.Generator | None) -> tuple[list[int], int]:
+    """Multi-candidate speculative sampling over siblings (SpecInfer, Miao et al. 2024, §4.2; deterministic
+    drafts): at a node with target distribution p, try its children x_1, x_2, ... in order; accept x_i with
+    probability p(x_i), else set p(x_i) = 0 and renormalise; after an acceptance descend into that child, when
+    every child is rejected sample the next token from the residual p. Each emitted token is distributed exactly
+    as the target's (lossless). Greedy = exact match."""
+    if sampling.greedy:
+        return tree_greedy_accept(tokens, parents, logits)
+    toks = tokens.tolist()
+    children: list[list[int]] = [[] for _ in toks]
+    for i in range(1, len(toks)):
+        children[parents[i]].append(i)
+    node = 0
+    while True:
+        p = warp_probs(logits[node], sampling)  # [V]
+        accepted = None
+        for child in children[node]:
+            x = toks[child]
+            if float(torch.rand((), generator=generator)) < float(p[x]):
+                accepted = child
+                break
+            p[x] = 0.0
+            p = p / p.sum()  # p(x) < 1 here (p(x) = 1 is always accepted), so the sum is positive
+        if accepted is None:
+            return _path_to(node, parents), sample(p, generator)
+        node = accepted

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from specbench.drafter import layer_drafter
 from specbench.methods import REGISTRY, MethodOptions, get_method
 from specbench.methods.pld import lookup_draft
 from specbench.verify import Sampling
@@ -15,7 +18,10 @@ from .conftest import prompt_ids
 def build(name: str, target, options: MethodOptions | None = None):
     """Instantiate a method with what it needs on the tiny model."""
     cls = get_method(name)
-    drafter = target if "drafter" in cls.needs else None
+    # drafter methods: one of the target's two layers as the drafter (another model, so acceptance is partial)
+    drafter = layer_drafter(target, [0]) if "drafter" in cls.needs else None
+    if "prompt tokens" in cls.needs and (options is None or options.artifact is None):
+        options = replace(options or MethodOptions(), artifact="untrained")  # ppd: random real-token embeddings
     return cls(target, options or MethodOptions(), drafter)
 
 

@@ -38,6 +38,7 @@ class Generation:
     drafted_per_position: list[int] = field(default_factory=list)  # proposed drafts by draft position
     phase_s: dict[str, float] = field(default_factory=dict)
     stopped: bool = False  # ended on a stop token (not the length cap)
+    timeline: list[dict] = field(default_factory=list)  # per-step draft/target busy spans (sd, pearl; timeline.py)
 
     def count_draft(self, proposed: int, accepted: int) -> None:
         """Record one verification of `proposed` draft tokens of which the first `accepted` were kept."""
@@ -78,8 +79,18 @@ class DecodeMethod:
         self.target = target
         self.options = options
         self.drafter = drafter
-        if "drafter" in self.needs and drafter is None:
-            raise SpecbenchError(f"method {self.name} needs a drafter: pass --drafter")
+        if "drafter" in self.needs:
+            if drafter is None:
+                self.drafter = self.default_drafter(target)
+            if self.drafter is None:
+                raise SpecbenchError(f"method {self.name} needs a drafter and {target.spec} has no shipped one: pass "
+                                     "--drafter (a model with the same tokenizer, or a folder written by "
+                                     "`specbench train drafter`)")
+
+    @classmethod
+    def default_drafter(cls, target: LoadedModel) -> LoadedModel | None:
+        """The drafter used when none is given (methods that need one override this); None = refuse."""
+        return None
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling: Sampling,
                  generator: torch.Generator | None) -> Generation:

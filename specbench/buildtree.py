@@ -1,0 +1,110 @@
+"""`specbench build-tree`: PPD's hardware-aware dynamic sparse tree (PPD §4.2, "Hardware-awareness", Fig. 8).
+
+For every size n: the best dynamic tree (treesearch.search) and its tau(n) = 1 + R(T) (hardware-independent);
+its expected forward latency sum_k pi_k L_fp(width_k) from the latency profile of the chosen hardware
+(hardware-dependent; width_k = the input width of state k's tree); speedup(n) = tau(n) L_fp(1) / that latency
+(relative to `ar`: one token per single-token forward). The chosen size maximises speedup(n).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .profile import LatencyProfile
+from .tree import TreeFile
+from .treesearch import DynamicTree, random_tree, search, static_tree
+
+
+def forward_width(tree: DynamicTree, state: int, m: int, ept: int) -> int:
+    """Input width of one state's forward: root + candidates + every prompt input (the root carries m)."""
+    t = tree.trees[state]
+    return 1 + len(t.paths) + (m + sum(t.prompt_tokens)) * ept
+
+
+def expected_latency_ms(tree: DynamicTree, m: int, ept: int, profile: LatencyProfile, kv_length: int) -> float:
+    return sum(p * profile.latency_ms(forward_width(tree, k, m, ept), kv_length)
+               for k, p in zip(range(1, m + 1), tree.pi))
+
+
+@dataclass
+class SizeCurve:
+    sizes: list[int]
+    tau: list[float]
+    latency_ms: list[float]
+    speedup: list[float]
+    static_tau: list[float]
+    random_tau: list[float]
+    best: DynamicTree
+
+    @property
+    def best_index(self) -> int:
+        return self.sizes.index(self.best.size)
+
+
+def size_curve(acc, m: int, profile: LatencyProfile, max_size: int, kv_length: int, ept: int = 1,
+               sizes: list[int] | None = None) -> SizeCurve:
+    """tau(n), latency(n) and speedup(n) for every size; the best tree by predicted speedup."""
+    sizes = sizes or list(range(2, max_size + 1))
+    base = profile.latency_ms(1, kv_length)
+    curve = SizeCurve([], [], [], [], [], [], best=None)  # type: ignore[arg-type]
+    best_speedup = -1.0
+    for n in sizes:
+        tree = search(acc, m, n)
+        latency = expected_latency_ms(tree, m, ept, profile, kv_length)
+        speedup = tree.tau * base / latency
+        curve.sizes.append(n)
+        curve.tau.append(round(tree.tau, 4))
+        curve.latency_ms.append(round(latency, 3))
+        curve.speedup.append(round(speedup, 4))
+        curve.static_tau.append(round(static_tree(acc, m, n).tau, 4))
+        curve.random_tau.append(round(sum(random_tree(acc, m, n, seed).tau for seed in range(4)) / 4, 4))
+        if speedup > best_speedup:
+            best_speedup, curve.best = speedup, tree
+    return curve
+
+
+def tree_file(curve: SizeCurve, m: int, model: str, profile: LatencyProfile, acceptance_source: str,
+              kv_length: int) -> TreeFile:
+    best = curve.best
+    i = curve.best_index
+    states = {k: list(zip(t.paths, t.prompt_tokens)) for k, t in best.trees.items()}
+    extra = {
+        "predicted_speedup": curve.speedup[i],
+        "stationary_distribution": [round(p, 4) for p in best.pi],
+        "latency_profile": {"hardware": profile.hardware, "source": profile.source, "dtype": profile.dtype,
+                            "kv_length": kv_length},
+        "acceptance": acceptance_source,
+        "curves": {"size": curve.sizes, "tau": curve.tau, "latency_ms": curve.latency_ms,
+                   "speedup": curve.speedup, "static_tau": curve.static_tau, "random_tau": curve.random_tau},
+    }
+    return TreeFile(states, m, model=model, hardware=profile.hardware, dtype=profile.dtype,
+                    built_by="specbench build-tree: PPD dynamic sparse tree, size maximising tau(n) / L_fp(n)",
+                    source=profile.source, predicted_tau=best.tau, extra=extra)
+
+
+def plot(curve: SizeCurve, profile: LatencyProfile, path: Path) -> None:
+    """Two panels: tau(n) of dynamic / static / random trees (Fig. 8a) and predicted speedup(n) (Fig. 8b)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.plot(curve.sizes, curve.tau, label="dynamic sparse tree")
+    left.plot(curve.sizes, curve.static_tau, label="static (all prompt tokens)", linestyle="--")
+    left.plot(curve.sizes, curve.random_tau, label="random (mean of 4)", linestyle=":")
+    left.set_xlabel("tree size n")
+    left.set_ylabel("predicted tau (tokens per forward)")
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    right.plot(curve.sizes, curve.speedup, color="C3")
+    right.axvline(curve.best.size, color="grey", linestyle="--", linewidth=1)
+    right.set_xlabel("tree size n")
+    right.set_ylabel("predicted speedup over ar")
+    label = " (source: estimated)" if profile.source == "estimated" else ""
+    right.set_title(f"{profile.hardware} {profile.dtype}{label}: best n = {curve.best.size}", fontsize=9)
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

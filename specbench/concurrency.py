@@ -1,0 +1,231 @@
+"""Running the drafter and the target at the same time (PEARL §3.4 "Parallelism", App. F/G deployment), and
+measuring what really overlaps on this hardware.
+
+Modes (`--pearl-exec`):
+  sequential  the draft job, then the target job, in the calling thread: the algorithm without overlap
+  threads     the draft job in a worker thread, the target job in the caller, CPU cores split between them
+              (torch's intra-op thread count is per calling thread: the worker sets its own)
+  streams     as threads, each job on its own CUDA stream of one GPU
+  devices     as threads, with the drafter on another device (--draft-device: a second GPU, or the CPU)
+  auto        the fastest of the modes this machine supports, by timing a PEARL-shaped step (not a guess)
+
+A job's busy span is stamped with perf_counter after synchronising the job's device, so it covers device work.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from .cache import crop_to, new_cache
+from .errors import SpecbenchError
+from .timing import synchronize
+
+MODES = ("sequential", "threads", "streams", "devices")
+
+
+@dataclass(frozen=True)
+class Span:
+    start: float
+    end: float
+
+
+def now(device: torch.device) -> float:
+    synchronize(device)
+    return time.perf_counter()
+
+
+class Executor:
+    """Runs (draft job, target job) pairs in one mode and stamps their busy spans (perf_counter seconds)."""
+
+    def __init__(self, mode: str, target_device: torch.device, draft_device: torch.device):
+        if mode not in MODES:
+            raise SpecbenchError(f"--pearl-exec {mode!r}: use one of {', '.join(MODES)} or auto")
+        self.mode, self.target_device, self.draft_device = mode, target_device, draft_device
+        total = torch.get_num_threads()
+        cpu_split = mode == "threads" and target_device.type == "cpu"
+        # on CPU the drafter (a few small layers) gets one core, the target the rest
+        self.draft_threads = 1 if cpu_split else (1 if draft_device.type == "cpu" and mode == "devices" else total)
+        self.target_threads = max(1, total - 1) if cpu_split else total
+        self._pool = None
+        self._streams = None
+        if mode == "streams":
+            if target_device.type != "cuda":
+                raise SpecbenchError("--pearl-exec streams needs a CUDA device (--device cuda)")
+            self._streams = (torch.cuda.Stream(target_device), torch.cuda.Stream(target_device))
+
+    @contextmanager
+    def session(self):
+        """Around one generation: the worker thread exists, the caller's thread count is the target's share."""
+        if self.mode != "sequential" and self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="specbench-draft",
+                                            initializer=torch.set_num_threads, initargs=(self.draft_threads,))
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.target_threads)
+        try:
+            yield self
+        finally:
+            torch.set_num_threads(before)
+
+    def _timed(self, job, device: torch.device, stream):
+        with torch.inference_mode():
+            if stream is None:
+                start = now(device)
+                result = job()
+                return result, Span(start, now(device))
+            with torch.cuda.stream(stream):
+                start = time.perf_counter()
+                result = job()
+                stream.synchronize()
+                return result, Span(start, time.perf_counter())
+
+    def both(self, draft_job, target_job):
+        """Run both jobs (concurrently unless sequential); returns (draft result, target result, spans)."""
+        d_stream, t_stream = (self._streams[1], self._streams[0]) if self._streams else (None, None)
+        if self.mode == "sequential":
+            d_res, d_span = self._timed(draft_job, self.draft_device, None)
+            t_res, t_span = self._timed(target_job, self.target_device, None)
+            return d_res, t_res, d_span, t_span
+        future = self._pool.submit(self._timed, draft_job, self.draft_device, d_stream)
+        t_res, t_span = self._timed(target_job, self.target_device, t_stream)
+        d_res, d_span = future.result()
+        return d_res, t_res, d_span, t_span
+
+    def draft_only(self, job):
+        stream = self._streams[1] if self._streams else None
+        if self.mode == "sequential":
+            return self._timed(job, self.draft_device, None)
+        return self._pool.submit(self._timed, job, self.draft_device, stream).result()
+
+    def target_only(self, job):
+        return self._timed(job, self.target_device, self._streams[0] if self._streams else None)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def available_modes(target_device: torch.device, draft_device: torch.device | None) -> list[str]:
+    """The modes this machine can run: threads needs 2+ cores, streams a GPU, devices a second device."""
+    modes = ["sequential"]
+    if target_device.type == "cpu" and torch.get_num_threads() >= 2:
+        modes.append("threads")
+    if target_device.type == "cuda":
+        modes.append("streams")
+    if draft_device is not None and draft_device != target_device:
+        modes.append("devices")
+    return modes
+
+
+def drafter_on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """A copy of the drafter on another device (with its own copy of any shared embedding and head)."""
+    if hasattr(model, "on_device"):
+        return model.on_device(device)
+    return copy.deepcopy(model).to(device)
+
+
+def _forward_cost(model, device, width: int, context: int = 64, reps: int = 5) -> float:
+    """Median seconds of one forward of `width` new tokens after `context` cached tokens."""
+    from .methods.base import forward
+
+    vocab = model.get_input_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, vocab, (1, context), generator=g).to(device)
+    new = torch.randint(0, vocab, (1, width), generator=g).to(device)
+    cache = new_cache(model)
+    times = []
+    with torch.inference_mode():
+        forward(model, ctx, cache, logits_to_keep=1)
+        for _ in range(reps + 1):
+            start = now(device)
+            forward(model, new, cache)
+            times.append(now(device) - start)
+            crop_to(cache, context)
+    return statistics.median(times[1:])
+
+
+def forward_costs(target, drafter_model, draft_device, widths=(1,), drafter_spec: str = "") -> dict:
+    """Measured forward times: target at each width, drafter at width 1 (memoised per target, drafter spec, device:
+    the methods' defaults then stay the same within a process, so seeded sampling is reproducible)."""
+    key = ("forward_costs", drafter_spec, str(draft_device), tuple(widths))
+    if key not in target.extras:
+        costs = {"target_s": {w: _forward_cost(target.model, target.device, w) for w in widths},
+                 "draft_s": _forward_cost(drafter_model, draft_device, 1)}
+        costs["c"] = costs["target_s"][widths[0]] / costs["draft_s"]
+        target.extras[key] = costs
+    return target.extras[key]
+
+
+def _pearl_step_cost(executor: Executor, target, drafter_model, gamma: int, reps: int = 3) -> float:
+    """Median seconds of a PEARL-shaped step in this mode: gamma drafter forwards || one gamma-wide target forward."""
+    from .methods.base import forward
+
+    vocab = target.model.get_input_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(1)
+    ctx = torch.randint(0, vocab, (1, 64), generator=g)
+    t_cache, d_cache = new_cache(target.model), new_cache(drafter_model)
+    t_dev, d_dev = executor.target_device, executor.draft_device
+
+    def draft_job():
+        for _ in range(gamma):
+            forward(drafter_model, ctx[:, :1].to(d_dev), d_cache)
+        crop_to(d_cache, 64)
+
+    def target_job():
+        forward(target.model, ctx[:, :gamma].to(t_dev), t_cache)
+        crop_to(t_cache, 64)
+
+    times = []
+    with executor.session():
+        executor.both(lambda: forward(drafter_model, ctx.to(d_dev), d_cache),
+                      lambda: forward(target.model, ctx.to(t_dev), t_cache))
+        for _ in range(reps + 1):
+            start = time.perf_counter()
+            executor.both(draft_job, target_job)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+@dataclass
+class Calibration:
+    mode: str
+    c: float  # target forward time / drafter forward time (1 token each), measured as the chosen mode runs them
+    step_s: dict  # mode -> seconds of a PEARL-shaped step (what `auto` compared)
+    c_by_mode: dict
+
+
+def calibrate(target, model_for, requested: str, draft_device: torch.device | None,
+              gamma: int | None, drafter_spec: str = "") -> Calibration:
+    """Pick the exec mode (auto: the fastest measured) and measure the speed ratio c (memoised per pair).
+
+    model_for(mode) gives the drafter module as that mode runs it (a copy on --draft-device for `devices`).
+    """
+    key = ("pearl_calibration", drafter_spec, requested, str(draft_device), gamma)
+    if key in target.extras:
+        return target.extras[key]
+    modes = available_modes(target.device, draft_device)
+    if requested != "auto" and requested not in modes:
+        raise SpecbenchError(f"--pearl-exec {requested} is not available here (available: {', '.join(modes)}); "
+                             "threads needs 2+ CPU cores, streams a GPU, devices a --draft-device other than the "
+                             "target's")
+    step_s, c_by_mode = {}, {}
+    for mode in (modes if requested == "auto" else [requested]):
+        executor = Executor(mode, target.device, draft_device if mode == "devices" else target.device)
+        model = model_for(mode)
+        with executor.session():
+            t1 = _forward_cost(target.model, target.device, 1)
+            d1 = executor.draft_only(lambda: _forward_cost(model, executor.draft_device, 1))[0]
+        c_by_mode[mode] = t1 / d1
+        step_s[mode] = _pearl_step_cost(executor, target, model, gamma or max(1, round(c_by_mode[mode])))
+        executor.close()
+    best = min(step_s, key=step_s.get)
+    result = Calibration(best, c_by_mode[best], step_s, c_by_mode)
+    target.extras[key] = result
+    return result

@@ -1,0 +1,155 @@
+"""`ppd`: Parallel Prompt Decoding (Chen et al. 2024, "Hardware-Aware Parallel Prompt Decoding for
+Memory-Efficient Acceleration of LLM Inference", §3 and §4, Fig. 2-3).
+
+Each step is one target forward over: the root (the last accepted token), a candidate tree whose tokens are the
+top-k guesses of the previously accepted node's prompt tokens, and the prompt tokens attached to every node
+(tree.py lays the input out and masks it). Verification walks the tree (exact match at T = 0; lossless
+multi-candidate speculative sampling at T > 0, or typical acceptance for `ppd-typical`); the cache keeps only the
+root and the accepted path; the accepted node's prompt-token logits give the next candidates, and how many prompt
+tokens it carried is the next state of the dynamic sparse tree. Extra memory over `ar`: the S x EPT embeddings.
+Counters: `drafted` counts the tree depth per step (the longest run that could be accepted).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import prompt_tokens as pt
+from ..acceptance import GENERIC_PER_RANK, read_per_rank
+from ..cache import cache_length, keep_positions, new_cache
+from ..errors import SpecbenchError
+from ..hardware import hardware_slug
+from ..models import dtype_name
+from ..progress import console
+from ..tree import Tree, TreeFile, attention_mask, locate, position_ids, resolve_tree
+from ..treesearch import StateTree, amortized, optimal_candidates
+from ..verify import next_token, tree_speculative_accept, tree_typical_accept
+from .base import DecodeMethod, Generation, register
+
+DEFAULT_SIZE = 16
+
+
+def best_first_tree(acc: list[list[float]], m: int, size: int, model: str = "", source: str = "") -> TreeFile:
+    """The default until `specbench build-tree` has run: in every state k the n_c = size // (m + 1) paths of
+    depth <= k with the largest product of per-depth rank probabilities (best-first), each carrying m prompt
+    tokens (PPD Fig. 8a's static tree)."""
+    if size < m + 1:
+        raise SpecbenchError(f"tree size {size} is too small for {m} prompt tokens: a candidate and its prompt "
+                             f"tokens need at least {m + 1}")
+    n_c = size // (m + 1)
+    states = {k: [(p, m) for p in optimal_candidates(acc, n_c, k)] for k in range(1, m + 1)}
+    R, _ = amortized({k: StateTree([p for p, _ in nodes], [c for _, c in nodes]) for k, nodes in states.items()},
+                     acc, m)
+    return TreeFile(states, m, model=model, built_by=f"best-first over {source or 'per-rank probabilities'}: "
+                    f"{n_c} candidates with the largest product, {m} prompt tokens on each", predicted_tau=1 + R)
+
+
+class _Layout:
+    """One state's tree with everything a step needs precomputed (mask part, positions, prompt rows)."""
+
+    def __init__(self, tree: Tree, table: torch.Tensor, device):
+        self.tree = tree
+        self.parents = tree.parents
+        self.visible = tree.visible(device)  # [q, q]
+        self.offsets = tree.offsets(device)  # [q]
+        self.rows = table[tree.prompt_rows()] if sum(tree.prompt_tokens) else None  # [P * E, H]
+        self.max_rank = max((p[-1] for p in tree.paths), default=-1) + 1
+
+
+@register
+class ParallelPromptDecoding(DecodeMethod):
+    name = "ppd"
+    kind = "tree"
+    needs = ("target", "prompt tokens")
+    summary = "parallel prompt decoding: trained prompt tokens guess a dynamic sparse tree, tree-verified"
+    typical = False  # ppd-typical: Medusa's typical acceptance at T > 0 (lossy)
+
+    def __init__(self, target, options, drafter=None):
+        super().__init__(target, options, drafter)
+        model, device, dtype = target.model, target.device, target.dtype
+        self.prompts = pt.resolve(options.artifact, target)
+        m = self.prompts.count
+        model_name = target.spec.removeprefix("random:")
+        acc_path = locate(f"acceptance/{model_name}/ppd.yaml")
+        acc = read_per_rank(acc_path, m) if acc_path else GENERIC_PER_RANK[:m]
+
+        def build(size: int) -> TreeFile:
+            return best_first_tree(acc, m, size, model_name, str(acc_path) if acc_path else "a generic table")
+
+        self.tree_file, self.tree_source = resolve_tree(options.tree, model_name, "ppd", hardware_slug(device),
+                                                        dtype_name(dtype), build, DEFAULT_SIZE)
+        if self.tree_file.prompt_tokens > m:
+            raise SpecbenchError(f"tree ({self.tree_source}) uses {self.tree_file.prompt_tokens} prompt tokens but "
+                                 f"the artefact ({self.prompts.source}) has {m}; use a tree built for {m}")
+        m = self.tree_file.prompt_tokens
+        table = self.prompts.table(dtype, device)  # [S * E, H]
+        ept = self.prompts.ept
+        self.layouts = {k: _Layout(self.tree_file.tree(k, ept), table, device) for k in self.tree_file.states}
+        self.layouts[0] = _Layout(Tree((), (m,), ept), table, device)  # no candidates: the prefill, or after a
+        self.m = m                                                     # node that carried no prompt tokens
+        console.print(f"[dim]ppd: tree {self.tree_source} (size {self.tree_file.size}), prompt tokens "
+                      f"{self.prompts.source}[/]")
+
+    def _forward(self, tokens: torch.Tensor, layout: _Layout, cache, prefix: int = 0) -> torch.Tensor:
+        """One forward of [prefix tokens, root, candidates | prompt inputs] -> hidden states of the tree [q, H]."""
+        model = self.target.model
+        past = cache_length(cache)
+        embeds = pt.embed(model, tokens, layout.rows)  # [1, prefix + q, H]
+        mask = attention_mask(layout.visible, past, embeds.dtype, prefix)
+        h = pt.hidden(model, embeds, mask, position_ids(layout.offsets, past, prefix), cache)
+        return h[prefix:]
+
+    def _prompt_logits(self, h: torch.Tensor, layout: _Layout, node: int) -> torch.Tensor:
+        """Logits [c, V] of the c prompt tokens of `node`, averaged over their ensemble copies (PPD §3.2)."""
+        slots = layout.tree.prompt_slots[node]
+        if not slots:
+            return h.new_zeros(0, self.target.vocab_size)
+        idx = torch.tensor(slots, device=h.device)  # [c, E]
+        return self.target.model.get_output_embeddings()(h[idx]).float().mean(1)
+
+    def _accept(self, tokens, parents, logits, sampling, generator):
+        if self.typical:
+            return tree_typical_accept(tokens, parents, logits, sampling, generator)
+        return tree_speculative_accept(tokens, parents, logits, sampling, generator)
+
+    @torch.inference_mode()
+    def generate(self, input_ids, max_new_tokens, sampling, generator):
+        model, stop_ids = self.target.model, self.target.tokenizer.stop_ids
+        head = model.get_output_embeddings()
+        gen = Generation()
+        cache = new_cache(model)
+        ids = input_ids[0]  # [T]
+        # 0. prefill: the prompt, its last token carrying the root's m prompt tokens
+        layout = self.layouts[0]
+        h = self._forward(ids, layout, cache, prefix=len(ids) - 1)
+        keep_positions(cache, len(ids) - 1, [0])
+        root = next_token(head(h[0]).float(), sampling, generator)
+        guesses = self._prompt_logits(h, layout, 0)  # [m, V]
+        done = gen.emit([root], stop_ids, max_new_tokens)
+        while not done:
+            layout = self.layouts[guesses.shape[0]]
+            tree = layout.tree
+            # 1. draft: candidate tokens = top-k guesses of the accepted node's prompt tokens, by rank
+            topk = guesses[: tree.depth].topk(max(layout.max_rank, 1), dim=-1).indices  # [D, K]
+            tokens = torch.cat([torch.tensor([root], device=ids.device), tree.candidate_tokens(topk)])  # [N]
+            # 2. verify: one forward over root, candidates and every node's prompt tokens
+            past = cache_length(cache)
+            h = self._forward(tokens, layout, cache)  # [q, H]
+            logits = head(h[: tree.nodes]).float()  # [N, V]
+            # 3. accept: the longest verified path, then the target's own next token
+            path, root = self._accept(tokens, layout.parents, logits, sampling, generator)
+            accepted = tokens[path[1:]].tolist()
+            gen.count_draft(tree.depth, len(accepted))
+            # 4. update cache: keep the root and the accepted path; next candidates from the last accepted node
+            keep_positions(cache, past, path)
+            guesses = self._prompt_logits(h, layout, path[-1])  # [c, V]: c is the next state
+            done = gen.emit(accepted + [root], stop_ids, max_new_tokens)
+        return gen
+
+
+@register
+class ParallelPromptDecodingTypical(ParallelPromptDecoding):
+    name = "ppd-typical"
+    lossless = False
+    typical = True
+    summary = "ppd with typical acceptance at T > 0 (Medusa's rule, posterior threshold 0.09, alpha 0.3; lossy)"

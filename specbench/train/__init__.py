@@ -1,0 +1,1 @@
+"""Training of the small artefacts some methods need: one module per artefact (prompt tokens, ...)."""

@@ -1,0 +1,181 @@
+"""PPD decoding on the tiny model: lossless with accepted multi-token paths (an oracle makes the guesses right),
+dynamic tree states, tree options, artefacts, and acceptance estimates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench import prompt_tokens as pt
+from specbench.acceptance import read_per_rank, score_sequence
+from specbench.cache import cache_length
+from specbench.errors import SpecbenchError
+from specbench.methods import MethodOptions, get_method
+from specbench.methods.ppd import ParallelPromptDecoding, best_first_tree
+from specbench.tree import TreeFile
+from specbench.verify import Sampling
+
+from .conftest import prompt_ids
+
+
+class Oracle(ParallelPromptDecoding):
+    """PPD whose prompt-token guesses put the true `ar` token at rank `rank` (rank 0 unless told otherwise):
+    exercises accepted paths deeper than one, sibling choice and cache compaction."""
+
+    name = "ppd-oracle-test"  # not registered
+    reference: list[int] = []
+    prompt_len = 0
+    rank = 1
+
+    def _forward(self, tokens, layout, cache, prefix=0):
+        self.past = cache_length(cache) + prefix
+        return super()._forward(tokens, layout, cache, prefix)
+
+    def _prompt_logits(self, h, layout, node):
+        real = super()._prompt_logits(h, layout, node)  # [c, V] (shape and the real computation)
+        node_pos = self.past + layout.tree.depths[node]
+        fake = torch.randn_like(real)
+        for j in range(real.shape[0]):
+            k = node_pos + 2 + j - self.prompt_len  # index into the reference of the token guessed
+            if k < len(self.reference):
+                fake[j, self.reference[k]] = 100.0 if self.rank == 0 else 50.0
+                if self.rank == 1:
+                    fake[j, (self.reference[k] + 1) % fake.shape[1]] = 100.0
+        return fake
+
+
+def _ar(tiny, ids, n):
+    return get_method("ar")(tiny, MethodOptions()).generate(ids, n, Sampling(), None).tokens
+
+
+SECOND_RANK = [((0,), 3), ((1,), 3), ((1, 0), 3), ((1, 1), 3), ((1, 1, 0), 3), ((1, 1, 1), 3)]
+
+
+@pytest.mark.parametrize("rank, tree", [(0, "size=12"), (0, "size=40"), (1, SECOND_RANK)])
+def test_greedy_equals_ar_when_guesses_are_accepted(tiny, tmp_path, rank, tree):
+    ids = prompt_ids(4)
+    ref = _ar(tiny, ids, 40)
+    if not isinstance(tree, str):  # the true token is the second guess: the tree must hold rank-1 paths
+        TreeFile({k: [(p, c) for p, c in tree if len(p) <= k] for k in (1, 2, 3)}, 3).write(tmp_path / "t.yaml")
+        tree = str(tmp_path / "t.yaml")
+    method = Oracle(tiny, MethodOptions(artifact="untrained", tree=tree))
+    method.reference, method.prompt_len, method.rank = ref, ids.shape[1], rank
+    gen = method.generate(ids, 40, Sampling(), None)
+    assert gen.tokens == ref
+    assert gen.target_forwards < len(ref) / 2, "right guesses must be accepted several at a time"
+    assert max(gen.accepted_lengths) >= 3
+
+
+def test_dynamic_states_follow_the_accepted_node(tiny):
+    """A tree whose nodes carry 1..m prompt tokens: each state's tree is used and output stays exact."""
+    # with right top-1 guesses the deepest node is accepted: state 3 -> 1 -> 2 -> 3 -> ...
+    states = {1: [((0,), 2), ((1,), 1)], 2: [((0,), 2), ((1,), 1), ((0, 0), 3)],
+              3: [((0,), 3), ((1,), 1), ((0, 0), 2), ((0, 0, 0), 1)]}
+    ids = prompt_ids(5)
+    ref = _ar(tiny, ids, 40)
+    used = []
+
+    class Tracking(Oracle):
+        def _forward(self, tokens, layout, cache, prefix=0):
+            used.append(layout.tree.depth)
+            return super()._forward(tokens, layout, cache, prefix)
+
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "t.yaml"
+        TreeFile(states, 3, model="tiny").write(path)
+        method = Tracking(tiny, MethodOptions(artifact="untrained", tree=str(path)))
+    method.reference, method.prompt_len, method.rank = ref, ids.shape[1], 0
+    gen = method.generate(ids, 40, Sampling(), None)
+    assert gen.tokens == ref
+    assert {1, 2, 3} <= set(used)
+
+
+def test_sampling_runs_and_is_seeded(tiny):
+    ids = prompt_ids(2)
+    for name in ("ppd", "ppd-typical"):
+        method = get_method(name)(tiny, MethodOptions(artifact="untrained"))
+        a = method.generate(ids, 20, Sampling(0.8), torch.Generator().manual_seed(1)).tokens
+        b = method.generate(ids, 20, Sampling(0.8), torch.Generator().manual_seed(1)).tokens
+        assert a == b and len(a) == 20
+    assert get_method("ppd-typical").lossless is False and get_method("ppd").lossless is True
+
+
+def test_tree_options_and_errors(tiny, tmp_path):
+    with pytest.raises(SpecbenchError, match="size=N"):
+        get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree="size=x"))
+    with pytest.raises(SpecbenchError, match="no such file"):
+        get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree=str(tmp_path / "none.yaml")))
+    with pytest.raises(SpecbenchError, match="too small"):
+        get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree="size=2"))
+    big = tmp_path / "big.yaml"
+    TreeFile({k: [((0,), k)] for k in range(1, 5)}, 4).write(big)
+    with pytest.raises(SpecbenchError, match="artefact"):
+        get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree=str(big)))
+    with pytest.raises(SpecbenchError, match="not a prompt-token artefact"):
+        get_method("ppd")(tiny, MethodOptions(artifact=str(tmp_path)))
+
+
+def test_best_first_tree_takes_the_most_probable_paths():
+    acc = [[0.5, 0.2, 0.1], [0.4, 0.3, 0.1], [0.3, 0.2, 0.1]]
+    tf = best_first_tree(acc, 3, 16)  # 4 candidates per state, 3 prompt tokens each
+    assert [p for p, _ in tf.states[3]] == [(0,), (1,), (0, 0), (0, 1)]
+    assert [p for p, _ in tf.states[1]] == [(0,), (1,), (2,)]  # state 1: depth <= 1
+    assert all(c == 3 for nodes in tf.states.values() for _, c in nodes) and tf.size <= 16
+
+
+def test_artefact_round_trip_and_model_check(tiny, tmp_path):
+    tokens = pt.untrained(tiny, 2, 2)
+    tokens.meta.update(model=tiny.spec, model_key=pt.model_key(tiny))
+    pt.save(tokens, tmp_path)
+    back = pt.load(tmp_path, tiny)
+    assert torch.equal(back.embeddings, tokens.embeddings) and back.count == 2 and back.ept == 2
+    assert torch.equal(pt.load(tmp_path, tiny, initial=True).embeddings, tokens.embeddings)
+    (tmp_path / pt.META_FILE).write_text("model: other\nmodel_key: abc\n")
+    with pytest.raises(SpecbenchError, match="trained for other"):
+        pt.load(tmp_path, tiny)
+
+
+def test_estimate_scores_against_the_true_tokens(tiny, tmp_path):
+    """score_sequence: rank of the true token among each prompt token's guesses; sane shape and values."""
+    tokens = pt.untrained(tiny, 3, 2)
+    ids = prompt_ids(1)[0].tolist()
+    ranks = score_sequence(tiny, tokens, ids, 10, chunk=7)
+    assert ranks.shape == (len(ids) - 12, 3)
+    assert ranks[-1, 1] == -1 and ranks[0, 2] >= 0  # no target beyond the end
+    assert ((ranks >= -1) & (ranks <= 10)).all()
+    path = tmp_path / "acc.yaml"
+    path.write_text("per_rank: [[0.5, 0.1], [0.3, 0.1]]\n")
+    assert read_per_rank(path, 2) == [[0.5, 0.1], [0.3, 0.1]]
+    with pytest.raises(SpecbenchError, match="need 3"):
+        read_per_rank(path, 3)
+
+
+def test_estimate_and_run_commands(tmp_path):
+    """`specbench estimate` writes the acceptance file and its table; `run --method ppd` on the tiny model."""
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"Say {i} {i} {i} again."}) + "\n" for i in range(3)))
+    out = tmp_path / "acc.yaml"
+    res = CliRunner().invoke(app, ["estimate", "--model", "random:tiny", "--artifact", "untrained", "--limit", "2",
+                                   "--new-tokens", "12", "--data-file", str(data), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "@1" in res.output and "top-5" in res.output
+    acc = yaml.safe_load(out.read_text())
+    assert len(acc["per_rank"]) == 3 and len(acc["topk_accuracy"][0]) == 10 and acc["prompts"] == 2
+    assert all(a <= b for a, b in zip(acc["topk_accuracy"][0], acc["topk_accuracy"][0][1:]))
+    res = CliRunner().invoke(app, ["run", "--method", "ppd", "--model", "random:tiny", "--artifact", "untrained",
+                                   "--dataset", str(data), "--limit", "2", "--max-new-tokens", "16", "--warmup", "0",
+                                   "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert "ppd" in res.output and "100%" in res.output  # lossless against ar
+    bad = CliRunner().invoke(app, ["estimate", "--method", "sd", "--model", "random:tiny"])
+    assert bad.exit_code != 0 and "only ppd" in bad.output
