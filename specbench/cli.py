@@ -372,6 +372,46 @@ def train_ppd(
                   f"{meta['data_seconds']:.0f} s data.")
 
 
+@train_app.command("drafter")
+def train_drafter(
+    model: Annotated[str, typer.Option(help="Target model spec (the drafter is trained for it).")] = "smollm2-135m",
+    layers: Annotated[int, typer.Option(help="L: decoder layers of the drafter (initialised from the target's "
+                                             "first and last layers).")] = 2,
+    vocab_top: Annotated[Optional[int], typer.Option(help="K: score only the K most frequent tokens of the "
+                                                          "data (cheaper drafts; verification stays exact).")] = None,
+    data: Annotated[str, typer.Option(help="Dataset whose prompts are self-distilled.")] = "alpaca-eval",
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 900,
+    batch: Annotated[int, typer.Option(help="Sequences per step.")] = 2,
+    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/drafter).")] = None,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 3e-4,
+    topk: Annotated[int, typer.Option(help="Teacher probabilities kept per position.")] = 32,
+    prompts: Annotated[int, typer.Option(help="Training prompts (after the held-out ones).")] = 300,
+    held_out: Annotated[int, typer.Option(help="First prompts left out (the agreement check uses them).")] = 100,
+    new_tokens: Annotated[int, typer.Option(help="Self-distilled continuation length.")] = 96,
+    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 100,
+    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
+    seed: Annotated[int, typer.Option(help="Data order.")] = 0,
+    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+):
+    """Train a small drafter for sd / pearl that shares the target's tokenizer, embeddings and LM head."""
+    from .train.drafter import DrafterConfig, train
+
+    cfg = DrafterConfig(model=model, layers=layers, vocab_top=vocab_top, data=data, steps=steps, batch=batch,
+                        out=out, dtype=dtype, device=device, lr=lr, topk=topk, prompts=prompts, held_out=held_out,
+                        new_tokens=new_tokens, save_every=save_every, resume=resume, seed=seed,
+                        data_file=data_file)
+    path = train(cfg)
+    import yaml
+
+    meta = yaml.safe_load((path / "drafter.yaml").read_text())
+    console.print(f"Wrote {path}/drafter.safetensors, drafter.yaml, loss.png: {meta['parameters'] / 1e6:.1f} M own "
+                  f"parameters, agreement with the target {meta['agreement']:.1%} (untrained "
+                  f"{meta['agreement_untrained']:.1%}), speed ratio c = {meta['speed_ratio_c']}, "
+                  f"{meta['train_seconds']:.0f} s training + {meta['data_seconds']:.0f} s data.")
+
+
 @app.command()
 def estimate(
     method: Annotated[str, typer.Option(help="Method whose guesses are scored (ppd).")] = "ppd",

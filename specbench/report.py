@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
+from . import timeline  # noqa: E402
 from .errors import SpecbenchError  # noqa: E402
 
 FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()
@@ -141,6 +142,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
            "turns whose tokens equal `ar`'s exactly (bf16/fp16 can flip near-ties).", ""]
     md += ["## Formulas", "", "```", FORMULAS, "```", ""]
     md += ["![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]
+    md += timeline.report_section(run_dir)  # sd / pearl runs: busy, idle, mutual waiting, Gantt PNGs
     (run_dir / "report.md").write_text("\n".join(md))
     return summary
 

@@ -17,6 +17,8 @@ import torch
 import yaml
 
 from . import datasets as ds
+from . import timeline
+from .drafter import resolve_drafter
 from .errors import SpecbenchError
 from .hardware import environment
 from .methods import MethodOptions, get_method
@@ -208,6 +210,9 @@ class Runner:
                 lossless = _compare(gen.tokens, reference[key])
             writer.write(self.record(label, dataset, prompt.id, turn, ids.shape[1], gen, seconds, mem,
                                      lossless), gen.tokens)
+            if gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
+                timeline.append(writer.records_path.parent, {"method": label, "dataset": dataset,
+                                                             "prompt_id": str(prompt.id), "turn": turn}, gen.timeline)
             answers.append(self.target.tokenizer.decode(gen.tokens))
             total_tokens += len(gen.tokens)
             total_s += seconds
@@ -254,7 +259,7 @@ def run(cfg: RunConfig) -> Path:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     target = load_model(cfg.model, cfg.dtype, cfg.device)
-    drafter = load_model(cfg.drafter, cfg.dtype, cfg.device) if cfg.drafter else None
+    drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device) if cfg.drafter else None
     runner = Runner(cfg, target, drafter)
     (out / "run.yaml").write_text(yaml.safe_dump({
         "settings": _plain(cfg.settings()), "environment": runner.env,

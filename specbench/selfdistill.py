@@ -38,3 +38,36 @@ def greedy_continuations(target: LoadedModel, prompts: list[list[int]], new_toke
                 out[i] = row[:cut]
             bar.update(task, advance=len(group))
     return [out[i] for i in range(len(prompts))]
+
+
+def training_sequences(target: LoadedModel, data: str, held_out: int, prompts: int, new_tokens: int,
+                       data_file: str | None = None, min_reply: int = 1) -> list[tuple[list[int], int]]:
+    """(prompt + greedy continuation, prompt length) pairs of prompts held_out..held_out+prompts-1 of `data`.
+
+    Shared by `train ppd` and `train drafter` and cached in <cache>/selfdistill/ (keyed by the model's weights
+    and these settings): generating them is the slow part of training on a CPU.
+    """
+    from .errors import SpecbenchError
+    from .models import cache_dir
+    from .prompt_tokens import model_key
+
+    source = data_file or data
+    key = {"format": 2, "model_key": model_key(target), "data": source, "prompts": prompts, "held_out": held_out,
+           "new_tokens": new_tokens}
+    name = "-".join(str(v) for v in key.values()).replace("/", "_")
+    path = cache_dir() / "selfdistill" / f"{name}.pt"
+    if path.exists():
+        saved = torch.load(path)
+        if saved["key"] == key:
+            return [(s, n) for s, n in saved["sequences"] if len(s) - n >= min_reply]
+    _, loaded = ds.load_prompts(data, held_out + prompts, data_file)
+    loaded = loaded[held_out:]
+    if not loaded:
+        raise SpecbenchError(f"{source} has no prompts after the {held_out} held out for estimates; lower "
+                             "--held-out or use a larger set")
+    rendered = [render(target, p) for p in loaded]
+    conts = greedy_continuations(target, rendered, new_tokens)
+    seqs = [(p + c, len(p)) for p, c in zip(rendered, conts)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"key": key, "sequences": seqs}, path)
+    return [(s, n) for s, n in seqs if len(s) - n >= min_reply]

@@ -20,16 +20,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import yaml
 
-from .. import datasets as ds
 from .. import prompt_tokens as pt
 from ..cache import new_cache
 from ..errors import SpecbenchError
 from ..hardware import cpu_model, device_name
 from ..models import LoadedModel, dtype_name, load_model
 from ..progress import console, progress_bar
-from ..selfdistill import greedy_continuations, render
+from ..selfdistill import training_sequences
 
 
 @dataclass(frozen=True)
@@ -82,29 +80,6 @@ def step_loss(target: LoadedModel, emb: torch.Tensor, seq: torch.Tensor, points:
     return (kl * alpha ** torch.arange(count, device=dev)).sum()
 
 
-def build_data(target: LoadedModel, cfg: TrainConfig) -> list[tuple[list[int], int]]:
-    """Self-distilled (prompt + greedy continuation, prompt length) pairs, cached in out/checkpoint/data.pt."""
-    path = cfg.out_dir / "checkpoint" / "data.pt"
-    key = {"format": 2, "model_key": pt.model_key(target), "data": cfg.data, "prompts": cfg.prompts,
-           "held_out": cfg.held_out, "new_tokens": cfg.new_tokens}
-    if path.exists():
-        saved = torch.load(path)
-        if saved["key"] == key:
-            console.print(f"Reusing self-distilled data from {path}")
-            return saved["sequences"]
-    _, prompts = ds.load_prompts(cfg.data, cfg.held_out + cfg.prompts, cfg.data_file)
-    prompts = prompts[cfg.held_out:]
-    if not prompts:
-        raise SpecbenchError(f"{cfg.data} has no prompts after the {cfg.held_out} held out for estimates; "
-                             "lower --held-out or use a larger set")
-    rendered = [render(target, p) for p in prompts]
-    conts = greedy_continuations(target, rendered, cfg.new_tokens)
-    seqs = [(p + c, len(p)) for p, c in zip(rendered, conts) if len(c) > cfg.prompt_tokens + 2]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"key": key, "sequences": seqs}, path)
-    return seqs
-
-
 def train(cfg: TrainConfig) -> Path:
     """Train, checkpoint, and write the artefact (safetensors + ppd.yaml + loss.png); returns its folder."""
     if cfg.prompt_tokens < 1 or cfg.ept < 1 or cfg.steps < 1 or cfg.insertions < 1:
@@ -115,7 +90,8 @@ def train(cfg: TrainConfig) -> Path:
     ckpt_path = out / "checkpoint" / "state.pt"
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()
                 if k not in ("steps", "resume", "out", "save_every")}
-    seqs = build_data(target, cfg)
+    seqs = training_sequences(target, cfg.data, cfg.held_out, cfg.prompts, cfg.new_tokens, cfg.data_file,
+                              min_reply=cfg.prompt_tokens + 3)
     data_s = time.perf_counter() - t_start
     rng = random.Random(cfg.seed)
     counts = torch.bincount(torch.tensor([t for s, n in seqs for t in s[n:]]), minlength=target.vocab_size).float()
@@ -185,7 +161,8 @@ def train(cfg: TrainConfig) -> Path:
     return out
 
 
-def plot_losses(losses: list[float], path: Path, title: str) -> None:
+def plot_losses(losses: list[float], path: Path, title: str,
+                ylabel: str = "sum_j 0.8^j KL(teacher || student)") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,7 +175,7 @@ def plot_losses(losses: list[float], path: Path, title: str) -> None:
         smooth = [sum(losses[i - k:i]) / k for i in range(k, len(losses) + 1)]
         ax.plot(range(k - 1, len(losses)), smooth, label=f"mean of {k}")
     ax.set_xlabel("step")
-    ax.set_ylabel("sum_j 0.8^j KL(teacher || student)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
