@@ -22,7 +22,7 @@ from ..hardware import hardware_slug
 from ..models import dtype_name
 from ..progress import console
 from ..tree import Tree, TreeFile, attention_mask, locate, position_ids, resolve_tree
-from ..treesearch import StateTree, amortized, optimal_candidates
+from ..treesearch import StateTree, amortized, optimal_candidates, search
 from ..verify import next_token, tree_speculative_accept, tree_typical_accept
 from .base import DecodeMethod, Generation, register
 
@@ -42,6 +42,17 @@ def best_first_tree(acc: list[list[float]], m: int, size: int, model: str = "", 
                      acc, m)
     return TreeFile(states, m, model=model, built_by=f"best-first over {source or 'per-rank probabilities'}: "
                     f"{n_c} candidates with the largest product, {m} prompt tokens on each", predicted_tau=1 + R)
+
+
+def searched_tree(acc: list[list[float]], m: int, size: int, model: str = "", source: str = "") -> TreeFile:
+    """`--tree size=N` (and the default without a tree file): the dynamic sparse tree of size N found by
+    build-tree's search (treesearch.search), so a size sweep measures the trees build-tree predicts for."""
+    if size < max(2, m):
+        raise SpecbenchError(f"tree size {size} is too small for {m} prompt tokens (size >= {max(2, m)})")
+    tree = search(acc, m, size)
+    states = {k: list(zip(t.paths, t.prompt_tokens)) for k, t in tree.trees.items()}
+    return TreeFile(states, m, model=model, built_by=f"dynamic sparse tree search at size {size} over "
+                    f"{source or 'per-rank probabilities'}", predicted_tau=tree.tau)
 
 
 class _Layout:
@@ -74,7 +85,7 @@ class ParallelPromptDecoding(DecodeMethod):
         acc = read_per_rank(acc_path, m) if acc_path else GENERIC_PER_RANK[:m]
 
         def build(size: int) -> TreeFile:
-            return best_first_tree(acc, m, size, model_name, str(acc_path) if acc_path else "a generic table")
+            return searched_tree(acc, m, size, model_name, str(acc_path) if acc_path else "a generic table")
 
         self.tree_file, self.tree_source = resolve_tree(options.tree, model_name, "ppd", hardware_slug(device),
                                                         dtype_name(dtype), build, DEFAULT_SIZE)
