@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from .cpu_kernels import prepack
 from .errors import SpecbenchError
 from .models import LoadedModel, load_model
 
@@ -143,6 +144,7 @@ def wrap(target: LoadedModel, module: torch.nn.Module, spec: str, meta: dict | N
 def layer_drafter(target: LoadedModel, layer_ids: list[int], vocab_ids: torch.Tensor | None = None) -> LoadedModel:
     """An untrained drafter made of copies of some of the target's layers (the training start; tests)."""
     module = SharedHeadDrafter(target.model, layer_ids, vocab_ids).requires_grad_(False)
+    prepack(module)
     return wrap(target, module, f"layers{layer_ids}")
 
 
@@ -180,6 +182,7 @@ def load_artifact(path: str | Path, target: LoadedModel, check_fingerprint: bool
     module.load_state_dict({k: v.to(module.norm.weight.dtype) if v.is_floating_point() else v
                             for k, v in state.items()})
     module.requires_grad_(False)
+    prepack(module)  # its own layers (the shared head is the target's, packed with it)
     return wrap(target, module, str(path), meta)
 
 

@@ -94,6 +94,10 @@ def environment(device: torch.device, dtype: torch.dtype | None = None) -> dict:
     }
     if dtype is not None:
         env["dtype"] = str(dtype).removeprefix("torch.")
+    if device.type == "cpu":
+        from .cpu_kernels import backend
+
+        env["cpu_linear"] = backend()  # float32 linear kernels (cpu_kernels.py)
     return env
 
 

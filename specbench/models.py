@@ -166,9 +166,16 @@ def _stop_ids(backend, model) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+MAX_PREPACK_PARAMS = 3_000_000_000  # packing keeps a second copy of the linear weights: skip for larger models
+
+
 def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
     model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
+    if device.type == "cpu" and dtype == torch.float32 and model.num_parameters() <= MAX_PREPACK_PARAMS:
+        from .cpu_kernels import prepack
+
+        prepack(model)  # oneDNN with packed weights: flat cost over small widths (cpu_kernels.py says why)
     ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
     tok = Tokenizer(backend, _stop_ids(backend, model))
     return LoadedModel(model, tok, spec, name, device, dtype, ctx, source)

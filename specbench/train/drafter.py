@@ -169,6 +169,7 @@ def train(cfg: DrafterConfig) -> Path:
     t_loop = time.perf_counter()
 
     def save_checkpoint(step: int) -> None:
+        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"settings": settings, "drafter": module.state_dict(), "optimizer": opt.state_dict(),
                     "step": step, "losses": losses, "rng": rng.getstate(),
                     "train_s": train_s + time.perf_counter() - t_loop}, ckpt_path)

@@ -116,6 +116,7 @@ def train(cfg: TrainConfig) -> Path:
     t_loop = time.perf_counter()
 
     def save_checkpoint(step: int) -> None:
+        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"settings": settings, "embeddings": emb.detach().cpu(), "optimizer": opt.state_dict(),
                     "step": step, "losses": losses, "rng": rng.getstate(), "init_token_ids": init_ids,
                     "train_s": train_s + time.perf_counter() - t_loop}, ckpt_path)
