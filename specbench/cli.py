@@ -302,6 +302,11 @@ def build_tree(
     out.print(table)
     console.print(f"Chosen size {curve.best.size}: predicted tau {curve.tau[i]:.3f}, speedup {curve.speedup[i]:.3f}x"
                   f"{label}. Wrote {path} and {path.with_suffix('.png')} in {time.perf_counter() - start:.1f} s.")
+    if curve.speedup[i] < 1:
+        console.print(f"[yellow]note[/] no tree size beats ar on {profile.hardware} in {profile.dtype}: even the "
+                      "smallest tree's forward costs more than its predicted tau gains. "
+                      "PPD will be slower than ar here; a flatter latency curve (another dtype or device) changes "
+                      "that.")
 
 
 @app.command()

@@ -179,3 +179,15 @@ def test_estimate_and_run_commands(tmp_path):
     assert "ppd" in res.output and "100%" in res.output  # lossless against ar
     bad = CliRunner().invoke(app, ["estimate", "--method", "sd", "--model", "random:tiny"])
     assert bad.exit_code != 0 and "only ppd" in bad.output
+
+
+def test_ppd_sampling_preserves_target_distribution(tiny):
+    """T > 0: ppd's multi-candidate tree verification keeps the target's distribution (2-token continuations),
+    with guesses that are often right (the oracle puts ar's greedy tokens among the candidates)."""
+    from .test_sd import check_distribution
+
+    ids = prompt_ids(0)[:, :20]
+    oracle = Oracle(tiny, MethodOptions(artifact="untrained", tree="size=12"))
+    oracle.reference, oracle.prompt_len, oracle.rank = _ar(tiny, ids, 8), ids.shape[1], 0
+    distance = check_distribution(oracle, tiny, trials=800)
+    assert distance < 0.1, f"TV {distance:.3f} between ppd samples and the target distribution"
