@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .profile import LatencyProfile
 from .tree import TreeFile
-from .treesearch import DynamicTree, random_tree, search, static_tree
+from .treesearch import DynamicTree, StateTree, amortized, random_tree, search, static_tree
 
 
 def forward_width(tree: DynamicTree, state: int, m: int, ept: int) -> int:
@@ -108,3 +108,21 @@ def plot(curve: SizeCurve, profile: LatencyProfile, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def predict(tree: TreeFile, acc, profile: LatencyProfile | None, kv_length: int = 512, ept: int = 1) -> dict:
+    """Predicted tau and speedup of a tree file (any size; what `run --tree-sizes` compares measurements with).
+
+    tau = 1 + R(T) from the acceptance table; speedup = tau L_fp(1) / sum_k pi_k L_fp(width_k) from `profile`
+    (None when there is no profile for the hardware and dtype).
+    """
+    m = tree.prompt_tokens
+    states = {k: StateTree([tuple(p) for p, _ in nodes], [c for _, c in nodes]) for k, nodes in tree.states.items()}
+    R, pi = amortized(states, acc, m)
+    dyn = DynamicTree(tree.size, states, R, [float(x) for x in pi])
+    out = {"size": tree.size, "predicted_tau": round(dyn.tau, 4), "predicted_speedup": None, "profile": None}
+    if profile is not None:
+        latency = expected_latency_ms(dyn, m, ept, profile, kv_length)
+        out["predicted_speedup"] = round(dyn.tau * profile.latency_ms(1, kv_length) / latency, 4)
+        out["profile"] = f"{profile.hardware} {profile.dtype} ({profile.source})"
+    return out

@@ -142,6 +142,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
            "turns whose tokens equal `ar`'s exactly (bf16/fp16 can flip near-ties).", ""]
     md += ["## Formulas", "", "```", FORMULAS, "```", ""]
     md += ["![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]
+    md += tree_section(summary, meta.get("trees") or {}, run_dir)
     md += timeline.report_section(run_dir)  # sd / pearl runs: busy, idle, mutual waiting, Gantt PNGs
     (run_dir / "report.md").write_text("\n".join(md))
     return summary
@@ -171,3 +172,39 @@ def below_threshold(summary: pd.DataFrame, threshold: float) -> pd.DataFrame:
     """Non-baseline rows whose headline speedup is below the threshold (a CI gate)."""
     rows = summary[(summary.method != "ar") & (summary.speedup < threshold)]
     return rows
+
+
+def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path) -> list[str]:
+    """Tree methods: measured vs predicted tau and speedup per tree (PPD Fig. 8c when a run swept sizes), with
+    tree_sizes.png for a sweep."""
+    rows = []
+    for label, info in trees.items():
+        for _, r in summary[summary.method == label].iterrows():
+            rows.append({"method": label, "dataset": r.dataset, "size": info.get("size"),
+                         "predicted_tau": info.get("predicted_tau"), "tau": r.tau,
+                         "predicted_speedup": info.get("predicted_speedup"), "speedup": r.speedup})
+    if not rows:
+        return []
+    frame = pd.DataFrame(rows).sort_values(["dataset", "size"])
+    frame.to_csv(run_dir / "tree_sizes.csv", index=False)
+    profile = next((i.get("profile") for i in trees.values() if i.get("profile")), None)
+    md = ["## Trees: measured vs predicted", "", markdown_table(frame), "",
+          f"Predicted tau from the acceptance table; predicted speedup from the latency profile "
+          f"{profile or '(none for this hardware: run `specbench profile`)'}.", ""]
+    if frame["size"].nunique() >= 2:
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        for dataset, g in frame.groupby("dataset"):
+            ax.plot(g["size"], g["speedup"], marker="o", label=f"measured ({dataset})")
+        pred = frame.drop_duplicates("size")
+        if pred["predicted_speedup"].notna().any():
+            ax.plot(pred["size"], pred["predicted_speedup"], marker="x", linestyle="--", label="predicted")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("tree size n")
+        ax.set_ylabel("speedup over ar")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(run_dir / "tree_sizes.png", dpi=120)
+        plt.close(fig)
+        md += ["![speedup per tree size](tree_sizes.png)", ""]
+    return md

@@ -149,6 +149,26 @@ class Runner:
                 self.methods[name] = cls(target, cfg.options, drafter)
         self.env = environment(target.device, target.dtype)
 
+    def tree_predictions(self) -> dict:
+        """Per tree-method label: its tree's size, source and predicted tau / speedup on this hardware (from the
+        measured profile in profiles/, when there is one), for the report's measured-vs-predicted table."""
+        from .buildtree import predict
+        from .hardware import hardware_slug
+        from .models import model_slug
+        from .profile import load_profile
+        from .tree import locate
+
+        path = locate(f"profiles/{hardware_slug(self.target.device)}/{model_slug(self.target.spec)}-"
+                      f"{dtype_name(self.target.dtype)}.yaml")
+        profile = load_profile(path) if path else None
+        out = {}
+        for label, method in self.methods.items():
+            tree = getattr(method, "tree_file", None)
+            if tree is not None and getattr(method, "acceptance", None) is not None:
+                out[label] = {"tree": getattr(method, "tree_source", ""),
+                              **predict(tree, method.acceptance, profile, ept=getattr(method.prompts, "ept", 1))}
+        return out
+
     def prompt_ids(self, messages: list[dict], prompt: ds.Prompt) -> torch.Tensor | None:
         """Render and fit into the context: truncate from the left with a warning, or None (skip) with a reason."""
         ids = self.target.tokenizer.render(messages)
@@ -264,6 +284,7 @@ def run(cfg: RunConfig) -> Path:
     (out / "run.yaml").write_text(yaml.safe_dump({
         "settings": _plain(cfg.settings()), "environment": runner.env,
         "model": {"spec": target.spec, "name": target.name, "source": target.source},
+        "trees": runner.tree_predictions(),
     }, sort_keys=False))
 
     turns = {(spec.name, p.id): len(p.turns) for _, (spec, prompts) in loaded for p in prompts}

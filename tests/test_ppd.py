@@ -191,3 +191,25 @@ def test_ppd_sampling_preserves_target_distribution(tiny):
     oracle.reference, oracle.prompt_len, oracle.rank = _ar(tiny, ids, 8), ids.shape[1], 0
     distance = check_distribution(oracle, tiny, trials=800)
     assert distance < 0.1, f"TV {distance:.3f} between ppd samples and the target distribution"
+
+
+def test_tree_size_sweep_reports_measured_and_predicted(tmp_path):
+    """`run --tree-sizes` labels each size, and the report compares measured with predicted tau per size."""
+    import json
+
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"Say {i} {i} {i} again."}) + "\n" for i in range(2)))
+    out = tmp_path / "sweep"
+    res = CliRunner().invoke(app, ["run", "--method", "ppd", "--model", "random:tiny", "--artifact", "untrained",
+                                   "--tree-sizes", "4,10", "--dataset", str(data), "--limit", "2",
+                                   "--max-new-tokens", "12", "--warmup", "0", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    sizes = pd.read_csv(out / "tree_sizes.csv")
+    assert list(sizes["method"]) == ["ppd@4", "ppd@10"] and list(sizes["size"]) == [4, 10]
+    assert (sizes["predicted_tau"] > 1).all() and (sizes["tau"] >= 1).all()
+    assert (out / "tree_sizes.png").is_file() and "measured vs predicted" in (out / "report.md").read_text()

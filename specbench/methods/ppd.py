@@ -98,6 +98,7 @@ class ParallelPromptDecoding(DecodeMethod):
         self.layouts = {k: _Layout(self.tree_file.tree(k, ept), table, device) for k in self.tree_file.states}
         self.layouts[0] = _Layout(Tree((), (m,), ept), table, device)  # no candidates: the prefill, or after a
         self.m = m                                                     # node that carried no prompt tokens
+        self.acceptance = acc  # per-rank probabilities (for predicted tau / speedup in reports)
         console.print(f"[dim]ppd: tree {self.tree_source} (size {self.tree_file.size}), prompt tokens "
                       f"{self.prompts.source}[/]")
 

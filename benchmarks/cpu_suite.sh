@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The CPU benchmark suite behind benchmarks/RESULTS-cpu.md: every number there comes from these commands, run one
+# after another on an otherwise idle machine (flock keeps other heavy jobs out). Output: results/cpu-suite/*.
+# Usage: SPECBENCH_DATA_DIR=../shared/datasets bash benchmarks/cpu_suite.sh [step ...]   (default: every step)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SB=".venv/bin/specbench"
+OUT=results/cpu-suite
+mkdir -p "$OUT"
+LOCK=/tmp/specbench-cpu.lock
+run() { echo "### $*" >&2; local t0=$SECONDS; flock "$LOCK" "$@"; echo "### exit $? after $((SECONDS - t0)) s" >&2; }
+
+step_default() {  # the plain command of the Quick start
+  run $SB run --out "$OUT/default"
+}
+step_generate() {  # ar against HF generate
+  run .venv/bin/python benchmarks/ar_vs_hf_generate.py --limit 10 --max-new-tokens 128
+}
+step_ppd() {  # pld and ppd (tree: the one build-tree chose for this CPU) on four sets
+  run $SB run --method pld --method ppd --dataset humaneval --dataset gsm8k --dataset mt-bench --dataset cnn-dm \
+    --limit 8 --max-new-tokens 128 --out "$OUT/ppd-fp32"
+}
+step_draft() {  # the drafter methods and PEARL's ablations
+  run $SB run --method sd --method pearl --method pearl-no-pre --method pearl-no-post --dataset humaneval \
+    --dataset gsm8k --limit 8 --max-new-tokens 128 --out "$OUT/draft-fp32"
+  run $SB run --method pearl --pearl-exec sequential --dataset humaneval --limit 8 --max-new-tokens 128 \
+    --out "$OUT/pearl-sequential-fp32"
+}
+step_sweep() {  # measured speedup per tree size vs build-tree's prediction (PPD Fig. 8c)
+  run $SB run --method ppd --tree-sizes 6,12,20,40,80 --dataset mt-bench --limit 10 --max-new-tokens 128 \
+    --out "$OUT/ppd-sweep-fp32"
+}
+step_bf16() {
+  run $SB run --method ppd --method pld --dtype bfloat16 --dataset humaneval --dataset gsm8k --limit 5 \
+    --max-new-tokens 128 --out "$OUT/ppd-bf16"
+}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(default generate ppd draft sweep bf16)
+for s in "${steps[@]}"; do "step_$s"; done
