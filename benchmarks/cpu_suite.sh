@@ -18,7 +18,7 @@ step_generate() {  # ar against HF generate
 }
 step_ppd() {  # pld and ppd (tree: the one build-tree chose for this CPU) on four sets
   run $SB run --method pld --method ppd --dataset humaneval --dataset gsm8k --dataset mt-bench --dataset cnn-dm \
-    --limit 8 --max-new-tokens 128 --out "$OUT/ppd-fp32"
+    --limit 6 --max-new-tokens 128 --out "$OUT/ppd-fp32"
 }
 step_draft() {  # the drafter methods and PEARL's ablations
   run $SB run --method sd --method pearl --method pearl-no-pre --method pearl-no-post --dataset humaneval \
@@ -27,7 +27,7 @@ step_draft() {  # the drafter methods and PEARL's ablations
     --out "$OUT/pearl-sequential-fp32"
 }
 step_sweep() {  # measured speedup per tree size vs build-tree's prediction (PPD Fig. 8c)
-  run $SB run --method ppd --tree-sizes 6,12,20,40,80 --dataset mt-bench --limit 10 --max-new-tokens 128 \
+  run $SB run --method ppd --tree-sizes 6,12,20,40 --dataset mt-bench --limit 8 --max-new-tokens 128 \
     --out "$OUT/ppd-sweep-fp32"
 }
 step_bf16() {
