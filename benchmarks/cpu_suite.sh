@@ -27,7 +27,7 @@ step_draft() {  # the drafter methods and PEARL's ablations
     --out "$OUT/pearl-sequential-fp32"
 }
 step_sweep() {  # measured speedup per tree size vs build-tree's prediction (PPD Fig. 8c)
-  run $SB run --method ppd --tree-sizes 6,12,20,40 --dataset mt-bench --limit 8 --max-new-tokens 128 \
+  run $SB run --method ppd --tree-sizes 2,4,6,12,20 --dataset mt-bench --limit 20 --max-new-tokens 128 \
     --out "$OUT/ppd-sweep-fp32"
 }
 step_bf16() {

@@ -1,7 +1,7 @@
 """`specbench profile`: forward latency L_fp(n) for n input tokens on top of a KV cache, per (hardware, model, dtype).
 
 PPD §4 chooses the tree size that maximises tau(n) / L_fp(n); this module measures L_fp. Each point is the
-median of `repeats` timed forwards after warm-up (CUDA events on GPU, perf_counter on CPU), with the p10 / p90
+median of `repeats` timed forwards after warm-up, the widths timed round-robin (CUDA events on GPU, perf_counter on CPU), with the p10 / p90
 spread. Latency needs no trained weights: `random:<preset>` models give the same curve as the real ones.
 """
 
@@ -130,21 +130,25 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
     vocab = min(target.vocab_size, 32000)
     curves: dict[int, dict[str, list[float]]] = {}
     with progress_bar() as bar:
-        task = bar.add_task("profiling", total=len(widths) * len(kv_lengths), info="")
+        task = bar.add_task("profiling", total=len(kv_lengths) * repeats, info="")
         for kv in kv_lengths:
             cache = new_cache(model)
             forward(model, torch.randint(0, vocab, (1, kv), generator=gen).to(device), cache, logits_to_keep=1)
-            med, lo, hi = [], [], []
-            for n in widths:
-                ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)
-                for _ in range(warmup):
-                    _timed_forward(model, ids, cache, device)
-                times = torch.tensor([_timed_forward(model, ids, cache, device) for _ in range(repeats)])
-                med.append(round(float(times.median()), 3))
-                lo.append(round(float(times.quantile(0.1)), 3))
-                hi.append(round(float(times.quantile(0.9)), 3))
-                bar.update(task, advance=1, info=f"kv {kv} n {n}: {med[-1]:.1f} ms")
-            curves[kv] = {"median_ms": med, "p10_ms": lo, "p90_ms": hi}
+            inputs = {n: torch.randint(0, vocab, (1, n), generator=gen).to(device) for n in widths}
+            for _ in range(warmup):
+                for n in widths:
+                    _timed_forward(model, inputs[n], cache, device)
+            # Round-robin over the widths, alternating direction: a machine whose speed drifts (turbo, noisy
+            # neighbours) then slows every width alike, and the curve's shape (what trees are chosen by) holds.
+            times: dict[int, list[float]] = {n: [] for n in widths}
+            for r in range(repeats):
+                for n in (widths if r % 2 == 0 else widths[::-1]):
+                    times[n].append(_timed_forward(model, inputs[n], cache, device))
+                bar.update(task, advance=1, info=f"kv {kv} round {r + 1}/{repeats}")
+            stats = [torch.tensor(times[n]) for n in widths]
+            curves[kv] = {"median_ms": [round(float(t.median()), 3) for t in stats],
+                          "p10_ms": [round(float(t.quantile(0.1)), 3) for t in stats],
+                          "p90_ms": [round(float(t.quantile(0.9)), 3) for t in stats]}
     env = environment(device, target.dtype)
     meta = {"device_name": env["device"], "threads": env["threads"], "repeats": repeats, "warmup": warmup,
             "versions": {"torch": env["torch"], "transformers": env["transformers"], "specbench": __version__,

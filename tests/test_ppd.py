@@ -31,8 +31,8 @@ class Oracle(ParallelPromptDecoding):
         self.past = cache_length(cache) + prefix
         return super()._forward(tokens, layout, cache, prefix)
 
-    def _prompt_logits(self, h, layout, node):
-        real = super()._prompt_logits(h, layout, node)  # [c, V] (shape and the real computation)
+    def _prompt_logits(self, h, layout, node, all_logits=None):
+        real = super()._prompt_logits(h, layout, node, all_logits)  # [c, V] (shape and the real computation)
         node_pos = self.past + layout.tree.depths[node]
         fake = torch.randn_like(real)
         for j in range(real.shape[0]):
