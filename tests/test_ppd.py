@@ -109,7 +109,7 @@ def test_tree_options_and_errors(tiny, tmp_path):
     with pytest.raises(SpecbenchError, match="no such file"):
         get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree=str(tmp_path / "none.yaml")))
     with pytest.raises(SpecbenchError, match="too small"):
-        get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree="size=2"))
+        get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree="size=1"))
     big = tmp_path / "big.yaml"
     TreeFile({k: [((0,), k)] for k in range(1, 5)}, 4).write(big)
     with pytest.raises(SpecbenchError, match="artefact"):
