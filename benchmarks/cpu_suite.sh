@@ -20,6 +20,16 @@ step_ppd() {  # pld and ppd (tree: the one build-tree chose for this CPU) on fou
   run $SB run --method pld --method ppd --dataset humaneval --dataset gsm8k --dataset mt-bench --dataset cnn-dm \
     --limit 6 --max-new-tokens 128 --out "$OUT/ppd-fp32"
 }
+step_pld() {  # prompt lookup on the three sets of the foundation issue, 10 prompts each
+  run $SB run --method pld --dataset humaneval --dataset gsm8k --dataset cnn-dm --limit 10 --max-new-tokens 128 \
+    --out "$OUT/pld-fp32"
+}
+step_estimate() {  # prompt-token accuracy (PPD Table 2), trained and initial, float32 and bfloat16
+  for dt in float32 bfloat16; do
+    run $SB estimate --method ppd --dtype $dt --out "$OUT/acceptance-trained-$dt.yaml"
+    run $SB estimate --method ppd --dtype $dt --initial --out "$OUT/acceptance-initial-$dt.yaml"
+  done
+}
 step_draft() {  # the drafter methods and PEARL's ablations
   run $SB run --method sd --method pearl --method pearl-no-pre --method pearl-no-post --dataset humaneval \
     --dataset gsm8k --limit 8 --max-new-tokens 128 --out "$OUT/draft-fp32"
@@ -36,5 +46,5 @@ step_bf16() {
 }
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(default generate ppd draft sweep bf16)
+[ ${#steps[@]} -eq 0 ] && steps=(default generate pld ppd draft sweep bf16 estimate)
 for s in "${steps[@]}"; do "step_$s"; done
