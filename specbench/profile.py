@@ -1,8 +1,9 @@
 """`specbench profile`: forward latency L_fp(n) for n input tokens on top of a KV cache, per (hardware, model, dtype).
 
 PPD §4 chooses the tree size that maximises tau(n) / L_fp(n); this module measures L_fp. Each point is the
-median of `repeats` timed forwards after warm-up, the widths timed round-robin (CUDA events on GPU, perf_counter on CPU), with the p10 / p90
-spread. Latency needs no trained weights: `random:<preset>` models give the same curve as the real ones.
+median of `repeats` timed forwards after warm-up (CUDA events on GPU, perf_counter on CPU), with the p10 / p90
+spread; the widths are timed round-robin so that a machine whose speed drifts keeps the curve's shape.
+Latency needs no trained weights: `random:<preset>` models give the same curve as the real ones.
 """
 
 from __future__ import annotations
