@@ -82,7 +82,7 @@ class ParallelPromptDecoding(DecodeMethod):
 
     def __init__(self, target, options, drafter=None):
         super().__init__(target, options, drafter)
-        model, device, dtype = target.model, target.device, target.dtype
+        device, dtype = target.device, target.dtype
         self.prompts = pt.resolve(options.artifact, target)
         m = self.prompts.count
         model_name = target.spec.removeprefix("random:")
