@@ -11,7 +11,7 @@ from specbench.acceptance import read_per_rank, score_sequence
 from specbench.cache import cache_length
 from specbench.errors import SpecbenchError
 from specbench.methods import MethodOptions, get_method
-from specbench.methods.ppd import ParallelPromptDecoding, best_first_tree
+from specbench.methods.ppd import ParallelPromptDecoding
 from specbench.tree import TreeFile
 from specbench.verify import Sampling
 
@@ -116,14 +116,6 @@ def test_tree_options_and_errors(tiny, tmp_path):
         get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree=str(big)))
     with pytest.raises(SpecbenchError, match="not a prompt-token artefact"):
         get_method("ppd")(tiny, MethodOptions(artifact=str(tmp_path)))
-
-
-def test_best_first_tree_takes_the_most_probable_paths():
-    acc = [[0.5, 0.2, 0.1], [0.4, 0.3, 0.1], [0.3, 0.2, 0.1]]
-    tf = best_first_tree(acc, 3, 16)  # 4 candidates per state, 3 prompt tokens each
-    assert [p for p, _ in tf.states[3]] == [(0,), (1,), (0, 0), (0, 1)]
-    assert [p for p, _ in tf.states[1]] == [(0,), (1,), (2,)]  # state 1: depth <= 1
-    assert all(c == 3 for nodes in tf.states.values() for _, c in nodes) and tf.size <= 16
 
 
 def test_artefact_round_trip_and_model_check(tiny, tmp_path):

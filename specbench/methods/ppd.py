@@ -22,7 +22,7 @@ from ..hardware import hardware_slug
 from ..models import dtype_name
 from ..progress import console
 from ..tree import Tree, TreeFile, attention_mask, locate, position_ids, resolve_tree
-from ..treesearch import StateTree, amortized, optimal_candidates, search
+from ..treesearch import search
 from ..verify import next_token, tree_speculative_accept, tree_typical_accept
 from .base import DecodeMethod, Generation, register
 
@@ -31,21 +31,6 @@ DEFAULT_SIZE = 16
 # node's prompt inputs) while the extra rows are few: a 49k-row fp32 head costs ~5 ms at 1 row and +0.35 ms per
 # row on this 2-core CPU, so a second call loses once fewer than ~14 rows would be saved. GPUs are flatter still.
 COMBINED_HEAD_MAX_PROMPT_INPUTS = 12
-
-
-def best_first_tree(acc: list[list[float]], m: int, size: int, model: str = "", source: str = "") -> TreeFile:
-    """The default until `specbench build-tree` has run: in every state k the n_c = size // (m + 1) paths of
-    depth <= k with the largest product of per-depth rank probabilities (best-first), each carrying m prompt
-    tokens (PPD Fig. 8a's static tree)."""
-    if size < m + 1:
-        raise SpecbenchError(f"tree size {size} is too small for {m} prompt tokens: a candidate and its prompt "
-                             f"tokens need at least {m + 1}")
-    n_c = size // (m + 1)
-    states = {k: [(p, m) for p in optimal_candidates(acc, n_c, k)] for k in range(1, m + 1)}
-    R, _ = amortized({k: StateTree([p for p, _ in nodes], [c for _, c in nodes]) for k, nodes in states.items()},
-                     acc, m)
-    return TreeFile(states, m, model=model, built_by=f"best-first over {source or 'per-rank probabilities'}: "
-                    f"{n_c} candidates with the largest product, {m} prompt tokens on each", predicted_tau=1 + R)
 
 
 def searched_tree(acc: list[list[float]], m: int, size: int, model: str = "", source: str = "") -> TreeFile:
