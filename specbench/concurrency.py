@@ -134,21 +134,17 @@ def drafter_on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 def _forward_cost(model, device, width: int, context: int = 64, reps: int = 5) -> float:
     """Median seconds of one forward of `width` new tokens after `context` cached tokens."""
     from .methods.base import forward
+    from .profile import timed_forward
 
     vocab = model.get_input_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (1, context), generator=g).to(device)
     new = torch.randint(0, vocab, (1, width), generator=g).to(device)
     cache = new_cache(model)
-    times = []
     with torch.inference_mode():
         forward(model, ctx, cache, logits_to_keep=1)
-        for _ in range(reps + 1):
-            start = now(device)
-            forward(model, new, cache)
-            times.append(now(device) - start)
-            crop_to(cache, context)
-    return statistics.median(times[1:])
+        ms = [timed_forward(model, new, cache, device) for _ in range(reps + 1)]  # the first one warms up
+    return statistics.median(ms[1:]) / 1000
 
 
 def forward_costs(target, drafter_model, draft_device, widths=(1,), drafter_spec: str = "") -> dict:

@@ -99,7 +99,7 @@ def load_profile(path: str | Path) -> LatencyProfile:
                           str(data.get("source", "measured")), widths, curves, meta)
 
 
-def _timed_forward(model, ids: torch.Tensor, cache, device: torch.device) -> float:
+def timed_forward(model, ids: torch.Tensor, cache, device: torch.device) -> float:
     """Milliseconds of one forward of ids [1, n] on top of the cache (the n new entries are dropped after)."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -138,13 +138,13 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
             inputs = {n: torch.randint(0, vocab, (1, n), generator=gen).to(device) for n in widths}
             for _ in range(warmup):
                 for n in widths:
-                    _timed_forward(model, inputs[n], cache, device)
+                    timed_forward(model, inputs[n], cache, device)
             # Round-robin over the widths, alternating direction: a machine whose speed drifts (turbo, noisy
             # neighbours) then slows every width alike, and the curve's shape (what trees are chosen by) holds.
             times: dict[int, list[float]] = {n: [] for n in widths}
             for r in range(repeats):
                 for n in (widths if r % 2 == 0 else widths[::-1]):
-                    times[n].append(_timed_forward(model, inputs[n], cache, device))
+                    times[n].append(timed_forward(model, inputs[n], cache, device))
                 bar.update(task, advance=1, info=f"kv {kv} round {r + 1}/{repeats}")
             stats = [torch.tensor(times[n]) for n in widths]
             curves[kv] = {"median_ms": [round(float(t.median()), 3) for t in stats],
