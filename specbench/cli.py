@@ -344,7 +344,8 @@ def train_ppd(
     model: Annotated[str, typer.Option(help="Model spec (the prompt tokens are trained for it).")] = "smollm2-135m",
     prompt_tokens: Annotated[int, typer.Option(help="S: prompt tokens (token distances predicted).")] = 3,
     ept: Annotated[int, typer.Option(help="Ensemble prompt tokens per prompt token.")] = 1,
-    data: Annotated[str, typer.Option(help="Dataset whose prompts are self-distilled.")] = "alpaca-eval",
+    data: Annotated[str, typer.Option(help="Prompts to self-distill, comma-separated: datasets, files, or the "
+                                           "training-only sources stdlib-code and word-problems.")] = "alpaca-eval",
     steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 450,
     out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/ppd).")] = None,
     dtype: Annotated[str, typer.Option(help="auto (float32 on CPU: bf16 backward is slow there), float32, "
@@ -384,7 +385,9 @@ def train_drafter(
                                              "first and last layers).")] = 2,
     vocab_top: Annotated[Optional[int], typer.Option(help="K: score only the K most frequent tokens of the "
                                                           "data (cheaper drafts; verification stays exact).")] = None,
-    data: Annotated[str, typer.Option(help="Dataset whose prompts are self-distilled.")] = "alpaca-eval",
+    data: Annotated[str, typer.Option(help="Prompts to self-distill, comma-separated: datasets, files, or the "
+                                           "training-only sources stdlib-code and word-problems.")
+                    ] = "alpaca-eval,stdlib-code,word-problems",
     steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 900,
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 2,
     out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/drafter).")] = None,

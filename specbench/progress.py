@@ -22,8 +22,34 @@ def status(message: str):
 
 
 def progress_bar() -> Progress:
-    return Progress(
+    cls = Progress if console.is_terminal else LogProgress
+    return cls(
         TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
         console=console, transient=False,
     )
+
+
+class LogProgress(Progress):
+    """For logs and pipes (no live bar there): a plain line at every 10% of a task, or each minute if slower."""
+
+    LINE_EVERY_S = 60.0
+
+    def __init__(self, *columns, **kwargs):
+        super().__init__(*columns, **kwargs)
+        self._logged: dict = {}  # task id -> (tenths done, time of the last line)
+
+    def update(self, task_id, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        task = next(t for t in self.tasks if t.id == task_id)
+        if not task.total or task.finished:
+            return  # the finished bar is printed once when the progress stops
+        tenths = int(10 * task.completed / task.total)
+        last_tenths, last_t = self._logged.get(task_id, (0, task.start_time or 0.0))
+        now = self.get_time()
+        if tenths > last_tenths or now - last_t >= self.LINE_EVERY_S:
+            self._logged[task_id] = (tenths, now)
+            left = f", about {task.time_remaining:.0f} s left" if task.time_remaining else ""
+            info = f" {task.fields.get('info')}" if task.fields.get("info") else ""
+            self.console.print(f"{task.description}: {task.completed:g}/{task.total:g}{info} "
+                               f"({task.elapsed or 0:.0f} s{left})", highlight=False)

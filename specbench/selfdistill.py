@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 
 from . import datasets as ds
+from . import trainsets
+from .errors import SpecbenchError
 from .models import LoadedModel
 from .progress import progress_bar
 
@@ -40,33 +42,56 @@ def greedy_continuations(target: LoadedModel, prompts: list[list[int]], new_toke
     return [out[i] for i in range(len(prompts))]
 
 
+def source_names(data: str) -> list[str]:
+    """`--data a,b,c` -> [a, b, c] (a dataset, a trainsets source or a file each)."""
+    parts = [part.strip() for part in data.split(",") if part.strip()]
+    if not parts:
+        raise SpecbenchError("--data names no dataset; give one or more, comma-separated")
+    return parts
+
+
+def load_source(name: str, limit: int, data_file: str | None = None) -> list[ds.Prompt]:
+    """The first `limit` prompts of a training source (trainsets) or a dataset / file (datasets)."""
+    if name in trainsets.SOURCES:
+        return trainsets.load(name, limit)
+    return ds.load_prompts(name, limit, data_file)[1]
+
+
 def training_sequences(target: LoadedModel, data: str, held_out: int, prompts: int, new_tokens: int,
                        data_file: str | None = None, min_reply: int = 1) -> list[tuple[list[int], int]]:
-    """(prompt + greedy continuation, prompt length) pairs of prompts held_out..held_out+prompts-1 of `data`.
+    """(prompt + greedy continuation, prompt length) pairs of prompts held_out..held_out+prompts-1 of each source
+    in `data` (comma-separated: a mix takes `prompts` from each).
 
-    Shared by `train ppd` and `train drafter` and cached in <cache>/selfdistill/ (keyed by the model's weights
-    and these settings): generating them is the slow part of training on a CPU.
+    Shared by `train ppd` and `train drafter` and cached per source in <cache>/selfdistill/ (keyed by the model's
+    weights and these settings): generating them is the slow part of training on a CPU.
     """
-    from .errors import SpecbenchError
+    names = source_names(data)
+    if data_file and len(names) > 1:
+        raise SpecbenchError("--data-file replaces one named dataset's file, so it needs a single --data; to "
+                             "train on your own file, put its path in --data (it may join a mix: a.jsonl,stdlib-code)")
+    return [seq for name in names
+            for seq in _source_sequences(target, name, held_out, prompts, new_tokens, data_file, min_reply)]
+
+
+def _source_sequences(target: LoadedModel, source: str, held_out: int, prompts: int, new_tokens: int,
+                      data_file: str | None, min_reply: int) -> list[tuple[list[int], int]]:
     from .models import cache_dir
     from .prompt_tokens import model_key
 
-    source = data_file or data
-    key = {"format": 2, "model_key": model_key(target), "data": source, "prompts": prompts, "held_out": held_out,
-           "new_tokens": new_tokens}
+    key = {"format": 2, "model_key": model_key(target), "data": data_file or source, "prompts": prompts,
+           "held_out": held_out, "new_tokens": new_tokens}
     name = "-".join(str(v) for v in key.values()).replace("/", "_")
     path = cache_dir() / "selfdistill" / f"{name}.pt"
     if path.exists():
         saved = torch.load(path)
         if saved["key"] == key:
             return [(s, n) for s, n in saved["sequences"] if len(s) - n >= min_reply]
-    _, loaded = ds.load_prompts(data, held_out + prompts, data_file)
-    loaded = loaded[held_out:]
+    loaded = load_source(source, held_out + prompts, data_file)[held_out:]
     if not loaded:
-        raise SpecbenchError(f"{source} has no prompts after the {held_out} held out for estimates; lower "
-                             "--held-out or use a larger set")
+        raise SpecbenchError(f"{data_file or source} has no prompts after the {held_out} held out for estimates; "
+                             "lower --held-out or use a larger set")
     rendered = [render(target, p) for p in loaded]
-    conts = greedy_continuations(target, rendered, new_tokens)
+    conts = greedy_continuations(target, rendered, new_tokens, label=f"self-distilling {source}")
     seqs = [(p + c, len(p)) for p, c in zip(rendered, conts)]
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"key": key, "sequences": seqs}, path)

@@ -25,7 +25,7 @@ def config(tmp_path, monkeypatch):
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"instruction": f"Tell me about item {i}."}) + "\n" for i in range(8)))
     return DrafterConfig(model="random:tiny", layers=1, steps=6, batch=2, out=tmp_path / "drafter", prompts=5,
-                         held_out=3, new_tokens=16, eval_prompts=3, save_every=3, data_file=str(data), lr=3e-3)
+                         held_out=3, new_tokens=16, eval_prompts=3, save_every=3, data=str(data), lr=3e-3)
 
 
 def test_train_writes_a_loadable_drafter_and_resumes(tiny, config):
@@ -50,6 +50,16 @@ def test_train_writes_a_loadable_drafter_and_resumes(tiny, config):
     train(replace(config, steps=9, resume=True))
     again = torch.load(out / "checkpoint" / "state.pt")
     assert again["step"] == 9 and again["losses"][:6] == first["losses"]
+
+
+def test_a_mix_trains_on_every_source_and_scores_each(tiny, config):
+    out = train(replace(config, data=f"{config.data},word-problems", steps=2, prompts=3, eval_prompts=2))
+    meta = yaml.safe_load((out / META_FILE).read_text())
+    assert meta["data"]["sequences"] == 6  # `prompts` from each source
+    assert set(meta["agreement_by_source"]) == {config.data, "word-problems"}
+    assert meta["agreement"] == pytest.approx(sum(meta["agreement_by_source"].values()) / 2, abs=1e-4)
+    with pytest.raises(SpecbenchError, match="single --data"):
+        train(replace(config, data=f"{config.data},word-problems", data_file=config.data))
 
 
 def test_vocab_top_drafts_only_frequent_tokens(tiny, config):
@@ -78,8 +88,8 @@ def test_train_drafter_command(tmp_path, config):
     from specbench.cli import app
 
     res = CliRunner().invoke(app, ["train", "drafter", "--model", "random:tiny", "--layers", "1", "--steps", "2",
-                                   "--prompts", "4", "--held-out", "2", "--new-tokens", "8", "--data-file",
-                                   config.data_file, "--out", str(tmp_path / "d")])
+                                   "--prompts", "4", "--held-out", "2", "--new-tokens", "8", "--data",
+                                   config.data, "--out", str(tmp_path / "d")])
     assert res.exit_code == 0, res.output
     assert "agreement with the target" in res.output and (tmp_path / "d" / WEIGHTS_FILE).is_file()
     bad = CliRunner().invoke(app, ["train", "drafter", "--model", "random:tiny", "--layers", "7"])

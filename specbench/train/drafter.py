@@ -29,7 +29,7 @@ from ..errors import SpecbenchError
 from ..hardware import cpu_model, device_name
 from ..models import LoadedModel, dtype_name, load_model, model_slug
 from ..progress import console, progress_bar
-from ..selfdistill import greedy_continuations, render, training_sequences
+from ..selfdistill import greedy_continuations, load_source, render, source_names, training_sequences
 from .ppd import plot_losses
 
 
@@ -38,7 +38,7 @@ class DrafterConfig:
     model: str = "smollm2-135m"
     layers: int = 2  # L: the drafter's decoder layers
     vocab_top: int | None = None  # K: restrict the drafter's head to the K most frequent tokens
-    data: str = "alpaca-eval"
+    data: str = "alpaca-eval,stdlib-code,word-problems"  # chat, code and maths; `prompts` from each
     steps: int = 900  # optimiser steps of `batch` sequences each
     batch: int = 2
     out: Path | None = None  # default artifacts/<model>/drafter
@@ -46,7 +46,7 @@ class DrafterConfig:
     device: str = "auto"
     lr: float = 3e-4  # AdamW, 30 warm-up steps then cosine decay
     topk: int = 32  # teacher probabilities kept per position
-    prompts: int = 300
+    prompts: int = 300  # per source
     held_out: int = 100
     new_tokens: int = 96
     eval_prompts: int = 20  # held-out prompts for the agreement check
@@ -136,7 +136,10 @@ def train(cfg: DrafterConfig) -> Path:
         col[vocab_ids] = torch.arange(cfg.vocab_top)
         col = col.to(target.device)
     teacher_path = out / "checkpoint" / "teacher.pt"
-    teacher_key = {"settings": settings, "start": start, "sequences": len(seqs)}
+    # the teacher depends on the target and the data only: other layer counts or learning rates reuse it
+    teacher_key = {k: settings[k] for k in ("model", "data", "data_file", "prompts", "held_out", "new_tokens",
+                                            "topk", "dtype", "device")}
+    teacher_key.update(start=start, sequences=len(seqs))
     teacher = None
     if teacher_path.exists():
         saved = torch.load(teacher_path)
@@ -202,16 +205,16 @@ def train(cfg: DrafterConfig) -> Path:
 def finish(cfg: DrafterConfig, target: LoadedModel, module: SharedHeadDrafter, layer_ids: list[int],
            losses: list[float], seqs, train_s: float, data_s: float) -> Path:
     """Measure agreement and the speed ratio c on held-out prompts, then save the artefact and its loss curve."""
-    from .. import datasets as ds
-
     out = cfg.out_dir
-    _, held = ds.load_prompts(cfg.data, min(cfg.eval_prompts, cfg.held_out), cfg.data_file)
-    rendered = [render(target, p) for p in held]
-    conts = greedy_continuations(target, rendered, 64, label="held-out continuations")
-    eval_seqs = [(p + c, len(p)) for p, c in zip(rendered, conts) if c]
-    agree = agreement(target, module, eval_seqs)
+    n_eval = min(cfg.eval_prompts, cfg.held_out)
+    agree, agree_init = {}, {}
     untrained = SharedHeadDrafter(target.model, layer_ids, module.vocab_ids).eval().requires_grad_(False)
-    agree_init = agreement(target, untrained, eval_seqs)
+    for name in source_names(cfg.data):  # each source's first n_eval prompts: held out of training
+        rendered = [render(target, p) for p in load_source(name, n_eval, cfg.data_file)]
+        conts = greedy_continuations(target, rendered, 64, label=f"held-out continuations ({name})")
+        eval_seqs = [(p + c, len(p)) for p, c in zip(rendered, conts) if c]
+        agree[name] = round(agreement(target, module, eval_seqs), 4)
+        agree_init[name] = round(agreement(target, untrained, eval_seqs), 4)
     costs = forward_costs(target, module, target.device, (1,), "trained-drafter")
     tail = losses[-50:]
     own = sum(v.numel() for v in module.own_state().values() if v.is_floating_point())
@@ -219,8 +222,10 @@ def finish(cfg: DrafterConfig, target: LoadedModel, module: SharedHeadDrafter, l
         "method": "drafter", "target": target.spec, "target_fingerprint": target.fingerprint(),
         "layers": cfg.layers, "init_layers": layer_ids, "vocab_top": cfg.vocab_top, "parameters": own,
         "shares": "token embeddings and LM head of the target (frozen, not stored)",
-        "agreement": round(agree, 4), "agreement_untrained": round(agree_init, 4),
-        "agreement_data": f"{cfg.data} prompts 0..{len(held) - 1} (held out), target's greedy reply, 64 tokens",
+        "agreement": round(sum(agree.values()) / len(agree), 4), "agreement_by_source": agree,
+        "agreement_untrained": round(sum(agree_init.values()) / len(agree_init), 4),
+        "agreement_untrained_by_source": agree_init,
+        "agreement_data": f"prompts 0..{n_eval - 1} of each source (held out), target's greedy reply, 64 tokens",
         "speed_ratio_c": round(costs["c"], 3), "target_forward_ms": round(costs["target_s"][1] * 1e3, 2),
         "drafter_forward_ms": round(costs["draft_s"] * 1e3, 2),
         "steps": cfg.steps, "batch": cfg.batch, "lr": cfg.lr, "teacher_topk": cfg.topk,
