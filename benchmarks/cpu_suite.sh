@@ -38,6 +38,8 @@ step_draft() {  # the drafter methods and PEARL's ablations
     --dataset gsm8k --limit 8 --max-new-tokens 128 --out "$OUT/draft-fp32"
   run $SB run --method pearl --pearl-exec sequential --dataset humaneval --limit 8 --max-new-tokens 128 \
     --out "$OUT/pearl-sequential-fp32"
+  run $SB run --method pearl --gamma 2 --dataset humaneval --dataset gsm8k --limit 8 --max-new-tokens 128 \
+    --out "$OUT/pearl-gamma2-fp32"  # pearl at sd's gamma instead of round(c)
 }
 step_sweep() {  # measured speedup per tree size vs build-tree's prediction (PPD Fig. 8c)
   run $SB run --method ppd --tree-sizes 2,4,6,12,20 --dataset mt-bench --limit 20 --max-new-tokens 128 \

@@ -88,6 +88,10 @@ def list_datasets():
         spec = ds.get_spec(name)
         sources = "\n".join(f"{place}: {state}" for place, state in ds.describe_sources(spec))
         table.add_row(name, spec.description, sources)
+    from .trainsets import SOURCES
+
+    for name, description in SOURCES.items():
+        table.add_row(name, f"{description} (training only: `train --data`)", "built in, offline")
     out.print(table)
 
 
@@ -388,12 +392,12 @@ def train_drafter(
     data: Annotated[str, typer.Option(help="Prompts to self-distill, comma-separated: datasets, files, or the "
                                            "training-only sources stdlib-code and word-problems.")
                     ] = "alpaca-eval,stdlib-code,word-problems",
-    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 900,
-    batch: Annotated[int, typer.Option(help="Sequences per step.")] = 2,
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 1500,
+    batch: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
     out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/drafter).")] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
-    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 3e-4,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 5e-4,
     topk: Annotated[int, typer.Option(help="Teacher probabilities kept per position.")] = 32,
     prompts: Annotated[int, typer.Option(help="Training prompts (after the held-out ones).")] = 300,
     held_out: Annotated[int, typer.Option(help="First prompts left out (the agreement check uses them).")] = 100,

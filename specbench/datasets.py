@@ -93,6 +93,11 @@ def get_spec(name: str) -> DatasetSpec:
     """Read and validate datasets/<name>.yaml."""
     names = dataset_names()
     if name not in names:
+        from .trainsets import SOURCES
+
+        if name in SOURCES:
+            raise SpecbenchError(f"{name} is a training-only prompt source (`specbench train ... --data {name}`); "
+                                 f"benchmark with one of {', '.join(names)}")
         raise SpecbenchError(f"unknown dataset {name!r}: choose one of {', '.join(names) or '(none found)'} "
                              f"(see `specbench list datasets`), or pass the path of your own .jsonl file")
     path = specs_dir() / f"{name}.yaml"

@@ -43,6 +43,9 @@ def test_list_and_env():
     assert "lossless" in methods.output
     datasets = invoke("list", "datasets")
     assert datasets.exit_code == 0 and "humaneval" in datasets.output and "mt-bench" in datasets.output
+    assert "stdlib-code" in datasets.output and "training only" in datasets.output
+    training_only = invoke("run", "--dataset", "word-problems", "--limit", 1)
+    assert training_only.exit_code != 0 and "training-only prompt source" in training_only.output
     env = invoke("env")
     assert env.exit_code == 0 and "torch" in env.output and "threads" in env.output
 

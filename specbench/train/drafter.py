@@ -2,8 +2,9 @@
 
 The drafter (drafter.SharedHeadDrafter) keeps the target's tokenizer, token embeddings and LM head frozen and
 shared; only its L decoder layers and final norm train, initialised from the target's first and last layers.
-Data: the target's own greedy continuations of dataset prompts (selfdistill.training_sequences; the first
-`held_out` prompts stay out for the agreement check). The teacher is the target's next-token distribution at every
+Data: the target's own greedy continuations of prompts from a mix of sources, by default chat (alpaca-eval), code
+(stdlib-code) and maths (word-problems) (selfdistill.training_sequences, trainsets; the first `held_out` prompts of
+each source stay out for the agreement check, which is reported per source). The teacher is the target's next-token distribution at every
 position after the chat template's common system prefix, kept as its top-k probabilities (computed once, so later
 epochs cost only the drafter's forward and backward); loss = cross-entropy of the drafter against that truncated,
 renormalised distribution (a top-k approximation of KL(teacher || drafter), as in DistillSpec's forward KL).
@@ -39,12 +40,12 @@ class DrafterConfig:
     layers: int = 2  # L: the drafter's decoder layers
     vocab_top: int | None = None  # K: restrict the drafter's head to the K most frequent tokens
     data: str = "alpaca-eval,stdlib-code,word-problems"  # chat, code and maths; `prompts` from each
-    steps: int = 900  # optimiser steps of `batch` sequences each
-    batch: int = 2
+    steps: int = 1500  # optimiser steps of `batch` sequences each
+    batch: int = 4
     out: Path | None = None  # default artifacts/<model>/drafter
     dtype: str = "auto"
     device: str = "auto"
-    lr: float = 3e-4  # AdamW, 30 warm-up steps then cosine decay
+    lr: float = 5e-4  # AdamW, 30 warm-up steps then cosine decay
     topk: int = 32  # teacher probabilities kept per position
     prompts: int = 300  # per source
     held_out: int = 100
