@@ -149,6 +149,15 @@ class Runner:
                 self.methods[name] = cls(target, cfg.options, drafter)
         self.env = environment(target.device, target.dtype)
 
+    def chosen(self) -> dict:
+        """Per method label: the settings it chose itself (gamma, exec mode, ...), also said on the console."""
+        out = {label: method.chosen() for label, method in self.methods.items()}
+        for label, settings in out.items():
+            if settings:
+                said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
+                console.print(f"[dim]{label}: {said}[/]")
+        return {label: settings for label, settings in out.items() if settings}
+
     def tree_predictions(self) -> dict:
         """Per tree-method label: its tree's size, source and predicted tau / speedup on this hardware (from the
         measured profile in profiles/, when there is one), for the report's measured-vs-predicted table."""
@@ -284,7 +293,7 @@ def run(cfg: RunConfig) -> Path:
     (out / "run.yaml").write_text(yaml.safe_dump({
         "settings": _plain(cfg.settings()), "environment": runner.env,
         "model": {"spec": target.spec, "name": target.name, "source": target.source},
-        "trees": runner.tree_predictions(),
+        "trees": runner.tree_predictions(), "chosen": runner.chosen(),
     }, sort_keys=False))
 
     turns = {(spec.name, p.id): len(p.turns) for _, (spec, prompts) in loaded for p in prompts}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from specbench.drafter import layer_drafter
 from specbench.errors import SpecbenchError
@@ -76,3 +77,7 @@ def test_run_saves_timeline_and_report_section(tmp_path, monkeypatch):
     assert (out / "timeline_summary.csv").is_file() and (out / "timeline_pearl.png").is_file()
     report = (out / "report.md").read_text()
     assert "mutual_wait_s" in report and "mean_accepted_tokens" in report
+    chosen = yaml.safe_load((out / "run.yaml").read_text())["chosen"]  # what each method chose, said and kept
+    assert chosen["sd"]["gamma"] == 2 and chosen["sd"]["gamma_from"] == "--gamma"
+    assert chosen["pearl"]["exec"] in chosen["pearl"]["step_ms_by_exec"] and chosen["pearl"]["c"] > 0
+    assert "pearl: drafter" in res.output and "exec " in res.output

@@ -92,6 +92,10 @@ class DecodeMethod:
         """The drafter used when none is given (methods that need one override this); None = refuse."""
         return None
 
+    def chosen(self) -> dict:
+        """Settings this method chose itself (defaults it measured or looked up), for run.yaml and the console."""
+        return {}
+
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling: Sampling,
                  generator: torch.Generator | None) -> Generation:
         """input_ids: [1, T] prompt. Returns the new tokens and counters."""

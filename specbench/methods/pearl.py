@@ -50,6 +50,14 @@ class Pearl(DraftModelMethod):
         self.gamma = options.gamma or max(1, round(self.calibration.c))
         self.executor = Executor(self.mode, target.device, self.draft_device)
 
+    def chosen(self) -> dict:
+        cal = self.calibration
+        return {"drafter": self.drafter.spec, "exec": self.mode,
+                "exec_from": "--pearl-exec" if self.options.pearl_exec != "auto" else "fastest measured step",
+                "step_ms_by_exec": {m: round(t * 1e3, 1) for m, t in cal.step_s.items()},
+                "c_by_exec": {m: round(c, 2) for m, c in cal.c_by_mode.items()},
+                "c": round(cal.c, 2), "gamma": self.gamma, "gamma_from": "--gamma" if self.options.gamma else "round(c)"}
+
     def _model_for(self, mode: str):
         return self._remote if mode == "devices" else self.drafter.model
 

@@ -53,6 +53,10 @@ class SpeculativeDecoding(DraftModelMethod):
         super().__init__(target, options, drafter)
         self.gamma = options.gamma or default_gamma(target, self.drafter)
 
+    def chosen(self) -> dict:
+        source = "--gamma" if self.options.gamma else "best expected speedup from measured forward times"
+        return {"drafter": self.drafter.spec, "gamma": self.gamma, "gamma_from": source}
+
     @torch.inference_mode()
     def generate(self, input_ids, max_new_tokens, sampling, generator):
         device, stop_ids = self.target.device, self.target.tokenizer.stop_ids
