@@ -29,7 +29,8 @@ class _ClearErrors(TyperGroup):
 
 
 app = typer.Typer(
-    cls=_ClearErrors, add_completion=False, no_args_is_help=True, rich_markup_mode="rich", pretty_exceptions_enable=False,
+    cls=_ClearErrors, add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
     help="Benchmark speculative and parallel decoding methods on your own hardware.\n\n"
          "Start with [bold]specbench run[/] (ar vs pld on HumanEval with the embedded SmolLM2-135M).")
 list_app = typer.Typer(help="List methods and datasets.", no_args_is_help=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import random
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -25,11 +26,12 @@ SOURCES = {
     "stdlib-code": "Python standard-library functions (signature + docstring), HumanEval's instruction",
     "word-problems": "templated grade-school word problems, GSM8K's instruction",
 }
-SKIP_DIRS = {"site-packages", "dist-packages", "idlelib", "lib2to3", "turtledemo", "ensurepip", "config-3.11"}
+SKIP_DIRS = {"site-packages", "dist-packages", "idlelib", "lib2to3", "turtledemo", "ensurepip"}
 
 
-def names() -> list[str]:
-    return list(SOURCES)
+def cache_tag(name: str) -> str:
+    """What a source's prompts depend on, for cache keys: stdlib-code changes with the Python version."""
+    return f"{name}-py{sys.version_info[0]}.{sys.version_info[1]}" if name == "stdlib-code" else name
 
 
 def load(name: str, limit: int) -> list[ds.Prompt]:
@@ -53,7 +55,7 @@ def stdlib_stubs(limit: int) -> list[str]:
     stubs: dict[str, str] = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).parts
-        if any(part.startswith(("_", "test")) or part in SKIP_DIRS for part in rel):
+        if any(part.startswith(("_", "test", "config-")) or part in SKIP_DIRS for part in rel):
             continue
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))

@@ -56,7 +56,8 @@ class Pearl(DraftModelMethod):
                 "exec_from": "--pearl-exec" if self.options.pearl_exec != "auto" else "fastest measured step",
                 "step_ms_by_exec": {m: round(t * 1e3, 1) for m, t in cal.step_s.items()},
                 "c_by_exec": {m: round(c, 2) for m, c in cal.c_by_mode.items()},
-                "c": round(cal.c, 2), "gamma": self.gamma, "gamma_from": "--gamma" if self.options.gamma else "round(c)"}
+                "c": round(cal.c, 2), "gamma": self.gamma,
+                "gamma_from": "--gamma" if self.options.gamma else "round(c)"}
 
     def _model_for(self, mode: str):
         return self._remote if mode == "devices" else self.drafter.model

@@ -4,8 +4,8 @@ The drafter (drafter.SharedHeadDrafter) keeps the target's tokenizer, token embe
 shared; only its L decoder layers and final norm train, initialised from the target's first and last layers.
 Data: the target's own greedy continuations of prompts from a mix of sources, by default chat (alpaca-eval), code
 (stdlib-code) and maths (word-problems) (selfdistill.training_sequences, trainsets; the first `held_out` prompts of
-each source stay out for the agreement check, which is reported per source). The teacher is the target's next-token distribution at every
-position after the chat template's common system prefix, kept as its top-k probabilities (computed once, so later
+each source stay out for the agreement check, reported per source). The teacher is the target's next-token
+distribution at every position after the chat template's common system prefix, kept as its top-k probabilities (computed once, so later
 epochs cost only the drafter's forward and backward); loss = cross-entropy of the drafter against that truncated,
 renormalised distribution (a top-k approximation of KL(teacher || drafter), as in DistillSpec's forward KL).
 With --vocab-top K the drafter scores only the K tokens most frequent in the data; teacher mass outside them is
