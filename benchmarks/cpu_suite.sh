@@ -33,6 +33,9 @@ step_estimate() {  # prompt-token accuracy (PPD Table 2), trained and initial, f
 step_gsm100() {  # ppd against ar on the first 100 GSM8K problems (PPD issue's headline set)
   run $SB run --method ppd --dataset gsm8k --limit 100 --max-new-tokens 128 --out "$OUT/ppd-gsm8k100-fp32"
 }
+step_sd100() {  # sd against ar on the first 100 GSM8K problems (PEARL's set)
+  run $SB run --method sd --dataset gsm8k --limit 100 --max-new-tokens 128 --out "$OUT/sd-gsm8k100-fp32"
+}
 step_draft() {  # the drafter methods and PEARL's ablations
   run $SB run --method sd --method pearl --method pearl-no-pre --method pearl-no-post --dataset humaneval \
     --dataset gsm8k --limit 8 --max-new-tokens 128 --out "$OUT/draft-fp32"
@@ -51,5 +54,5 @@ step_bf16() {
 }
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(default generate pld ppd gsm100 draft sweep bf16 estimate)
+[ ${#steps[@]} -eq 0 ] && steps=(default generate pld ppd gsm100 draft sd100 sweep bf16 estimate)
 for s in "${steps[@]}"; do "step_$s"; done
