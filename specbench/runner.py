@@ -150,13 +150,8 @@ class Runner:
         self.env = environment(target.device, target.dtype)
 
     def chosen(self) -> dict:
-        """Per method label: the settings it chose itself (gamma, exec mode, ...), also said on the console."""
-        out = {label: method.chosen() for label, method in self.methods.items()}
-        for label, settings in out.items():
-            if settings:
-                said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
-                console.print(f"[dim]{label}: {said}[/]")
-        return {label: settings for label, settings in out.items() if settings}
+        """Per method label: the settings it chose itself (gamma, exec mode, ...); methods that chose none left out."""
+        return {label: chosen for label, method in self.methods.items() if (chosen := method.chosen())}
 
     def tree_predictions(self) -> dict:
         """Per tree-method label: its tree's size, source and predicted tau / speedup on this hardware (from the
@@ -290,10 +285,14 @@ def run(cfg: RunConfig) -> Path:
     target = load_model(cfg.model, cfg.dtype, cfg.device)
     drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device) if cfg.drafter else None
     runner = Runner(cfg, target, drafter)
+    chosen = runner.chosen()
+    for label, settings in chosen.items():
+        said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
+        console.print(f"[dim]{label}: {said}[/]")
     (out / "run.yaml").write_text(yaml.safe_dump({
         "settings": _plain(cfg.settings()), "environment": runner.env,
         "model": {"spec": target.spec, "name": target.name, "source": target.source},
-        "trees": runner.tree_predictions(), "chosen": runner.chosen(),
+        "trees": runner.tree_predictions(), "chosen": chosen,
     }, sort_keys=False))
 
     turns = {(spec.name, p.id): len(p.turns) for _, (spec, prompts) in loaded for p in prompts}

@@ -78,8 +78,8 @@ def _source_sequences(target: LoadedModel, source: str, held_out: int, prompts: 
     from .models import cache_dir
     from .prompt_tokens import model_key
 
-    data = data_file or (trainsets.cache_tag(source) if source in trainsets.SOURCES else source)
-    key = {"format": 2, "model_key": model_key(target), "data": data, "prompts": prompts,
+    key = {"format": 2, "model_key": model_key(target), "data": data_file or trainsets.cache_tag(source),
+           "prompts": prompts,
            "held_out": held_out, "new_tokens": new_tokens}
     name = "-".join(str(v) for v in key.values()).replace("/", "_")
     path = cache_dir() / "selfdistill" / f"{name}.pt"

@@ -14,6 +14,7 @@ Both are deterministic (fixed order, seed 0), so held-out prompts and caches are
 from __future__ import annotations
 
 import ast
+import copy
 import random
 import sys
 import sysconfig
@@ -78,9 +79,9 @@ def _stub(node: ast.stmt) -> str | None:
     if not doc or not 40 <= len(doc) <= 600:
         return None
     indented = "\n".join(("    " + line) if line else "" for line in doc.splitlines())
-    head = ast.unparse(ast.FunctionDef(name=node.name, args=node.args, body=[ast.Pass()], decorator_list=[],
-                                       returns=node.returns, type_comment=None, lineno=0))
-    signature = head.rsplit("\n", 1)[0]  # drop the placeholder body
+    head = copy.copy(node)  # the same def (every field this Python's ast has), decorators and body dropped
+    head.decorator_list, head.body = [], [ast.Pass()]
+    signature = ast.unparse(head).rsplit("\n", 1)[0]  # drop the placeholder body
     return f'{signature}\n    """{indented.lstrip()}\n    """\n'
 
 
