@@ -369,7 +369,7 @@ def load_prompts(name_or_path: str, limit: int | None = None, data_file: str | N
     """The first `limit` prompts (default: the spec's default_limit, else all) of a named set or a user's file."""
     if limit is not None and limit < 1:
         raise SpecbenchError(f"--limit must be at least 1 (got {limit})")
-    if name_or_path not in dataset_names() and _looks_like_path(name_or_path):
+    if name_or_path not in dataset_names() and looks_like_path(name_or_path):
         if data_file:
             raise SpecbenchError(f"--data-file is for named datasets; {name_or_path} is already a file, "
                                  "so drop --data-file")
@@ -384,7 +384,7 @@ def load_prompts(name_or_path: str, limit: int | None = None, data_file: str | N
     return spec, prompts
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     return name.endswith((".jsonl", ".json", ".gz")) or os.sep in name or "/" in name or Path(name).is_file()
 
 

@@ -52,15 +52,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
 
 
-def resolve_device(device: str) -> torch.device:
+def resolve_device(device: str, flag: str = "--device") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(device)
     except RuntimeError as exc:
-        raise SpecbenchError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:<index>") from exc
+        raise SpecbenchError(f"{flag}: unknown device {device!r}; use auto, cpu, cuda or cuda:<index>") from exc
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SpecbenchError(f"--device {device}: CUDA is not available here; use --device cpu")
+        raise SpecbenchError(f"{flag} {device}: CUDA is not available here; use {flag} cpu")
     return dev
 
 
@@ -313,6 +313,8 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
             raise SpecbenchError(f"GGUF file not found: {spec}")
         with status(f"Loading and de-quantising {path.name}"):
             return _load_hf(str(path.parent), dev, dt, gguf_file=path.name)
+    if not Path(spec).exists() and spec.startswith(("/", "./", "../", "~")):
+        raise SpecbenchError(f"model path not found: {spec} (no such file or directory)")
     if not Path(spec).exists() and spec.count("/") != 1:
         raise SpecbenchError(
             f"unknown model {spec!r}: not a local path, not an org/name Hugging Face id. Use {EMBEDDED_ALIAS}, a "

@@ -18,6 +18,7 @@ import yaml
 
 from . import datasets as ds
 from . import timeline
+from .concurrency import MODES as EXEC_MODES
 from .drafter import resolve_drafter
 from .errors import SpecbenchError
 from .hardware import environment
@@ -82,6 +83,12 @@ def validate(cfg: RunConfig) -> RunConfig:
         get_method(name)
     if any(n < 1 for n in cfg.tree_sizes):
         raise SpecbenchError("--tree-sizes: sizes must be positive integers")
+    opts = cfg.options
+    if opts.gamma is not None and opts.gamma < 1:
+        raise SpecbenchError(f"--gamma must be at least 1 (got {opts.gamma}); leave it out to use the measured "
+                             "default")
+    if opts.pearl_exec not in ("auto", *EXEC_MODES):
+        raise SpecbenchError(f"unknown --pearl-exec {opts.pearl_exec!r}; choose from auto, {', '.join(EXEC_MODES)}")
     methods = ("ar",) + tuple(dict.fromkeys(m for m in cfg.methods if m != "ar"))
     return RunConfig(**{**cfg.__dict__, "methods": methods})
 

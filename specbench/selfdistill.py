@@ -3,6 +3,8 @@ the reference `specbench estimate` scores guesses against). Batched with left pa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from . import datasets as ds
@@ -50,6 +52,22 @@ def source_names(data: str) -> list[str]:
     return parts
 
 
+def check_sources(data: str) -> list[str]:
+    """The names in `--data`, each checked before any slow work: a training source, a dataset or a file."""
+    names = source_names(data)
+    for name in names:
+        if name in trainsets.SOURCES or name in ds.dataset_names():
+            continue
+        if ds.looks_like_path(name):
+            if not Path(name).is_file():
+                raise SpecbenchError(f"--data {name}: no such file")
+            continue
+        raise SpecbenchError(f"--data: unknown source {name!r}; use a dataset ({', '.join(ds.dataset_names())}), "
+                             f"a training-only source ({', '.join(trainsets.SOURCES)}) or a .jsonl file "
+                             "(see `specbench list datasets`)")
+    return names
+
+
 def load_source(name: str, limit: int, data_file: str | None = None) -> list[ds.Prompt]:
     """The first `limit` prompts of a training source (trainsets) or a dataset / file (datasets)."""
     if name in trainsets.SOURCES:
@@ -65,7 +83,7 @@ def training_sequences(target: LoadedModel, data: str, held_out: int, prompts: i
     Shared by `train ppd` and `train drafter` and cached per source in <cache>/selfdistill/ (keyed by the model's
     weights and these settings): generating them is the slow part of training on a CPU.
     """
-    names = source_names(data)
+    names = check_sources(data)
     if data_file and len(names) > 1:
         raise SpecbenchError("--data-file replaces one named dataset's file, so it needs a single --data; to "
                              "train on your own file, put its path in --data (it may join a mix: a.jsonl,stdlib-code)")

@@ -135,6 +135,9 @@ def test_report_compares_runs_and_gates_on_speedup(tmp_path, prompts_file):
     (["--limit", "-1"], "--limit must be at least 1"),
     (["--dtype", "float8"], "unknown dtype"),
     (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--method", "sd", "--gamma", "-3"], "--gamma must be at least 1"),
+    (["--method", "pearl", "--pearl-exec", "warp"], "unknown --pearl-exec 'warp'"),
+    (["--method", "sd", "--drafter", "./no-such-drafter"], "model path not found"),
 ])
 def test_bad_run_options(tmp_path, args, message):
     result = invoke("run", "--model", "random:tiny", "--out", tmp_path / "r", *args)

@@ -10,7 +10,7 @@ import pytest
 from specbench import datasets as ds
 from specbench import trainsets
 from specbench.errors import SpecbenchError
-from specbench.selfdistill import load_source, source_names
+from specbench.selfdistill import check_sources, load_source, source_names
 
 
 def test_stdlib_stubs_are_documented_python_signatures():
@@ -44,3 +44,8 @@ def test_mixes_and_bad_names():
         source_names(" , ")
     with pytest.raises(SpecbenchError, match="unknown training source"):
         trainsets.load("poems", 3)
+    assert check_sources("alpaca-eval,stdlib-code") == ["alpaca-eval", "stdlib-code"]
+    with pytest.raises(SpecbenchError, match="unknown source 'poems'.*word-problems"):
+        check_sources("alpaca-eval,poems")  # refused before the first source's slow self-distillation
+    with pytest.raises(SpecbenchError, match="no such file"):
+        check_sources("missing.jsonl")

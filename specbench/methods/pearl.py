@@ -37,7 +37,7 @@ class Pearl(DraftModelMethod):
 
     def __init__(self, target, options, drafter=None):
         super().__init__(target, options, drafter)
-        dev = resolve_device(options.draft_device) if options.draft_device else None
+        dev = resolve_device(options.draft_device, flag="--draft-device") if options.draft_device else None
         self._remote = None
         if dev is not None and dev != target.device and options.pearl_exec in ("devices", "auto"):
             self._remote = drafter_on(self.drafter.model, dev)
