@@ -131,20 +131,34 @@ def drafter_on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     return copy.deepcopy(model).to(device)
 
 
-def _forward_cost(model, device, width: int, context: int = 64, reps: int = 5) -> float:
-    """Median seconds of one forward of `width` new tokens after `context` cached tokens."""
+def _forward_costs(model, device, widths=(1,), context: int = 64, rounds: int = 7) -> dict[int, float]:
+    """Seconds of one forward of w new tokens after `context` cached tokens, per width w.
+
+    Widths are timed round-robin (rounds x widths forwards, after one untimed warm-up each) and the median taken
+    per width, so a slow spell of a shared machine slows every width alike instead of one; then a running
+    maximum, since a wider forward never costs less (noise made 2 tokens dearer than 4 in sequential timing).
+    """
     from .methods.base import forward
     from .profile import timed_forward
 
     vocab = model.get_input_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, vocab, (1, context), generator=g).to(device)
-    new = torch.randint(0, vocab, (1, width), generator=g).to(device)
+    new = {w: torch.randint(0, vocab, (1, w), generator=g).to(device) for w in widths}
     cache = new_cache(model)
+    ms: dict[int, list[float]] = {w: [] for w in widths}
     with torch.inference_mode():
         forward(model, ctx, cache, logits_to_keep=1)
-        ms = [timed_forward(model, new, cache, device) for _ in range(reps + 1)]  # the first one warms up
-    return statistics.median(ms[1:]) / 1000
+        for w in widths:
+            timed_forward(model, new[w], cache, device)  # warm-up
+        for _ in range(rounds):
+            for w in widths:
+                ms[w].append(timed_forward(model, new[w], cache, device))
+    out, running = {}, 0.0
+    for w in sorted(widths):
+        running = max(running, statistics.median(ms[w]) / 1000)
+        out[w] = running
+    return out
 
 
 def forward_costs(target, drafter_model, draft_device, widths=(1,), drafter_spec: str = "") -> dict:
@@ -152,8 +166,8 @@ def forward_costs(target, drafter_model, draft_device, widths=(1,), drafter_spec
     the methods' defaults then stay the same within a process, so seeded sampling is reproducible)."""
     key = ("forward_costs", drafter_spec, str(draft_device), tuple(widths))
     if key not in target.extras:
-        costs = {"target_s": {w: _forward_cost(target.model, target.device, w) for w in widths},
-                 "draft_s": _forward_cost(drafter_model, draft_device, 1)}
+        costs = {"target_s": _forward_costs(target.model, target.device, widths),
+                 "draft_s": _forward_costs(drafter_model, draft_device)[1]}
         costs["c"] = costs["target_s"][widths[0]] / costs["draft_s"]
         target.extras[key] = costs
     return target.extras[key]
@@ -216,8 +230,8 @@ def calibrate(target, model_for, requested: str, draft_device: torch.device | No
         executor = Executor(mode, target.device, draft_device if mode == "devices" else target.device)
         model = model_for(mode)
         with executor.session():
-            t1 = _forward_cost(target.model, target.device, 1)
-            d1 = executor.draft_only(lambda: _forward_cost(model, executor.draft_device, 1))[0]
+            t1 = _forward_costs(target.model, target.device)[1]
+            d1 = executor.draft_only(lambda: _forward_costs(model, executor.draft_device)[1])[0]
         c_by_mode[mode] = t1 / d1
         step_s[mode] = _pearl_step_cost(executor, target, model, gamma or max(1, round(c_by_mode[mode])))
         executor.close()

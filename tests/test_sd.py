@@ -115,3 +115,12 @@ def test_gamma_grows_with_acceptance_and_cheap_drafts():
     assert best(0.9, 0.05) > best(0.5, 0.05) >= 1
     assert best(0.8, 0.02) >= best(0.8, 0.3)
     assert all(expected_speedup(g, 0.0, 0.1, target_s) < 1 for g in range(1, 9))  # useless drafter: slower
+
+
+def test_forward_costs_are_per_width_and_never_fall_with_width(tiny):
+    from specbench.concurrency import _forward_costs
+
+    costs = _forward_costs(tiny.model, tiny.device, (1, 2, 4, 9), rounds=3)
+    assert list(costs) == [1, 2, 4, 9]
+    values = list(costs.values())
+    assert all(v > 0 for v in values) and values == sorted(values)
