@@ -131,7 +131,7 @@ def drafter_on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     return copy.deepcopy(model).to(device)
 
 
-def _forward_costs(model, device, widths=(1,), context: int = 64, rounds: int = 7) -> dict[int, float]:
+def measure_forward_times(model, device, widths=(1,), context: int = 64, rounds: int = 7) -> dict[int, float]:
     """Seconds of one forward of w new tokens after `context` cached tokens, per width w.
 
     Widths are timed round-robin (rounds x widths forwards, after one untimed warm-up each) and the median taken
@@ -166,8 +166,8 @@ def forward_costs(target, drafter_model, draft_device, widths=(1,), drafter_spec
     the methods' defaults then stay the same within a process, so seeded sampling is reproducible)."""
     key = ("forward_costs", drafter_spec, str(draft_device), tuple(widths))
     if key not in target.extras:
-        costs = {"target_s": _forward_costs(target.model, target.device, widths),
-                 "draft_s": _forward_costs(drafter_model, draft_device)[1]}
+        costs = {"target_s": measure_forward_times(target.model, target.device, widths),
+                 "draft_s": measure_forward_times(drafter_model, draft_device)[1]}
         costs["c"] = costs["target_s"][widths[0]] / costs["draft_s"]
         target.extras[key] = costs
     return target.extras[key]
@@ -230,8 +230,8 @@ def calibrate(target, model_for, requested: str, draft_device: torch.device | No
         executor = Executor(mode, target.device, draft_device if mode == "devices" else target.device)
         model = model_for(mode)
         with executor.session():
-            t1 = _forward_costs(target.model, target.device)[1]
-            d1 = executor.draft_only(lambda: _forward_costs(model, executor.draft_device)[1])[0]
+            t1 = measure_forward_times(target.model, target.device)[1]
+            d1 = executor.draft_only(lambda: measure_forward_times(model, executor.draft_device)[1])[0]
         c_by_mode[mode] = t1 / d1
         step_s[mode] = _pearl_step_cost(executor, target, model, gamma or max(1, round(c_by_mode[mode])))
         executor.close()

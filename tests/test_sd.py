@@ -118,9 +118,9 @@ def test_gamma_grows_with_acceptance_and_cheap_drafts():
 
 
 def test_forward_costs_are_per_width_and_never_fall_with_width(tiny):
-    from specbench.concurrency import _forward_costs
+    from specbench.concurrency import measure_forward_times
 
-    costs = _forward_costs(tiny.model, tiny.device, (1, 2, 4, 9), rounds=3)
+    costs = measure_forward_times(tiny.model, tiny.device, (1, 2, 4, 9), rounds=3)
     assert list(costs) == [1, 2, 4, 9]
     values = list(costs.values())
     assert all(v > 0 for v in values) and values == sorted(values)
