@@ -37,15 +37,20 @@ def cache_tag(name: str) -> str:
 
 def load(name: str, limit: int) -> list[ds.Prompt]:
     """The first `limit` prompts of a training source."""
-    if name == "stdlib-code":
-        template = ds.get_spec("humaneval").template
-        return [ds.Prompt(id=f"stdlib-{i}", turns=(template.format(prompt=stub),))
-                for i, stub in enumerate(stdlib_stubs(limit))]
-    if name == "word-problems":
-        template = ds.get_spec("gsm8k").template
-        return [ds.Prompt(id=f"word-{i}", turns=(template.format(question=word_problem(i)),))
-                for i in range(limit)]
-    raise SpecbenchError(f"unknown training source {name!r}; choose from {', '.join(SOURCES)}")
+    if name not in SOURCES:
+        raise SpecbenchError(f"unknown training source {name!r}; choose from {', '.join(SOURCES)}")
+    return BUILDERS[name](limit)
+
+
+def _stdlib_prompts(limit: int) -> list[ds.Prompt]:
+    template = ds.get_spec("humaneval").template
+    return [ds.Prompt(id=f"stdlib-{i}", turns=(template.format(prompt=stub),))
+            for i, stub in enumerate(stdlib_stubs(limit))]
+
+
+def _word_prompts(limit: int) -> list[ds.Prompt]:
+    template = ds.get_spec("gsm8k").template
+    return [ds.Prompt(id=f"word-{i}", turns=(template.format(question=word_problem(i)),)) for i in range(limit)]
 
 
 # ---------------------------------------------------------------------------------------------------- code
@@ -129,3 +134,7 @@ def word_problem(index: int) -> str:
               "n4": rng.randint(20, 120), "p1": rng.randint(2, 25), "p2": rng.randint(40, 200),
               "pct": rng.choice([10, 20, 25, 30, 40, 50, 75]), "h": rng.randint(2, 9), "r": rng.randint(8, 60)}
     return TEMPLATES[index % len(TEMPLATES)].format(**fields)
+
+
+BUILDERS = {"stdlib-code": _stdlib_prompts, "word-problems": _word_prompts}  # one per SOURCES entry
+assert BUILDERS.keys() == SOURCES.keys()
