@@ -117,7 +117,7 @@ def test_gamma_grows_with_acceptance_and_cheap_drafts():
     assert all(expected_speedup(g, 0.0, 0.1, target_s) < 1 for g in range(1, 9))  # useless drafter: slower
 
 
-def test_forward_costs_are_per_width_and_never_fall_with_width(tiny):
+def test_measured_forward_times_are_per_width_and_never_fall_with_width(tiny):
     from specbench.concurrency import measure_forward_times
 
     costs = measure_forward_times(tiny.model, tiny.device, (1, 2, 4, 9), rounds=3)
