@@ -59,7 +59,8 @@ def test_loss_trains_only_the_prompt_tokens(tiny):
     assert emb.grad[0].abs().sum() > 0 and emb.grad[1:].abs().sum() == 0
 
 
-def test_train_writes_artefact_and_resumes(tiny, tmp_path):
+def test_train_writes_artefact_and_resumes(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))  # self-distilled data stays out of ~/.cache
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"instruction": f"Tell me about item {i}."}) + "\n" for i in range(6)))
     cfg = TrainConfig(model="random:tiny", steps=4, out=tmp_path / "ppd", prompts=4, held_out=2, new_tokens=12,
@@ -79,7 +80,8 @@ def test_train_writes_artefact_and_resumes(tiny, tmp_path):
     assert again["step"] == 6 and again["losses"][:4] == first["losses"] and len(again["losses"]) == 6
 
 
-def test_train_command(tmp_path):
+def test_train_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     from typer.testing import CliRunner
 
     from specbench.cli import app
