@@ -91,7 +91,7 @@ def list_datasets():
         table.add_row(name, spec.description, sources)
     from .trainsets import SOURCES
 
-    for name, description in SOURCES.items():
+    for name, (description, _) in SOURCES.items():
         table.add_row(name, f"{description} (training only: `train --data`)", "built in, offline")
     out.print(table)
 

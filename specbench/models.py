@@ -313,13 +313,14 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedMo
             raise SpecbenchError(f"GGUF file not found: {spec}")
         with status(f"Loading and de-quantising {path.name}"):
             return _load_hf(str(path.parent), dev, dt, gguf_file=path.name)
-    if not Path(spec).exists() and spec.startswith(("/", "./", "../", "~")):
-        raise SpecbenchError(f"model path not found: {spec} (no such file or directory)")
-    if not Path(spec).exists() and spec.count("/") != 1:
-        raise SpecbenchError(
-            f"unknown model {spec!r}: not a local path, not an org/name Hugging Face id. Use {EMBEDDED_ALIAS}, a "
-            "local directory, a .gguf file, an org/name id, or random:<preset> "
-            f"(presets: {', '.join(RANDOM_PRESETS)}).")
+    if not Path(spec).exists():
+        if spec.startswith(("/", "./", "../", "~")):
+            raise SpecbenchError(f"model path not found: {spec} (no such file or directory)")
+        if spec.count("/") != 1:
+            raise SpecbenchError(
+                f"unknown model {spec!r}: not a local path, not an org/name Hugging Face id. Use {EMBEDDED_ALIAS}, "
+                "a local directory, a .gguf file, an org/name id, or random:<preset> "
+                f"(presets: {', '.join(RANDOM_PRESETS)}).")
     with status(f"Loading {spec}"):
         return _load_hf(spec, dev, dt)
 

@@ -97,8 +97,7 @@ def _source_sequences(target: LoadedModel, source: str, held_out: int, prompts: 
     from .prompt_tokens import model_key
 
     key = {"format": 2, "model_key": model_key(target), "data": data_file or trainsets.cache_tag(source),
-           "prompts": prompts,
-           "held_out": held_out, "new_tokens": new_tokens}
+           "prompts": prompts, "held_out": held_out, "new_tokens": new_tokens}
     name = "-".join(str(v) for v in key.values()).replace("/", "_")
     path = cache_dir() / "selfdistill" / f"{name}.pt"
     if path.exists():

@@ -23,10 +23,6 @@ from pathlib import Path
 from . import datasets as ds
 from .errors import SpecbenchError
 
-SOURCES = {
-    "stdlib-code": "Python standard-library functions (signature + docstring), HumanEval's instruction",
-    "word-problems": "templated grade-school word problems, GSM8K's instruction",
-}
 SKIP_DIRS = {"site-packages", "dist-packages", "idlelib", "lib2to3", "turtledemo", "ensurepip"}
 
 
@@ -39,7 +35,7 @@ def load(name: str, limit: int) -> list[ds.Prompt]:
     """The first `limit` prompts of a training source."""
     if name not in SOURCES:
         raise SpecbenchError(f"unknown training source {name!r}; choose from {', '.join(SOURCES)}")
-    return BUILDERS[name](limit)
+    return SOURCES[name][1](limit)
 
 
 def _stdlib_prompts(limit: int) -> list[ds.Prompt]:
@@ -136,5 +132,9 @@ def word_problem(index: int) -> str:
     return TEMPLATES[index % len(TEMPLATES)].format(**fields)
 
 
-BUILDERS = {"stdlib-code": _stdlib_prompts, "word-problems": _word_prompts}  # one per SOURCES entry
-assert BUILDERS.keys() == SOURCES.keys()
+# name -> (description for `specbench list datasets`, builder of the first `limit` prompts)
+SOURCES = {
+    "stdlib-code": ("Python standard-library functions (signature + docstring), HumanEval's instruction",
+                    _stdlib_prompts),
+    "word-problems": ("templated grade-school word problems, GSM8K's instruction", _word_prompts),
+}

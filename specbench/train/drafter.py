@@ -30,8 +30,7 @@ from ..errors import SpecbenchError
 from ..hardware import cpu_model, device_name
 from ..models import LoadedModel, dtype_name, load_model, model_slug
 from ..progress import console, progress_bar
-from ..selfdistill import (check_sources, greedy_continuations, load_source, render, source_names,
-                           training_sequences)
+from ..selfdistill import greedy_continuations, load_source, render, source_names, training_sequences
 from .ppd import plot_losses
 
 
@@ -119,7 +118,6 @@ def train(cfg: DrafterConfig) -> Path:
     if cfg.vocab_top is not None and cfg.vocab_top < 1:
         raise SpecbenchError(f"--vocab-top must be at least 1 (got {cfg.vocab_top}); leave it out for the full "
                              "vocabulary")
-    check_sources(cfg.data)
     t_start = time.perf_counter()
     target = load_model(cfg.model, cfg.dtype, cfg.device)
     target.model.requires_grad_(False)
