@@ -13,10 +13,10 @@ import time
 
 import torch
 
-from specbench.datasets import load_prompts
+from specbench.core.models import dtype_name, load_model
+from specbench.core.verify import Sampling
+from specbench.data.datasets import load_prompts
 from specbench.methods import MethodOptions, get_method
-from specbench.models import dtype_name, load_model
-from specbench.verify import Sampling
 
 
 def main() -> None:

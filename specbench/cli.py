@@ -14,6 +14,7 @@ from . import __version__
 from .errors import SpecbenchError
 from .progress import console, out
 
+
 class _ClearErrors(TyperGroup):
     """User mistakes (SpecbenchError) print one clear line and exit non-zero, without a traceback."""
 
@@ -55,8 +56,8 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 @app.command()
 def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto"):
     """Print the hardware and software that results will be recorded with."""
-    from .hardware import describe
-    from .models import resolve_device
+    from .core.hardware import describe
+    from .core.models import resolve_device
 
     table = Table(title="specbench environment", show_header=False)
     for key, value in describe(resolve_device(device)).items():
@@ -80,7 +81,7 @@ def list_methods():
 @list_app.command("datasets")
 def list_datasets():
     """Benchmark datasets: where each is found and how many prompts it has."""
-    from . import datasets as ds
+    from .data import datasets as ds
 
     table = Table(title="datasets")
     for col in ("name", "description", "sources (in the order tried)"):
@@ -89,7 +90,7 @@ def list_datasets():
         spec = ds.get_spec(name)
         sources = "\n".join(f"{place}: {state}" for place, state in ds.describe_sources(spec))
         table.add_row(name, spec.description, sources)
-    from .trainsets import SOURCES
+    from .data.trainsets import SOURCES
 
     for name, (description, _) in SOURCES.items():
         table.add_row(name, f"{description} (training only: `train --data`)", "built in, offline")
@@ -135,9 +136,10 @@ def run(
                                                         "one (prompt tokens, heads, ...).")] = None,
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
+    from .bench.report import write_run_report
+    from .bench.runner import RunConfig, default_out
+    from .bench.runner import run as run_benchmark
     from .methods import MethodOptions
-    from .report import write_run_report
-    from .runner import RunConfig, default_out, run as run_benchmark
 
     if out_dir is None:
         out_dir = _newest_run() if resume else default_out()
@@ -162,7 +164,7 @@ def run(
 
 
 def _newest_run() -> Path:
-    from .runner import default_out
+    from .bench.runner import default_out
 
     runs = sorted(p for p in default_out().parent.glob("*") if (p / "run.yaml").exists())
     if not runs:
@@ -211,8 +213,8 @@ def profile(
     """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`)."""
     import torch
 
-    from .models import load_model
-    from .profile import default_path, measure, plot
+    from .core.models import load_model
+    from .hwtrees.profile import default_path, measure, plot
 
     width_list, kv_list = _int_list(widths, "--widths"), _int_list(kv_lengths, "--kv-lengths")
     if threads:
@@ -258,11 +260,11 @@ def build_tree(
     """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L_fp(n) on --gpu."""
     import time
 
-    from .acceptance import read_per_rank
-    from .buildtree import plot, size_curve, tree_file
-    from .hardware import hardware_slug
-    from .latency_estimate import GPU_CHOICES, resolve_profile
-    from .models import model_config, model_slug, resolve_device
+    from .core.hardware import hardware_slug
+    from .core.models import model_config, model_slug, resolve_device
+    from .hwtrees.acceptance import read_per_rank
+    from .hwtrees.buildtree import plot, size_curve, tree_file
+    from .hwtrees.latency_estimate import GPU_CHOICES, resolve_profile
 
     start = time.perf_counter()
     if gpu not in GPU_CHOICES and not gpu.endswith((".yaml", ".yml")):
@@ -323,7 +325,7 @@ def report(
     = None,
 ):
     """Re-draw tables and plots from result CSVs, compare runs, and gate CI on speedup."""
-    from .report import below_threshold, compare_runs, write_run_report
+    from .bench.report import below_threshold, compare_runs, write_run_report
 
     if len(runs) == 1:
         summary = write_run_report(runs[0])
@@ -368,7 +370,7 @@ def train_ppd(
     data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
 ):
     """Train PPD's prompt tokens (only their embeddings train; the model is frozen)."""
-    from .train.ppd import TrainConfig, train
+    from .drafters.train_ppd import TrainConfig, train
 
     cfg = TrainConfig(model=model, prompt_tokens=prompt_tokens, ept=ept, data=data, steps=steps, out=out,
                       dtype=dtype, device=device, lr=lr, alpha=alpha, insertions=insertions, prompts=prompts,
@@ -409,7 +411,7 @@ def train_drafter(
     data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
 ):
     """Train a small drafter for sd / pearl that shares the target's tokenizer, embeddings and LM head."""
-    from .train.drafter import DrafterConfig, train
+    from .drafters.train_drafter import DrafterConfig, train
 
     cfg = DrafterConfig(model=model, layers=layers, vocab_top=vocab_top, data=data, steps=steps, batch=batch,
                         out=out, dtype=dtype, device=device, lr=lr, topk=topk, prompts=prompts, held_out=held_out,
@@ -442,9 +444,9 @@ def estimate(
                         "acceptance/<model>/ppd.yaml).")] = None,
 ):
     """Top-k accuracy of the method's guesses per token distance (PPD Table 2), for `build-tree`."""
-    from . import acceptance
-    from . import prompt_tokens as pt
-    from .models import load_model
+    from .core.models import load_model
+    from .drafters import prompt_tokens as pt
+    from .hwtrees import acceptance
 
     if method != "ppd":
         raise SpecbenchError(f"estimate --method {method}: only ppd has an estimate so far")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench.models import load_model
+from specbench.core.models import load_model
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench import __version__
+from specbench.bench.runner import Runner
 from specbench.cli import app
-from specbench.runner import Runner
 
 cli = CliRunner()
 TINY = ["--model", "random:tiny", "--max-new-tokens", "24", "--warmup", "0"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench import datasets as ds
+from specbench.data import datasets as ds
 from specbench.errors import SpecbenchError
 
 DATA_DIR = os.environ.get("SPECBENCH_DATA_DIR")

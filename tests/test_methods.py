@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specbench.drafter import layer_drafter
+from specbench.core.verify import Sampling
+from specbench.drafters.token_drafter import layer_drafter
 from specbench.methods import REGISTRY, MethodOptions, get_method
 from specbench.methods.pld import lookup_draft
-from specbench.verify import Sampling
 
 from .conftest import prompt_ids
 

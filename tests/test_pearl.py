@@ -9,10 +9,10 @@ import json
 import pytest
 import yaml
 
-from specbench.drafter import layer_drafter
+from specbench.core.verify import Sampling
+from specbench.drafters.token_drafter import layer_drafter
 from specbench.errors import SpecbenchError
 from specbench.methods import MethodOptions, get_method
-from specbench.verify import Sampling
 
 from .conftest import prompt_ids
 from .test_sd import check_distribution
@@ -56,10 +56,10 @@ def test_run_saves_timeline_and_report_section(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from specbench.cli import app
-    from specbench.drafter import save_artifact
+    from specbench.drafters.token_drafter import save_artifact
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    from specbench.models import load_model
+    from specbench.core.models import load_model
 
     tiny = load_model("random:tiny", "float32", "cpu")
     drafter = layer_drafter(tiny, [0])

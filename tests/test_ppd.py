@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench import prompt_tokens as pt
-from specbench.acceptance import read_per_rank, score_sequence
-from specbench.cache import cache_length
+from specbench.core.cache import cache_length
+from specbench.core.tree import TreeFile
+from specbench.core.verify import Sampling
+from specbench.drafters import prompt_tokens as pt
 from specbench.errors import SpecbenchError
+from specbench.hwtrees.acceptance import read_per_rank, score_sequence
 from specbench.methods import MethodOptions, get_method
 from specbench.methods.ppd import ParallelPromptDecoding
-from specbench.tree import TreeFile
-from specbench.verify import Sampling
 
 from .conftest import prompt_ids
 

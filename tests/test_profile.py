@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.errors import SpecbenchError
-from specbench.profile import LatencyProfile, load_profile, measure
+from specbench.hwtrees.profile import LatencyProfile, load_profile, measure
 
 
 def test_measure_and_round_trip(tiny, tmp_path):
@@ -61,14 +61,14 @@ def test_profile_command_writes_yaml_and_plot(tmp_path):
 def _config(preset):
     from transformers import AutoConfig
 
-    from specbench.models import RANDOM_PRESETS
+    from specbench.core.models import RANDOM_PRESETS
 
     d = dict(RANDOM_PRESETS[preset])
     return AutoConfig.for_model(d.pop("model_type"), **d)
 
 
 def test_estimates_follow_the_chip_rates():
-    from specbench.latency_estimate import estimate_profile
+    from specbench.hwtrees.latency_estimate import estimate_profile
 
     cfg = _config("llama2-7b")
     h100 = estimate_profile("llama2-7b", cfg, "h100", "bfloat16", [1, 16, 256], kv_lengths=[512])
@@ -81,7 +81,7 @@ def test_estimates_follow_the_chip_rates():
 
 
 def test_resolve_profile_prefers_measured_and_rejects_unknown(tmp_path):
-    from specbench.latency_estimate import resolve_profile
+    from specbench.hwtrees.latency_estimate import resolve_profile
 
     cfg = _config("smollm2-135m")
     est = resolve_profile("a100", "smollm2-135m", cfg, "bfloat16", "cpu-x", [1, 2], root=tmp_path)

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specbench.drafter import layer_drafter
+from specbench.core.models import Tokenizer
+from specbench.core.verify import Sampling, warp_probs
+from specbench.drafters.token_drafter import layer_drafter
 from specbench.errors import SpecbenchError
 from specbench.methods import MethodOptions, get_method
 from specbench.methods.sd import expected_speedup
-from specbench.models import Tokenizer
-from specbench.verify import Sampling, warp_probs
 
 from .conftest import prompt_ids
 
@@ -118,7 +118,7 @@ def test_gamma_grows_with_acceptance_and_cheap_drafts():
 
 
 def test_measured_forward_times_are_per_width_and_never_fall_with_width(tiny):
-    from specbench.concurrency import measure_forward_times
+    from specbench.core.concurrency import measure_forward_times
 
     costs = measure_forward_times(tiny.model, tiny.device, (1, 2, 4, 9), rounds=3)
     assert list(costs) == [1, 2, 4, 9]

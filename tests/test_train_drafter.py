@@ -10,11 +10,11 @@ import pytest
 import torch
 import yaml
 
-from specbench.drafter import META_FILE, WEIGHTS_FILE, load_artifact
+from specbench.core.verify import Sampling
+from specbench.drafters.token_drafter import META_FILE, WEIGHTS_FILE, load_artifact
+from specbench.drafters.train_drafter import DrafterConfig, train
 from specbench.errors import SpecbenchError
 from specbench.methods import MethodOptions, get_method
-from specbench.train.drafter import DrafterConfig, train
-from specbench.verify import Sampling
 
 from .conftest import prompt_ids
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 import yaml
 
-from specbench import prompt_tokens as pt
-from specbench.cache import new_cache
-from specbench.train.ppd import TrainConfig, step_loss, train
+from specbench.core.cache import new_cache
+from specbench.drafters import prompt_tokens as pt
+from specbench.drafters.train_ppd import TrainConfig, step_loss, train
 
 
 def _causal(n):

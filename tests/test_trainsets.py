@@ -7,10 +7,10 @@ import ast
 
 import pytest
 
-from specbench import datasets as ds
-from specbench import trainsets
+from specbench.data import datasets as ds
+from specbench.data import trainsets
+from specbench.drafters.selfdistill import check_sources, load_source, source_names
 from specbench.errors import SpecbenchError
-from specbench.selfdistill import check_sources, load_source, source_names
 
 
 def test_stdlib_stubs_are_documented_python_signatures():

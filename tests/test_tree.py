@@ -9,11 +9,22 @@ import itertools
 import pytest
 import torch
 
-from specbench.cache import cache_length, keep_positions, new_cache
+from specbench.core.cache import cache_length, keep_positions, new_cache
+from specbench.core.tree import (
+    Tree,
+    TreeFile,
+    attention_mask,
+    position_ids,
+    read_tree_file,
+)
+from specbench.core.verify import (
+    Sampling,
+    tree_greedy_accept,
+    tree_speculative_accept,
+    tree_typical_accept,
+)
+from specbench.drafters.prompt_tokens import embed, hidden
 from specbench.errors import SpecbenchError
-from specbench.prompt_tokens import embed, hidden
-from specbench.tree import Tree, TreeFile, attention_mask, position_ids, read_tree_file
-from specbench.verify import Sampling, tree_greedy_accept, tree_speculative_accept, tree_typical_accept
 
 PATHS = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0))
 

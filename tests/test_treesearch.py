@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from specbench.errors import SpecbenchError
-from specbench.treesearch import (StateTree, end_probs, f_value, optimal_candidates, removal_loss,
-                                  remove_prompt_tokens, search, stationary, static_tree, transition_matrix)
+from specbench.hwtrees.treesearch import (
+    StateTree,
+    end_probs,
+    f_value,
+    optimal_candidates,
+    removal_loss,
+    remove_prompt_tokens,
+    search,
+    static_tree,
+    stationary,
+    transition_matrix,
+)
 
-# Per-rank acceptance of PPD's 3 prompt tokens for Vicuna-7B, recovered from the authors' stored dynamic sparse
-# tree (hmarkc/parallel-prompt-decoding @2ba3a1c, prompt/inference/dynamic_sparse_trees_3_vicuna_7b.py).
-VICUNA7B = [[0.48335, 0.14342, 0.0736, 0.0454, 0.03087, 0.02155, 0.01658, 0.01323, 0.00932, 0.00845],
-            [0.262563, 0.145609, 0.081142, 0.057598, 0.042826, 0.032295, 0.025696, 0.021516, 0.019034, 0.015496],
-            [0.164132, 0.117564, 0.080923, 0.057836, 0.045859, 0.036719, 0.031282, 0.023166, 0.023718, 0.017887]]
+# The PPD authors' facts for Vicuna-7B (hmarkc/parallel-prompt-decoding @2ba3a1c,
+# prompt/inference/dynamic_sparse_trees_3_vicuna_7b.py): per-rank acceptance of the 3 prompt tokens, recovered from
+# their stored size-500 dynamic sparse tree, and their trees of sizes 50 and 105 (state -> [path of ranks, end
+# probability, prompt tokens appended]). Kept beside this file so the test never depends on the working directory.
+AUTHORS = json.loads((Path(__file__).resolve().parent / "data" / "ppd-vicuna7b-dynamic-trees.json").read_text())
+VICUNA7B = AUTHORS["acceptance"]
 SMALL = [[0.5, 0.2, 0.1], [0.4, 0.3, 0.05], [0.35, 0.2, 0.1]]
 
 
@@ -81,11 +91,7 @@ def test_each_greedy_removal_takes_the_smallest_loss():
 def test_search_reproduces_the_authors_vicuna7b_trees(size):
     result = search(VICUNA7B, 3, size)
     assert all(t.size <= size for t in result.trees.values())
-    reference = Path(os.environ.get("SPECBENCH_DATA_DIR", "../shared/datasets")).parent / "reference"
-    path = reference / "ppd-vicuna7b-dynamic-trees.json"
-    if not path.exists():
-        pytest.skip(f"{path} not found")
-    published = json.loads(path.read_text())["trees"][str(size)]
+    published = AUTHORS["trees"][str(size)]
     for state, nodes in published.items():
         mine = result.trees[int(state)]
         assert dict(zip(mine.paths, mine.prompt_tokens)) == {tuple(p): k for p, _, k in nodes}

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench.verify import Sampling, greedy_accept, speculative_accept, warp_probs
+from specbench.core.verify import (
+    Sampling,
+    greedy_accept,
+    speculative_accept,
+    warp_probs,
+)
 
 
 def test_greedy_accept_prefix_and_bonus():

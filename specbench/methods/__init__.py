@@ -8,7 +8,14 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import REGISTRY, DecodeMethod, Generation, MethodOptions, get_method, register  # noqa: F401
+from .base import (  # noqa: F401
+    REGISTRY,
+    DecodeMethod,
+    Generation,
+    MethodOptions,
+    get_method,
+    register,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base" and not _module.name.startswith("_"):

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import crop_to, new_cache
-from ..drafter import check_vocabulary, default_drafter
-from ..verify import Sampling, sample, warp_probs
-from .base import DecodeMethod, forward
+from ..core.cache import crop_to, new_cache
+from ..core.forward import forward
+from ..core.verify import Sampling, sample, warp_probs
+from ..drafters.token_drafter import check_vocabulary, default_drafter
+from .base import DecodeMethod
 
 
 class ModelState:

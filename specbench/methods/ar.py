@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import new_cache
-from ..verify import next_token
-from .base import DecodeMethod, Generation, forward, register
+from ..core.cache import new_cache
+from ..core.forward import forward
+from ..core.verify import next_token
+from .base import DecodeMethod, Generation, register
 
 
 @register

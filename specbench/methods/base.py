@@ -7,9 +7,9 @@ from typing import ClassVar
 
 import torch
 
+from ..core.models import LoadedModel
+from ..core.verify import Sampling
 from ..errors import SpecbenchError
-from ..models import LoadedModel
-from ..verify import Sampling
 
 
 @dataclass(frozen=True)
@@ -116,12 +116,3 @@ def get_method(name: str) -> type[DecodeMethod]:
                              "(see `specbench list methods`)")
     return REGISTRY[name]
 
-
-def forward(model, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> torch.Tensor:
-    """Causal forward of input_ids [1, n] appended to `cache`; returns logits [n or logits_to_keep, V]."""
-    past = cache.get_seq_length()
-    n = input_ids.shape[1]
-    position_ids = torch.arange(past, past + n, device=input_ids.device).unsqueeze(0)  # [1, n]
-    out = model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
-                logits_to_keep=logits_to_keep)
-    return out.logits[0]

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from ..concurrency import Executor, calibrate, drafter_on, now
-from ..models import resolve_device
-from ..timeline import step
-from ..verify import accept
+from ..core.concurrency import Executor, calibrate, drafter_on, now, step
+from ..core.models import resolve_device
+from ..core.verify import accept
 from ._drafting import DraftModelMethod, ModelState, child_generator, draft_tokens
 from .base import Generation, register
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import drop_last, new_cache
-from ..verify import accept, next_token
-from .base import DecodeMethod, Generation, forward, register
+from ..core.cache import drop_last, new_cache
+from ..core.forward import forward
+from ..core.verify import accept, next_token
+from .base import DecodeMethod, Generation, register
 
 
 def lookup_draft(history: list[int], max_ngram: int, max_tokens: int) -> list[int]:

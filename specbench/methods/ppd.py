@@ -14,16 +14,23 @@ from __future__ import annotations
 
 import torch
 
-from .. import prompt_tokens as pt
-from ..acceptance import GENERIC_PER_RANK, read_per_rank
-from ..cache import cache_length, keep_positions, new_cache
+from ..core.cache import cache_length, keep_positions, new_cache
+from ..core.hardware import hardware_slug
+from ..core.models import dtype_name
+from ..core.tree import (
+    Tree,
+    TreeFile,
+    attention_mask,
+    locate,
+    position_ids,
+    resolve_tree,
+)
+from ..core.verify import next_token, tree_speculative_accept, tree_typical_accept
+from ..drafters import prompt_tokens as pt
 from ..errors import SpecbenchError
-from ..hardware import hardware_slug
-from ..models import dtype_name
+from ..hwtrees.acceptance import GENERIC_PER_RANK, read_per_rank
+from ..hwtrees.treesearch import search
 from ..progress import console
-from ..tree import Tree, TreeFile, attention_mask, locate, position_ids, resolve_tree
-from ..treesearch import search
-from ..verify import next_token, tree_speculative_accept, tree_typical_accept
 from .base import DecodeMethod, Generation, register
 
 DEFAULT_SIZE = 16

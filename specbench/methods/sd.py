@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..concurrency import Span, forward_costs, now
-from ..timeline import step
-from ..verify import accept
+from ..core.concurrency import Span, forward_costs, now, step
+from ..core.verify import accept
 from ._drafting import DraftModelMethod, ModelState, draft_tokens
 from .base import Generation, register
 

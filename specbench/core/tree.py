@@ -24,7 +24,8 @@ from pathlib import Path as FsPath
 import torch
 import yaml
 
-from .errors import SpecbenchError
+from .. import REPO_ROOT
+from ..errors import SpecbenchError
 
 Path = tuple[int, ...]
 
@@ -276,7 +277,6 @@ def read_tree_file(path: str | FsPath) -> TreeFile:
 
 # ------------------------------------------------------------------------------------------- --tree option
 
-REPO_ROOT = FsPath(__file__).resolve().parent.parent
 
 
 def locate(relative: str) -> FsPath | None:

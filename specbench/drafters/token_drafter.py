@@ -18,11 +18,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from .cpu_kernels import prepack
-from .errors import SpecbenchError
-from .models import LoadedModel, load_model
+from .. import REPO_ROOT
+from ..core.cpu_kernels import prepack
+from ..core.models import LoadedModel, load_model
+from ..errors import SpecbenchError
 
-ARTIFACTS_DIR = Path(__file__).resolve().parent.parent / "artifacts"
+ARTIFACTS_DIR = REPO_ROOT / "artifacts"
 WEIGHTS_FILE, META_FILE = "drafter.safetensors", "drafter.yaml"
 
 

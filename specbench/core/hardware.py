@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from .. import REPO_ROOT
+
 
 def cpu_model() -> str:
     try:
@@ -47,7 +49,7 @@ def gpu_facts(index: int = 0) -> dict:
 
 @lru_cache(maxsize=1)
 def git_revision() -> str:
-    root = Path(__file__).resolve().parent.parent
+    root = REPO_ROOT
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=5)
@@ -113,7 +115,7 @@ def cpu_flags() -> list[str]:
 
 def describe(device: torch.device) -> dict:
     """Everything `specbench env` prints."""
-    from . import __version__
+    from .. import __version__
 
     info = {"specbench": __version__, **environment(device)}
     info["python"] = platform.python_version()

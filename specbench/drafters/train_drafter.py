@@ -24,14 +24,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..concurrency import forward_costs
-from ..drafter import SharedHeadDrafter, init_layer_ids, save_artifact
+from ..core.concurrency import forward_costs
+from ..core.hardware import cpu_model, device_name
+from ..core.models import LoadedModel, dtype_name, load_model, model_slug
 from ..errors import SpecbenchError
-from ..hardware import cpu_model, device_name
-from ..models import LoadedModel, dtype_name, load_model, model_slug
 from ..progress import console, progress_bar
-from ..selfdistill import greedy_continuations, load_source, render, source_names, training_sequences
-from .ppd import plot_losses
+from .selfdistill import (
+    greedy_continuations,
+    load_source,
+    render,
+    source_names,
+    training_sequences,
+)
+from .token_drafter import SharedHeadDrafter, init_layer_ids, save_artifact
+from .train_ppd import plot_losses
 
 
 @dataclass(frozen=True)

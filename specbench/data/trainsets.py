@@ -20,8 +20,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from ..errors import SpecbenchError
 from . import datasets as ds
-from .errors import SpecbenchError
 
 SKIP_DIRS = {"site-packages", "dist-packages", "idlelib", "lib2to3", "turtledemo", "ensurepip"}
 
@@ -138,3 +138,10 @@ SOURCES = {
                     _stdlib_prompts),
     "word-problems": ("templated grade-school word problems, GSM8K's instruction", _word_prompts),
 }
+
+
+def refuse_as_benchmark(name: str) -> None:
+    """A training-only source given where benchmark prompts are read (run --dataset, estimate --data): say so."""
+    if name in SOURCES and name not in ds.dataset_names():
+        raise SpecbenchError(f"{name} is a training-only prompt source (`specbench train ... --data {name}`); "
+                             f"benchmark with one of {', '.join(ds.dataset_names())}")

@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .errors import SpecbenchError
+from ..errors import SpecbenchError
 
 Path = tuple[int, ...]
 

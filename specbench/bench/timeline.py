@@ -1,7 +1,8 @@
 """Per-step timelines of the draft-model methods: when the drafter and the target were busy, and the mutual waiting
 that PEARL sets out to remove (PEARL §3.1, Fig. 1 and 3; App. D.3 times each component of a step).
 
-A step is one dict (stored in Generation.timeline, saved by the runner as timeline.jsonl):
+A step is one dict (made by core.concurrency.step, stored in Generation.timeline, saved by the runner as
+timeline.jsonl):
   mode       sd | pre | post | draft (pearl-no-pre's lone drafting) | verify (pearl-no-post's lone verification)
   t0, t1     step start and end, seconds since the generation started
   draft      [start, end] of the drafter's busy span, or null;  target: the same for the target
@@ -26,19 +27,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from .markdown import markdown_table  # noqa: E402
+
 TIMELINE_FILE = "timeline.jsonl"
 COLORS = {"sd": "#777777", "pre": "#4c72b0", "post": "#55a868", "draft": "#c44e52", "verify": "#8172b2"}
-
-
-def step(mode: str, origin: float, t0: float, t1: float, draft, target, checked: int, accepted: int,
-         emitted: int, sampled: bool) -> dict:
-    """One timeline entry; spans are concurrency.Span or None, times are made relative to `origin`."""
-    def rel(span):
-        return None if span is None else [round(span.start - origin, 6), round(span.end - origin, 6)]
-
-    return {"mode": mode, "t0": round(t0 - origin, 6), "t1": round(t1 - origin, 6), "draft": rel(draft),
-            "target": rel(target), "checked": checked, "accepted": accepted, "emitted": emitted,
-            "sampled": int(sampled)}
 
 
 def totals(steps: list[dict]) -> dict:
@@ -124,8 +116,6 @@ def gantt(steps: list[dict], path: Path, title: str, seconds: float | None = 1.5
 
 def report_section(run_dir: Path) -> list[str]:
     """Markdown lines for report.md (and timeline_summary.csv, one Gantt PNG per method); [] without timelines."""
-    from .report import markdown_table
-
     run_dir = Path(run_dir)
     rows = read(run_dir)
     if not rows:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import SpecbenchError
 from .cache import crop_to, new_cache
-from .errors import SpecbenchError
+from .forward import forward, timed_forward
 from .timing import synchronize
 
 MODES = ("sequential", "threads", "streams", "devices")
@@ -39,6 +40,17 @@ class Span:
 def now(device: torch.device) -> float:
     synchronize(device)
     return time.perf_counter()
+
+
+def step(mode: str, origin: float, t0: float, t1: float, draft, target, checked: int, accepted: int,
+         emitted: int, sampled: bool) -> dict:
+    """One timeline entry (its fields: bench/timeline.py); spans are concurrency.Span or None, times are made relative to `origin`."""
+    def rel(span):
+        return None if span is None else [round(span.start - origin, 6), round(span.end - origin, 6)]
+
+    return {"mode": mode, "t0": round(t0 - origin, 6), "t1": round(t1 - origin, 6), "draft": rel(draft),
+            "target": rel(target), "checked": checked, "accepted": accepted, "emitted": emitted,
+            "sampled": int(sampled)}
 
 
 class Executor:
@@ -138,8 +150,6 @@ def measure_forward_times(model, device, widths=(1,), context: int = 64, rounds:
     per width, so a slow spell of a shared machine slows every width alike instead of one; then a running
     maximum, since a wider forward never costs less (noise made 2 tokens dearer than 4 in sequential timing).
     """
-    from .methods.base import forward
-    from .profile import timed_forward
 
     vocab = model.get_input_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
@@ -175,7 +185,6 @@ def forward_costs(target, drafter_model, draft_device, widths=(1,), drafter_spec
 
 def _pearl_step_cost(executor: Executor, target, drafter_model, gamma: int, reps: int = 3) -> float:
     """Median seconds of a PEARL-shaped step in this mode: gamma drafter forwards || one gamma-wide target forward."""
-    from .methods.base import forward
 
     vocab = target.model.get_input_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(1)

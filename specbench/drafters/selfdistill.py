@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from . import datasets as ds
-from . import trainsets
-from .errors import SpecbenchError
-from .models import LoadedModel
-from .progress import progress_bar
+from ..core.models import LoadedModel
+from ..data import datasets as ds
+from ..data import trainsets
+from ..errors import SpecbenchError
+from ..progress import progress_bar
 
 
 def render(target: LoadedModel, prompt: ds.Prompt) -> list[int]:
@@ -93,7 +93,7 @@ def training_sequences(target: LoadedModel, data: str, held_out: int, prompts: i
 
 def _source_sequences(target: LoadedModel, source: str, held_out: int, prompts: int, new_tokens: int,
                       data_file: str | None, min_reply: int) -> list[tuple[list[int], int]]:
-    from .models import cache_dir
+    from ..core.models import cache_dir
     from .prompt_tokens import model_key
 
     key = {"format": 2, "model_key": model_key(target), "data": data_file or trainsets.cache_tag(source),

@@ -16,19 +16,20 @@ import pandas as pd
 import torch
 import yaml
 
-from . import datasets as ds
+from ..core.concurrency import MODES as EXEC_MODES
+from ..core.hardware import environment
+from ..core.models import LoadedModel, dtype_name, load_model
+from ..core.timing import wall
+from ..core.verify import Sampling
+from ..data import datasets as ds
+from ..data.trainsets import refuse_as_benchmark
+from ..drafters.token_drafter import resolve_drafter
+from ..errors import SpecbenchError
+from ..methods import MethodOptions, get_method
+from ..methods.base import DecodeMethod, Generation
+from ..progress import console, progress_bar
 from . import timeline
-from .concurrency import MODES as EXEC_MODES
-from .drafter import resolve_drafter
-from .errors import SpecbenchError
-from .hardware import environment
-from .methods import MethodOptions, get_method
-from .methods.base import DecodeMethod, Generation
-from .models import LoadedModel, dtype_name, load_model
-from .progress import console, progress_bar
 from .results import RECORD_COLUMNS, Record, RecordWriter, read_tokens
-from .timing import wall
-from .verify import Sampling
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SpecbenchError("sampling: need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0")
     for name in cfg.methods:
         get_method(name)
+    for name in cfg.datasets:
+        refuse_as_benchmark(name)
     if any(n < 1 for n in cfg.tree_sizes):
         raise SpecbenchError("--tree-sizes: sizes must be positive integers")
     opts = cfg.options
@@ -163,11 +166,11 @@ class Runner:
     def tree_predictions(self) -> dict:
         """Per tree-method label: its tree's size, source and predicted tau / speedup on this hardware (from the
         measured profile in profiles/, when there is one), for the report's measured-vs-predicted table."""
-        from .buildtree import predict
-        from .hardware import hardware_slug
-        from .models import model_slug
-        from .profile import load_profile
-        from .tree import locate
+        from ..core.hardware import hardware_slug
+        from ..core.models import model_slug
+        from ..core.tree import locate
+        from ..hwtrees.buildtree import predict
+        from ..hwtrees.profile import load_profile
 
         path = locate(f"profiles/{hardware_slug(self.target.device)}/{model_slug(self.target.spec)}-"
                       f"{dtype_name(self.target.dtype)}.yaml")

@@ -11,9 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.tree import TreeFile
 from .profile import LatencyProfile
-from .tree import TreeFile
-from .treesearch import DynamicTree, StateTree, amortized, random_tree, search, static_tree
+from .treesearch import (
+    DynamicTree,
+    StateTree,
+    amortized,
+    random_tree,
+    search,
+    static_tree,
+)
 
 
 def forward_width(tree: DynamicTree, state: int, m: int, ept: int) -> int:

@@ -18,13 +18,14 @@ from pathlib import Path
 import torch
 import yaml
 
-from . import datasets as ds
-from .cache import crop_to, new_cache
-from .errors import SpecbenchError
-from .models import LoadedModel, dtype_name
-from .progress import progress_bar
-from .prompt_tokens import PromptTokens, hidden, insertion_inputs
-from .selfdistill import greedy_continuations, render
+from ..core.cache import crop_to, new_cache
+from ..core.models import LoadedModel, dtype_name
+from ..data import datasets as ds
+from ..data.trainsets import refuse_as_benchmark
+from ..drafters.prompt_tokens import PromptTokens, hidden, insertion_inputs
+from ..drafters.selfdistill import greedy_continuations, render
+from ..errors import SpecbenchError
+from ..progress import progress_bar
 
 TOP_K = 10
 # Used when no estimate exists yet (e.g. random test models): a plausible decay over ranks and distances.
@@ -89,6 +90,7 @@ def estimate(target: LoadedModel, tokens: PromptTokens, data: str, limit: int, n
              data_file: str | None = None) -> dict:
     """Accuracy table over the first `limit` prompts of `data` (they are held out of `specbench train ppd`)."""
     t0 = time.perf_counter()
+    refuse_as_benchmark(data)
     _, prompts = ds.load_prompts(data, limit, data_file)
     rendered = [render(target, p) for p in prompts]
     conts = greedy_continuations(target, rendered, new_tokens, label="greedy references")

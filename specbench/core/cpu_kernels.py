@@ -27,7 +27,7 @@ def backend() -> str:
     """The float32 CPU linear backend in use: onednn (packed weights) or mkl."""
     choice = os.environ.get(ENV, "onednn").strip().lower()
     if choice not in ("onednn", "mkl"):
-        from .errors import SpecbenchError
+        from ..errors import SpecbenchError
 
         raise SpecbenchError(f"{ENV}={choice!r}: use onednn or mkl")
     if choice == "onednn" and not available():

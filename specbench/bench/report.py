@@ -19,8 +19,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
+from ..errors import SpecbenchError  # noqa: E402
 from . import timeline  # noqa: E402
-from .errors import SpecbenchError  # noqa: E402
+from .markdown import markdown_table  # noqa: E402
 
 FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()
 SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_s", "tokens_per_s", "speedup",
@@ -44,7 +45,7 @@ def read_records(run_dir: Path) -> pd.DataFrame:
 
 
 def _exactness(method: str) -> str:
-    from .methods import REGISTRY
+    from ..methods import REGISTRY
 
     cls = REGISTRY.get(method.split("@")[0])  # sweep labels: <method>@<tree size>
     return "" if cls is None else ("lossless" if cls.lossless else "lossy")
@@ -77,17 +78,6 @@ def summarize(records: pd.DataFrame, temperature_greedy: bool = True) -> pd.Data
             "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
         })
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    def cell(v):
-        if isinstance(v, float):
-            return "" if math.isnan(v) else f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-        return str(v)
-
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
 
 
 def plot_bars(summary: pd.DataFrame, column: str, ylabel: str, path: Path, baseline: float | None = None) -> None:

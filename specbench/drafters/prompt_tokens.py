@@ -16,10 +16,11 @@ from pathlib import Path
 import torch
 import yaml
 
-from .errors import SpecbenchError
-from .models import LoadedModel
+from .. import REPO_ROOT
+from ..core.models import LoadedModel
+from ..errors import SpecbenchError
 
-ARTIFACTS_DIR = Path(__file__).resolve().parent.parent / "artifacts"
+ARTIFACTS_DIR = REPO_ROOT / "artifacts"
 WEIGHTS_FILE, META_FILE = "prompt_tokens.safetensors", "ppd.yaml"
 
 

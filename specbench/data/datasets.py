@@ -27,9 +27,10 @@ from pathlib import Path
 
 import yaml
 
-from .errors import SpecbenchError
+from .. import REPO_ROOT
+from ..errors import SpecbenchError
 
-SPECS_DIR = Path(__file__).resolve().parent.parent / "datasets"
+SPECS_DIR = REPO_ROOT / "datasets"
 USER_TEXT_FIELDS = ("prompt", "instruction", "question")
 HF_ROWS_API = "https://datasets-server.huggingface.co/rows"
 HF_PAGE = 100
@@ -93,11 +94,6 @@ def get_spec(name: str) -> DatasetSpec:
     """Read and validate datasets/<name>.yaml."""
     names = dataset_names()
     if name not in names:
-        from .trainsets import SOURCES
-
-        if name in SOURCES:
-            raise SpecbenchError(f"{name} is a training-only prompt source (`specbench train ... --data {name}`); "
-                                 f"benchmark with one of {', '.join(names)}")
         raise SpecbenchError(f"unknown dataset {name!r}: choose one of {', '.join(names) or '(none found)'} "
                              f"(see `specbench list datasets`), or pass the path of your own .jsonl file")
     path = specs_dir() / f"{name}.yaml"
@@ -224,7 +220,9 @@ class _Place:
 
 
 def _cache_root(spec: DatasetSpec) -> Path:
-    from .models import cache_dir  # imported here: models pulls in torch, which `list datasets` does not need
+    from ..core.models import (
+        cache_dir,  # imported here: models pulls in torch, which `list datasets` does not need
+    )
 
     return cache_dir() / "datasets" / spec.name
 
@@ -333,7 +331,7 @@ def _fetch_hf(hf: dict, needed: int | None) -> tuple[list[dict], bool]:
 
 def _fetch_online(spec: DatasetSpec, needed: int | None, failures: list[str]) -> list[dict] | None:
     """Step 5: the url, then the HF home; caches what it gets. Failures are appended to `failures`."""
-    from .progress import status
+    from ..progress import status
 
     root = _cache_root(spec)
     if spec.url:

@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import prompt_tokens as pt
-from ..cache import new_cache
+from ..core.cache import new_cache
+from ..core.hardware import cpu_model, device_name
+from ..core.models import LoadedModel, dtype_name, load_model
 from ..errors import SpecbenchError
-from ..hardware import cpu_model, device_name
-from ..models import LoadedModel, dtype_name, load_model
 from ..progress import console, progress_bar
-from ..selfdistill import training_sequences
+from . import prompt_tokens as pt
+from .selfdistill import training_sequences
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SpecbenchError
+from ..errors import SpecbenchError
 from .profile import DEFAULT_KV_LENGTHS, LatencyProfile, load_profile
 
 

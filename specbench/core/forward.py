@@ -1,0 +1,36 @@
+"""The one causal forward every method, profile and timer shares: new tokens appended to a KV cache."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .cache import drop_last
+
+
+def forward(model, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> torch.Tensor:
+    """Causal forward of input_ids [1, n] appended to `cache`; returns logits [n or logits_to_keep, V]."""
+    past = cache.get_seq_length()
+    n = input_ids.shape[1]
+    position_ids = torch.arange(past, past + n, device=input_ids.device).unsqueeze(0)  # [1, n]
+    out = model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                logits_to_keep=logits_to_keep)
+    return out.logits[0]
+
+
+def timed_forward(model, ids: torch.Tensor, cache, device: torch.device) -> float:
+    """Milliseconds of one forward of ids [1, n] on top of the cache (the n new entries are dropped after)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        forward(model, ids, cache)
+        end.record()
+        torch.cuda.synchronize(device)
+        ms = start.elapsed_time(end)
+    else:
+        t0 = time.perf_counter()
+        forward(model, ids, cache)
+        ms = (time.perf_counter() - t0) * 1000
+    drop_last(cache, ids.shape[1])
+    return ms

@@ -1,0 +1,79 @@
+"""The package layout: imports flow one way, cli -> bench -> methods -> hwtrees -> drafters -> data -> core."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "specbench"
+# lower number = lower layer; a module may import its own layer or lower ones, never a higher one
+LAYERS = {"errors": 0, "progress": 0, "__init__": 0, "core": 1, "data": 2, "drafters": 3, "hwtrees": 4,
+          "methods": 5, "bench": 6, "cli": 7}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Every specbench module `path` imports, at module level or inside functions."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("specbench"):
+                for alias in node.names:  # `from pkg import module` imports the module
+                    sub = f"{target}.{alias.name}"
+                    found.add(sub if (PACKAGE.parent / (sub.replace(".", "/") + ".py")).exists() else target)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("specbench")}
+    found.discard(name)
+    return found
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS[parts[1] if len(parts) > 1 else "__init__"]
+
+
+def test_every_top_level_entry_has_a_layer():
+    for entry in PACKAGE.iterdir():
+        if entry.name.startswith((".", "__pycache__")) or entry.suffix not in (".py", ""):
+            continue
+        assert entry.stem in LAYERS, f"{entry} is in no layer: add it to LAYERS (and the README's layout map)"
+
+
+def test_imports_flow_one_way():
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        me = module_name(path)
+        for other in imports(path):
+            if layer(other) > layer(me):
+                wrong.append(f"{me} imports {other}")
+    assert not wrong, "imports against the layer order:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_cycles():
+    graph = {module_name(p): imports(p) for p in PACKAGE.rglob("*.py")}
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
