@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
@@ -22,7 +23,7 @@ class _ClearErrors(TyperGroup):
         try:
             return super().invoke(ctx)
         except SpecbenchError as exc:
-            console.print(f"[bold red]error:[/] {exc}")
+            console.print(f"[bold red]error:[/] {escape(str(exc))}")
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/]")
@@ -71,10 +72,12 @@ def list_methods():
     from .methods import REGISTRY
 
     table = Table(title="methods")
-    for col in ("name", "kind", "needs", "exactness", "what it does"):
+    for col in ("name", "kind", "needs", "exactness", "what it does", "options (specbench run)"):
         table.add_column(col)
     for name, cls in REGISTRY.items():
-        table.add_row(name, cls.kind, " + ".join(cls.needs), "lossless" if cls.lossless else "lossy", cls.summary)
+        options = "\n".join(f"{o.flag} {o.default if o.default is not None else '(chosen)'}" for o in cls.option_specs)
+        table.add_row(name, cls.kind, " + ".join(cls.needs), "lossless" if cls.lossless else "lossy", cls.summary,
+                      options or "-")
     out.print(table)
 
 
@@ -97,7 +100,28 @@ def list_datasets():
     out.print(table)
 
 
+def _with_method_options(func):
+    """Give `func` one CLI option per method option the registered methods declare (methods/options.py), after
+    its own parameters; Typer reads the signature, and the values arrive in `func`'s **kwargs."""
+    import inspect
+
+    from .methods import REGISTRY, all_options
+
+    sig = inspect.signature(func, eval_str=True)
+    own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    extra = []
+    for name, (spec, methods) in all_options(REGISTRY).items():
+        text = f"{', '.join(methods)}: {spec.help}" + (f" ({', '.join(spec.choices)})" if spec.choices else "")
+        option = typer.Option(spec.flag, help=text + ".", rich_help_panel="Method options")
+        extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=spec.default,
+                                       annotation=Annotated[Optional[spec.type], option]))
+    func.__signature__ = sig.replace(parameters=own + extra)
+    func.__annotations__ = {**func.__annotations__, **{p.name: p.annotation for p in extra}}
+    return func
+
+
 @app.command()
+@_with_method_options
 def run(
     method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="Method to run (repeatable). "
                       "`ar` always runs too, as the baseline.")] = None,
@@ -123,23 +147,14 @@ def run(
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default results/<time>).")] = None,
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run in --out (default: the newest "
                                               "folder in results/).")] = False,
-    pld_ngram: Annotated[int, typer.Option(help="pld: longest n-gram looked up.")] = 3,
-    pld_draft_tokens: Annotated[int, typer.Option(help="pld: tokens copied after a match.")] = 10,
-    gamma: Annotated[Optional[int], typer.Option(help="sd / pearl: draft length (default: measured).")] = None,
-    pearl_exec: Annotated[str, typer.Option(help="pearl: threads, streams, devices, sequential or auto.")]
-    = "auto",
-    draft_device: Annotated[Optional[str], typer.Option(help="pearl devices mode: the drafter's device.")] = None,
-    tree: Annotated[str, typer.Option(help="Tree methods: auto, a trees/*.yaml path, or size=N.")] = "auto",
     tree_sizes: Annotated[Optional[str], typer.Option(help="Tree methods: sweep these sizes in one run "
                                                            "(e.g. 4,8,16,32,64).")] = None,
-    artifact: Annotated[Optional[str], typer.Option(help="Trained artefact to use instead of the shipped "
-                                                        "one (prompt tokens, heads, ...).")] = None,
+    **method_options,  # one option per method option (methods/options.py), added by _with_method_options
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
     from .bench.report import write_run_report
     from .bench.runner import RunConfig, default_out
     from .bench.runner import run as run_benchmark
-    from .methods import MethodOptions
 
     if out_dir is None:
         out_dir = _newest_run() if resume else default_out()
@@ -150,8 +165,7 @@ def run(
         threads=threads,
         data_file=data_file, out=out_dir, resume=resume,
         tree_sizes=tuple(_int_list(tree_sizes, "--tree-sizes")) if tree_sizes else (),
-        options=MethodOptions(pld_ngram=pld_ngram, pld_draft_tokens=pld_draft_tokens, gamma=gamma,
-                              pearl_exec=pearl_exec, draft_device=draft_device, tree=tree, artifact=artifact))
+        options=method_options)
     try:
         run_dir = run_benchmark(cfg)
     except SpecbenchError as exc:
@@ -160,7 +174,8 @@ def run(
         raise
     summary = write_run_report(run_dir)
     _print_summary(summary, f"results ({run_dir})")
-    console.print(f"Reports: {run_dir}/records.csv, summary.csv, report.md, speedup.png, tokens_per_s.png, tau.png")
+    console.print(f"Reports: {escape(str(run_dir))}/records.csv, summary.csv, report.md, speedup.png, "
+                  "tokens_per_s.png, tau.png")
 
 
 def _newest_run() -> Path:
@@ -217,6 +232,8 @@ def profile(
     from .hwtrees.profile import default_path, measure, plot
 
     width_list, kv_list = _int_list(widths, "--widths"), _int_list(kv_lengths, "--kv-lengths")
+    if threads is not None and threads < 1:
+        raise SpecbenchError(f"--threads must be at least 1 (got {threads}); leave it out for torch's choice")
     if threads:
         torch.set_num_threads(threads)
     target = load_model(model, dtype, device)
@@ -235,7 +252,7 @@ def profile(
     for i, n in enumerate(result.widths):
         table.add_row(str(n), *(f"{c['median_ms'][i]:.2f}" for c in result.curves.values()))
     out.print(table)
-    console.print(f"Wrote {path} and {path.with_suffix('.png')}")
+    console.print(f"Wrote {escape(str(path))} and {escape(str(path.with_suffix('.png')))}")
 
 
 @app.command("build-tree")
@@ -308,7 +325,8 @@ def build_tree(
                       style=style)
     out.print(table)
     console.print(f"Chosen size {curve.best.size}: predicted tau {curve.tau[i]:.3f}, speedup {curve.speedup[i]:.3f}x"
-                  f"{label}. Wrote {path} and {path.with_suffix('.png')} in {time.perf_counter() - start:.1f} s.")
+                  f"{label}. Wrote {escape(str(path))} and {escape(str(path.with_suffix('.png')))} in "
+                  f"{time.perf_counter() - start:.1f} s.")
     if curve.speedup[i] < 1:
         console.print(f"[yellow]note[/] no tree size beats ar on {profile.hardware} in {profile.dtype}: even the "
                       "smallest tree's forward costs more than its predicted tau gains. "
@@ -330,13 +348,13 @@ def report(
     if len(runs) == 1:
         summary = write_run_report(runs[0])
         _print_summary(summary, str(runs[0]))
-        console.print(f"Wrote {runs[0]}/summary.csv, report.md and plots.")
+        console.print(f"Wrote {escape(str(runs[0]))}/summary.csv, report.md and plots.")
     else:
         target = out_dir or Path("specbench-report")
         summary = compare_runs(runs, target)
         summary["method"] = summary.run + ":" + summary.method
         _print_summary(summary, "comparison")
-        console.print(f"Wrote {target}/comparison.csv, summary.md and plots.")
+        console.print(f"Wrote {escape(str(target))}/comparison.csv, summary.md and plots.")
     if fail_below is not None:
         bad = below_threshold(summary, fail_below)
         if len(bad):
@@ -380,7 +398,8 @@ def train_ppd(
     import yaml
 
     meta = yaml.safe_load((path / "ppd.yaml").read_text())
-    console.print(f"Wrote {path}/prompt_tokens.safetensors, ppd.yaml, loss.png: {meta['steps']} steps, final loss "
+    console.print(f"Wrote {escape(str(path))}/prompt_tokens.safetensors, ppd.yaml, loss.png: {meta['steps']} steps, "
+                  "final loss "
                   f"{meta['final_loss']} (from {meta['initial_loss']}), {meta['train_seconds']:.0f} s training + "
                   f"{meta['data_seconds']:.0f} s data.")
 
@@ -421,7 +440,8 @@ def train_drafter(
     import yaml
 
     meta = yaml.safe_load((path / "drafter.yaml").read_text())
-    console.print(f"Wrote {path}/drafter.safetensors, drafter.yaml, loss.png: {meta['parameters'] / 1e6:.1f} M own "
+    console.print(f"Wrote {escape(str(path))}/drafter.safetensors, drafter.yaml, loss.png: "
+                  f"{meta['parameters'] / 1e6:.1f} M own "
                   f"parameters, agreement with the target {meta['agreement']:.1%} (untrained "
                   f"{meta['agreement_untrained']:.1%}), speed ratio c = {meta['speed_ratio_c']}, "
                   f"{meta['train_seconds']:.0f} s training + {meta['data_seconds']:.0f} s data.")
@@ -467,7 +487,7 @@ def estimate(
     for d, row in enumerate(result["topk_accuracy"]):
         table.add_row(f"@{d + 1}", *(f"{row[k - 1]:.3f}" for k in (1, 2, 3, 5, 10)))
     out.print(table)
-    console.print(f"Wrote {path} ({sum(result['positions'])} scored guesses, {result['seconds']:.0f} s)")
+    console.print(f"Wrote {escape(str(path))} ({sum(result['positions'])} scored guesses, {result['seconds']:.0f} s)")
 
 
 def main() -> None:

@@ -138,12 +138,42 @@ def test_report_compares_runs_and_gates_on_speedup(tmp_path, prompts_file):
     (["--method", "sd", "--gamma", "-3"], "--gamma must be at least 1"),
     (["--method", "pearl", "--pearl-exec", "warp"], "unknown --pearl-exec 'warp'"),
     (["--method", "sd", "--drafter", "./no-such-drafter"], "model path not found"),
+    (["--temperature", "nan"], "--temperature and --top-p must be numbers"),
+    (["--top-p", "inf"], "--temperature and --top-p must be numbers"),
+    (["--threads", "-2"], "--threads must be at least 1"),
+    (["--threads", "0"], "--threads must be at least 1"),
+    (["--method", "pld", "--pld-ngram", "0"], "--pld-ngram must be at least 1"),
+    (["--method", "pld", "--pld-draft-tokens", "0"], "--pld-draft-tokens must be at least 1"),
+    (["--dataset", "/tmp/[/x]nope.jsonl"], "/tmp/[/x]nope.jsonl: no such file"),
+    (["--dataset", "/tmp/my[data].jsonl"], "/tmp/my[data].jsonl: no such file"),
 ])
 def test_bad_run_options(tmp_path, args, message):
     result = invoke("run", "--model", "random:tiny", "--out", tmp_path / "r", *args)
     assert result.exit_code != 0
-    assert message in result.output
+    assert message in " ".join(result.output.split())  # rich wraps long lines
     assert "Traceback" not in result.output
+    assert not (tmp_path / "r" / "run.yaml").exists()  # refused before the run folder holds a run
+
+
+def test_method_options_come_from_the_methods(tmp_path, prompts_file):
+    """Each method's declared options are CLI flags, listed per method, kept per method in run.yaml."""
+    from specbench.methods import REGISTRY, all_options
+
+    declared = all_options(REGISTRY)
+    assert {"pld_ngram", "gamma", "pearl_exec", "tree", "artifact"} <= set(declared)
+    assert set(declared["gamma"][1]) >= {"sd", "pearl"} and declared["pld_ngram"][1] == ["pld"]
+    helped = invoke("run", "--help").output
+    assert all(spec.flag in helped for spec, _ in declared.values())
+    assert "--pld-ngram" in invoke("list", "methods").output
+    out = tmp_path / "r"
+    result = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--pld-ngram", 2, "--gamma", 3,
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "--gamma is an option of" in " ".join(result.output.split())  # no method of this run takes it
+    import yaml
+
+    options = yaml.safe_load((out / "run.yaml").read_text())["settings"]["options"]
+    assert options == {"ar": {}, "pld": {"pld_ngram": 2, "pld_draft_tokens": 10}}
 
 
 def test_unknown_model(tmp_path, prompts_file):
@@ -188,3 +218,25 @@ def test_run_on_mt_bench_two_turns(tmp_path):
     turn2 = records[(records.turn == 1) & (records.method == "ar")].iloc[0]
     turn1 = records[(records.turn == 0) & (records.method == "ar")].iloc[0]
     assert turn2.prompt_tokens > turn1.prompt_tokens + turn1.new_tokens  # turn 2 sees the model's own answer
+
+
+def test_hub_model_offline_fails_at_once(tmp_path, monkeypatch):
+    """A Hugging Face id missing from the local cache, offline: a clear error without the hub's retries."""
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    result = invoke("run", "--model", "someorg/not-cached-model", "--limit", 1, "--out", tmp_path / "r")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "not in the local Hugging Face cache" in " ".join(result.output.split())
+    assert time.perf_counter() - start < 30  # the hub client alone retried for ~68 s
+
+
+def test_method_rejects_options_it_does_not_declare(tiny):
+    from specbench.errors import SpecbenchError
+    from specbench.methods import get_method
+
+    with pytest.raises(SpecbenchError, match="method pld does not take --gamma"):
+        get_method("pld")(tiny, {"gamma": 3})
+    assert get_method("pld")(tiny, {"pld_ngram": 2}).options.pld_ngram == 2
+    assert get_method("pld")(tiny).options.pld_draft_tokens == 10  # the declared default

@@ -92,7 +92,7 @@ def test_user_jsonl(tmp_path):
 
 def test_user_jsonl_without_text_field(tmp_path):
     path = write_jsonl(tmp_path / "own.jsonl", [{"prompt": "ok"}, {"text": "no known field"}])
-    with pytest.raises(SpecbenchError, match=r"record 1: needs a string field prompt / instruction / question"):
+    with pytest.raises(SpecbenchError, match=r"record 2: needs a string field prompt / instruction / question"):
         ds.load_prompts(str(path))
 
 
@@ -134,7 +134,7 @@ def test_malformed_jsonl_line(tmp_path):
 
 def test_record_missing_text_field(tmp_path):
     path = write_jsonl(tmp_path / "test.jsonl", [{"question": "ok"}, {"answer": "no question"}])
-    with pytest.raises(SpecbenchError, match=r"record 1: field 'question' is missing"):
+    with pytest.raises(SpecbenchError, match=r"record 2: field 'question' is missing"):
         ds.load_prompts("gsm8k", data_file=str(path))
 
 

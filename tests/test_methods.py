@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
 from specbench.core.verify import Sampling
 from specbench.drafters.token_drafter import layer_drafter
-from specbench.methods import REGISTRY, MethodOptions, get_method
+from specbench.methods import REGISTRY, get_method
 from specbench.methods.pld import lookup_draft
 
 from .conftest import prompt_ids
 
 
-def build(name: str, target, options: MethodOptions | None = None):
+def build(name: str, target, options: dict | None = None):
     """Instantiate a method with what it needs on the tiny model."""
     cls = get_method(name)
     # drafter methods: one of the target's two layers as the drafter (another model, so acceptance is partial)
     drafter = layer_drafter(target, [0]) if "drafter" in cls.needs else None
-    if "prompt tokens" in cls.needs and (options is None or options.artifact is None):
-        options = replace(options or MethodOptions(), artifact="untrained")  # ppd: random real-token embeddings
-    return cls(target, options or MethodOptions(), drafter)
+    if "prompt tokens" in cls.needs and (options or {}).get("artifact") is None:
+        options = {**(options or {}), "artifact": "untrained"}  # ppd: random real-token embeddings
+    return cls(target, options or {}, drafter)
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

@@ -12,7 +12,7 @@ import yaml
 from specbench.core.verify import Sampling
 from specbench.drafters.token_drafter import layer_drafter
 from specbench.errors import SpecbenchError
-from specbench.methods import MethodOptions, get_method
+from specbench.methods import get_method
 
 from .conftest import prompt_ids
 from .test_sd import check_distribution
@@ -21,14 +21,14 @@ from .test_sd import check_distribution
 @pytest.mark.parametrize("name,mode", [("pearl", "sequential"), ("pearl", "threads"),
                                        ("pearl-no-pre", "sequential"), ("pearl-no-post", "sequential")])
 def test_pearl_sampling_preserves_target_distribution(tiny, name, mode):
-    method = get_method(name)(tiny, MethodOptions(gamma=2, pearl_exec=mode), layer_drafter(tiny, [0]))
+    method = get_method(name)(tiny, {"gamma": 2, "pearl_exec": mode}, layer_drafter(tiny, [0]))
     distance = check_distribution(method, tiny, trials=800)
     assert distance < 0.1, f"TV {distance:.3f} between {name} ({mode}) samples and the target distribution"
 
 
 def test_identical_drafter_stays_in_post_verify(tiny):
     """A drafter equal to the target: after the first pre-verify every step is a post-verify that keeps all."""
-    pearl = get_method("pearl")(tiny, MethodOptions(gamma=3, pearl_exec="sequential"), layer_drafter(tiny, [0, 1]))
+    pearl = get_method("pearl")(tiny, {"gamma": 3, "pearl_exec": "sequential"}, layer_drafter(tiny, [0, 1]))
     gen = pearl.generate(prompt_ids(1), 40, Sampling(), None)
     modes = [s["mode"] for s in gen.timeline]
     assert modes[0] == "pre" and set(modes[1:]) == {"post"}
@@ -37,7 +37,7 @@ def test_identical_drafter_stays_in_post_verify(tiny):
 
 
 def test_threads_overlap_the_drafter_and_the_target(tiny):
-    pearl = get_method("pearl")(tiny, MethodOptions(gamma=2, pearl_exec="threads"), layer_drafter(tiny, [0]))
+    pearl = get_method("pearl")(tiny, {"gamma": 2, "pearl_exec": "threads"}, layer_drafter(tiny, [0]))
     gen = pearl.generate(prompt_ids(2), 24, Sampling(), None)
     assert pearl.mode == "threads"
     both = [s for s in gen.timeline if s["draft"] and s["target"]]
@@ -46,9 +46,9 @@ def test_threads_overlap_the_drafter_and_the_target(tiny):
 
 def test_unavailable_exec_mode_is_a_clear_error(tiny):
     with pytest.raises(SpecbenchError, match="streams"):
-        get_method("pearl")(tiny, MethodOptions(gamma=2, pearl_exec="streams"), layer_drafter(tiny, [0]))
+        get_method("pearl")(tiny, {"gamma": 2, "pearl_exec": "streams"}, layer_drafter(tiny, [0]))
     with pytest.raises(SpecbenchError, match="--pearl-exec"):
-        get_method("pearl")(tiny, MethodOptions(gamma=2, pearl_exec="warp"), layer_drafter(tiny, [0]))
+        get_method("pearl")(tiny, {"gamma": 2, "pearl_exec": "warp"}, layer_drafter(tiny, [0]))
 
 
 def test_run_saves_timeline_and_report_section(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from specbench.core.verify import Sampling
 from specbench.drafters import prompt_tokens as pt
 from specbench.errors import SpecbenchError
 from specbench.hwtrees.acceptance import read_per_rank, score_sequence
-from specbench.methods import MethodOptions, get_method
+from specbench.methods import get_method
 from specbench.methods.ppd import ParallelPromptDecoding
 
 from .conftest import prompt_ids
@@ -45,7 +45,7 @@ class Oracle(ParallelPromptDecoding):
 
 
 def _ar(tiny, ids, n):
-    return get_method("ar")(tiny, MethodOptions()).generate(ids, n, Sampling(), None).tokens
+    return get_method("ar")(tiny, {}).generate(ids, n, Sampling(), None).tokens
 
 
 SECOND_RANK = [((0,), 3), ((1,), 3), ((1, 0), 3), ((1, 1), 3), ((1, 1, 0), 3), ((1, 1, 1), 3)]
@@ -58,7 +58,7 @@ def test_greedy_equals_ar_when_guesses_are_accepted(tiny, tmp_path, rank, tree):
     if not isinstance(tree, str):  # the true token is the second guess: the tree must hold rank-1 paths
         TreeFile({k: [(p, c) for p, c in tree if len(p) <= k] for k in (1, 2, 3)}, 3).write(tmp_path / "t.yaml")
         tree = str(tmp_path / "t.yaml")
-    method = Oracle(tiny, MethodOptions(artifact="untrained", tree=tree))
+    method = Oracle(tiny, {"artifact": "untrained", "tree": tree})
     method.reference, method.prompt_len, method.rank = ref, ids.shape[1], rank
     gen = method.generate(ids, 40, Sampling(), None)
     assert gen.tokens == ref
@@ -86,7 +86,7 @@ def test_dynamic_states_follow_the_accepted_node(tiny):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "t.yaml"
         TreeFile(states, 3, model="tiny").write(path)
-        method = Tracking(tiny, MethodOptions(artifact="untrained", tree=str(path)))
+        method = Tracking(tiny, {"artifact": "untrained", "tree": str(path)})
     method.reference, method.prompt_len, method.rank = ref, ids.shape[1], 0
     gen = method.generate(ids, 40, Sampling(), None)
     assert gen.tokens == ref
@@ -96,7 +96,7 @@ def test_dynamic_states_follow_the_accepted_node(tiny):
 def test_sampling_runs_and_is_seeded(tiny):
     ids = prompt_ids(2)
     for name in ("ppd", "ppd-typical"):
-        method = get_method(name)(tiny, MethodOptions(artifact="untrained"))
+        method = get_method(name)(tiny, {"artifact": "untrained"})
         a = method.generate(ids, 20, Sampling(0.8), torch.Generator().manual_seed(1)).tokens
         b = method.generate(ids, 20, Sampling(0.8), torch.Generator().manual_seed(1)).tokens
         assert a == b and len(a) == 20
@@ -105,17 +105,17 @@ def test_sampling_runs_and_is_seeded(tiny):
 
 def test_tree_options_and_errors(tiny, tmp_path):
     with pytest.raises(SpecbenchError, match="size=N"):
-        get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree="size=x"))
+        get_method("ppd")(tiny, {"artifact": "untrained", "tree": "size=x"})
     with pytest.raises(SpecbenchError, match="no such file"):
-        get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree=str(tmp_path / "none.yaml")))
+        get_method("ppd")(tiny, {"artifact": "untrained", "tree": str(tmp_path / "none.yaml")})
     with pytest.raises(SpecbenchError, match="too small"):
-        get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree="size=1"))
+        get_method("ppd")(tiny, {"artifact": "untrained", "tree": "size=1"})
     big = tmp_path / "big.yaml"
     TreeFile({k: [((0,), k)] for k in range(1, 5)}, 4).write(big)
     with pytest.raises(SpecbenchError, match="artefact"):
-        get_method("ppd")(tiny, MethodOptions(artifact="untrained", tree=str(big)))
+        get_method("ppd")(tiny, {"artifact": "untrained", "tree": str(big)})
     with pytest.raises(SpecbenchError, match="not a prompt-token artefact"):
-        get_method("ppd")(tiny, MethodOptions(artifact=str(tmp_path)))
+        get_method("ppd")(tiny, {"artifact": str(tmp_path)})
 
 
 def test_artefact_round_trip_and_model_check(tiny, tmp_path):
@@ -179,7 +179,7 @@ def test_ppd_sampling_preserves_target_distribution(tiny):
     from .test_sd import check_distribution
 
     ids = prompt_ids(0)[:, :20]
-    oracle = Oracle(tiny, MethodOptions(artifact="untrained", tree="size=12"))
+    oracle = Oracle(tiny, {"artifact": "untrained", "tree": "size=12"})
     oracle.reference, oracle.prompt_len, oracle.rank = _ar(tiny, ids, 8), ids.shape[1], 0
     distance = check_distribution(oracle, tiny, trials=800)
     assert distance < 0.1, f"TV {distance:.3f} between ppd samples and the target distribution"

@@ -12,7 +12,7 @@ from specbench.core.models import Tokenizer
 from specbench.core.verify import Sampling, warp_probs
 from specbench.drafters.token_drafter import layer_drafter
 from specbench.errors import SpecbenchError
-from specbench.methods import MethodOptions, get_method
+from specbench.methods import get_method
 from specbench.methods.sd import expected_speedup
 
 from .conftest import prompt_ids
@@ -57,7 +57,7 @@ def check_distribution(method, target, trials: int = 800) -> float:
 
 
 def test_sd_sampling_preserves_target_distribution(tiny):
-    sd = get_method("sd")(tiny, MethodOptions(gamma=2), layer_drafter(tiny, [0]))
+    sd = get_method("sd")(tiny, {"gamma": 2}, layer_drafter(tiny, [0]))
     distance = check_distribution(sd, tiny)
     assert distance < 0.1, f"TV {distance:.3f} between sd samples and the target distribution"
 
@@ -68,13 +68,13 @@ def test_sd_negative_control_accepting_every_draft_fails(tiny, monkeypatch):
 
     monkeypatch.setattr(sd_module, "accept", lambda draft, logits, sampling, q, g: (
         len(draft), int(torch.multinomial(warp_probs(logits[-1], sampling), 1, generator=g))))
-    sd = get_method("sd")(tiny, MethodOptions(gamma=2), layer_drafter(tiny, [0]))
+    sd = get_method("sd")(tiny, {"gamma": 2}, layer_drafter(tiny, [0]))
     assert check_distribution(sd, tiny, trials=400) > 0.2
 
 
 def test_identical_drafter_accepts_everything(tiny):
     """A drafter equal to the target: every draft kept, gamma + 1 tokens per target forward (caches stay in step)."""
-    sd = get_method("sd")(tiny, MethodOptions(gamma=4), layer_drafter(tiny, [0, 1]))
+    sd = get_method("sd")(tiny, {"gamma": 4}, layer_drafter(tiny, [0, 1]))
     gen = sd.generate(prompt_ids(1), 40, Sampling(), None)
     assert gen.accepted_drafts == gen.drafted > 0
     assert gen.accepted_lengths[:7] == [5] * 7
@@ -85,8 +85,8 @@ def test_any_hf_model_with_the_same_tokenizer_drafts(tiny):
     other = AutoModelForCausalLM.from_config(tiny.model.config, attn_implementation="sdpa").eval()
     drafter = dataclasses.replace(tiny, model=other, spec="random:tiny-seed3")
     ids = prompt_ids(2)
-    ar = get_method("ar")(tiny, MethodOptions()).generate(ids, 32, Sampling(), None)
-    got = get_method("sd")(tiny, MethodOptions(gamma=3), drafter).generate(ids, 32, Sampling(), None)
+    ar = get_method("ar")(tiny, {}).generate(ids, 32, Sampling(), None)
+    got = get_method("sd")(tiny, {"gamma": 3}, drafter).generate(ids, 32, Sampling(), None)
     assert got.tokens == ar.tokens
 
 
@@ -97,13 +97,13 @@ def test_foreign_vocabulary_is_refused(tiny):
 
     drafter = dataclasses.replace(tiny, tokenizer=Tokenizer(OtherVocab(), ()), spec="other")
     with pytest.raises(SpecbenchError, match="different vocabulary"):
-        get_method("sd")(tiny, MethodOptions(gamma=2), drafter)
+        get_method("sd")(tiny, {"gamma": 2}, drafter)
 
 
 @pytest.mark.parametrize("name", ["sd", "pearl"])
 def test_no_drafter_and_none_shipped_is_a_clear_error(tiny, name):
     with pytest.raises(SpecbenchError, match="--drafter"):
-        get_method(name)(tiny, MethodOptions(gamma=2), None)
+        get_method(name)(tiny, {"gamma": 2}, None)
 
 
 def test_gamma_grows_with_acceptance_and_cheap_drafts():

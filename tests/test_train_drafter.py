@@ -14,7 +14,7 @@ from specbench.core.verify import Sampling
 from specbench.drafters.token_drafter import META_FILE, WEIGHTS_FILE, load_artifact
 from specbench.drafters.train_drafter import DrafterConfig, train
 from specbench.errors import SpecbenchError
-from specbench.methods import MethodOptions, get_method
+from specbench.methods import get_method
 
 from .conftest import prompt_ids
 
@@ -43,8 +43,8 @@ def test_train_writes_a_loadable_drafter_and_resumes(tiny, config):
     assert all(torch.equal(before[k], v) for k, v in tiny.model.state_dict().items())  # the target is frozen
     drafter = load_artifact(out, tiny)
     ids = prompt_ids(3)
-    ar = get_method("ar")(tiny, MethodOptions()).generate(ids, 24, Sampling(), None)
-    sd = get_method("sd")(tiny, MethodOptions(gamma=3), drafter).generate(ids, 24, Sampling(), None)
+    ar = get_method("ar")(tiny, {}).generate(ids, 24, Sampling(), None)
+    sd = get_method("sd")(tiny, {"gamma": 3}, drafter).generate(ids, 24, Sampling(), None)
     assert sd.tokens == ar.tokens
     first = torch.load(out / "checkpoint" / "state.pt")
     train(replace(config, steps=9, resume=True))

@@ -7,16 +7,17 @@ every method. `ar` runs first on every prompt, so every speedup is measured side
 
 from __future__ import annotations
 
+import math
 import os
 import resource
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 import yaml
+from rich.markup import escape
 
-from ..core.concurrency import MODES as EXEC_MODES
 from ..core.hardware import environment
 from ..core.models import LoadedModel, dtype_name, load_model
 from ..core.timing import wall
@@ -25,7 +26,7 @@ from ..data import datasets as ds
 from ..data.trainsets import refuse_as_benchmark
 from ..drafters.token_drafter import resolve_drafter
 from ..errors import SpecbenchError
-from ..methods import MethodOptions, get_method
+from ..methods import REGISTRY, OptionValues, all_options, get_method, split_by_method
 from ..methods.base import DecodeMethod, Generation
 from ..progress import console, progress_bar
 from . import timeline
@@ -52,7 +53,7 @@ class RunConfig:
     data_file: str | None = None
     out: Path = Path("results/latest")
     resume: bool = False
-    options: MethodOptions = field(default_factory=MethodOptions)
+    options: dict = field(default_factory=dict)  # method options by name (flat, as the CLI gives them)
     tree_sizes: tuple[int, ...] = ()  # tree methods run once per size, labelled <method>@<size>
 
     @property
@@ -65,7 +66,13 @@ class RunConfig:
         d.pop("out"), d.pop("resume")
         d["methods"], d["datasets"] = list(self.methods), list(self.datasets)
         d["tree_sizes"] = list(self.tree_sizes)
+        d["options"] = self.method_options()
         return d
+
+    def method_options(self) -> dict[str, dict]:
+        """Per method of this run: the options it declares, with their values (defaults filled in)."""
+        given = split_by_method(self.options, self.methods, REGISTRY)
+        return {m: dict(OptionValues(get_method(m).option_specs, given[m], f"method {m}")) for m in self.methods}
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -78,6 +85,11 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SpecbenchError(f"--repeats must be at least 1 (got {cfg.repeats})")
     if cfg.warmup < 0:
         raise SpecbenchError(f"--warmup must be 0 or more (got {cfg.warmup})")
+    if not all(math.isfinite(v) for v in (cfg.temperature, cfg.top_p)):
+        raise SpecbenchError(f"sampling: --temperature and --top-p must be numbers (got {cfg.temperature}, "
+                             f"{cfg.top_p})")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise SpecbenchError(f"--threads must be at least 1 (got {cfg.threads}); leave it out for torch's choice")
     if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0:
         raise SpecbenchError("sampling: need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0")
     for name in cfg.methods:
@@ -86,14 +98,19 @@ def validate(cfg: RunConfig) -> RunConfig:
         refuse_as_benchmark(name)
     if any(n < 1 for n in cfg.tree_sizes):
         raise SpecbenchError("--tree-sizes: sizes must be positive integers")
-    opts = cfg.options
-    if opts.gamma is not None and opts.gamma < 1:
-        raise SpecbenchError(f"--gamma must be at least 1 (got {opts.gamma}); leave it out to use the measured "
-                             "default")
-    if opts.pearl_exec not in ("auto", *EXEC_MODES):
-        raise SpecbenchError(f"unknown --pearl-exec {opts.pearl_exec!r}; choose from auto, {', '.join(EXEC_MODES)}")
     methods = ("ar",) + tuple(dict.fromkeys(m for m in cfg.methods if m != "ar"))
-    return RunConfig(**{**cfg.__dict__, "methods": methods})
+    cfg = RunConfig(**{**cfg.__dict__, "methods": methods})
+    declared = all_options(REGISTRY)
+    unknown = sorted(set(cfg.options) - set(declared))
+    if unknown:
+        raise SpecbenchError(f"unknown method option(s) {', '.join(unknown)}; see `specbench list methods`")
+    cfg.method_options()  # each method checks its own values (ranges, choices) before any model loads
+    for name, value in cfg.options.items():
+        spec, takers = declared[name]
+        if value is not None and value != spec.default and not set(takers) & set(methods):
+            console.print(f"[yellow]note[/] {spec.flag} is an option of {', '.join(takers)}, and none of them "
+                          "runs: it is ignored")
+    return cfg
 
 
 def prepare_out(cfg: RunConfig) -> Path:
@@ -150,13 +167,14 @@ class Runner:
         self.cfg = cfg
         self.target = target
         self.methods: dict[str, DecodeMethod] = {}  # label -> method (label = name, or name@size in a sweep)
+        options = cfg.method_options()
         for name in cfg.methods:
             cls = get_method(name)
             if cfg.tree_sizes and cls.kind == "tree":
                 for n in cfg.tree_sizes:
-                    self.methods[f"{name}@{n}"] = cls(target, replace(cfg.options, tree=f"size={n}"), drafter)
+                    self.methods[f"{name}@{n}"] = cls(target, {**options[name], "tree": f"size={n}"}, drafter)
             else:
-                self.methods[name] = cls(target, cfg.options, drafter)
+                self.methods[name] = cls(target, options[name], drafter)
         self.env = environment(target.device, target.dtype)
 
     def chosen(self) -> dict:
@@ -188,11 +206,11 @@ class Runner:
         ids = self.target.tokenizer.render(messages)
         room = self.target.context_length - self.cfg.max_new_tokens
         if room < 16:
-            console.print(f"[yellow]skip[/] prompt {prompt.id}: --max-new-tokens {self.cfg.max_new_tokens} leaves "
-                          f"no room in the {self.target.context_length}-token context")
+            console.print(f"[yellow]skip[/] prompt {escape(prompt.id)}: --max-new-tokens {self.cfg.max_new_tokens} "
+                          f"leaves no room in the {self.target.context_length}-token context")
             return None
         if len(ids) > room:
-            console.print(f"[yellow]warning[/] prompt {prompt.id}: {len(ids)} tokens exceed the context "
+            console.print(f"[yellow]warning[/] prompt {escape(prompt.id)}: {len(ids)} tokens exceed the context "
                           f"({self.target.context_length}) minus --max-new-tokens; kept the last {room}")
             ids = ids[-room:]
         return torch.tensor([ids], device=self.target.device)
@@ -298,7 +316,7 @@ def run(cfg: RunConfig) -> Path:
     chosen = runner.chosen()
     for label, settings in chosen.items():
         said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
-        console.print(f"[dim]{label}: {said}[/]")
+        console.print(f"[dim]{label}: {escape(said)}[/]")
     (out / "run.yaml").write_text(yaml.safe_dump({
         "settings": _plain(cfg.settings()), "environment": runner.env,
         "model": {"spec": target.spec, "name": target.name, "source": target.source},
@@ -312,7 +330,7 @@ def run(cfg: RunConfig) -> Path:
     todo = [(spec.name, i, p, m) for _, (spec, prompts) in loaded for i, p in enumerate(prompts)
             for m in runner.methods if (m, spec.name, p.id) not in done]
     if done:
-        console.print(f"Resuming {out}: {len(done)} method x prompt results kept, {len(todo)} to go.")
+        console.print(f"Resuming {escape(str(out))}: {len(done)} method x prompt results kept, {len(todo)} to go.")
     try:
         runner.warm_up(loaded[0][1][1])
         with progress_bar() as bar:

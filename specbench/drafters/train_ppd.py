@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from rich.markup import escape
 
 from ..core.cache import new_cache
 from ..core.hardware import cpu_model, device_name
@@ -110,9 +111,9 @@ def train(cfg: TrainConfig) -> Path:
         opt.load_state_dict(state["optimizer"])
         start, losses, init_ids, train_s = state["step"], state["losses"], state["init_token_ids"], state["train_s"]
         rng.setstate(state["rng"])
-        console.print(f"Resuming from step {start} ({ckpt_path})")
+        console.print(f"Resuming from step {start} ({escape(str(ckpt_path))})")
     elif ckpt_path.exists() and not cfg.resume:
-        console.print(f"[yellow]note[/] {ckpt_path} exists; starting over (pass --resume to continue it)")
+        console.print(f"[yellow]note[/] {escape(str(ckpt_path))} exists; starting over (pass --resume to continue it)")
     t_loop = time.perf_counter()
 
     def save_checkpoint(step: int) -> None:

@@ -14,6 +14,9 @@ from ..core.forward import forward
 from ..core.verify import Sampling, sample, warp_probs
 from ..drafters.token_drafter import check_vocabulary, default_drafter
 from .base import DecodeMethod
+from .options import Option
+
+GAMMA = Option("gamma", int, None, "draft length (default: chosen from measured forward times)", minimum=1)
 
 
 class ModelState:
@@ -88,8 +91,9 @@ class DraftModelMethod(DecodeMethod):
 
     kind = "draft-model"
     needs = ("target", "drafter")
+    option_specs = (GAMMA,)
 
-    def __init__(self, target, options, drafter=None):
+    def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
         check_vocabulary(target, self.drafter)
         self.vocab = target.vocab_size

@@ -1,28 +1,17 @@
-"""What every decoding method shares: options, the Generation result, the registry, stop handling, forwards."""
+"""What every decoding method shares: the Generation result, the registry, the base class (options: options.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from ..core.models import LoadedModel
 from ..core.verify import Sampling
 from ..errors import SpecbenchError
-
-
-@dataclass(frozen=True)
-class MethodOptions:
-    """Knobs of all methods, one flat dataclass so the CLI maps options 1:1 (each method reads its own)."""
-
-    pld_ngram: int = 3  # longest n-gram to look up (tries n, n-1, ..., 1)
-    pld_draft_tokens: int = 10  # tokens copied after a match
-    gamma: int | None = None  # sd / pearl: draft length (None = method's measured default)
-    pearl_exec: str = "auto"  # pearl: threads | streams | devices | sequential | auto
-    draft_device: str | None = None  # pearl --pearl-exec devices: where the drafter runs
-    tree: str = "auto"  # tree methods: auto | path to a trees/*.yaml | size=N
-    artifact: str | None = None  # trained artefact (prompt tokens, heads, ...) path; None = the shipped default
+from .options import Option, OptionValues
 
 
 @dataclass
@@ -74,10 +63,12 @@ class DecodeMethod:
     needs: ClassVar[tuple[str, ...]] = ("target",)
     lossless: ClassVar[bool] = True
     summary: ClassVar[str] = ""
+    option_specs: ClassVar[tuple[Option, ...]] = ()  # this method's own options (CLI flags, run.yaml keys)
 
-    def __init__(self, target: LoadedModel, options: MethodOptions, drafter: LoadedModel | None = None):
+    def __init__(self, target: LoadedModel, options: Mapping[str, Any] | None = None,
+                 drafter: LoadedModel | None = None):
         self.target = target
-        self.options = options
+        self.options = OptionValues(self.option_specs, options, f"method {self.name}")
         self.drafter = drafter
         if "drafter" in self.needs:
             if drafter is None:

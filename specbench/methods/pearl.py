@@ -20,22 +20,29 @@ from __future__ import annotations
 
 import torch
 
-from ..core.concurrency import Executor, calibrate, drafter_on, now, step
+from ..core.concurrency import MODES, Executor, calibrate, drafter_on, now, step
 from ..core.models import resolve_device
 from ..core.verify import accept
 from ._drafting import DraftModelMethod, ModelState, child_generator, draft_tokens
 from .base import Generation, register
+from .options import Option
+
+EXEC = Option("pearl_exec", str, "auto", "how drafter and target overlap; auto = the fastest mode measured here",
+              choices=("auto", *MODES))
+DRAFT_DEVICE = Option("draft_device", str, None, "the drafter's device in --pearl-exec devices (a second GPU, or cpu)")
 
 
 @register
 class Pearl(DraftModelMethod):
     name = "pearl"
     summary = "PEARL: drafter and target run concurrently (pre-verify / post-verify), adaptive draft length"
+    option_specs = DraftModelMethod.option_specs + (EXEC, DRAFT_DEVICE)
     pre_verify = True
     post_verify = True
 
-    def __init__(self, target, options, drafter=None):
+    def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
+        options = self.options
         dev = resolve_device(options.draft_device, flag="--draft-device") if options.draft_device else None
         self._remote = None
         if dev is not None and dev != target.device and options.pearl_exec in ("devices", "auto"):

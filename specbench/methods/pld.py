@@ -10,6 +10,10 @@ from ..core.cache import drop_last, new_cache
 from ..core.forward import forward
 from ..core.verify import accept, next_token
 from .base import DecodeMethod, Generation, register
+from .options import Option
+
+NGRAM = Option("pld_ngram", int, 3, "longest n-gram looked up (tries n, n-1, ..., 1)", minimum=1)
+DRAFT_TOKENS = Option("pld_draft_tokens", int, 10, "tokens copied after a match", minimum=1)
 
 
 def lookup_draft(history: list[int], max_ngram: int, max_tokens: int) -> list[int]:
@@ -31,6 +35,7 @@ class PromptLookup(DecodeMethod):
     name = "pld"
     kind = "draft-free"
     summary = "prompt lookup: n-gram copy from prompt and output, verified in one forward"
+    option_specs = (NGRAM, DRAFT_TOKENS)
 
     @torch.inference_mode()
     def generate(self, input_ids, max_new_tokens, sampling, generator):

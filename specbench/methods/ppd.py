@@ -13,6 +13,7 @@ Counters: `drafted` counts the tree depth per step (the longest run that could b
 from __future__ import annotations
 
 import torch
+from rich.markup import escape
 
 from ..core.cache import cache_length, keep_positions, new_cache
 from ..core.hardware import hardware_slug
@@ -32,6 +33,7 @@ from ..hwtrees.acceptance import GENERIC_PER_RANK, read_per_rank
 from ..hwtrees.treesearch import search
 from ..progress import console
 from .base import DecodeMethod, Generation, register
+from .options import ARTIFACT, TREE
 
 DEFAULT_SIZE = 16
 # One LM-head call over every tree input (nodes and all prompt inputs) instead of two (nodes, then the accepted
@@ -70,10 +72,12 @@ class ParallelPromptDecoding(DecodeMethod):
     kind = "tree"
     needs = ("target", "prompt tokens")
     summary = "parallel prompt decoding: trained prompt tokens guess a dynamic sparse tree, tree-verified"
+    option_specs = (TREE, ARTIFACT)
     typical = False  # ppd-typical: Medusa's typical acceptance at T > 0 (lossy)
 
-    def __init__(self, target, options, drafter=None):
+    def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
+        options = self.options
         device, dtype = target.device, target.dtype
         self.prompts = pt.resolve(options.artifact, target)
         m = self.prompts.count
@@ -96,8 +100,8 @@ class ParallelPromptDecoding(DecodeMethod):
         self.layouts[0] = _Layout(Tree((), (m,), ept), table, device)  # no candidates: the prefill, or after a
         self.m = m                                                     # node that carried no prompt tokens
         self.acceptance = acc  # per-rank probabilities (for predicted tau / speedup in reports)
-        console.print(f"[dim]ppd: tree {self.tree_source} (size {self.tree_file.size}), prompt tokens "
-                      f"{self.prompts.source}[/]")
+        console.print(f"[dim]ppd: tree {escape(self.tree_source)} (size {self.tree_file.size}), prompt tokens "
+                      f"{escape(str(self.prompts.source))}[/]")
 
     def _forward(self, tokens: torch.Tensor, layout: _Layout, cache, prefix: int = 0) -> torch.Tensor:
         """One forward of [prefix tokens, root, candidates | prompt inputs] -> hidden states of the tree [q, H]."""

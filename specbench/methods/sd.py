@@ -48,9 +48,9 @@ class SpeculativeDecoding(DraftModelMethod):
     name = "sd"
     summary = "speculative decoding: a drafter proposes gamma tokens, the target verifies them in one forward"
 
-    def __init__(self, target, options, drafter=None):
+    def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
-        self.gamma = options.gamma or default_gamma(target, self.drafter)
+        self.gamma = self.options.gamma or default_gamma(target, self.drafter)
 
     def chosen(self) -> dict:
         source = "--gamma" if self.options.gamma else "best expected speedup from measured forward times"
