@@ -1,4 +1,5 @@
-"""What the numbers are recorded with: device facts (NVML for GPUs, /proc/cpuinfo for CPUs) and versions."""
+"""What the numbers are recorded with: the hardware identity (NVML / CUDA for GPUs, /proc/cpuinfo for CPUs) and
+versions."""
 
 from __future__ import annotations
 
@@ -68,12 +69,119 @@ def device_name(device: torch.device) -> str:
     return cpu_model()
 
 
+# ------------------------------------------------------------------------------------------- hardware identity
+# Two CPUs that share a marketing name can have completely different latency curves (DESIGN.md §5: an AVX2-only
+# EPYC and a Zen 4 EPYC with AVX512-BF16 are both "AMD EPYC"; bf16 is 4x dearer at width 4 on one and flat to 16 on
+# the other). So the identity is vendor, family / model, the ISA features that change the curve, and core count,
+# and profiles, trees and runs are keyed by it, never by the name alone.
+
+# ISA features that change a CPU's latency curve, and the tier each puts the CPU in (highest wins in the slug).
+CURVE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+ISA_TIERS = (("amx", ("amx_tile", "amx_bf16")), ("avx512bf16", ("avx512_bf16",)), ("avx512", ("avx512f",)),
+             ("avx2", ("avx2",)))
+
+
+def _cpuinfo_fields() -> dict[str, str]:
+    """The first processor block of /proc/cpuinfo as key -> value (empty off Linux)."""
+    try:
+        block = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
+    except OSError:
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in block.splitlines()) if k.strip()}
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (affinity / cgroup cpusets), which is what torch's threads get."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_identity() -> dict:
+    """vendor, name, family / model / stepping, the curve-changing ISA flags present, usable cores."""
+    info = _cpuinfo_fields()
+    vendor = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(info.get("vendor_id", ""),
+                                                                  info.get("vendor_id", platform.machine()).lower())
+    flags = set(info.get("flags", "").split())
+
+    def number(key):
+        return int(info[key]) if info.get(key, "").isdigit() else None
+
+    return {"kind": "cpu", "vendor": vendor, "name": cpu_model(), "family": number("cpu family"),
+            "model": number("model"), "stepping": number("stepping"),
+            "isa": [f for f in CURVE_FLAGS if f in flags], "cores": usable_cores()}
+
+
+def gpu_identity(device: torch.device) -> dict:
+    """name, memory and compute capability of one GPU."""
+    facts = gpu_facts(device.index or 0)
+    major, minor = torch.cuda.get_device_capability(device)
+    return {"kind": "gpu", "vendor": "nvidia" if torch.version.cuda else "amd", "name": device_name(device),
+            "memory_gib": facts.get("memory_gib") or round(torch.cuda.get_device_properties(device).total_memory
+                                                           / 2**30, 1),
+            "capability": f"{major}.{minor}"}
+
+
+def hardware_identity(device: torch.device) -> dict:
+    return gpu_identity(device) if device.type == "cuda" else cpu_identity()
+
+
+def isa_tier(isa: list[str]) -> str:
+    for tier, needs in ISA_TIERS:
+        if all(f in isa for f in needs):
+            return tier
+    return "base"
+
+
+def _name_slug(name: str) -> str:
+    name = re.sub(r"\(r\)|\(tm\)|@.*|\b\d+-core\b|\bprocessor\b|\bcpu\b", " ", name.lower())
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+
+
+def slug_of(identity: dict) -> str:
+    """File-name-safe key of an identity: 'cpu-amd-epyc-avx2-2c', 'cpu-intel-xeon-amx-2c', 'nvidia-h100-80gb-hbm3'."""
+    if identity.get("kind") == "gpu":
+        return _name_slug(identity["name"])
+    return f"cpu-{_name_slug(identity['name'])}-{isa_tier(identity.get('isa') or [])}-{identity.get('cores')}c"
+
+
 def hardware_slug(device: torch.device) -> str:
-    """Short file-name-safe id of the hardware, e.g. 'nvidia-h100-80gb-hbm3' or 'cpu-intel-xeon-platinum-8481c'."""
-    name = device_name(device)
-    name = re.sub(r"\(r\)|\(tm\)|cpu @.*|@.*", "", name.lower())
-    slug = re.sub(r"[^a-z0-9]+", "-", name).strip("-")
-    return slug if device.type == "cuda" else f"cpu-{slug}"
+    """This device's key for profiles/ and trees/ (slug_of its identity)."""
+    return slug_of(hardware_identity(device))
+
+
+IDENTITY_FIELDS = ("vendor", "name", "family", "model", "isa", "cores", "memory_gib", "capability")
+
+
+def identity_differences(recorded: dict | None, local: dict) -> tuple[list[str], list[str]]:
+    """(fields that differ, fields the recorded identity does not state) between a file's identity and this one."""
+    if not recorded:
+        return [], ["identity"]
+    differ, unknown = [], []
+    for key in IDENTITY_FIELDS:
+        if key not in local:
+            continue
+        if recorded.get(key) is None:
+            unknown.append(key)
+        elif recorded[key] != local[key]:
+            differ.append(f"{key} {_brief(recorded[key])} vs {_brief(local[key])} here")
+    return differ, unknown
+
+
+def _brief(value) -> str:
+    return "+".join(value) if isinstance(value, list) else str(value)
+
+
+def provenance(recorded_slug: str, recorded: dict | None, local: dict) -> str:
+    """How a profile or tree relates to this hardware: 'measured here', 'same hardware class (... not recorded)',
+    or 'borrowed from <slug>: <differences>' (its predictions are then not this machine's)."""
+    differ, unknown = identity_differences(recorded, local)
+    if recorded_slug != slug_of(local) or differ:
+        return f"borrowed from {recorded_slug}" + (f": {'; '.join(differ)}" if differ else "")
+    if unknown:
+        return f"same hardware class ({', '.join(unknown)} not recorded)"
+    return "measured here"
 
 
 def bf16_supported(device: torch.device) -> bool:
@@ -89,6 +197,8 @@ def environment(device: torch.device, dtype: torch.dtype | None = None) -> dict:
     env = {
         "device": device_name(device),
         "device_type": device.type,
+        "hardware": hardware_slug(device),
+        "identity": hardware_identity(device),
         "threads": torch.get_num_threads(),
         "torch": str(torch.__version__),
         "transformers": str(transformers.__version__),
@@ -103,16 +213,6 @@ def environment(device: torch.device, dtype: torch.dtype | None = None) -> dict:
     return env
 
 
-def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = re.search(r"^flags\s*:(.*)$", text, re.M)
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-    return [f for f in wanted if flags and f in flags.group(1).split()]
-
-
 def describe(device: torch.device) -> dict:
     """Everything `specbench env` prints."""
     from .. import __version__
@@ -120,9 +220,10 @@ def describe(device: torch.device) -> dict:
     info = {"specbench": __version__, **environment(device)}
     info["python"] = platform.python_version()
     info["os"] = platform.platform()
-    info["cpu"] = cpu_model()
-    info["cpu_cores"] = os.cpu_count()
-    info["cpu_flags"] = ", ".join(cpu_flags()) or "none of avx2/avx512/amx"
+    cpu = cpu_identity()
+    info["cpu"] = f"{cpu['name']} ({cpu['vendor']}, family {cpu['family']} model {cpu['model']})"
+    info["cpu_cores"] = f"{cpu['cores']} usable of {os.cpu_count()}"
+    info["cpu_flags"] = ", ".join(cpu["isa"]) or f"none of {', '.join(CURVE_FLAGS)}"
     info["cuda_available"] = torch.cuda.is_available()
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):

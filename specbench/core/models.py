@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from rich.markup import escape
 
 from ..errors import SpecbenchError
 from ..progress import console, status
@@ -69,13 +71,13 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """'auto' is float32 on CPU (as fast as bf16 for 1-token forwards here, and exact for lossless checks) and
-    bfloat16 on GPU (float16 where bf16 is unsupported)."""
+def resolve_dtype(dtype: str, device: torch.device, model: str | None = None) -> torch.dtype:
+    """'auto' is bfloat16 on GPU (float16 where bf16 is unsupported); on CPU it follows this CPU's measured profiles
+    of `model` (auto_cpu_dtype), and is float32 without them (exact lossless checks; never slow at width > 1)."""
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
+        return auto_cpu_dtype(model)[0] if model else torch.float32
     if dtype not in DTYPES:
         raise SpecbenchError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
     return DTYPES[dtype]
@@ -317,10 +319,45 @@ def _in_hub_cache(repo_id: str) -> bool:
         return False
 
 
+# Widths that decide --dtype auto on CPU: ar's 1 token and the verify widths speculative methods use (trees to 16).
+AUTO_DTYPE_WIDTHS = (1, 2, 4, 8, 16)
+
+
+def auto_cpu_dtype(model: str) -> tuple[torch.dtype, str]:
+    """float32 or bfloat16 for `model` on this CPU, by measurement: the dtype whose profile (profiles/<this
+    hardware>/<model>-<dtype>.yaml, KV 512) has the lower geometric-mean latency over AUTO_DTYPE_WIDTHS. Without
+    both profiles: float32. Returns the dtype and the reason, for the console and run.yaml."""
+    import yaml
+
+    from .hardware import hardware_slug
+    from .tree import locate
+
+    slug, name = hardware_slug(torch.device("cpu")), model_slug(model)
+    means = {}
+    for dt in ("float32", "bfloat16"):
+        path = locate(f"profiles/{slug}/{name}-{dt}.yaml")
+        try:
+            data = yaml.safe_load(path.read_text()) if path else None
+            curve = min(data["curves"], key=lambda c: abs(c["kv_length"] - 512))
+            points = dict(zip(data["widths"], curve["median_ms"]))
+            means[dt] = math.exp(sum(math.log(points[w]) for w in AUTO_DTYPE_WIDTHS) / len(AUTO_DTYPE_WIDTHS))
+        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+            means[dt] = None  # no usable profile of this dtype
+    if None in means.values():
+        return torch.float32, (f"float32 (no float32 + bfloat16 profiles of {name} for {slug}; "
+                               "`specbench profile --dtype D` for both lets --dtype auto choose by measurement)")
+    best = min(means, key=means.get)
+    said = ", ".join(f"{dt} {ms:.1f} ms" for dt, ms in means.items())
+    return DTYPES[best], (f"{best} (measured on {slug}: mean forward latency over widths "
+                          f"{'/'.join(map(str, AUTO_DTYPE_WIDTHS))} at KV 512: {said})")
+
+
 def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
     """Load a model from any supported spec (see the module docstring)."""
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dt = resolve_dtype(dtype, dev, spec)
+    if dtype == "auto" and dev.type == "cpu" and "measured" in (why := auto_cpu_dtype(spec)[1]):
+        console.print(f"[dim]--dtype auto: {escape(why)}[/]")
     if spec == EMBEDDED_ALIAS:
         return _load_embedded(dev, dt)
     if spec.startswith("random:"):

@@ -310,8 +310,21 @@ def resolve_tree(spec: str, model: str, method: str, hardware: str, dtype: str,
                 continue
             tf = read_tree_file(path)
             if tf.method == method and tf.dtype in ("any", dtype):
-                return tf, str(path)
-        return build(default_size), f"built, size {default_size} (no tree file for {model} on {hardware})"
+                return tf, str(path) + _borrowed(tf, hardware)
+        others = sorted({p.stem for root in (FsPath.cwd(), REPO_ROOT)
+                         for p in (root / "trees" / model.replace("/", "--")).glob("*.yaml")})
+        seen = f"; trees for other hardware ({', '.join(others)}) are not used" if others else ""
+        return build(default_size), (f"built, size {default_size} (no tree file for {model} on {hardware}{seen}: "
+                                     "`specbench profile` then `specbench build-tree --gpu cpu` makes this "
+                                     "hardware's)")
     if not FsPath(spec).is_file():
         raise SpecbenchError(f"--tree {spec}: no such file; use auto, size=N or a trees/*.yaml path")
-    return read_tree_file(spec), spec
+    tf = read_tree_file(spec)
+    return tf, spec + _borrowed(tf, hardware)
+
+
+def _borrowed(tree: TreeFile, hardware: str) -> str:
+    """A label for a tree chosen for other hardware than this one ('' when it is this hardware's)."""
+    if tree.hardware in ("any", hardware):
+        return ""
+    return f" (built for {tree.hardware}, {tree.source}: borrowed, its predictions are not this hardware's)"

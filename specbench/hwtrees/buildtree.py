@@ -80,7 +80,7 @@ def tree_file(curve: SizeCurve, m: int, model: str, profile: LatencyProfile, acc
         "predicted_speedup": curve.speedup[i],
         "stationary_distribution": [round(p, 4) for p in best.pi],
         "latency_profile": {"hardware": profile.hardware, "source": profile.source, "dtype": profile.dtype,
-                            "kv_length": kv_length},
+                            "kv_length": kv_length, "identity": profile.identity},
         "acceptance": acceptance_source,
         "curves": {"size": curve.sizes, "tau": curve.tau, "latency_ms": curve.latency_ms,
                    "speedup": curve.speedup, "static_tau": curve.static_tau, "random_tau": curve.random_tau},

@@ -127,11 +127,15 @@ def resolve_profile(gpu: str, model: str, config, dtype: str, local_slug: str, w
     if gpu.endswith((".yaml", ".yml")) or Path(gpu).is_file():
         return load_profile(gpu)
     if gpu == "cpu":
-        hint = local_slug if local_slug.startswith("cpu-") else "cpu-"
-        path = find_measured(root, hint, model, dtype)
-        if path is None:
-            raise SpecbenchError(f"--gpu cpu: no measured profile of {model} ({dtype}) for this CPU under {root}/; "
-                                 f"run `specbench profile --model {model} --dtype {dtype} --device cpu` first")
+        path = root / local_slug / f"{model}-{dtype}.yaml"  # this CPU's own profile only: never another CPU's
+        if not path.is_file():
+            others = sorted(str(p) for p in root.glob(f"cpu-*/{model}-{dtype}.yaml")) if root.exists() else []
+            hint = (f" Profiles of other CPUs exist ({', '.join(others)}), but a curve measured elsewhere chooses "
+                    "the wrong tree here; pass one as --gpu PATH to borrow it knowingly (labelled borrowed).") \
+                if others else ""
+            raise SpecbenchError(f"--gpu cpu: no measured profile of {model} ({dtype}) for this CPU "
+                                 f"({local_slug}) under {root}/; run `specbench profile --model {model} --dtype "
+                                 f"{dtype} --device cpu` first.{hint}")
         return load_profile(path)
     if gpu not in CHIPS:
         raise SpecbenchError(f"unknown --gpu {gpu!r}: use one of {', '.join(GPU_CHOICES)} or a profile .yaml path")

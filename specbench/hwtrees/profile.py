@@ -17,7 +17,7 @@ import yaml
 from .. import __version__
 from ..core.cache import new_cache
 from ..core.forward import forward, timed_forward
-from ..core.hardware import environment, gpu_facts, hardware_slug
+from ..core.hardware import environment, gpu_facts, hardware_identity, slug_of
 from ..core.models import LoadedModel, dtype_name
 from ..errors import SpecbenchError
 from ..progress import progress_bar
@@ -32,11 +32,16 @@ class LatencyProfile:
 
     model: str
     dtype: str
-    hardware: str  # slug, e.g. cpu-amd-epyc or nvidia-h100-80gb-hbm3
+    hardware: str  # slug of the hardware identity, e.g. cpu-amd-epyc-avx2-2c or nvidia-h100-80gb-hbm3
     source: str  # measured | estimated
     widths: list[int]
     curves: dict[int, dict[str, list[float]]]  # kv_length -> {"median_ms": [...], "p10_ms": [...], "p90_ms": [...]}
-    meta: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)  # device name, identity (core/hardware.py), threads, versions, ...
+
+    @property
+    def identity(self) -> dict | None:
+        """The full hardware identity it was measured on (None in estimated profiles)."""
+        return self.meta.get("identity")
 
     def latency_ms(self, width: float, kv_length: int | None = None) -> float:
         """Median latency at `width` (linear interpolation between measured widths; clamped at the ends; linear
@@ -133,12 +138,14 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
                           "p10_ms": [round(float(t.quantile(0.1)), 3) for t in stats],
                           "p90_ms": [round(float(t.quantile(0.9)), 3) for t in stats]}
     env = environment(device, target.dtype)
-    meta = {"device_name": env["device"], "threads": env["threads"], "repeats": repeats, "warmup": warmup,
+    identity = hardware_identity(device)
+    meta = {"device_name": env["device"], "identity": identity, "threads": env["threads"], "repeats": repeats,
+            "warmup": warmup,
             "versions": {"torch": env["torch"], "transformers": env["transformers"], "specbench": __version__,
                          "git": env["git"]}}
     if device.type == "cuda":
         meta["nvml"] = gpu_facts(device.index or 0)
-    return LatencyProfile(target.spec.removeprefix("random:"), dtype_name(target.dtype), hardware_slug(device),
+    return LatencyProfile(target.spec.removeprefix("random:"), dtype_name(target.dtype), slug_of(identity),
                           "measured", list(widths), curves, meta)
 
 
