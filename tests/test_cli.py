@@ -76,7 +76,7 @@ def test_existing_run_needs_resume(tmp_path, prompts_file):
     again = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out)
     assert again.exit_code != 0 and "--resume" in again.output
     other = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", out, "--resume")
-    assert other.exit_code != 0 and "settings differ" in other.output
+    assert other.exit_code != 0 and "options differ" in other.output and "limit: 1 -> 2" in other.output
 
 
 def test_ctrl_c_keeps_records_and_resume_finishes(tmp_path, prompts_file, monkeypatch):
@@ -94,7 +94,9 @@ def test_ctrl_c_keeps_records_and_resume_finishes(tmp_path, prompts_file, monkey
     args = ["run", *TINY, "--dataset", prompts_file, "--limit", 4, "--out", out]
     result = invoke(*args)
     assert result.exit_code == 130 and "--resume" in result.output
-    assert len(pd.read_csv(out / "records.csv")) == 3  # three finished method x prompt results kept
+    kept = pd.read_csv(out / "records.csv")  # whole prompts only: prompt 0 (ar, pld); prompt 1 was cut after one
+    assert len(kept) == 2 and set(kept.method) == {"ar", "pld"} and set(kept.prompt_id.astype(str)) == {"0"}
+    assert "PARTIAL" in (out / "report.md").read_text()
 
     monkeypatch.setattr(Runner, "run_prompt", real)
     resumed = invoke(*args, "--resume")
@@ -102,6 +104,43 @@ def test_ctrl_c_keeps_records_and_resume_finishes(tmp_path, prompts_file, monkey
     records = pd.read_csv(out / "records.csv")
     assert len(records) == 10
     assert not records.duplicated(["method", "dataset", "prompt_id", "turn"]).any()
+
+
+def test_resume_refuses_another_environment_and_names_it(tmp_path, prompts_file, monkeypatch):
+    """Resuming with other CPU kernels (or versions, hardware, dtype) would mix two sets of numbers."""
+    out = tmp_path / "run"
+    args = ["run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out]
+    assert invoke(*args).exit_code == 0
+    run_yaml = (out / "run.yaml").read_text()
+    assert invoke(*args, "--resume").exit_code == 0  # same environment: nothing left to do, accepted
+    monkeypatch.setenv("SPECBENCH_CPU_LINEAR", "mkl" if "cpu_linear: onednn" in run_yaml else "onednn")
+    refused = invoke(*args, "--resume")
+    text = " ".join(refused.output.split())
+    assert refused.exit_code != 0 and "another environment: cpu_linear:" in text and "Traceback" not in text
+    assert (out / "run.yaml").read_text() == run_yaml  # the refused resume changed nothing
+
+
+def test_ctrl_c_before_the_first_record_exits_130_with_the_resume_hint(tmp_path, prompts_file, monkeypatch):
+    def interrupt(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Runner, "run_prompt", interrupt)
+    result = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", tmp_path / "run")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 130 and "no results yet" in text and "--resume" in text
+
+
+def test_methods_run_in_an_order_rotated_per_prompt(tmp_path, prompts_file):
+    from specbench.bench.runner import interleaved
+
+    assert [interleaved(["ar", "pld", "sd"], i) for i in range(3)] == [["ar", "pld", "sd"], ["pld", "sd", "ar"],
+                                                                       ["sd", "ar", "pld"]]
+    out = tmp_path / "run"
+    assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", out).exit_code == 0
+    records = pd.read_csv(out / "records.csv", dtype={"prompt_id": str})
+    first = records[records.turn == 0].set_index(["prompt_id", "method"]).order
+    assert first[("0", "ar")] == 0 and first[("1", "ar")] == 1  # pld ran first on the second prompt
+    assert records.lossless[records.method == "pld"].eq("match").all()  # checked against ar even when ar ran later
 
 
 def test_long_prompt_is_truncated_not_fatal(tmp_path):
@@ -121,10 +160,10 @@ def test_report_compares_runs_and_gates_on_speedup(tmp_path, prompts_file):
         assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", run).exit_code == 0
     single = invoke("report", runs[0])
     assert single.exit_code == 0 and (runs[0] / "summary.csv").exists()
-    both = invoke("report", *runs, "--out", tmp_path / "cmp", "--fail-below", 0.01)
+    both = invoke("report", *runs, "--out", tmp_path / "cmp", "--fail-below", 0.01, "--judge-disturbed")
     assert both.exit_code == 0, both.output
     assert (tmp_path / "cmp" / "summary.md").exists() and (tmp_path / "cmp" / "comparison.csv").exists()
-    gate = invoke("report", runs[0], "--fail-below", 100)
+    gate = invoke("report", runs[0], "--fail-below", 100, "--judge-disturbed")
     assert gate.exit_code == 1 and "FAIL" in gate.output
 
 

@@ -15,7 +15,7 @@ from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 
 from .conftest import prompt_ids
-from .test_sd import check_distribution
+from .test_sd import check_distribution, with_stop_token
 
 
 @pytest.mark.parametrize("name,mode", [("pearl", "sequential"), ("pearl", "threads"),
@@ -81,3 +81,83 @@ def test_run_saves_timeline_and_report_section(tmp_path, monkeypatch):
     assert chosen["sd"]["gamma"] == 2 and chosen["sd"]["gamma_from"] == "--gamma"
     assert chosen["pearl"]["exec"] in chosen["pearl"]["step_ms_by_exec"] and chosen["pearl"]["c"] > 0
     assert "pearl: drafter" in res.output and "exec " in res.output
+
+
+def test_timeline_counts_tokens_emitted_after_a_stop_token_cut(tiny):
+    """The post-verify step after the first pre-verify keeps 4 tokens, of which the stop token leaves 2."""
+    ids = prompt_ids(1)
+    free = get_method("ar")(tiny, {}).generate(ids, 8, Sampling(), None).tokens
+    assert free[2] not in free[:2]
+    pearl = get_method("pearl")(with_stop_token(tiny, free[2]), {"gamma": 4, "pearl_exec": "sequential"},
+                                layer_drafter(tiny, [0, 1]))
+    gen = pearl.generate(ids, 40, Sampling(), None)
+    assert gen.stopped and gen.tokens == free[:3]
+    assert [(s["mode"], s["emitted"]) for s in gen.timeline] == [("pre", 1), ("post", 2)]
+
+
+@pytest.mark.parametrize("name", ["pearl", "pearl-no-pre", "pearl-no-post"])
+def test_timeline_emitted_tokens_add_up_under_every_cap(tiny, name):
+    """A step can keep more tokens than max_new_tokens leaves room for: the timeline logs what was emitted."""
+    pearl = get_method(name)(tiny, {"gamma": 3, "pearl_exec": "sequential"}, layer_drafter(tiny, [0, 1]))
+    cut = 0
+    for cap in range(1, 12):
+        gen = pearl.generate(prompt_ids(1), cap, Sampling(), None)
+        assert len(gen.tokens) == cap and sum(s["emitted"] for s in gen.timeline) == cap
+        kept = gen.accepted_drafts + sum(s["sampled"] for s in gen.timeline)  # tokens the steps verified
+        cut += kept > cap
+    assert cut  # some cap did cut a step
+
+
+def test_auto_exec_compares_modes_at_the_same_gamma():
+    """sequential is faster than threads at gamma 2 and at gamma 4; only threads's own gamma (2, from its c) gives it
+    a cheaper step than sequential's own (4): raw steps of different gammas would pick threads."""
+    from specbench.core.concurrency import choose_mode
+
+    mode, reason = choose_mode({"sequential": {2: 5.0, 4: 10.0}, "threads": {2: 6.0, 4: 12.0}},
+                               {"sequential": 4, "threads": 2})
+    assert mode == "sequential" and "gammas 2, 4" in reason and "same gamma" in reason
+    mode, reason = choose_mode({"sequential": {3: 5.0}, "threads": {3: 4.0}}, {"sequential": 3, "threads": 3})
+    assert mode == "threads" and "gamma 3" in reason
+
+
+@pytest.mark.parametrize("threads_at_2,expected", [(4.0, "sequential"), (3.0, "threads")])
+def test_auto_exec_scores_per_drafted_token_when_the_ranking_depends_on_gamma(threads_at_2, expected):
+    """threads is faster at gamma 2, sequential at gamma 4: each is scored at its own gamma per drafted token
+    (sequential 7 / 4 = 1.75 against threads 4 / 2 = 2, or 3 / 2 = 1.5)."""
+    from specbench.core.concurrency import choose_mode
+
+    mode, reason = choose_mode({"sequential": {2: 5.0, 4: 7.0}, "threads": {2: threads_at_2, 4: 9.0}},
+                               {"sequential": 4, "threads": 2})
+    assert mode == expected and "per drafted token" in reason and "sequential 4, threads 2" in reason
+
+
+def test_auto_exec_calibration_times_every_mode_at_the_gamma_the_run_uses(tiny, monkeypatch):
+    """With c = 4 in sequential and 2 in threads, both modes are timed at gammas 2 and 4; the run then uses the
+    chosen mode's gamma, and chosen() says what was compared."""
+    import dataclasses
+    import threading
+
+    import specbench.core.concurrency as concurrency
+
+    def forward_times(model, device, widths=(1,), context=64, rounds=7):
+        in_worker = threading.current_thread().name.startswith("specbench-draft")
+        return {1: 4.0 if model is tiny.model else (2.0 if in_worker else 1.0)}
+
+    timed = []
+
+    def step_cost(executor, target, drafter_model, gamma, reps=3):
+        timed.append((executor.mode, gamma))
+        return {("sequential", 2): 5.0, ("sequential", 4): 10.0, ("threads", 2): 6.0, ("threads", 4): 12.0}[
+            (executor.mode, gamma)]
+
+    monkeypatch.setattr(concurrency, "measure_forward_times", forward_times)
+    monkeypatch.setattr(concurrency, "_pearl_step_cost", step_cost)
+    target = dataclasses.replace(tiny, extras={})  # no memoised calibration
+    pearl = get_method("pearl")(target, {"pearl_exec": "auto"}, layer_drafter(tiny, [0]))
+    assert sorted(timed) == [("sequential", 2), ("sequential", 4), ("threads", 2), ("threads", 4)]
+    assert pearl.mode == "sequential" and pearl.gamma == 4 and pearl.executor.mode == "sequential"
+    chosen = pearl.chosen()
+    assert chosen["c_by_exec"] == {"sequential": 4.0, "threads": 2.0}
+    assert chosen["gamma"] == 4 and chosen["gamma_from"] == "round(c) of sequential"
+    assert chosen["step_ms_by_exec"]["threads"] == {2: 6000.0, 4: 12000.0}
+    assert "same gamma" in chosen["exec_from"] and "streams" in chosen["exec_not_compared"]

@@ -124,3 +124,23 @@ def test_measured_forward_times_are_per_width_and_never_fall_with_width(tiny):
     assert list(costs) == [1, 2, 4, 9]
     values = list(costs.values())
     assert all(v > 0 for v in values) and values == sorted(values)
+
+
+def with_stop_token(model, stop: int):
+    """The model with `stop` as its only stop token."""
+    return dataclasses.replace(model, tokenizer=Tokenizer(model.tokenizer.backend, (stop,)))
+
+
+def test_timeline_counts_tokens_emitted_after_a_stop_token_cut(tiny):
+    """A stop token inside a step cuts it: the timeline's emitted tokens add up to the generation's tokens, and
+    its mean accepted tokens equals tau (timeline.py)."""
+    from specbench.bench.timeline import totals
+
+    ids = prompt_ids(1)
+    free = get_method("ar")(tiny, {}).generate(ids, 8, Sampling(), None).tokens
+    assert free[2] not in free[:2]
+    sd = get_method("sd")(with_stop_token(tiny, free[2]), {"gamma": 4}, layer_drafter(tiny, [0, 1]))
+    gen = sd.generate(ids, 40, Sampling(), None)
+    assert gen.stopped and gen.tokens == free[:3] and gen.accepted_drafts == 4  # one step of 5, cut to 3
+    assert sum(s["emitted"] for s in gen.timeline) == len(gen.tokens)
+    assert totals(gen.timeline)["mean_accepted_tokens"] == len(gen.tokens) / gen.target_forwards

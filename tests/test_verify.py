@@ -8,7 +8,11 @@ import torch
 from specbench.core.verify import (
     Sampling,
     greedy_accept,
+    next_token,
+    sample,
     speculative_accept,
+    tree_speculative_accept,
+    tree_typical_accept,
     warp_probs,
 )
 
@@ -69,3 +73,43 @@ def test_warp_probs_top_k_and_top_p():
     kept = warp_probs(logits, Sampling(1.0, top_p=0.8)) > 0
     assert kept.tolist() == [True, True, False, False]
     assert torch.allclose(warp_probs(logits, Sampling(1.0)), probs)
+
+
+def _sampled_draws(generator, inputs):
+    """Results of every verify function that draws at random, for seeds 0..19 of `generator`."""
+    p, q, logits, tokens, draft = inputs
+    parents, hot = [-1, 0, 0, 1], Sampling(temperature=1.0)
+    out = []
+    for seed in range(20):
+        generator.manual_seed(seed)
+        out += [speculative_accept(draft, p, q, generator), speculative_accept(draft, p, None, generator),
+                tree_speculative_accept(tokens, parents, logits, hot, generator),
+                tree_typical_accept(tokens, parents, logits, hot, generator), next_token(logits[0], hot, generator)]
+    return out
+
+
+def test_random_draws_happen_on_the_generators_device():
+    """A draw made on the default device instead of the generator's fails (on a GPU: a CUDA generator given a CPU
+    tensor). Here the default device is `meta` and the generator a CPU one: every draw must still be on the CPU."""
+    torch.manual_seed(2)
+    p, q = torch.softmax(torch.randn(3, 6), -1), torch.softmax(torch.randn(2, 6), -1)  # [k+1, V], [k, V]
+    logits = torch.randn(4, 6)  # [N, V]: tree root -> 1 -> 3, root -> 2
+    inputs = (p, q, logits, torch.tensor([0, 1, 2, 3]), torch.tensor([1, 4]))
+    expected = _sampled_draws(torch.Generator(), inputs)
+    with torch.device("meta"):
+        assert _sampled_draws(torch.Generator(device="cpu"), inputs) == expected
+
+
+def test_sample_moves_probs_to_the_generators_device(monkeypatch):
+    class OtherDeviceGenerator:  # stands for a CUDA generator given CPU probabilities
+        device = torch.device("meta")
+
+    seen = []
+
+    def multinomial(probs, n, generator=None):
+        seen.append((probs.device, generator.device))
+        return torch.zeros(n, dtype=torch.long)
+
+    monkeypatch.setattr(torch, "multinomial", multinomial)
+    assert sample(torch.tensor([0.5, 0.5]), OtherDeviceGenerator()) == 0
+    assert seen == [(torch.device("meta"), torch.device("meta"))]

@@ -20,13 +20,14 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
 from ..errors import SpecbenchError  # noqa: E402
-from . import timeline  # noqa: E402
+from . import noise, timeline  # noqa: E402
 from .markdown import markdown_table  # noqa: E402
+from .titles import comparison_title, plot_title, read_meta, set_title  # noqa: E402, F401 (plot_title: API)
 
 FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()
 SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_s", "tokens_per_s", "speedup",
-                   "speedup_mean", "tau", "acceptance_rate", "lossless_rate", "exactness", "peak_mem_mb",
-                   "extra_mem_mb"]
+                   "speedup_mean", "tau", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "exactness",
+                   "peak_mem_mb", "extra_mem_mb", "forward_ratio", "speedup_bound", "disturbed_rows", "timing"]
 
 
 def read_records(run_dir: Path) -> pd.DataFrame:
@@ -51,12 +52,87 @@ def _exactness(method: str) -> str:
     return "" if cls is None else ("lossless" if cls.lossless else "lossy")
 
 
-def summarize(records: pd.DataFrame, temperature_greedy: bool = True) -> pd.DataFrame:
-    """One row per method x dataset (SUMMARY_COLUMNS)."""
+# ------------------------------------------------------------------------------------------------ lossless check
+LOSSLESS_TEXT = (
+    "Lossless check (temperature 0, every method's tokens against `ar`'s on the same prompt turn). "
+    "`lossless_rate` = exact: the share of checked turns whose tokens equal `ar`'s, token for token; it guarantees "
+    "identical text on those turns. `lossless_explained_rate` = exact or explained: also counts turns whose first "
+    "differing token is a near-tie, i.e. `ar`'s logit margin between its own token and the method's "
+    "(`mismatch_logit_gap` in records.csv) is within what the dtype's rounding can flip between a batched and a "
+    "one-token forward (`specbench/bench/lossless.py`: about 1.7 logits for SmolLM2 in bf16, 4e-4 in float32). It "
+    "guarantees that no turn diverged where rounding cannot explain it: the method chose, at the first difference, a "
+    "token `ar`'s own arithmetic could have chosen; the text after that point differs legitimately and is not "
+    "compared. In float32 both rates should be 1.0; in bf16/fp16 the exact rate can be low while the explained rate "
+    "stays 1.0. An unexplained mismatch of a lossless method is a defect to investigate.")
+
+
+def lossless_verdicts(records: pd.DataFrame) -> pd.Series:
+    """Per record: "" (not checked: T > 0 or ar), "match", "near-tie", "unexplained", or "no verdict" (a mismatch in
+    a run older than the near-tie check, which counts as unexplained)."""
+    lossless = records["lossless"].astype(str) if "lossless" in records else pd.Series("", index=records.index)
+    explained = (records["mismatch_explained"].astype(str) if "mismatch_explained" in records
+                 else pd.Series("", index=records.index))
+    mismatch = lossless.str.startswith("mismatch")
+    out = pd.Series("", index=records.index, dtype=object)
+    out[lossless == "match"] = "match"
+    out[mismatch] = "unexplained"
+    out[mismatch & (explained == "near-tie")] = "near-tie"
+    out[mismatch & explained.isin(["", "nan"])] = "no verdict"
+    return out
+
+
+def _explained_rate(g: pd.DataFrame) -> float:
+    """(exact matches + near-tie mismatches) / checked turns."""
+    v = lossless_verdicts(g)
+    v = v[v != ""]
+    return round(v.isin(["match", "near-tie"]).mean(), 3) if len(v) else math.nan
+
+
+def unexplained_mismatches(records: pd.DataFrame) -> pd.DataFrame:
+    """Turns of lossless methods that differ from ar where rounding does not explain it (the check has FAILED):
+    method, dataset, prompt_id, turn, index (first differing token), gap (ar's logit margin, NaN when unknown) and
+    verdict ("unexplained", or "no verdict" for runs older than the near-tie check)."""
+    columns = ["method", "dataset", "prompt_id", "turn", "index", "gap", "verdict"]
+    if records.empty or "lossless" not in records:
+        return pd.DataFrame(columns=columns)
+    verdicts = lossless_verdicts(records)
+    lossless = records.method.map(lambda m: m != "ar" and _exactness(str(m)) != "lossy")
+    bad = records[verdicts.isin(["unexplained", "no verdict"]) & lossless]
+    gap = (pd.to_numeric(bad["mismatch_logit_gap"], errors="coerce") if "mismatch_logit_gap" in bad
+           else pd.Series(math.nan, index=bad.index))
+    return pd.DataFrame({"method": bad.method, "dataset": bad.dataset, "prompt_id": bad.prompt_id.astype(str),
+                         "turn": bad.turn, "index": bad["lossless"].astype(str).str.split("@").str[-1].astype(int),
+                         "gap": gap.round(6), "verdict": verdicts[bad.index]}, columns=columns).reset_index(drop=True)
+
+
+def lossless_failed_section(records: pd.DataFrame) -> list[str]:
+    """The report's loud "Lossless check FAILED" section; [] when every lossless method's mismatch is explained."""
+    bad = unexplained_mismatches(records)
+    if bad.empty:
+        return []
+    old = (bad.verdict == "no verdict").any()
+    return ["## Lossless check FAILED", "",
+            f"**{len(bad)} prompt turn(s) of lossless methods differ from `ar` where the dtype's rounding does not "
+            "explain it** (gap = `ar`'s logit of its own token minus its logit of the method's token at the first "
+            "differing index; a near-tie would be within the rounding tolerance). Investigate these before trusting "
+            "the method's output or its speedup." + (" Rows marked `no verdict` come from a run older than the "
+                                                      "near-tie check (no gap recorded): re-run to classify them."
+                                                      if old else ""), "",
+            markdown_table(bad), ""]
+
+
+def summarize(records: pd.DataFrame, temperature_greedy: bool = True, latency_floor: float = 1.0) -> pd.DataFrame:
+    """One row per method x dataset (SUMMARY_COLUMNS). Each method is compared with ar on the prompt turns both
+    finished (an interrupted run may hold more of one than of the other); the noise guard's verdict per row."""
     rows = []
     ar = records[records.method == "ar"].set_index(["dataset", "prompt_id", "turn"])
+    turn_key = ["dataset", "prompt_id", "turn"]
     for (method, dataset), g in records.groupby(["method", "dataset"], sort=False):
         ar_d = records[(records.method == "ar") & (records.dataset == dataset)]
+        if method != "ar" and len(ar_d):
+            shared = g[turn_key].merge(ar_d[turn_key]).drop_duplicates()
+            g = g.merge(shared, on=turn_key)
+            ar_d = ar_d.merge(shared, on=turn_key)
         ar_tps = ar_d.new_tokens.sum() / ar_d.wall_s.sum() if len(ar_d) and ar_d.wall_s.sum() > 0 else math.nan
         tps = g.new_tokens.sum() / g.wall_s.sum() if g.wall_s.sum() > 0 else math.nan
         joined = g.merge(ar[["tokens_per_s"]].reset_index(), on=["dataset", "prompt_id", "turn"],
@@ -74,35 +150,76 @@ def summarize(records: pd.DataFrame, temperature_greedy: bool = True) -> pd.Data
             "tau": round(g.new_tokens.sum() / max(g.target_forwards.sum(), 1), 3),
             "acceptance_rate": round(g.accepted_drafts.sum() / drafted, 3) if drafted else math.nan,
             "lossless_rate": round((checked == "match").mean(), 3) if len(checked) else math.nan,
+            "lossless_explained_rate": _explained_rate(g),
             "exactness": _exactness(method), "peak_mem_mb": peak,
             "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
         })
-    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS])
+    return summary.merge(noise.verdicts(records, latency_floor), on=["method", "dataset"], how="left")
 
 
-def plot_bars(summary: pd.DataFrame, column: str, ylabel: str, path: Path, baseline: float | None = None) -> None:
-    """Grouped bars: one group per dataset, one bar per method (plus a label column for compared runs)."""
+NOISE_COLUMNS = ("forward_ratio", "speedup_bound", "disturbed_rows", "timing")
+
+
+def disturbed(summary: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose timing the noise guard does not trust."""
+    if "timing" not in summary:
+        return summary.iloc[0:0]
+    return summary[summary.timing.astype(str).str.startswith("disturbed")]
+
+
+def noise_section(summary: pd.DataFrame, meta: dict) -> list[str]:
+    """The report's account of how far the timings can be trusted (noise.py)."""
+    guard = meta.get("noise_guard") or {}
+    md = ["## Timing check (noise guard)", "",
+          f"Each row records the CPU time other processes used while it was timed (`foreign_cpu`, cores), the "
+          f"hypervisor's steal and the load average; a method x dataset is disturbed when over "
+          f"{noise.DISTURBED_SHARE:.0%} of its or ar's rows ran beside more than {noise.FOREIGN_CPU_LIMIT} cores of "
+          f"other work (or {noise.STEAL_LIMIT:.0%} steal), or when its speedup exceeds tau / floor x "
+          f"{1 + noise.BOUND_TOLERANCE:.2f}, floor = min L(n) / L(1) = {guard.get('latency_floor', 1.0)} "
+          f"({'profile ' + guard['profile'] if guard.get('profile') else 'no profile of this hardware: 1.0'}). "
+          "Methods run in an order rotated per prompt, so a burst of load does not land on one method only.", ""]
+    bad = disturbed(summary)
+    if len(bad):
+        md += ["**TIMING DISTURBED**: these numbers are not trustworthy; " + noise.ADVICE + ".", ""]
+        md += [f"- {r.method} on {r.dataset}: {r.timing}" for r in bad.itertuples(index=False)] + [""]
+    else:
+        md += ["All rows: timing ok.", ""]
+    return md
+
+
+def plot_bars(summary: pd.DataFrame, column: str, ylabel: str, path: Path, baseline: float | None = None,
+              title: str = "") -> None:
+    """Grouped bars: one group per dataset, one bar per method (plus a label column for compared runs); the value
+    of each bar above it, the legend outside the axes on the right so that it covers no bar or label."""
     label = "label" if "label" in summary else "method"
     pivot = summary.pivot_table(index="dataset", columns=label, values=column, aggfunc="first", sort=False)
-    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(pivot) * max(1, len(pivot.columns)) / 2), 3.6))
+    width = max(5, 1.4 * len(pivot) * max(1, len(pivot.columns)) / 2)
+    fig, ax = plt.subplots(figsize=(width, 3.6))
     pivot.plot.bar(ax=ax, rot=0, width=0.8)
     if baseline is not None:
         ax.axhline(baseline, color="grey", linestyle="--", linewidth=1)
     ax.set_ylabel(ylabel)
     ax.set_xlabel("")
-    ax.legend(fontsize=8, ncols=min(4, len(pivot.columns)))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=False)
     for container in ax.containers:
-        ax.bar_label(container, fmt="%.2f", fontsize=7)
+        ax.bar_label(container, labels=[f"{v:.2f}" if math.isfinite(v) else "" for v in container.datavalues],
+                     fontsize=7, padding=2)
+    top = pd.to_numeric(pivot.stack(), errors="coerce").max() if pivot.size else math.nan
+    if math.isfinite(top) and top > 0:
+        ax.set_ylim(top=max(ax.get_ylim()[1], top * 1.12))  # headroom for the value labels
+    set_title(ax, title, width)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # "tight" keeps the outside legend in the image
     plt.close(fig)
 
 
-def write_plots(summary: pd.DataFrame, out: Path) -> list[Path]:
+def write_plots(summary: pd.DataFrame, out: Path, title: str = "") -> list[Path]:
+    """speedup.png, tokens_per_s.png and tau.png in `out`, each titled `title` (plot_title / comparison_title)."""
     paths = [out / "speedup.png", out / "tokens_per_s.png", out / "tau.png"]
-    plot_bars(summary, "speedup", "speedup over ar (total tokens / total time)", paths[0], baseline=1.0)
-    plot_bars(summary, "tokens_per_s", "tokens / s", paths[1])
-    plot_bars(summary, "tau", "tau (tokens per target forward)", paths[2], baseline=1.0)
+    plot_bars(summary, "speedup", "speedup over ar (total tokens / total time)", paths[0], baseline=1.0, title=title)
+    plot_bars(summary, "tokens_per_s", "tokens / s", paths[1], title=title)
+    plot_bars(summary, "tau", "tau (tokens per target forward)", paths[2], baseline=1.0, title=title)
     return paths
 
 
@@ -112,15 +229,22 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     records = read_records(run_dir)
     if records.empty:
         raise SpecbenchError(f"{run_dir}: the run has no results yet (every prompt was skipped or none finished).")
-    summary = summarize(records)
-    summary.to_csv(run_dir / "summary.csv", index=False)
-    write_plots(summary, run_dir)
     meta = {}
     if (run_dir / "run.yaml").exists():
         meta = yaml.safe_load((run_dir / "run.yaml").read_text()) or {}
+    summary = summarize(records, latency_floor=(meta.get("noise_guard") or {}).get("latency_floor", 1.0))
+    summary.to_csv(run_dir / "summary.csv", index=False)
+    title = plot_title(meta, records)
+    write_plots(summary, run_dir, title=title)
     md = [f"# specbench run: {run_dir.name}", ""]
+    if is_partial(meta):
+        md += ["**PARTIAL**: the run was interrupted; each method is compared with ar on the prompt turns both "
+               "finished. Continue it with `specbench run ... --resume`.", ""]
+    md += lossless_failed_section(records)  # loud, at the top: lossless methods that differ from ar unexplained
     if meta.get("environment"):
-        md += ["## Environment", ""] + [f"- {k}: {v}" for k, v in meta["environment"].items()] + [""]
+        md += ["## Environment", ""] + [f"- {k}: {v}" for k, v in meta["environment"].items()]
+        md += [f"- peak memory (`peak_mem_mb`): {meta['peak_memory']}"] if meta.get("peak_memory") else []
+        md += [""]
     if meta.get("model"):
         md += [f"- model: {meta['model'].get('name')} ({meta['model'].get('source')})", ""]
     if meta.get("settings"):
@@ -128,34 +252,50 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
         md += ["## Settings", ""] + [f"- {k}: {v}" for k, v in s.items() if k != "options"]
         md += [f"- options: {s.get('options')}", ""]
     md += ["## Summary", "", markdown_table(summary), ""]
-    md += ["Lossy methods (typical acceptance) are labelled `lossy`; `lossless_rate` is the share of greedy prompt "
-           "turns whose tokens equal `ar`'s exactly (bf16/fp16 can flip near-ties).", ""]
+    md += ["Lossy methods (typical acceptance) are labelled `lossy`. " + LOSSLESS_TEXT, ""]
+    md += noise_section(summary, meta)
     md += ["## Formulas", "", "```", FORMULAS, "```", ""]
     md += ["![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]
-    md += tree_section(summary, meta.get("trees") or {}, run_dir)
-    md += timeline.report_section(run_dir)  # sd / pearl runs: busy, idle, mutual waiting, Gantt PNGs
+    md += tree_section(summary, meta.get("trees") or {}, run_dir, title=title)
+    md += timeline.report_section(run_dir, title=title)  # sd / pearl runs: busy, idle, mutual waiting, Gantt PNGs
     (run_dir / "report.md").write_text("\n".join(md))
     return summary
 
 
 def compare_runs(run_dirs: list[Path], out: Path) -> pd.DataFrame:
     """Side-by-side summary of several runs (a `label` column names each run folder)."""
-    frames = []
+    frames, runs, failed = [], [], []
     for d in run_dirs:
         s = write_run_report(Path(d))
         s.insert(0, "run", Path(d).name)
         frames.append(s)
+        records = read_records(Path(d))
+        runs.append((read_meta(Path(d)), records))
+        bad = unexplained_mismatches(records)
+        bad.insert(0, "run", Path(d).name)
+        failed.append(bad)
     combined = pd.concat(frames, ignore_index=True)
     combined["label"] = combined.run + ":" + combined.method
     out.mkdir(parents=True, exist_ok=True)
     combined.drop(columns="label").to_csv(out / "comparison.csv", index=False)
-    write_plots(combined, out)
+    title = comparison_title(runs)
+    write_plots(combined, out, title=title)
     cols = ["run", "method", "dataset", "prompts", "tokens_per_s", "speedup", "speedup_mean", "tau",
-            "lossless_rate", "exactness"]
-    md = ["# specbench comparison", "", markdown_table(combined[cols]), "",
-          "![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]
+            "lossless_rate", "lossless_explained_rate", "exactness"]
+    bad = pd.concat(failed, ignore_index=True)
+    md = ["# specbench comparison", "", f"{title}.", ""]
+    if len(bad):
+        md += ["## Lossless check FAILED", "", f"**{len(bad)} prompt turn(s) of lossless methods differ from `ar` "
+               "where rounding does not explain it** (see each run's report.md).", "", markdown_table(bad), ""]
+    md += [markdown_table(combined[cols]), "", LOSSLESS_TEXT, "",
+           "![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]
     (out / "summary.md").write_text("\n".join(md))
     return combined
+
+
+def is_partial(meta: dict) -> bool:
+    """An interrupted run (run.yaml written by a specbench that records completion, and not complete)."""
+    return meta.get("complete") is False
 
 
 def below_threshold(summary: pd.DataFrame, threshold: float) -> pd.DataFrame:
@@ -164,7 +304,7 @@ def below_threshold(summary: pd.DataFrame, threshold: float) -> pd.DataFrame:
     return rows
 
 
-def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path) -> list[str]:
+def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str = "") -> list[str]:
     """Tree methods: measured vs predicted tau and speedup per tree (PPD Fig. 8c when a run swept sizes), with
     tree_sizes.png for a sweep."""
     rows = []
@@ -191,10 +331,11 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path) -> list[str]
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xlabel("tree size n")
         ax.set_ylabel("speedup over ar")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=False)
         ax.grid(alpha=0.3)
+        set_title(ax, title, 6)
         fig.tight_layout()
-        fig.savefig(run_dir / "tree_sizes.png", dpi=120)
+        fig.savefig(run_dir / "tree_sizes.png", dpi=120, bbox_inches="tight")
         plt.close(fig)
         md += ["![speedup per tree size](tree_sizes.png)", ""]
     return md

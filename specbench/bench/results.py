@@ -38,10 +38,22 @@ class Record:
     model: str
     dtype: str
     device: str
+    hardware: str  # slug of the hardware identity (core/hardware.py)
     threads: int
     torch: str
     transformers: str
     git: str
+    # lossless check at the first mismatch (bench/lossless.py): ar's logit of its own token minus its logit of the
+    # method's token at that position, and the verdict ("near-tie": within the dtype's rounding; "unexplained")
+    mismatch_logit_gap: float = float("nan")
+    mismatch_explained: str = ""
+    # noise guard (bench/noise.py): per-forward time, and what else the machine did while this row was timed
+    forward_ms: float = float("nan")  # wall_s / target_forwards, in ms
+    foreign_cpu: float = float("nan")  # cores' worth of CPU used by other processes during the timing
+    steal: float = float("nan")  # share of CPU time the hypervisor stole during the timing (0..1)
+    load_before: float = float("nan")  # 1-minute load average before / after the timing
+    load_after: float = float("nan")
+    order: int = -1  # position of this method among the methods run on this prompt (interleaved per prompt)
 
 
 RECORD_COLUMNS = [f.name for f in fields(Record)]

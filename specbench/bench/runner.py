@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 import yaml
 from rich.markup import escape
 
+from ..core import memory
 from ..core.hardware import environment
 from ..core.models import LoadedModel, dtype_name, load_model
 from ..core.timing import wall
@@ -29,7 +29,7 @@ from ..errors import SpecbenchError
 from ..methods import REGISTRY, OptionValues, all_options, get_method, split_by_method
 from ..methods.base import DecodeMethod, Generation
 from ..progress import console, progress_bar
-from . import timeline
+from . import noise, timeline
 from .results import RECORD_COLUMNS, Record, RecordWriter, read_tokens
 
 
@@ -128,9 +128,41 @@ def prepare_out(cfg: RunConfig) -> Path:
         if not cfg.resume:
             raise SpecbenchError(f"{out} already holds a run. Pass --resume to continue it, or choose another --out.")
         old = yaml.safe_load(run_file.read_text()) or {}
-        if old.get("settings") != _plain(cfg.settings()):
-            raise SpecbenchError(f"--resume: the settings differ from the run in {out} ({run_file}); "
-                                 "resume with the same options or choose another --out.")
+        changed = _differences(old.get("settings") or {}, _plain(cfg.settings()))
+        if changed:
+            raise SpecbenchError(f"--resume: the options differ from the run in {out}: {'; '.join(changed)}. "
+                                 "Resume with the same options, or choose another --out.")
+    return out
+
+
+# What the numbers depend on besides the options: a resumed run must match the interrupted one in all of them.
+ENVIRONMENT_KEYS = ("device", "device_type", "hardware", "identity", "dtype", "cpu_linear", "torch", "transformers",
+                    "threads")
+
+
+def refuse_other_environment(out: Path, env: dict) -> None:
+    """--resume: refuse when kernels, library versions, hardware, dtype, device or threads changed, naming them."""
+    old = (yaml.safe_load((out / "run.yaml").read_text()) or {}).get("environment") or {}
+    changed = _differences({k: old.get(k) for k in ENVIRONMENT_KEYS}, _plain({k: env.get(k) for k in ENVIRONMENT_KEYS}))
+    if changed:
+        hint = " (SPECBENCH_CPU_LINEAR chooses the CPU kernels)" if any("cpu_linear" in c for c in changed) else ""
+        raise SpecbenchError(f"--resume: the run in {out} was measured in another environment: {'; '.join(changed)}"
+                             f"{hint}. Mixing them would mix two sets of numbers; resume where it started, or "
+                             "choose another --out.")
+    if old.get("git") != env.get("git"):
+        console.print(f"[yellow]note[/] resuming with specbench {env.get('git')} (the run started with "
+                      f"{old.get('git')})")
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """'key: old -> new' for every (nested) key whose value differs."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a} -> {b}")
     return out
 
 
@@ -156,10 +188,8 @@ def _drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> set[tuple[
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak allocated GPU memory since the last reset, or the process's peak RSS on CPU (monotonic)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak memory since memory.reset_peak: allocated on GPU, RSS on CPU (what it is here: memory.peak_label)."""
+    return memory.peak_mb(device)
 
 
 class Runner:
@@ -181,24 +211,34 @@ class Runner:
         """Per method label: the settings it chose itself (gamma, exec mode, ...); methods that chose none left out."""
         return {label: chosen for label, method in self.methods.items() if (chosen := method.chosen())}
 
-    def tree_predictions(self) -> dict:
-        """Per tree-method label: its tree's size, source and predicted tau / speedup on this hardware (from the
-        measured profile in profiles/, when there is one), for the report's measured-vs-predicted table."""
+    def local_profile(self):
+        """This hardware's measured latency profile of the target in its dtype (profiles/<slug>/), or None."""
         from ..core.hardware import hardware_slug
         from ..core.models import model_slug
         from ..core.tree import locate
-        from ..hwtrees.buildtree import predict
         from ..hwtrees.profile import load_profile
 
         path = locate(f"profiles/{hardware_slug(self.target.device)}/{model_slug(self.target.spec)}-"
                       f"{dtype_name(self.target.dtype)}.yaml")
-        profile = load_profile(path) if path else None
+        return load_profile(path) if path else None
+
+    def tree_predictions(self) -> dict:
+        """Per tree-method label: its tree's size, source and predicted tau / speedup on this hardware (from this
+        hardware's measured profile, when there is one; never another machine's), for the report's
+        measured-vs-predicted table; `profile_provenance` says how the profile relates to this machine."""
+        from ..core.hardware import hardware_identity, provenance
+        from ..hwtrees.buildtree import predict
+
+        profile = self.local_profile()
+        origin = (provenance(profile.hardware, profile.identity, hardware_identity(self.target.device))
+                  if profile else "no profile of this hardware (run `specbench profile`): no predicted speedup")
         out = {}
         for label, method in self.methods.items():
             tree = getattr(method, "tree_file", None)
             if tree is not None and getattr(method, "acceptance", None) is not None:
                 out[label] = {"tree": getattr(method, "tree_source", ""),
-                              **predict(tree, method.acceptance, profile, ept=getattr(method.prompts, "ept", 1))}
+                              **predict(tree, method.acceptance, profile, ept=getattr(method.prompts, "ept", 1)),
+                              "profile_provenance": origin}
         return out
 
     def prompt_ids(self, messages: list[dict], prompt: ds.Prompt) -> torch.Tensor | None:
@@ -219,8 +259,7 @@ class Runner:
         """Generate `repeats` times with the same seed (same tokens); the wall time is the median of the repeats,
         which keeps one-off stalls of a shared machine out of the numbers."""
         device = self.target.device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        memory.reset_peak(device)
         times = []
         for _ in range(self.cfg.repeats):
             gen_rng = torch.Generator(device=device).manual_seed(seed)
@@ -243,47 +282,99 @@ class Runner:
                     method.generate(ids, min(self.cfg.max_new_tokens, 32), self.cfg.sampling,
                                     torch.Generator(device=self.target.device).manual_seed(0))
 
-    def run_prompt(self, dataset: str, prompt: ds.Prompt, index: int, label: str, reference: dict,
-                   writer: RecordWriter) -> float:
-        """All turns of one prompt with one method; returns the tokens/s of the prompt (0 when skipped)."""
+    def run_prompt(self, prompt: ds.Prompt, index: int, label: str, order: int) -> list[TurnResult]:
+        """All turns of one prompt with one method (a skipped turn ends the prompt), timed, with what else the
+        machine did meanwhile (noise.py)."""
         method = self.methods[label]
         answers: list[str] = []
-        total_tokens, total_s = 0, 0.0
+        results = []
         for turn in range(len(prompt.turns)):
             ids = self.prompt_ids(_messages(prompt, turn, answers), prompt)
             if ids is None:
-                return 0.0
+                break
+            before = noise.snapshot()
             gen, seconds, mem = self.generate(method, ids, self.cfg.seed * 1_000_003 + index * 16 + turn)
-            key = (dataset, prompt.id, turn)
-            if label == "ar":
-                reference[key] = gen.tokens
-            lossless = ""
-            if self.cfg.sampling.greedy and key in reference and label != "ar":
-                lossless = _compare(gen.tokens, reference[key])
-            writer.write(self.record(label, dataset, prompt.id, turn, ids.shape[1], gen, seconds, mem,
-                                     lossless), gen.tokens)
-            if gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
-                timeline.append(writer.records_path.parent, {"method": label, "dataset": dataset,
-                                                             "prompt_id": str(prompt.id), "turn": turn}, gen.timeline)
+            results.append(TurnResult(label, turn, ids, gen, seconds, mem, noise.between(before, noise.snapshot()),
+                                      order))
             answers.append(self.target.tokenizer.decode(gen.tokens))
-            total_tokens += len(gen.tokens)
-            total_s += seconds
-        return total_tokens / total_s if total_s else 0.0
+        return results
 
-    def record(self, method, dataset, prompt_id, turn, prompt_tokens, gen: Generation, seconds, mem,
-               lossless) -> Record:
-        n = len(gen.tokens)
+    def finish_prompt(self, dataset: str, prompt: ds.Prompt, results: dict[str, list[TurnResult]],
+                      reference: dict, writer: RecordWriter) -> None:
+        """Check every method's tokens against ar's (explaining a mismatch: lossless.py) and write the records, in
+        the registry's method order whatever order they ran in."""
+        for r in results.get("ar", []):
+            reference[(dataset, prompt.id, r.turn)] = r.gen.tokens
+        ar_ids = {r.turn: r.ids for r in results.get("ar", [])}
+        for label in (m for m in self.methods if m in results):
+            verdict = ""
+            for r in results[label]:
+                key = (dataset, prompt.id, r.turn)
+                lossless, gap = "", math.nan
+                if self.cfg.sampling.greedy and label != "ar" and key in reference:
+                    lossless = _compare(r.gen.tokens, reference[key])
+                    if lossless != "match":
+                        gap, verdict = self.explain(dataset, prompt, r, reference, ar_ids, verdict)
+                writer.write(self.record(label, dataset, prompt.id, r, lossless, gap,
+                                         verdict if lossless not in ("", "match") else ""), r.gen.tokens)
+                if r.gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
+                    timeline.append(writer.records_path.parent, {"method": label, "dataset": dataset,
+                                                                 "prompt_id": str(prompt.id), "turn": r.turn},
+                                    r.gen.timeline)
+
+    def explain(self, dataset: str, prompt: ds.Prompt, r: TurnResult, reference: dict, ar_ids: dict,
+                earlier: str) -> tuple[float, str]:
+        """(logit gap, verdict) at the first mismatch of a turn. A later turn whose prompt already differs from
+        ar's (an earlier turn diverged) inherits the earlier turn's verdict."""
+        from .lossless import explain_mismatch
+
+        ar_tokens = reference[(dataset, prompt.id, r.turn)]
+        ids = ar_ids.get(r.turn)
+        if ids is None:  # ar ran in an earlier session (--resume): rebuild its prompt from its own answers
+            answers = [self.target.tokenizer.decode(reference[(dataset, prompt.id, t)]) for t in range(r.turn)]
+            ids = self.prompt_ids(_messages(prompt, r.turn, answers), prompt)
+        if ids is None or not torch.equal(ids, r.ids):
+            return math.nan, earlier or "unexplained"
+        index = int(_compare(r.gen.tokens, ar_tokens).split("@")[1])
+        return explain_mismatch(self.target, ids, ar_tokens, r.gen.tokens, index)
+
+    def record(self, method: str, dataset: str, prompt_id: str, r: TurnResult, lossless: str, gap: float,
+               verdict: str) -> Record:
+        gen, seconds, n = r.gen, r.seconds, len(r.gen.tokens)
         per_pos = " ".join(f"{a}/{d}" for a, d in zip(gen.accepted_per_position, gen.drafted_per_position))
         return Record(
-            method=method, dataset=dataset, prompt_id=str(prompt_id), turn=turn, prompt_tokens=prompt_tokens,
+            method=method, dataset=dataset, prompt_id=str(prompt_id), turn=r.turn, prompt_tokens=r.ids.shape[1],
             new_tokens=n, wall_s=round(seconds, 6), tokens_per_s=round(n / seconds, 4) if seconds else 0.0,
             target_forwards=gen.target_forwards, tau=round(n / max(gen.target_forwards, 1), 4),
             drafted=gen.drafted, accepted_drafts=gen.accepted_drafts,
             acceptance_rate=round(gen.accepted_drafts / gen.drafted, 4) if gen.drafted else float("nan"),
-            lossless=lossless, stopped=gen.stopped, peak_mem_mb=round(mem, 1), accepted_per_position=per_pos,
+            lossless=lossless, stopped=gen.stopped, peak_mem_mb=round(r.mem, 1), accepted_per_position=per_pos,
             temperature=self.cfg.temperature, model=self.target.spec, dtype=dtype_name(self.target.dtype),
             device=self.env["device"], threads=self.env["threads"], torch=self.env["torch"],
-            transformers=self.env["transformers"], git=self.env["git"])
+            transformers=self.env["transformers"], git=self.env["git"], hardware=self.env["hardware"],
+            mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=verdict,
+            forward_ms=round(seconds * 1e3 / max(gen.target_forwards, 1), 3), order=r.order, **r.noise)
+
+
+@dataclass
+class TurnResult:
+    """One timed generation of one prompt turn, before it is checked and written."""
+
+    label: str
+    turn: int
+    ids: torch.Tensor  # [1, prompt length]: what the method was given
+    gen: Generation
+    seconds: float  # median wall time of the repeats
+    mem: float  # peak memory, MB
+    noise: dict  # noise.between(): foreign_cpu, steal, load_before, load_after
+    order: int  # position among the methods run on this prompt
+
+
+def interleaved(labels: list[str], index: int) -> list[str]:
+    """The method order for prompt `index`: rotated by one per prompt, so each method (ar included) runs first,
+    second, ... equally often and a burst of load cannot land on one of them only."""
+    k = index % len(labels)
+    return labels[k:] + labels[:k]
 
 
 def _messages(prompt: ds.Prompt, turn: int, answers: list[str]) -> list[dict]:
@@ -310,49 +401,76 @@ def run(cfg: RunConfig) -> Path:
     out = prepare_out(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    target = load_model(cfg.model, cfg.dtype, cfg.device)
+    target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True)
     drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device) if cfg.drafter else None
     runner = Runner(cfg, target, drafter)
     chosen = runner.chosen()
     for label, settings in chosen.items():
         said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
         console.print(f"[dim]{label}: {escape(said)}[/]")
+    if cfg.resume:
+        refuse_other_environment(out, runner.env)
+    profile = runner.local_profile()
     (out / "run.yaml").write_text(yaml.safe_dump({
         "settings": _plain(cfg.settings()), "environment": runner.env,
         "model": {"spec": target.spec, "name": target.name, "source": target.source},
         "trees": runner.tree_predictions(), "chosen": chosen,
+        "peak_memory": memory.peak_label(target.device),
+        "noise_guard": {"latency_floor": noise.latency_floor(profile),
+                        "profile": f"{profile.hardware} {profile.dtype}" if profile else None},
+        "complete": False,
     }, sort_keys=False))
 
     turns = {(spec.name, p.id): len(p.turns) for _, (spec, prompts) in loaded for p in prompts}
     done = _drop_incomplete(out, turns) if cfg.resume else set()
     reference = {(d, p, t): toks for (m, d, p, t), toks in read_tokens(out).items() if m == "ar"}
     writer = RecordWriter(out)
-    todo = [(spec.name, i, p, m) for _, (spec, prompts) in loaded for i, p in enumerate(prompts)
-            for m in runner.methods if (m, spec.name, p.id) not in done]
+    labels = list(runner.methods)
+    todo = [(spec.name, i, p, [m for m in interleaved(labels, i) if (m, spec.name, p.id) not in done])
+            for _, (spec, prompts) in loaded for i, p in enumerate(prompts)]
+    todo = [t for t in todo if t[3]]
     if done:
-        console.print(f"Resuming {escape(str(out))}: {len(done)} method x prompt results kept, {len(todo)} to go.")
+        console.print(f"Resuming {escape(str(out))}: {len(done)} method x prompt results kept, "
+                      f"{sum(len(t[3]) for t in todo)} to go.")
     try:
         runner.warm_up(loaded[0][1][1])
         with progress_bar() as bar:
-            task = bar.add_task("decoding", total=len(todo), info="")
-            for dataset, index, prompt, method in todo:
-                bar.update(task, description=f"{dataset} {method}")
-                tps = runner.run_prompt(dataset, prompt, index, method, reference, writer)
-                bar.update(task, advance=1, info=f"{tps:6.1f} tok/s")
+            task = bar.add_task("decoding", total=sum(len(t[3]) for t in todo), info="")
+            for dataset, index, prompt, order in todo:
+                results = {}
+                for position, label in enumerate(order):
+                    bar.update(task, description=f"{dataset} {label}")
+                    results[label] = runner.run_prompt(prompt, index, label, position)
+                    tokens, seconds = (sum(len(r.gen.tokens) for r in results[label]),
+                                       sum(r.seconds for r in results[label]))
+                    bar.update(task, advance=1, info=f"{tokens / seconds if seconds else 0:6.1f} tok/s")
+                runner.finish_prompt(dataset, prompt, results, reference, writer)  # whole prompts only
     except KeyboardInterrupt:
         writer.close()
         kept = sum(1 for _ in open(out / "records.csv")) - 1
         raise Interrupted(out, kept) from None
     writer.close()
+    _mark_complete(out)
     return out
+
+
+def _mark_complete(out: Path) -> None:
+    """run.yaml says whether every planned prompt finished (a report of an interrupted run says it is partial)."""
+    path = out / "run.yaml"
+    meta = yaml.safe_load(path.read_text()) or {}
+    meta["complete"] = True
+    path.write_text(yaml.safe_dump(meta, sort_keys=False))
 
 
 class Interrupted(SpecbenchError):
     exit_code = 130
 
     def __init__(self, out: Path, kept: int):
-        super().__init__(f"Interrupted: {kept} records kept in {out}. Continue with the same command plus --resume.")
+        kept_text = f"{kept} records kept in {out}" if kept else f"no results yet in {out}"
+        super().__init__(f"Interrupted: {kept_text}. Continue with the same command plus --resume (only whole "
+                         "prompts are kept: every method of a prompt, written together).")
         self.out = out
+        self.kept = kept
 
 
 def default_out() -> Path:

@@ -19,6 +19,7 @@ Definitions used in reports:
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import matplotlib
@@ -93,9 +94,13 @@ def summarize(rows: list[dict]) -> pd.DataFrame:
 
 
 def gantt(steps: list[dict], path: Path, title: str, seconds: float | None = 1.5) -> None:
-    """Gantt-style PNG: drafter and target busy spans over time, coloured by step mode (the first `seconds`)."""
+    """Gantt-style PNG: drafter and target busy spans over time, coloured by step mode (the first `seconds`; None or
+    0: the whole generation). The title says which window is shown; the legend sits outside the axes."""
+    if not seconds:
+        seconds = None
     shown = [s for s in steps if seconds is None or s["t0"] < seconds]
-    fig, ax = plt.subplots(figsize=(11, 2.4))
+    total = max((s["t1"] for s in steps), default=0.0)
+    fig, ax = plt.subplots(figsize=(11, 2.6))
     for s in shown:
         color = COLORS.get(s["mode"], "#999999")
         for row, span in ((1, s["draft"]), (0, s["target"])):
@@ -105,17 +110,58 @@ def gantt(steps: list[dict], path: Path, title: str, seconds: float | None = 1.5
         ax.axvline(s["t1"], color="#dddddd", linewidth=0.5, zorder=0)
     ax.set_yticks([0, 1], ["target", "drafter"])
     ax.set_xlabel("seconds since the start of the generation")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[m]) for m in COLORS if any(s["mode"] == m for s in shown)]
-    ax.legend(handles, [m for m in COLORS if any(s["mode"] == m for s in shown)], loc="upper right", fontsize=7,
-              ncols=5)
-    ax.set_title(title, fontsize=9)
+    modes = [m for m in COLORS if any(s["mode"] == m for s in shown)]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[m]) for m in modes]
+    ax.legend(handles, modes, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0, fontsize=7,
+              frameon=False, title="step mode", title_fontsize=7)
+    window = (f"first {seconds:g} s of {total:.2f} s shown" if seconds is not None and total > seconds
+              else f"whole generation, {total:.2f} s")
+    ax.set_title(f"{title}; {window}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
-def report_section(run_dir: Path) -> list[str]:
-    """Markdown lines for report.md (and timeline_summary.csv, one Gantt PNG per method); [] without timelines."""
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "-", str(text)).strip("-") or "x"
+
+
+def png_name(method: str, row: dict | None = None) -> str:
+    """timeline_<method>.png for the first prompt (row None); timeline_<method>_<dataset>-<prompt>.png for any."""
+    if row is None:
+        return f"timeline_{method}.png"
+    return f"timeline_{_slug(method)}_{_slug(row['dataset'])}-{_slug(row['prompt_id'])}.png"
+
+
+def draw(run_dir: Path, rows: list[dict] | None = None, prompts: int | None = 1, title: str = "",
+         seconds: float | None = 1.5) -> list[Path]:
+    """Gantt PNGs of the first turn of each method's first `prompts` prompts (None: all), in run order: the first
+    prompt as timeline_<method>.png, and with prompts != 1 every drawn prompt (the first too) also as
+    timeline_<method>_<dataset>-<prompt>.png. `title` (report.plot_title) heads each chart. Returns the paths."""
+    run_dir = Path(run_dir)
+    rows = read(run_dir) if rows is None else rows
+    paths = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        firsts = {}  # (dataset, prompt) -> its first turn's row, in run order
+        for r in rows:
+            key = (r["dataset"], str(r["prompt_id"]))
+            if r["method"] == method and (key not in firsts or r["turn"] < firsts[key]["turn"]):
+                firsts[key] = r
+        chosen = list(firsts.values())[: prompts or None]
+        head = f"{title}\n" if title else ""
+        for k, r in enumerate(chosen):
+            label = (f"{head}{method}: {r['dataset']} prompt {r['prompt_id']} ({'first' if k == 0 else f'#{k + 1}'} "
+                     f"of {len(firsts)} prompts), turn {int(r['turn']) + 1}")
+            names = ([png_name(method)] if k == 0 else []) + ([png_name(method, r)] if prompts != 1 else [])
+            for name in names:
+                gantt(r["steps"], run_dir / name, label, seconds)
+                paths.append(run_dir / name)
+    return paths
+
+
+def report_section(run_dir: Path, title: str = "", prompts: int | None = 1) -> list[str]:
+    """Markdown lines for report.md (and timeline_summary.csv, Gantt PNGs of each method's first `prompts` prompts:
+    see draw); [] without timelines."""
     run_dir = Path(run_dir)
     rows = read(run_dir)
     if not rows:
@@ -126,9 +172,40 @@ def report_section(run_dir: Path) -> list[str]:
           "Seconds summed over all prompts. target idle = step time - target busy; drafter idle = step time - "
           "drafter busy; mutual waiting = their sum; overlap = time both were busy at once. mean accepted tokens = "
           "emitted tokens / target-sampled tokens (PEARL §4.4.2; equals tau for sd).", ""]
+    draw(run_dir, rows, prompts, title)
+    md += [f"Gantt charts below: each method's **first prompt only** (its first turn, the first 1.5 s), as "
+           f"`timeline_<method>.png`. To draw other prompts: `python -m specbench.bench.timeline {run_dir} "
+           "--prompts all` (or `--prompts N` for the first N; `--seconds 0` for whole generations), which writes "
+           "`timeline_<method>_<dataset>-<prompt>.png` per prompt.", ""]
     for method in dict.fromkeys(r["method"] for r in rows):
-        first = next(r for r in rows if r["method"] == method)
-        name = f"timeline_{method}.png"
-        gantt(first["steps"], run_dir / name, f"{method}: {first['dataset']} prompt {first['prompt_id']}")
-        md.append(f"![{method} timeline]({name})")
+        md.append(f"![{method} timeline]({png_name(method)})")
     return md + [""]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m specbench.bench.timeline RUN_DIR [--prompts N|all] [--seconds S]: draw Gantt PNGs of more prompts."""
+    import argparse
+
+    from .titles import plot_title, read_meta
+
+    ap = argparse.ArgumentParser(prog="python -m specbench.bench.timeline",
+                                 description="Draw the draft / target Gantt chart of each sd / pearl prompt of a run "
+                                             "(timeline_<method>_<dataset>-<prompt>.png in the run folder).")
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--prompts", default="all", help="how many prompts per method, in run order, or 'all' (default)")
+    ap.add_argument("--seconds", type=float, default=1.5, help="seconds of each generation shown; 0: all (1.5)")
+    args = ap.parse_args(argv)
+    rows = read(args.run_dir)
+    if not rows:
+        raise SystemExit(f"{args.run_dir}: no {TIMELINE_FILE} (only sd / pearl runs write one)")
+    prompts = None if args.prompts == "all" else int(args.prompts)
+    records_csv = args.run_dir / "records.csv"
+    records = pd.read_csv(records_csv, dtype={"prompt_id": str}) if records_csv.exists() else None
+    title = plot_title(read_meta(args.run_dir), records)
+    paths = draw(args.run_dir, rows, prompts, title, args.seconds)
+    print(f"wrote {len(paths)} PNGs in {args.run_dir}: " + ", ".join(p.name for p in paths[:6])
+          + (" ..." if len(paths) > 6 else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,8 @@ Modes (`--pearl-exec`):
               (torch's intra-op thread count is per calling thread: the worker sets its own)
   streams     as threads, each job on its own CUDA stream of one GPU
   devices     as threads, with the drafter on another device (--draft-device: a second GPU, or the CPU)
-  auto        the fastest of the modes this machine supports, by timing a PEARL-shaped step (not a guess)
+  auto        the fastest of the modes this machine supports, by timing PEARL-shaped steps of the same gamma
+              (not a guess; choose_mode)
 
 A job's busy span is stamped with perf_counter after synchronising the job's device, so it covers device work.
 """
@@ -124,16 +125,23 @@ class Executor:
             self._pool = None
 
 
+def unsupported_modes(target_device: torch.device, draft_device: torch.device | None) -> dict[str, str]:
+    """Mode -> why this machine cannot run it (the modes it can run are left out)."""
+    why = {}
+    if target_device.type != "cpu":
+        why["threads"] = "a GPU target overlaps on CUDA streams (streams), not CPU threads"
+    elif torch.get_num_threads() < 2:
+        why["threads"] = "needs 2+ CPU threads"
+    if target_device.type != "cuda":
+        why["streams"] = "needs a CUDA target (--device cuda)"
+    if draft_device is None or draft_device == target_device:
+        why["devices"] = "needs a --draft-device other than the target's"
+    return why
+
+
 def available_modes(target_device: torch.device, draft_device: torch.device | None) -> list[str]:
     """The modes this machine can run: threads needs 2+ cores, streams a GPU, devices a second device."""
-    modes = ["sequential"]
-    if target_device.type == "cpu" and torch.get_num_threads() >= 2:
-        modes.append("threads")
-    if target_device.type == "cuda":
-        modes.append("streams")
-    if draft_device is not None and draft_device != target_device:
-        modes.append("devices")
-    return modes
+    return [m for m in MODES if m not in unsupported_modes(target_device, draft_device)]
 
 
 def drafter_on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
@@ -215,36 +223,70 @@ def _pearl_step_cost(executor: Executor, target, drafter_model, gamma: int, reps
 @dataclass
 class Calibration:
     mode: str
+    reason: str  # why this mode: the flag, or what `auto` compared
+    gamma: int  # the run's window: --gamma, else round(c) (PEARL §4.4.1)
     c: float  # target forward time / drafter forward time (1 token each), measured as the chosen mode runs them
-    step_s: dict  # mode -> seconds of a PEARL-shaped step (what `auto` compared)
+    step_s: dict  # mode -> {gamma: seconds of a PEARL-shaped step}
     c_by_mode: dict
+    skipped: dict  # mode -> why `auto` did not compare it
+
+
+def choose_mode(step_s: dict[str, dict[int, float]], gamma_by_mode: dict[str, int]) -> tuple[str, str]:
+    """The mode `auto` runs and why, from PEARL step seconds measured per mode at every gamma in gamma_by_mode.
+
+    A mode runs at its own gamma (--gamma, else round(c) as that mode runs the models), so modes are compared on
+    steps of the same shape: a mode that is fastest at every such gamma wins (always the case with --gamma).
+    Otherwise the ranking depends on the gamma, and each mode is scored at its own gamma per drafted token (a
+    post-verify step of window gamma emits up to gamma tokens).
+    """
+    gammas = sorted(set(gamma_by_mode.values()))
+    fastest = {min(step_s, key=lambda m: step_s[m][g]) for g in gammas}
+    at = f"gamma {gammas[0]}" if len(gammas) == 1 else f"each of gammas {', '.join(map(str, gammas))}"
+    if len(fastest) == 1:
+        return fastest.pop(), f"fastest measured step at {at} (every mode timed at the same gamma)"
+    per_token = {m: step_s[m][gamma_by_mode[m]] / gamma_by_mode[m] for m in step_s}
+    best = min(per_token, key=per_token.get)
+    own = ", ".join(f"{m} {g}" for m, g in gamma_by_mode.items())
+    return best, f"fastest step per drafted token at each mode's own gamma ({own}); no mode was fastest at {at}"
+
+
+def _measure_c(executor: Executor, target, drafter_model) -> float:
+    """c = target forward time / drafter forward time (1 token each), as this mode runs the two models."""
+    with executor.session():
+        t1 = measure_forward_times(target.model, target.device)[1]
+        d1 = executor.draft_only(lambda: measure_forward_times(drafter_model, executor.draft_device)[1])[0]
+    return t1 / d1
 
 
 def calibrate(target, model_for, requested: str, draft_device: torch.device | None,
               gamma: int | None, drafter_spec: str = "") -> Calibration:
-    """Pick the exec mode (auto: the fastest measured) and measure the speed ratio c (memoised per pair).
+    """Pick the exec mode (auto: choose_mode over the modes this machine runs), measure the speed ratio c and set the
+    window gamma (memoised per pair).
 
     model_for(mode) gives the drafter module as that mode runs it (a copy on --draft-device for `devices`).
     """
     key = ("pearl_calibration", drafter_spec, requested, str(draft_device), gamma)
     if key in target.extras:
         return target.extras[key]
-    modes = available_modes(target.device, draft_device)
-    if requested != "auto" and requested not in modes:
-        raise SpecbenchError(f"--pearl-exec {requested} is not available here (available: {', '.join(modes)}); "
-                             "threads needs 2+ CPU cores, streams a GPU, devices a --draft-device other than the "
-                             "target's")
-    step_s, c_by_mode = {}, {}
-    for mode in (modes if requested == "auto" else [requested]):
-        executor = Executor(mode, target.device, draft_device if mode == "devices" else target.device)
-        model = model_for(mode)
-        with executor.session():
-            t1 = measure_forward_times(target.model, target.device)[1]
-            d1 = executor.draft_only(lambda: measure_forward_times(model, executor.draft_device)[1])[0]
-        c_by_mode[mode] = t1 / d1
-        step_s[mode] = _pearl_step_cost(executor, target, model, gamma or max(1, round(c_by_mode[mode])))
-        executor.close()
-    best = min(step_s, key=step_s.get)
-    result = Calibration(best, c_by_mode[best], step_s, c_by_mode)
+    unsupported = unsupported_modes(target.device, draft_device)
+    if requested != "auto" and (requested not in MODES or requested in unsupported):
+        raise SpecbenchError(f"--pearl-exec {requested} is not available here "
+                             f"({unsupported.get(requested, 'unknown mode')}; available: "
+                             f"{', '.join(available_modes(target.device, draft_device))})")
+    modes = [m for m in MODES if m not in unsupported] if requested == "auto" else [requested]
+    executors = {m: Executor(m, target.device, draft_device if m == "devices" else target.device) for m in modes}
+    try:
+        # 1. c as each mode runs the models: the gamma that mode would run at
+        c_by_mode = {m: _measure_c(executors[m], target, model_for(m)) for m in modes}
+        gamma_by_mode = {m: gamma or max(1, round(c_by_mode[m])) for m in modes}
+        # 2. every mode timed at every gamma a mode would run at: steps of the same shape
+        gammas = sorted(set(gamma_by_mode.values()))
+        step_s = {m: {g: _pearl_step_cost(executors[m], target, model_for(m), g) for g in gammas} for m in modes}
+    finally:
+        for executor in executors.values():
+            executor.close()
+    best, reason = choose_mode(step_s, gamma_by_mode) if requested == "auto" else (requested, "--pearl-exec")
+    skipped = unsupported if requested == "auto" else {}
+    result = Calibration(best, reason, gamma_by_mode[best], c_by_mode[best], step_s, c_by_mode, skipped)
     target.extras[key] = result
     return result

@@ -26,26 +26,46 @@ def cpu_model() -> str:
 
 
 def gpu_facts(index: int = 0) -> dict:
-    """NVML facts of one GPU: name, memory, driver, clocks. Empty when NVML is unavailable."""
+    """NVML facts of torch's GPU `index`: name, memory, driver, clocks. Empty when NVML is unavailable; a query the
+    GPU does not support (clocks under MIG / vGPU) is left out, the others kept."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        name = pynvml.nvmlDeviceGetName(handle)
-        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        facts = {
-            "name": name.decode() if isinstance(name, bytes) else name,
-            "memory_gib": round(mem.total / 2**30, 1),
-            "driver": pynvml.nvmlSystemGetDriverVersion(),
-            "sm_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
-            "mem_clock_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-        }
-        facts = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in facts.items()}
-        pynvml.nvmlShutdown()
-        return facts
     except Exception:  # no driver, no GPU, no library: NVML simply has nothing to say
         return {}
+    facts = {}
+    try:
+        handle = _nvml_handle(pynvml, index)
+        queries = {
+            "name": lambda: pynvml.nvmlDeviceGetName(handle),
+            "memory_gib": lambda: round(pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 1),
+            "driver": pynvml.nvmlSystemGetDriverVersion,
+            "sm_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "mem_clock_max_mhz": lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+        }
+        for key, query in queries.items():
+            try:
+                value = query()
+                facts[key] = value.decode() if isinstance(value, bytes) else value
+            except Exception:  # this query is unsupported here: keep the others
+                continue
+    except Exception:  # no handle for this GPU
+        return {}
+    finally:
+        pynvml.nvmlShutdown()
+    return facts
+
+
+def _nvml_handle(pynvml, index: int):
+    """NVML's handle of torch's GPU `index`, found by PCI bus id: NVML ignores CUDA_VISIBLE_DEVICES and may number
+    GPUs differently from CUDA. Falls back to the index where torch does not give the bus id."""
+    try:
+        props = torch.cuda.get_device_properties(index)
+        bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    except Exception:  # CPU-only torch, or a build without PCI properties
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+    return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
 
 
 @lru_cache(maxsize=1)

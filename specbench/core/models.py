@@ -144,11 +144,12 @@ class LoadedModel:
 
     def fingerprint(self) -> str:
         """Short hash of architecture and a slice of the embeddings: artefacts trained for one model are refused
-        by another."""
+        by another. The embeddings are hashed at bfloat16 precision, so the same model loaded in float32 or
+        bfloat16 has one fingerprint (a drafter trained in float32 serves a bf16 target)."""
         cfg = self.model.config.to_dict()
         keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
         h = hashlib.sha256(json.dumps({k: cfg.get(k) for k in keys}, sort_keys=True).encode())
-        emb = self.model.get_input_embeddings().weight[:4, :16].detach().float().cpu().numpy().round(4)
+        emb = self.model.get_input_embeddings().weight[:4, :16].detach().cpu().to(torch.bfloat16).float().numpy()
         h.update(emb.tobytes())
         return h.hexdigest()[:12]
 
@@ -352,11 +353,12 @@ def auto_cpu_dtype(model: str) -> tuple[torch.dtype, str]:
                           f"{'/'.join(map(str, AUTO_DTYPE_WIDTHS))} at KV 512: {said})")
 
 
-def load_model(spec: str, dtype: str = "auto", device: str = "auto") -> LoadedModel:
-    """Load a model from any supported spec (see the module docstring)."""
+def load_model(spec: str, dtype: str = "auto", device: str = "auto", measured_auto: bool = False) -> LoadedModel:
+    """Load a model from any supported spec (see the module docstring). `measured_auto`: --dtype auto on CPU follows
+    this CPU's profiles (decoding benchmarks); otherwise it is float32 there (training, profiling, estimates)."""
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev, spec)
-    if dtype == "auto" and dev.type == "cpu" and "measured" in (why := auto_cpu_dtype(spec)[1]):
+    dt = resolve_dtype(dtype, dev, spec if measured_auto else None)
+    if measured_auto and dtype == "auto" and dev.type == "cpu" and "measured" in (why := auto_cpu_dtype(spec)[1]):
         console.print(f"[dim]--dtype auto: {escape(why)}[/]")
     if spec == EMBEDDED_ALIAS:
         return _load_embedded(dev, dt)

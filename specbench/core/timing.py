@@ -1,4 +1,5 @@
-"""One timer for every method: CUDA events on GPU, perf_counter on CPU, with named phases."""
+"""One timer for every method: perf_counter after a device synchronisation (CPU and GPU alike), with named phases.
+(Single forwards, for latency profiles and calibration, are timed with CUDA events on GPU: forward.timed_forward.)"""
 
 from __future__ import annotations
 

@@ -44,8 +44,15 @@ def warp_probs(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return logits.softmax(-1)
 
 
+def uniform(generator: torch.Generator | None) -> float:
+    """One draw of U(0, 1), made on the generator's device (a CUDA generator cannot fill a CPU tensor)."""
+    device = None if generator is None else generator.device
+    return float(torch.rand((), generator=generator, device=device))
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from probs [V]."""
+    """Draw one token id from probs [V], on the generator's device."""
+    probs = probs if generator is None else probs.to(generator.device)  # [V]
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
@@ -91,8 +98,7 @@ def speculative_accept(
         x = int(draft[i])
         px = float(p[i, x])
         qx = 1.0 if q is None else float(q[i, x])
-        u = float(torch.rand((), generator=generator))
-        if qx > 0 and u < min(1.0, px / qx):
+        if qx > 0 and uniform(generator) < min(1.0, px / qx):
             continue
         if q is None:
             residual = p[i].clone()
@@ -192,7 +198,7 @@ def tree_speculative_accept(tokens: torch.Tensor, parents: list[int], logits: to
         accepted = None
         for child in children[node]:
             x = toks[child]
-            if float(torch.rand((), generator=generator)) < float(p[x]):
+            if uniform(generator) < float(p[x]):
                 accepted = child
                 break
             p[x] = 0.0

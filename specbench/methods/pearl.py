@@ -53,17 +53,20 @@ class Pearl(DraftModelMethod):
         self.draft_device = dev if self.mode == "devices" else target.device
         self.draft_model = self._model_for(self.mode)
         # default window size: round(c), c = target forward time / drafter forward time (PEARL §4.4.1)
-        self.gamma = options.gamma or max(1, round(self.calibration.c))
+        self.gamma = self.calibration.gamma
         self.executor = Executor(self.mode, target.device, self.draft_device)
 
     def chosen(self) -> dict:
         cal = self.calibration
-        return {"drafter": self.drafter.spec, "exec": self.mode,
-                "exec_from": "--pearl-exec" if self.options.pearl_exec != "auto" else "fastest measured step",
-                "step_ms_by_exec": {m: round(t * 1e3, 1) for m, t in cal.step_s.items()},
-                "c_by_exec": {m: round(c, 2) for m, c in cal.c_by_mode.items()},
-                "c": round(cal.c, 2), "gamma": self.gamma,
-                "gamma_from": "--gamma" if self.options.gamma else "round(c)"}
+        out = {"drafter": self.drafter.spec, "exec": self.mode, "exec_from": cal.reason,
+               "step_ms_by_exec": {m: {g: round(t * 1e3, 1) for g, t in by_gamma.items()}
+                                   for m, by_gamma in cal.step_s.items()},
+               "c_by_exec": {m: round(c, 2) for m, c in cal.c_by_mode.items()},
+               "c": round(cal.c, 2), "gamma": self.gamma,
+               "gamma_from": "--gamma" if self.options.gamma else f"round(c) of {self.mode}"}
+        if cal.skipped:
+            out["exec_not_compared"] = cal.skipped
+        return out
 
     def _model_for(self, mode: str):
         return self._remote if mode == "devices" else self.drafter.model
@@ -125,10 +128,12 @@ class Pearl(DraftModelMethod):
                 x += new
                 target.rollback(x, verified=len(x))
                 drafter.rollback(x + u, verified=len(x))
+                emitted = 0
                 if mode != "draft":
                     done = gen.emit(new, stop_ids, max_new_tokens)
+                    emitted = gen.accepted_lengths[-1]  # new cut at a stop token or max_new_tokens
                 gen.timeline.append(step(mode, origin, t0, now(device), d_span, t_span, len(checks), n,
-                                         len(new), tok is not None))
+                                         emitted, tok is not None))
                 mode = next_mode
         return gen
 

@@ -84,5 +84,6 @@ class SpeculativeDecoding(DraftModelMethod):
             target.rollback(x, verified=len(x))
             drafter.rollback(x, verified=len(x))
             done = gen.emit(new, stop_ids, max_new_tokens)
-            gen.timeline.append(step("sd", origin, d0, now(device), Span(d0, d1), Span(d1, t1), k, n, len(new), True))
+            emitted = gen.accepted_lengths[-1]  # new cut at a stop token or max_new_tokens
+            gen.timeline.append(step("sd", origin, d0, now(device), Span(d0, d1), Span(d1, t1), k, n, emitted, True))
         return gen

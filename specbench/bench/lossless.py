@@ -1,0 +1,96 @@
+"""Explain a lossless-check mismatch: rounding (a near-tie the dtype can flip) or a defect.
+
+At temperature 0 `ar` emits the argmax of one-token forwards; a speculative method checks several tokens in one
+batched forward. In bf16/fp16 the batched forward rounds differently (other kernel tiling, other reduction order,
+every activation rounded to 8 or 11 significant bits), so where ar's best and second-best logits are closer than
+that rounding the method can pick the runner-up and the texts diverge from there: that is numerics, not a bug.
+
+explain_mismatch re-runs the target once over the shared prefix (prompt + the tokens both emitted before the first
+difference) and measures ar's margin at the differing position:
+
+  gap     = logit[ar's token] - logit[method's token]   (>= 0 up to rounding: ar's token is the argmax at T = 0)
+  verdict = "near-tie"     when |gap| <= near_tie_tolerance(max |logit| there, dtype, layers)
+            "unexplained"  otherwise (a wrong token the dtype cannot account for: look for a bug)
+
+The tolerance (see near_tie_tolerance) is 8 ulps of max |logit| in the model's dtype plus 128 ulps in float32:
+about 1.7 logits for SmolLM2 in bf16, about 4e-4 in float32, where a defect is never excused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..core.cache import new_cache
+from ..core.forward import forward
+from ..core.models import LoadedModel
+
+NEAR_TIE = "near-tie"
+UNEXPLAINED = "unexplained"
+
+# Calibration (benchmarks/lossless_tolerance.py: SmolLM2-135M, 30 layers, on an Intel Xeon with AMX, 2 cores, torch
+# 2.13 CPU kernels; 6 chat / code / maths prompts x 64 greedy steps):
+# the top-1 minus top-2 margin of ar's one-token forwards moved, in a batched forward over the same prefix (the
+# whole prefix at once, or verify chunks of 4 and 16 tokens), by at most
+#   bf16:    2.2 ulps of max |logit| (ulp = eps(bfloat16) = 2^-7 relative; p99 1.7)
+#   float32: 26 ulps (eps(float32) = 2^-23; p99 16): float32 keeps every activation, so what remains is the
+#            reordered accumulation of ~30 layers of dot products.
+# A flip needs the method's forward to move the margin past zero, and our recomputed gap carries the error of one
+# more batched forward, so a genuine rounding flip shows |gap| <= the sum of two such errors: observed at most
+# 3.8 ulps in bf16 and 49 in float32. The constants below take about twice that (bf16: 8; float32: 128). The
+# dtype's own rounding dominates in bf16/fp16 (128 float32 ulps are 0.002 bf16 ulps), the float32 term is what is
+# left in float32. Not yet measured on a GPU (other kernels, split-K reductions): run the script there to check. For SmolLM2 (max |logit| about 27) that is 1.7 logits in bf16 (a 5x probability ratio at most)
+# and 4e-4 logits in float32: a float32 defect would have to pick a token within 4e-4 of the argmax to pass.
+DTYPE_ULPS = 8
+FLOAT32_ULPS = 128
+CALIBRATION_LAYERS = 30  # deeper models accumulate more: the tolerance grows as sqrt(layers / 30) (random walk)
+
+
+def effective_eps(dtype: torch.dtype) -> float:
+    """Machine epsilon of the arithmetic a forward in `dtype` really does: float32 matmuls run in TF32 (10-bit
+    mantissa) or bf16 when torch's float32 matmul precision is lowered from 'highest', and are then not exact."""
+    eps = torch.finfo(dtype).eps
+    if dtype == torch.float32:
+        lowered = {"high": 2.0 ** -10, "medium": 2.0 ** -7}.get(torch.get_float32_matmul_precision())
+        if lowered or torch.backends.cuda.matmul.allow_tf32:
+            eps = max(eps, lowered or 2.0 ** -10)
+    return eps
+
+
+def near_tie_tolerance(max_abs_logit: float, dtype: torch.dtype, layers: int = CALIBRATION_LAYERS) -> float:
+    """The largest |gap| (logits) a batched-vs-one-token rounding difference can explain at a position whose
+    largest |logit| is max_abs_logit (calibration and constants: see the comment above DTYPE_ULPS)."""
+    depth = math.sqrt(max(1.0, layers / CALIBRATION_LAYERS))
+    ulps = DTYPE_ULPS * effective_eps(dtype) + FLOAT32_ULPS * torch.finfo(torch.float32).eps
+    return abs(max_abs_logit) * ulps * depth
+
+
+def verdict(gap: float, tolerance: float) -> str:
+    """near-tie when |gap| is within the tolerance (a negative gap means the recomputation itself prefers the
+    method's token: only a near-tie when small), unexplained otherwise (or when the gap is not a number)."""
+    return NEAR_TIE if math.isfinite(gap) and abs(gap) <= tolerance else UNEXPLAINED
+
+
+@torch.inference_mode()
+def explain_mismatch(target: LoadedModel, prompt_ids, ar_tokens: list[int], method_tokens: list[int],
+                     index: int) -> tuple[float, str]:
+    """(gap, verdict) at the first mismatch `index` (the i of "mismatch@i") of method_tokens against ar_tokens.
+
+    prompt_ids: the prompt the turn was generated from ([1, n] tensor as the runner has it, or a list of ids).
+    One plain forward (fresh cache) over prompt + ar_tokens[:index]; ar's logits at the next position give
+    gap = logit[ar_tokens[index]] - logit[method_tokens[index]]. When one sequence ended at `index` (no token to
+    compare) the mismatch is a length difference, which rounding cannot cause: (nan, "unexplained")."""
+    if index < 0 or index >= len(ar_tokens) or index >= len(method_tokens):
+        return math.nan, UNEXPLAINED
+    device = target.device
+    prompt = prompt_ids if isinstance(prompt_ids, torch.Tensor) else torch.tensor([list(prompt_ids)])
+    prompt = prompt.reshape(1, -1).to(device)
+    ids = torch.cat([prompt, torch.tensor([list(ar_tokens[:index])], dtype=prompt.dtype, device=device)], dim=1)
+    model = target.model
+    logits = forward(model, ids, new_cache(model), logits_to_keep=1)[-1].float()  # [V], in the model's rounding
+    a, m = int(ar_tokens[index]), int(method_tokens[index])
+    gap = float(logits[a] - logits[m])
+    layers = getattr(model.config, "num_hidden_layers", CALIBRATION_LAYERS) or CALIBRATION_LAYERS
+    tol = near_tie_tolerance(float(logits.abs().max()), target.dtype, layers)
+    return gap, verdict(gap, tol)

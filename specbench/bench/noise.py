@@ -1,0 +1,123 @@
+"""The noise guard: was the machine quiet while a row was timed, and are a run's speedups physically possible?
+
+Two defences, both written into records.csv / summary.csv and the report:
+1. Per timed row, what else the machine did (Linux /proc): the CPU time other processes used (in cores' worth:
+   machine-wide busy time minus this process's own), the share the hypervisor stole, and the 1-minute load average
+   before and after. A row is *disturbed* when others used more than FOREIGN_CPU_LIMIT cores or steal exceeded
+   STEAL_LIMIT.
+2. Per method x dataset, a plausibility bound. speedup = tau x (ar's time per forward / the method's time per
+   forward), and a method's forward is at least as wide as ar's one-token forward, so its time per forward cannot
+   be below ar's by more than the latency curve allows: floor = min_n L(n) / L(1) from this hardware's profile
+   (1.0 without one; a curve can dip, e.g. Zen 4 fp32 L(4) < L(1)). A speedup above tau / floor x (1 + tolerance)
+   means the timings of ar and the method were taken under different conditions.
+A run whose rows are disturbed, or whose speedups break the bound, is marked "disturbed" with the advice to re-run
+on a quiet machine with --repeats 3; `report --fail-below` refuses to pass or fail on it without saying so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+FOREIGN_CPU_LIMIT = 0.25  # cores' worth of other processes' CPU time during a timed row
+STEAL_LIMIT = 0.05  # share of CPU time stolen by the hypervisor during a timed row
+DISTURBED_SHARE = 0.10  # a method x dataset is disturbed when more of its (or ar's) rows than this are
+BOUND_TOLERANCE = 0.10  # timing noise allowed on top of the plausibility bound
+MIN_WALL_S = 0.2  # shorter stretches are not judged: /proc/stat counts in 10 ms ticks
+ADVICE = ("re-run on a quiet machine (stop other jobs; `uptime` load near 0) with --repeats 3, which keeps the "
+          "median of 3 timings per prompt turn")
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat unit (jiffies per second)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    wall: float  # time.monotonic() s
+    busy_s: float  # machine-wide CPU time spent running anything (user, nice, system, irq, softirq), s
+    steal_s: float  # CPU time stolen by the hypervisor, s
+    total_s: float  # all CPU time accounted, s
+    own_s: float  # this process's CPU time (every thread), s
+    load1: float  # 1-minute load average
+
+
+def snapshot() -> Snapshot:
+    """The machine's CPU accounting now (NaNs where /proc is not available)."""
+    busy = steal = total = math.nan
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        user, nice, system, idle, iowait, irq, softirq, st = (fields + [0] * 8)[:8]
+        busy, steal = (user + nice + system + irq + softirq) / _TICK, st / _TICK
+        total = (user + nice + system + idle + iowait + irq + softirq + st) / _TICK
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        load1 = os.getloadavg()[0]
+    except OSError:
+        load1 = math.nan
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return Snapshot(time.monotonic(), busy, steal, total, usage.ru_utime + usage.ru_stime, load1)
+
+
+def between(before: Snapshot, after: Snapshot) -> dict:
+    """Record fields for one timed stretch: foreign_cpu (cores), steal (share), load_before, load_after."""
+    wall = after.wall - before.wall
+    foreign = steal = math.nan
+    if wall >= MIN_WALL_S and not math.isnan(before.busy_s):
+        others = (after.busy_s - before.busy_s) - (after.own_s - before.own_s)
+        foreign = max(0.0, others) / wall  # jiffy granularity (10 ms) and accounting lag can dip below 0
+        accounted = after.total_s - before.total_s
+        steal = (after.steal_s - before.steal_s) / accounted if accounted > 0 else 0.0
+    return {"foreign_cpu": round(foreign, 3), "steal": round(steal, 4),
+            "load_before": round(before.load1, 2), "load_after": round(after.load1, 2)}
+
+
+def latency_floor(profile) -> float:
+    """min_n L(n) / L(1) on this hardware's profile (every KV length), capped at 1; 1.0 without a profile."""
+    if profile is None:
+        return 1.0
+    ratios = [min(c["median_ms"]) / c["median_ms"][0] for c in profile.curves.values() if c["median_ms"][0] > 0]
+    return round(min(ratios + [1.0]), 4)
+
+
+def verdicts(records: pd.DataFrame, floor: float = 1.0) -> pd.DataFrame:
+    """Per method x dataset: forward_ratio (its ms per forward / ar's), speedup_bound (tau / floor), the share of
+    disturbed rows (its own and ar's on the same dataset), and `timing`: "ok" or "disturbed: <reasons>"."""
+    rows = []
+    disturbed = _disturbed_rows(records)
+    for (method, dataset), g in records.groupby(["method", "dataset"], sort=False):
+        ar = records[(records.method == "ar") & (records.dataset == dataset)]
+        ar_fwd = ar.wall_s.sum() / max(ar.target_forwards.sum(), 1) if len(ar) else math.nan
+        fwd = g.wall_s.sum() / max(g.target_forwards.sum(), 1)
+        tau = g.new_tokens.sum() / max(g.target_forwards.sum(), 1)
+        ar_tps = ar.new_tokens.sum() / ar.wall_s.sum() if len(ar) and ar.wall_s.sum() > 0 else math.nan
+        speedup = (g.new_tokens.sum() / g.wall_s.sum()) / ar_tps if g.wall_s.sum() > 0 else math.nan
+        bound = tau / floor * (1 + BOUND_TOLERANCE)
+        share = max(disturbed[g.index].mean(), disturbed[ar.index].mean() if len(ar) else 0.0)
+        reasons = []
+        if method != "ar" and speedup > bound:
+            reasons.append(f"speedup {speedup:.2f}x exceeds what tau {tau:.2f} allows ({bound:.2f}x): its "
+                           f"forwards took {fwd * 1e3:.1f} ms against ar's {ar_fwd * 1e3:.1f} ms")
+        if share > DISTURBED_SHARE:
+            worst = records.loc[g.index.union(ar.index), "foreign_cpu"].max()
+            reasons.append(f"{share:.0%} of its or ar's rows were timed while other processes used up to "
+                           f"{worst:.2f} cores")
+        rows.append({"method": method, "dataset": dataset,
+                     "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
+                     "speedup_bound": round(bound, 3), "disturbed_rows": round(float(share), 3),
+                     "timing": "disturbed: " + "; ".join(reasons) if reasons else "ok"})
+    return pd.DataFrame(rows, columns=["method", "dataset", "forward_ratio", "speedup_bound", "disturbed_rows",
+                                       "timing"])
+
+
+def _disturbed_rows(records: pd.DataFrame) -> pd.Series:
+    """Per record: was the machine busy with something else while it was timed (False for older runs)."""
+    if "foreign_cpu" not in records:
+        return pd.Series(False, index=records.index)
+    foreign = pd.to_numeric(records.foreign_cpu, errors="coerce").fillna(0)
+    steal = pd.to_numeric(records.get("steal", 0), errors="coerce").fillna(0)
+    return (foreign > FOREIGN_CPU_LIMIT) | (steal > STEAL_LIMIT)
