@@ -99,3 +99,23 @@ def test_shipped_profiles_and_trees_carry_their_identity():
     for path in (REPO_ROOT / "trees").glob("*/cpu-*.yaml"):
         data = yaml.safe_load(path.read_text())
         assert path.stem.startswith(data["hardware"]), path
+
+
+def test_a_tree_built_for_other_hardware_is_labelled_borrowed(tmp_path, monkeypatch):
+    from specbench.core.tree import TreeFile, resolve_tree
+
+    monkeypatch.chdir(tmp_path)
+    tree = TreeFile({1: [((0,), 1)]}, 1, model="m", hardware=slug_of(AVX2_EPYC), dtype="float32")
+    folder = tmp_path / "trees" / "m"
+    tree.write(folder / f"{slug_of(AVX2_EPYC)}-float32.yaml")
+
+    def build(size):  # the fallback when no tree file fits
+        return TreeFile({1: []}, 1)
+
+    _, source = resolve_tree(str(folder / f"{slug_of(AVX2_EPYC)}-float32.yaml"), "m", "ppd", slug_of(ZEN4_EPYC),
+                             "float32", build, 16)
+    assert f"built for {slug_of(AVX2_EPYC)}" in source and "borrowed" in source
+    _, mine = resolve_tree("auto", "m", "ppd", slug_of(AVX2_EPYC), "float32", build, 16)
+    assert "borrowed" not in mine
+    _, other = resolve_tree("auto", "m", "ppd", slug_of(ZEN4_EPYC), "float32", build, 16)  # never the AVX2 tree
+    assert other.startswith("built, size 16") and "trees for other hardware" in other

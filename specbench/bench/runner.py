@@ -2,7 +2,10 @@
 
 Measurement rules (DESIGN.md §3): each turn is timed from prefill to the last token, after warm-up, with device
 synchronisation at both ends; tokenisation is outside the timed region; new tokens are counted the same way for
-every method. `ar` runs first on every prompt, so every speedup is measured side by side on the same prompts.
+every method. Every method (ar included) runs each prompt, in an order rotated per prompt (`interleaved`), so every
+speedup is measured side by side on the same prompts and a burst of load cannot land on one method only; each timed
+turn records what else the machine did meanwhile (noise.py). A prompt's records are written together once every
+method has run it, after the lossless check against ar (lossless.py explains a mismatch).
 """
 
 from __future__ import annotations
