@@ -75,7 +75,7 @@ def list_methods():
     for col in ("name", "kind", "needs", "exactness", "what it does", "options (specbench run)"):
         table.add_column(col)
     for name, cls in REGISTRY.items():
-        options = "\n".join(f"{o.flag} {o.default if o.default is not None else '(chosen)'}" for o in cls.option_specs)
+        options = "\n".join(f"{o.flag} {o.default_text}" for o in cls.option_specs)
         table.add_row(name, cls.kind, " + ".join(cls.needs), "lossless" if cls.lossless else "lossy", cls.summary,
                       options or "-")
     out.print(table)

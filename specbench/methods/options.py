@@ -24,6 +24,11 @@ class Option:
     help: str
     minimum: float | None = None  # smallest allowed value (numbers)
     choices: tuple[str, ...] = ()  # allowed values (strings)
+    unset: str = "chosen"  # what a None default means, for `list methods` ("chosen", "shipped", "none")
+
+    @property
+    def default_text(self) -> str:
+        return f"({self.unset})" if self.default is None else str(self.default)
 
     @property
     def flag(self) -> str:
@@ -87,7 +92,7 @@ class OptionValues(Mapping):
 TREE = Option("tree", str, "auto", "the draft tree: auto (this hardware's tree from `build-tree`), a trees/*.yaml "
               "path, or size=N (searched now)")
 ARTIFACT = Option("artifact", str, None, "trained artefact (prompt tokens, heads, ...) to use instead of the shipped "
-                  "one")
+                  "one", unset="shipped")
 
 
 def all_options(registry: Mapping[str, type]) -> dict[str, tuple[Option, list[str]]]:

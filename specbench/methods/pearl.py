@@ -29,7 +29,8 @@ from .options import Option
 
 EXEC = Option("pearl_exec", str, "auto", "how drafter and target overlap; auto = the fastest mode measured here",
               choices=("auto", *MODES))
-DRAFT_DEVICE = Option("draft_device", str, None, "the drafter's device in --pearl-exec devices (a second GPU, or cpu)")
+DRAFT_DEVICE = Option("draft_device", str, None, "the drafter's device in --pearl-exec devices (a second GPU, or cpu)",
+                      unset="none")
 
 
 @register
