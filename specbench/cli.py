@@ -55,11 +55,17 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 
 @app.command()
-def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto"):
+def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+        key: Annotated[bool, typer.Option("--key", help="Print only the hardware key that runs, profiles and trees "
+                                                        "are keyed by (for scripts: e.g. a CI artefact name).")]
+        = False):
     """Print the hardware and software that results will be recorded with."""
-    from .core.hardware import describe
+    from .core.hardware import describe, hardware_slug
     from .core.models import resolve_device
 
+    if key:
+        print(hardware_slug(resolve_device(device)))  # plain stdout: no table, no colour, for $(specbench env --key)
+        return
     table = Table(title="specbench environment", show_header=False)
     for key, value in describe(resolve_device(device)).items():
         table.add_row(key, str(value))
@@ -327,8 +333,10 @@ def build_tree(
                   "fp16": "float16"}.get(dtype, dtype)
     if dtype_name not in ("float32", "bfloat16", "float16"):
         raise SpecbenchError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
-    slug = model_slug(model)
-    acc_path = acceptance or Path("acceptance") / slug / "ppd.yaml"
+    from .core.tree import locate
+
+    slug = model_slug(model)  # the model's file-name key: acceptance/, profiles/ and trees/ all use it
+    acc_path = acceptance or locate(f"acceptance/{slug}/ppd.yaml") or Path("acceptance") / slug / "ppd.yaml"
     if not acc_path.exists():
         raise SpecbenchError(f"no acceptance estimates at {acc_path}: run `specbench estimate --method ppd --model "
                              f"{model}` first, or pass --acceptance FILE")
@@ -340,8 +348,10 @@ def build_tree(
                              "needs at least one prompt token: size >= 2)")
     acc = read_per_rank(acc_path, m)
     local = hardware_slug(resolve_device("cpu"))
+    measured = locate(f"profiles/{local}/{slug}-{dtype_name}.yaml") if gpu == "cpu" else None
     profile = resolve_profile(gpu, slug, model_config(model), dtype_name, local, [1, 2, 4, 8, 16, 32, 64, 128, 256,
-                                                                                  512])
+                                                                                  512], spec=model,
+                              root=measured.parent.parent if measured else Path("profiles"))
     with console.status(f"Searching dynamic sparse trees of sizes 2..{max_size}"):
         curve = size_curve(acc, m, profile, max_size, kv_length, ept)
     result = tree_file(curve, m, slug, profile, str(acc_path), kv_length)
@@ -373,45 +383,83 @@ def build_tree(
 
 @app.command()
 def report(
-    runs: Annotated[list[Path], typer.Argument(help="Run folders written by `specbench run`.")],
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where a comparison of several runs goes.")]
-    = None,
-    fail_below: Annotated[Optional[float], typer.Option(help="Exit 1 when a method's speedup is below this; exit 3 "
-                                                             "(not judged) when the noise guard marks timings "
+    runs: Annotated[list[Path], typer.Argument(help="Run folders written by `specbench run` (with --history: runs of "
+                                                    "successive commits, oldest first).")],
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where a comparison of several runs goes (default "
+                                                    "specbench-report/); with --baseline, the vs_baseline files "
+                                                    "(default: the run folder); with --history, history.csv and "
+                                                    ".png (default specbench-history/).")] = None,
+    fail_below: Annotated[Optional[float], typer.Option(help="Exit 1 when a method's speedup is below this (or a "
+                                                             "lossless method differs from ar beyond rounding); exit "
+                                                             "3 (not judged) when the noise guard marks timings "
                                                              "disturbed.")] = None,
-    judge_disturbed: Annotated[bool, typer.Option(help="With --fail-below: judge disturbed timings anyway (they "
-                                                       "are still listed).")] = False,
+    judge_disturbed: Annotated[bool, typer.Option(help="With --fail-below / --fail-regression: judge disturbed "
+                                                       "timings anyway (they are still listed).")] = False,
+    baseline: Annotated[Optional[Path], typer.Option(help="Compare with this earlier run (its folder or summary.csv, "
+                                                          "e.g. the last main-branch run): change in speedup, tau, "
+                                                          "acceptance and lossless rate per method x dataset. "
+                                                          "Refused when hardware, model, dtype or settings "
+                                                          "differ.")] = None,
+    fail_regression: Annotated[Optional[str], typer.Option(metavar="PCT", help="With --baseline: exit 1 when a "
+                                                           "speedup or tau fell by more than PCT percent of the "
+                                                           "baseline's, or a lossless rate fell. Default: off.")]
+    = None,
+    allow_different: Annotated[bool, typer.Option(help="Compare with a baseline from other hardware, model, dtype or "
+                                                       "settings anyway (the report says so).")] = False,
+    junit: Annotated[Optional[Path], typer.Option(help="Write JUnit XML: one test case per method x dataset check "
+                                                       "(lossless, floor, regression); not judged = skipped.")]
+    = None,
+    job_summary: Annotated[Optional[Path], typer.Option(help="Append the Markdown report to this file (default: "
+                                                             "$GITHUB_STEP_SUMMARY when set).")] = None,
+    artifact_url: Annotated[Optional[str], typer.Option(help="Job summary: link plots as URL/<path> (GitLab: "
+                                                             "$CI_JOB_URL/artifacts/file). Default on GitHub "
+                                                             "Actions: the run's artefacts.")] = None,
+    history: Annotated[bool, typer.Option("--history", help="Draw speedup and tau per method over the runs "
+                                                            "(successive commits) as history.png and history.csv "
+                                                            "in --out.")] = False,
 ):
-    """Re-draw tables and plots from result CSVs, compare runs, and gate CI on speedup."""
-    from .bench.report import below_threshold, compare_runs, write_run_report
+    """Re-draw tables and plots from result CSVs, compare runs, compare with a baseline, and gate CI."""
+    from .bench import ci
+    from .bench.report import compare_runs, write_run_report
 
+    opts = ci.CiOptions(baseline=baseline, fail_below=fail_below, fail_regression=ci.parse_percent(fail_regression),
+                        judge_disturbed=judge_disturbed, allow_different=allow_different, junit=junit,
+                        job_summary=job_summary, artifact_url=artifact_url)
+    old = ci.prepare(opts, runs, history)  # bad input is refused before any work
+    if history:
+        from .bench.history import write
+
+        frame, paths, notes = write(runs, out_dir or Path("specbench-history"))
+        _print_history(frame)
+        for note in notes:
+            console.print(f"[yellow]note[/] {escape(note)}")
+        console.print(f"Wrote {escape(', '.join(str(p) for p in paths))}")
+        return
     if len(runs) == 1:
         summary = write_run_report(runs[0])
         _print_summary(summary, str(runs[0]))
         _warn_unexplained(runs)
         console.print(f"Wrote {escape(str(runs[0]))}/summary.csv, report.md and plots.")
     else:
-        target = out_dir or Path("specbench-report")
-        summary = compare_runs(runs, target)
+        out_dir = out_dir or Path("specbench-report")
+        summary = compare_runs(runs, out_dir)
         summary["method"] = summary.run + ":" + summary.method
         _print_summary(summary, "comparison")
         _warn_unexplained(runs)
-        console.print(f"Wrote {escape(str(target))}/comparison.csv, summary.md and plots.")
-    if fail_below is not None:
-        from .bench.report import disturbed
+        console.print(f"Wrote {escape(str(out_dir))}/comparison.csv, summary.md and plots.")
+    code = ci.judge(summary, runs, out_dir or runs[0], opts, old)
+    if code:
+        raise typer.Exit(code)
 
-        shaky = disturbed(summary)
-        if len(shaky) and not judge_disturbed:
-            console.print(f"[bold red]NOT JUDGED[/]: --fail-below {fail_below} is not applied to disturbed timings "
-                          f"({len(shaky)} row(s) above); re-run them quietly, or pass --judge-disturbed.")
-            raise typer.Exit(3)
-        bad = below_threshold(summary, fail_below)
-        if len(bad):
-            for r in bad.itertuples(index=False):
-                console.print(f"[red]FAIL[/] {r.method} on {r.dataset}: speedup {r.speedup:.3f} < {fail_below}")
-            raise typer.Exit(1)
-        console.print(f"[green]OK[/] every method's speedup is at least {fail_below}"
-                      + (" (some timings disturbed: judged anyway, --judge-disturbed)" if len(shaky) else ""))
+
+def _print_history(frame) -> None:
+    table = Table(title="history (oldest first)")
+    for col in ("commit", "method", "dataset", "speedup", "tau", "timing"):
+        table.add_column(col, justify="right" if col in ("speedup", "tau") else "left")
+    for r in frame[frame.method != "ar"].itertuples(index=False):
+        table.add_row(escape(r.commit), escape(r.method), escape(r.dataset), f"{r.speedup:.2f}x", f"{r.tau:.2f}",
+                      "[bold red]DISTURBED[/]" if r.timing.startswith("disturbed") else r.timing)
+    out.print(table)
 
 
 @train_app.command("ppd")
@@ -429,7 +477,9 @@ def train_ppd(
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay).")] = 0.01,
     alpha: Annotated[float, typer.Option(help="Loss decay over prompt tokens.")] = 0.8,
     insertions: Annotated[int, typer.Option(help="Random insertion points per sequence per step.")] = 64,
-    prompts: Annotated[int, typer.Option(help="Training prompts (after the held-out ones).")] = 300,
+    prompts: Annotated[Optional[int], typer.Option(help="Training prompts per --data source (after the held-out "
+                                                        "ones); default: one per step, at most 300 (self-distilling "
+                                                        "them is the slow part on a CPU).")] = None,
     held_out: Annotated[int, typer.Option(help="First prompts left out for `specbench estimate`.")] = 100,
     new_tokens: Annotated[int, typer.Option(help="Self-distilled continuation length.")] = 96,
     save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 50,

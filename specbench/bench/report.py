@@ -20,7 +20,7 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
 from ..errors import SpecbenchError  # noqa: E402
-from . import noise, timeline  # noqa: E402
+from . import csvcheck, noise, timeline  # noqa: E402
 from .markdown import markdown_table  # noqa: E402
 from .titles import comparison_title, plot_title, read_meta, set_title  # noqa: E402, F401 (plot_title: API)
 
@@ -42,7 +42,12 @@ def read_records(run_dir: Path) -> pd.DataFrame:
     missing = {"method", "dataset", "prompt_id", "turn", "new_tokens", "wall_s", "target_forwards"} - set(df)
     if missing:
         raise SpecbenchError(f"{path}: missing columns {', '.join(sorted(missing))}")
-    return df
+    return csvcheck.numeric(df, path, RECORD_NUMBERS)  # a hand-edited or torn row is named, not a traceback
+
+
+# records.csv columns the summary does arithmetic on
+RECORD_NUMBERS = ("turn", "new_tokens", "wall_s", "tokens_per_s", "target_forwards", "drafted", "accepted_drafts",
+                  "peak_mem_mb", "forward_ms", "foreign_cpu", "steal")
 
 
 def _exactness(method: str) -> str:
@@ -318,9 +323,13 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str =
     frame = pd.DataFrame(rows).sort_values(["dataset", "size"])
     frame.to_csv(run_dir / "tree_sizes.csv", index=False)
     profile = next((i.get("profile") for i in trees.values() if i.get("profile")), None)
+    acceptance = next((i.get("acceptance") for i in trees.values() if i.get("acceptance")), None)
     md = ["## Trees: measured vs predicted", "", markdown_table(frame), "",
-          f"Predicted tau from the acceptance table; predicted speedup from the latency profile "
+          f"Predicted tau from {acceptance or 'the acceptance table'}; predicted speedup from the latency profile "
           f"{profile or '(none for this hardware: run `specbench profile`)'}.", ""]
+    if acceptance and acceptance.startswith("a generic"):
+        md[-2:-1] = [f"**Predicted tau is not this model's**: it comes from {acceptance}; predicted speedup "
+                     f"likewise. Profile: {profile or 'none for this hardware (run `specbench profile`)'}."]
     if frame["size"].nunique() >= 2:
         fig, ax = plt.subplots(figsize=(6, 3.6))
         for dataset, g in frame.groupby("dataset"):

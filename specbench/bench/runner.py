@@ -138,6 +138,20 @@ def prepare_out(cfg: RunConfig) -> Path:
     return out
 
 
+def missing_folders(path: Path) -> list[Path]:
+    """The folders of `path` that do not exist yet, deepest first (what creating it would make)."""
+    return [p for p in (path, *path.parents) if not p.exists()]
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """Remove the folders a refused run created, deepest first, as long as they hold nothing."""
+    for folder in folders:
+        try:
+            folder.rmdir()  # only an empty folder
+        except OSError:
+            return
+
+
 # What the numbers depend on besides the options: a resumed run must match the interrupted one in all of them.
 ENVIRONMENT_KEYS = ("device", "device_type", "hardware", "identity", "dtype", "cpu_linear", "torch", "transformers",
                     "threads")
@@ -234,13 +248,15 @@ class Runner:
 
         profile = self.local_profile()
         origin = (provenance(profile.hardware, profile.identity, hardware_identity(self.target.device))
-                  if profile else "no profile of this hardware (run `specbench profile`): no predicted speedup")
+                  if profile else (f"no profile of this hardware (run `specbench profile --model {self.target.spec}`):"
+                                   " no predicted speedup"))
         out = {}
         for label, method in self.methods.items():
             tree = getattr(method, "tree_file", None)
             if tree is not None and getattr(method, "acceptance", None) is not None:
                 out[label] = {"tree": getattr(method, "tree_source", ""),
                               **predict(tree, method.acceptance, profile, ept=getattr(method.prompts, "ept", 1)),
+                              "acceptance": getattr(method, "acceptance_source", None),
                               "profile_provenance": origin}
         return out
 
@@ -401,22 +417,27 @@ def run(cfg: RunConfig) -> Path:
     """Run the benchmark; returns the run directory. Ctrl-C keeps every finished record (resume with --resume)."""
     cfg = validate(cfg)
     loaded = [(name, ds.load_prompts(name, cfg.limit, cfg.data_file)) for name in cfg.datasets]
-    out = prepare_out(cfg)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True)
-    drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device) if cfg.drafter else None
-    runner = Runner(cfg, target, drafter)
-    chosen = runner.chosen()
-    for label, settings in chosen.items():
-        said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
-        console.print(f"[dim]{label}: {escape(said)}[/]")
-    if cfg.resume:
-        refuse_other_environment(out, runner.env)
+    made = missing_folders(Path(cfg.out))
+    try:  # a refusal before run.yaml is written leaves no empty run folder behind
+        out = prepare_out(cfg)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True)
+        drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device) if cfg.drafter else None
+        runner = Runner(cfg, target, drafter)
+        chosen = runner.chosen()
+        for label, settings in chosen.items():
+            said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
+            console.print(f"[dim]{label}: {escape(said)}[/]")
+        if cfg.resume:
+            refuse_other_environment(out, runner.env)
+    except BaseException:
+        remove_if_empty(made)
+        raise
     profile = runner.local_profile()
     (out / "run.yaml").write_text(yaml.safe_dump({
         "settings": _plain(cfg.settings()), "environment": runner.env,
-        "model": {"spec": target.spec, "name": target.name, "source": target.source},
+        "model": {"spec": target.spec, "name": target.name, "source": target.source, "rendering": target.prompt_format},
         "trees": runner.tree_predictions(), "chosen": chosen,
         "peak_memory": memory.peak_label(target.device),
         "noise_guard": {"latency_floor": noise.latency_floor(profile),

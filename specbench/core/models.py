@@ -107,16 +107,29 @@ class Tokenizer:
 
     backend: object
     stop_ids: tuple[int, ...]
+    model_name: str = ""  # for the one-time plain-text note
+    _noted_plain: bool = field(default=False, repr=False, compare=False)
 
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.backend, "chat_template", None))
 
+    @property
+    def prompt_format(self) -> str:
+        """How prompts are rendered: "chat template" or "plain text" (no template: turns joined, no reply marker)."""
+        return "chat template" if self.has_chat_template else "plain text"
+
     def render(self, messages: list[dict]) -> list[int]:
-        """Token ids of a conversation, ending where the assistant's next reply starts."""
+        """Token ids of a conversation, ending where the assistant's next reply starts (with a chat template;
+        without one, the turns as plain text, said once per loaded model)."""
         if self.has_chat_template:
             text = self.backend.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             return list(self.backend(text, add_special_tokens=False)["input_ids"])
+        if not self._noted_plain:
+            self._noted_plain = True
+            console.print(f"[yellow]note[/]: {escape(self.model_name or 'this model')} has no chat template: prompts "
+                          "go in as plain text with no reply marker, so a base model continues the text rather "
+                          "than answering it (run.yaml records rendering: plain text).")
         text = "\n\n".join(m["content"] for m in messages)
         if isinstance(self.backend, ByteTokenizer):
             return [ByteTokenizer.bos_token_id] + self.backend.encode(text)
@@ -141,6 +154,11 @@ class LoadedModel:
     @property
     def vocab_size(self) -> int:
         return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def prompt_format(self) -> str:
+        """"chat template" or "plain text": how this model's prompts are rendered (run.yaml records it)."""
+        return self.tokenizer.prompt_format
 
     def fingerprint(self) -> str:
         """Short hash of architecture and a slice of the embeddings: artefacts trained for one model are refused
@@ -171,6 +189,63 @@ def _stop_ids(backend, model) -> tuple[int, ...]:
 
 
 MAX_PREPACK_PARAMS = 3_000_000_000  # packing keeps a second copy of the linear weights: skip for larger models
+RUNTIME_HEADROOM = 512 * 2**20  # activations, logits and allocator slack beyond weights and KV cache
+KV_HEADROOM_TOKENS = 4096  # the KV cache a check counts on: profile's longest KV plus a long prompt and reply
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Memory a new model can take: free memory of the GPU, else MemAvailable from /proc/meminfo (None where
+    unknown: no check)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_need(config, dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
+    """(parameter count, bytes) a model of `config` takes loaded in `dtype` on `device`: its weights, the packed
+    copy of float32 CPU linear weights (_finish), a KV cache of KV_HEADROOM_TOKENS and RUNTIME_HEADROOM. The
+    parameters are counted exactly on the meta device (nothing allocated)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(config)
+    params = meta.num_parameters()
+    size = torch.tensor([], dtype=dtype).element_size()
+    need = params * size
+    if device.type == "cpu" and dtype == torch.float32 and params <= MAX_PREPACK_PARAMS:
+        need += sum(m.weight.numel() for m in meta.modules() if type(m) is torch.nn.Linear) * 4
+    text = config.get_text_config(decoder=True)
+    heads = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", 1)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    tokens = min(int(getattr(text, "max_position_embeddings", 2048) or 2048), KV_HEADROOM_TOKENS)
+    need += 2 * text.num_hidden_layers * heads * head_dim * tokens * size + RUNTIME_HEADROOM
+    return params, need
+
+
+def check_memory(what: str, config, dtype: torch.dtype, device: torch.device, hint: str = "") -> None:
+    """Refuse (SpecbenchError naming the need and what is free) before building a model that cannot fit; a model
+    built on CPU and moved to a GPU needs the room on both."""
+    try:
+        params, need = memory_need(config, dtype, device)
+    except Exception:  # an architecture that cannot be built on the meta device: no check rather than no model
+        return
+    places = [device] if device.type == "cpu" else [torch.device("cpu"), device]
+    for place in places:
+        free = free_memory_bytes(place)
+        if free is None or need <= free:
+            continue
+        where = "GPU memory free" if place.type == "cuda" else "memory available (MemAvailable)"
+        advice = hint or ("use a smaller model" + (", or --dtype bfloat16 (half the memory)"
+                                                   if dtype == torch.float32 else ""))
+        raise SpecbenchError(f"{what} needs about {need / 2**30:.1f} GiB ({params / 1e9:.2f}B parameters in "
+                             f"{dtype_name(dtype)}, plus KV cache and working memory), but only "
+                             f"{free / 2**30:.1f} GiB of {where} is free on this machine: {advice}.")
 
 
 def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
@@ -181,8 +256,20 @@ def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
 
         prepack(model)  # oneDNN with packed weights: flat cost over small widths (cpu_kernels.py says why)
     ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
-    tok = Tokenizer(backend, _stop_ids(backend, model))
+    tok = Tokenizer(backend, _stop_ids(backend, model), name)
     return LoadedModel(model, tok, spec, name, device, dtype, ctx, source)
+
+
+def _with_attention(build, what: str):
+    """build(attn_implementation) with SDPA, or eager attention for an architecture without SDPA support in this
+    transformers (Gemma 2 in 5.x); the custom masks methods pass are additive floats, right for both."""
+    try:
+        return build("sdpa")
+    except ValueError as exc:
+        if "attention implementation" not in str(exc) and "sdpa" not in str(exc).lower():
+            raise
+        console.print(f"[dim]{escape(what)}: no SDPA attention for this architecture here; using eager attention[/]")
+        return build("eager")
 
 
 def embedded_gguf_path(announce: bool = True) -> Path:
@@ -221,6 +308,17 @@ def _load_embedded(device, dtype) -> LoadedModel:
     """The GGUF is de-quantised once (about 30 s) and cached as float32 safetensors (loads in about 1 s)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    converted = _embedded_dir()
+    tok = AutoTokenizer.from_pretrained(converted)
+    model = AutoModelForCausalLM.from_pretrained(converted, dtype=dtype, attn_implementation="sdpa")
+    return _finish(model, tok, EMBEDDED_ALIAS, "SmolLM2-135M-Instruct", device, dtype,
+                   f"{SMOLLM2_PACKAGE} ({SMOLLM2_GGUF}, de-quantised)")
+
+
+def _embedded_dir() -> Path:
+    """The embedded default as a plain HF directory of float32 safetensors, converted from its GGUF on first use."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     converted = cache_dir() / "models" / "smollm2-135m-instruct-q4_1-f32"
     if not (converted / "model.safetensors").exists():
         gguf = embedded_gguf_path()
@@ -228,12 +326,7 @@ def _load_embedded(device, dtype) -> LoadedModel:
             tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
             _save_plain(model, tok, converted)
-    from safetensors.torch import load_file  # noqa: F401  (ensures safetensors is importable for from_pretrained)
-
-    tok = AutoTokenizer.from_pretrained(converted)
-    model = AutoModelForCausalLM.from_pretrained(converted, dtype=dtype, attn_implementation="sdpa")
-    return _finish(model, tok, EMBEDDED_ALIAS, "SmolLM2-135M-Instruct", device, dtype,
-                   f"{SMOLLM2_PACKAGE} ({SMOLLM2_GGUF}, de-quantised)")
+    return converted
 
 
 def _save_plain(model, tok, out: Path) -> None:
@@ -244,7 +337,7 @@ def _save_plain(model, tok, out: Path) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)
-    cfg["dtype"] = "float32"
+    cfg["dtype"] = dtype_name(next(model.parameters()).dtype)
     (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if getattr(model.config, "tie_word_embeddings", False):
@@ -273,16 +366,134 @@ def _load_random(arg: str, device, dtype) -> LoadedModel:
         raise SpecbenchError(f"random:{arg}: unknown preset; use one of {', '.join(RANDOM_PRESETS)} "
                              "or a path to a config.json")
     model_type = cfg_dict.pop("model_type", "llama")
-    config = AutoConfig.for_model(model_type, **cfg_dict)
-    torch.manual_seed(0)  # the same random model every time
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    try:
+        config = AutoConfig.for_model(model_type, **cfg_dict)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise SpecbenchError(f"random:{arg}: not a usable config ({str(exc).splitlines()[0]})") from exc
+    smaller = [k for k in ("tiny", "smollm2-135m") if k != arg]
+    check_memory(f"random:{arg}", config, dtype, device,
+                 f"try a smaller preset ({', '.join(smaller)})"
+                 + (" or --dtype bfloat16 (half the memory)" if dtype == torch.float32 else ""))
+
+    # Built in the requested dtype (never float32 first: a 7B model would need 27 GB on the way to 13.5 GB). With
+    # seed 0 the values are the float32 model's, rounded: torch draws the same normals in float32 and converts.
+    def build(attention):
+        torch.manual_seed(0)  # the same random model every time
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=dtype)
+
+    try:
+        model = _with_attention(build, f"random:{arg}")
+    except (ValueError, TypeError) as exc:
+        raise SpecbenchError(f"random:{arg}: transformers cannot build this config "
+                             f"({str(exc).strip().splitlines()[0]})") from exc
     if config.vocab_size <= ByteTokenizer.vocab_size:
         backend = ByteTokenizer()
         model.generation_config.eos_token_id = ByteTokenizer.eos_token_id
-    else:
-        backend = _load_embedded(torch.device("cpu"), torch.float32).tokenizer.backend
+    else:  # the embedded default's tokenizer (SmolLM2's 49152 tokens), without loading its weights
+        from transformers import AutoTokenizer
+
+        backend = AutoTokenizer.from_pretrained(_embedded_dir())
     return _finish(model, backend, f"random:{arg}", f"random-{Path(arg).stem}", device, dtype,
                    "random weights (seed 0)")
+
+
+GGUF_SAMPLE_PAGES = 1024  # 4 KiB pages read across a GGUF's tensor data for its content key
+GGUF_EDGE_BYTES = 2**20
+
+
+def gguf_content_key(path: Path) -> str:
+    """A key for a GGUF's content, cheap enough to compute on every command (~6 MiB read whatever the size).
+
+    Why not size + mtime: those describe the file, not its content (a copy, a re-download or a `touch` changes the
+    mtime of the same weights; a different file can arrive with any mtime). Why not a hash of the whole file: a
+    7B GGUF is 4+ GB, several seconds of hashing on every command. Instead: sha256 over the size, the first MiB
+    (the GGUF header: architecture, hyper-parameters, tokenizer, and the table of tensor names, types and
+    offsets, so any re-quantisation or other architecture differs here), the last MiB, and 1024 evenly spaced
+    4 KiB pages of the tensor data in between (a fine-tune of the same base changes every tensor it touches; one
+    that touches even 1% of the bytes is missed with probability 0.99^1024 < 1e-4). Deleting the cache folder
+    (`cache_dir()/models/gguf-*`) forces a new conversion."""
+    size = path.stat().st_size
+    h = hashlib.sha256(f"gguf-v1 {size}".encode())
+    with path.open("rb") as fh:
+        h.update(fh.read(GGUF_EDGE_BYTES))
+        middle = max(size - 2 * GGUF_EDGE_BYTES, 0)
+        for i in range(GGUF_SAMPLE_PAGES if middle else 0):
+            fh.seek(GGUF_EDGE_BYTES + middle * i // GGUF_SAMPLE_PAGES)
+            h.update(fh.read(4096))
+        fh.seek(max(size - GGUF_EDGE_BYTES, 0))
+        h.update(fh.read(GGUF_EDGE_BYTES))
+    return h.hexdigest()[:16]
+
+
+def _gguf_config(path: Path):
+    """The architecture config stored in a GGUF's header (no tensors read)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecbenchError(f"could not read the GGUF file {path}: {first}") from exc
+
+
+def _load_gguf(spec: str, path: Path, device, dtype) -> LoadedModel:
+    """A GGUF file, de-quantised once and cached as a plain HF directory of safetensors (as the embedded default
+    is), keyed by gguf_content_key: later commands load the cache in seconds instead of de-quantising again.
+
+    The cache holds float32 (the de-quantised values exactly; every --dtype loads from it) when a float32 copy fits
+    in memory, else the requested 16-bit dtype (then a float32 run converts again)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    key = gguf_content_key(path)
+    stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in path.stem.lower())
+    stored = {dt: cache_dir() / "models" / f"gguf-{stem}-{key}-{dtype_name(dt)}" for dt in (torch.float32, dtype)}
+    for folder in stored.values():
+        if (folder / "model.safetensors").is_file():
+            with status(f"Loading {path.name} (de-quantised copy from {folder})"):
+                tok = AutoTokenizer.from_pretrained(folder)
+                model = _with_attention(lambda attention: AutoModelForCausalLM.from_pretrained(
+                    folder, dtype=dtype, attn_implementation=attention), path.name)
+            return _finish(model, tok, spec, path.stem, device, dtype, f"{path} (GGUF, de-quantised: {folder})")
+    config = _gguf_config(path)
+    store = torch.float32
+    try:
+        check_memory(f"{path.name} (de-quantised to float32)", config, torch.float32, torch.device("cpu"))
+    except SpecbenchError:
+        if dtype == torch.float32:
+            raise
+        store = dtype  # float32 does not fit: de-quantise straight into the dtype that was asked for
+    check_memory(f"{path.name} ({dtype_name(dtype)})", config, dtype, device)
+    folder = stored[store]
+    with status(f"De-quantising {path.name} to {dtype_name(store)} (first use of this file only; cached in "
+                f"{folder.parent})"):
+        try:
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = _with_attention(lambda attention: AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=store, attn_implementation=attention), path.name)
+        except (OSError, ValueError, KeyError, ImportError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SpecbenchError(f"could not load the GGUF file {path}: {first}") from exc
+        _cache_gguf(model, tok, folder)
+    return _finish(model, tok, spec, path.stem, device, dtype, f"{path} (GGUF, de-quantised: {folder})")
+
+
+def _cache_gguf(model, tok, folder: Path) -> None:
+    """Save a de-quantised GGUF model under `folder`, or say why not (no room on disk, read-only cache)."""
+    import shutil
+
+    need = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + 64 * 2**20
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(folder.parent).free
+        if free < need:
+            console.print(f"[yellow]note[/]: not caching the de-quantised model ({need / 2**30:.1f} GiB; "
+                          f"{free / 2**30:.1f} GiB free in {escape(str(folder.parent))}): the next command "
+                          "de-quantises again. Set SPECBENCH_CACHE to a folder with room.")
+            return
+        _save_plain(model, tok, folder)
+    except OSError as exc:
+        console.print(f"[yellow]note[/]: could not cache the de-quantised model in {escape(str(folder))} ({exc}); "
+                      "the next command de-quantises again.")
 
 
 def _load_hf(spec: str, device, dtype, gguf_file: str | None = None) -> LoadedModel:
@@ -297,9 +508,19 @@ def _load_hf(spec: str, device, dtype, gguf_file: str | None = None) -> LoadedMo
                                  f"used: {why}. Download it on a machine with access (it lands in "
                                  "~/.cache/huggingface), pass a local directory or .gguf file, or use "
                                  f"{EMBEDDED_ALIAS} (embedded).")
+    if Path(spec).is_dir():
+        try:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(where, **kwargs)
+        except (OSError, ValueError, KeyError):
+            config = None  # from_pretrained below says what is wrong
+        if config is not None:
+            check_memory(spec, config, dtype, device)
     try:
         tok = AutoTokenizer.from_pretrained(where, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **kwargs)
+        model = _with_attention(lambda attention: AutoModelForCausalLM.from_pretrained(
+            where, dtype=dtype, attn_implementation=attention, **kwargs), spec)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecbenchError(
@@ -345,8 +566,8 @@ def auto_cpu_dtype(model: str) -> tuple[torch.dtype, str]:
         except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
             means[dt] = None  # no usable profile of this dtype
     if None in means.values():
-        return torch.float32, (f"float32 (no float32 + bfloat16 profiles of {name} for {slug}; "
-                               "`specbench profile --dtype D` for both lets --dtype auto choose by measurement)")
+        return torch.float32, (f"float32 (no float32 + bfloat16 profiles of {name} for {slug}; `specbench profile "
+                               f"--model {model} --dtype D` for both lets --dtype auto choose by measurement)")
     best = min(means, key=means.get)
     said = ", ".join(f"{dt} {ms:.1f} ms" for dt, ms in means.items())
     return DTYPES[best], (f"{best} (measured on {slug}: mean forward latency over widths "
@@ -355,7 +576,26 @@ def auto_cpu_dtype(model: str) -> tuple[torch.dtype, str]:
 
 def load_model(spec: str, dtype: str = "auto", device: str = "auto", measured_auto: bool = False) -> LoadedModel:
     """Load a model from any supported spec (see the module docstring). `measured_auto`: --dtype auto on CPU follows
-    this CPU's profiles (decoding benchmarks); otherwise it is float32 there (training, profiling, estimates)."""
+    this CPU's profiles (decoding benchmarks); otherwise it is float32 there (training, profiling, estimates).
+    The model keeps the spec exactly as given (a .gguf file is the file, not its folder): run.yaml, records and
+    every suggested command name it so; model_slug(spec) is its file-name key."""
+    loaded = _load_spec(spec, dtype, device, measured_auto)
+    loaded.spec = spec
+    loaded.name = display_name(spec, loaded.name)
+    return loaded
+
+
+def display_name(spec: str, loaded_name: str = "") -> str:
+    """A model's short name for titles and tables: a .gguf file's stem, a local folder's own name (also for `.`),
+    else what the loader called it."""
+    if spec.lower().endswith(".gguf"):
+        return Path(spec).name[:-5]
+    if not spec.startswith("random:") and spec != EMBEDDED_ALIAS and Path(spec).is_dir():
+        return Path(spec).resolve().name
+    return loaded_name or model_slug(spec)
+
+
+def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool) -> LoadedModel:
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev, spec if measured_auto else None)
     if measured_auto and dtype == "auto" and dev.type == "cpu" and "measured" in (why := auto_cpu_dtype(spec)[1]):
@@ -365,11 +605,10 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto", measured_au
     if spec.startswith("random:"):
         return _load_random(spec.removeprefix("random:"), dev, dt)
     if spec.endswith(".gguf"):
-        path = Path(spec)
+        path = Path(spec).expanduser()
         if not path.is_file():
             raise SpecbenchError(f"GGUF file not found: {spec}")
-        with status(f"Loading and de-quantising {path.name}"):
-            return _load_hf(str(path.parent), dev, dt, gguf_file=path.name)
+        return _load_gguf(spec, path, dev, dt)
     if not Path(spec).exists():
         if spec.startswith(("/", "./", "../", "~")):
             raise SpecbenchError(f"model path not found: {spec} (no such file or directory)")
@@ -393,7 +632,9 @@ def model_config(spec: str):
         cfg = json.loads(Path(spec[7:]).read_text())
         return AutoConfig.for_model(cfg.pop("model_type", "llama"), **cfg)
     if spec.endswith(".gguf"):
-        return load_model(spec, "float32", "cpu").model.config
+        if not Path(spec).expanduser().is_file():
+            raise SpecbenchError(f"GGUF file not found: {spec}")
+        return _gguf_config(Path(spec).expanduser())
     try:
         return AutoConfig.from_pretrained(spec)
     except (OSError, ValueError) as exc:
@@ -401,6 +642,26 @@ def model_config(spec: str):
 
 
 def model_slug(spec: str) -> str:
-    """File-name form of a model spec: smollm2-135m, random:llama2-7b -> llama2-7b, org/name -> name."""
-    return Path(spec.removeprefix("random:")).stem.replace(".", "-").lower() if "/" in spec or "." in spec \
-        else spec.removeprefix("random:")
+    """A model's file-name key: the one name under which every command reads and writes its files
+    (artifacts/<key>/, acceptance/<key>/, profiles/<hardware>/<key>-<dtype>.yaml, trees/<key>/), the same in any
+    dtype and on any device:
+      smollm2-135m -> smollm2-135m; random:<preset> -> the preset (random weights time like the real model);
+      dir/model.gguf -> model (the file, not its folder: two GGUF files in one folder are two models);
+      a local directory -> its name (`.` too); random:dir/config.json -> dir (the architecture of the model in dir);
+      org/name (a Hugging Face id) -> org--name.
+    Lower case; anything but letters, digits, '.', '_' and '-' becomes '-'."""
+    import re
+
+    rest = spec.removeprefix("random:")
+    if rest in RANDOM_PRESETS or rest == EMBEDDED_ALIAS:
+        return rest
+    path = Path(rest).expanduser()
+    if rest.lower().endswith(".gguf"):
+        raw = path.name[:-5]
+    elif spec.startswith("random:"):
+        raw = path.resolve().parent.name if path.stem == "config" else path.stem
+    elif path.exists() or rest.startswith(("/", ".", "~")) or rest.count("/") != 1:
+        raw = path.resolve().name if path.exists() else path.name
+    else:
+        raw = rest.replace("/", "--")  # a Hugging Face id: its organisation is part of its identity
+    return re.sub(r"[^a-z0-9._-]+", "-", raw.lower()).strip("-.") or "model"

@@ -296,8 +296,10 @@ def auto_candidates(model: str, method: str, hardware: str, dtype: str) -> list[
 
 
 def resolve_tree(spec: str, model: str, method: str, hardware: str, dtype: str,
-                 build: Callable[[int], TreeFile], default_size: int) -> tuple[TreeFile, str]:
-    """--tree auto | PATH | size=N -> (tree file, where it came from). `build(n)` makes a tree of size n."""
+                 build: Callable[[int], TreeFile], default_size: int,
+                 model_spec: str | None = None) -> tuple[TreeFile, str]:
+    """--tree auto | PATH | size=N -> (tree file, where it came from). `build(n)` makes a tree of size n. `model` is
+    the model's file-name key (trees/<model>/), `model_spec` the model as the user named it (for the advice)."""
     if spec.startswith("size="):
         size = spec.removeprefix("size=")
         if not size.isdigit() or int(size) < 1:
@@ -314,9 +316,10 @@ def resolve_tree(spec: str, model: str, method: str, hardware: str, dtype: str,
         others = sorted({p.stem for root in (FsPath.cwd(), REPO_ROOT)
                          for p in (root / "trees" / model.replace("/", "--")).glob("*.yaml")})
         seen = f"; trees for other hardware ({', '.join(others)}) are not used" if others else ""
+        named = f" --model {model_spec}" if model_spec else ""
         return build(default_size), (f"built, size {default_size} (no tree file for {model} on {hardware}{seen}: "
-                                     "`specbench profile` then `specbench build-tree --gpu cpu` makes this "
-                                     "hardware's)")
+                                     f"`specbench profile{named}` then `specbench build-tree{named} --gpu cpu` makes "
+                                     "this hardware's)")
     if not FsPath(spec).is_file():
         raise SpecbenchError(f"--tree {spec}: no such file; use auto, size=N or a trees/*.yaml path")
     tf = read_tree_file(spec)

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from .. import REPO_ROOT
+from ..core.cache import window_mask
 from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 
@@ -102,9 +103,12 @@ def load(path: str | Path, target: LoadedModel, initial: bool = False) -> Prompt
     return PromptTokens(emb, meta, str(path) + (" (initial)" if initial else ""))
 
 
-def default_path(target: LoadedModel) -> Path:
-    """artifacts/<model>/ppd in the working directory (where `specbench train ppd` writes), else the repo's."""
-    rel = Path("artifacts") / target.spec.removeprefix("random:").replace("/", "--") / "ppd"
+def default_path(target: LoadedModel | str) -> Path:
+    """artifacts/<model key>/ppd in the working directory (where `specbench train ppd` writes), else the repo's
+    (the key: core.models.model_slug, the same for every command)."""
+    from ..core.models import model_slug
+
+    rel = Path("artifacts") / model_slug(target if isinstance(target, str) else target.spec) / "ppd"
     return rel if (rel / META_FILE).is_file() else ARTIFACTS_DIR.parent / rel
 
 
@@ -119,8 +123,12 @@ def resolve(spec: str | None, target: LoadedModel) -> PromptTokens:
     if spec is None:
         path = default_path(target)
         if not (path / META_FILE).is_file():
-            raise SpecbenchError(f"no shipped prompt tokens for {target.spec}: train them with `specbench train "
-                                 f"ppd --model {target.spec}` and pass --artifact <folder>.")
+            from ..core.models import model_slug
+
+            raise SpecbenchError(f"no prompt tokens for {target.spec} (looked for artifacts/{model_slug(target.spec)}"
+                                 f"/ppd here and in the repo): train them with `specbench train ppd --model "
+                                 f"{target.spec}` (it writes that folder, which is then found by itself), or pass "
+                                 "--artifact <folder>.")
         return load(path, target)
     return load(spec, target)
 
@@ -139,6 +147,7 @@ def hidden(model, inputs_embeds: torch.Tensor, mask: torch.Tensor, position_ids:
            cache=None) -> torch.Tensor:
     """The frozen decoder on inputs_embeds [1, q, H] with an additive mask [1, 1, q, kv] -> normed hidden [q, H]
     (logits only for the rows a caller needs: `model.get_output_embeddings()(hidden[rows])`)."""
+    mask = window_mask(model, mask, position_ids)  # sliding-window layers: their window applied to the mask
     out = model.get_decoder()(inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=position_ids,
                               past_key_values=cache, use_cache=cache is not None)
     return out.last_hidden_state[0]

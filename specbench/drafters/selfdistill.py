@@ -91,8 +91,9 @@ def training_sequences(target: LoadedModel, data: str, held_out: int, prompts: i
             for seq in _source_sequences(target, name, held_out, prompts, new_tokens, data_file, min_reply)]
 
 
-def _source_sequences(target: LoadedModel, source: str, held_out: int, prompts: int, new_tokens: int,
-                      data_file: str | None, min_reply: int) -> list[tuple[list[int], int]]:
+def _cached(target: LoadedModel, source: str, held_out: int, prompts: int, new_tokens: int,
+            data_file: str | None) -> tuple[dict, Path, list | None]:
+    """(cache key, cache file, the cached sequences or None) of one source's self-distilled data."""
     from ..core.models import cache_dir
     from .prompt_tokens import model_key
 
@@ -103,12 +104,70 @@ def _source_sequences(target: LoadedModel, source: str, held_out: int, prompts: 
     if path.exists():
         saved = torch.load(path)
         if saved["key"] == key:
-            return [(s, n) for s, n in saved["sequences"] if len(s) - n >= min_reply]
+            return key, path, saved["sequences"]
+    return key, path, None
+
+
+def _rendered(target: LoadedModel, source: str, held_out: int, prompts: int,
+              data_file: str | None) -> list[list[int]]:
     loaded = load_source(source, held_out + prompts, data_file)[held_out:]
     if not loaded:
         raise SpecbenchError(f"{data_file or source} has no prompts after the {held_out} held out for estimates; "
                              "lower --held-out or use a larger set")
-    rendered = [render(target, p) for p in loaded]
+    return [render(target, p) for p in loaded]
+
+
+def pending_prompts(target: LoadedModel, data: str, held_out: int, prompts: int, new_tokens: int,
+                    data_file: str | None = None) -> list[list[int]]:
+    """The rendered prompts training_sequences still has to self-distil (sources not in the cache yet): what its
+    time depends on, known before the slow part starts."""
+    return [ids for name in check_sources(data)
+            if _cached(target, name, held_out, prompts, new_tokens, data_file)[2] is None
+            for ids in _rendered(target, name, held_out, prompts, data_file)]
+
+
+@torch.inference_mode()
+def forward_costs(target: LoadedModel) -> tuple[float, float]:
+    """(seconds per forward call, seconds per token) of this model here: forwards of 1 and 129 tokens timed (the
+    faster of two each), for estimates made before slow work starts."""
+    import time
+
+    from ..core.cache import new_cache
+
+    model = target.model
+    seconds = {}
+    for n in (1, 1, 129, 129):
+        ids = torch.randint(0, min(target.vocab_size, 32000), (1, n), generator=torch.Generator().manual_seed(n))
+        start = time.perf_counter()
+        model(ids.to(target.device), past_key_values=new_cache(model), use_cache=True, logits_to_keep=1)
+        if target.device.type == "cuda":
+            torch.cuda.synchronize(target.device)
+        seconds[n] = min(seconds.get(n, float("inf")), time.perf_counter() - start)
+    per_token = max(seconds[129] - seconds[1], 0.0) / 128
+    return max(seconds[1] - per_token, 0.0), per_token
+
+
+def generation_seconds(target: LoadedModel, prompts: list[list[int]], new_tokens: int, batch: int = 32,
+                       costs: tuple[float, float] | None = None) -> float:
+    """Estimated time of greedy_continuations(prompts) from forward_costs: per batch of B prompts padded to W, one
+    prefill of B x W tokens and new_tokens steps of B tokens (an upper bound: replies that stop early are cheaper)."""
+    if not prompts:
+        return 0.0
+    call, per_token = costs or forward_costs(target)
+    by_length = sorted(len(p) for p in prompts)
+    total = 0.0
+    for start in range(0, len(by_length), batch):
+        group = by_length[start:start + batch]
+        total += call + len(group) * group[-1] * per_token + new_tokens * (call + len(group) * per_token)
+    return total
+
+
+def _source_sequences(target: LoadedModel, source: str, held_out: int, prompts: int, new_tokens: int,
+                      data_file: str | None, min_reply: int) -> list[tuple[list[int], int]]:
+    key, path, cached = _cached(target, source, held_out, prompts, new_tokens, data_file)
+    if cached is not None:
+        return [(s, n) for s, n in cached if len(s) - n >= min_reply]
+    rendered = _rendered(target, source, held_out, prompts, data_file)
     conts = greedy_continuations(target, rendered, new_tokens, label=f"self-distilling {source}")
     seqs = [(p + c, len(p)) for p, c in zip(rendered, conts)]
     path.parent.mkdir(parents=True, exist_ok=True)

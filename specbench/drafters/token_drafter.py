@@ -188,8 +188,15 @@ def load_artifact(path: str | Path, target: LoadedModel, check_fingerprint: bool
 
 
 def default_artifact(target: LoadedModel) -> Path | None:
-    path = ARTIFACTS_DIR / target.spec / "drafter"
-    return path if is_artifact(path) else None
+    """artifacts/<model key>/drafter in the working directory (where `specbench train drafter` writes), else the
+    repo's (the key: core.models.model_slug)."""
+    from ..core.models import model_slug
+
+    rel = Path("artifacts") / model_slug(target.spec) / "drafter"
+    for path in (rel, ARTIFACTS_DIR.parent / rel):
+        if is_artifact(path):
+            return path
+    return None
 
 
 def default_drafter(target: LoadedModel) -> LoadedModel | None:

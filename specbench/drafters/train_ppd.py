@@ -24,11 +24,39 @@ from rich.markup import escape
 
 from ..core.cache import new_cache
 from ..core.hardware import cpu_model, device_name
-from ..core.models import LoadedModel, dtype_name, load_model
+from ..core.models import LoadedModel, dtype_name, load_model, model_slug
 from ..errors import SpecbenchError
 from ..progress import console, progress_bar
 from . import prompt_tokens as pt
-from .selfdistill import training_sequences
+from .selfdistill import generation_seconds, pending_prompts, source_names, training_sequences
+
+MAX_AUTO_PROMPTS = 300  # --prompts by default: one per step (each step trains on one sequence), at most this many
+
+
+def auto_prompts(steps: int, sources: int) -> int:
+    """Training prompts per source when --prompts is not given: as many as the steps can use, at most 300."""
+    return max(1, min(MAX_AUTO_PROMPTS, -(-steps // max(sources, 1))))
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 \
+        else f"{seconds / 3600:.1f} h"
+
+
+def step_seconds(target: LoadedModel, cfg: "TrainConfig", length: int) -> float:
+    """Time of one training step (forward, backward) on `length` random tokens, after a small untimed one."""
+    g = torch.Generator().manual_seed(0)
+    seq = torch.randint(0, min(target.vocab_size, 32000), (length,), generator=g).to(target.device)
+    emb = torch.nn.Parameter(torch.zeros(cfg.prompt_tokens, cfg.ept, target.model.config.hidden_size,
+                                         device=target.device))
+    span = range(length - cfg.prompt_tokens)
+    points = sorted(random.Random(0).sample(span, min(cfg.insertions, len(span))))
+    step_loss(target, emb, seq[:cfg.prompt_tokens + 2], [0], cfg.alpha).backward()  # warm-up: first-use costs
+    start = time.perf_counter()
+    step_loss(target, emb, seq, points, cfg.alpha).backward()
+    if target.device.type == "cuda":
+        torch.cuda.synchronize(target.device)
+    return time.perf_counter() - start
 
 
 @dataclass(frozen=True)
@@ -44,7 +72,7 @@ class TrainConfig:
     lr: float = 0.01  # cosine schedule from here, no warm-up (PPD §5)
     alpha: float = 0.8  # loss decay over prompt tokens
     insertions: int = 64  # insertion points per sequence per step
-    prompts: int = 300  # training prompts (after the held-out ones)
+    prompts: int | None = None  # training prompts per source (after the held-out ones); None: what the steps use
     held_out: int = 100  # the first prompts of `data`, left for `specbench estimate`
     new_tokens: int = 96  # self-distilled continuation length
     save_every: int = 50
@@ -54,7 +82,7 @@ class TrainConfig:
 
     @property
     def out_dir(self) -> Path:
-        return self.out or Path("artifacts") / self.model.removeprefix("random:").replace("/", "--") / "ppd"
+        return self.out or Path("artifacts") / model_slug(self.model) / "ppd"  # where ppd / estimate look
 
 
 def _causal(n: int, dtype, device) -> torch.Tensor:
@@ -86,12 +114,18 @@ def train(cfg: TrainConfig) -> Path:
     if cfg.prompt_tokens < 1 or cfg.ept < 1 or cfg.steps < 1 or cfg.insertions < 1:
         raise SpecbenchError("--prompt-tokens, --ept, --steps and --insertions must be at least 1")
     t_start = time.perf_counter()
+    if cfg.prompts is not None and cfg.prompts < 1:
+        raise SpecbenchError("--prompts must be at least 1 (leave it out: as many as the steps use)")
+    sources = source_names(cfg.data)
     target = load_model(cfg.model, cfg.dtype, cfg.device)
     out = cfg.out_dir
     ckpt_path = out / "checkpoint" / "state.pt"
+    saved = torch.load(ckpt_path) if cfg.resume and ckpt_path.exists() else None
+    prompts = cfg.prompts or (saved or {}).get("settings", {}).get("prompts") or auto_prompts(cfg.steps, len(sources))
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()
-                if k not in ("steps", "resume", "out", "save_every")}
-    seqs = training_sequences(target, cfg.data, cfg.held_out, cfg.prompts, cfg.new_tokens, cfg.data_file,
+                if k not in ("steps", "resume", "out", "save_every")} | {"prompts": prompts}
+    announce_plan(target, cfg, prompts, len(sources), cfg.steps - (saved["step"] if saved else 0))
+    seqs = training_sequences(target, cfg.data, cfg.held_out, prompts, cfg.new_tokens, cfg.data_file,
                               min_reply=cfg.prompt_tokens + 3)
     data_s = time.perf_counter() - t_start
     rng = random.Random(cfg.seed)
@@ -102,8 +136,8 @@ def train(cfg: TrainConfig) -> Path:
     opt = torch.optim.AdamW([emb], lr=cfg.lr, weight_decay=0.0)
     losses: list[float] = []
     start, train_s = 0, 0.0
-    if cfg.resume and ckpt_path.exists():
-        state = torch.load(ckpt_path)
+    if saved is not None:
+        state = saved
         if state["settings"] != settings:
             raise SpecbenchError(f"--resume: {ckpt_path} was made with other settings; use the same options or "
                                  "another --out")
@@ -146,7 +180,7 @@ def train(cfg: TrainConfig) -> Path:
     meta = {
         "method": "ppd", "model": target.spec, "model_key": pt.model_key(target),
         "model_fingerprint": target.fingerprint(), "prompt_tokens": cfg.prompt_tokens, "ept": cfg.ept,
-        "steps": cfg.steps, "data": {"name": cfg.data, "prompts": f"{cfg.held_out}..{cfg.held_out + cfg.prompts - 1}",
+        "steps": cfg.steps, "data": {"name": cfg.data, "prompts": f"{cfg.held_out}..{cfg.held_out + prompts - 1}",
                                      "sequences": len(seqs), "tokens": sum(len(s) for s, _ in seqs),
                                      "continuation": f"greedy, up to {cfg.new_tokens} new tokens"},
         "loss": "sum_j alpha^j KL(teacher || student)", "alpha": cfg.alpha, "lr": cfg.lr, "schedule": "cosine",
@@ -161,6 +195,21 @@ def train(cfg: TrainConfig) -> Path:
     plot_losses(losses, out / "loss.png", f"{target.spec}: S={cfg.prompt_tokens}, EPT={cfg.ept}")
     (out / ".gitignore").write_text("checkpoint/\n")
     return out
+
+
+def announce_plan(target: LoadedModel, cfg: TrainConfig, prompts: int, sources: int, steps: int) -> None:
+    """Say up front what training will do and about how long it takes here, before the slow part starts: data from
+    timed forwards of 1 and 129 tokens (selfdistill.generation_seconds), training from one timed step."""
+    todo = pending_prompts(target, cfg.data, cfg.held_out, prompts, cfg.new_tokens, cfg.data_file)
+    with console.status("Timing a few forwards and one training step (for the time estimate)"):
+        data_s = generation_seconds(target, todo, cfg.new_tokens)
+        typical = sorted(len(p) for p in todo)[len(todo) // 2] if todo else 64
+        train_s = steps * step_seconds(target, cfg, typical + cfg.new_tokens) if steps > 0 else 0.0
+    data = (f"self-distil {len(todo)} prompts x up to {cfg.new_tokens} tokens (about {duration(data_s)})" if todo
+            else f"self-distilled data of {prompts} prompts per source cached")
+    console.print(f"[bold]train ppd[/] {escape(target.spec)}: {data}, then {steps} steps (about "
+                  f"{duration(train_s)}): [bold]about {duration(data_s + train_s)}[/] on this machine. "
+                  f"{prompts} training prompt(s) per source ({sources} source(s)); --steps and --prompts change it.")
 
 
 def plot_losses(losses: list[float], path: Path, title: str,

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from ..core.cache import crop_to, new_cache
-from ..core.models import LoadedModel, dtype_name
+from ..core.models import LoadedModel, dtype_name, model_slug
 from ..data import datasets as ds
 from ..data.trainsets import refuse_as_benchmark
 from ..drafters.prompt_tokens import PromptTokens, hidden, insertion_inputs
@@ -33,7 +33,8 @@ GENERIC_PER_RANK = [[round(0.45 * 0.5 ** d / (r + 1) ** 1.5, 5) for r in range(T
 
 
 def default_path(model: str, method: str = "ppd") -> Path:
-    return Path("acceptance") / model.removeprefix("random:").replace("/", "--") / f"{method}.yaml"
+    """acceptance/<model key>/<method>.yaml (key: model_slug), where build-tree and run look."""
+    return Path("acceptance") / model_slug(model) / f"{method}.yaml"
 
 
 def read_per_rank(path: str | Path, rows: int) -> list[list[float]]:

@@ -121,9 +121,10 @@ def find_measured(root: Path, slug_hint: str, model: str, dtype: str) -> Path | 
 
 
 def resolve_profile(gpu: str, model: str, config, dtype: str, local_slug: str, widths,
-                    root: Path = Path("profiles")) -> LatencyProfile:
+                    root: Path = Path("profiles"), spec: str | None = None) -> LatencyProfile:
     """The latency curve that `--gpu X` means: a profile path, a measured profile of that hardware (always wins),
-    else a roofline estimate from the chip preset. `cpu` means this machine's measured CPU profile."""
+    else a roofline estimate from the chip preset. `cpu` means this machine's measured CPU profile.
+    `model` is the model's file-name key (model_slug); `spec` the model as the user named it (for the advice)."""
     if gpu.endswith((".yaml", ".yml")) or Path(gpu).is_file():
         return load_profile(gpu)
     if gpu == "cpu":
@@ -133,9 +134,9 @@ def resolve_profile(gpu: str, model: str, config, dtype: str, local_slug: str, w
             hint = (f" Profiles of other CPUs exist ({', '.join(others)}), but a curve measured elsewhere chooses "
                     "the wrong tree here; pass one as --gpu PATH to borrow it knowingly (labelled borrowed).") \
                 if others else ""
-            raise SpecbenchError(f"--gpu cpu: no measured profile of {model} ({dtype}) for this CPU "
-                                 f"({local_slug}) under {root}/; run `specbench profile --model {model} --dtype "
-                                 f"{dtype} --device cpu` first.{hint}")
+            raise SpecbenchError(f"--gpu cpu: no measured profile of {spec or model} ({dtype}) for this CPU "
+                                 f"({local_slug}): looked for {path}; run `specbench profile --model "
+                                 f"{spec or model} --dtype {dtype} --device cpu` first.{hint}")
         return load_profile(path)
     if gpu not in CHIPS:
         raise SpecbenchError(f"unknown --gpu {gpu!r}: use one of {', '.join(GPU_CHOICES)} or a profile .yaml path")

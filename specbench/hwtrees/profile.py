@@ -18,7 +18,7 @@ from .. import __version__
 from ..core.cache import new_cache
 from ..core.forward import forward, timed_forward
 from ..core.hardware import environment, gpu_facts, hardware_identity, slug_of
-from ..core.models import LoadedModel, dtype_name
+from ..core.models import LoadedModel, dtype_name, model_slug
 from ..errors import SpecbenchError
 from ..progress import progress_bar
 
@@ -145,11 +145,13 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
                          "git": env["git"]}}
     if device.type == "cuda":
         meta["nvml"] = gpu_facts(device.index or 0)
-    return LatencyProfile(target.spec.removeprefix("random:"), dtype_name(target.dtype), slug_of(identity),
+    meta["model_spec"] = target.spec  # `model` is its file-name key (model_slug), the one build-tree and run use
+    return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(identity),
                           "measured", list(widths), curves, meta)
 
 
 def default_path(profile: LatencyProfile, root: Path = Path("profiles")) -> Path:
+    """profiles/<hardware>/<model key>-<dtype>.yaml (under the working directory), where build-tree and run look."""
     return root / profile.hardware / f"{profile.model}-{profile.dtype}.yaml"
 
 

@@ -74,9 +74,10 @@ class DecodeMethod:
             if drafter is None:
                 self.drafter = self.default_drafter(target)
             if self.drafter is None:
-                raise SpecbenchError(f"method {self.name} needs a drafter and {target.spec} has no shipped one: pass "
-                                     "--drafter (a model with the same tokenizer, or a folder written by "
-                                     "`specbench train drafter`)")
+                raise SpecbenchError(f"method {self.name} needs a drafter and {target.spec} has none: train one with "
+                                     f"`specbench train drafter --model {target.spec}` (found by itself "
+                                     "afterwards), or pass --drafter (a model with the same tokenizer, or a folder "
+                                     "written by `specbench train drafter`)")
 
     @classmethod
     def default_drafter(cls, target: LoadedModel) -> LoadedModel | None:

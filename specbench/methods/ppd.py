@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from ..core.cache import cache_length, keep_positions, new_cache
 from ..core.hardware import hardware_slug
-from ..core.models import dtype_name
+from ..core.models import dtype_name, model_slug
 from ..core.tree import (
     Tree,
     TreeFile,
@@ -81,15 +81,22 @@ class ParallelPromptDecoding(DecodeMethod):
         device, dtype = target.device, target.dtype
         self.prompts = pt.resolve(options.artifact, target)
         m = self.prompts.count
-        model_name = target.spec.removeprefix("random:")
+        model_name = model_slug(target.spec)  # the file-name key every command uses (trees/, acceptance/)
         acc_path = locate(f"acceptance/{model_name}/ppd.yaml")
         acc = read_per_rank(acc_path, m) if acc_path else GENERIC_PER_RANK[:m]
+        # where predicted tau comes from (run.yaml, report.md): this model's own estimate, or a generic table
+        self.acceptance_source = str(acc_path) if acc_path else (
+            f"a generic acceptance table, not {target.spec}'s (no acceptance/{model_name}/ppd.yaml: "
+            f"`specbench estimate --method ppd --model {target.spec}` measures it)")
+        if acc_path is None and not target.extras.get("generic_acceptance_said"):  # once per model (tree sweeps)
+            target.extras["generic_acceptance_said"] = True
+            console.print(f"[yellow]note[/] ppd: predicted tau and tree search use {escape(self.acceptance_source)}")
 
         def build(size: int) -> TreeFile:
             return searched_tree(acc, m, size, model_name, str(acc_path) if acc_path else "a generic table")
 
         self.tree_file, self.tree_source = resolve_tree(options.tree, model_name, "ppd", hardware_slug(device),
-                                                        dtype_name(dtype), build, DEFAULT_SIZE)
+                                                        dtype_name(dtype), build, DEFAULT_SIZE, target.spec)
         if self.tree_file.prompt_tokens > m:
             raise SpecbenchError(f"tree ({self.tree_source}) uses {self.tree_file.prompt_tokens} prompt tokens but "
                                  f"the artefact ({self.prompts.source}) has {m}; use a tree built for {m}")
