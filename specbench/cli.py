@@ -140,6 +140,9 @@ def run(
                                             "profiles, float32 without them), float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
     limit: Annotated[int, typer.Option(help="Prompts per dataset (the first N).")] = 6,
+    per_category: Annotated[bool, typer.Option(help="--limit takes the first N of every category (files with a "
+                                                    "`category` field: MT-Bench, Spec-Bench question files).")]
+    = False,
     max_new_tokens: Annotated[int, typer.Option(help="Cap on new tokens per turn.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy (checks lossless methods against ar).")] = 0.0,
     top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (temperature > 0).")] = 1.0,
@@ -166,7 +169,8 @@ def run(
         out_dir = _newest_run() if resume else default_out()
     cfg = RunConfig(
         methods=tuple(method or ("ar", "pld")), datasets=tuple(dataset or ("humaneval",)), model=model,
-        drafter=drafter, dtype=dtype, device=device, limit=limit, max_new_tokens=max_new_tokens,
+        drafter=drafter, dtype=dtype, device=device, limit=limit, per_category=per_category,
+        max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, repeats=repeats,
         threads=threads,
         data_file=data_file, out=out_dir, resume=resume,

@@ -200,3 +200,17 @@ def test_network_failure_is_one_error(monkeypatch, tmp_path):
     monkeypatch.setattr(ds, "_get", down)
     with pytest.raises(SpecbenchError, match=r"(?s)not found.*grade-school-math.*unreachable.*openai/gsm8k"):
         ds.load_prompts("gsm8k", 3)
+
+
+def test_user_question_file_keeps_its_ids_and_categories(tmp_path):
+    """A Spec-Bench / MT-Bench style question file: question_id, category, turns."""
+    rows = [{"question_id": 81 + i, "category": cat, "turns": [f"q{i}"]}
+            for i, cat in enumerate(["writing", "writing", "math", "math", "coding"])]
+    path = write_jsonl(tmp_path / "questions.jsonl", rows)
+    _, first = ds.load_prompts(str(path), 2)
+    assert [(p.id, p.category) for p in first] == [("81", "writing"), ("82", "writing")]  # the first N rows
+    _, each = ds.load_prompts(str(path), 1, per_category=True)
+    assert [(p.id, p.category) for p in each] == [("81", "writing"), ("83", "math"), ("85", "coding")]
+    dup = write_jsonl(tmp_path / "dup.jsonl", [{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}])
+    with pytest.raises(SpecbenchError, match="prompt id 'a' appears more than once"):
+        ds.load_prompts(str(dup))

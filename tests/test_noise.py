@@ -94,3 +94,15 @@ def test_report_gate_refuses_to_judge_disturbed_numbers(tmp_path):
     judged = runner.invoke(app, ["report", str(run), "--fail-below", "1.0", "--judge-disturbed"])
     assert judged.exit_code == 0 and "judged anyway" in judged.output
     assert "TIMING DISTURBED" in (run / "report.md").read_text()
+
+
+def test_report_has_a_per_category_table_with_an_overall_row(tmp_path):
+    from specbench.bench.report import by_category
+
+    recs = records(ar_wall=10, method_wall=8)
+    recs["category"] = ["math", "math", "math", "math", "code", "code", "code", "code"]
+    recs.loc[(recs.method == "pld") & (recs.category == "code"), "wall_s"] = 5.0
+    table = by_category(recs, summarize(recs)).set_index(["method", "category"])
+    assert table.loc[("pld", "math"), "speedup"] == 1.25 and table.loc[("pld", "code"), "speedup"] == 2.0
+    assert table.loc[("pld", "all"), "speedup"] == round(400 / 26 / (400 / 40), 3)
+    assert by_category(records(), summarize(records())).empty  # no categories: no table

@@ -258,6 +258,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
         md += [f"- options: {s.get('options')}", ""]
     md += ["## Summary", "", markdown_table(summary), ""]
     md += ["Lossy methods (typical acceptance) are labelled `lossy`. " + LOSSLESS_TEXT, ""]
+    md += category_section(records, summary, run_dir, (meta.get("noise_guard") or {}).get("latency_floor", 1.0))
     md += noise_section(summary, meta)
     md += ["## Formulas", "", "```", FORMULAS, "```", ""]
     md += ["![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]
@@ -296,6 +297,43 @@ def compare_runs(run_dirs: list[Path], out: Path) -> pd.DataFrame:
            "![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]
     (out / "summary.md").write_text("\n".join(md))
     return combined
+
+
+CATEGORY_COLUMNS = ["method", "dataset", "category", "prompts", "turns", "tokens_per_s", "speedup", "tau",
+                    "acceptance_rate", "lossless_rate", "lossless_explained_rate", "timing"]
+
+
+def by_category(records: pd.DataFrame, summary: pd.DataFrame, latency_floor: float = 1.0) -> pd.DataFrame:
+    """Per method x dataset x category (each against ar on the same category), then an `all` row per method x
+    dataset (the overall summary): Spec-Bench reports per category. Empty when no record has a category."""
+    if "category" not in records or not records.category.astype(str).str.len().any():
+        return pd.DataFrame(columns=CATEGORY_COLUMNS)
+    category = records.category.astype(str).replace("", "(none)")
+    pairs = list(dict.fromkeys(zip(records.dataset, category)))  # (dataset, category) in first-seen order
+    key = {pair: f"#{i}" for i, pair in enumerate(pairs)}
+    split = summarize(records.assign(dataset=[key[p] for p in zip(records.dataset, category)]),
+                      latency_floor=latency_floor)
+    back = {k: pair for pair, k in key.items()}
+    split["category"] = split.dataset.map(lambda k: back[k][1])
+    split["dataset"] = split.dataset.map(lambda k: back[k][0])
+    overall = summary.assign(category="all")
+    table = pd.concat([split, overall], ignore_index=True)
+    order = {m: i for i, m in enumerate(summary.method)}
+    table = table.sort_values(["dataset", "category"], key=lambda c: c.map(lambda v: (v == "all", v))
+                              if c.name == "category" else c, kind="stable")
+    table = table.sort_values("method", key=lambda c: c.map(order), kind="stable")
+    return table[[c for c in CATEGORY_COLUMNS if c in table]].reset_index(drop=True)
+
+
+def category_section(records: pd.DataFrame, summary: pd.DataFrame, run_dir: Path, latency_floor: float) -> list[str]:
+    """report.md's per-category table (and summary_by_category.csv), when the prompts have categories."""
+    table = by_category(records, summary, latency_floor)
+    if table.empty:
+        return []
+    table.to_csv(run_dir / "summary_by_category.csv", index=False)
+    return ["## Per category", "", markdown_table(table), "",
+            "Each category's speedup is against `ar` on the same category's prompts; `all` is the overall row "
+            "(`summary_by_category.csv`). `specbench run --per-category --limit N` takes N prompts of each.", ""]
 
 
 def is_partial(meta: dict) -> bool:

@@ -20,6 +20,7 @@ class Record:
     method: str
     dataset: str
     prompt_id: str
+    category: str  # the prompt's category ("" when its file has none)
     turn: int
     prompt_tokens: int
     new_tokens: int

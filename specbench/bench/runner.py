@@ -45,6 +45,7 @@ class RunConfig:
     dtype: str = "auto"
     device: str = "auto"
     limit: int | None = 6
+    per_category: bool = False  # limit = the first N of every category
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
@@ -334,7 +335,7 @@ class Runner:
                     lossless = _compare(r.gen.tokens, reference[key])
                     if lossless != "match":
                         gap, verdict = self.explain(dataset, prompt, r, reference, ar_ids, verdict)
-                writer.write(self.record(label, dataset, prompt.id, r, lossless, gap,
+                writer.write(self.record(label, dataset, prompt, r, lossless, gap,
                                          verdict if lossless not in ("", "match") else ""), r.gen.tokens)
                 if r.gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
                     timeline.append(writer.records_path.parent, {"method": label, "dataset": dataset,
@@ -357,12 +358,12 @@ class Runner:
         index = int(_compare(r.gen.tokens, ar_tokens).split("@")[1])
         return explain_mismatch(self.target, ids, ar_tokens, r.gen.tokens, index)
 
-    def record(self, method: str, dataset: str, prompt_id: str, r: TurnResult, lossless: str, gap: float,
+    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, lossless: str, gap: float,
                verdict: str) -> Record:
         gen, seconds, n = r.gen, r.seconds, len(r.gen.tokens)
         per_pos = " ".join(f"{a}/{d}" for a, d in zip(gen.accepted_per_position, gen.drafted_per_position))
         return Record(
-            method=method, dataset=dataset, prompt_id=str(prompt_id), turn=r.turn, prompt_tokens=r.ids.shape[1],
+            method=method, dataset=dataset, prompt_id=str(prompt.id), category=prompt.category, turn=r.turn, prompt_tokens=r.ids.shape[1],
             new_tokens=n, wall_s=round(seconds, 6), tokens_per_s=round(n / seconds, 4) if seconds else 0.0,
             target_forwards=gen.target_forwards, tau=round(n / max(gen.target_forwards, 1), 4),
             drafted=gen.drafted, accepted_drafts=gen.accepted_drafts,
@@ -416,7 +417,8 @@ def _compare(tokens: list[int], reference: list[int]) -> str:
 def run(cfg: RunConfig) -> Path:
     """Run the benchmark; returns the run directory. Ctrl-C keeps every finished record (resume with --resume)."""
     cfg = validate(cfg)
-    loaded = [(name, ds.load_prompts(name, cfg.limit, cfg.data_file)) for name in cfg.datasets]
+    loaded = [(name, ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
+              for name in cfg.datasets]
     made = missing_folders(Path(cfg.out))
     try:  # a refusal before run.yaml is written leaves no empty run folder behind
         out = prepare_out(cfg)

@@ -45,6 +45,7 @@ class Prompt:
     id: str
     turns: tuple[str, ...]
     system: str | None = None
+    category: str = ""  # the record's `category` field, when it has one (MT-Bench, Spec-Bench question files)
 
 
 @dataclass(frozen=True)
@@ -356,23 +357,39 @@ def _save(path: Path, records: list[dict]) -> None:
 # ---------------------------------------------------------------------------------------------------- prompts
 
 def load_prompts(name_or_path: str, limit: int | None = None, data_file: str | None = None,
-                 offline: bool | None = None) -> tuple[DatasetSpec, list[Prompt]]:
-    """The first `limit` prompts (default: the spec's default_limit, else all) of a named set or a user's file."""
+                 offline: bool | None = None, per_category: bool = False) -> tuple[DatasetSpec, list[Prompt]]:
+    """The first `limit` prompts (default: the spec's default_limit, else all) of a named set or a user's file;
+    with `per_category`, the first `limit` of every category (records without one form the category "")."""
     if limit is not None and limit < 1:
         raise SpecbenchError(f"--limit must be at least 1 (got {limit})")
     if name_or_path not in dataset_names() and looks_like_path(name_or_path):
         if data_file:
             raise SpecbenchError(f"--data-file is for named datasets; {name_or_path} is already a file, "
                                  "so drop --data-file")
-        return _user_prompts(Path(name_or_path), limit)
+        spec, prompts = _user_prompts(Path(name_or_path))
+        return spec, _first(prompts, limit, per_category)
 
     spec = get_spec(name_or_path)
     needed = limit or spec.default_limit
-    records = _find_records(spec, needed, data_file, offline)
-    prompts = [_render(spec, record, i) for i, record in enumerate(records[:needed])]
+    records = _find_records(spec, None if per_category else needed, data_file, offline)
+    prompts = _first([_render(spec, record, i) for i, record in enumerate(records if per_category else
+                                                                         records[:needed])], needed, per_category)
     if not prompts:
         raise SpecbenchError(f"dataset {spec.name}: the file has no records; check or replace it")
     return spec, prompts
+
+
+def _first(prompts: list[Prompt], limit: int | None, per_category: bool) -> list[Prompt]:
+    """The first `limit` prompts, or the first `limit` of each category (file order kept)."""
+    if not per_category:
+        return prompts[:limit]
+    taken: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        if limit is None or taken.get(p.category, 0) < limit:
+            taken[p.category] = taken.get(p.category, 0) + 1
+            out.append(p)
+    return out
 
 
 def looks_like_path(name: str) -> bool:
@@ -425,7 +442,12 @@ def _render(spec: DatasetSpec, record: dict, index: int) -> Prompt:
             raise SpecbenchError(f"dataset {spec.name}, record {index + 1}: field {spec.text_field!r} is missing or "
                                  "not a string; fix the file or pass the right one with --data-file")
         texts = [_fill(spec, record, index)]
-    return Prompt(id=prompt_id, turns=tuple(texts), system=spec.system)
+    return Prompt(id=prompt_id, turns=tuple(texts), system=spec.system, category=_category(record))
+
+
+def _category(record: dict) -> str:
+    value = record.get("category")
+    return str(value) if isinstance(value, (str, int)) else ""
 
 
 def _fill(spec: DatasetSpec, fields: dict, index: int) -> str:
@@ -437,12 +459,17 @@ def _fill(spec: DatasetSpec, fields: dict, index: int) -> str:
                              "missing; fix the file or the spec's template") from exc
 
 
-def _user_prompts(path: Path, limit: int | None) -> tuple[DatasetSpec, list[Prompt]]:
-    """A user's own file: `prompt` / `instruction` / `question` (first present) or `turns`; optional id, system."""
+# A user file's own prompt id: the first of these fields present (Spec-Bench / MT-Bench use question_id).
+USER_ID_FIELDS = ("id", "question_id", "prompt_id", "task_id")
+
+
+def _user_prompts(path: Path) -> tuple[DatasetSpec, list[Prompt]]:
+    """A user's own file: `prompt` / `instruction` / `question` (first present) or `turns`; optional id (or
+    question_id, ...), category, system."""
     if not path.is_file():
         raise SpecbenchError(f"--dataset {path}: no such file (and not a dataset name: "
                              f"{', '.join(dataset_names())})")
-    records = read_records(path)[:limit]
+    records = read_records(path)
     if not records:
         raise SpecbenchError(f"{path}: no records; write one JSON object a line with a 'prompt' field")
     prompts = []
@@ -454,7 +481,13 @@ def _user_prompts(path: Path, limit: int | None) -> tuple[DatasetSpec, list[Prom
             raise SpecbenchError(f"{path}, record {i + 1}: needs a string field {' / '.join(USER_TEXT_FIELDS)} or a "
                                  "'turns' list of strings")
         system = record.get("system") if isinstance(record.get("system"), str) else None
-        prompts.append(Prompt(id=str(record.get("id", i)), turns=tuple(turns), system=system))
+        own_id = next((record[f] for f in USER_ID_FIELDS if isinstance(record.get(f), (str, int))), i)
+        prompts.append(Prompt(id=str(own_id), turns=tuple(turns), system=system, category=_category(record)))
+    ids = [p.id for p in prompts]
+    if len(set(ids)) < len(ids):
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise SpecbenchError(f"{path}: prompt id {dup!r} appears more than once; ids must be unique (results are "
+                             "keyed by them)")
     name = path.name.removesuffix(".gz").rsplit(".", 1)[0]
     spec = DatasetSpec(name=name, description=f"user file {path}", path=None, files=(str(path),),
                        licence="(user's own)", template="{text}")
