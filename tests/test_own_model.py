@@ -14,7 +14,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.core import models
+from specbench.core import fit, models
 from specbench.core.cache import drop_last, new_cache, window_mask
 from specbench.core.models import load_model
 from specbench.core.verify import Sampling
@@ -300,7 +300,7 @@ def from_config_devices(monkeypatch):
 
 
 def test_a_model_too_big_for_free_memory_is_refused_before_it_is_built(monkeypatch, from_config_devices):
-    monkeypatch.setattr(models, "free_memory_bytes", lambda device: 8 * 2**30)
+    monkeypatch.setattr(fit, "free_memory_bytes", lambda device: 8 * 2**30)
     with pytest.raises(SpecbenchError) as err:
         load_model("random:llama2-7b", "bfloat16", "cpu")
     said = str(err.value)
@@ -314,7 +314,7 @@ def test_a_model_too_big_for_free_memory_is_refused_before_it_is_built(monkeypat
 
 
 def test_profile_refuses_with_exit_2_and_no_traceback(monkeypatch):
-    monkeypatch.setattr(models, "free_memory_bytes", lambda device: 2 * 2**30)
+    monkeypatch.setattr(fit, "free_memory_bytes", lambda device: 2 * 2**30)
     res = CliRunner().invoke(app, ["profile", "--model", "random:llama2-7b", "--dtype", "bfloat16"])
     assert res.exit_code == 2, res.output
     assert "needs about" in res.output and "2.0 GiB" in res.output and "Traceback" not in res.output
@@ -332,9 +332,9 @@ def test_random_weights_are_built_in_the_requested_dtype(from_config_devices):
 
 def test_memory_need_counts_weights_and_kv():
     cfg = models.model_config("random:llama2-7b")
-    params, need = models.memory_need(cfg, torch.bfloat16, torch.device("cpu"))
+    params, need = fit.memory_need(cfg, torch.bfloat16, torch.device("cpu"))
     assert 6.7e9 < params < 6.8e9
-    kv = 2 * 32 * 4096 * models.KV_HEADROOM_TOKENS * 2
-    assert need == params * 2 + kv + models.RUNTIME_HEADROOM
-    free = models.free_memory_bytes(torch.device("cpu"))
+    kv = 2 * 32 * 4096 * fit.KV_HEADROOM_TOKENS * 2
+    assert need == params * 2 + kv + fit.RUNTIME_HEADROOM
+    free = fit.free_memory_bytes(torch.device("cpu"))
     assert free is None or free > 0

@@ -19,6 +19,8 @@ import types
 import torch
 import torch.nn.functional as F
 
+MAX_PREPACK_PARAMS = 3_000_000_000  # packing keeps a second copy of the linear weights: skip for larger models
+
 ENV = "SPECBENCH_CPU_LINEAR"
 PACK_ROWS_HINT = 8  # the row count the packed layout is tuned for (flat from 1 to 8 rows, good to 64)
 
