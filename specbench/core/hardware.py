@@ -238,6 +238,8 @@ def describe(device: torch.device) -> dict:
     from .. import __version__
 
     info = {"specbench": __version__, **environment(device)}
+    info["identity"] = ", ".join(f"{k} {'+'.join(v) if isinstance(v, list) else v}"
+                                 for k, v in info["identity"].items() if k != "kind")
     info["python"] = platform.python_version()
     info["os"] = platform.platform()
     cpu = cpu_identity()
