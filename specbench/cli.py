@@ -297,6 +297,12 @@ def profile(
         table.add_row(str(n), *(f"{c['median_ms'][i]:.2f}" for c in result.curves.values()))
     out.print(table)
     console.print(f"Wrote {escape(str(path))} and {escape(str(path.with_suffix('.png')))}")
+    load = result.meta.get("contention") or {}
+    if load.get("disturbed"):
+        console.print(f"[bold red]timing disturbed[/]: other processes used {load['foreign_cpu']:.2f} cores on "
+                      f"average while this profile was measured (steal {load['steal']:.1%}); trees and --dtype auto "
+                      "built on it may be wrong. Re-run `specbench profile` on a quiet machine (recorded under "
+                      "`contention` in the file).")
 
 
 @app.command("build-tree")

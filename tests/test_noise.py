@@ -106,3 +106,17 @@ def test_report_has_a_per_category_table_with_an_overall_row(tmp_path):
     assert table.loc[("pld", "math"), "speedup"] == 1.25 and table.loc[("pld", "code"), "speedup"] == 2.0
     assert table.loc[("pld", "all"), "speedup"] == round(400 / 26 / (400 / 40), 3)
     assert by_category(records(), summarize(records())).empty  # no categories: no table
+
+
+def test_profile_records_what_else_ran_and_says_when_it_was_disturbed(monkeypatch, tmp_path):
+    from specbench.core import contention
+
+    readings = iter([contention.Snapshot(0.0, 0.0, 0.0, 10.0, 0.0, 0.5),
+                     contention.Snapshot(10.0, 15.0, 0.0, 20.0, 2.0, 2.5)])  # others: 13 s of CPU in 10 s
+    monkeypatch.setattr(contention, "snapshot", lambda: next(readings))
+    result = CliRunner().invoke(app, ["profile", "--model", "random:tiny", "--widths", "1,2", "--kv-lengths", "16",
+                                      "--repeats", "1", "--out", str(tmp_path / "p.yaml")])
+    assert result.exit_code == 0, result.output
+    meta = yaml.safe_load((tmp_path / "p.yaml").read_text())["contention"]
+    assert meta["foreign_cpu"] == 1.3 and meta["disturbed"] is True
+    assert "timing disturbed" in result.output and "1.30 cores" in result.output

@@ -17,63 +17,22 @@ on a quiet machine with --repeats 3; `report --fail-below` refuses to pass or fa
 from __future__ import annotations
 
 import math
-import os
-import resource
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 
-FOREIGN_CPU_LIMIT = 0.25  # cores' worth of other processes' CPU time during a timed row
-STEAL_LIMIT = 0.05  # share of CPU time stolen by the hypervisor during a timed row
+from ..core.contention import (  # noqa: F401  (per-row readings; re-exported for the runner and tests)
+    FOREIGN_CPU_LIMIT,
+    MIN_WALL_S,
+    STEAL_LIMIT,
+    Snapshot,
+    between,
+    snapshot,
+)
+
 DISTURBED_SHARE = 0.10  # a method x dataset is disturbed when more of its (or ar's) rows than this are
 BOUND_TOLERANCE = 0.10  # timing noise allowed on top of the plausibility bound
-MIN_WALL_S = 0.2  # shorter stretches are not judged: /proc/stat counts in 10 ms ticks
 ADVICE = ("re-run on a quiet machine (stop other jobs; `uptime` load near 0) with --repeats 3, which keeps the "
           "median of 3 timings per prompt turn")
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat unit (jiffies per second)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    wall: float  # time.monotonic() s
-    busy_s: float  # machine-wide CPU time spent running anything (user, nice, system, irq, softirq), s
-    steal_s: float  # CPU time stolen by the hypervisor, s
-    total_s: float  # all CPU time accounted, s
-    own_s: float  # this process's CPU time (every thread), s
-    load1: float  # 1-minute load average
-
-
-def snapshot() -> Snapshot:
-    """The machine's CPU accounting now (NaNs where /proc is not available)."""
-    busy = steal = total = math.nan
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-        user, nice, system, idle, iowait, irq, softirq, st = (fields + [0] * 8)[:8]
-        busy, steal = (user + nice + system + irq + softirq) / _TICK, st / _TICK
-        total = (user + nice + system + idle + iowait + irq + softirq + st) / _TICK
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        load1 = os.getloadavg()[0]
-    except OSError:
-        load1 = math.nan
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return Snapshot(time.monotonic(), busy, steal, total, usage.ru_utime + usage.ru_stime, load1)
-
-
-def between(before: Snapshot, after: Snapshot) -> dict:
-    """Record fields for one timed stretch: foreign_cpu (cores), steal (share), load_before, load_after."""
-    wall = after.wall - before.wall
-    foreign = steal = math.nan
-    if wall >= MIN_WALL_S and not math.isnan(before.busy_s):
-        others = (after.busy_s - before.busy_s) - (after.own_s - before.own_s)
-        foreign = max(0.0, others) / wall  # jiffy granularity (10 ms) and accounting lag can dip below 0
-        accounted = after.total_s - before.total_s
-        steal = (after.steal_s - before.steal_s) / accounted if accounted > 0 else 0.0
-    return {"foreign_cpu": round(foreign, 3), "steal": round(steal, 4),
-            "load_before": round(before.load1, 2), "load_after": round(after.load1, 2)}
 
 
 def latency_floor(profile) -> float:

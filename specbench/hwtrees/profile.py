@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from .. import __version__
+from ..core import contention
 from ..core.cache import new_cache
 from ..core.forward import forward, timed_forward
 from ..core.hardware import environment, gpu_facts, hardware_identity, slug_of
@@ -117,6 +118,7 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
     gen = torch.Generator().manual_seed(0)
     vocab = min(target.vocab_size, 32000)
     curves: dict[int, dict[str, list[float]]] = {}
+    before = contention.snapshot()
     with progress_bar() as bar:
         task = bar.add_task("profiling", total=len(kv_lengths) * repeats, info="")
         for kv in kv_lengths:
@@ -137,10 +139,11 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
             curves[kv] = {"median_ms": [round(float(t.median()), 3) for t in stats],
                           "p10_ms": [round(float(t.quantile(0.1)), 3) for t in stats],
                           "p90_ms": [round(float(t.quantile(0.9)), 3) for t in stats]}
+    load = contention.between(before, contention.snapshot())  # what else ran while it was measured
     env = environment(device, target.dtype)
     identity = hardware_identity(device)
     meta = {"device_name": env["device"], "identity": identity, "threads": env["threads"], "repeats": repeats,
-            "warmup": warmup,
+            "warmup": warmup, "contention": {**load, "disturbed": contention.disturbed(load)},
             "versions": {"torch": env["torch"], "transformers": env["transformers"], "specbench": __version__,
                          "git": env["git"]}}
     if device.type == "cuda":
