@@ -199,6 +199,8 @@ def _newest_run() -> Path:
 
 
 def _print_summary(summary, title: str) -> None:
+    from .bench.noise import is_disturbed
+
     table = Table(title=title)
     for col in ("method", "dataset", "prompts", "tok/s", "speedup vs ar", "mean ratio", "tau", "accept",
                 "lossless", "timing"):
@@ -215,7 +217,7 @@ def _print_summary(summary, title: str) -> None:
         timing = str(getattr(r, "timing", "") or "")
         table.add_row(r.method, r.dataset, str(r.prompts), fmt(r.tokens_per_s), fmt(r.speedup, "{:.2f}x"),
                       fmt(r.speedup_mean, "{:.2f}x"), fmt(r.tau), fmt(r.acceptance_rate), loss,
-                      "[bold red]DISTURBED[/]" if timing.startswith("disturbed") else timing)
+                      "[bold red]DISTURBED[/]" if is_disturbed(timing) else timing)
     out.print(table)
     _warn_disturbed(summary)
 
@@ -463,12 +465,14 @@ def report(
 
 
 def _print_history(frame) -> None:
+    from .bench.noise import is_disturbed
+
     table = Table(title="history (oldest first)")
     for col in ("commit", "method", "dataset", "speedup", "tau", "timing"):
         table.add_column(col, justify="right" if col in ("speedup", "tau") else "left")
     for r in frame[frame.method != "ar"].itertuples(index=False):
         table.add_row(escape(r.commit), escape(r.method), escape(r.dataset), f"{r.speedup:.2f}x", f"{r.tau:.2f}",
-                      "[bold red]DISTURBED[/]" if r.timing.startswith("disturbed") else r.timing)
+                      "[bold red]DISTURBED[/]" if is_disturbed(r.timing) else r.timing)
     out.print(table)
 
 

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from specbench.bench import noise
 from specbench.bench.report import summarize
 from specbench.cli import app
+from specbench.core import contention
 from specbench.hwtrees.profile import LatencyProfile
 
 
@@ -30,26 +31,26 @@ def records(ar_wall=10.0, method_wall=5.0, tau=1.5, foreign=0.0, rows=4) -> pd.D
 
 
 def test_snapshots_measure_other_processes_not_this_one():
-    before = noise.snapshot()
+    before = contention.snapshot()
     sum(i * i for i in range(3_000_000))  # this process's own work is not "foreign"
-    after = noise.snapshot()
-    got = noise.between(before, after)
+    after = contention.snapshot()
+    got = contention.between(before, after)
     assert set(got) == {"foreign_cpu", "steal", "load_before", "load_after"}
-    if after.wall - before.wall >= noise.MIN_WALL_S:
+    if after.wall - before.wall >= contention.MIN_WALL_S:
         assert 0 <= got["foreign_cpu"] < 2.5 and 0 <= got["steal"] <= 1
-    short = noise.between(before, noise.Snapshot(before.wall + 0.01, before.busy_s + 1, 0, 1, before.own_s, 0))
+    short = contention.between(before, contention.Snapshot(before.wall + 0.01, before.busy_s + 1, 0, 1, before.own_s, 0))
     assert math.isnan(short["foreign_cpu"])  # 10 ms: below /proc/stat's resolution, not judged
 
 
 def test_quiet_plausible_run_is_ok():
-    v = noise.verdicts(records(ar_wall=10, method_wall=8, tau=1.5))
+    v = summarize(records(ar_wall=10, method_wall=8, tau=1.5))
     assert (v.timing == "ok").all()
     assert v.set_index("method").forward_ratio["pld"] == round((8 / 67) / (10 / 100), 3)
 
 
 def test_speedup_beyond_tau_is_flagged():
     """ar's forwards 2 s, the method's 50 ms: 26x at tau 1.2 is impossible (the loaded-machine run of issue 17)."""
-    v = noise.verdicts(records(ar_wall=200, method_wall=7.5, tau=1.2)).set_index("method")
+    v = summarize(records(ar_wall=200, method_wall=7.5, tau=1.2)).set_index("method")
     assert v.timing["pld"].startswith("disturbed: speedup 26.67x exceeds what tau 1.20 allows")
     assert v.timing["ar"] == "ok"
 
@@ -58,13 +59,13 @@ def test_latency_floor_widens_the_bound_where_the_curve_dips():
     profile = LatencyProfile("m", "float32", "cpu-x", "measured", [1, 2, 4], {128: {"median_ms": [38.0, 43.4, 36.8]}})
     floor = noise.latency_floor(profile)
     assert floor == round(36.8 / 38.0, 4) and noise.latency_floor(None) == 1.0
-    tight = noise.verdicts(records(ar_wall=10, method_wall=6.0, tau=1.5), 1.0).set_index("method")
-    loose = noise.verdicts(records(ar_wall=10, method_wall=6.0, tau=1.5), 0.9).set_index("method")
+    tight = summarize(records(ar_wall=10, method_wall=6.0, tau=1.5), latency_floor=1.0).set_index("method")
+    loose = summarize(records(ar_wall=10, method_wall=6.0, tau=1.5), latency_floor=0.9).set_index("method")
     assert tight.timing["pld"].startswith("disturbed") and loose.timing["pld"] == "ok"
 
 
 def test_load_during_ar_marks_every_comparison_disturbed():
-    v = noise.verdicts(records(foreign=1.0)).set_index("method")
+    v = summarize(records(foreign=1.0)).set_index("method")
     assert v.timing["pld"].startswith("disturbed") and "1.00 cores" in v.timing["pld"]
     summary = summarize(records(foreign=1.0))
     assert summary.set_index("method").timing["pld"].startswith("disturbed")
@@ -109,8 +110,6 @@ def test_report_has_a_per_category_table_with_an_overall_row(tmp_path):
 
 
 def test_profile_records_what_else_ran_and_says_when_it_was_disturbed(monkeypatch, tmp_path):
-    from specbench.core import contention
-
     readings = iter([contention.Snapshot(0.0, 0.0, 0.0, 10.0, 0.0, 0.5),
                      contention.Snapshot(10.0, 15.0, 0.0, 20.0, 2.0, 2.5)])  # others: 13 s of CPU in 10 s
     monkeypatch.setattr(contention, "snapshot", lambda: next(readings))

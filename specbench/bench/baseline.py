@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
+from ..core.hardware import IDENTITY_FIELDS, brief
 from ..errors import SpecbenchError
 from . import csvcheck
+from .results import read_meta
 
 SUMMARY_NUMBERS = ("speedup", "tau", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "tokens_per_s")
 # settings that pick which rows exist (rows are matched by method x dataset), or that run.yaml records resolved
 # elsewhere (dtype, device, threads: in environment), are not compared as settings
 NOT_COMPARED = {"methods", "datasets", "model", "dtype", "device", "threads", "options"}
-IDENTITY_FIELDS = ("kind", "vendor", "name", "family", "model", "isa", "cores", "memory_gib", "capability")
 
 
 @dataclass
@@ -84,24 +84,14 @@ def summary_of(run_dir: Path) -> pd.DataFrame:
     records = read_records(run_dir)
     if records.empty:
         raise SpecbenchError(f"{run_dir}: records.csv has no results")
-    meta = read_yaml(run_dir / "run.yaml")
+    meta = read_meta(run_dir)
     return summarize(records, latency_floor=(meta.get("noise_guard") or {}).get("latency_floor", 1.0))
-
-
-def read_yaml(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    try:
-        meta = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, OSError) as exc:
-        raise SpecbenchError(f"{path}: not a readable run.yaml ({' '.join(str(exc).split())})") from exc
-    return meta if isinstance(meta, dict) else {}
 
 
 def identify(side: Side, folder: Path) -> Side:
     """Fill in what `side`'s numbers depend on from run.yaml in `folder`, else records.csv beside it, else the
     summary's own columns."""
-    meta = read_yaml(folder / "run.yaml")
+    meta = read_meta(folder)
     if meta:
         env = meta.get("environment") or {}
         side.environment = env
@@ -134,7 +124,7 @@ def differences(new: Side, old: Side) -> list[str]:
 
     def differ(label: str, a, b) -> None:
         if a is not None and b is not None and a != b:
-            out.append(f"{label}: {_brief(a)} (this run) vs {_brief(b)} (baseline)")
+            out.append(f"{label}: {brief(a)} (this run) vs {brief(b)} (baseline)")
 
     differ("hardware", new.hardware, old.hardware)
     if new.identity and old.identity and new.hardware == old.hardware:  # same key, another chip underneath
@@ -176,7 +166,3 @@ def check_comparable(new: Side, old: Side, allow_different: bool) -> list[str]:
         raise SpecbenchError(f"--baseline {old.path}: its hardware identity cannot be checked ({old.source}); "
                              "pass the whole run folder (with run.yaml), or --allow-different to compare anyway.")
     return notes
-
-
-def _brief(value) -> str:
-    return "+".join(map(str, value)) if isinstance(value, list) else str(value)

@@ -16,7 +16,8 @@ from ..errors import SpecbenchError
 from ..progress import console, out
 from . import baseline as bl
 from . import gate, jobsummary, junit, regress
-from .titles import comparison_title, plot_title, read_meta
+from .results import read_meta
+from .titles import comparison_title, plot_title
 
 
 @dataclass

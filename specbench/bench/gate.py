@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .regress import is_disturbed
+from .noise import is_disturbed
 
 NOT_JUDGED_EXIT, FAILED_EXIT = 3, 1
 

@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 
 from ..errors import SpecbenchError  # noqa: E402
 from .baseline import load_side  # noqa: E402
-from .regress import is_disturbed  # noqa: E402
+from .noise import is_disturbed  # noqa: E402
 from .titles import set_title  # noqa: E402
 
 COLUMNS = ["order", "commit", "run", "method", "dataset", "speedup", "tau", "acceptance_rate", "lossless_rate",

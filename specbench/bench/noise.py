@@ -16,18 +16,9 @@ on a quiet machine with --repeats 3; `report --fail-below` refuses to pass or fa
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
-from ..core.contention import (  # noqa: F401  (per-row readings; re-exported for the runner and tests)
-    FOREIGN_CPU_LIMIT,
-    MIN_WALL_S,
-    STEAL_LIMIT,
-    Snapshot,
-    between,
-    snapshot,
-)
+from ..core.contention import FOREIGN_CPU_LIMIT, STEAL_LIMIT  # per-row readings: core/contention.py
 
 DISTURBED_SHARE = 0.10  # a method x dataset is disturbed when more of its (or ar's) rows than this are
 BOUND_TOLERANCE = 0.10  # timing noise allowed on top of the plausibility bound
@@ -43,34 +34,33 @@ def latency_floor(profile) -> float:
     return round(min(ratios + [1.0]), 4)
 
 
-def verdicts(records: pd.DataFrame, floor: float = 1.0) -> pd.DataFrame:
-    """Per method x dataset: forward_ratio (its ms per forward / ar's), speedup_bound (tau / floor), the share of
-    disturbed rows (its own and ar's on the same dataset), and `timing`: "ok" or "disturbed: <reasons>"."""
-    rows = []
+def judge(summary: pd.DataFrame, records: pd.DataFrame, floor: float = 1.0) -> pd.DataFrame:
+    """The summary (report.summarize: speedup, tau, forward_ms, forward_ratio per method x dataset) with the noise
+    guard's columns added: speedup_bound (tau / floor x (1 + tolerance)), disturbed_rows (the share of its own or
+    ar's rows timed beside other work) and `timing`: "ok" or "disturbed: <reasons>"."""
     disturbed = _disturbed_rows(records)
-    for (method, dataset), g in records.groupby(["method", "dataset"], sort=False):
-        ar = records[(records.method == "ar") & (records.dataset == dataset)]
-        ar_fwd = ar.wall_s.sum() / max(ar.target_forwards.sum(), 1) if len(ar) else math.nan
-        fwd = g.wall_s.sum() / max(g.target_forwards.sum(), 1)
-        tau = g.new_tokens.sum() / max(g.target_forwards.sum(), 1)
-        ar_tps = ar.new_tokens.sum() / ar.wall_s.sum() if len(ar) and ar.wall_s.sum() > 0 else math.nan
-        speedup = (g.new_tokens.sum() / g.wall_s.sum()) / ar_tps if g.wall_s.sum() > 0 else math.nan
-        bound = tau / floor * (1 + BOUND_TOLERANCE)
-        share = max(disturbed[g.index].mean(), disturbed[ar.index].mean() if len(ar) else 0.0)
+    bounds, shares, timings = [], [], []
+    for r in summary.itertuples(index=False):
+        mine = (records.method == r.method) & (records.dataset == r.dataset)
+        ar = (records.method == "ar") & (records.dataset == r.dataset)
+        bound = r.tau / floor * (1 + BOUND_TOLERANCE)
+        share = max(disturbed[mine].mean(), disturbed[ar].mean() if ar.any() else 0.0)
         reasons = []
-        if method != "ar" and speedup > bound:
-            reasons.append(f"speedup {speedup:.2f}x exceeds what tau {tau:.2f} allows ({bound:.2f}x): its "
-                           f"forwards took {fwd * 1e3:.1f} ms against ar's {ar_fwd * 1e3:.1f} ms")
+        if r.method != "ar" and r.speedup > bound:
+            reasons.append(f"speedup {r.speedup:.2f}x exceeds what tau {r.tau:.2f} allows ({bound:.2f}x): its "
+                           f"forwards took {r.forward_ms:.1f} ms against ar's {r.forward_ms / r.forward_ratio:.1f} ms")
         if share > DISTURBED_SHARE:
-            worst = records.loc[g.index.union(ar.index), "foreign_cpu"].max()
             reasons.append(f"{share:.0%} of its or ar's rows were timed while other processes used up to "
-                           f"{worst:.2f} cores")
-        rows.append({"method": method, "dataset": dataset,
-                     "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
-                     "speedup_bound": round(bound, 3), "disturbed_rows": round(float(share), 3),
-                     "timing": "disturbed: " + "; ".join(reasons) if reasons else "ok"})
-    return pd.DataFrame(rows, columns=["method", "dataset", "forward_ratio", "speedup_bound", "disturbed_rows",
-                                       "timing"])
+                           f"{records.loc[mine | ar, 'foreign_cpu'].max():.2f} cores")
+        bounds.append(round(bound, 3))
+        shares.append(round(float(share), 3))
+        timings.append("disturbed: " + "; ".join(reasons) if reasons else "ok")
+    return summary.assign(speedup_bound=bounds, disturbed_rows=shares, timing=timings)
+
+
+def is_disturbed(timing) -> bool:
+    """Whether a summary's `timing` cell is the guard's "disturbed: ..." verdict."""
+    return str(timing).startswith("disturbed")
 
 
 def _disturbed_rows(records: pd.DataFrame) -> pd.Series:

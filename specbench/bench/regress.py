@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..errors import SpecbenchError
 from .markdown import markdown_table
+from .noise import is_disturbed
 
 # summary column -> (short name in the comparison, relative change?)
 MEASURES = {"speedup": ("speedup", True), "tau": ("tau", True), "acceptance_rate": ("acceptance", False),
@@ -44,10 +45,6 @@ def compare(new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
         columns += [f"{name}_base", name, f"{name}_change"]
     columns += ["timing_base", "timing", "exactness"]
     return merged[columns].fillna({"timing": "", "timing_base": "", "exactness": ""}).reset_index(drop=True)
-
-
-def is_disturbed(timing) -> bool:
-    return str(timing).startswith("disturbed")
 
 
 def _num(v, spec: str) -> str:

@@ -17,17 +17,18 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
 
 from ..errors import SpecbenchError  # noqa: E402
 from . import csvcheck, noise, timeline  # noqa: E402
 from .markdown import markdown_table  # noqa: E402
-from .titles import comparison_title, plot_title, read_meta, set_title  # noqa: E402, F401 (plot_title: API)
+from .results import read_meta  # noqa: E402
+from .titles import comparison_title, plot_title, set_title  # noqa: E402, F401 (plot_title: API)
 
 FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()
 SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_s", "tokens_per_s", "speedup",
                    "speedup_mean", "tau", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "exactness",
-                   "peak_mem_mb", "extra_mem_mb", "forward_ratio", "speedup_bound", "disturbed_rows", "timing"]
+                   "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_rows",
+                   "timing"]
 
 
 def read_records(run_dir: Path) -> pd.DataFrame:
@@ -147,30 +148,33 @@ def summarize(records: pd.DataFrame, temperature_greedy: bool = True, latency_fl
         drafted = g.drafted.sum() if "drafted" in g else 0
         peak = g.peak_mem_mb.max() if "peak_mem_mb" in g else math.nan
         ar_peak = ar_d.peak_mem_mb.max() if "peak_mem_mb" in ar_d and len(ar_d) else math.nan
+        fwd = g.wall_s.sum() / max(g.target_forwards.sum(), 1)  # seconds per target forward
+        ar_fwd = ar_d.wall_s.sum() / max(ar_d.target_forwards.sum(), 1) if len(ar_d) else math.nan
         rows.append({
             "method": method, "dataset": dataset, "prompts": g.prompt_id.nunique(), "turns": len(g),
             "new_tokens": int(g.new_tokens.sum()), "wall_s": round(g.wall_s.sum(), 3),
-            "tokens_per_s": round(tps, 2), "speedup": round(tps / ar_tps, 3),
+            "tokens_per_s": round(tps, 2), "speedup": tps / ar_tps,
             "speedup_mean": round(ratios.mean(), 3) if ratios.notna().any() else math.nan,
-            "tau": round(g.new_tokens.sum() / max(g.target_forwards.sum(), 1), 3),
+            "tau": g.new_tokens.sum() / max(g.target_forwards.sum(), 1),
             "acceptance_rate": round(g.accepted_drafts.sum() / drafted, 3) if drafted else math.nan,
             "lossless_rate": round((checked == "match").mean(), 3) if len(checked) else math.nan,
             "lossless_explained_rate": _explained_rate(g),
             "exactness": _exactness(method), "peak_mem_mb": peak,
             "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
+            "forward_ms": round(fwd * 1e3, 3), "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
         })
     summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS])
-    return summary.merge(noise.verdicts(records, latency_floor), on=["method", "dataset"], how="left")
+    return noise.judge(summary, records, latency_floor).round({"speedup": 3, "tau": 3})  # judged unrounded
 
 
-NOISE_COLUMNS = ("forward_ratio", "speedup_bound", "disturbed_rows", "timing")
+NOISE_COLUMNS = ("speedup_bound", "disturbed_rows", "timing")  # added by noise.judge
 
 
 def disturbed(summary: pd.DataFrame) -> pd.DataFrame:
     """Rows whose timing the noise guard does not trust."""
     if "timing" not in summary:
         return summary.iloc[0:0]
-    return summary[summary.timing.astype(str).str.startswith("disturbed")]
+    return summary[summary.timing.map(noise.is_disturbed)]
 
 
 def noise_section(summary: pd.DataFrame, meta: dict) -> list[str]:
@@ -234,9 +238,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     records = read_records(run_dir)
     if records.empty:
         raise SpecbenchError(f"{run_dir}: the run has no results yet (every prompt was skipped or none finished).")
-    meta = {}
-    if (run_dir / "run.yaml").exists():
-        meta = yaml.safe_load((run_dir / "run.yaml").read_text()) or {}
+    meta = read_meta(run_dir)
     summary = summarize(records, latency_floor=(meta.get("noise_guard") or {}).get("latency_floor", 1.0))
     summary.to_csv(run_dir / "summary.csv", index=False)
     title = plot_title(meta, records)
@@ -339,12 +341,6 @@ def category_section(records: pd.DataFrame, summary: pd.DataFrame, run_dir: Path
 def is_partial(meta: dict) -> bool:
     """An interrupted run (run.yaml written by a specbench that records completion, and not complete)."""
     return meta.get("complete") is False
-
-
-def below_threshold(summary: pd.DataFrame, threshold: float) -> pd.DataFrame:
-    """Non-baseline rows whose headline speedup is below the threshold (a CI gate)."""
-    rows = summary[(summary.method != "ar") & (summary.speedup < threshold)]
-    return rows
 
 
 def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str = "") -> list[str]:

@@ -14,6 +14,10 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import yaml
+
+from ..errors import SpecbenchError
+
 
 @dataclass(frozen=True)
 class Record:
@@ -99,3 +103,15 @@ def read_tokens(run_dir: Path) -> dict[tuple[str, str, str, int], list[int]]:
             continue
         out[(row["method"], row["dataset"], str(row["prompt_id"]), int(row["turn"]))] = row["tokens"]
     return out
+
+
+def read_meta(run_dir: Path) -> dict:
+    """run.yaml of a run folder ({} when it has none; an unreadable one is an error naming the file)."""
+    path = Path(run_dir) / "run.yaml"
+    if not path.exists():
+        return {}
+    try:
+        meta = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, OSError) as exc:
+        raise SpecbenchError(f"{path}: not a readable run.yaml ({' '.join(str(exc).split())})") from exc
+    return meta if isinstance(meta, dict) else {}

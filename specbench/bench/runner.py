@@ -4,7 +4,7 @@ Measurement rules (DESIGN.md §3): each turn is timed from prefill to the last t
 synchronisation at both ends; tokenisation is outside the timed region; new tokens are counted the same way for
 every method. Every method (ar included) runs each prompt, in an order rotated per prompt (`interleaved`), so every
 speedup is measured side by side on the same prompts and a burst of load cannot land on one method only; each timed
-turn records what else the machine did meanwhile (noise.py). A prompt's records are written together once every
+turn records what else the machine did meanwhile (core/contention.py). A prompt's records are written together once every
 method has run it, after the lossless check against ar (lossless.py explains a mismatch).
 """
 
@@ -20,7 +20,7 @@ import torch
 import yaml
 from rich.markup import escape
 
-from ..core import memory
+from ..core import contention, memory
 from ..core.hardware import environment
 from ..core.models import LoadedModel, dtype_name, load_model
 from ..core.timing import wall
@@ -304,7 +304,7 @@ class Runner:
 
     def run_prompt(self, prompt: ds.Prompt, index: int, label: str, order: int) -> list[TurnResult]:
         """All turns of one prompt with one method (a skipped turn ends the prompt), timed, with what else the
-        machine did meanwhile (noise.py)."""
+        machine did meanwhile (core/contention.py)."""
         method = self.methods[label]
         answers: list[str] = []
         results = []
@@ -312,10 +312,10 @@ class Runner:
             ids = self.prompt_ids(_messages(prompt, turn, answers), prompt)
             if ids is None:
                 break
-            before = noise.snapshot()
+            before = contention.snapshot()
             gen, seconds, mem = self.generate(method, ids, self.cfg.seed * 1_000_003 + index * 16 + turn)
-            results.append(TurnResult(label, turn, ids, gen, seconds, mem, noise.between(before, noise.snapshot()),
-                                      order))
+            load = contention.between(before, contention.snapshot())
+            results.append(TurnResult(label, turn, ids, gen, seconds, mem, load, order))
             answers.append(self.target.tokenizer.decode(gen.tokens))
         return results
 
@@ -386,7 +386,7 @@ class TurnResult:
     gen: Generation
     seconds: float  # median wall time of the repeats
     mem: float  # peak memory, MB
-    noise: dict  # noise.between(): foreign_cpu, steal, load_before, load_after
+    noise: dict  # contention.between(): foreign_cpu, steal, load_before, load_after
     order: int  # position among the methods run on this prompt
 
 

@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     """python -m specbench.bench.timeline RUN_DIR [--prompts N|all] [--seconds S]: draw Gantt PNGs of more prompts."""
     import argparse
 
-    from .titles import plot_title, read_meta
+    from .results import read_meta
+    from .titles import plot_title
 
     ap = argparse.ArgumentParser(prog="python -m specbench.bench.timeline",
                                  description="Draw the draft / target Gantt chart of each sd / pearl prompt of a run "

@@ -4,16 +4,8 @@
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pandas as pd
-import yaml
-
-
-def read_meta(run_dir: Path) -> dict:
-    """run.yaml of a run folder ({} when it has none)."""
-    path = Path(run_dir) / "run.yaml"
-    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
 
 
 def _title_parts(meta: dict, records: pd.DataFrame | None) -> dict[str, str]:

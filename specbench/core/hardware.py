@@ -185,12 +185,13 @@ def identity_differences(recorded: dict | None, local: dict) -> tuple[list[str],
         if recorded.get(key) is None:
             unknown.append(key)
         elif recorded[key] != local[key]:
-            differ.append(f"{key} {_brief(recorded[key])} vs {_brief(local[key])} here")
+            differ.append(f"{key} {brief(recorded[key])} vs {brief(local[key])} here")
     return differ, unknown
 
 
-def _brief(value) -> str:
-    return "+".join(value) if isinstance(value, list) else str(value)
+def brief(value) -> str:
+    """An identity value on one line: ISA lists joined with '+'."""
+    return "+".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def provenance(recorded_slug: str, recorded: dict | None, local: dict) -> str:
@@ -238,8 +239,7 @@ def describe(device: torch.device) -> dict:
     from .. import __version__
 
     info = {"specbench": __version__, **environment(device)}
-    info["identity"] = ", ".join(f"{k} {'+'.join(v) if isinstance(v, list) else v}"
-                                 for k, v in info["identity"].items() if k != "kind")
+    info["identity"] = ", ".join(f"{k} {brief(v)}" for k, v in info["identity"].items() if k != "kind")
     info["python"] = platform.python_version()
     info["os"] = platform.platform()
     cpu = cpu_identity()

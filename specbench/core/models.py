@@ -73,13 +73,13 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 
 
-def resolve_dtype(dtype: str, device: torch.device, model: str | None = None) -> torch.dtype:
-    """'auto' is bfloat16 on GPU (float16 where bf16 is unsupported); on CPU it follows this CPU's measured profiles
-    of `model` (auto_cpu_dtype), and is float32 without them (exact lossless checks; never slow at width > 1)."""
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """'auto' is bfloat16 on GPU (float16 where bf16 is unsupported) and float32 on CPU (exact lossless checks; never
+    slow at width > 1); a decoding benchmark on CPU takes auto_cpu_dtype instead (load_model's measured_auto)."""
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return auto_cpu_dtype(model)[0] if model else torch.float32
+        return torch.float32
     if dtype not in DTYPES:
         raise SpecbenchError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
     return DTYPES[dtype]
@@ -539,9 +539,12 @@ def display_name(spec: str, loaded_name: str = "") -> str:
 
 def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool) -> LoadedModel:
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev, spec if measured_auto else None)
-    if measured_auto and dtype == "auto" and dev.type == "cpu" and "measured" in (why := auto_cpu_dtype(spec)[1]):
-        console.print(f"[dim]--dtype auto: {escape(why)}[/]")
+    if measured_auto and dtype == "auto" and dev.type == "cpu":
+        dt, why = auto_cpu_dtype(spec)
+        if "measured" in why:
+            console.print(f"[dim]--dtype auto: {escape(why)}[/]")
+    else:
+        dt = resolve_dtype(dtype, dev)
     if spec == EMBEDDED_ALIAS:
         return _load_embedded(dev, dt)
     if spec.startswith("random:"):

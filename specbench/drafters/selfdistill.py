@@ -126,25 +126,14 @@ def pending_prompts(target: LoadedModel, data: str, held_out: int, prompts: int,
             for ids in _rendered(target, name, held_out, prompts, data_file)]
 
 
-@torch.inference_mode()
 def forward_costs(target: LoadedModel) -> tuple[float, float]:
-    """(seconds per forward call, seconds per token) of this model here: forwards of 1 and 129 tokens timed (the
-    faster of two each), for estimates made before slow work starts."""
-    import time
+    """(seconds per forward call, seconds per token) of this model here, from forwards of 1 and 129 tokens timed as
+    the methods time theirs (core.concurrency.measure_forward_times), for estimates made before slow work starts."""
+    from ..core.concurrency import measure_forward_times
 
-    from ..core.cache import new_cache
-
-    model = target.model
-    seconds = {}
-    for n in (1, 1, 129, 129):
-        ids = torch.randint(0, min(target.vocab_size, 32000), (1, n), generator=torch.Generator().manual_seed(n))
-        start = time.perf_counter()
-        model(ids.to(target.device), past_key_values=new_cache(model), use_cache=True, logits_to_keep=1)
-        if target.device.type == "cuda":
-            torch.cuda.synchronize(target.device)
-        seconds[n] = min(seconds.get(n, float("inf")), time.perf_counter() - start)
-    per_token = max(seconds[129] - seconds[1], 0.0) / 128
-    return max(seconds[1] - per_token, 0.0), per_token
+    t = measure_forward_times(target.model, target.device, widths=(1, 129), rounds=2)
+    per_token = max(t[129] - t[1], 0.0) / 128
+    return max(t[1] - per_token, 0.0), per_token
 
 
 def generation_seconds(target: LoadedModel, prompts: list[list[int]], new_tokens: int, batch: int = 32,
