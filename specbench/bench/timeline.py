@@ -182,6 +182,18 @@ def report_section(run_dir: Path, title: str = "", prompts: int | None = 1) -> l
     return md + [""]
 
 
+def _prompt_count(text: str):
+    """--prompts: 'all' or a positive number (argparse names the option and the value when it is neither)."""
+    if text == "all":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(text)
+    return int(text)
+
+
+_prompt_count.__name__ = "'all' or positive number"  # what argparse calls the expected value
+
+
 def main(argv: list[str] | None = None) -> None:
     """python -m specbench.bench.timeline RUN_DIR [--prompts N|all] [--seconds S]: draw Gantt PNGs of more prompts."""
     import argparse
@@ -193,13 +205,14 @@ def main(argv: list[str] | None = None) -> None:
                                  description="Draw the draft / target Gantt chart of each sd / pearl prompt of a run "
                                              "(timeline_<method>_<dataset>-<prompt>.png in the run folder).")
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--prompts", default="all", help="how many prompts per method, in run order, or 'all' (default)")
+    ap.add_argument("--prompts", default="all", type=_prompt_count,
+                    help="how many prompts per method, in run order, or 'all' (default)")
     ap.add_argument("--seconds", type=float, default=1.5, help="seconds of each generation shown; 0: all (1.5)")
     args = ap.parse_args(argv)
     rows = read(args.run_dir)
     if not rows:
         raise SystemExit(f"{args.run_dir}: no {TIMELINE_FILE} (only sd / pearl runs write one)")
-    prompts = None if args.prompts == "all" else int(args.prompts)
+    prompts = None if args.prompts == "all" else args.prompts
     records_csv = args.run_dir / "records.csv"
     records = pd.read_csv(records_csv, dtype={"prompt_id": str}) if records_csv.exists() else None
     title = plot_title(read_meta(args.run_dir), records)
