@@ -121,3 +121,34 @@ def keep_positions(cache: DynamicCache, start: int, keep: list[int]) -> None:
             for states in (layer.keys, layer.values):  # [B, heads, T, head_dim]
                 states[:, :, start:start + len(keep)] = states[:, :, index.to(states.device)]
     drop_last(cache, total - start - len(keep))
+
+
+# Padded batches (core/padded.py, the vanilla way of batching): every row of a DynamicCache has the same length.
+
+def select_rows(cache: DynamicCache, rows: list[int]) -> None:
+    """Keep the batch rows `rows` (in that order) of every layer: a finished sample leaves the batch."""
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            index = torch.tensor(rows, dtype=torch.long, device=layer.keys.device)
+            layer.keys, layer.values = layer.keys[index], layer.values[index]
+
+
+def pad_left(cache: DynamicCache, n: int) -> None:
+    """Prepend n zero entries to every row of every layer (the attention mask hides them)."""
+    if n <= 0:
+        return
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            k, v = layer.keys, layer.values  # [B, kv_heads, T, head_dim]
+            layer.keys = torch.cat([k.new_zeros(*k.shape[:2], n, k.shape[-1]), k], 2)
+            layer.values = torch.cat([v.new_zeros(*v.shape[:2], n, v.shape[-1]), v], 2)
+
+
+def append_rows(cache: DynamicCache, other: DynamicCache) -> None:
+    """Stack `other`'s rows under `cache`'s (both the same length): samples join a batch."""
+    for layer, new in zip(cache.layers, other.layers):
+        if getattr(layer, "keys", None) is None or not layer.keys.numel():
+            layer.lazy_initialization(new.keys, new.values)
+            layer.keys, layer.values = new.keys, new.values
+        else:
+            layer.keys, layer.values = torch.cat([layer.keys, new.keys]), torch.cat([layer.values, new.values])

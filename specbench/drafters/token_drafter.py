@@ -87,15 +87,19 @@ class SharedHeadDrafter(torch.nn.Module):
     def get_output_embeddings(self):
         return self._shared[1]
 
-    def hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache=None) -> torch.Tensor:
-        """input_ids [B, n] -> normed final hidden states [B, n, H]."""
+    def hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache=None,
+               attention_mask: torch.Tensor | None = None, **attention_kwargs) -> torch.Tensor:
+        """input_ids [B, n] -> normed final hidden states [B, n, H]. attention_mask: a 4-D additive mask (padded
+        batches; default causal); attention_kwargs reach the attention function (core/ragged.py's packed batches)."""
         h = self._shared[0](input_ids)  # [B, n, H]
         past = cache.get_seq_length() if cache is not None else 0
-        mask = causal_mask(past, input_ids.shape[1], input_ids.shape[0], h.dtype, h.device)
+        mask = attention_mask
+        if mask is None and "ragged" not in attention_kwargs:
+            mask = causal_mask(past, input_ids.shape[1], input_ids.shape[0], h.dtype, h.device)
         pos_emb = self.rotary_emb(h, position_ids=position_ids)
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                      use_cache=cache is not None, position_embeddings=pos_emb)
+                      use_cache=cache is not None, position_embeddings=pos_emb, **attention_kwargs)
         return self.norm(h)
 
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -108,13 +112,18 @@ class SharedHeadDrafter(torch.nn.Module):
         return F.linear(h, self._head_k)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, past_key_values=None,
-                use_cache: bool = True, logits_to_keep: int = 0, **_):
-        """The causal-LM call the methods use; logits [B, n, V] over the full vocabulary."""
+                use_cache: bool = True, logits_to_keep: int | torch.Tensor = 0,
+                attention_mask: torch.Tensor | None = None, **attention_kwargs):
+        """The causal-LM call the methods use; logits [B, n, V] over the full vocabulary (logits_to_keep: the last
+        n positions, or a tensor of the positions to keep, as transformers' models take it)."""
         if position_ids is None:
             past = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-        h = self.hidden(input_ids, position_ids, past_key_values if use_cache else None)
-        if logits_to_keep:
+        h = self.hidden(input_ids, position_ids, past_key_values if use_cache else None, attention_mask,
+                        **attention_kwargs)
+        if isinstance(logits_to_keep, torch.Tensor):
+            h = h[:, logits_to_keep]
+        elif logits_to_keep:
             h = h[:, -logits_to_keep:]
         logits = self.head_logits(h)  # [B, n, K]
         if self.vocab_ids is not None:

@@ -8,10 +8,11 @@ from ..core.cache import new_cache
 from ..core.forward import forward
 from ..core.verify import next_token
 from .base import DecodeMethod, Generation, register
+from .batched import Batchable
 
 
 @register
-class Autoregressive(DecodeMethod):
+class Autoregressive(Batchable, DecodeMethod):
     name = "ar"
     kind = "baseline"
     summary = "one token per forward (the reference every speedup is measured against)"

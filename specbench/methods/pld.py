@@ -10,6 +10,7 @@ from ..core.cache import drop_last, new_cache
 from ..core.forward import forward
 from ..core.verify import accept, next_token
 from .base import DecodeMethod, Generation, register
+from .batched import Batchable
 from .options import Option
 
 NGRAM = Option("pld_ngram", int, 3, "longest n-gram looked up (tries n, n-1, ..., 1)", minimum=1)
@@ -31,7 +32,7 @@ def lookup_draft(history: list[int], max_ngram: int, max_tokens: int) -> list[in
 
 
 @register
-class PromptLookup(DecodeMethod):
+class PromptLookup(Batchable, DecodeMethod):
     name = "pld"
     kind = "draft-free"
     summary = "prompt lookup: n-gram copy from prompt and output, verified in one forward"
@@ -65,3 +66,10 @@ class PromptLookup(DecodeMethod):
             done = gen.emit(new, stop_ids, max_new_tokens)
             history.extend(new)
         return gen
+
+    def propose(self, samples, max_new_tokens, sampling):
+        """Batch > 1: each sample's own lookup (one-hot draft: q = None)."""
+        for s in samples:
+            s.draft = lookup_draft(s.history, self.options.pld_ngram,
+                                   min(self.options.pld_draft_tokens, s.room(max_new_tokens)))
+            s.q = None

@@ -9,9 +9,11 @@ from __future__ import annotations
 import torch
 
 from ..core.concurrency import Span, forward_costs, now, step
-from ..core.verify import accept
-from ._drafting import DraftModelMethod, ModelState, draft_tokens
+from ..core.ragged import Segment
+from ..core.verify import accept, sample, warp_probs
+from ._drafting import DraftModelMethod, ModelState, draft_tokens, fit_vocab
 from .base import Generation, register
+from .batched import Batchable, engine
 
 VERIFY_WIDTHS = (1, 2, 4, 6, 9)  # target forward widths timed to choose gamma (interpolated in between)
 DEFAULT_ALPHA = 0.6  # assumed acceptance rate of a drafter without a measured one in its metadata
@@ -44,7 +46,7 @@ def default_gamma(target, drafter) -> int:
 
 
 @register
-class SpeculativeDecoding(DraftModelMethod):
+class SpeculativeDecoding(Batchable, DraftModelMethod):
     name = "sd"
     summary = "speculative decoding: a drafter proposes gamma tokens, the target verifies them in one forward"
 
@@ -87,3 +89,48 @@ class SpeculativeDecoding(DraftModelMethod):
             emitted = gen.accepted_lengths[-1]  # new cut at a stop token or max_new_tokens
             gen.timeline.append(step("sd", origin, d0, now(device), Span(d0, d1), Span(d1, t1), k, n, emitted, True))
         return gen
+
+    # batch > 1 (methods/batched.py): the drafter decodes the batch too, in the same mode as the target
+
+    def start_batch(self, mode, slots):
+        self._drafter_batch = engine(self.drafter.model, mode, slots, self.drafter.device)
+
+    def leave(self, sample):
+        if sample.slot in self._drafter_batch.rows:
+            self._drafter_batch.release(sample.slot)
+
+    @torch.inference_mode()
+    def propose(self, samples, max_new_tokens, sampling):
+        """Each sample's k drafts, one batched drafter forward per draft position (Alg. 1 lines 1-4 per sample,
+        each on its own random stream); the drafter's cache first rolls back to the verified sequence."""
+        batch = self._drafter_batch
+        k = {s.slot: min(self.gamma, s.room(max_new_tokens)) for s in samples}
+        for s in samples:
+            fed = s.scratch.setdefault("fed", [])  # the tokens the drafter's cache holds for this sample
+            if s.slot in batch.rows:
+                keep = 0
+                limit = min(len(fed), len(s.history) - 1)  # the last token is always fed again
+                while keep < limit and fed[keep] == s.history[keep]:
+                    keep += 1
+                batch.truncate(s.slot, keep)
+                del fed[keep:]
+            s.draft, s.q = [], None
+        probs: dict[int, list[torch.Tensor]] = {s.slot: [] for s in samples}
+        for j in range(max(k.values(), default=0)):
+            drafting = [s for s in samples if k[s.slot] > j]
+            feeds = {s.slot: (s.history[len(s.scratch["fed"]):] if j == 0 else [s.draft[-1]]) for s in drafting}
+            joining = {s.slot: feeds[s.slot] for s in drafting if s.slot not in batch.rows}
+            stepping = [s for s in drafting if s.slot in batch.rows and s.slot not in joining]
+            first, out = batch.forward(joining, [Segment(s.slot, feeds[s.slot], keep=1) for s in stepping])
+            logits = {**first, **{s.slot: o[-1] for s, o in zip(stepping, out)}}
+            for s in drafting:
+                s.scratch["fed"] += feeds[s.slot]
+                lg = fit_vocab(logits[s.slot], self.vocab)  # [V]
+                if sampling.greedy:
+                    s.draft.append(int(lg.argmax()))
+                else:
+                    q = warp_probs(lg, sampling)
+                    s.draft.append(sample(q, s.generator))
+                    probs[s.slot].append(q)
+        for s in samples:
+            s.q = torch.stack(probs[s.slot]) if probs[s.slot] else None
