@@ -158,6 +158,15 @@ def run(
                                               "folder in results/).")] = False,
     tree_sizes: Annotated[Optional[str], typer.Option(help="Tree methods: sweep these sizes in one run "
                                                            "(e.g. 4,8,16,32,64).")] = None,
+    batch_size: Annotated[Optional[list[str]], typer.Option("--batch-size", "-b", help="Prompts decoded at once "
+                          "(repeatable or a comma list, e.g. 1,2,4,8,16); ar runs batched at each size as that size's "
+                          "baseline. Default 1: one prompt at a time.", rich_help_panel="Batching (EMS-SD)")] = None,
+    batching: Annotated[str, typer.Option(help="At batch size > 1: unpadded (EMS-SD: per-sample KV lengths, packed "
+                                               "inputs), padded (the vanilla way) or both, side by side.",
+                                          rich_help_panel="Batching (EMS-SD)")] = "both",
+    refill: Annotated[bool, typer.Option(help="At batch size > 1: a finished sample's slot takes the next prompt "
+                                              "at once (continuous batching) instead of waiting for the batch.",
+                                         rich_help_panel="Batching (EMS-SD)")] = False,
     **method_options,  # one option per method option (methods/options.py), added by _with_method_options
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
@@ -175,6 +184,8 @@ def run(
         threads=threads,
         data_file=data_file, out=out_dir, resume=resume,
         tree_sizes=tuple(_int_list(tree_sizes, "--tree-sizes")) if tree_sizes else (),
+        batch_sizes=tuple(dict.fromkeys(b for text in batch_size for b in _int_list(text, "--batch-size")))
+        if batch_size else (1,), batching=batching, refill=refill,
         options=method_options)
     try:
         run_dir = run_benchmark(cfg)
@@ -200,10 +211,12 @@ def _newest_run() -> Path:
 
 def _print_summary(summary, title: str) -> None:
     from .bench.noise import is_disturbed
+    from .bench.report import row_name
 
+    batched = "batch_size" in summary and (summary.batch_size.fillna(1) > 1).any()
     table = Table(title=title)
     for col in ("method", "dataset", "prompts", "tok/s", "speedup vs ar", "mean ratio", "tau", "accept",
-                "lossless", "timing"):
+                "lossless") + (("padding", "tau min") if batched else ()) + ("timing",):
         table.add_column(col, justify="left" if col in ("method", "dataset", "timing") else "right")
 
     def fmt(v, spec="{:.2f}"):
@@ -215,8 +228,9 @@ def _print_summary(summary, title: str) -> None:
         if not (isinstance(explained, float) and math.isnan(explained)) and explained != r.lossless_rate:
             loss += f" ({explained:.0%} explained)"
         timing = str(getattr(r, "timing", "") or "")
-        table.add_row(r.method, r.dataset, str(r.prompts), fmt(r.tokens_per_s), fmt(r.speedup, "{:.2f}x"),
-                      fmt(r.speedup_mean, "{:.2f}x"), fmt(r.tau), fmt(r.acceptance_rate), loss,
+        batch = (fmt(r.padding_ratio, "{:.0%}"), fmt(r.tau_batch_min)) if batched else ()
+        table.add_row(escape(row_name(r)), r.dataset, str(r.prompts), fmt(r.tokens_per_s), fmt(r.speedup, "{:.2f}x"),
+                      fmt(r.speedup_mean, "{:.2f}x"), fmt(r.tau), fmt(r.acceptance_rate), loss, *batch,
                       "[bold red]DISTURBED[/]" if is_disturbed(timing) else timing)
     out.print(table)
     _warn_disturbed(summary)
@@ -239,13 +253,14 @@ def _warn_unexplained(run_dirs) -> None:
 def _warn_disturbed(summary) -> None:
     """Say loudly which rows the noise guard distrusts, why, and what to do."""
     from .bench.noise import ADVICE
-    from .bench.report import disturbed
+    from .bench.report import disturbed, row_name
 
     bad = disturbed(summary)
     if len(bad):
         console.print("[bold red]timing disturbed[/]: these speedups are not trustworthy:")
         for r in bad.itertuples(index=False):
-            console.print(f"  {escape(r.method)} on {escape(r.dataset)}: {escape(r.timing.removeprefix('disturbed: '))}")
+            console.print(f"  {escape(row_name(r))} on {escape(r.dataset)}: "
+                          f"{escape(r.timing.removeprefix('disturbed: '))}")
         console.print(f"  Advice: {ADVICE}.")
 
 
@@ -254,6 +269,16 @@ def _int_list(text: str, option: str) -> list[int]:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise SpecbenchError(f"{option}: expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise SpecbenchError(f"{option}: give at least one value")
+    return values
+
+
+def _float_list(text: str, option: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SpecbenchError(f"{option}: expected comma-separated numbers, got {text!r}") from None
     if not values:
         raise SpecbenchError(f"{option}: give at least one value")
     return values
@@ -575,9 +600,25 @@ def estimate(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
     data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="Acceptance YAML (default "
-                        "acceptance/<model>/ppd.yaml).")] = None,
+                        "acceptance/<model>/ppd.yaml); with --padding, a CSV of the model's table (not written "
+                        "unless given; --run's comparison goes beside it as <name>-measured.csv).")] = None,
+    padding: Annotated[bool, typer.Option("--padding", help="Instead: EMS-SD's padding model (Appendix B), the "
+                                                            "share of KV entries the padded way of batching wastes "
+                                                            "per step, by accuracy p and batch size B. Loads no "
+                                                            "model.")] = False,
+    accuracy: Annotated[str, typer.Option(help="--padding: next-token prediction accuracies p, each in (0, 1).")]
+    = "0.5,0.6,0.7,0.8,0.9",
+    batch_sizes: Annotated[str, typer.Option(help="--padding: batch sizes B.")] = "1,2,4,8,16,24",
+    max_accept: Annotated[int, typer.Option(help="--padding: maximum acceptance length K = draft length + 1 (the "
+                                                 "paper's Figure 7 uses 8).")] = 8,
+    run: Annotated[Optional[Path], typer.Option(metavar="DIR", help="--padding: also put the measured KV padding "
+                                                "ratio of this run's padded batches beside the model's.")] = None,
 ):
-    """Top-k accuracy of the method's guesses per token distance (PPD Table 2), for `build-tree`."""
+    """Top-k accuracy of the method's guesses per token distance (PPD Table 2), for `build-tree`; with --padding,
+    EMS-SD's padding model instead."""
+    if padding:
+        _estimate_padding(accuracy, batch_sizes, max_accept, run, out_path)
+        return
     from .core.models import load_model
     from .drafters import prompt_tokens as pt
     from .hwtrees import acceptance
@@ -602,6 +643,67 @@ def estimate(
         table.add_row(f"@{d + 1}", *(f"{row[k - 1]:.3f}" for k in (1, 2, 3, 5, 10)))
     out.print(table)
     console.print(f"Wrote {escape(str(path))} ({sum(result['positions'])} scored guesses, {result['seconds']:.0f} s)")
+
+
+def _estimate_padding(accuracy: str, batch_sizes: str, max_accept: int, run: Optional[Path],
+                      out_path: Optional[Path]) -> None:
+    """`estimate --padding`: the model's table for the grid, and with --run the measured one beside it."""
+    import pandas as pd
+
+    from .bench import padding_model as pm
+    from .bench.report import read_records
+
+    ps, batches = _float_list(accuracy, "--accuracy"), _int_list(batch_sizes, "--batch-sizes")
+    # p = 0 or 1 is a batch that never or always accepts everything: no padding to model
+    if bad := [p for p in ps if not 0 < p < 1]:
+        raise SpecbenchError(f"--accuracy: each p must be strictly between 0 and 1 (got {bad[0]:g})")
+    if bad := [b for b in batches if b < 1]:
+        raise SpecbenchError(f"--batch-sizes: each batch size must be at least 1 (got {bad[0]})")
+    if max_accept < 1:
+        raise SpecbenchError(f"--max-accept must be at least 1 (got {max_accept})")
+    records = read_records(run) if run is not None else None  # a folder without records.csv is refused up front
+    rows = pm.table(ps, batches, max_accept)
+    table = Table(title=f"EMS-SD padding model (Appendix B), K = {max_accept}",
+                  caption="R = E[P] / E[M]: share of the KV entries written per step that are padding")
+    for col in ("p", "B", "E[A]", "E[M]", "E[P]", "R"):
+        table.add_column(escape(col), justify="right")
+    for r in rows:
+        table.add_row(f"{r['p']:g}", str(r["B"]), f"{r['E[A]']:.2f}", f"{r['E[M]']:.2f}", f"{r['E[P]']:.2f}",
+                      f"{r['R']:.1%}")
+    out.print(table)
+    frames = {out_path: pd.DataFrame(rows)}
+    if records is not None:
+        frame = pm.measured(records)
+        _print_measured(frame, run)
+        if out_path is not None:
+            frames[out_path.with_name(f"{out_path.stem}-measured.csv")] = frame
+    if out_path is not None:
+        for path, frame in frames.items():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                frame.to_csv(path, index=False)
+            except OSError as exc:
+                raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        console.print(f"Wrote {escape(', '.join(str(p) for p in frames))}")
+
+
+def _print_measured(frame, run: Path) -> None:
+    """The measured-vs-model table of a run, or a note that it has no padded batches."""
+    if frame.empty:
+        console.print(f"[yellow]note[/] {escape(str(run))}: no padded batches (batch size > 1, --batching padded) "
+                      "in its records")
+        return
+    table = Table(title=f"measured vs model KV padding ratio, {escape(str(run))}")
+    for col in ("method", "dataset", "B", "tau", "K", "p", "R measured", "R model"):
+        table.add_column(col, justify="left" if col in ("method", "dataset") else "right")
+
+    def fmt(v, spec):
+        return "-" if math.isnan(float(v)) else spec.format(v)  # NaN: K unknown or tau outside [1, K]
+
+    for r in frame.itertuples(index=False):
+        table.add_row(escape(str(r.method)), escape(str(r.dataset)), str(r.batch_size), fmt(r.tau, "{:.2f}"),
+                      fmt(r.K, "{:.0f}"), fmt(r.p, "{:.3f}"), fmt(r.R_measured, "{:.1%}"), fmt(r.R_model, "{:.1%}"))
+    out.print(table)
 
 
 def main() -> None:

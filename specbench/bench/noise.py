@@ -34,16 +34,17 @@ def latency_floor(profile) -> float:
     return round(min(ratios + [1.0]), 4)
 
 
-def judge(summary: pd.DataFrame, records: pd.DataFrame, floor: float = 1.0) -> pd.DataFrame:
+def judge(summary: pd.DataFrame, records: pd.DataFrame, floor: float | None = 1.0) -> pd.DataFrame:
     """The summary (report.summarize: speedup, tau, forward_ms, forward_ratio per method x dataset) with the noise
-    guard's columns added: speedup_bound (tau / floor x (1 + tolerance)), disturbed_rows (the share of its own or
-    ar's rows timed beside other work) and `timing`: "ok" or "disturbed: <reasons>"."""
+    guard's columns added: speedup_bound (tau / floor x (1 + tolerance); NaN and not applied when floor is None:
+    batch > 1, whose baseline is batched ar), disturbed_rows (the share of its own or ar's rows timed beside other
+    work) and `timing`: "ok" or "disturbed: <reasons>"."""
     disturbed = _disturbed_rows(records)
     bounds, shares, timings = [], [], []
     for r in summary.itertuples(index=False):
         mine = (records.method == r.method) & (records.dataset == r.dataset)
         ar = (records.method == "ar") & (records.dataset == r.dataset)
-        bound = r.tau / floor * (1 + BOUND_TOLERANCE)
+        bound = r.tau / floor * (1 + BOUND_TOLERANCE) if floor else float("nan")
         share = max(disturbed[mine].mean(), disturbed[ar].mean() if ar.any() else 0.0)
         reasons = []
         if r.method != "ar" and r.speedup > bound:

@@ -28,7 +28,10 @@ FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()
 SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_s", "tokens_per_s", "speedup",
                    "speedup_mean", "tau", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "exactness",
                    "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_rows",
-                   "timing"]
+                   "timing", "batch_size", "batching", "target_tokens", "padding_ratio", "kv_padding", "tau_batch_min",
+                   "tau_sample_mean"]
+BATCH_COLUMNS = ("batch_size", "batching", "target_tokens", "padding_ratio", "kv_padding", "tau_batch_min",
+                 "tau_sample_mean")  # added per batch size by summarize
 
 
 def read_records(run_dir: Path) -> pd.DataFrame:
@@ -102,7 +105,8 @@ def unexplained_mismatches(records: pd.DataFrame) -> pd.DataFrame:
     if records.empty or "lossless" not in records:
         return pd.DataFrame(columns=columns)
     verdicts = lossless_verdicts(records)
-    lossless = records.method.map(lambda m: m != "ar" and _exactness(str(m)) != "lossy")
+    batched = with_batch_columns(records).batch_size > 1  # batched ar is checked against batch-1 ar too
+    lossless = records.method.map(lambda m: _exactness(str(m)) != "lossy") & ((records.method != "ar") | batched)
     bad = records[verdicts.isin(["unexplained", "no verdict"]) & lossless]
     gap = (pd.to_numeric(bad["mismatch_logit_gap"], errors="coerce") if "mismatch_logit_gap" in bad
            else pd.Series(math.nan, index=bad.index))
@@ -127,9 +131,37 @@ def lossless_failed_section(records: pd.DataFrame) -> list[str]:
             markdown_table(bad), ""]
 
 
+def with_batch_columns(records: pd.DataFrame) -> pd.DataFrame:
+    """Records with batch_size / batching (1 and "-" for runs from before batching)."""
+    size = (pd.to_numeric(records["batch_size"], errors="coerce").fillna(1).astype(int) if "batch_size" in records
+            else 1)
+    mode = records["batching"].astype(str).replace({"": "-", "nan": "-"}) if "batching" in records else "-"
+    return records.assign(batch_size=size, batching=mode)
+
+
 def summarize(records: pd.DataFrame, temperature_greedy: bool = True, latency_floor: float = 1.0) -> pd.DataFrame:
-    """One row per method x dataset (SUMMARY_COLUMNS). Each method is compared with ar on the prompt turns both
-    finished (an interrupted run may hold more of one than of the other); the noise guard's verdict per row."""
+    """One row per method x dataset x batch size x batching (SUMMARY_COLUMNS). Each method is compared with ar at
+    the same batch size on the prompt turns both finished (an interrupted run may hold more of one than of the
+    other); the noise guard's verdict per row. At batch > 1 the speedup is a throughput ratio (a sample's wall_s is
+    its share of its batch's time), and the plausibility bound is not applied (profiles are measured at batch 1)."""
+    records = with_batch_columns(records)
+    parts = []
+    for size, part in records.groupby("batch_size", sort=True):
+        if size == 1:
+            parts.append(_summarize(part, latency_floor).assign(batch_size=1, batching="-"))
+            continue
+        # one label per method x mode; ar (one mode per batch size) stays "ar", every method's reference
+        labels = [m if m == "ar" else f"{m}|{b}" for m, b in zip(part.method, part.batching)]
+        summary = _summarize(part.assign(method=labels), None)
+        ar_mode = part.batching[part.method == "ar"].iloc[0] if (part.method == "ar").any() else "-"
+        split = summary.method.str.split("|")
+        parts.append(summary.assign(method=split.str[0], batch_size=int(size),
+                                    batching=split.map(lambda x: x[1] if len(x) > 1 else ar_mode)))
+    return pd.concat(parts, ignore_index=True)[SUMMARY_COLUMNS]
+
+
+def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFrame:
+    """summarize() for one batch size; latency_floor None: no plausibility bound."""
     rows = []
     ar = records[records.method == "ar"].set_index(["dataset", "prompt_id", "turn"])
     turn_key = ["dataset", "prompt_id", "turn"]
@@ -162,12 +194,39 @@ def summarize(records: pd.DataFrame, temperature_greedy: bool = True, latency_fl
             "exactness": _exactness(method), "peak_mem_mb": peak,
             "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
             "forward_ms": round(fwd * 1e3, 3), "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
+            **_batch_numbers(g),
         })
-    summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS])
+    summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS + ("batch_size",
+                                                                                                 "batching")])
     return noise.judge(summary, records, latency_floor).round({"speedup": 3, "tau": 3})  # judged unrounded
 
 
 NOISE_COLUMNS = ("speedup_bound", "disturbed_rows", "timing")  # added by noise.judge
+
+
+def _batch_numbers(g: pd.DataFrame) -> dict:
+    """Padding and per-sample tau of one summary row (EMS-SD §4.3 Fig. 4, §4.4 Fig. 6): target tokens, the padding
+    share of them, padded KV entries, and per batch the lowest per-sample tau (mean over batches) beside the mean
+    per-sample tau. NaN for runs from before batching."""
+    if "target_tokens" not in g:
+        return {"target_tokens": math.nan, "padding_ratio": math.nan, "kv_padding": math.nan,
+                "tau_batch_min": math.nan, "tau_sample_mean": math.nan}
+    target = pd.to_numeric(g.target_tokens, errors="coerce").sum()
+    padding = pd.to_numeric(g.get("padding_tokens", 0), errors="coerce").sum()
+    tau = g.new_tokens / g.target_forwards.clip(lower=1)
+    batch = g["batch_id"].astype(str) if "batch_id" in g else g.prompt_id.astype(str)
+    batch = batch.where(~batch.isin(["", "nan"]), g.prompt_id.astype(str) + "/" + g.turn.astype(str))
+    return {"target_tokens": int(target), "padding_ratio": round(padding / target, 4) if target else math.nan,
+            "kv_padding": int(pd.to_numeric(g.get("kv_padding", 0), errors="coerce").sum()),
+            "tau_batch_min": round(tau.groupby(batch.values).min().mean(), 3), "tau_sample_mean": round(tau.mean(), 3)}
+
+
+def row_name(r) -> str:
+    """A summary row's name: the method, with its batch size and batching mode at batch > 1 ("sd B=8 unpadded")."""
+    size = getattr(r, "batch_size", 1)
+    if size is None or (isinstance(size, float) and math.isnan(size)) or int(size) <= 1:
+        return str(r.method)
+    return f"{r.method} B={int(size)} {r.batching}"
 
 
 def disturbed(summary: pd.DataFrame) -> pd.DataFrame:
@@ -191,7 +250,7 @@ def noise_section(summary: pd.DataFrame, meta: dict) -> list[str]:
     bad = disturbed(summary)
     if len(bad):
         md += ["**TIMING DISTURBED**: these numbers are not trustworthy; " + noise.ADVICE + ".", ""]
-        md += [f"- {r.method} on {r.dataset}: {r.timing}" for r in bad.itertuples(index=False)] + [""]
+        md += [f"- {row_name(r)} on {r.dataset}: {r.timing}" for r in bad.itertuples(index=False)] + [""]
     else:
         md += ["All rows: timing ok.", ""]
     return md

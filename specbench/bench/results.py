@@ -59,6 +59,18 @@ class Record:
     load_before: float = float("nan")  # 1-minute load average before / after the timing
     load_after: float = float("nan")
     order: int = -1  # position of this method among the methods run on this prompt (interleaved per prompt)
+    # batching (EMS-SD; methods/batched.py). Batch 1: batch_size 1, batching "-". At batch > 1 a sample's wall_s is
+    # its share of its batch's wall time (batch_wall_s x its share of the batch's new tokens), so that sums over
+    # rows give the batch's throughput; latency_s is its own time from joining the batch to its last token.
+    batch_size: int = 1
+    batching: str = "-"  # "-" (batch 1), "unpadded" (EMS-SD) or "padded" (the vanilla way)
+    batch_id: str = ""  # which batch the sample was decoded in (<batch size>-<group>-<turn>)
+    batch_wall_s: float = float("nan")
+    latency_s: float = float("nan")
+    target_tokens: int = 0  # tokens fed through the target for this row, prefill and padding included
+    padding_tokens: int = 0  # of those, padding tokens (padded batching)
+    padding_ratio: float = 0.0  # padding_tokens / target_tokens
+    kv_padding: int = 0  # padded KV-cache entries the sample held when it left the batch (padded batching)
 
 
 RECORD_COLUMNS = [f.name for f in fields(Record)]
@@ -79,7 +91,7 @@ class RecordWriter:
 
     def write(self, record: Record, tokens: list[int]) -> None:
         key = {"method": record.method, "dataset": record.dataset, "prompt_id": record.prompt_id,
-               "turn": record.turn}
+               "turn": record.turn, "batch_size": record.batch_size, "batching": record.batching}
         self._tokens_file.write(json.dumps({**key, "tokens": tokens}) + "\n")
         self._tokens_file.flush()
         self._csv.writerow(asdict(record))
@@ -91,7 +103,8 @@ class RecordWriter:
 
 
 def read_tokens(run_dir: Path) -> dict[tuple[str, str, str, int], list[int]]:
-    """(method, dataset, prompt_id, turn) -> token ids, from tokens.jsonl (a torn last line is ignored)."""
+    """(method, dataset, prompt_id, turn) -> token ids of batch-1 rows, from tokens.jsonl (a torn last line is
+    ignored; batched rows, which carry batch_size > 1, are not the references)."""
     path = run_dir / "tokens.jsonl"
     out: dict[tuple[str, str, str, int], list[int]] = {}
     if not path.exists():
@@ -100,6 +113,8 @@ def read_tokens(run_dir: Path) -> dict[tuple[str, str, str, int], list[int]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
+            continue
+        if int(row.get("batch_size", 1)) != 1:
             continue
         out[(row["method"], row["dataset"], str(row["prompt_id"]), int(row["turn"]))] = row["tokens"]
     return out

@@ -21,6 +21,7 @@ import yaml
 from rich.markup import escape
 
 from ..core import contention, memory
+from ..core.forward import count_fed_tokens
 from ..core.hardware import environment
 from ..core.models import LoadedModel, dtype_name, load_model
 from ..core.timing import wall
@@ -32,7 +33,7 @@ from ..errors import SpecbenchError
 from ..methods import REGISTRY, OptionValues, all_options, get_method, split_by_method
 from ..methods.base import DecodeMethod, Generation
 from ..progress import console, progress_bar
-from . import noise, timeline
+from . import batching, noise, timeline
 from .results import RECORD_COLUMNS, Record, RecordWriter, read_tokens
 
 
@@ -59,6 +60,9 @@ class RunConfig:
     resume: bool = False
     options: dict = field(default_factory=dict)  # method options by name (flat, as the CLI gives them)
     tree_sizes: tuple[int, ...] = ()  # tree methods run once per size, labelled <method>@<size>
+    batch_sizes: tuple[int, ...] = (1,)  # prompts decoded at once (EMS-SD); 1 = one at a time
+    batching: str = "both"  # at batch > 1: unpadded (EMS-SD), padded (the vanilla way) or both
+    refill: bool = False  # at batch > 1: a finished sample's slot takes the next prompt (continuous batching)
 
     @property
     def sampling(self) -> Sampling:
@@ -70,6 +74,7 @@ class RunConfig:
         d.pop("out"), d.pop("resume")
         d["methods"], d["datasets"] = list(self.methods), list(self.datasets)
         d["tree_sizes"] = list(self.tree_sizes)
+        d["batch_sizes"] = list(self.batch_sizes)
         d["options"] = self.method_options()
         return d
 
@@ -102,6 +107,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         refuse_as_benchmark(name)
     if any(n < 1 for n in cfg.tree_sizes):
         raise SpecbenchError("--tree-sizes: sizes must be positive integers")
+    _validate_batching(cfg)
     methods = ("ar",) + tuple(dict.fromkeys(m for m in cfg.methods if m != "ar"))
     cfg = RunConfig(**{**cfg.__dict__, "methods": methods})
     declared = all_options(REGISTRY)
@@ -115,6 +121,27 @@ def validate(cfg: RunConfig) -> RunConfig:
             console.print(f"[yellow]note[/] {spec.flag} is an option of {', '.join(takers)}, and none of them "
                           "runs: it is ignored")
     return cfg
+
+
+def _validate_batching(cfg: RunConfig) -> None:
+    """--batch-size, --batching, --refill: refuse what cannot run, note what does nothing."""
+    from .batching import modes_for
+
+    if not cfg.batch_sizes or any(b < 1 for b in cfg.batch_sizes):
+        raise SpecbenchError(f"--batch-size: sizes must be at least 1 (got {', '.join(map(str, cfg.batch_sizes))})")
+    modes_for(cfg.batching)
+    if max(cfg.batch_sizes) > 1:
+        unable = [m for m in cfg.methods if not get_method(m).batchable]
+        if unable:
+            able = ", ".join(n for n, c in REGISTRY.items() if c.batchable)
+            raise SpecbenchError(f"{', '.join(unable)} cannot decode batches yet (--batch-size "
+                                 f"{max(cfg.batch_sizes)}): methods that can: {able}. Run {', '.join(unable)} at "
+                                 "--batch-size 1 in a separate run.")
+        if cfg.tree_sizes:
+            raise SpecbenchError("--tree-sizes sweeps tree methods, which cannot decode batches yet: use "
+                                 "--batch-size 1")
+    elif cfg.refill:
+        console.print("[yellow]note[/] --refill does nothing at --batch-size 1 (one prompt at a time)")
 
 
 def prepare_out(cfg: RunConfig) -> Path:
@@ -190,17 +217,27 @@ def _plain(obj):
                                          {k: (str(v) if isinstance(v, Path) else v) for k, v in obj.items()}))
 
 
-def _drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> set[tuple[str, str, str]]:
-    """Keep only (method, dataset, prompt) groups with every turn recorded; return those done groups."""
+DONE_KEY = ["method", "dataset", "prompt_id", "batch_size", "batching"]
+
+
+def _drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> set[tuple[str, str, str, int, str]]:
+    """Keep only (method, dataset, prompt, batch size, batching) groups with every turn recorded; return those."""
     path = out / "records.csv"
     if not path.exists():
         return set()
-    df = pd.read_csv(path, dtype={"prompt_id": str})
+    df = pd.read_csv(path, dtype={"prompt_id": str, "batching": str}, keep_default_na=False)
     if df.empty:
         return set()
-    counts = df.groupby(["method", "dataset", "prompt_id"])["turn"].nunique()
+    for column, default in (("batch_size", 1), ("batching", "-")):  # runs from before batching
+        if column not in df:
+            df[column] = default
+    df["batch_size"] = pd.to_numeric(df.batch_size, errors="coerce").fillna(1).astype(int)
+    counts = df.groupby(DONE_KEY)["turn"].nunique()
     done = {key for key, n in counts.items() if n >= turns.get((key[1], key[2]), 1)}
-    keep = df[[(m, d, p) in done for m, d, p in zip(df.method, df.dataset, df.prompt_id)]]
+    keep = df[[tuple(k) in done for k in zip(*(df[c] for c in DONE_KEY))]]
+    for column in RECORD_COLUMNS:
+        if column not in keep:
+            keep = keep.assign(**{column: getattr(Record, column, "")})
     keep[RECORD_COLUMNS].to_csv(path, index=False)
     return done
 
@@ -284,8 +321,9 @@ class Runner:
         for _ in range(self.cfg.repeats):
             gen_rng = torch.Generator(device=device).manual_seed(seed)
             timed: dict = {}
-            with wall(device, timed):
+            with count_fed_tokens(self.target.model) as fed, wall(device, timed):
                 gen = method.generate(input_ids, self.cfg.max_new_tokens, self.cfg.sampling, gen_rng)
+            gen.target_tokens = fed.tokens
             times.append(timed["s"])
         return gen, sorted(times)[len(times) // 2], peak_memory_mb(device)
 
@@ -301,6 +339,19 @@ class Runner:
                 for _ in range(self.cfg.warmup):
                     method.generate(ids, min(self.cfg.max_new_tokens, 32), self.cfg.sampling,
                                     torch.Generator(device=self.target.device).manual_seed(0))
+
+    def warm_up_batches(self, prompts: list[ds.Prompt], pairs: list[tuple[str, str]]) -> None:
+        """One untimed batch of two prompts per (method, mode): the batched code paths' first-call costs."""
+        from ..methods.batched import generate_batch
+
+        ids = [self.prompt_ids(_messages(p, 0, []), p) for p in prompts[:2]]
+        ids = [i for i in ids if i is not None]
+        if not ids or self.cfg.warmup == 0:
+            return
+        with console.status("Warming up batches (not timed)"):
+            for name, mode in pairs:
+                generate_batch(self.methods[name], ids * (2 if len(ids) == 1 else 1), 2, mode, False,
+                               min(self.cfg.max_new_tokens, 16), self.cfg.sampling, [None, None])
 
     def run_prompt(self, prompt: ds.Prompt, index: int, label: str, order: int) -> list[TurnResult]:
         """All turns of one prompt with one method (a skipped turn ends the prompt), timed, with what else the
@@ -362,9 +413,10 @@ class Runner:
                verdict: str) -> Record:
         gen, seconds, n = r.gen, r.seconds, len(r.gen.tokens)
         per_pos = " ".join(f"{a}/{d}" for a, d in zip(gen.accepted_per_position, gen.drafted_per_position))
-        return Record(
-            method=method, dataset=dataset, prompt_id=str(prompt.id), category=prompt.category, turn=r.turn, prompt_tokens=r.ids.shape[1],
-            new_tokens=n, wall_s=round(seconds, 6), tokens_per_s=round(n / seconds, 4) if seconds else 0.0,
+        fields = dict(
+            method=method, dataset=dataset, prompt_id=str(prompt.id), category=prompt.category, turn=r.turn,
+            prompt_tokens=r.ids.shape[1], new_tokens=n, wall_s=round(seconds, 6),
+            tokens_per_s=round(n / seconds, 4) if seconds else 0.0,
             target_forwards=gen.target_forwards, tau=round(n / max(gen.target_forwards, 1), 4),
             drafted=gen.drafted, accepted_drafts=gen.accepted_drafts,
             acceptance_rate=round(gen.accepted_drafts / gen.drafted, 4) if gen.drafted else float("nan"),
@@ -374,6 +426,39 @@ class Runner:
             transformers=self.env["transformers"], git=self.env["git"], hardware=self.env["hardware"],
             mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=verdict,
             forward_ms=round(seconds * 1e3 / max(gen.target_forwards, 1), 3), order=r.order, **r.noise)
+        fields.update(self.batch_fields(r))  # a batched row's forward_ms is its batch's time per batched step
+        return Record(**fields)
+
+    @staticmethod
+    def batch_fields(r: TurnResult) -> dict:
+        """The record's batching columns: batch 1's, or a batched row's (its batch's time and padding)."""
+        gen = r.gen
+        fields = {"target_tokens": gen.target_tokens, "padding_tokens": gen.padding_tokens,
+                  "padding_ratio": round(gen.padding_tokens / gen.target_tokens, 4) if gen.target_tokens else 0.0,
+                  "kv_padding": gen.kv_padding, "batch_wall_s": round(r.seconds, 6), "latency_s": round(r.seconds, 6)}
+        if r.batch:
+            fields.update(r.batch, latency_s=round(gen.latency_s, 6))
+        return fields
+
+    def finish_batch(self, dataset: str, label: str, mode: str, rows: list, reference: dict, writer: RecordWriter,
+                     order: int) -> None:
+        """Check every sample of a finished batch job against batch-1 ar's tokens (per sample, ar included: a
+        batched forward may round differently, lossless.py explains it) and write its rows."""
+        verdicts: dict[str, str] = {}
+        for b in sorted(rows, key=lambda b: (b.index, b.turn)):
+            r = TurnResult(label, b.turn, b.ids, b.gen, b.share_s, b.mem, b.noise, order, batch={
+                "batch_size": int(b.batch_id.split("-")[0]), "batching": mode, "batch_id": b.batch_id,
+                "batch_wall_s": round(b.batch_wall_s, 6), "forward_ms": round(b.forward_ms, 3)})
+            key = (dataset, b.prompt.id, b.turn)
+            lossless, gap, verdict = "", math.nan, ""
+            if self.cfg.sampling.greedy and key in reference:
+                lossless = _compare(b.gen.tokens, reference[key])
+                if lossless != "match":
+                    gap, verdicts[b.prompt.id] = self.explain(dataset, b.prompt, r, reference, {},
+                                                              verdicts.get(b.prompt.id, ""))
+                    verdict = verdicts[b.prompt.id]
+            record = self.record(label, dataset, b.prompt, r, lossless, gap, verdict)
+            writer.write(record, b.gen.tokens)
 
 
 @dataclass
@@ -388,6 +473,7 @@ class TurnResult:
     mem: float  # peak memory, MB
     noise: dict  # contention.between(): foreign_cpu, steal, load_before, load_after
     order: int  # position among the methods run on this prompt
+    batch: dict = field(default_factory=dict)  # batch > 1: batch_size, batching, batch_id, batch_wall_s, forward_ms
 
 
 def interleaved(labels: list[str], index: int) -> list[str]:
@@ -451,17 +537,29 @@ def run(cfg: RunConfig) -> Path:
     done = _drop_incomplete(out, turns) if cfg.resume else set()
     reference = {(d, p, t): toks for (m, d, p, t), toks in read_tokens(out).items() if m == "ar"}
     writer = RecordWriter(out)
-    labels = list(runner.methods)
-    todo = [(spec.name, i, p, [m for m in interleaved(labels, i) if (m, spec.name, p.id) not in done])
+    labels = single_labels(cfg, list(runner.methods))
+    todo = [(spec.name, i, p, [m for m in interleaved(labels, i) if (m, spec.name, p.id, 1, "-") not in done])
             for _, (spec, prompts) in loaded for i, p in enumerate(prompts)]
     todo = [t for t in todo if t[3]]
+    modes = batching.modes_for(cfg.batching)
+    pairs = [("ar", batching.ar_mode(modes))] + [(m, mode) for m in cfg.methods if m != "ar" for mode in modes]
+    jobs = batching.plan([(spec.name, prompts) for _, (spec, prompts) in loaded], list(cfg.batch_sizes), pairs,
+                         cfg.refill)
+    batch_todo = [(job, [(m, mode) for m, mode in job.labels
+                         if any((m, job.dataset, p.id, job.batch_size, mode) not in done for _, p in job.prompts)])
+                  for job in jobs]
+    batch_todo = [t for t in batch_todo if t[1]]
+    say_batches(cfg, loaded)
     if done:
         console.print(f"Resuming {escape(str(out))}: {len(done)} method x prompt results kept, "
-                      f"{sum(len(t[3]) for t in todo)} to go.")
+                      f"{sum(len(t[3]) for t in todo) + sum(len(t[1]) for t in batch_todo)} to go.")
     try:
         runner.warm_up(loaded[0][1][1])
+        if batch_todo:
+            runner.warm_up_batches(loaded[0][1][1], pairs)
         with progress_bar() as bar:
-            task = bar.add_task("decoding", total=sum(len(t[3]) for t in todo), info="")
+            task = bar.add_task("decoding", total=sum(len(t[3]) for t in todo) + sum(len(t[1]) for t in batch_todo),
+                                info="")
             for dataset, index, prompt, order in todo:
                 results = {}
                 for position, label in enumerate(order):
@@ -471,6 +569,13 @@ def run(cfg: RunConfig) -> Path:
                                        sum(r.seconds for r in results[label]))
                     bar.update(task, advance=1, info=f"{tokens / seconds if seconds else 0:6.1f} tok/s")
                 runner.finish_prompt(dataset, prompt, results, reference, writer)  # whole prompts only
+            for job, pending in batch_todo:
+                for position, (name, mode) in enumerate(pending):
+                    bar.update(task, description=f"{job.dataset} {name} B={job.batch_size} {mode}")
+                    rows = batching.run_label(runner, job, name, mode, cfg.refill)
+                    runner.finish_batch(job.dataset, name, mode, rows, reference, writer, position)
+                    tokens, seconds = sum(len(r.gen.tokens) for r in rows), sum(r.share_s for r in rows)
+                    bar.update(task, advance=1, info=f"{tokens / seconds if seconds else 0:6.1f} tok/s")
     except KeyboardInterrupt:
         writer.close()
         kept = sum(1 for _ in open(out / "records.csv")) - 1
@@ -478,6 +583,27 @@ def run(cfg: RunConfig) -> Path:
     writer.close()
     _mark_complete(out)
     return out
+
+
+def single_labels(cfg: RunConfig, labels: list[str]) -> list[str]:
+    """The labels that decode one prompt at a time: all of them when --batch-size includes 1; else only ar, the
+    batch-1 reference every batched sample's tokens are checked against (greedy), or none (sampling)."""
+    if 1 in cfg.batch_sizes:
+        return labels
+    if cfg.sampling.greedy:
+        console.print("[dim]ar also runs at batch size 1: its tokens are the reference of every batched sample's "
+                      "lossless check[/]")
+        return ["ar"]
+    return []
+
+
+def say_batches(cfg: RunConfig, loaded) -> None:
+    """A batch size above a dataset's prompt count runs with the prompts there are: say so, once per dataset."""
+    for _, (spec, prompts) in loaded:
+        big = [b for b in cfg.batch_sizes if b > len(prompts)]
+        if big:
+            console.print(f"[yellow]note[/] {spec.name} has {len(prompts)} prompt(s): batch size(s) "
+                          f"{', '.join(map(str, big))} run with {len(prompts)} (raise --limit for full batches)")
 
 
 def _mark_complete(out: Path) -> None:

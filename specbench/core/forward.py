@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -37,3 +38,32 @@ def timed_forward(model, ids: torch.Tensor, cache, device: torch.device) -> floa
         ms = (time.perf_counter() - t0) * 1000
     drop_last(cache, ids.shape[1])
     return ms
+
+
+class FedTokens:
+    """Tokens that entered a model's first decoder layer while counting (count_fed_tokens)."""
+
+    def __init__(self):
+        self.tokens = 0
+
+
+@contextmanager
+def count_fed_tokens(model):
+    """Count the tokens every forward of `model` feeds through it (plain, tree and prompt-token forwards alike:
+    counted where they enter the first decoder layer [B, n, H] -> B x n; a drafter's own layers are not counted)."""
+    counter = FedTokens()
+    layers = getattr(getattr(model, "get_decoder", lambda: None)(), "layers", None)
+    if not layers:
+        yield counter
+        return
+
+    def hook(_module, args, kwargs):
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if hidden is not None:
+            counter.tokens += hidden.shape[0] * hidden.shape[1]
+
+    handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield counter
+    finally:
+        handle.remove()

@@ -73,9 +73,10 @@ class Batchable:
 
 
 def generate_batch(method, prompts: list[torch.Tensor], slots: int, mode: str, refill: bool, max_new_tokens: int,
-                   sampling: Sampling, generators: list[torch.Generator | None]) -> list[Generation]:
-    """Decode every prompt ([1, T] each) with `slots` samples side by side; returns one Generation per prompt with
-    its share of the target's tokens (target_tokens, padding_tokens, kv_padding) and its latency."""
+                   sampling: Sampling, generators: list[torch.Generator | None]) -> tuple[list[Generation], int]:
+    """Decode every prompt ([1, T] each) with `slots` samples side by side; returns one Generation per prompt (with
+    its share of the target's tokens: target_tokens, padding_tokens, kv_padding; and its latency) and the number of
+    batched steps (each one target forward over the batch; padded batching adds a prefill forward for newcomers)."""
     target = engine(method.target.model, mode, slots, method.target.device)
     method.start_batch(mode, slots)
     stop_ids = method.target.tokenizer.stop_ids
@@ -84,7 +85,9 @@ def generate_batch(method, prompts: list[torch.Tensor], slots: int, mode: str, r
     active: list[Sample] = []
     done: dict[int, Generation] = {}
     origin = time.perf_counter()
+    steps = 0
     while waiting or active:
+        steps += 1
         joining: list[Sample] = []
         if refill or not active:
             while free and waiting:
@@ -126,4 +129,4 @@ def generate_batch(method, prompts: list[torch.Tensor], slots: int, mode: str, r
             active.remove(s)
             free.append(s.slot)
             done[s.index] = s.gen
-    return [done[i] for i in range(len(prompts))]
+    return [done[i] for i in range(len(prompts))], steps
