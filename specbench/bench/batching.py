@@ -90,9 +90,7 @@ def run_label(runner, job: BatchJob, method_name: str, mode: str, refill: bool) 
         for index, prompt in list(live.items()):
             if turn >= len(prompt.turns):
                 continue
-            from .runner import _messages
-
-            ids = runner.prompt_ids(_messages(prompt, turn, answers[prompt.id]), prompt)
+            ids = runner.prompt_ids(ds.conversation(prompt, turn, answers[prompt.id]), prompt)
             if ids is None:
                 del live[index]
                 continue

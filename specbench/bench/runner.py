@@ -330,7 +330,7 @@ class Runner:
     def warm_up(self, prompts: list[ds.Prompt]) -> None:
         if not prompts or self.cfg.warmup == 0:
             return
-        messages = _messages(prompts[0], 0, [])
+        messages = ds.conversation(prompts[0], 0, [])
         ids = self.prompt_ids(messages, prompts[0])
         if ids is None:
             return
@@ -344,7 +344,7 @@ class Runner:
         """One untimed batch of two prompts per (method, mode): the batched code paths' first-call costs."""
         from ..methods.batched import generate_batch
 
-        ids = [self.prompt_ids(_messages(p, 0, []), p) for p in prompts[:2]]
+        ids = [self.prompt_ids(ds.conversation(p, 0, []), p) for p in prompts[:2]]
         ids = [i for i in ids if i is not None]
         if not ids or self.cfg.warmup == 0:
             return
@@ -360,7 +360,7 @@ class Runner:
         answers: list[str] = []
         results = []
         for turn in range(len(prompt.turns)):
-            ids = self.prompt_ids(_messages(prompt, turn, answers), prompt)
+            ids = self.prompt_ids(ds.conversation(prompt, turn, answers), prompt)
             if ids is None:
                 break
             before = contention.snapshot()
@@ -403,7 +403,7 @@ class Runner:
         ids = ar_ids.get(r.turn)
         if ids is None:  # ar ran in an earlier session (--resume): rebuild its prompt from its own answers
             answers = [self.target.tokenizer.decode(reference[(dataset, prompt.id, t)]) for t in range(r.turn)]
-            ids = self.prompt_ids(_messages(prompt, r.turn, answers), prompt)
+            ids = self.prompt_ids(ds.conversation(prompt, r.turn, answers), prompt)
         if ids is None or not torch.equal(ids, r.ids):
             return math.nan, earlier or "unexplained"
         index = int(_compare(r.gen.tokens, ar_tokens).split("@")[1])
@@ -481,16 +481,6 @@ def interleaved(labels: list[str], index: int) -> list[str]:
     second, ... equally often and a burst of load cannot land on one of them only."""
     k = index % len(labels)
     return labels[k:] + labels[:k]
-
-
-def _messages(prompt: ds.Prompt, turn: int, answers: list[str]) -> list[dict]:
-    """The conversation up to user turn `turn`, with the model's own earlier answers (MT-Bench turn 2)."""
-    msgs = [{"role": "system", "content": prompt.system}] if prompt.system else []
-    for i in range(turn + 1):
-        msgs.append({"role": "user", "content": prompt.turns[i]})
-        if i < turn:
-            msgs.append({"role": "assistant", "content": answers[i]})
-    return msgs
 
 
 def _compare(tokens: list[int], reference: list[int]) -> str:

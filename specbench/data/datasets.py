@@ -492,3 +492,13 @@ def _user_prompts(path: Path) -> tuple[DatasetSpec, list[Prompt]]:
     spec = DatasetSpec(name=name, description=f"user file {path}", path=None, files=(str(path),),
                        licence="(user's own)", template="{text}")
     return spec, prompts
+
+
+def conversation(prompt: Prompt, turn: int, answers: list[str]) -> list[dict]:
+    """The conversation up to user turn `turn`, with the model's own earlier answers (MT-Bench turn 2)."""
+    msgs = [{"role": "system", "content": prompt.system}] if prompt.system else []
+    for i in range(turn + 1):
+        msgs.append({"role": "user", "content": prompt.turns[i]})
+        if i < turn:
+            msgs.append({"role": "assistant", "content": answers[i]})
+    return msgs

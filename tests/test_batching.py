@@ -1,0 +1,228 @@
+"""Batch > 1 (EMS-SD): the unpadded and padded engines compute what one-at-a-time decoding computes, every batchable
+method is lossless per sample in both modes (greedy and sampled), padding is counted, and the runner's batch
+options, refusals, records and resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specbench.bench import runner as runner_module
+from specbench.cli import app
+from specbench.core.cache import new_cache
+from specbench.core.forward import forward
+from specbench.core.padded import PaddedBatch
+from specbench.core.ragged import RaggedCache, Segment, ragged_forward
+from specbench.core.verify import Sampling
+from specbench.drafters.token_drafter import layer_drafter
+from specbench.methods import REGISTRY, get_method
+from specbench.methods.batched import generate_batch
+
+from .conftest import prompt_ids
+from .test_sd import SAMPLING, exact_distribution, tv
+
+BATCHABLE = sorted(n for n, c in REGISTRY.items() if c.batchable)
+PROMPTS = [prompt_ids(seed, length=6 + 3 * seed) for seed in range(5)]  # lengths differ: padding has work to do
+
+
+def single(model, prompt: list[int], more: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sample alone: the prompt's last logits [V] and the logits of `more` fed after it [len(more), V]."""
+    cache = new_cache(model)
+    return forward(model, torch.tensor([prompt]), cache)[-1], forward(model, torch.tensor([more]), cache)
+
+
+def test_unpadded_forward_matches_one_sample_at_a_time(tiny):
+    model = tiny.model
+    prompts = [p[0].tolist() for p in PROMPTS[:3]]
+    cache = RaggedCache(3)
+    first = ragged_forward(model, cache, [Segment(i, p, keep=1) for i, p in enumerate(prompts)])
+    assert cache.lengths == [len(p) for p in prompts]
+    # widths differ and slots come out of order: each sample still sees only its own cache
+    more = {0: [5, 6, 7, 8], 1: [9], 2: [10, 11]}
+    step = ragged_forward(model, cache, [Segment(2, more[2]), Segment(0, more[0]), Segment(1, more[1])])
+    for slot, got in zip((2, 0, 1), step):
+        last, expected = single(model, prompts[slot], more[slot])
+        assert torch.allclose(first[slot][-1], last, atol=1e-5)
+        assert torch.allclose(got, expected, atol=1e-5)
+    # rollback is a length change: drop slot 0's last two entries, feed others in their place
+    cache.truncate(0, len(prompts[0]) + 2)
+    again = ragged_forward(model, cache, [Segment(0, [3, 4])])[0]
+    assert torch.allclose(again, single(model, prompts[0], [5, 6, 3, 4])[1][2:], atol=1e-5)
+
+
+def test_padded_forward_matches_one_sample_at_a_time(tiny):
+    model = tiny.model
+    prompts = {i: p[0].tolist() for i, p in enumerate(PROMPTS[:3])}
+    batch = PaddedBatch(model, torch.device("cpu"))
+    first = batch.admit(prompts)
+    more = {0: [5, 6, 7, 8], 1: [9], 2: [10, 11]}
+    step = batch.step([Segment(s, more[s]) for s in (2, 0, 1)])
+    for slot, got in zip((2, 0, 1), step):
+        last, expected = single(model, prompts[slot], more[slot])
+        assert torch.allclose(first[slot], last, atol=1e-5)
+        assert torch.allclose(got, expected, atol=1e-5)
+    longest = max(len(p) for p in prompts.values())
+    assert batch.padding_tokens == {s: longest - len(p) + 4 - len(more[s]) for s, p in prompts.items()}
+    # slot 0 keeps 2 of its 4 new entries: the batch keeps the longest (2, slot 2's), slot 1 pads 1; a sample leaves
+    batch.truncate(0, len(prompts[0]) + 2)
+    assert batch.width == longest + 2
+    assert (batch.kv_padding(0), batch.kv_padding(1), batch.kv_padding(2)) == (0, 1, 0)
+    batch.release(2)
+    again = batch.step([Segment(0, [3]), Segment(1, [4])])
+    assert torch.allclose(again[0], single(model, prompts[0], [5, 6, 3])[1][2:], atol=1e-5)
+    assert torch.allclose(again[1], single(model, prompts[1], [9, 4])[1][1:], atol=1e-5)
+
+
+def build(name: str, target):
+    options = {"gamma": 3} if name == "sd" else {}
+    return get_method(name)(target, options, layer_drafter(target, [0]) if name == "sd" else None)
+
+
+@pytest.mark.parametrize("name", BATCHABLE)
+@pytest.mark.parametrize("mode", ["unpadded", "padded"])
+@pytest.mark.parametrize("slots,refill", [(2, False), (3, True), (5, False)])
+def test_every_sample_equals_batch_one_ar(tiny, name, mode, slots, refill):
+    reference = [build("ar", tiny).generate(p, 40, Sampling(), None).tokens for p in PROMPTS]
+    gens, steps = generate_batch(build(name, tiny), PROMPTS, slots, mode, refill, 40, Sampling(), [None] * 5)
+    assert [g.tokens for g in gens] == reference
+    assert steps >= 40 / 10  # fewer steps than tokens only by drafting, never zero
+    padding = sum(g.padding_tokens for g in gens)
+    assert padding == 0 if mode == "unpadded" else padding > 0  # the prompts' lengths differ
+    assert all(g.target_tokens >= g.padding_tokens + len(g.tokens) for g in gens)
+
+
+def test_unpadded_ar_feeds_each_token_once(tiny):
+    gens, _ = generate_batch(build("ar", tiny), PROMPTS, 4, "unpadded", False, 20, Sampling(), [None] * 5)
+    for g, p in zip(gens, PROMPTS):  # the prompt, then every token but the last
+        assert g.target_tokens == p.shape[1] + len(g.tokens) - 1
+
+
+def test_refill_keeps_the_slots_busy(tiny):
+    """With refill a finished sample's slot takes the next prompt at once. Prompt 0's first token made a stop token:
+    batch after batch takes 3 x 30 steps (0+1, 2+3, 4); refilled, prompt 2 starts at step 2 and the whole set ends
+    sooner. The tokens are the same either way."""
+    first = build("ar", tiny).generate(PROMPTS[0], 1, Sampling(), None).tokens[0]
+    target = dataclasses.replace(tiny, tokenizer=dataclasses.replace(tiny.tokenizer, stop_ids=(first,)))
+    method = build("ar", target)
+    alone = [method.generate(p, 30, Sampling(), None).tokens for p in PROMPTS]
+    assert len(alone[0]) == 1 and all(len(t) == 30 for t in alone[1:]), "the test needs one early stop only"
+    plain, plain_steps = generate_batch(method, PROMPTS, 2, "unpadded", False, 30, Sampling(), [None] * 5)
+    refilled, refilled_steps = generate_batch(method, PROMPTS, 2, "unpadded", True, 30, Sampling(), [None] * 5)
+    assert [g.tokens for g in plain] == [g.tokens for g in refilled] == alone
+    assert plain_steps == 3 * 30 and refilled_steps == 1 + 30 + 30  # p2 joins at step 2, p3 at 31, p4 at 32
+
+
+@pytest.mark.parametrize("mode", ["unpadded", "padded"])
+def test_batched_sd_sampling_preserves_target_distribution(tiny, mode):
+    """Eight samples of one prompt side by side, each on its own random stream, 100 batches: the 2-token
+    continuations follow the target's exact distribution (the batch-1 test's bound, test_sd.py)."""
+    sd = get_method("sd")(tiny, {"gamma": 2}, layer_drafter(tiny, [0]))
+    ids = prompt_ids(0)[:, :20]
+    exact = exact_distribution(tiny.model, ids, SAMPLING, 2)
+    counts: dict[tuple, int] = {}
+    for b in range(100):
+        gens, _ = generate_batch(sd, [ids] * 8, 8, mode, False, 2, SAMPLING,
+                                 [torch.Generator().manual_seed(b * 8 + i) for i in range(8)])
+        for g in gens:
+            counts[tuple(g.tokens)] = counts.get(tuple(g.tokens), 0) + 1
+    distance = tv({k: v / 800 for k, v in counts.items()}, exact)
+    assert distance < 0.1, f"TV {distance:.3f} between batched sd samples and the target distribution"
+
+
+# ------------------------------------------------------------------------------------------------- the runner
+
+cli = CliRunner()
+TINY = ["--model", "random:tiny", "--max-new-tokens", "16", "--warmup", "0"]
+
+
+def invoke(*args):
+    return cli.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    rows = [{"prompt": "def add(a, b): return a + b\n" * 3}, {"instruction": "count 1 2 3 4 5 6 1 2 3"},
+            {"question": "what is 12 + 30?"}, {"turns": ["hello there", "and again hello there"]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_batched_run_records_and_summary(tmp_path, prompts_file):
+    out = tmp_path / "run"
+    result = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 4, "--batch-size", "2,4", "--out", out)
+    assert result.exit_code == 0, result.output
+    records = pd.read_csv(out / "records.csv", keep_default_na=False)
+    # ar alone at batch 1 (the reference), then ar (unpadded) and pld in both modes at 2 and 4
+    assert set(records[records.batch_size == 1].method) == {"ar"}
+    batched = records[records.batch_size > 1]
+    assert set(zip(batched.method, batched.batching)) == {("ar", "unpadded"), ("pld", "unpadded"),
+                                                          ("pld", "padded")}
+    assert len(batched) == 2 * 3 * 5  # 4 prompts, one with 2 turns: 5 turns per label and batch size
+    assert (batched.lossless == "match").all()
+    assert (batched[batched.batching == "unpadded"].padding_tokens == 0).all()
+    assert batched[batched.batching == "padded"].padding_tokens.sum() > 0
+    # a sample's wall_s is its share of its batch: the shares add up to the batch's time
+    for _, g in batched.groupby(["method", "batching", "batch_id"]):
+        assert g.wall_s.sum() == pytest.approx(g.batch_wall_s.iloc[0], rel=1e-3)
+    summary = pd.read_csv(out / "summary.csv", keep_default_na=False)
+    rows = summary[summary.batch_size == 4]
+    assert set(zip(rows.method, rows.batching)) == {("ar", "unpadded"), ("pld", "unpadded"), ("pld", "padded")}
+    assert float(rows[rows.method == "ar"].speedup.iloc[0]) == 1.0  # each size against ar at that size
+    assert "B=4 padded" in result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--batch-size", "0"], "--batch-size: sizes must be at least 1"),
+    (["--batch-size", "-2"], "--batch-size: sizes must be at least 1"),
+    (["--batch-size", "two"], "--batch-size: expected comma-separated integers"),
+    (["--batch-size", "4", "--batching", "squeezed"], "--batching 'squeezed': choose unpadded, padded or both"),
+    (["--batch-size", "4", "--method", "pearl"], "pearl cannot decode batches yet"),
+])
+def test_bad_batch_options(tmp_path, args, message):
+    result = invoke("run", "--model", "random:tiny", "--out", tmp_path / "r", *args)
+    assert result.exit_code != 0
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "r" / "run.yaml").exists()
+
+
+def test_refill_at_batch_one_and_batches_larger_than_the_data_say_so(tmp_path, prompts_file):
+    result = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--refill", "--out", tmp_path / "a")
+    assert result.exit_code == 0 and "--refill does nothing at --batch-size 1" in " ".join(result.output.split())
+    result = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--batch-size", 8, "--batching", "padded",
+                    "--out", tmp_path / "b")
+    assert result.exit_code == 0, result.output
+    assert "batch size(s) 8 run with 2" in " ".join(result.output.split())
+
+
+def test_ctrl_c_mid_batch_keeps_finished_batches_and_resume_finishes(tmp_path, prompts_file, monkeypatch):
+    from specbench.bench import batching
+
+    out = tmp_path / "run"
+    real = batching.run_label
+    calls = {"n": 0}
+
+    def interrupt_on_third(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batching, "run_label", interrupt_on_third)
+    args = ["run", *TINY, "--dataset", prompts_file, "--limit", 4, "--batch-size", "1,2", "--out", out]
+    result = invoke(*args)
+    assert result.exit_code == 130 and "--resume" in result.output
+    kept = pd.read_csv(out / "records.csv", keep_default_na=False)
+    assert len(kept[kept.batch_size == 2]) == 2 * 2  # two finished batches of two single-turn prompts
+    monkeypatch.setattr(batching, "run_label", real)
+    resumed = invoke(*args, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    records = pd.read_csv(out / "records.csv", keep_default_na=False)
+    assert not records.duplicated(runner_module.DONE_KEY + ["turn"]).any()
+    assert len(records[records.batch_size == 2]) == 3 * 5  # ar, pld unpadded, pld padded: 5 turns each
