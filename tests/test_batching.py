@@ -59,12 +59,12 @@ def test_padded_forward_matches_one_sample_at_a_time(tiny):
     model = tiny.model
     prompts = {i: p[0].tolist() for i, p in enumerate(PROMPTS[:3])}
     batch = PaddedBatch(model, torch.device("cpu"))
-    first = batch.admit(prompts)
+    first = batch.admit([Segment(s, p, keep=1) for s, p in prompts.items()])
     more = {0: [5, 6, 7, 8], 1: [9], 2: [10, 11]}
     step = batch.step([Segment(s, more[s]) for s in (2, 0, 1)])
     for slot, got in zip((2, 0, 1), step):
         last, expected = single(model, prompts[slot], more[slot])
-        assert torch.allclose(first[slot], last, atol=1e-5)
+        assert torch.allclose(first[slot][-1], last, atol=1e-5)
         assert torch.allclose(got, expected, atol=1e-5)
     longest = max(len(p) for p in prompts.values())
     assert batch.padding_tokens == {s: longest - len(p) + 4 - len(more[s]) for s, p in prompts.items()}
@@ -78,9 +78,40 @@ def test_padded_forward_matches_one_sample_at_a_time(tiny):
     assert torch.allclose(again[1], single(model, prompts[1], [9, 4])[1][1:], atol=1e-5)
 
 
+def test_tree_segments_and_compaction_match_one_sample_at_a_time(tiny):
+    """A segment with its own embeddings, tree mask and positions (ppd's step), then keeping one branch: both
+    engines give the hidden states and the cache that one sample alone gives."""
+    from specbench.methods.batched import engine
+
+    model = tiny.model
+    prompts = [p[0].tolist() for p in PROMPTS[:2]]
+    # a 3-node tree: root r, two children a and b of r (siblings: b must not see a), at positions past, past+1, past+1
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    tokens = [7, 8, 9]
+    for mode in ("unpadded", "padded"):
+        batch = engine(model, mode, 2, torch.device("cpu"))
+        batch.forward([Segment(i, p, keep=1) for i, p in enumerate(prompts)], [])
+        past = [batch.lengths[i] for i in range(2)]
+        embeds = model.get_input_embeddings()(torch.tensor(tokens))
+        segs = [Segment(i, tokens, positions=[past[i], past[i] + 1, past[i] + 1], mask=tree, embeds=embeds)
+                for i in range(2)]
+        _, hidden = batch.forward([], segs, hidden=True)
+        for i in range(2):
+            alone_a = single(model, prompts[i], [7, 8])[1]  # the branch r -> a
+            alone_b = single(model, prompts[i], [7, 9])[1]  # the branch r -> b
+            head = model.get_output_embeddings()
+            assert torch.allclose(head(hidden[i][:2]), alone_a, atol=1e-4), mode
+            assert torch.allclose(head(hidden[i][2]), alone_b[1], atol=1e-4), mode
+            batch.keep_offsets(i, past[i], [0, 2])  # accept r -> b: b moves next to r
+        _, after = batch.forward([], [Segment(i, [5]) for i in range(2)])
+        for i in range(2):
+            assert torch.allclose(after[i], single(model, prompts[i], [7, 9, 5])[1][2:], atol=1e-4), mode
+
+
 def build(name: str, target):
-    options = {"gamma": 3} if name == "sd" else {}
-    return get_method(name)(target, options, layer_drafter(target, [0]) if name == "sd" else None)
+    cls = get_method(name)
+    options = {"gamma": 3} if name == "sd" else {"artifact": "untrained"} if "prompt tokens" in cls.needs else {}
+    return cls(target, options, layer_drafter(target, [0]) if "drafter" in cls.needs else None)
 
 
 @pytest.mark.parametrize("name", BATCHABLE)

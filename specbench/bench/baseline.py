@@ -68,6 +68,9 @@ def read_summary(path: Path) -> pd.DataFrame:
     csvcheck.require_columns(df, path, {"method", "dataset", "speedup", "tau"}, "summary.csv")
     df = csvcheck.numeric(df, path, SUMMARY_NUMBERS)
     df["method"], df["dataset"] = df.method.astype(str), df.dataset.astype(str)
+    from .report import named
+
+    df = named(df)  # batched rows: "sd B=8 unpadded"
     twice = df[df.duplicated(["method", "dataset"], keep=False)]
     if len(twice):  # e.g. two summaries pasted together: which row is the baseline is unknowable
         first, second = (int(i) + 2 for i in twice.index[:2])
@@ -79,13 +82,13 @@ def read_summary(path: Path) -> pd.DataFrame:
 
 def summary_of(run_dir: Path) -> pd.DataFrame:
     """The summary of a run folder from its records, in memory (a downloaded baseline may be read-only)."""
-    from .report import read_records, summarize
+    from .report import named, read_records, summarize
 
     records = read_records(run_dir)
     if records.empty:
         raise SpecbenchError(f"{run_dir}: records.csv has no results")
     meta = read_meta(run_dir)
-    return summarize(records, latency_floor=(meta.get("noise_guard") or {}).get("latency_floor", 1.0))
+    return named(summarize(records, latency_floor=(meta.get("noise_guard") or {}).get("latency_floor", 1.0)))
 
 
 def identify(side: Side, folder: Path) -> Side:

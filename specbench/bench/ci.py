@@ -94,6 +94,9 @@ def prepare(opts: CiOptions, runs: list[Path], history: bool) -> Baseline | None
 def judge(summary: pd.DataFrame, runs: list[Path], out_dir: Path, opts: CiOptions, base: Baseline | None) -> int:
     """Compare, check, print, write JUnit / job summary; returns the exit code (0 without a gate)."""
     notes, comparison, delta, written, old = [], [], None, [], None
+    from .report import named
+
+    summary = named(summary)  # batched rows keyed "sd B=8 unpadded"
     if base is not None:
         old, new, notes = base.old, base.new, base.notes
         delta = regress.compare(summary, old.summary)

@@ -38,7 +38,7 @@ def _nan(v) -> bool:
 def methods_only(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of methods other than ar (the baseline's own rows are 1.0 by definition); compared runs label methods
     '<run>:<method>'."""
-    return frame[frame.method.astype(str).str.split(":").str[-1] != "ar"]
+    return frame[frame.method.astype(str).str.split(":").str[-1].str.split(" ").str[0] != "ar"]  # "ar B=8 ..."
 
 
 def lossless_checks(summary: pd.DataFrame) -> list[Check]:

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ..errors import SpecbenchError  # noqa: E402
-from . import csvcheck, noise, timeline  # noqa: E402
+from . import batchreport, csvcheck, noise, timeline  # noqa: E402
 from .markdown import markdown_table  # noqa: E402
 from .results import read_meta  # noqa: E402
 from .titles import comparison_title, plot_title, set_title  # noqa: E402, F401 (plot_title: API)
@@ -229,6 +229,15 @@ def row_name(r) -> str:
     return f"{r.method} B={int(size)} {r.batching}"
 
 
+def named(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary with each batched row's method named by row_name ("sd B=8 unpadded"), so that tools keyed on
+    method x dataset (CI baselines, regressions, gates) see one row per key. Idempotent."""
+    if "batch_size" not in summary:
+        return summary
+    names = [m if " B=" in str(m) else row_name(r) for m, r in zip(summary.method, summary.itertuples(index=False))]
+    return summary.assign(method=names)
+
+
 def disturbed(summary: pd.DataFrame) -> pd.DataFrame:
     """Rows whose timing the noise guard does not trust."""
     if "timing" not in summary:
@@ -301,7 +310,11 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     summary = summarize(records, latency_floor=(meta.get("noise_guard") or {}).get("latency_floor", 1.0))
     summary.to_csv(run_dir / "summary.csv", index=False)
     title = plot_title(meta, records)
-    write_plots(summary, run_dir, title=title)
+    # one prompt at a time: bars, categories, trees; batch > 1 has its own section (batchreport.py)
+    single = summary[summary.batch_size == 1] if (summary.batch_size == 1).any() else summary
+    single_records = with_batch_columns(records)
+    single_records = single_records[single_records.batch_size == 1] if len(single) < len(summary) else records
+    write_plots(single, run_dir, title=title)
     md = [f"# specbench run: {run_dir.name}", ""]
     if is_partial(meta):
         md += ["**PARTIAL**: the run was interrupted; each method is compared with ar on the prompt turns both "
@@ -317,13 +330,15 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
         s = meta["settings"]
         md += ["## Settings", ""] + [f"- {k}: {v}" for k, v in s.items() if k != "options"]
         md += [f"- options: {s.get('options')}", ""]
-    md += ["## Summary", "", markdown_table(summary), ""]
+    md += ["## Summary", "", markdown_table(named(summary)), ""]
     md += ["Lossy methods (typical acceptance) are labelled `lossy`. " + LOSSLESS_TEXT, ""]
-    md += category_section(records, summary, run_dir, (meta.get("noise_guard") or {}).get("latency_floor", 1.0))
+    md += category_section(single_records, single, run_dir,
+                           (meta.get("noise_guard") or {}).get("latency_floor", 1.0))
+    md += batchreport.section(summary, run_dir, title)
     md += noise_section(summary, meta)
     md += ["## Formulas", "", "```", FORMULAS, "```", ""]
     md += ["![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]
-    md += tree_section(summary, meta.get("trees") or {}, run_dir, title=title)
+    md += tree_section(single, meta.get("trees") or {}, run_dir, title=title)
     md += timeline.report_section(run_dir, title=title)  # sd / pearl runs: busy, idle, mutual waiting, Gantt PNGs
     (run_dir / "report.md").write_text("\n".join(md))
     return summary

@@ -43,94 +43,107 @@ class PaddedBatch:
         row = self.rows.index(slot)
         return int((~self.valid[row]).sum()) - self.aligned[slot]
 
-    def admit(self, prompts: dict[int, list[int]]) -> dict[int, torch.Tensor]:
-        """Prefill new samples (left-padded to the longest) and stack them under the batch; returns each slot's
-        logits at its last prompt token [V]."""
-        slots = list(prompts)
-        longest = max(len(p) for p in prompts.values())
-        ids = torch.full((len(slots), longest), PAD_ID, dtype=torch.long)
-        valid = torch.zeros(len(slots), longest, dtype=torch.bool)
-        pos = torch.zeros(len(slots), longest, dtype=torch.long)
-        for r, slot in enumerate(slots):
-            n = len(prompts[slot])
-            ids[r, longest - n:] = torch.tensor(prompts[slot])
-            valid[r, longest - n:] = True
-            pos[r, longest - n:] = torch.arange(n)
+    def forward(self, joining: list[Segment], segments: list[Segment], hidden: bool = False
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One padded forward of the active rows' segments, then the newcomers' own padded prefill (a padded batch
+        cannot pack a prompt with decode steps); returns (the newcomers' outputs, the segments' outputs): logits
+        [keep or w, V], or the decoder's hidden states [keep or w, H] with `hidden`."""
+        out = self.step(segments, hidden) if segments else []
+        return (self.admit(joining, hidden) if joining else []), out
+
+    def admit(self, joining: list[Segment], hidden: bool = False) -> list[torch.Tensor]:
+        """Prefill new samples, left-padded to the longest, in a cache of their own; then align it with the batch's
+        on the left and stack it under."""
         cache = new_cache(self.model)
-        mask = self._mask(torch.zeros(len(slots), 0, dtype=torch.bool), valid, torch.zeros(len(slots), 0,
-                                                                                          dtype=torch.long), pos)
-        out = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device), attention_mask=mask,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        for r, slot in enumerate(slots):
-            n = len(prompts[slot])
-            self.lengths[slot] = n
-            self.target_tokens[slot] = longest
-            self.padding_tokens[slot] = longest - n
-            self.aligned[slot] = longest - n
-        # align the two caches on the left, then stack
-        if self.rows and self.width != longest:
-            grow = abs(self.width - longest)
-            if self.width < longest:
+        for s in joining:
+            self.lengths[s.slot] = 0
+            self.target_tokens[s.slot] = self.padding_tokens[s.slot] = self.aligned[s.slot] = 0
+        slots = [s.slot for s in joining]
+        valid = torch.zeros(len(joining), 0, dtype=torch.bool)
+        key_pos = torch.zeros(len(joining), 0, dtype=torch.long)
+        out, new_valid, pos = self._run(joining, slots, cache, valid, key_pos, left=True, hidden=hidden)
+        valid, key_pos = new_valid, pos
+        for s in joining:
+            self.aligned[s.slot] = self.padding_tokens[s.slot]
+        if self.rows and self.width != valid.shape[1]:
+            grow = abs(self.width - valid.shape[1])
+            if self.width < valid.shape[1]:  # the batch's rows get left padding
                 pad_left(self.cache, grow)
                 self.valid = torch.cat([torch.zeros(len(self.rows), grow, dtype=torch.bool), self.valid], 1)
                 self.key_pos = torch.cat([torch.zeros(len(self.rows), grow, dtype=torch.long), self.key_pos], 1)
-                for slot in self.rows:
-                    self.aligned[slot] += grow
-            else:
+                moved = self.rows
+            else:  # the newcomers' rows do
                 pad_left(cache, grow)
                 valid = torch.cat([torch.zeros(len(slots), grow, dtype=torch.bool), valid], 1)
-                pos = torch.cat([torch.zeros(len(slots), grow, dtype=torch.long), pos], 1)
-                for slot in slots:
-                    self.aligned[slot] += grow
+                key_pos = torch.cat([torch.zeros(len(slots), grow, dtype=torch.long), key_pos], 1)
+                moved = slots
+            for slot in moved:
+                self.aligned[slot] += grow
         if self.rows:
             append_rows(self.cache, cache)
-            self.valid, self.key_pos = torch.cat([self.valid, valid]), torch.cat([self.key_pos, pos])
+            self.valid, self.key_pos = torch.cat([self.valid, valid]), torch.cat([self.key_pos, key_pos])
         else:
-            self.cache, self.valid, self.key_pos = cache, valid, pos
+            self.cache, self.valid, self.key_pos = cache, valid, key_pos
         self.rows += slots
-        return {slot: out.logits[r, -1] for r, slot in enumerate(slots)}
+        return out
 
-    def forward(self, prompts: dict[int, list[int]], segments: list[Segment]
-                ) -> tuple[dict[int, torch.Tensor], list[torch.Tensor]]:
-        """One padded forward of the active rows' segments, then the newcomers' own padded prefill (a padded batch
-        cannot pack a prompt with decode steps); returns (newcomers' last-token logits [V], each segment's logits)."""
-        out = self.step(segments) if segments else []
-        return (self.admit(prompts) if prompts else {}), out
+    def step(self, segments: list[Segment], hidden: bool = False) -> list[torch.Tensor]:
+        """One forward of every row: each segment's tokens, padded on the right to the widest; rows without a
+        segment are fed padding only."""
+        out, self.valid, self.key_pos = self._run(segments, self.rows, self.cache, self.valid, self.key_pos,
+                                                  left=False, hidden=hidden)
+        return out
 
-    def step(self, segments: list[Segment]) -> list[torch.Tensor]:
-        """One forward of every row: each segment's tokens, padded to the widest; returns each segment's logits
-        [keep or w, V]. Rows without a segment are fed padding only."""
+    def _run(self, segments: list[Segment], rows: list[int], cache, valid, key_pos, left: bool, hidden: bool):
+        """Pad the segments into [R, W] inputs (left- or right-aligned), run the model on `cache`, count tokens;
+        returns (each segment's output, valid and key positions grown by the W new columns)."""
         by_slot = {s.slot: s for s in segments}
-        wide = max(len(s.tokens) for s in segments)
-        rows = len(self.rows)
-        ids = torch.full((rows, wide), PAD_ID, dtype=torch.long)
-        new_valid = torch.zeros(rows, wide, dtype=torch.bool)
-        pos = torch.zeros(rows, wide, dtype=torch.long)
-        own = torch.zeros(rows, wide, wide, dtype=torch.bool)  # [B, W, W] new-token mask
-        for r, slot in enumerate(self.rows):
+        wide = max(s.width for s in segments)
+        n = len(rows)
+        ids = torch.full((n, wide), PAD_ID, dtype=torch.long)
+        embeds = None
+        if any(s.embeds is not None for s in segments):
+            table = self.model.get_input_embeddings()
+            embeds = torch.zeros(n, wide, table.weight.shape[1], dtype=table.weight.dtype, device=self.device)
+        new_valid = torch.zeros(n, wide, dtype=torch.bool)
+        pos = torch.zeros(n, wide, dtype=torch.long)
+        own = torch.zeros(n, wide, wide, dtype=torch.bool)  # [R, W, W] new-token mask
+        cols = {}
+        for r, slot in enumerate(rows):
             seg = by_slot.get(slot)
-            w = len(seg.tokens) if seg else 0
+            w = seg.width if seg else 0
             if w:
-                ids[r, :w] = torch.tensor(seg.tokens)
-                new_valid[r, :w] = True
+                at = slice(wide - w, wide) if left else slice(0, w)
+                cols[slot] = (r, at)
+                if seg.embeds is not None:
+                    embeds[r, at] = seg.embeds.to(embeds.dtype)
+                else:
+                    ids[r, at] = torch.tensor(seg.tokens)
+                    if embeds is not None:
+                        embeds[r, at] = self.model.get_input_embeddings()(ids[r, at].to(self.device))
+                new_valid[r, at] = True
                 start = self.lengths[slot]
-                pos[r, :w] = torch.tensor(seg.positions) if seg.positions is not None else torch.arange(start,
-                                                                                                         start + w)
-                own[r, :w, :w] = torch.ones(w, w, dtype=torch.bool).tril() if seg.mask is None else seg.mask.bool()
-                pos[r, w:] = pos[r, w - 1]
+                pos[r, at] = torch.tensor(seg.positions) if seg.positions is not None else torch.arange(start,
+                                                                                                          start + w)
+                own[r, at, at] = (torch.ones(w, w, dtype=torch.bool).tril() if seg.mask is None
+                                  else seg.mask.cpu().bool())
             self.lengths[slot] = self.lengths.get(slot, 0) + w
             self.target_tokens[slot] += wide
             self.padding_tokens[slot] += wide - w
-        mask = self._mask(self.valid, new_valid, self.key_pos, pos, own)
-        out = self.model(input_ids=ids.to(self.device), position_ids=pos.to(self.device), attention_mask=mask,
-                         past_key_values=self.cache, use_cache=True)
-        self.valid = torch.cat([self.valid, new_valid], 1)
-        self.key_pos = torch.cat([self.key_pos, pos], 1)
+        mask = self._mask(valid, new_valid, key_pos, pos, own)
+        args = dict(position_ids=pos.to(self.device), attention_mask=mask, past_key_values=cache, use_cache=True)
+        if hidden or embeds is not None:
+            if embeds is None:
+                embeds = self.model.get_input_embeddings()(ids.to(self.device))
+            h = self.model.get_decoder()(inputs_embeds=embeds, **args).last_hidden_state  # [R, W, H]
+            out = h if hidden else self.model.get_output_embeddings()(h)
+        else:
+            out = self.model(input_ids=ids.to(self.device), **args).logits  # [R, W, V]
         result = []
         for s in segments:
-            w = len(s.tokens)
-            result.append(out.logits[self.rows.index(s.slot), :w][-(s.keep or w):])
-        return result
+            r, at = cols[s.slot]
+            result.append(out[r, at][-(s.keep or s.width):])
+        return result, torch.cat([valid, new_valid], 1), torch.cat([key_pos, pos], 1)
 
     def _mask(self, valid, new_valid, key_pos, pos, own=None) -> torch.Tensor:
         """Additive [B, 1, W, L + W]: the row's real cache entries, then its own new tokens (causal or `own`); a
@@ -160,6 +173,19 @@ class PaddedBatch:
             self.valid[row, real[length]:] = False
         self.lengths[slot] = length
         self._crop()
+
+    def keep_offsets(self, slot: int, start: int, offsets: list[int]) -> None:
+        """Tree compaction for one row: of its real entries from the `start`-th, keep those at `offsets` (the
+        accepted path), moved to the front of that span; the rest become padding."""
+        row = self.rows.index(slot)
+        real = self.valid[row].nonzero()[:, 0]
+        if offsets != list(range(len(offsets))):
+            src, dst = real[start + torch.tensor(offsets)], real[start:start + len(offsets)]
+            for layer in self.cache.layers:
+                for states in (layer.keys, layer.values):  # [B, kv_heads, T, head_dim]
+                    states[row, :, dst.to(states.device)] = states[row, :, src.to(states.device)]
+            self.key_pos[row, dst] = self.key_pos[row, src]
+        self.truncate(slot, start + len(offsets))
 
     def _crop(self) -> None:
         used = self.valid.any(0).nonzero()

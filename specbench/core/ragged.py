@@ -43,6 +43,11 @@ class Segment:
     keep: int = 0  # logits returned for the last `keep` tokens (0: all of them)
     positions: list[int] | None = None  # position ids (default: the slot's length onward)
     mask: torch.Tensor | None = None  # [w, w] bool, True = may attend (default: causal; a tree's ancestor mask)
+    embeds: torch.Tensor | None = None  # [w, H] input embeddings in place of the tokens' (ppd's prompt tokens)
+
+    @property
+    def width(self) -> int:
+        return len(self.tokens) if self.embeds is None else self.embeds.shape[0]
 
 
 class RaggedCache:
@@ -89,7 +94,7 @@ class _Step:
 
     def __init__(self, cache: RaggedCache, segments: list[Segment], device: torch.device):
         self.cache = cache
-        widths = [len(s.tokens) for s in segments]
+        widths = [s.width for s in segments]
         starts = [cache.lengths[s.slot] for s in segments]
         self.need = max(a + w for a, w in zip(starts, widths))  # K_max: longest cache after this step's writes
         w_max = max(widths)
@@ -180,8 +185,9 @@ def _ragged_attention(model):
             model.config._attn_implementation = before
 
 
-def ragged_forward(model, cache: RaggedCache, segments: list[Segment]) -> list[torch.Tensor]:
-    """One packed forward of every segment's new tokens; returns each segment's logits [keep or w, V].
+def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: bool = False) -> list[torch.Tensor]:
+    """One packed forward of every segment's new tokens; returns each segment's logits [keep or w, V] (hidden: the
+    decoder's normed hidden states [keep or w, H] instead, for callers that apply the head to some rows only).
 
     The cache grows by each segment's width; roll back with cache.truncate / keep_offsets.
     """
@@ -189,17 +195,33 @@ def ragged_forward(model, cache: RaggedCache, segments: list[Segment]) -> list[t
         return []
     device = next(model.parameters()).device
     step = _Step(cache, segments, device)
-    ids = torch.tensor([[t for s in segments for t in s.tokens]], device=device)  # [1, N]
-    widths = [len(s.tokens) for s in segments]
+    widths = [s.width for s in segments]
     keeps = [s.keep or w for s, w in zip(segments, widths)]
     ends = torch.tensor(widths).cumsum(0).tolist()
-    rows = torch.cat([torch.arange(e - k, e) for e, k in zip(ends, keeps)]).to(device)  # rows whose logits we need
+    rows = torch.cat([torch.arange(e - k, e) for e, k in zip(ends, keeps)]).to(device)  # rows whose output we need
+    positions = step.positions.unsqueeze(0).to(device)  # [1, N]
     with _ragged_attention(model):
-        out = model(input_ids=ids, position_ids=step.positions.unsqueeze(0).to(device), use_cache=False,
-                    logits_to_keep=rows, ragged=step)
+        if hidden or any(s.embeds is not None for s in segments):
+            embeds = packed_embeddings(model, segments, device)  # [1, N, H]
+            h = model.get_decoder()(inputs_embeds=embeds, position_ids=positions, use_cache=False,
+                                    ragged=step).last_hidden_state[0, rows]  # [sum keep, H]
+            out = h if hidden else model.get_output_embeddings()(h)
+        else:
+            ids = torch.tensor([[t for s in segments for t in s.tokens]], device=device)  # [1, N]
+            out = model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=rows,
+                        ragged=step).logits[0]
     for s, w in zip(segments, widths):
         cache.lengths[s.slot] += w
-    return list(out.logits[0].split(keeps))
+    return list(out.split(keeps))
+
+
+def packed_embeddings(model, segments: list[Segment], device) -> torch.Tensor:
+    """inputs_embeds [1, N, H]: each segment's own embeddings, or its tokens' (tokens of the target's table)."""
+    table = model.get_input_embeddings()
+    parts = [s.embeds.to(device) if s.embeds is not None else table(torch.tensor(s.tokens, device=device))
+             for s in segments]
+    dtype = parts[0].dtype if segments[0].embeds is None else table.weight.dtype
+    return torch.cat([p.to(dtype) for p in parts]).unsqueeze(0)
 
 
 class RaggedBatch:
@@ -219,22 +241,24 @@ class RaggedBatch:
     def kv_padding(self, slot: int) -> int:
         return 0
 
-    def forward(self, prompts: dict[int, list[int]], segments: list[Segment]
-                ) -> tuple[dict[int, torch.Tensor], list[torch.Tensor]]:
-        """Newcomers' prompts and the active samples' new tokens packed into one forward (no padding token):
-        returns (each newcomer's logits at its last prompt token [V], each segment's logits)."""
-        for slot in prompts:
-            self.cache.lengths[slot] = 0
-            self.rows.append(slot)
-            self.target_tokens[slot] = self.padding_tokens[slot] = 0
-        joined = [Segment(slot, ids, keep=1) for slot, ids in prompts.items()]
-        out = ragged_forward(self.model, self.cache, joined + segments)
-        for s in joined + segments:
-            self.target_tokens[s.slot] += len(s.tokens)
-        return {s.slot: o[-1] for s, o in zip(joined, out)}, out[len(joined):]
+    def forward(self, joining: list[Segment], segments: list[Segment], hidden: bool = False
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Newcomers' prefill segments (their slots start empty) and the active samples' new tokens packed into one
+        forward, no padding token; returns (the newcomers' outputs, the segments' outputs): logits, or hidden."""
+        for s in joining:
+            self.cache.lengths[s.slot] = 0
+            self.rows.append(s.slot)
+            self.target_tokens[s.slot] = self.padding_tokens[s.slot] = 0
+        out = ragged_forward(self.model, self.cache, joining + segments, hidden)
+        for s in joining + segments:
+            self.target_tokens[s.slot] += s.width
+        return out[:len(joining)], out[len(joining):]
 
     def truncate(self, slot: int, length: int) -> None:
         self.cache.truncate(slot, length)
+
+    def keep_offsets(self, slot: int, start: int, offsets: list[int]) -> None:
+        self.cache.keep_offsets(slot, start, offsets)
 
     def release(self, slot: int) -> None:
         self.rows.remove(slot)

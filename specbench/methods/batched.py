@@ -57,7 +57,9 @@ class Sample:
 
 
 class Batchable:
-    """Mixin of methods that decode batches: propose() fills each sample's draft (and q); the loop does the rest."""
+    """Mixin of methods that decode batches. The default step is the chain of draft-model and draft-free methods:
+    propose() fills each sample's draft (and q), the step verifies, accepts and rolls back. Tree methods (ppd)
+    override decode_step."""
 
     batchable = True
 
@@ -71,37 +73,19 @@ class Batchable:
     def leave(self, sample: Sample) -> None:
         """A sample left the batch (sd: its drafter row goes too)."""
 
-
-def generate_batch(method, prompts: list[torch.Tensor], slots: int, mode: str, refill: bool, max_new_tokens: int,
-                   sampling: Sampling, generators: list[torch.Generator | None]) -> tuple[list[Generation], int]:
-    """Decode every prompt ([1, T] each) with `slots` samples side by side; returns one Generation per prompt (with
-    its share of the target's tokens: target_tokens, padding_tokens, kv_padding; and its latency) and the number of
-    batched steps (each one target forward over the batch; padded batching adds a prefill forward for newcomers)."""
-    target = engine(method.target.model, mode, slots, method.target.device)
-    method.start_batch(mode, slots)
-    stop_ids = method.target.tokenizer.stop_ids
-    waiting = deque(range(len(prompts)))
-    free = list(range(slots))
-    active: list[Sample] = []
-    done: dict[int, Generation] = {}
-    origin = time.perf_counter()
-    steps = 0
-    while waiting or active:
-        steps += 1
-        joining: list[Sample] = []
-        if refill or not active:
-            while free and waiting:
-                i = waiting.popleft()
-                joining.append(Sample(i, free.pop(0), prompts[i][0].tolist(), generators[i],
-                                      joined_s=time.perf_counter() - origin))
+    def decode_step(self, target, joining: list[Sample], active: list[Sample], max_new_tokens: int,
+                    sampling: Sampling) -> list[Sample]:
+        """One batched step: newcomers' prefill and every active sample's verification in one target forward (two
+        when padded); returns the samples that finished."""
+        stop_ids = self.target.tokenizer.stop_ids
         # 1. draft
-        method.propose(active, max_new_tokens, sampling)
+        self.propose(active, max_new_tokens, sampling)
         # 2. verify: newcomers' prompts and every active sample's last token + drafts, in one batched forward
         segments = [Segment(s.slot, [s.history[-1]] + s.draft) for s in active]
-        first, logits = target.forward({s.slot: s.history for s in joining}, segments)
+        first, logits = target.forward([Segment(s.slot, s.history, keep=1) for s in joining], segments)
         finished: list[Sample] = []
-        for s in joining:  # prefill: the first token
-            tok = next_token(first[s.slot], sampling, s.generator)
+        for s, lg in zip(joining, first):  # prefill: the first token
+            tok = next_token(lg[-1], sampling, s.generator)
             s.history.append(tok)
             if s.gen.emit([tok], stop_ids, max_new_tokens):
                 finished.append(s)
@@ -118,6 +102,31 @@ def generate_batch(method, prompts: list[torch.Tensor], slots: int, mode: str, r
             s.history += new
             if s.gen.emit(new, stop_ids, max_new_tokens):
                 finished.append(s)
+        return finished
+
+
+def generate_batch(method, prompts: list[torch.Tensor], slots: int, mode: str, refill: bool, max_new_tokens: int,
+                   sampling: Sampling, generators: list[torch.Generator | None]) -> tuple[list[Generation], int]:
+    """Decode every prompt ([1, T] each) with `slots` samples side by side; returns one Generation per prompt (with
+    its share of the target's tokens: target_tokens, padding_tokens, kv_padding; and its latency) and the number of
+    batched steps (each one target forward over the batch; padded batching adds a prefill forward for newcomers)."""
+    target = engine(method.target.model, mode, slots, method.target.device)
+    method.start_batch(mode, slots)
+    waiting = deque(range(len(prompts)))
+    free = list(range(slots))
+    active: list[Sample] = []
+    done: dict[int, Generation] = {}
+    origin = time.perf_counter()
+    steps = 0
+    while waiting or active:
+        steps += 1
+        joining: list[Sample] = []
+        if refill or not active:
+            while free and waiting:
+                i = waiting.popleft()
+                joining.append(Sample(i, free.pop(0), prompts[i][0].tolist(), generators[i],
+                                      joined_s=time.perf_counter() - origin))
+        finished = method.decode_step(target, joining, active, max_new_tokens, sampling)
         active += joining
         for s in finished:
             s.gen.target_tokens = target.target_tokens[s.slot]

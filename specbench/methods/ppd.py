@@ -18,6 +18,7 @@ from rich.markup import escape
 from ..core.cache import cache_length, keep_positions, new_cache
 from ..core.hardware import hardware_slug
 from ..core.models import dtype_name, model_slug
+from ..core.ragged import Segment
 from ..core.tree import (
     Tree,
     TreeFile,
@@ -33,6 +34,7 @@ from ..hwtrees.acceptance import GENERIC_PER_RANK, read_per_rank
 from ..hwtrees.treesearch import search
 from ..progress import console
 from .base import DecodeMethod, Generation, register
+from .batched import Batchable
 from .options import ARTIFACT, TREE
 
 DEFAULT_SIZE = 16
@@ -67,7 +69,7 @@ class _Layout:
 
 
 @register
-class ParallelPromptDecoding(DecodeMethod):
+class ParallelPromptDecoding(Batchable, DecodeMethod):
     name = "ppd"
     kind = "tree"
     needs = ("target", "prompt tokens")
@@ -170,6 +172,67 @@ class ParallelPromptDecoding(DecodeMethod):
             guesses = self._prompt_logits(h, layout, path[-1], all_logits)  # [c, V]: c is the next state
             done = gen.emit(accepted + [root], stop_ids, max_new_tokens)
         return gen
+
+
+    # batch > 1 (methods/batched.py): the same four phases per sample, every sample's tree in one forward
+
+    @torch.inference_mode()
+    def decode_step(self, target, joining, active, max_new_tokens, sampling):
+        """Newcomers' prefill (the prompt, its last token carrying the root's prompt tokens) and every active
+        sample's tree (root, candidates, prompt inputs; its tree mask and positions) in one batched forward."""
+        model, stop_ids = self.target.model, self.target.tokenizer.stop_ids
+        head = model.get_output_embeddings()
+        device = self.target.device
+        prefill = self.layouts[0]
+        joined = []
+        for s in joining:
+            ids = torch.tensor(s.history, device=device)  # [T]
+            prefix = len(ids) - 1
+            vis = prefill.visible.cpu()  # [q, q]
+            q = vis.shape[0]
+            allowed = torch.zeros(prefix + q, prefix + q, dtype=torch.bool)
+            allowed[:prefix, :prefix] = torch.ones(prefix, prefix, dtype=torch.bool).tril()
+            allowed[prefix:, :prefix] = True
+            allowed[prefix:, prefix:] = vis
+            positions = list(range(prefix)) + (prefill.offsets.cpu() + prefix).tolist()
+            joined.append(Segment(s.slot, s.history, keep=q, positions=positions, mask=allowed,
+                                  embeds=pt.embed(model, ids, prefill.rows)[0]))
+        steps = []
+        for s in active:
+            layout = self.layouts[s.scratch["guesses"].shape[0]]
+            tree = layout.tree
+            # 1. draft: candidate tokens = top-k guesses of the accepted node's prompt tokens, by rank
+            topk = s.scratch["guesses"][: tree.depth].topk(max(layout.max_rank, 1), dim=-1).indices  # [D, K]
+            tokens = torch.cat([torch.tensor([s.history[-1]], device=device), tree.candidate_tokens(topk)])  # [N]
+            past = target.lengths[s.slot]
+            s.scratch.update(layout=layout, tokens=tokens, past=past)
+            steps.append(Segment(s.slot, tokens.tolist(), positions=(layout.offsets.cpu() + past).tolist(),
+                                 mask=layout.visible, embeds=pt.embed(model, tokens, layout.rows)[0]))
+        # 2. verify: one batched forward over every newcomer's prefill and every active sample's tree
+        first, hidden = target.forward(joined, steps, hidden=True)
+        finished = []
+        for s, h in zip(joining, first):
+            target.keep_offsets(s.slot, len(s.history) - 1, [0])  # the root's prompt inputs leave the cache
+            root = next_token(head(h[0]).float(), sampling, s.generator)
+            s.scratch["guesses"] = self._prompt_logits(h, prefill, 0)  # [m, V]
+            s.history.append(root)
+            if s.gen.emit([root], stop_ids, max_new_tokens):
+                finished.append(s)
+        for s, h in zip(active, hidden):
+            layout, tokens, tree = s.scratch["layout"], s.scratch["tokens"], s.scratch["layout"].tree
+            all_logits = head(h).float() if layout.combined_head else None  # [q, V]
+            logits = all_logits[: tree.nodes] if layout.combined_head else head(h[: tree.nodes]).float()  # [N, V]
+            # 3. accept: the longest verified path, then the target's own next token
+            path, root = self._accept(tokens, layout.parents, logits, sampling, s.generator)
+            accepted = tokens[path[1:]].tolist()
+            s.gen.count_draft(tree.depth, len(accepted))
+            # 4. update cache: keep the root and the accepted path; next candidates from the last accepted node
+            target.keep_offsets(s.slot, s.scratch["past"], path)
+            s.scratch["guesses"] = self._prompt_logits(h, layout, path[-1], all_logits)  # [c, V]
+            s.history += accepted + [root]
+            if s.gen.emit(accepted + [root], stop_ids, max_new_tokens):
+                finished.append(s)
+        return finished
 
 
 @register

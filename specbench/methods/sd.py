@@ -119,10 +119,11 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
         for j in range(max(k.values(), default=0)):
             drafting = [s for s in samples if k[s.slot] > j]
             feeds = {s.slot: (s.history[len(s.scratch["fed"]):] if j == 0 else [s.draft[-1]]) for s in drafting}
-            joining = {s.slot: feeds[s.slot] for s in drafting if s.slot not in batch.rows}
-            stepping = [s for s in drafting if s.slot in batch.rows and s.slot not in joining]
-            first, out = batch.forward(joining, [Segment(s.slot, feeds[s.slot], keep=1) for s in stepping])
-            logits = {**first, **{s.slot: o[-1] for s, o in zip(stepping, out)}}
+            joining = [s for s in drafting if s.slot not in batch.rows]
+            stepping = [s for s in drafting if s.slot in batch.rows]
+            first, out = batch.forward([Segment(s.slot, feeds[s.slot], keep=1) for s in joining],
+                                       [Segment(s.slot, feeds[s.slot], keep=1) for s in stepping])
+            logits = {s.slot: o[-1] for s, o in zip(joining + stepping, first + out)}
             for s in drafting:
                 s.scratch["fed"] += feeds[s.slot]
                 lg = fit_vocab(logits[s.slot], self.vocab)  # [V]

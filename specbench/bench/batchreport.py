@@ -1,0 +1,115 @@
+"""The report's batching section (EMS-SD Tables 2-4, Fig. 4 and Fig. 6, for this machine): per dataset, method and
+batch size, the throughput and speedup of the padded (vanilla) and unpadded (EMS-SD) modes against ar at the same
+batch size, the tokens each fed through the target and the padding share, the lowest per-sample tau in a batch
+beside the mean, and peak memory; a plot of speedup against batch size for both modes. Computed from summary.csv
+rows only."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .markdown import markdown_table  # noqa: E402
+from .titles import set_title  # noqa: E402
+
+COLUMNS = ["dataset", "method", "B", "ar tok/s", "padded tok/s", "padded speedup", "unpadded tok/s",
+           "unpadded speedup", "unpadded / padded", "target tokens padded", "target tokens unpadded", "fewer tokens",
+           "padding ratio", "kv padding", "tau", "tau batch min", "peak MB padded", "peak MB unpadded"]
+
+
+def has_batches(summary: pd.DataFrame) -> bool:
+    return "batch_size" in summary and (pd.to_numeric(summary.batch_size, errors="coerce").fillna(1) > 1).any()
+
+
+def table(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per dataset x method x batch size (batch 1 included, both modes then being the one-at-a-time row)."""
+    rows = []
+    s = summary.assign(batch_size=pd.to_numeric(summary.batch_size, errors="coerce").fillna(1).astype(int))
+    for (dataset, size), part in s.groupby(["dataset", "batch_size"], sort=True):
+        ar = part[part.method == "ar"]
+        ar_tps = float(ar.tokens_per_s.iloc[0]) if len(ar) else math.nan
+        for method in [m for m in dict.fromkeys(part.method) if m != "ar"]:
+            mine = part[part.method == method]
+            by_mode = {m: r for m, r in zip(mine.batching, mine.itertuples(index=False))}
+            pad = by_mode.get("padded") or by_mode.get("-")
+            unpad = by_mode.get("unpadded") or by_mode.get("-")
+            get = (lambda r, c: getattr(r, c) if r is not None else math.nan)
+            fewer = (1 - get(unpad, "target_tokens") / get(pad, "target_tokens")
+                     if pad is not None and unpad is not None and get(pad, "target_tokens") else math.nan)
+            rows.append({
+                "dataset": dataset, "method": method, "B": size, "ar tok/s": ar_tps,
+                "padded tok/s": get(pad, "tokens_per_s"), "padded speedup": get(pad, "speedup"),
+                "unpadded tok/s": get(unpad, "tokens_per_s"), "unpadded speedup": get(unpad, "speedup"),
+                "unpadded / padded": get(unpad, "tokens_per_s") / get(pad, "tokens_per_s") if pad is not None else
+                math.nan,
+                "target tokens padded": get(pad, "target_tokens"), "target tokens unpadded": get(unpad, "target_tokens"),
+                "fewer tokens": fewer, "padding ratio": get(pad, "padding_ratio"), "kv padding": get(pad, "kv_padding"),
+                "tau": get(unpad if unpad is not None else pad, "tau"),
+                "tau batch min": get(unpad if unpad is not None else pad, "tau_batch_min"),
+                "peak MB padded": get(pad, "peak_mem_mb"), "peak MB unpadded": get(unpad, "peak_mem_mb")})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _shown(frame: pd.DataFrame) -> pd.DataFrame:
+    """Display strings: speedups as 1.23x, shares as percent."""
+    out = frame.copy()
+    for col in out.columns:
+        if col.endswith("speedup") or col == "unpadded / padded":
+            out[col] = out[col].map(lambda v: f"{v:.2f}x" if isinstance(v, float) and math.isfinite(v) else "-")
+        elif col in ("fewer tokens", "padding ratio"):
+            out[col] = out[col].map(lambda v: f"{v:.0%}" if isinstance(v, float) and math.isfinite(v) else "-")
+        elif col.endswith("tok/s") or col.startswith("tau"):
+            out[col] = out[col].map(lambda v: f"{v:.2f}" if isinstance(v, float) and math.isfinite(v) else "-")
+        elif col.startswith(("target", "kv", "peak")):
+            out[col] = out[col].map(lambda v: f"{v:.0f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-")
+    return out
+
+
+def plot(frame: pd.DataFrame, path: Path, title: str = "") -> None:
+    """Speedup over ar at the same batch size against the batch size: one panel per dataset, a line per method x
+    mode (EMS-SD's Tables 2-4 as a picture)."""
+    datasets = list(dict.fromkeys(frame.dataset))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.6), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets):
+        part = frame[frame.dataset == dataset]
+        for i, method in enumerate(dict.fromkeys(part.method)):
+            rows = part[part.method == method].sort_values("B")
+            for mode, style in (("unpadded", "-o"), ("padded", "--s")):  # one colour per method, a style per mode
+                ax.plot(rows.B, rows[f"{mode} speedup"], style, color=f"C{i}", label=f"{method} {mode}")
+        ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(part.B.unique()), [str(b) for b in sorted(part.B.unique())])
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("speedup over ar at the same batch size")
+        ax.set_title(dataset, fontsize=9)
+        ax.legend(fontsize=7, frameon=False)
+    set_title(axes[0][0], title, 5.2 * len(datasets))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def section(summary: pd.DataFrame, run_dir: Path, title: str = "") -> list[str]:
+    """report.md's batching section, batching.csv and batch_speedup.png; [] for a run without batch > 1."""
+    if not has_batches(summary):
+        return []
+    frame = table(summary)
+    frame.to_csv(run_dir / "batching.csv", index=False)
+    plot(frame, run_dir / "batch_speedup.png", title)
+    return ["## Batching (EMS-SD)", "",
+            "Prompts decoded B at a time. `padded` is the vanilla way (inputs padded to the widest sample, KV caches "
+            "to the longest accepted length); `unpadded` is EMS-SD (each sample keeps its own KV length, all "
+            "samples' new tokens packed into one forward, no padding token in a linear layer). Speedups are "
+            "throughput ratios against `ar` decoding the same prompts at the same batch size (unpadded: no prompt "
+            "padding either). `target tokens`: tokens fed through the target, prefill and padding included; "
+            "`padding ratio`: the padded mode's padding share of them; `kv padding`: padded KV entries the samples "
+            "held when they left (EMS-SD Appendix B's padding, `specbench estimate --padding --run` models it); "
+            "`tau batch min`: the lowest per-sample tau in a batch, averaged over batches (EMS-SD §4.4: the batch "
+            "waits for its slowest sample unless `--refill`).", "",
+            markdown_table(_shown(frame)), "", "![speedup against batch size](batch_speedup.png)", ""]
