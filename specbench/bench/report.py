@@ -223,10 +223,13 @@ def _batch_numbers(g: pd.DataFrame) -> dict:
 
 def row_name(r) -> str:
     """A summary row's name: the method, with its batch size and batching mode at batch > 1 ("sd B=8 unpadded")."""
-    size = getattr(r, "batch_size", 1)
-    if size is None or (isinstance(size, float) and math.isnan(size)) or int(size) <= 1:
+    try:
+        size = int(float(getattr(r, "batch_size", 1)))
+    except (TypeError, ValueError):  # a hand-made or older summary: one prompt at a time
+        size = 1
+    if size <= 1:
         return str(r.method)
-    return f"{r.method} B={int(size)} {r.batching}"
+    return f"{r.method} B={size} {r.batching}"
 
 
 def named(summary: pd.DataFrame) -> pd.DataFrame:
