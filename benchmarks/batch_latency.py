@@ -2,8 +2,9 @@
 
 EMS-SD §4.4 names the first reason speculative decoding loses ground as the batch grows: a B x w forward costs far
 more than a B x 1 forward once the batch fills the hardware. This prints L(B, w) and L(B, w) / L(B, 1) for the
-unpadded engine (core/ragged.py; padded with equal widths is the same forward), so a speedup at batch B can be set
-against its ceiling: speedup <= tau / (L(B, w) / L(B, 1)), w = the verified width (sd: gamma + 1).
+unpadded engine (core/ragged.py), so a speedup at batch B can be set against its ceiling: speedup <= tau /
+(L(B, w) / L(B, 1)), w = the verified width (sd: gamma + 1). `--mode padded` times core/padded.py on the same
+shapes (equal widths and KV lengths: no padding at all), which isolates what the engines themselves cost.
 
     python benchmarks/batch_latency.py --model smollm2-135m --dtype float32 --batch-sizes 1,2,4,8,16 --widths 1,2,3,4,6,11
 """
@@ -17,12 +18,13 @@ import time
 import torch
 
 from specbench.core.models import load_model
-from specbench.core.ragged import RaggedBatch, Segment
+from specbench.core.ragged import Segment
+from specbench.methods.batched import engine as batch_engine
 
 
-def measure(model, batch: int, width: int, kv: int, repeats: int) -> float:
+def measure(model, batch: int, width: int, kv: int, repeats: int, mode: str = "unpadded") -> float:
     """Median milliseconds of one forward of `batch` segments of `width` tokens over `kv` cached tokens each."""
-    engine = RaggedBatch(model, batch)
+    engine = batch_engine(model, mode, batch, next(model.parameters()).device)
     g = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().weight.shape[0]
     engine.forward([Segment(i, torch.randint(0, vocab, (kv,), generator=g).tolist(), keep=1) for i in range(batch)],
@@ -46,16 +48,18 @@ def main() -> None:
     parser.add_argument("--widths", default="1,2,3,4,6,11")
     parser.add_argument("--kv", type=int, default=256, help="cached tokens per sample")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--mode", default="unpadded", choices=("unpadded", "padded"))
     args = parser.parse_args()
     target = load_model(args.model, args.dtype, "cpu")
     sizes = [int(v) for v in args.batch_sizes.split(",")]
     widths = [int(v) for v in args.widths.split(",")]
-    print(f"L(B, w) in ms ({target.name}, {args.dtype}, KV {args.kv} per sample; L(B, w) / L(B, 1) in brackets)\n")
+    print(f"L(B, w) in ms ({target.name}, {args.dtype}, {args.mode}, KV {args.kv} per sample; L(B, w) / L(B, 1) "
+          "in brackets)\n")
     print("| B | " + " | ".join(f"w={w}" for w in widths) + " |")
     print("|---|" + "---|" * len(widths))
     with torch.inference_mode():
         for b in sizes:
-            row = [measure(target.model, b, w, args.kv, args.repeats) for w in widths]
+            row = [measure(target.model, b, w, args.kv, args.repeats, args.mode) for w in widths]
             print(f"| {b} | " + " | ".join(f"{ms:.1f} ({ms / row[0]:.2f})" for ms in row) + " |", flush=True)
 
 

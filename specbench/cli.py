@@ -74,16 +74,16 @@ def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")]
 
 @list_app.command("methods")
 def list_methods():
-    """Decoding methods: name, kind, what they need, lossless or lossy."""
+    """Decoding methods: name, kind, what they need, lossless or lossy, whether they decode batches."""
     from .methods import REGISTRY
 
     table = Table(title="methods")
-    for col in ("name", "kind", "needs", "exactness", "what it does", "options (specbench run)"):
+    for col in ("name", "kind", "needs", "exactness", "batch > 1", "what it does", "options (specbench run)"):
         table.add_column(col)
     for name, cls in REGISTRY.items():
         options = "\n".join(f"{o.flag} {o.default_text}" for o in cls.option_specs)
-        table.add_row(name, cls.kind, " + ".join(cls.needs), "lossless" if cls.lossless else "lossy", cls.summary,
-                      options or "-")
+        table.add_row(name, cls.kind, " + ".join(cls.needs), "lossless" if cls.lossless else "lossy",
+                      "padded, unpadded" if cls.batchable else "-", cls.summary, options or "-")
     out.print(table)
 
 

@@ -148,11 +148,14 @@ def test_refill_keeps_the_slots_busy(tiny):
     assert plain_steps == 3 * 30 and refilled_steps == 1 + 30 + 30  # p2 joins at step 2, p3 at 31, p4 at 32
 
 
+@pytest.mark.parametrize("name", ["sd", "ppd"])
 @pytest.mark.parametrize("mode", ["unpadded", "padded"])
-def test_batched_sd_sampling_preserves_target_distribution(tiny, mode):
+def test_batched_sampling_preserves_target_distribution(tiny, name, mode):
     """Eight samples of one prompt side by side, each on its own random stream, 100 batches: the 2-token
-    continuations follow the target's exact distribution (the batch-1 test's bound, test_sd.py)."""
-    sd = get_method("sd")(tiny, {"gamma": 2}, layer_drafter(tiny, [0]))
+    continuations follow the target's exact distribution (the batch-1 test's bound, test_sd.py); sd's speculative
+    sampling and ppd's multi-candidate tree sampling alike."""
+    options = {"gamma": 2} if name == "sd" else {"artifact": "untrained", "tree": "size=12"}
+    sd = get_method(name)(tiny, options, layer_drafter(tiny, [0]) if name == "sd" else None)
     ids = prompt_ids(0)[:, :20]
     exact = exact_distribution(tiny.model, ids, SAMPLING, 2)
     counts: dict[tuple, int] = {}

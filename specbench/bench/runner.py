@@ -138,8 +138,8 @@ def _validate_batching(cfg: RunConfig) -> None:
                                  f"{max(cfg.batch_sizes)}): methods that can: {able}. Run {', '.join(unable)} at "
                                  "--batch-size 1 in a separate run.")
         if cfg.tree_sizes:
-            raise SpecbenchError("--tree-sizes sweeps tree methods, which cannot decode batches yet: use "
-                                 "--batch-size 1")
+            raise SpecbenchError("--tree-sizes sweeps run one prompt at a time: use --batch-size 1 for the sweep "
+                                 "(a batched ppd takes --tree auto, PATH or size=N)")
     elif cfg.refill:
         console.print("[yellow]note[/] --refill does nothing at --batch-size 1 (one prompt at a time)")
 

@@ -169,13 +169,14 @@ AttentionInterface.register(NAME, _attend)
 
 
 @contextmanager
-def _ragged_attention(model):
-    """Select `specbench_ragged` for the duration of one forward (set_attn_implementation costs ~0.1 ms)."""
+def attention_implementation(model, name: str):
+    """Select a registered attention function for the duration of one forward (set_attn_implementation costs
+    ~0.1 ms); the model's own choice is restored after."""
     before = model.config._attn_implementation
     if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(NAME)
+        model.set_attn_implementation(name)
     else:  # specbench's own drafter modules: their layers read this config
-        model.config._attn_implementation = NAME
+        model.config._attn_implementation = name
     try:
         yield
     finally:
@@ -200,7 +201,7 @@ def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: b
     ends = torch.tensor(widths).cumsum(0).tolist()
     rows = torch.cat([torch.arange(e - k, e) for e, k in zip(ends, keeps)]).to(device)  # rows whose output we need
     positions = step.positions.unsqueeze(0).to(device)  # [1, N]
-    with _ragged_attention(model):
+    with attention_implementation(model, NAME):
         if hidden or any(s.embeds is not None for s in segments):
             embeds = packed_embeddings(model, segments, device)  # [1, N, H]
             h = model.get_decoder()(inputs_embeds=embeds, position_ids=positions, use_cache=False,
