@@ -6,7 +6,7 @@ unpadded engine (core/ragged.py), so a speedup at batch B can be set against its
 (L(B, w) / L(B, 1)), w = the verified width (sd: gamma + 1). `--mode padded` times core/padded.py on the same
 shapes (equal widths and KV lengths: no padding at all), which isolates what the engines themselves cost.
 
-    python benchmarks/batch_latency.py --model smollm2-135m --dtype float32 --batch-sizes 1,2,4,8,16 --widths 1,2,3,4,6,11
+    python benchmarks/batch_latency.py --dtype float32 --batch-sizes 1,2,4,8,16 --widths 1,2,3,4,6,11
 """
 
 from __future__ import annotations

@@ -265,20 +265,19 @@ def _warn_disturbed(summary) -> None:
 
 
 def _int_list(text: str, option: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SpecbenchError(f"{option}: expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise SpecbenchError(f"{option}: give at least one value")
-    return values
+    return _number_list(text, option, int, "integers")
 
 
 def _float_list(text: str, option: str) -> list[float]:
+    return _number_list(text, option, float, "numbers")
+
+
+def _number_list(text: str, option: str, kind, what: str) -> list:
+    """A comma-separated option value as numbers of `kind`; a clear error names the option."""
     try:
-        values = [float(v) for v in text.split(",") if v.strip()]
+        values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SpecbenchError(f"{option}: expected comma-separated numbers, got {text!r}") from None
+        raise SpecbenchError(f"{option}: expected comma-separated {what}, got {text!r}") from None
     if not values:
         raise SpecbenchError(f"{option}: give at least one value")
     return values

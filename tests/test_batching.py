@@ -5,7 +5,6 @@ options, refusals, records and resume."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pandas as pd
 import pytest
@@ -176,15 +175,6 @@ TINY = ["--model", "random:tiny", "--max-new-tokens", "16", "--warmup", "0"]
 
 def invoke(*args):
     return cli.invoke(app, [str(a) for a in args])
-
-
-@pytest.fixture
-def prompts_file(tmp_path):
-    path = tmp_path / "mine.jsonl"
-    rows = [{"prompt": "def add(a, b): return a + b\n" * 3}, {"instruction": "count 1 2 3 4 5 6 1 2 3"},
-            {"question": "what is 12 + 30?"}, {"turns": ["hello there", "and again hello there"]}]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
 
 
 def test_batched_run_records_and_summary(tmp_path, prompts_file):

@@ -17,15 +17,6 @@ cli = CliRunner()
 TINY = ["--model", "random:tiny", "--max-new-tokens", "24", "--warmup", "0"]
 
 
-@pytest.fixture
-def prompts_file(tmp_path):
-    path = tmp_path / "mine.jsonl"
-    rows = [{"prompt": "def add(a, b): return a + b\n" * 3}, {"instruction": "count 1 2 3 4 5 6 1 2 3"},
-            {"question": "what is 12 + 30?"}, {"turns": ["hello there", "and again hello there"]}]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
-
-
 def invoke(*args):
     return cli.invoke(app, [str(a) for a in args])
 

@@ -37,21 +37,23 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
         for method in [m for m in dict.fromkeys(part.method) if m != "ar"]:
             mine = part[part.method == method]
             by_mode = {m: r for m, r in zip(mine.batching, mine.itertuples(index=False))}
-            pad = by_mode.get("padded") or by_mode.get("-")
+            pad = by_mode.get("padded") or by_mode.get("-")  # batch 1: the one row stands for both modes
             unpad = by_mode.get("unpadded") or by_mode.get("-")
-            get = (lambda r, c: getattr(r, c) if r is not None else math.nan)
-            fewer = (1 - get(unpad, "target_tokens") / get(pad, "target_tokens")
-                     if pad is not None and unpad is not None and get(pad, "target_tokens") else math.nan)
+            main = unpad or pad
+
+            def get(r, column):
+                return getattr(r, column) if r is not None else math.nan
+
             rows.append({
                 "dataset": dataset, "method": method, "B": size, "ar tok/s": ar_tps,
                 "padded tok/s": get(pad, "tokens_per_s"), "padded speedup": get(pad, "speedup"),
                 "unpadded tok/s": get(unpad, "tokens_per_s"), "unpadded speedup": get(unpad, "speedup"),
-                "unpadded / padded": get(unpad, "tokens_per_s") / get(pad, "tokens_per_s") if pad is not None else
-                math.nan,
-                "target tokens padded": get(pad, "target_tokens"), "target tokens unpadded": get(unpad, "target_tokens"),
-                "fewer tokens": fewer, "padding ratio": get(pad, "padding_ratio"), "kv padding": get(pad, "kv_padding"),
-                "tau": get(unpad if unpad is not None else pad, "tau"),
-                "tau batch min": get(unpad if unpad is not None else pad, "tau_batch_min"),
+                "unpadded / padded": get(unpad, "tokens_per_s") / get(pad, "tokens_per_s"),
+                "target tokens padded": get(pad, "target_tokens"),
+                "target tokens unpadded": get(unpad, "target_tokens"),
+                "fewer tokens": 1 - get(unpad, "target_tokens") / get(pad, "target_tokens"),
+                "padding ratio": get(pad, "padding_ratio"), "kv padding": get(pad, "kv_padding"),
+                "tau": get(main, "tau"), "tau batch min": get(main, "tau_batch_min"),
                 "peak MB padded": get(pad, "peak_mem_mb"), "peak MB unpadded": get(unpad, "peak_mem_mb")})
     return pd.DataFrame(rows, columns=COLUMNS)
 

@@ -207,14 +207,15 @@ def _batch_numbers(g: pd.DataFrame) -> dict:
     share of them, padded KV entries, and per batch the lowest per-sample tau (mean over batches) beside the mean
     per-sample tau. NaN for runs from before batching."""
     if "target_tokens" not in g:
-        return {"target_tokens": math.nan, "padding_tokens": math.nan, "padding_ratio": math.nan, "kv_padding": math.nan,
-                "tau_batch_min": math.nan, "tau_sample_mean": math.nan}
+        return dict.fromkeys(("target_tokens", "padding_tokens", "padding_ratio", "kv_padding", "tau_batch_min",
+                              "tau_sample_mean"), math.nan)
     target = pd.to_numeric(g.target_tokens, errors="coerce").sum()
     padding = pd.to_numeric(g.get("padding_tokens", 0), errors="coerce").sum()
     tau = g.new_tokens / g.target_forwards.clip(lower=1)
     batch = g["batch_id"].astype(str) if "batch_id" in g else g.prompt_id.astype(str)
     batch = batch.where(~batch.isin(["", "nan"]), g.prompt_id.astype(str) + "/" + g.turn.astype(str))
-    return {"target_tokens": int(target), "padding_tokens": int(padding), "padding_ratio": round(padding / target, 4) if target else math.nan,
+    return {"target_tokens": int(target), "padding_tokens": int(padding),
+            "padding_ratio": round(padding / target, 4) if target else math.nan,
             "kv_padding": int(pd.to_numeric(g.get("kv_padding", 0), errors="coerce").sum()),
             "tau_batch_min": round(tau.groupby(batch.values).min().mean(), 3), "tau_sample_mean": round(tau.mean(), 3)}
 

@@ -72,7 +72,8 @@ class RaggedCache:
                 store[slot, :, start:start + len(offsets)] = store[slot, :, index.to(store.device)]
         self.truncate(slot, start + len(offsets))
 
-    def storage(self, layer: int, key: torch.Tensor, value: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def storage(self, layer: int, key: torch.Tensor, value: torch.Tensor,
+                need: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's key and value tensors, allocated on first use and grown (doubled) to hold `need` entries."""
         k = self.keys.get(layer)
         if k is None or k.shape[2] < need:
@@ -84,9 +85,6 @@ class RaggedCache:
                     grown[:, :, :old.shape[2]] = old
                 stores[layer] = grown
         return self.keys[layer], self.values[layer]
-
-    def memory_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys.values(), *self.values.values()))
 
 
 class _Step:
