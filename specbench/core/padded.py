@@ -11,10 +11,10 @@ are the padded KV entries a sample holds when it leaves (`kv_padding`, EMS-SD Ap
 from __future__ import annotations
 
 import torch
-
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from ..errors import SpecbenchError
 from .cache import append_rows, drop_last, new_cache, pad_left, select_rows, sliding_windows
 from .ragged import Segment, attention_implementation
 
@@ -48,8 +48,12 @@ class PaddedBatch:
         self.target_tokens: dict[int, int] = {}  # slot -> tokens fed for its row (real + padding)
         self.padding_tokens: dict[int, int] = {}  # slot -> padding tokens fed for its row
         self.aligned: dict[int, int] = {}  # slot -> padded entries from aligning prompts (not acceptance)
-        windows = {w for w in sliding_windows(model) if w is not None}
-        self.window = min(windows) if windows else None
+        layers = sliding_windows(model)
+        windows = set(layers)
+        if len(windows) > 1:  # one mask serves every layer here; core/ragged.py masks per layer
+            raise SpecbenchError(f"{type(model).__name__} mixes attention windows ({sorted(map(str, windows))}): "
+                                 "padded batching applies one mask to every layer; use --batching unpadded")
+        self.window = layers[0] if layers else None
 
     @property
     def width(self) -> int:
