@@ -158,10 +158,10 @@ def run(
                                               "folder in results/).")] = False,
     tree_sizes: Annotated[Optional[str], typer.Option(help="Tree methods: sweep these sizes in one run "
                                                            "(e.g. 4,8,16,32,64).")] = None,
-    batch_size: Annotated[Optional[list[str]], typer.Option("--batch-size", "-b", help="Prompts decoded at once "
+    batch_size: Annotated[Optional[list[str]], typer.Option("--batch-size", "-b", metavar="B[,B...]", help="Prompts decoded at once "
                           "(repeatable or a comma list, e.g. 1,2,4,8,16); ar runs batched at each size as that size's "
                           "baseline. Default 1: one prompt at a time.", rich_help_panel="Batching (EMS-SD)")] = None,
-    batching: Annotated[str, typer.Option(help="At batch size > 1: unpadded (EMS-SD: per-sample KV lengths, packed "
+    batching: Annotated[str, typer.Option(metavar="MODE", help="At batch size > 1: unpadded (EMS-SD: per-sample KV lengths, packed "
                                                "inputs), padded (the vanilla way) or both, side by side.",
                                           rich_help_panel="Batching (EMS-SD)")] = "both",
     refill: Annotated[bool, typer.Option(help="At batch size > 1: a finished sample's slot takes the next prompt "
