@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core import contention, memory
-from ..core.timing import wall
+from ..core import contention
 from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..methods.batched import MODES, generate_batch
@@ -97,21 +96,15 @@ def run_label(runner, job: BatchJob, method_name: str, mode: str, refill: bool) 
             batch.append((index, prompt, ids))
         if not batch:
             break
-        seeds = [cfg.seed * 1_000_003 + index * 16 + turn for index, _, _ in batch]
-        device = runner.target.device
-        memory.reset_peak(device)
+        def once():
+            generators = [torch.Generator(device=runner.target.device).manual_seed(runner.seed(index, turn))
+                          for index, _, _ in batch]
+            return generate_batch(method, [ids for _, _, ids in batch], job.batch_size, mode, refill,
+                                  cfg.max_new_tokens, cfg.sampling, generators)
+
         before = contention.snapshot()
-        times = []
-        for _ in range(cfg.repeats):
-            generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-            timed: dict = {}
-            with wall(device, timed):
-                gens, steps = generate_batch(method, [ids for _, _, ids in batch], job.batch_size, mode, refill,
-                                             cfg.max_new_tokens, cfg.sampling, generators)
-            times.append(timed["s"])
-        seconds = sorted(times)[len(times) // 2]
+        (gens, steps), seconds, mem = runner.timed(once)
         load = contention.between(before, contention.snapshot())
-        mem = memory.peak_mb(device)
         total = max(sum(len(g.tokens) for g in gens), 1)
         batch_id = f"{job.batch_size}-{job.group}-{turn}"
         for (index, prompt, ids), gen in zip(batch, gens):

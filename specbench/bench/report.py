@@ -21,7 +21,7 @@ import pandas as pd  # noqa: E402
 from ..errors import SpecbenchError  # noqa: E402
 from . import batchreport, csvcheck, noise, timeline  # noqa: E402
 from .markdown import markdown_table  # noqa: E402
-from .results import read_meta  # noqa: E402
+from .results import read_meta, with_batch_columns  # noqa: E402
 from .titles import comparison_title, plot_title, set_title  # noqa: E402, F401 (plot_title: API)
 
 FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()
@@ -127,14 +127,6 @@ def lossless_failed_section(records: pd.DataFrame) -> list[str]:
                                                       "near-tie check (no gap recorded): re-run to classify them."
                                                       if old else ""), "",
             markdown_table(bad), ""]
-
-
-def with_batch_columns(records: pd.DataFrame) -> pd.DataFrame:
-    """Records with batch_size / batching (1 and "-" for runs from before batching)."""
-    size = (pd.to_numeric(records["batch_size"], errors="coerce").fillna(1).astype(int) if "batch_size" in records
-            else 1)
-    mode = records["batching"].astype(str).replace({"": "-", "nan": "-"}) if "batching" in records else "-"
-    return records.assign(batch_size=size, batching=mode)
 
 
 def summarize(records: pd.DataFrame, temperature_greedy: bool = True, latency_floor: float = 1.0) -> pd.DataFrame:

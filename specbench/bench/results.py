@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 from ..errors import SpecbenchError
@@ -118,6 +119,14 @@ def read_tokens(run_dir: Path) -> dict[tuple[str, str, str, int], list[int]]:
             continue
         out[(row["method"], row["dataset"], str(row["prompt_id"]), int(row["turn"]))] = row["tokens"]
     return out
+
+
+def with_batch_columns(records: pd.DataFrame) -> pd.DataFrame:
+    """Records with batch_size (int) and batching (1 and "-" for runs from before batching, and for blank cells)."""
+    size = (pd.to_numeric(records["batch_size"], errors="coerce").fillna(1).astype(int) if "batch_size" in records
+            else 1)
+    mode = records["batching"].astype(str).replace({"": "-", "nan": "-"}) if "batching" in records else "-"
+    return records.assign(batch_size=size, batching=mode)
 
 
 def read_meta(run_dir: Path) -> dict:

@@ -4,16 +4,19 @@ Measurement rules (DESIGN.md §3): each turn is timed from prefill to the last t
 synchronisation at both ends; tokenisation is outside the timed region; new tokens are counted the same way for
 every method. Every method (ar included) runs each prompt, in an order rotated per prompt (`interleaved`), so every
 speedup is measured side by side on the same prompts and a burst of load cannot land on one method only; each timed
-turn records what else the machine did meanwhile (core/contention.py). A prompt's records are written together once every
-method has run it, after the lossless check against ar (lossless.py explains a mismatch).
+turn records what else the machine did meanwhile (core/contention.py). A prompt's records are written together once
+every method has run it, after the lossless check against ar (lossless.py explains a mismatch). Batch > 1 runs after
+batch 1, in jobs of bench/batching.py.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pandas as pd
 import torch
@@ -34,7 +37,7 @@ from ..methods import REGISTRY, OptionValues, all_options, get_method, split_by_
 from ..methods.base import DecodeMethod, Generation
 from ..progress import console, progress_bar
 from . import batching, noise, timeline
-from .results import RECORD_COLUMNS, Record, RecordWriter, read_tokens
+from .results import RECORD_COLUMNS, Record, RecordWriter, read_tokens, with_batch_columns
 
 
 @dataclass(frozen=True)
@@ -228,10 +231,7 @@ def _drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> set[tuple[
     df = pd.read_csv(path, dtype={"prompt_id": str, "batching": str}, keep_default_na=False)
     if df.empty:
         return set()
-    for column, default in (("batch_size", 1), ("batching", "-")):  # runs from before batching
-        if column not in df:
-            df[column] = default
-    df["batch_size"] = pd.to_numeric(df.batch_size, errors="coerce").fillna(1).astype(int)
+    df = with_batch_columns(df)  # runs from before batching: batch 1
     counts = df.groupby(DONE_KEY)["turn"].nunique()
     done = {key for key, n in counts.items() if n >= turns.get((key[1], key[2]), 1)}
     keep = df[[tuple(k) in done for k in zip(*(df[c] for c in DONE_KEY))]]
@@ -245,6 +245,9 @@ def _drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> set[tuple[
 def peak_memory_mb(device: torch.device) -> float:
     """Peak memory since memory.reset_peak: allocated on GPU, RSS on CPU (what it is here: memory.peak_label)."""
     return memory.peak_mb(device)
+
+
+T = TypeVar("T")
 
 
 class Runner:
@@ -312,20 +315,34 @@ class Runner:
             ids = ids[-room:]
         return torch.tensor([ids], device=self.target.device)
 
-    def generate(self, method: DecodeMethod, input_ids: torch.Tensor, seed: int) -> tuple[Generation, float, float]:
-        """Generate `repeats` times with the same seed (same tokens); the wall time is the median of the repeats,
-        which keeps one-off stalls of a shared machine out of the numbers."""
+    def timed(self, run: Callable[[], T]) -> tuple[T, float, float]:
+        """Call `run` `repeats` times (each call seeds its own generators: the same tokens each time); returns its
+        last result, the median wall time, which keeps one-off stalls of a shared machine out of the numbers, and
+        the peak memory over the calls."""
         device = self.target.device
         memory.reset_peak(device)
         times = []
         for _ in range(self.cfg.repeats):
-            gen_rng = torch.Generator(device=device).manual_seed(seed)
             timed: dict = {}
-            with count_fed_tokens(self.target.model) as fed, wall(device, timed):
-                gen = method.generate(input_ids, self.cfg.max_new_tokens, self.cfg.sampling, gen_rng)
-            gen.target_tokens = fed.tokens
+            with wall(device, timed):
+                result = run()
             times.append(timed["s"])
-        return gen, sorted(times)[len(times) // 2], peak_memory_mb(device)
+        return result, sorted(times)[len(times) // 2], peak_memory_mb(device)
+
+    def seed(self, index: int, turn: int) -> int:
+        """The sampling seed of prompt `index`'s turn: the same for every method and batch size."""
+        return self.cfg.seed * 1_000_003 + index * 16 + turn
+
+    def generate(self, method: DecodeMethod, input_ids: torch.Tensor, seed: int) -> tuple[Generation, float, float]:
+        """One prompt turn, timed (timed()), with the tokens it fed through the target counted."""
+        def once() -> Generation:
+            generator = torch.Generator(device=self.target.device).manual_seed(seed)
+            with count_fed_tokens(self.target.model) as fed:
+                gen = method.generate(input_ids, self.cfg.max_new_tokens, self.cfg.sampling, generator)
+            gen.target_tokens = fed.tokens
+            return gen
+
+        return self.timed(once)
 
     def warm_up(self, prompts: list[ds.Prompt]) -> None:
         if not prompts or self.cfg.warmup == 0:
@@ -364,7 +381,7 @@ class Runner:
             if ids is None:
                 break
             before = contention.snapshot()
-            gen, seconds, mem = self.generate(method, ids, self.cfg.seed * 1_000_003 + index * 16 + turn)
+            gen, seconds, mem = self.generate(method, ids, self.seed(index, turn))
             load = contention.between(before, contention.snapshot())
             results.append(TurnResult(label, turn, ids, gen, seconds, mem, load, order))
             answers.append(self.target.tokenizer.decode(gen.tokens))

@@ -25,7 +25,8 @@ ATTENTION = "specbench_padded"
 def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """SDPA over the padded batch as the unpadded engine runs it (bool mask, grouped-query heads without copying
     keys), so that the two modes differ by padding and cache layout only: transformers' own SDPA path repeats the
-    keys and values of every KV head for a masked multi-token query (~2x the step time at B = 8, w = 3 here).
+    keys and values of every KV head for a masked multi-token query (a B = 8, w = 3 step over KV 768 took 203 ms
+    that way against 151 ms here, on this project's AMX Xeon).
     query [B, H, W, D], key / value [B, kv, L + W, D] -> [B, W, H, D]."""
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
                                          enable_gqa=query.shape[1] != key.shape[1])

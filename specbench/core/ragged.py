@@ -110,16 +110,17 @@ class _Step:
         key_pos = torch.arange(self.need).repeat(len(segments), 1)
         allowed = torch.zeros(len(segments), w_max, self.need, dtype=torch.bool)  # [S, w_max, K_max]
         query_pos = torch.zeros(len(segments), w_max, dtype=torch.long)
+        positions = []
         for i, (s, a, w) in enumerate(zip(segments, starts, widths)):
             pos = torch.tensor(s.positions) if s.positions is not None else torch.arange(a, a + w)
+            positions.append(pos)
             key_pos[i, a:a + w] = pos
             query_pos[i, :w] = pos
             own = torch.ones(w, w, dtype=torch.bool).tril() if s.mask is None else s.mask.cpu().bool()
             allowed[i, :w, :a] = True
             allowed[i, :w, a:a + w] = own
             allowed[i, w:, 0] = True  # gather rows beyond the segment: one key, so softmax has no empty row
-        self.positions = torch.cat([torch.tensor(s.positions) if s.positions is not None
-                                    else torch.arange(a, a + w) for s, a, w in zip(segments, starts, widths)])
+        self.positions = torch.cat(positions)  # [N] every token's position id, packed
         self._allowed, self._key_pos, self._query_pos = allowed, key_pos, query_pos
         self._masks: dict[int | None, torch.Tensor] = {}
         self.device = device

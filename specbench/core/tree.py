@@ -145,10 +145,16 @@ class Tree:
 
 
 def attention_mask(vis: torch.Tensor, past: int, dtype: torch.dtype, prefix: int = 0) -> torch.Tensor:
-    """Additive mask [1, 1, prefix + q, past + prefix + q] (0 = attend, dtype min = masked).
+    """Additive mask [1, 1, prefix + q, past + prefix + q] (0 = attend, dtype min = masked) of visibility()."""
+    allowed = visibility(vis, past, prefix)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=vis.device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
 
-    vis [q, q] is Tree.visible(). `prefix` causal tokens may come before the tree in the same forward (a prefill
-    whose last token is the root): they see the context and each other causally; the tree sees all of them."""
+
+def visibility(vis: torch.Tensor, past: int, prefix: int = 0) -> torch.Tensor:
+    """Bool [prefix + q, past + prefix + q], True = may attend. vis [q, q] is Tree.visible(). `prefix` causal
+    tokens may come before the tree in the same forward (a prefill whose last token is the root): they see the
+    context and each other causally; the tree sees all of them."""
     q = vis.shape[0]
     n = prefix + q
     allowed = torch.zeros(n, past + n, dtype=torch.bool, device=vis.device)
@@ -158,8 +164,7 @@ def attention_mask(vis: torch.Tensor, past: int, dtype: torch.dtype, prefix: int
                                                            device=vis.device).tril()
         allowed[prefix:, past:past + prefix] = True
     allowed[prefix:, past + prefix:] = vis
-    mask = torch.zeros(n, past + n, dtype=dtype, device=vis.device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return allowed
 
 
 def position_ids(offsets: torch.Tensor, past: int, prefix: int = 0) -> torch.Tensor:

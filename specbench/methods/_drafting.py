@@ -30,10 +30,7 @@ class ModelState:
 
     def rollback(self, seq: list[int], verified: int | None = None) -> None:
         """Keep the cache's longest common prefix with seq, leaving at least seq's last token to be fed."""
-        n = self._trusted
-        limit = min(len(self.fed), len(seq) - 1)
-        while n < limit and self.fed[n] == seq[n]:
-            n += 1
+        n = kept_prefix(self.fed, seq, self._trusted)
         if n < len(self.fed):
             crop_to(self.cache, n)
             del self.fed[n:]
@@ -50,6 +47,25 @@ class ModelState:
         logits = forward(self.model, ids, self.cache, logits_to_keep=keep)  # [keep, V_model]
         self.fed.extend(tokens)
         return fit_vocab(logits, self.vocab)
+
+
+def kept_prefix(fed: list[int], seq: list[int], start: int = 0) -> int:
+    """How many of the cached tokens `fed` a cache keeps for the sequence `seq`: their longest common prefix
+    (positions before `start` are known to agree), leaving at least seq's last token to be fed again."""
+    n, limit = start, min(len(fed), len(seq) - 1)
+    while n < limit and fed[n] == seq[n]:
+        n += 1
+    return n
+
+
+def draw(logits: torch.Tensor, sampling: Sampling,
+         generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
+    """One draft token from drafter logits [V]: (argmax, None) when greedy, else (a sample, the warped q [V] it
+    was drawn from: speculative sampling needs it)."""
+    if sampling.greedy:
+        return int(logits.argmax()), None
+    q = warp_probs(logits, sampling)  # [V]
+    return sample(q, generator), q
 
 
 def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -74,12 +90,8 @@ def draft_tokens(state: ModelState, seq: list[int], k: int, sampling: Sampling,
     tokens: list[int] = []
     probs: list[torch.Tensor] = []
     for _ in range(k):
-        logits = state.feed(feed, keep=1)[-1]  # [V]
-        if sampling.greedy:
-            tok = int(logits.argmax())
-        else:
-            q = warp_probs(logits, sampling)  # [V]
-            tok = sample(q, generator)
+        tok, q = draw(state.feed(feed, keep=1)[-1], sampling, generator)
+        if q is not None:
             probs.append(q)
         tokens.append(tok)
         feed = [tok]

@@ -105,6 +105,7 @@ class Batchable:
         return finished
 
 
+@torch.inference_mode()
 def generate_batch(method, prompts: list[torch.Tensor], slots: int, mode: str, refill: bool, max_new_tokens: int,
                    sampling: Sampling, generators: list[torch.Generator | None]) -> tuple[list[Generation], int]:
     """Decode every prompt ([1, T] each) with `slots` samples side by side; returns one Generation per prompt (with

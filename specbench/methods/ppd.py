@@ -26,6 +26,7 @@ from ..core.tree import (
     locate,
     position_ids,
     resolve_tree,
+    visibility,
 )
 from ..core.verify import next_token, tree_speculative_accept, tree_typical_accept
 from ..drafters import prompt_tokens as pt
@@ -173,10 +174,8 @@ class ParallelPromptDecoding(Batchable, DecodeMethod):
             done = gen.emit(accepted + [root], stop_ids, max_new_tokens)
         return gen
 
-
     # batch > 1 (methods/batched.py): the same four phases per sample, every sample's tree in one forward
 
-    @torch.inference_mode()
     def decode_step(self, target, joining, active, max_new_tokens, sampling):
         """Newcomers' prefill (the prompt, its last token carrying the root's prompt tokens) and every active
         sample's tree (root, candidates, prompt inputs; its tree mask and positions) in one batched forward."""
@@ -185,17 +184,12 @@ class ParallelPromptDecoding(Batchable, DecodeMethod):
         device = self.target.device
         prefill = self.layouts[0]
         joined = []
-        for s in joining:
+        for s in joining:  # 0. prefill, as batch 1's: the prompt, then the root's tree over the same cache
             ids = torch.tensor(s.history, device=device)  # [T]
             prefix = len(ids) - 1
-            vis = prefill.visible.cpu()  # [q, q]
-            q = vis.shape[0]
-            allowed = torch.zeros(prefix + q, prefix + q, dtype=torch.bool)
-            allowed[:prefix, :prefix] = torch.ones(prefix, prefix, dtype=torch.bool).tril()
-            allowed[prefix:, :prefix] = True
-            allowed[prefix:, prefix:] = vis
-            positions = list(range(prefix)) + (prefill.offsets.cpu() + prefix).tolist()
-            joined.append(Segment(s.slot, s.history, keep=q, positions=positions, mask=allowed,
+            joined.append(Segment(s.slot, s.history, keep=prefill.visible.shape[0],
+                                  positions=position_ids(prefill.offsets, 0, prefix)[0].tolist(),
+                                  mask=visibility(prefill.visible, 0, prefix),
                                   embeds=pt.embed(model, ids, prefill.rows)[0]))
         steps = []
         for s in active:
@@ -206,7 +200,7 @@ class ParallelPromptDecoding(Batchable, DecodeMethod):
             tokens = torch.cat([torch.tensor([s.history[-1]], device=device), tree.candidate_tokens(topk)])  # [N]
             past = target.lengths[s.slot]
             s.scratch.update(layout=layout, tokens=tokens, past=past)
-            steps.append(Segment(s.slot, tokens.tolist(), positions=(layout.offsets.cpu() + past).tolist(),
+            steps.append(Segment(s.slot, tokens.tolist(), positions=position_ids(layout.offsets, past)[0].tolist(),
                                  mask=layout.visible, embeds=pt.embed(model, tokens, layout.rows)[0]))
         # 2. verify: one batched forward over every newcomer's prefill and every active sample's tree
         first, hidden = target.forward(joined, steps, hidden=True)

@@ -10,8 +10,8 @@ import torch
 
 from ..core.concurrency import Span, forward_costs, now, step
 from ..core.ragged import Segment
-from ..core.verify import accept, sample, warp_probs
-from ._drafting import DraftModelMethod, ModelState, draft_tokens, fit_vocab
+from ..core.verify import accept
+from ._drafting import DraftModelMethod, ModelState, draft_tokens, draw, fit_vocab, kept_prefix
 from .base import Generation, register
 from .batched import Batchable, engine
 
@@ -99,7 +99,6 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
         if sample.slot in self._drafter_batch.rows:
             self._drafter_batch.release(sample.slot)
 
-    @torch.inference_mode()
     def propose(self, samples, max_new_tokens, sampling):
         """Each sample's k drafts, one batched drafter forward per draft position (Alg. 1 lines 1-4 per sample,
         each on its own random stream); the drafter's cache first rolls back to the verified sequence."""
@@ -108,10 +107,7 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
         for s in samples:
             fed = s.scratch.setdefault("fed", [])  # the tokens the drafter's cache holds for this sample
             if s.slot in batch.rows:
-                keep = 0
-                limit = min(len(fed), len(s.history) - 1)  # the last token is always fed again
-                while keep < limit and fed[keep] == s.history[keep]:
-                    keep += 1
+                keep = kept_prefix(fed, s.history)
                 batch.truncate(s.slot, keep)
                 del fed[keep:]
             s.draft, s.q = [], None
@@ -126,12 +122,9 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
             logits = {s.slot: o[-1] for s, o in zip(joining + stepping, first + out)}
             for s in drafting:
                 s.scratch["fed"] += feeds[s.slot]
-                lg = fit_vocab(logits[s.slot], self.vocab)  # [V]
-                if sampling.greedy:
-                    s.draft.append(int(lg.argmax()))
-                else:
-                    q = warp_probs(lg, sampling)
-                    s.draft.append(sample(q, s.generator))
+                tok, q = draw(fit_vocab(logits[s.slot], self.vocab), sampling, s.generator)
+                s.draft.append(tok)
+                if q is not None:
                     probs[s.slot].append(q)
         for s in samples:
             s.q = torch.stack(probs[s.slot]) if probs[s.slot] else None
