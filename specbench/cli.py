@@ -335,12 +335,16 @@ def profile(
 def build_tree(
     model: Annotated[str, typer.Option(help="Model the tree is for (its acceptance file and profile).")]
     = "smollm2-135m",
+    method: Annotated[str, typer.Option(help="Tree method: ppd (dynamic sparse tree over prompt tokens), "
+                                             "hidden-transfer (the same search over its pseudo positions) or medusa "
+                                             "(one-state tree of the best candidates).")] = "ppd",
     gpu: Annotated[str, typer.Option(help="Hardware: a100, a100-80gb, h100, h200, l40s, rtx4090, rtx3090, cpu "
                                           "(this CPU's measured profile), or a profile .yaml path. A measured "
                                           "profile always wins over a preset estimate.")] = "cpu",
     dtype: Annotated[str, typer.Option(help="auto (bfloat16 for GPUs; for cpu what `run --dtype auto` picks on "
                                             "this CPU), float32, bfloat16, float16")] = "auto",
-    prompt_tokens: Annotated[int, typer.Option(help="Prompt tokens m (the states of the dynamic tree).")] = 3,
+    prompt_tokens: Annotated[int, typer.Option(help="Prompt tokens m (the states of the dynamic tree; "
+                                                    "hidden-transfer: pseudo positions per node, medusa: heads).")] = 3,
     max_size: Annotated[int, typer.Option(help="Largest tree size n searched (candidates + their prompt "
                                                "tokens).")] = 128,
     kv_length: Annotated[int, typer.Option(help="KV length whose latency curve is used.")] = 512,
@@ -372,10 +376,13 @@ def build_tree(
     from .core.tree import locate
 
     slug = model_slug(model)  # the model's file-name key: acceptance/, profiles/ and trees/ all use it
-    acc_path = acceptance or locate(f"acceptance/{slug}/ppd.yaml") or Path("acceptance") / slug / "ppd.yaml"
+    tree_methods = ("ppd", "hidden-transfer", "medusa")
+    if method not in tree_methods:
+        raise SpecbenchError(f"build-tree --method {method}: choose one of {', '.join(tree_methods)}")
+    acc_path = acceptance or locate(f"acceptance/{slug}/{method}.yaml") or Path("acceptance") / slug / f"{method}.yaml"
     if not acc_path.exists():
-        raise SpecbenchError(f"no acceptance estimates at {acc_path}: run `specbench estimate --method ppd --model "
-                             f"{model}` first, or pass --acceptance FILE")
+        raise SpecbenchError(f"no acceptance estimates at {acc_path}: run `specbench estimate --method {method} "
+                             f"--model {model}` first, or pass --acceptance FILE")
     m = prompt_tokens
     if m < 1:
         raise SpecbenchError("--prompt-tokens must be at least 1")
@@ -388,16 +395,25 @@ def build_tree(
     profile = resolve_profile(gpu, slug, model_config(model), dtype_name, local, [1, 2, 4, 8, 16, 32, 64, 128, 256,
                                                                                   512], spec=model,
                               root=measured.parent.parent if measured else Path("profiles"))
-    with console.status(f"Searching dynamic sparse trees of sizes 2..{max_size}"):
-        curve = size_curve(acc, m, profile, max_size, kv_length, ept)
-    result = tree_file(curve, m, slug, profile, str(acc_path), kv_length)
-    path = out_path or Path("trees") / slug / f"{profile.hardware}-{profile.dtype}.yaml"
+    stem = f"{profile.hardware}-{profile.dtype}" if method == "ppd" else f"{method}-{profile.hardware}-{profile.dtype}"
+    path = out_path or Path("trees") / slug / f"{stem}.yaml"
+    if method == "medusa":
+        from .hwtrees.buildtree import candidate_curve, candidate_tree_file
+
+        with console.status(f"Choosing the best candidate tree of sizes 1..{max_size}"):
+            curve = candidate_curve(acc, profile, max_size, kv_length)
+        result = candidate_tree_file(curve, method, slug, profile, str(acc_path), kv_length)
+    else:
+        with console.status(f"Searching dynamic sparse trees of sizes 2..{max_size}"):
+            curve = size_curve(acc, m, profile, max_size, kv_length, ept)
+        result = tree_file(curve, m, slug, profile, str(acc_path), kv_length, method)
     result.write(path)
-    plot(curve, profile, path.with_suffix(".png"))
+    if method != "medusa":
+        plot(curve, profile, path.with_suffix(".png"))
     i = curve.best_index
     label = " [yellow](source: estimated from the chip's published peak rates)[/]" \
         if profile.source == "estimated" else " (measured profile)"
-    table = Table(title=f"PPD dynamic sparse tree for {slug} on {profile.hardware} {profile.dtype}")
+    table = Table(title=f"{method} tree for {slug} on {profile.hardware} {profile.dtype}")
     for col in ("size n", "tau(n)", "L_fp ms", "predicted speedup"):
         table.add_column(col, justify="right")
     marks = sorted({1, 2, 4, 8, 16, 32, 64, 128, curve.best.size} & set(curve.sizes))
@@ -407,13 +423,14 @@ def build_tree(
         table.add_row(str(n), f"{curve.tau[j]:.3f}", f"{curve.latency_ms[j]:.2f}", f"{curve.speedup[j]:.3f}x",
                       style=style)
     out.print(table)
+    wrote = escape(str(path)) + ("" if method == "medusa" else f" and {escape(str(path.with_suffix('.png')))}")
     console.print(f"Chosen size {curve.best.size}: predicted tau {curve.tau[i]:.3f}, speedup {curve.speedup[i]:.3f}x"
-                  f"{label}. Wrote {escape(str(path))} and {escape(str(path.with_suffix('.png')))} in "
+                  f"{label}. Wrote {wrote} in "
                   f"{time.perf_counter() - start:.1f} s.")
     if curve.speedup[i] < 1:
         console.print(f"[yellow]note[/] no tree size beats ar on {profile.hardware} in {profile.dtype}: even the "
                       "smallest tree's forward costs more than its predicted tau gains. "
-                      "PPD will be slower than ar here; a flatter latency curve (another dtype or device) changes "
+                      f"{method} will be slower than ar here; a flatter latency curve (another dtype or device) changes "
                       "that.")
 
 
@@ -585,15 +602,98 @@ def train_drafter(
                   f"{meta['train_seconds']:.0f} s training + {meta['data_seconds']:.0f} s data.")
 
 
+@train_app.command("medusa")
+def train_medusa(
+    model: Annotated[str, typer.Option(help="Target model spec (the heads are trained for it).")] = "smollm2-135m",
+    heads: Annotated[int, typer.Option(help="K: heads, guessing the tokens 2..K+1 positions ahead.")] = 3,
+    layer: Annotated[Optional[int], typer.Option(help="Layer whose state the heads read (default: the last, "
+                                                      "Medusa); a middle layer trains early-exit heads, written to "
+                                                      "artifacts/<model>/early-exit-l<layer>.")] = None,
+    vocab_top: Annotated[Optional[int], typer.Option(help="Restrict the heads to the K most frequent tokens of the "
+                                                          "data (cheaper heads; verification stays exact).")] = None,
+    data: Annotated[str, typer.Option(help="Prompts to self-distil, comma-separated (datasets, files, or the "
+                                           "training-only sources).")] = "alpaca-eval,stdlib-code,word-problems",
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 400,
+    positions: Annotated[int, typer.Option(help="Random positions per step.")] = 128,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 1e-3,
+    prompts: Annotated[int, typer.Option(help="Training prompts per source (after the held-out ones).")] = 120,
+    held_out: Annotated[int, typer.Option(help="First prompts of each source left out.")] = 100,
+    new_tokens: Annotated[int, typer.Option(help="Self-distilled reply length.")] = 96,
+    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/medusa).")] = None,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 100,
+    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
+    seed: Annotated[int, typer.Option(help="Data order.")] = 0,
+    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+):
+    """Train Medusa-1 heads for `medusa` / `medusa-typical` (the target stays frozen; its LM head is shared)."""
+    from .drafters.train_medusa import MedusaConfig, train
+
+    cfg = MedusaConfig(model=model, heads=heads, layer=layer, vocab_top=vocab_top, data=data, steps=steps,
+                       positions=positions, lr=lr, prompts=prompts, held_out=held_out, new_tokens=new_tokens, out=out,
+                       dtype=dtype, device=device, save_every=save_every, resume=resume, seed=seed,
+                       data_file=data_file)
+    _said_trained(train(cfg), "medusa.yaml", "heads.safetensors")
+
+
+@train_app.command("hidden-transfer")
+def train_hidden_transfer(
+    model: Annotated[str, typer.Option(help="Target model spec (the projections are trained for it).")]
+    = "smollm2-135m",
+    transfer_layers: Annotated[Optional[str], typer.Option(help="Strictly increasing layers l_1,l_2,... in "
+                                                                "1..L-1, one per transfer step (default: 40% of the "
+                                                                "depth, then 1/6 of it apart; 12,17,22 of 30).")]
+    = None,
+    data: Annotated[str, typer.Option(help="Prompts to self-distil, comma-separated (datasets, files, or the "
+                                           "training-only sources).")] = "alpaca-eval,stdlib-code,word-problems",
+    steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 400,
+    insertions: Annotated[int, typer.Option(help="Insertion points per sequence per step.")] = 32,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 1e-3,
+    prompts: Annotated[int, typer.Option(help="Training prompts per source (after the held-out ones).")] = 120,
+    held_out: Annotated[int, typer.Option(help="First prompts of each source left out.")] = 100,
+    new_tokens: Annotated[int, typer.Option(help="Self-distilled reply length.")] = 96,
+    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/hidden-transfer)."
+                                                )] = None,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 50,
+    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
+    seed: Annotated[int, typer.Option(help="Data order and insertion points.")] = 0,
+    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+):
+    """Train Hidden Transfer's projections for `hidden-transfer` (only the k linear maps train)."""
+    from .drafters.train_transfer import TransferConfig, train
+
+    layers = tuple(_int_list(transfer_layers, "--transfer-layers")) if transfer_layers else None
+    cfg = TransferConfig(model=model, transfer_layers=layers, data=data, steps=steps, insertions=insertions, lr=lr,
+                         prompts=prompts, held_out=held_out, new_tokens=new_tokens, out=out, dtype=dtype,
+                         device=device, save_every=save_every, resume=resume, seed=seed, data_file=data_file)
+    _said_trained(train(cfg), "hidden-transfer.yaml", "projections.safetensors")
+
+
+def _said_trained(path: Path, meta_file: str, weights: str) -> None:
+    import yaml
+
+    meta = yaml.safe_load((path / meta_file).read_text())
+    console.print(f"Wrote {escape(str(path))}/{weights}, {meta_file}, loss.png: {meta['parameters'] / 1e6:.2f} M "
+                  f"parameters, top-1 agreement per distance {meta['top1_agreement_train_sample']} (untrained "
+                  f"{meta['top1_agreement_untrained']}), final loss {meta['final_loss']} (from "
+                  f"{meta['initial_loss']}), {meta['train_seconds']:.0f} s training + {meta['data_seconds']:.0f} s "
+                  "data.")
+
+
 @app.command()
 def estimate(
-    method: Annotated[str, typer.Option(help="Method whose guesses are scored (ppd).")] = "ppd",
+    method: Annotated[str, typer.Option(help="Method whose guesses are scored: ppd, medusa or hidden-transfer.")]
+    = "ppd",
     model: Annotated[str, typer.Option(help="Model spec.")] = "smollm2-135m",
     data: Annotated[str, typer.Option(help="Validation prompts (held out of training).")] = "alpaca-eval",
     limit: Annotated[int, typer.Option(help="Prompts scored (the first N).")] = 50,
     new_tokens: Annotated[int, typer.Option(help="Greedy reference length per prompt.")] = 64,
-    artifact: Annotated[Optional[str], typer.Option(help="Prompt tokens (default: the shipped ones; "
-                                                        "untrained[:S] for random real-token embeddings).")] = None,
+    artifact: Annotated[Optional[str], typer.Option(help="The method's artefact folder (default: the shipped one; ppd "
+                                                        "also takes untrained[:S] for random real-token "
+                                                        "embeddings).")] = None,
     initial: Annotated[bool, typer.Option(help="Score the artefact's initial (untrained) embeddings.")] = False,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
@@ -622,18 +722,23 @@ def estimate(
     from .drafters import prompt_tokens as pt
     from .hwtrees import acceptance
 
-    if method != "ppd":
-        raise SpecbenchError(f"estimate --method {method}: only ppd has an estimate so far")
+    methods = ("ppd", "medusa", "hidden-transfer")
+    if method not in methods:
+        raise SpecbenchError(f"estimate --method {method}: choose one of {', '.join(methods)} (or --padding)")
     if limit < 1 or new_tokens < 3:
         raise SpecbenchError("--limit must be at least 1 and --new-tokens at least 3")
     target = load_model(model, dtype, device)
-    tokens = pt.resolve(artifact, target)
-    if initial and not tokens.meta.get("untrained"):
-        tokens = pt.load(tokens.source, target, initial=True)  # the embeddings training started from
-    result = acceptance.estimate(target, tokens, data, limit, new_tokens, data_file)
-    path = out_path or acceptance.default_path(model, "ppd" + ("-initial" if initial else ""))
+    if method == "ppd":
+        tokens = pt.resolve(artifact, target)
+        if initial and not tokens.meta.get("untrained"):
+            tokens = pt.load(tokens.source, target, initial=True)  # the embeddings training started from
+        result = acceptance.estimate(target, tokens, data, limit, new_tokens, data_file)
+        source = tokens.source
+    else:
+        result, source = _estimate_heads(method, target, artifact, data, limit, new_tokens, data_file)
+    path = out_path or acceptance.default_path(model, method + ("-initial" if initial else ""))
     acceptance.write(result, path)
-    table = Table(title=f"prompt-token accuracy, {target.spec} {result['dtype']} ({tokens.source}), "
+    table = Table(title=f"{method} accuracy, {target.spec} {result['dtype']} ({source}), "
                         f"{result['prompts']} {data} prompts")
     table.add_column("distance", justify="left")
     for k in (1, 2, 3, 5, 10):
@@ -642,6 +747,31 @@ def estimate(
         table.add_row(f"@{d + 1}", *(f"{row[k - 1]:.3f}" for k in (1, 2, 3, 5, 10)))
     out.print(table)
     console.print(f"Wrote {escape(str(path))} ({sum(result['positions'])} scored guesses, {result['seconds']:.0f} s)")
+
+
+def _estimate_heads(method: str, target, artifact: Optional[str], data: str, limit: int, new_tokens: int,
+                    data_file: Optional[str]) -> tuple[dict, str]:
+    """estimate for medusa (or early-exit heads: --artifact artifacts/<model>/early-exit-l<l>) and hidden-transfer."""
+    from .hwtrees import acceptance
+    from .hwtrees.head_accuracy import medusa_ranks, transfer_ranks
+
+    if method == "medusa":
+        from .drafters import medusa_heads as mh
+
+        art = mh.resolve(artifact, target)
+        heads = art.heads
+        result = acceptance.estimate_with(target, lambda ids, s: medusa_ranks(target, heads, ids, s), heads.heads,
+                                          data, limit, new_tokens, data_file, method, art.source,
+                                          {"heads": heads.heads, "layer": heads.layer})
+        return result, art.source
+    from .drafters import transfer_projections as tp
+
+    art = tp.resolve(artifact, target)
+    proj = art.projections
+    result = acceptance.estimate_with(target, lambda ids, s: transfer_ranks(target, proj, ids, s), proj.steps,
+                                      data, limit, new_tokens, data_file, method, art.source,
+                                      {"transfer_layers": proj.layers})
+    return result, art.source
 
 
 def _estimate_padding(accuracy: str, batch_sizes: str, max_accept: int, run: Optional[Path],

@@ -296,7 +296,7 @@ class Runner:
             tree = getattr(method, "tree_file", None)
             if tree is not None and getattr(method, "acceptance", None) is not None:
                 out[label] = {"tree": getattr(method, "tree_source", ""),
-                              **predict(tree, method.acceptance, profile, ept=getattr(method.prompts, "ept", 1)),
+                              **predict(tree, method.acceptance, profile, ept=getattr(method, "ept", 1)),
                               "acceptance": getattr(method, "acceptance_source", None),
                               "profile_provenance": origin}
         return out

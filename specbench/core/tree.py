@@ -296,7 +296,8 @@ def auto_candidates(model: str, method: str, hardware: str, dtype: str) -> list[
     """Where `--tree auto` looks, in order: this hardware's tree (specbench build-tree), then the method's
     shipped default for the dtype, then for any dtype."""
     base = f"trees/{model.replace('/', '--')}"
-    return [f"{base}/{hardware}-{dtype}.yaml", f"{base}/{hardware}.yaml", f"{base}/{method}-{dtype}.yaml",
+    own = [] if method == "ppd" else [f"{base}/{method}-{hardware}-{dtype}.yaml", f"{base}/{method}-{hardware}.yaml"]
+    return own + [f"{base}/{hardware}-{dtype}.yaml", f"{base}/{hardware}.yaml", f"{base}/{method}-{dtype}.yaml",
             f"{base}/{method}.yaml"]
 
 

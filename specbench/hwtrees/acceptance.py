@@ -89,7 +89,16 @@ def score_sequence(target: LoadedModel, tokens: PromptTokens, ids: list[int], st
 
 def estimate(target: LoadedModel, tokens: PromptTokens, data: str, limit: int, new_tokens: int = 64,
              data_file: str | None = None) -> dict:
-    """Accuracy table over the first `limit` prompts of `data` (they are held out of `specbench train ppd`)."""
+    """PPD's accuracy table over the first `limit` prompts of `data` (held out of `specbench train ppd`)."""
+    return estimate_with(target, lambda ids, start: score_sequence(target, tokens, ids, start), tokens.count,
+                         data, limit, new_tokens, data_file, method="ppd", artifact=tokens.source,
+                         extra={"prompt_tokens": tokens.count, "ept": tokens.ept})
+
+
+def estimate_with(target: LoadedModel, score, rows: int, data: str, limit: int, new_tokens: int,
+                  data_file: str | None, method: str, artifact: str, extra: dict | None = None) -> dict:
+    """Accuracy table of any guesser: score(ids, start) -> ranks [positions, rows] (score_sequence's layout) on the
+    target's greedy references to the first `limit` prompts of `data`."""
     t0 = time.perf_counter()
     refuse_as_benchmark(data)
     _, prompts = ds.load_prompts(data, limit, data_file)
@@ -97,32 +106,36 @@ def estimate(target: LoadedModel, tokens: PromptTokens, data: str, limit: int, n
     conts = greedy_continuations(target, rendered, new_tokens, label="greedy references")
     ranks = []
     with progress_bar() as bar:
-        task = bar.add_task("scoring prompt tokens", total=len(prompts), info="")
+        task = bar.add_task(f"scoring {method} guesses", total=len(prompts), info="")
         for ids, cont in zip(rendered, conts):
             if len(cont) >= 3:
-                ranks.append(score_sequence(target, tokens, ids + cont, len(ids) - 1))
+                ranks.append(score(ids + cont, len(ids) - 1))
             bar.update(task, advance=1)
     if not ranks:
         raise SpecbenchError(f"{data}: no continuation was long enough to score; raise --new-tokens")
-    r = torch.cat(ranks)  # [P, S]
+    topk, per_rank, counted = tabulate(torch.cat(ranks), rows)
+    return {
+        "method": method, "model": target.spec, "dtype": dtype_name(target.dtype), "artifact": artifact,
+        **(extra or {}), "data": data, "prompts": len(prompts), "new_tokens": new_tokens, "positions": counted,
+        "seconds": round(time.perf_counter() - t0, 1), "topk_accuracy": topk, "per_rank": per_rank,
+    }
+
+
+def tabulate(r: torch.Tensor, rows: int) -> tuple[list, list, list]:
+    """ranks [P, rows] -> (topk_accuracy, per_rank, positions counted) per distance."""
     topk, per_rank, counted = [], [], []
-    for d in range(tokens.count):
+    for d in range(rows):
         col = r[:, d][r[:, d] >= 0]
         counted.append(int(col.numel()))
         per_rank.append([round(float((col == k).float().mean()), 5) for k in range(TOP_K)])
         topk.append([round(float((col < k + 1).float().mean()), 5) for k in range(TOP_K)])
-    return {
-        "method": "ppd", "model": target.spec, "dtype": dtype_name(target.dtype), "artifact": tokens.source,
-        "prompt_tokens": tokens.count, "ept": tokens.ept, "data": data, "prompts": len(prompts),
-        "new_tokens": new_tokens, "positions": counted, "seconds": round(time.perf_counter() - t0, 1),
-        "topk_accuracy": topk, "per_rank": per_rank,
-    }
+    return topk, per_rank, counted
 
 
 def write(result: dict, path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("# specbench estimate: prompt-token accuracy per token distance (rows @1, @2, ...)\n"
+        path.write_text(f"# specbench estimate: {result['method']} accuracy per token distance (rows @1, @2, ...)\n"
                         + yaml.safe_dump(result, sort_keys=False, default_flow_style=None, width=160))
     except OSError as exc:
         raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc

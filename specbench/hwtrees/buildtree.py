@@ -14,11 +14,14 @@ from pathlib import Path
 from ..core.tree import TreeFile
 from .profile import LatencyProfile
 from .treesearch import (
+    CandidateTree,
     DynamicTree,
     StateTree,
     amortized,
+    f_value,
     random_tree,
     search,
+    static_candidates,
     static_tree,
 )
 
@@ -72,7 +75,7 @@ def size_curve(acc, m: int, profile: LatencyProfile, max_size: int, kv_length: i
 
 
 def tree_file(curve: SizeCurve, m: int, model: str, profile: LatencyProfile, acceptance_source: str,
-              kv_length: int) -> TreeFile:
+              kv_length: int, method: str = "ppd") -> TreeFile:
     best = curve.best
     i = curve.best_index
     states = {k: list(zip(t.paths, t.prompt_tokens)) for k, t in best.trees.items()}
@@ -85,7 +88,7 @@ def tree_file(curve: SizeCurve, m: int, model: str, profile: LatencyProfile, acc
         "curves": {"size": curve.sizes, "tau": curve.tau, "latency_ms": curve.latency_ms,
                    "speedup": curve.speedup, "static_tau": curve.static_tau, "random_tau": curve.random_tau},
     }
-    return TreeFile(states, m, model=model, hardware=profile.hardware, dtype=profile.dtype,
+    return TreeFile(states, m, model=model, hardware=profile.hardware, dtype=profile.dtype, method=method,
                     built_by="specbench build-tree: PPD dynamic sparse tree, size maximising tau(n) / L_fp(n)",
                     source=profile.source, predicted_tau=best.tau, extra=extra)
 
@@ -124,6 +127,15 @@ def predict(tree: TreeFile, acc, profile: LatencyProfile | None, kv_length: int 
     (None when there is no profile for the hardware and dtype).
     """
     m = tree.prompt_tokens
+    if m == 0:  # a one-state tree without prompt inputs (medusa): tau = 1 + f, width = root + candidates
+        paths = [tuple(p) for p, _ in tree.states[0]]
+        tau = 1.0 + f_value(paths, acc)
+        out = {"size": tree.size, "predicted_tau": round(tau, 4), "predicted_speedup": None, "profile": None}
+        if profile is not None:
+            out["predicted_speedup"] = round(tau * profile.latency_ms(1, kv_length)
+                                             / profile.latency_ms(1 + len(paths), kv_length), 4)
+            out["profile"] = f"{profile.hardware} {profile.dtype} ({profile.source})"
+        return out
     states = {k: StateTree([tuple(p) for p, _ in nodes], [c for _, c in nodes]) for k, nodes in tree.states.items()}
     R, pi = amortized(states, acc, m)
     dyn = DynamicTree(tree.size, states, R, [float(x) for x in pi])
@@ -133,3 +145,52 @@ def predict(tree: TreeFile, acc, profile: LatencyProfile | None, kv_length: int 
         out["predicted_speedup"] = round(dyn.tau * profile.latency_ms(1, kv_length) / latency, 4)
         out["profile"] = f"{profile.hardware} {profile.dtype} ({profile.source})"
     return out
+
+
+# ------------------------------------------------------------------ one-state trees (medusa: guesses cost no width)
+
+@dataclass
+class CandidateCurve:
+    sizes: list[int]
+    tau: list[float]
+    latency_ms: list[float]
+    speedup: list[float]
+    best: CandidateTree
+
+    @property
+    def best_index(self) -> int:
+        return self.sizes.index(self.best.size)
+
+
+def candidate_curve(acc, profile: LatencyProfile, max_size: int, kv_length: int) -> CandidateCurve:
+    """tau(n) = 1 + f(best n candidates), latency L_fp(1 + n), speedup(n) = tau(n) L_fp(1) / L_fp(1 + n)."""
+    base = profile.latency_ms(1, kv_length)
+    curve = CandidateCurve([], [], [], [], best=None)  # type: ignore[arg-type]
+    best_speedup = -1.0
+    for n in range(1, max_size + 1):
+        tree = static_candidates(acc, n)
+        latency = profile.latency_ms(1 + n, kv_length)
+        speedup = tree.tau * base / latency
+        curve.sizes.append(n)
+        curve.tau.append(round(tree.tau, 4))
+        curve.latency_ms.append(round(latency, 3))
+        curve.speedup.append(round(speedup, 4))
+        if speedup > best_speedup:
+            best_speedup, curve.best = speedup, tree
+    return curve
+
+
+def candidate_tree_file(curve: CandidateCurve, method: str, model: str, profile: LatencyProfile,
+                        acceptance_source: str, kv_length: int) -> TreeFile:
+    i = curve.best_index
+    extra = {
+        "predicted_speedup": curve.speedup[i],
+        "latency_profile": {"hardware": profile.hardware, "source": profile.source, "dtype": profile.dtype,
+                            "kv_length": kv_length, "identity": profile.identity},
+        "acceptance": acceptance_source,
+        "curves": {"size": curve.sizes, "tau": curve.tau, "latency_ms": curve.latency_ms, "speedup": curve.speedup},
+    }
+    return TreeFile({0: [(p, 0) for p in curve.best.paths]}, 0, model=model, hardware=profile.hardware,
+                    dtype=profile.dtype, method=method, source=profile.source, predicted_tau=curve.best.tau,
+                    built_by="specbench build-tree: one-state tree of the n most probable candidates, n maximising "
+                             "tau(n) / L_fp(1 + n)", extra=extra)

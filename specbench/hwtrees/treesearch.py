@@ -251,3 +251,22 @@ def random_tree(acc, m: int, n: int, seed: int = 0) -> DynamicTree:
         trees[k] = remove_prompt_tokens(StateTree(c, [m] * len(c)), n, acc, f_by_state)
     R, pi = amortized(trees, acc, m)
     return DynamicTree(n, trees, R, [float(x) for x in pi])
+
+
+@dataclass
+class CandidateTree:
+    """A one-state tree whose guesses cost no input width (Medusa heads): candidate paths and tau = 1 + f(T)."""
+
+    paths: list[Path]
+    tau: float
+
+    @property
+    def size(self) -> int:
+        return len(self.paths)
+
+
+def static_candidates(acc, n: int) -> CandidateTree:
+    """The n most probable candidate paths (depth <= len(acc)): the best one-state tree of n candidates (Prop. 4.1:
+    f is maximised best-first); every step is the same state, so tau = 1 + f(T)."""
+    paths = list(_optimal_candidates_cached(tuple(tuple(r) for r in acc), n, len(acc)))
+    return CandidateTree(paths, 1.0 + f_value(paths, acc))

@@ -56,7 +56,7 @@ def searched_tree(acc: list[list[float]], m: int, size: int, model: str = "", so
                     f"{source or 'per-rank probabilities'}", predicted_tau=tree.tau)
 
 
-class _Layout:
+class TreeLayout:
     """One state's tree with everything a step needs precomputed (mask part, positions, prompt rows)."""
 
     def __init__(self, tree: Tree, table: torch.Tensor, device):
@@ -78,42 +78,65 @@ class ParallelPromptDecoding(Batchable, DecodeMethod):
     option_specs = (TREE, ARTIFACT)
     typical = False  # ppd-typical: Medusa's typical acceptance at T > 0 (lossy)
 
+    family = "ppd"  # file-name key: acceptance/<model>/<family>.yaml, trees/*.yaml `method`, artifacts/<model>/
+
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
         options = self.options
         device, dtype = target.device, target.dtype
-        self.prompts = pt.resolve(options.artifact, target)
-        m = self.prompts.count
+        rows, ept, table, artifact = self._load_guesser()  # rows: token distances the guesses cover
         model_name = model_slug(target.spec)  # the file-name key every command uses (trees/, acceptance/)
-        acc_path = locate(f"acceptance/{model_name}/ppd.yaml")
-        acc = read_per_rank(acc_path, m) if acc_path else GENERIC_PER_RANK[:m]
+        acc_path = locate(f"acceptance/{model_name}/{self.family}.yaml")
+        acc = read_per_rank(acc_path, rows) if acc_path else GENERIC_PER_RANK[:rows]
         # where predicted tau comes from (run.yaml, report.md): this model's own estimate, or a generic table
         self.acceptance_source = str(acc_path) if acc_path else (
-            f"a generic acceptance table, not {target.spec}'s (no acceptance/{model_name}/ppd.yaml: "
-            f"`specbench estimate --method ppd --model {target.spec}` measures it)")
-        if acc_path is None and not target.extras.get("generic_acceptance_said"):  # once per model (tree sweeps)
-            target.extras["generic_acceptance_said"] = True
-            console.print(f"[yellow]note[/] ppd: predicted tau and tree search use {escape(self.acceptance_source)}")
+            f"a generic acceptance table, not {target.spec}'s (no acceptance/{model_name}/{self.family}.yaml: "
+            f"`specbench estimate --method {self.family} --model {target.spec}` measures it)")
+        said = f"generic_acceptance_said_{self.family}"
+        if acc_path is None and not target.extras.get(said):  # once per model and method (tree sweeps)
+            target.extras[said] = True
+            console.print(f"[yellow]note[/] {self.name}: predicted tau and tree search use "
+                          f"{escape(self.acceptance_source)}")
 
         def build(size: int) -> TreeFile:
-            return searched_tree(acc, m, size, model_name, str(acc_path) if acc_path else "a generic table")
+            return self._searched_tree(acc, rows, size, model_name,
+                                       str(acc_path) if acc_path else "a generic table")
 
-        self.tree_file, self.tree_source = resolve_tree(options.tree, model_name, "ppd", hardware_slug(device),
-                                                        dtype_name(dtype), build, DEFAULT_SIZE, target.spec)
-        if self.tree_file.prompt_tokens > m:
-            raise SpecbenchError(f"tree ({self.tree_source}) uses {self.tree_file.prompt_tokens} prompt tokens but "
-                                 f"the artefact ({self.prompts.source}) has {m}; use a tree built for {m}")
-        m = self.tree_file.prompt_tokens
-        table = self.prompts.table(dtype, device)  # [S * E, H]
-        ept = self.prompts.ept
-        self.layouts = {k: _Layout(self.tree_file.tree(k, ept), table, device) for k in self.tree_file.states}
-        self.layouts[0] = _Layout(Tree((), (m,), ept), table, device)  # no candidates: the prefill, or after a
-        self.m = m                                                     # node that carried no prompt tokens
+        self.tree_file, self.tree_source = resolve_tree(options.tree, model_name, self.family,
+                                                        hardware_slug(device), dtype_name(dtype), build,
+                                                        DEFAULT_SIZE, target.spec)
+        self._check_tree(rows)
+        self.m, self.ept = self.tree_file.prompt_tokens, ept
+        self.layouts = self._make_layouts(table, ept, device)
         self.acceptance = acc  # per-rank probabilities (for predicted tau / speedup in reports)
-        console.print(f"[dim]ppd: tree {escape(self.tree_source)} (size {self.tree_file.size}), prompt tokens "
-                      f"{escape(str(self.prompts.source))}[/]")
+        console.print(f"[dim]{self.name}: tree {escape(self.tree_source)} (size {self.tree_file.size}), "
+                      f"{escape(artifact)}[/]")
 
-    def _forward(self, tokens: torch.Tensor, layout: _Layout, cache, prefix: int = 0) -> torch.Tensor:
+    # what a tree method built on this engine supplies (medusa.py and hidden_transfer.py override these)
+
+    def _load_guesser(self) -> tuple[int, int, torch.Tensor | None, str]:
+        """Load the artefact: (token distances guessed, ensemble copies, embedding table [S * E, H] of the inputs
+        attached to nodes or None, a description for the console)."""
+        self.prompts = pt.resolve(self.options.artifact, self.target)
+        table = self.prompts.table(self.target.dtype, self.target.device)  # [S * E, H]
+        return self.prompts.count, self.prompts.ept, table, f"prompt tokens {self.prompts.source}"
+
+    def _searched_tree(self, acc, rows: int, size: int, model_name: str, source: str) -> TreeFile:
+        return searched_tree(acc, rows, size, model_name, source)
+
+    def _check_tree(self, rows: int) -> None:
+        if self.tree_file.prompt_tokens > rows:
+            raise SpecbenchError(f"tree ({self.tree_source}) uses {self.tree_file.prompt_tokens} prompt tokens but "
+                                 f"the artefact ({self.prompts.source}) has {rows}; use a tree built for {rows}")
+
+    def _make_layouts(self, table, ept: int, device) -> dict:
+        """state -> TreeLayout; state 0 is the prefill (and the step after a node that carried no prompt tokens)."""
+        m = self.tree_file.prompt_tokens
+        layouts = {k: TreeLayout(self.tree_file.tree(k, ept), table, device) for k in self.tree_file.states}
+        layouts[0] = TreeLayout(Tree((), (m,), ept), table, device)
+        return layouts
+
+    def _forward(self, tokens: torch.Tensor, layout: TreeLayout, cache, prefix: int = 0) -> torch.Tensor:
         """One forward of [prefix tokens, root, candidates | prompt inputs] -> hidden states of the tree [q, H]."""
         model = self.target.model
         past = cache_length(cache)
@@ -122,7 +145,7 @@ class ParallelPromptDecoding(Batchable, DecodeMethod):
         h = pt.hidden(model, embeds, mask, position_ids(layout.offsets, past, prefix), cache)
         return h[prefix:]
 
-    def _prompt_logits(self, h: torch.Tensor, layout: _Layout, node: int,
+    def _prompt_logits(self, h: torch.Tensor, layout: TreeLayout, node: int,
                        all_logits: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [c, V] of the c prompt tokens of `node`, averaged over their ensemble copies (PPD §3.2); taken
         from all_logits [q, V] when the step already computed the head over every input."""

@@ -1,0 +1,190 @@
+"""`specbench train hidden-transfer`: Hidden Transfer's projections (Wu et al. 2024, §3.3), distilled from the target.
+
+Only the k projections W_j [H, H] train; the model is frozen. Data: the target's greedy replies to the offline
+training mix (no benchmark prompts). Each step takes one sequence: the frozen target runs it once without gradients
+(its KV cache, its distribution at every position, and its hidden states entering each transfer layer, captured by
+core.transfer.capture), then pseudo positions are inserted after `insertions` random positions i of the reply, k
+per insertion, and run on top of that cache (core.transfer.transferred: step j's placeholder becomes W_j h_i at layer
+l_j). Pseudo position j (1-based) sits at position i + j, sees the context up to i and the earlier pseudo positions
+of its insertion (the paper's "No masked" setting, the layout decoding uses), and learns the target's distribution
+of the token j + 1 after i, i.e. the target's own next-token distribution at position i + j:
+    loss = sum_j KL(P_{i+j} || P~_j), averaged over insertions (§3.3's loss).
+The paper trains the steps one after another with the real hidden states of positions i+1 .. i+j-1 visible; here
+all k train at once in the decoding layout, so training sees exactly what decoding will.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..core.cache import crop_to, new_cache
+from ..core.hardware import cpu_model, device_name
+from ..core.models import LoadedModel, dtype_name, load_model, model_slug
+from ..core.transfer import capture, check_transfer_layers, transferred
+from ..errors import SpecbenchError
+from . import prompt_tokens as pt
+from . import transfer_projections as tp
+from .prompt_tokens import model_key
+from .selfdistill import check_sources, training_sequences
+from .train_medusa import TRAINING_MIX
+from .train_ppd import plot_losses
+from .trainloop import check_common, optimise
+
+
+def default_layers(num_layers: int, steps: int = 3) -> list[int]:
+    """Default transfer layers for a model of `num_layers` layers: from 40% of the depth, 1/6 of the depth apart
+    (measured on SmolLM2-135M, benchmarks/transfer_layers.py: 12, 17, 22 of 30; the paper's Vicuna-7B choice, 15
+    and 20 of 32, is the same shape), kept inside 1..L-1."""
+    first = max(1, round(0.4 * num_layers))
+    gap = max(1, round(num_layers / 6))
+    layers = [min(first + j * gap, num_layers - steps + j) for j in range(steps)]
+    return check_transfer_layers(layers, num_layers)
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    model: str = "smollm2-135m"
+    transfer_layers: tuple[int, ...] | None = None  # None: default_layers(L, 3)
+    data: str = TRAINING_MIX
+    steps: int = 400
+    insertions: int = 32  # insertion points per sequence per step
+    lr: float = 1e-3
+    prompts: int = 120
+    held_out: int = 100
+    new_tokens: int = 96
+    out: Path | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    save_every: int = 50
+    resume: bool = False
+    seed: int = 0
+    data_file: str | None = None
+
+    @property
+    def out_dir(self) -> Path:
+        return self.out or Path("artifacts") / model_slug(self.model) / "hidden-transfer"
+
+
+def pseudo_forward(target: LoadedModel, proj: tp.TransferProjections, cache, past: int, points: list[int],
+                   captured: dict[int, torch.Tensor]) -> torch.Tensor:
+    """Hidden states [len(points), k, H] of k pseudo positions inserted after each of `points` (real positions in
+    `cache`, whose states entering layer l_j are captured[l_j] [past, H]); the cache is left as it was."""
+    model, k = target.model, proj.steps
+    mask, pos, rows = pt.insertion_inputs(points, k, 1, past, target.dtype, target.device)  # rows: step j
+    at = torch.tensor(points, device=target.device)
+    slots = [torch.nonzero(rows == j).flatten() for j in range(k)]  # [P] input indices of step j
+    sources = [captured[layer][at] for layer in proj.layers]  # [P, H] each
+    placeholder = torch.zeros(1, rows.shape[0], model.config.hidden_size, dtype=target.dtype, device=target.device)
+    with transferred(model, proj.plan(slots, sources)):
+        h = pt.hidden(model, placeholder, mask, pos, cache)  # [P * k, H]
+    crop_to(cache, past)
+    return h.view(len(points), k, -1)
+
+
+@torch.no_grad()
+def real_forward(target: LoadedModel, seq: list[int], layers: list[int]):
+    """The frozen target on one sequence: (cache, log-probs [T, V], captured states layer -> [T, H])."""
+    model = target.model
+    ids = torch.tensor([seq], device=target.device)
+    cache = new_cache(model)
+    with capture(model, layers) as seen:
+        h = model.get_decoder()(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]
+    logp = F.log_softmax(model.get_output_embeddings()(h).float(), -1)  # [T, V]
+    return cache, logp, {layer: s[0] for layer, s in seen.items()}
+
+
+def make_step_loss(target: LoadedModel, proj: tp.TransferProjections, seqs, insertions: int):
+    head = target.model.get_output_embeddings()
+    k = proj.steps
+
+    def step_loss(rng: random.Random) -> torch.Tensor:
+        seq, first = seqs[rng.randrange(len(seqs))]
+        span = range(first - 1, len(seq) - k - 1)  # the reply's positions whose k future targets exist
+        points = sorted(rng.sample(span, min(insertions, len(span))))
+        cache, logp, captured = real_forward(target, seq, proj.layers)
+        h = pseudo_forward(target, proj, cache, len(seq), points, captured)  # [P, k, H]
+        student = F.log_softmax(head(h).float(), -1)  # [P, k, V]
+        at = torch.tensor(points, device=target.device)[:, None] + 1 + torch.arange(k, device=target.device)
+        teacher = logp[at]  # [P, k, V]: the target's distribution at i + j
+        return (teacher.exp() * (teacher - student)).sum(-1).mean(0).sum()
+
+    return step_loss
+
+
+@torch.no_grad()
+def top1_agreement(target: LoadedModel, proj: tp.TransferProjections, seqs) -> list[float]:
+    """Per step j: share of reply positions where the pseudo state's top-1 guess is the target's greedy token."""
+    head = target.model.get_output_embeddings()
+    k = proj.steps
+    hits, total = [0] * k, 0
+    for seq, first in seqs:
+        points = list(range(first - 1, len(seq) - k - 1))
+        if not points:
+            continue
+        cache, logp, captured = real_forward(target, seq, proj.layers)
+        guess = head(pseudo_forward(target, proj, cache, len(seq), points, captured)).argmax(-1)  # [P, k]
+        truth = torch.tensor(seq, device=target.device)[torch.tensor(points, device=target.device)[:, None] + 2
+                                                        + torch.arange(k, device=target.device)]  # [P, k]
+        for j in range(k):
+            hits[j] += int((guess[:, j] == truth[:, j]).sum())
+        total += len(points)
+    return [round(h / max(total, 1), 4) for h in hits]
+
+
+def train(cfg: TransferConfig) -> Path:
+    check_common(cfg.steps, cfg.lr, cfg.save_every)
+    if cfg.insertions < 1:
+        raise SpecbenchError("--insertions must be at least 1")
+    check_sources(cfg.data)
+    t0 = time.perf_counter()
+    target = load_model(cfg.model, cfg.dtype, cfg.device)
+    target.model.requires_grad_(False)
+    num_layers = target.model.config.num_hidden_layers
+    layers = (check_transfer_layers(cfg.transfer_layers, num_layers, target.spec) if cfg.transfer_layers
+              else default_layers(num_layers))
+    k = len(layers)
+    seqs = training_sequences(target, cfg.data, cfg.held_out, cfg.prompts, cfg.new_tokens, cfg.data_file,
+                              min_reply=k + 2)
+    data_s = time.perf_counter() - t0
+    proj = tp.TransferProjections(target.model.config.hidden_size, layers).to(target.device)
+    out = cfg.out_dir
+    settings = {key: (str(v) if isinstance(v, Path) else v) for key, v in asdict(cfg).items()
+                if key not in ("steps", "resume", "out", "save_every")}
+    settings["transfer_layers"] = layers
+    held = seqs[:: max(1, len(seqs) // 12)][:12]  # agreement on a sample of the data (before and after)
+    before = top1_agreement(target, proj, held)
+    losses, train_s = optimise(proj, make_step_loss(target, proj, seqs, cfg.insertions), steps=cfg.steps, lr=cfg.lr,
+                               save_every=cfg.save_every, ckpt_path=out / "checkpoint" / "state.pt",
+                               settings=settings, resume=cfg.resume,
+                               label=f"training {k} transfer projection(s) at layers {layers}", seed=cfg.seed)
+    proj.requires_grad_(False)
+    after = top1_agreement(target, proj, held)
+    tail = losses[-50:]
+    meta = {
+        "method": "hidden-transfer", "model": target.spec, "model_key": model_key(target),
+        "hidden_size": target.model.config.hidden_size, "vocab_size": target.vocab_size, "transfer_layers": layers,
+        "layers_chosen": "given (--transfer-layers)" if cfg.transfer_layers else
+        "default: benchmarks/transfer_layers.py's measurement (Hidden Transfer Figures 5-6)",
+        "layout": "pseudo position j sees the context and pseudo positions 1..j-1 of its insertion (No masked)",
+        "parameters": int(proj.weight.numel()), "top1_agreement_train_sample": after,
+        "top1_agreement_untrained": before, "steps": cfg.steps, "insertions_per_step": cfg.insertions,
+        "lr": cfg.lr, "data": {"name": cfg.data_file or cfg.data,
+                               "prompts": f"{cfg.held_out}..{cfg.held_out + cfg.prompts - 1} of each source",
+                               "sequences": len(seqs), "continuation": f"greedy, up to {cfg.new_tokens} tokens"},
+        "loss": "sum_j KL(target at i+j || pseudo state j)", "initial_loss": losses[0] if losses else None,
+        "final_loss": round(sum(tail) / max(len(tail), 1), 4), "train_seconds": round(train_s, 1),
+        "data_seconds": round(data_s, 1), "dtype": dtype_name(target.dtype),
+        "hardware": device_name(target.device) if target.device.type == "cuda" else cpu_model(),
+        "threads": torch.get_num_threads(), "seed": cfg.seed, "date": time.strftime("%Y-%m-%d"),
+    }
+    tp.save(proj, out, meta)
+    plot_losses(losses, out / "loss.png", f"{target.spec}: hidden transfer at layers {layers}",
+                "sum_j KL(target || pseudo j)")
+    (out / ".gitignore").write_text("checkpoint/\n")
+    return out

@@ -1,0 +1,72 @@
+"""`hidden-transfer`: Hidden Transfer (Wu et al. 2024, "Parallel Decoding via Hidden Transfer for Lossless Large
+Language Model Acceleration", §3.2-3.4), on the tree engine of `ppd` (methods/ppd.py).
+
+Every tree node carries up to k pseudo positions, laid out exactly as PPD's prompt tokens are (tree.py): pseudo
+position j of node i sits at position(i) + j, sees the context, i's path and pseudo positions 1..j-1 of i (the
+paper's "No masked" setting). They enter the forward as placeholders; at transfer layer l_j the placeholder becomes
+W_j h_i, node i's own hidden state entering that layer (core/transfer.py), and the rest of the layers refine it.
+Verification is ppd's (exact match at T = 0, lossless multi-candidate speculative sampling at T > 0); the pseudo
+positions of the accepted node give the next step's candidates and, as in PPD, how many it carried is the next
+state of the tree, so `build-tree --method hidden-transfer` searches PPD's dynamic sparse tree over this method's
+own per-rank accuracies. Pseudo positions never stay in the KV cache (only the root and the accepted path do).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.transfer import transferred
+from ..drafters import transfer_projections as tp
+from ..errors import SpecbenchError
+from .base import register
+from .options import ARTIFACT, TREE
+from .ppd import ParallelPromptDecoding, TreeLayout
+
+
+def transfer_slots(layout: TreeLayout, steps: int, prefix: int, device) -> tuple[list[torch.Tensor], list]:
+    """Per transfer step j: the input indices of every node's pseudo position j [P_j] and of that node [P_j], in a
+    forward that starts with `prefix` causal tokens (a prefill whose last token is the root)."""
+    slots: list[list[int]] = [[] for _ in range(steps)]
+    sources: list[list[int]] = [[] for _ in range(steps)]
+    for node, prompts in enumerate(layout.tree.prompt_slots):
+        for j, copies in enumerate(prompts):
+            slots[j].append(copies[0] + prefix)
+            sources[j].append(node + prefix)
+    as_tensor = [torch.tensor(x, dtype=torch.long, device=device) for x in slots]
+    return as_tensor, [torch.tensor(x, dtype=torch.long, device=device) for x in sources]
+
+
+@register
+class HiddenTransfer(ParallelPromptDecoding):
+    name = "hidden-transfer"
+    family = "hidden-transfer"
+    kind = "tree"
+    needs = ("target", "transfer projections")
+    summary = "hidden transfer: pseudo hidden states of future tokens made at middle layers guess a tree"
+    option_specs = (TREE, ARTIFACT)
+    batchable = False  # the transfer hook indexes one sample's row; batch > 1 is not built for it yet
+    typical = False
+
+    def _load_guesser(self):
+        self._slots: dict = {}  # (layout, prefix) -> transfer_slots
+        self.projections = tp.resolve(self.options.artifact, self.target)
+        proj = self.projections.projections
+        hidden = self.target.model.config.hidden_size
+        table = torch.zeros(proj.steps, hidden, dtype=self.target.dtype, device=self.target.device)  # placeholders
+        return proj.steps, 1, table, (f"transfer layers {proj.layers} ({self.projections.source})")
+
+    def _check_tree(self, rows: int) -> None:
+        if self.tree_file.prompt_tokens > rows:
+            raise SpecbenchError(f"tree ({self.tree_source}) gives nodes {self.tree_file.prompt_tokens} pseudo "
+                                 f"positions but the artefact ({self.projections.source}) has {rows} transfer steps; "
+                                 f"use a tree built for {rows} (`specbench build-tree --method hidden-transfer`)")
+
+    def _forward(self, tokens, layout, cache, prefix: int = 0):
+        proj = self.projections.projections
+        key = (id(layout), prefix)
+        if key not in self._slots:  # decode steps (prefix 0) reuse their layout's indices
+            self._slots = {k: v for k, v in self._slots.items() if k[1] == 0}
+            self._slots[key] = transfer_slots(layout, proj.steps, prefix, tokens.device)
+        slots, sources = self._slots[key]
+        with transferred(self.target.model, proj.plan(slots, sources)):
+            return super()._forward(tokens, layout, cache, prefix)

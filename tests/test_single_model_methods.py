@@ -1,0 +1,246 @@
+"""medusa, medusa-typical and hidden-transfer (issue 15): lossless against ar, the target's distribution at T > 0,
+the transfer-layer split, the trainers, estimate / build-tree, and their bad inputs. Tiny random-weight models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.core.models import load_model
+from specbench.core.transfer import TransferStep, capture, check_transfer_layers, transferred
+from specbench.core.verify import Sampling
+from specbench.drafters import medusa_heads as mh
+from specbench.drafters import transfer_projections as tp
+from specbench.drafters.prompt_tokens import model_key
+from specbench.errors import SpecbenchError
+from specbench.methods import get_method
+
+from .conftest import prompt_ids
+
+FOUR_LAYERS = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 260,
+               "max_position_embeddings": 512, "tie_word_embeddings": True}
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    """A 4-layer random model (transfer layers 1, 2, 3 are all possible)."""
+    path = tmp_path_factory.mktemp("cfg") / "four.json"
+    path.write_text(json.dumps(FOUR_LAYERS))
+    return load_model(f"random:{path}", dtype="float32", device="cpu")
+
+
+def _meta(target) -> dict:
+    return {"model": target.spec, "model_key": model_key(target), "hidden_size": target.model.config.hidden_size,
+            "vocab_size": target.vocab_size}
+
+
+def heads_artifact(target, folder, heads=3, scale=0.05, seed=0):
+    torch.manual_seed(seed)
+    h = mh.MedusaHeads(target.model.config.hidden_size, heads, target.model.config.num_hidden_layers)
+    torch.nn.init.normal_(h.weight, std=scale)
+    mh.save(h, folder, {**_meta(target), "heads": heads, "layer": h.layer})
+    return folder
+
+
+def projections_artifact(target, folder, layers=(1, 2, 3), scale=0.05, seed=0):
+    torch.manual_seed(seed)
+    p = tp.TransferProjections(target.model.config.hidden_size, list(layers))
+    p.weight.data += scale * torch.randn_like(p.weight)
+    tp.save(p, folder, {**_meta(target), "transfer_layers": list(layers)})
+    return folder
+
+
+def _ar(target, ids, n):
+    return get_method("ar")(target).generate(ids, n, Sampling(), None).tokens
+
+
+@pytest.mark.parametrize("name", ["medusa", "medusa-typical", "hidden-transfer"])
+@pytest.mark.parametrize("size", [2, 5, 16])
+def test_greedy_equals_ar(deep, tmp_path, name, size):
+    art = (heads_artifact(deep, tmp_path / "m") if name.startswith("medusa")
+           else projections_artifact(deep, tmp_path / "h"))
+    method = get_method(name)(deep, {"artifact": str(art), "tree": f"size={size}"})
+    for seed in range(3):
+        ids = prompt_ids(seed)
+        gen = method.generate(ids, 40, Sampling(), None)
+        assert gen.tokens == _ar(deep, ids, 40), f"{name} size {size} prompt {seed}"
+        assert sum(gen.accepted_lengths) == len(gen.tokens)
+
+
+class TransferOracle(get_method("hidden-transfer")):
+    """hidden-transfer whose guesses put ar's token first: deep accepted paths and cache compaction are exercised,
+    while the real transfer forward still runs (its hidden states are replaced after)."""
+
+    name = "hidden-transfer-oracle-test"
+    reference: list[int] = []
+    prompt_len = 0
+
+    def _forward(self, tokens, layout, cache, prefix=0):
+        from specbench.core.cache import cache_length
+
+        self.past = cache_length(cache) + prefix
+        return super()._forward(tokens, layout, cache, prefix)
+
+    def _prompt_logits(self, h, layout, node, all_logits=None):
+        real = super()._prompt_logits(h, layout, node, all_logits)
+        fake = torch.randn_like(real)
+        for j in range(real.shape[0]):
+            k = self.past + layout.tree.depths[node] + 2 + j - self.prompt_len
+            if k < len(self.reference):
+                fake[j, self.reference[k]] = 100.0
+        return fake
+
+
+def test_oracle_guesses_are_accepted_deep(deep, tmp_path):
+    ids = prompt_ids(4)
+    oracle = TransferOracle(deep, {"artifact": str(projections_artifact(deep, tmp_path / "h")), "tree": "size=12"})
+    oracle.reference, oracle.prompt_len = _ar(deep, ids, 60), ids.shape[1]
+    gen = oracle.generate(ids, 40, Sampling(), None)
+    assert gen.tokens == oracle.reference[:40]
+    assert max(gen.accepted_lengths) >= 3 and gen.target_forwards < 25
+
+
+def test_sampling_preserves_target_distribution(tiny, tmp_path):
+    """T > 0: medusa's tree verification (multi-candidate speculative sampling) keeps the target's distribution."""
+    from .test_sd import check_distribution
+
+    medusa = get_method("medusa")(tiny, {"artifact": str(heads_artifact(tiny, tmp_path / "m", scale=0.5)),
+                                         "tree": "size=8"})
+    assert check_distribution(medusa, tiny, trials=800) < 0.1
+
+
+def test_typical_acceptance_is_lossy_label():
+    assert not get_method("medusa-typical").lossless and get_method("medusa").lossless
+    assert get_method("hidden-transfer").lossless
+
+
+def test_transfer_split_matches_a_manual_replacement(deep):
+    """A transfer step at layer l changes only the pseudo position, from layer l on: the real positions' outputs
+    are those of the plain forward (the mask hides the pseudo position), and the pseudo position's output equals
+    a forward where its state entering layer l is W h of its source."""
+    model = deep.model
+    ids = prompt_ids(1)[0, :10]
+    n = len(ids)
+    emb = model.get_input_embeddings()(ids)
+    x = torch.cat([emb, torch.zeros(1, emb.shape[1])])[None]  # [1, n + 1, H]: a placeholder after the tokens
+    allowed = torch.ones(n + 1, n + 1).tril().bool()
+    mask = torch.zeros(n + 1, n + 1).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
+    pos = torch.arange(n + 1)[None]
+    w = torch.randn(64, 64) * 0.1
+    step = TransferStep(2, torch.tensor([n]), torch.tensor([n - 1]), lambda h: h @ w.T)
+    with torch.no_grad(), transferred(model, [step]), capture(model, [2]) as seen:  # capture after the swap
+        out = model.get_decoder()(inputs_embeds=x, attention_mask=mask, position_ids=pos).last_hidden_state[0]
+    plain = model.get_decoder()(inputs_embeds=emb[None]).last_hidden_state[0]
+    assert torch.allclose(out[:n], plain, atol=1e-5)
+    assert torch.allclose(seen[2][0, n], seen[2][0, n - 1] @ w.T, atol=1e-5)  # the replaced state entered layer 2
+
+
+def test_transfer_layers_checked():
+    assert check_transfer_layers([3, 5, 9], 12) == [3, 5, 9]
+    for bad, words in (([0, 3], "outside"), ([3, 12], "outside"), ([5, 5], "strictly increasing"),
+                       ([6, 4], "strictly increasing"), ([], "at least one")):
+        with pytest.raises(SpecbenchError, match=words):
+            check_transfer_layers(bad, 12)
+
+
+def test_artifacts_for_another_model_are_refused(deep, tiny, tmp_path):
+    heads_artifact(deep, tmp_path / "m")
+    projections_artifact(deep, tmp_path / "h")
+    with pytest.raises(SpecbenchError, match=r"trained for .*four.*not for random:tiny"):
+        mh.load(tmp_path / "m", tiny)
+    with pytest.raises(SpecbenchError, match=r"hidden size 64.*not for random:tiny|not for random:tiny"):
+        tp.load(tmp_path / "h", tiny)
+
+
+def test_missing_and_malformed_artifacts(deep, tmp_path):
+    with pytest.raises(SpecbenchError, match="specbench train medusa --model"):
+        get_method("medusa")(deep, {})
+    with pytest.raises(SpecbenchError, match="specbench train hidden-transfer --model"):
+        get_method("hidden-transfer")(deep, {})
+    folder = heads_artifact(deep, tmp_path / "m")
+    meta = yaml.safe_load((folder / mh.META_FILE).read_text())
+    (folder / mh.META_FILE).write_text(yaml.safe_dump({**meta, "heads": "three"}))
+    with pytest.raises(SpecbenchError, match=r"medusa.yaml: field `heads`"):
+        mh.load(folder, deep)
+    folder = projections_artifact(deep, tmp_path / "h")
+    meta = yaml.safe_load((folder / tp.META_FILE).read_text())
+    (folder / tp.META_FILE).write_text(yaml.safe_dump({**meta, "transfer_layers": [3, 1]}))
+    with pytest.raises(SpecbenchError, match="strictly increasing"):
+        tp.load(folder, deep)
+
+
+def test_cli_estimate_build_tree_and_run(deep, tmp_path, monkeypatch):
+    """estimate writes per-depth accuracy for medusa and hidden-transfer; build-tree --method makes their trees;
+    run finds the tree by itself and stays lossless."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "four.json"
+    cfg.write_text(json.dumps(FOUR_LAYERS))
+    spec = f"random:{cfg}"
+    target = load_model(spec, dtype="float32", device="cpu")
+    m_art = heads_artifact(target, tmp_path / "artifacts" / "four" / "medusa")
+    projections_artifact(target, tmp_path / "artifacts" / "four" / "hidden-transfer")
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"Say {i} {i} {i} again."}) + "\n" for i in range(3)))
+    runner = CliRunner()
+    for method in ("medusa", "hidden-transfer"):
+        res = runner.invoke(app, ["estimate", "--method", method, "--model", spec, "--limit", "2",
+                                  "--new-tokens", "12", "--data-file", str(data)])
+        assert res.exit_code == 0, res.output
+        acc = yaml.safe_load((tmp_path / "acceptance" / "four" / f"{method}.yaml").read_text())
+        assert len(acc["per_rank"]) == 3 and acc["method"] == method
+        assert all(a <= b for a, b in zip(acc["topk_accuracy"][0], acc["topk_accuracy"][0][1:]))
+        res = runner.invoke(app, ["build-tree", "--method", method, "--model", spec, "--gpu", "a100",
+                                  "--max-size", "20"])
+        assert res.exit_code == 0, res.output
+    tree = yaml.safe_load((tmp_path / "trees" / "four" / "medusa-a100-bfloat16.yaml").read_text())
+    assert tree["method"] == "medusa" and tree["prompt_tokens"] == 0 and list(tree["states"]) == [0]
+    tree = yaml.safe_load((tmp_path / "trees" / "four" / "hidden-transfer-a100-bfloat16.yaml").read_text())
+    assert tree["method"] == "hidden-transfer" and sorted(tree["states"]) == [1, 2, 3]
+    ht_tree = tmp_path / "trees" / "four" / "hidden-transfer-a100-bfloat16.yaml"
+    res = runner.invoke(app, ["run", "--method", "medusa", "--method", "hidden-transfer", "--model", spec,
+                              "--tree", str(ht_tree), "--dataset", str(data), "--limit", "2",
+                              "--max-new-tokens", "12", "--warmup", "0", "--out", str(tmp_path / "run")])
+    assert res.exit_code != 0  # one --tree for two methods: the hidden-transfer tree is not a medusa tree
+    assert "one-state tree" in res.output
+    res = runner.invoke(app, ["run", "--method", "medusa", "--method", "hidden-transfer", "--model", spec,
+                              "--dataset", str(data), "--limit", "2", "--max-new-tokens", "12", "--warmup", "0",
+                              "--out", str(tmp_path / "run2")])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("100%") >= 2  # both lossless against ar
+    bad = runner.invoke(app, ["estimate", "--method", "sd", "--model", spec])
+    assert bad.exit_code != 0 and "choose one of" in bad.output
+    assert m_art.is_dir()
+
+
+def test_training_runs_and_resumes(deep, tmp_path, monkeypatch):
+    """Both trainers: a few steps on self-distilled data, an artefact that loads, --resume continues."""
+    from specbench.drafters.train_medusa import MedusaConfig
+    from specbench.drafters.train_medusa import train as train_medusa
+    from specbench.drafters.train_transfer import TransferConfig
+    from specbench.drafters.train_transfer import train as train_transfer
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # the self-distillation cache
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"Count {i} {i + 1} {i + 2} now."}) + "\n" for i in range(6)))
+    spec = deep.spec
+    common = dict(model=spec, data=str(data), prompts=4, held_out=1, new_tokens=12, dtype="float32", device="cpu")
+    out = train_medusa(MedusaConfig(**common, steps=4, positions=16, save_every=2, out=tmp_path / "m"))
+    heads = mh.load(out, deep)
+    assert heads.meta["steps"] == 4 and (out / "loss.png").is_file() and heads.heads.weight.abs().sum() > 0
+    out = train_medusa(MedusaConfig(**common, steps=6, positions=16, save_every=2, out=tmp_path / "m",
+                                    resume=True))
+    assert mh.load(out, deep).meta["steps"] == 6
+    out = train_transfer(TransferConfig(**common, transfer_layers=(1, 3), steps=3, insertions=4, save_every=3,
+                                        out=tmp_path / "h"))
+    proj = tp.load(out, deep)
+    assert proj.meta["transfer_layers"] == [1, 3] and not torch.equal(proj.projections.weight[0], torch.eye(64))
+    with pytest.raises(SpecbenchError, match="strictly increasing"):
+        train_transfer(TransferConfig(**common, transfer_layers=(3, 1), steps=1, out=tmp_path / "x"))
+    with pytest.raises(SpecbenchError, match="unknown source"):
+        train_medusa(MedusaConfig(**{**common, "data": "no-such-set"}, steps=1, out=tmp_path / "y"))
