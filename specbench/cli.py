@@ -643,7 +643,8 @@ def train_hidden_transfer(
     = "smollm2-135m",
     transfer_layers: Annotated[Optional[str], typer.Option(help="Strictly increasing layers l_1,l_2,... in "
                                                                 "1..L-1, one per transfer step (default: 40% of the "
-                                                                "depth, then 1/6 of it apart; 12,17,22 of 30).")]
+                                                                "depth, then 1/6 of it apart, the paper's choice "
+                                                                "scaled: 12,17,22 of 30).")]
     = None,
     data: Annotated[str, typer.Option(help="Prompts to self-distil, comma-separated (datasets, files, or the "
                                            "training-only sources).")] = "alpaca-eval,stdlib-code,word-problems",

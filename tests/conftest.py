@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,3 +32,58 @@ def prompts_file(tmp_path):
             {"question": "what is 12 + 30?"}, {"turns": ["hello there", "and again hello there"]}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
+
+
+# random artefacts of the single-model methods (medusa heads, hidden-transfer projections) for tiny test models
+
+def _meta(target) -> dict:
+    from specbench.drafters.prompt_tokens import model_key
+
+    return {"model": target.spec, "model_key": model_key(target), "hidden_size": target.model.config.hidden_size,
+            "vocab_size": target.vocab_size}
+
+
+def heads_artifact(target, folder, heads=3, scale=0.05, seed=0):
+    from specbench.drafters import medusa_heads as mh
+
+    torch.manual_seed(seed)
+    h = mh.MedusaHeads(target.model.config.hidden_size, heads, target.model.config.num_hidden_layers)
+    torch.nn.init.normal_(h.weight, std=scale)
+    mh.save(h, folder, {**_meta(target), "heads": heads, "layer": h.layer})
+    return folder
+
+
+def projections_artifact(target, folder, layers=None, scale=0.05, seed=0):
+    from specbench.drafters import transfer_projections as tp
+
+    torch.manual_seed(seed)
+    layers = layers or list(range(1, min(4, target.model.config.num_hidden_layers)))
+    p = tp.TransferProjections(target.model.config.hidden_size, list(layers))
+    p.weight.data += scale * torch.randn_like(p.weight)
+    tp.save(p, folder, {**_meta(target), "transfer_layers": list(layers)})
+    return folder
+
+
+
+_ARTIFACTS: dict = {}
+
+
+def artifact_options(name: str, target) -> dict:
+    """Options that give method `name` an artefact on `target` without training: random-real-token prompt tokens
+    (ppd), random Medusa heads or transfer projections (made once per model); {} for other methods."""
+    from specbench.methods import get_method
+
+    needs = get_method(name).needs
+    if "prompt tokens" in needs:
+        return {"artifact": "untrained"}
+    kind = "medusa" if "medusa heads" in needs else "transfer" if "transfer projections" in needs else None
+    if kind is None:
+        return {}
+    key = (kind, target.spec, target.model.config.num_hidden_layers)
+    if key not in _ARTIFACTS:
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp()) / kind
+        _ARTIFACTS[key] = str(heads_artifact(target, folder) if kind == "medusa"
+                              else projections_artifact(target, folder))
+    return {"artifact": _ARTIFACTS[key]}

@@ -22,7 +22,7 @@ from specbench.drafters.token_drafter import layer_drafter
 from specbench.methods import REGISTRY, get_method
 from specbench.methods.batched import generate_batch
 
-from .conftest import prompt_ids
+from .conftest import artifact_options, prompt_ids
 from .test_sd import SAMPLING, exact_distribution, tv
 
 BATCHABLE = sorted(n for n, c in REGISTRY.items() if c.batchable)
@@ -109,7 +109,7 @@ def test_tree_segments_and_compaction_match_one_sample_at_a_time(tiny):
 
 def build(name: str, target):
     cls = get_method(name)
-    options = {"gamma": 3} if name == "sd" else {"artifact": "untrained"} if "prompt tokens" in cls.needs else {}
+    options = {"gamma": 3} if name == "sd" else artifact_options(name, target)
     return cls(target, options, layer_drafter(target, [0]) if "drafter" in cls.needs else None)
 
 

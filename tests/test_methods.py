@@ -10,7 +10,7 @@ from specbench.drafters.token_drafter import layer_drafter
 from specbench.methods import REGISTRY, get_method
 from specbench.methods.pld import lookup_draft
 
-from .conftest import prompt_ids
+from .conftest import artifact_options, prompt_ids
 
 
 def build(name: str, target, options: dict | None = None):
@@ -18,8 +18,8 @@ def build(name: str, target, options: dict | None = None):
     cls = get_method(name)
     # drafter methods: one of the target's two layers as the drafter (another model, so acceptance is partial)
     drafter = layer_drafter(target, [0]) if "drafter" in cls.needs else None
-    if "prompt tokens" in cls.needs and (options or {}).get("artifact") is None:
-        options = {**(options or {}), "artifact": "untrained"}  # ppd: random real-token embeddings
+    if (options or {}).get("artifact") is None:  # ppd, medusa, hidden-transfer: random artefacts
+        options = {**(options or {}), **artifact_options(name, target)}
     return cls(target, options or {}, drafter)
 
 

@@ -16,11 +16,10 @@ from specbench.core.transfer import TransferStep, capture, check_transfer_layers
 from specbench.core.verify import Sampling
 from specbench.drafters import medusa_heads as mh
 from specbench.drafters import transfer_projections as tp
-from specbench.drafters.prompt_tokens import model_key
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 
-from .conftest import prompt_ids
+from .conftest import heads_artifact, projections_artifact, prompt_ids
 
 FOUR_LAYERS = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 260,
@@ -33,27 +32,6 @@ def deep(tmp_path_factory):
     path = tmp_path_factory.mktemp("cfg") / "four.json"
     path.write_text(json.dumps(FOUR_LAYERS))
     return load_model(f"random:{path}", dtype="float32", device="cpu")
-
-
-def _meta(target) -> dict:
-    return {"model": target.spec, "model_key": model_key(target), "hidden_size": target.model.config.hidden_size,
-            "vocab_size": target.vocab_size}
-
-
-def heads_artifact(target, folder, heads=3, scale=0.05, seed=0):
-    torch.manual_seed(seed)
-    h = mh.MedusaHeads(target.model.config.hidden_size, heads, target.model.config.num_hidden_layers)
-    torch.nn.init.normal_(h.weight, std=scale)
-    mh.save(h, folder, {**_meta(target), "heads": heads, "layer": h.layer})
-    return folder
-
-
-def projections_artifact(target, folder, layers=(1, 2, 3), scale=0.05, seed=0):
-    torch.manual_seed(seed)
-    p = tp.TransferProjections(target.model.config.hidden_size, list(layers))
-    p.weight.data += scale * torch.randn_like(p.weight)
-    tp.save(p, folder, {**_meta(target), "transfer_layers": list(layers)})
-    return folder
 
 
 def _ar(target, ids, n):

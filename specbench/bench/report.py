@@ -425,9 +425,10 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str =
     frame = pd.DataFrame(rows).sort_values(["dataset", "size"])
     frame.to_csv(run_dir / "tree_sizes.csv", index=False)
     profile = next((i.get("profile") for i in trees.values() if i.get("profile")), None)
-    acceptance = next((i.get("acceptance") for i in trees.values() if i.get("acceptance")), None)
+    sources = list(dict.fromkeys(i.get("acceptance") for i in trees.values() if i.get("acceptance")))
+    acceptance = next((a for a in sources if a.startswith("a generic")), sources[0] if sources else None)
     md = ["## Trees: measured vs predicted", "", markdown_table(frame), "",
-          f"Predicted tau from {acceptance or 'the acceptance table'}; predicted speedup from the latency profile "
+          f"Predicted tau from {', '.join(sources) or 'the acceptance table'} (each method's own); predicted speedup from the latency profile "
           f"{profile or '(none for this hardware: run `specbench profile`)'}.", ""]
     if acceptance and acceptance.startswith("a generic"):
         md[-2:-1] = [f"**Predicted tau is not this model's**: it comes from {acceptance}; predicted speedup "

@@ -39,8 +39,9 @@ from .trainloop import check_common, optimise
 
 def default_layers(num_layers: int, steps: int = 3) -> list[int]:
     """Default transfer layers for a model of `num_layers` layers: from 40% of the depth, 1/6 of the depth apart
-    (measured on SmolLM2-135M, benchmarks/transfer_layers.py: 12, 17, 22 of 30; the paper's Vicuna-7B choice, 15
-    and 20 of 32, is the same shape), kept inside 1..L-1."""
+    (12, 17, 22 of 30), kept inside 1..L-1. This scales the paper's measured choice (Figures 5-6: first step at
+    15 of Vicuna-7B's 32 layers, where accuracy has not dropped yet, second at 20) to other depths; it is not
+    measured on this model: `python benchmarks/transfer_layers.py` measures accuracy per transfer layer here."""
     first = max(1, round(0.4 * num_layers))
     gap = max(1, round(num_layers / 6))
     layers = [min(first + j * gap, num_layers - steps + j) for j in range(steps)]
@@ -170,7 +171,7 @@ def train(cfg: TransferConfig) -> Path:
         "method": "hidden-transfer", "model": target.spec, "model_key": model_key(target),
         "hidden_size": target.model.config.hidden_size, "vocab_size": target.vocab_size, "transfer_layers": layers,
         "layers_chosen": "given (--transfer-layers)" if cfg.transfer_layers else
-        "default: benchmarks/transfer_layers.py's measurement (Hidden Transfer Figures 5-6)",
+        "default: the paper's Figure 5-6 choice scaled to this depth (default_layers)",
         "layout": "pseudo position j sees the context and pseudo positions 1..j-1 of its insertion (No masked)",
         "parameters": int(proj.weight.numel()), "top1_agreement_train_sample": after,
         "top1_agreement_untrained": before, "steps": cfg.steps, "insertions_per_step": cfg.insertions,
