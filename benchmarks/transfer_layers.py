@@ -9,6 +9,7 @@ step 2 over the layers above it. Writes a CSV and a PNG per step.
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--first", default="4,8,12,16,20,24,28", help="candidate layers for step 1")
     ap.add_argument("--second-gaps", default="2,5,8,11", help="step-2 layers: the chosen step-1 layer + these")
-    ap.add_argument("--eval", default="gsm8k,mt-bench", help="held-out prompts (first 10 of each)")
+    ap.add_argument("--eval", default="gsm8k,mt-bench", help="held-out prompts")
+    ap.add_argument("--limit", type=int, default=10, help="first N prompts of each --eval set")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/transfer-layers"))
     args = ap.parse_args()
     target = load_model(args.model, "float32", "cpu")
@@ -48,7 +50,7 @@ def main() -> None:
     seqs = training_sequences(target, TRAINING_MIX, 100, 120, 96, None, min_reply=4)
     refs = []
     for name in args.eval.split(","):
-        rendered = [render(target, p) for p in ds.load_prompts(name, 10)[1]]
+        rendered = [render(target, p) for p in ds.load_prompts(name, args.limit)[1]]
         for ids, cont in zip(rendered, greedy_continuations(target, rendered, 64, label=f"references {name}")):
             refs.append((ids + cont, len(ids) - 1))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -57,8 +59,9 @@ def main() -> None:
     def trial(chosen: list[int]) -> tuple[list[tuple[float, float]], float]:
         proj = tp.TransferProjections(hidden, chosen)
         t0 = time.perf_counter()
-        optimise(proj, make_step_loss(target, proj, seqs, 32), steps=args.steps, lr=1e-3, save_every=10 ** 9,
-                 ckpt_path=Path("/dev/null"), settings={}, resume=False, label=f"layers {chosen}")
+        with tempfile.TemporaryDirectory() as scratch:  # the loop's checkpoint is not kept
+            optimise(proj, make_step_loss(target, proj, seqs, 32), steps=args.steps, lr=1e-3, save_every=10 ** 9,
+                     ckpt_path=Path(scratch) / "state.pt", settings={}, resume=False, label=f"layers {chosen}")
         proj.requires_grad_(False)
         return accuracy(target, proj, refs), time.perf_counter() - t0
 

@@ -728,6 +728,9 @@ def estimate(
         raise SpecbenchError(f"estimate --method {method}: choose one of {', '.join(methods)} (or --padding)")
     if limit < 1 or new_tokens < 3:
         raise SpecbenchError("--limit must be at least 1 and --new-tokens at least 3")
+    if initial and method != "ppd":
+        raise SpecbenchError(f"--initial scores ppd's untrained prompt tokens; {method} has no initial artefact "
+                             "(its untrained heads / projections repeat the next-token guess)")
     target = load_model(model, dtype, device)
     if method == "ppd":
         tokens = pt.resolve(artifact, target)
