@@ -14,22 +14,19 @@ dropped before renormalising. Checkpoints every `save_every` steps; --resume con
 
 from __future__ import annotations
 
-import math
 import os
-import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from rich.markup import escape
 
 from ..core.concurrency import forward_costs
 from ..core.hardware import cpu_model, device_name
 from ..core.models import LoadedModel, dtype_name, load_model, model_slug
 from ..errors import SpecbenchError
-from ..progress import console, progress_bar
+from ..progress import progress_bar
 from .selfdistill import (
     greedy_continuations,
     load_source,
@@ -39,6 +36,7 @@ from .selfdistill import (
 )
 from .token_drafter import SharedHeadDrafter, init_layer_ids, save_artifact
 from .train_ppd import plot_losses
+from .trainloop import optimise
 
 
 @dataclass(frozen=True)
@@ -165,52 +163,14 @@ def train(cfg: DrafterConfig) -> Path:
 
     module = SharedHeadDrafter(target.model, layer_ids, vocab_ids)
     module.train()
-    params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    rng = random.Random(cfg.seed)
-    losses: list[float] = []
-    step0, train_s = 0, 0.0
-    if cfg.resume and ckpt_path.exists():
-        state = torch.load(ckpt_path)
-        if state["settings"] != settings:
-            raise SpecbenchError(f"--resume: {ckpt_path} was made with other settings; use the same options or "
-                                 "another --out")
-        module.load_state_dict(state["drafter"])
-        opt.load_state_dict(state["optimizer"])
-        step0, losses, train_s = state["step"], state["losses"], state["train_s"]
-        rng.setstate(state["rng"])
-        console.print(f"Resuming from step {step0} ({escape(str(ckpt_path))})")
-    elif ckpt_path.exists():
-        console.print(f"[yellow]note[/] {escape(str(ckpt_path))} exists; starting over (pass --resume to continue it)")
-    t_loop = time.perf_counter()
 
-    def save_checkpoint(step: int) -> None:
-        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"settings": settings, "drafter": module.state_dict(), "optimizer": opt.state_dict(),
-                    "step": step, "losses": losses, "rng": rng.getstate(),
-                    "train_s": train_s + time.perf_counter() - t_loop}, ckpt_path)
+    def step_loss(rng) -> torch.Tensor:  # `batch` sequences, drawn with the loop's seeded rng
+        picks = [rng.randrange(len(seqs)) for _ in range(cfg.batch)]
+        return sum(distill_loss(module, seqs[i][0], start, *teacher[i], col) for i in picks) / cfg.batch
 
-    warmup = min(30, cfg.steps // 10)
-    with progress_bar() as bar:
-        task = bar.add_task(f"training a {cfg.layers}-layer drafter", total=cfg.steps, completed=step0, info="")
-        for step in range(step0, cfg.steps):
-            scale = (step + 1) / warmup if step < warmup else 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
-            for group in opt.param_groups:
-                group["lr"] = cfg.lr * scale
-            opt.zero_grad()
-            total = 0.0
-            for _ in range(cfg.batch):
-                i = rng.randrange(len(seqs))
-                loss = distill_loss(module, seqs[i][0], start, *teacher[i], col) / cfg.batch
-                loss.backward()
-                total += loss.item()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            losses.append(round(total, 5))
-            bar.update(task, advance=1, info=f"loss {sum(losses[-20:]) / len(losses[-20:]):.3f}")
-            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                save_checkpoint(step + 1)
-    train_s += time.perf_counter() - t_loop
+    losses, train_s = optimise(module, step_loss, steps=cfg.steps, lr=cfg.lr, save_every=cfg.save_every,
+                               ckpt_path=ckpt_path, settings=settings, resume=cfg.resume,
+                               label=f"training a {cfg.layers}-layer drafter", seed=cfg.seed)
     module.eval().requires_grad_(False)
     return finish(cfg, target, module, layer_ids, losses, seqs, train_s, data_s)
 
