@@ -15,10 +15,11 @@ from ..errors import SpecbenchError
 from .prompt_tokens import model_key
 
 
-def default_dir(target: LoadedModel | str, folder: str) -> Path:
-    """artifacts/<model key>/<folder> in the working directory (where `train` writes), else the repo's."""
+def default_dir(target: LoadedModel | str, folder: str, meta_file: str) -> Path:
+    """artifacts/<model key>/<folder> in the working directory (where `train` writes) when it holds an artefact
+    (its meta file), else the repo's."""
     rel = Path("artifacts") / model_slug(target if isinstance(target, str) else target.spec) / folder
-    return rel if rel.is_dir() else REPO_ROOT / rel
+    return rel if (rel / meta_file).is_file() else REPO_ROOT / rel
 
 
 def read_meta(path: Path, meta_file: str, fields: dict[str, type]) -> dict:
@@ -90,7 +91,7 @@ def save(out: Path, weights_file: str, tensors: dict[str, torch.Tensor], meta_fi
 
 def locate_dir(spec: str | None, target: LoadedModel, folder: str, meta_file: str, what: str, train: str) -> Path:
     """--artifact: None = artifacts/<model>/<folder> (here, else the repo's); else the folder given."""
-    path = Path(spec) if spec else default_dir(target, folder)
+    path = Path(spec) if spec else default_dir(target, folder, meta_file)
     if not (path / meta_file).is_file():
         if spec:
             raise SpecbenchError(f"{path}: not a {what} artefact (no {meta_file}); train one with "

@@ -61,12 +61,15 @@ class MedusaHeads(torch.nn.Module):
         return (self.states(h) @ weight.T).float()
 
 
-def head_input(model, layer: int, hidden_in: torch.Tensor) -> torch.Tensor:
-    """The state heads at `layer` read: hidden_in is the state entering decoder layer `layer` (< L), passed
-    through the model's final norm; at layer L the caller passes the last (already normed) hidden state."""
-    if layer >= model.config.num_hidden_layers:
-        return hidden_in
-    return model.get_decoder().norm(hidden_in)
+def head_states(model, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One frozen forward of ids [1, T] -> (what heads at `layer` read [T, H], the last hidden state [T, H]).
+    Below the last layer the heads read the state entering decoder layer `layer`, through the final norm."""
+    from ..core.transfer import capture
+
+    last_layer = layer >= model.config.num_hidden_layers
+    with capture(model, [] if last_layer else [layer]) as seen:
+        last = model.get_decoder()(input_ids=ids).last_hidden_state[0]
+    return (last if last_layer else model.get_decoder().norm(seen[layer][0])), last
 
 
 @dataclass

@@ -22,7 +22,6 @@ import torch.nn.functional as F
 
 from ..core.hardware import cpu_model, device_name
 from ..core.models import LoadedModel, dtype_name, load_model, model_slug
-from ..core.transfer import capture
 from ..errors import SpecbenchError
 from ..progress import progress_bar
 from . import medusa_heads as mh
@@ -66,15 +65,11 @@ class MedusaConfig:
 def head_states(target: LoadedModel, seqs: list[tuple[list[int], int]], layer: int
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per sequence: (the heads' input [T, H] at `layer`, the last hidden state [T, H]), float32 on the device."""
-    model, layers = target.model, target.model.config.num_hidden_layers
     out = []
     with progress_bar() as bar:
         task = bar.add_task("target states", total=len(seqs), info="")
         for seq, _ in seqs:
-            ids = torch.tensor([seq], device=target.device)
-            with capture(model, [layer] if layer < layers else []) as seen:
-                last = model.get_decoder()(input_ids=ids).last_hidden_state[0]  # [T, H]
-            x = mh.head_input(model, layer, seen[layer][0]) if layer < layers else last
+            x, last = mh.head_states(target.model, layer, torch.tensor([seq], device=target.device))
             out.append((x.float(), last.float()))
             bar.update(task, advance=1)
     return out

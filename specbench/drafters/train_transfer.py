@@ -90,14 +90,13 @@ def pseudo_forward(target: LoadedModel, proj: tp.TransferProjections, cache, pas
 
 @torch.no_grad()
 def real_forward(target: LoadedModel, seq: list[int], layers: list[int]):
-    """The frozen target on one sequence: (cache, log-probs [T, V], captured states layer -> [T, H])."""
+    """The frozen target on one sequence: (cache, last hidden states [T, H], captured states layer -> [T, H])."""
     model = target.model
     ids = torch.tensor([seq], device=target.device)
     cache = new_cache(model)
     with capture(model, layers) as seen:
         h = model.get_decoder()(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]
-    logp = F.log_softmax(model.get_output_embeddings()(h).float(), -1)  # [T, V]
-    return cache, logp, {layer: s[0] for layer, s in seen.items()}
+    return cache, h, {layer: s[0] for layer, s in seen.items()}
 
 
 def make_step_loss(target: LoadedModel, proj: tp.TransferProjections, seqs, insertions: int):
@@ -108,11 +107,12 @@ def make_step_loss(target: LoadedModel, proj: tp.TransferProjections, seqs, inse
         seq, first = seqs[rng.randrange(len(seqs))]
         span = range(first - 1, len(seq) - k - 1)  # the reply's positions whose k future targets exist
         points = sorted(rng.sample(span, min(insertions, len(span))))
-        cache, logp, captured = real_forward(target, seq, proj.layers)
+        cache, last, captured = real_forward(target, seq, proj.layers)
         h = pseudo_forward(target, proj, cache, len(seq), points, captured)  # [P, k, H]
         student = F.log_softmax(head(h).float(), -1)  # [P, k, V]
         at = torch.tensor(points, device=target.device)[:, None] + 1 + torch.arange(k, device=target.device)
-        teacher = logp[at]  # [P, k, V]: the target's distribution at i + j
+        with torch.no_grad():  # the target's distribution at i + j, only at those rows
+            teacher = F.log_softmax(head(last[at]).float(), -1)  # [P, k, V]
         return (teacher.exp() * (teacher - student)).sum(-1).mean(0).sum()
 
     return step_loss
@@ -128,7 +128,7 @@ def top1_agreement(target: LoadedModel, proj: tp.TransferProjections, seqs) -> l
         points = list(range(first - 1, len(seq) - k - 1))
         if not points:
             continue
-        cache, logp, captured = real_forward(target, seq, proj.layers)
+        cache, _, captured = real_forward(target, seq, proj.layers)
         guess = head(pseudo_forward(target, proj, cache, len(seq), points, captured)).argmax(-1)  # [P, k]
         truth = torch.tensor(seq, device=target.device)[torch.tensor(points, device=target.device)[:, None] + 2
                                                         + torch.arange(k, device=target.device)]  # [P, k]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from ..core.models import LoadedModel
-from ..core.transfer import capture
 from ..drafters import medusa_heads as mh
 from ..drafters import transfer_projections as tp
 from ..drafters.train_transfer import pseudo_forward, real_forward
@@ -35,11 +34,8 @@ def ranks_of(guesses: torch.Tensor, ids: list[int], points: list[int]) -> torch.
 @torch.inference_mode()
 def medusa_ranks(target: LoadedModel, heads: mh.MedusaHeads, ids: list[int], start: int) -> torch.Tensor:
     """Ranks [positions start..n-3, K] of head k's guesses (heads at their layer: Medusa or early exit)."""
-    model, layers = target.model, target.model.config.num_hidden_layers
-    seq = torch.tensor([ids], device=target.device)
-    with capture(model, [heads.layer] if heads.layer < layers else []) as seen:
-        last = model.get_decoder()(input_ids=seq).last_hidden_state[0]  # [T, H]
-    x = mh.head_input(model, heads.layer, seen[heads.layer][0]) if heads.layer < layers else last
+    model = target.model
+    x, _ = mh.head_states(model, heads.layer, torch.tensor([ids], device=target.device))  # [T, H]
     points = list(range(start, len(ids) - 2))
     logits = heads.logits(model.get_output_embeddings(), x[points])  # [K, P, V]
     return ranks_of(logits.topk(TOP_K, -1).indices.transpose(0, 1), ids, points)

@@ -19,7 +19,6 @@ from ..core.transfer import transferred
 from ..drafters import transfer_projections as tp
 from ..errors import SpecbenchError
 from .base import register
-from .options import ARTIFACT, TREE
 from .ppd import ParallelPromptDecoding, TreeLayout
 
 
@@ -40,12 +39,9 @@ def transfer_slots(layout: TreeLayout, steps: int, prefix: int, device) -> tuple
 class HiddenTransfer(ParallelPromptDecoding):
     name = "hidden-transfer"
     family = "hidden-transfer"
-    kind = "tree"
     needs = ("target", "transfer projections")
     summary = "hidden transfer: pseudo hidden states of future tokens made at middle layers guess a tree"
-    option_specs = (TREE, ARTIFACT)
     batchable = False  # the transfer hook indexes one sample's row; batch > 1 is not built for it yet
-    typical = False
 
     def _load_guesser(self):
         self._slots: dict = {}  # (layout, prefix) -> transfer_slots

@@ -19,7 +19,6 @@ from ..drafters import medusa_heads as mh
 from ..errors import SpecbenchError
 from ..hwtrees.treesearch import static_candidates
 from .base import register
-from .options import ARTIFACT, TREE
 from .ppd import ParallelPromptDecoding, TreeLayout
 
 
@@ -37,11 +36,8 @@ def candidate_tree(acc, heads: int, size: int, model: str = "", source: str = ""
 class Medusa(ParallelPromptDecoding):
     name = "medusa"
     family = "medusa"
-    kind = "tree"
     needs = ("target", "medusa heads")
     summary = "Medusa-1 heads on the last hidden state guess a static sparse tree, tree-verified"
-    option_specs = (TREE, ARTIFACT)
-    typical = False
 
     def _load_guesser(self):
         self.heads = mh.resolve(self.options.artifact, self.target)
