@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from .. import REPO_ROOT
 from ..core.cache import window_mask
 from ..core.models import LoadedModel
 from ..errors import SpecbenchError
@@ -104,9 +105,10 @@ def load(path: str | Path, target: LoadedModel, initial: bool = False) -> Prompt
 def default_path(target: LoadedModel | str) -> Path:
     """artifacts/<model key>/ppd in the working directory (where `specbench train ppd` writes), else the repo's
     (the key: core.models.model_slug, the same for every command)."""
-    from .artifact_files import default_dir
+    from ..core.models import model_slug
 
-    return default_dir(target, "ppd", META_FILE)
+    rel = Path("artifacts") / model_slug(target if isinstance(target, str) else target.spec) / "ppd"
+    return rel if (rel / META_FILE).is_file() else REPO_ROOT / rel
 
 
 def resolve(spec: str | None, target: LoadedModel) -> PromptTokens:
