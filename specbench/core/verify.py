@@ -206,3 +206,56 @@ def tree_speculative_accept(tokens: torch.Tensor, parents: list[int], logits: to
         if accepted is None:
             return _path_to(node, parents), sample(p, generator)
         node = accepted
+
+
+def sample_children(q: torch.Tensor, count: int, generator: torch.Generator | None) -> torch.Tensor:
+    """count i.i.d. draws (with replacement) from q [V] -> [count] token ids (on q's device); the draws are made on
+    the generator's device. These are the children that `tree_sampled_accept` expects of a node with draft q."""
+    if count <= 0:
+        return torch.empty(0, dtype=torch.long, device=q.device)
+    probs = q.float() if generator is None else q.float().to(generator.device)  # [V]
+    return torch.multinomial(probs, count, replacement=True, generator=generator).to(q.device)  # [count]
+
+
+def tree_sampled_accept(tokens: torch.Tensor, parents: list[int], logits: torch.Tensor, draft_q: torch.Tensor,
+                        sampling: Sampling, generator: torch.Generator | None) -> tuple[list[int], int]:
+    """Multi-candidate speculative sampling over siblings drawn from a draft distribution (SpecInfer, Miao et al.
+    2024, §4.2 multi-step speculative sampling; ParallelSpec Alg. 1).
+
+    tokens: [N] (node 0 = root); logits: [N, V] target logits after each node's path; draft_q: [N, V] the (already
+    warped) draft distribution that node i's children were drawn from, i.i.d. with replacement (see
+    `sample_children`; duplicate siblings are allowed; rows of leaves are ignored).
+    At a node with target distribution p and draft q, try its children x_1, x_2, ... in order: accept x_i with
+    probability min(1, p(x_i) / q(x_i)), else set p = norm(max(0, p - q)) and try the next child against that
+    residual and the same q; after an acceptance descend into that child, when every child is rejected (or the
+    node is a leaf) sample the next token from the current p. Since each child is an independent draw from q, every
+    emitted token is distributed exactly as the target's (lossless). Edge cases: a child with q(x) = 0 cannot
+    have been drawn from q; it is rejected and p is left unchanged. A residual of sum 0 (p == q up to rounding)
+    falls back to p before the subtraction, as `speculative_accept` does. Greedy = exact match.
+    """
+    if sampling.greedy:
+        return tree_greedy_accept(tokens, parents, logits)
+    toks = tokens.tolist()
+    children: list[list[int]] = [[] for _ in toks]
+    for i in range(1, len(toks)):
+        children[parents[i]].append(i)
+    node = 0
+    while True:
+        p = warp_probs(logits[node], sampling)  # [V]
+        q = draft_q[node].float() if children[node] else None  # [V]
+        accepted = None
+        for child in children[node]:
+            x = toks[child]
+            px, qx = float(p[x]), float(q[x])
+            if qx <= 0.0:  # not a draw from q: reject without touching p
+                continue
+            if uniform(generator) < min(1.0, px / qx):
+                accepted = child
+                break
+            residual = (p - q).clamp_min(0.0)  # [V]
+            total = float(residual.sum())
+            if total > 0.0:  # else p == q up to rounding: any sample from p is exact, keep it
+                p = residual / total
+        if accepted is None:
+            return _path_to(node, parents), sample(p, generator)
+        node = accepted
