@@ -336,8 +336,10 @@ def build_tree(
     model: Annotated[str, typer.Option(help="Model the tree is for (its acceptance file and profile).")]
     = "smollm2-135m",
     method: Annotated[str, typer.Option(help="Tree method: ppd (dynamic sparse tree over prompt tokens), "
-                                             "hidden-transfer (the same search over its pseudo positions) or medusa "
-                                             "(one-state tree of the best candidates).")] = "ppd",
+                                             "hidden-transfer (the same search over its pseudo positions), medusa, "
+                                             "eagle or parallelspec (one-state tree of the best candidates; eagle "
+                                             "and parallelspec add their drafter's measured cost per step).")]
+    = "ppd",
     gpu: Annotated[str, typer.Option(help="Hardware: a100, a100-80gb, h100, h200, l40s, rtx4090, rtx3090, cpu "
                                           "(this CPU's measured profile), or a profile .yaml path. A measured "
                                           "profile always wins over a preset estimate.")] = "cpu",
@@ -376,7 +378,8 @@ def build_tree(
     from .core.tree import locate
 
     slug = model_slug(model)  # the model's file-name key: acceptance/, profiles/ and trees/ all use it
-    tree_methods = ("ppd", "hidden-transfer", "medusa")
+    tree_methods = ("ppd", "hidden-transfer", "medusa", "eagle", "parallelspec")
+    one_state = ("medusa", "eagle", "parallelspec")
     if method not in tree_methods:
         raise SpecbenchError(f"build-tree --method {method}: choose one of {', '.join(tree_methods)}")
     acc_path = acceptance or locate(f"acceptance/{slug}/{method}.yaml") or Path("acceptance") / slug / f"{method}.yaml"
@@ -397,18 +400,20 @@ def build_tree(
                               root=measured.parent.parent if measured else Path("profiles"))
     stem = f"{profile.hardware}-{profile.dtype}" if method == "ppd" else f"{method}-{profile.hardware}-{profile.dtype}"
     path = out_path or Path("trees") / slug / f"{stem}.yaml"
-    if method == "medusa":
+    if method in one_state:
         from .hwtrees.buildtree import candidate_curve, candidate_tree_file
 
+        acc = read_per_rank(acc_path, _acceptance_rows(acc_path))  # every depth the estimate measured
+        draft_ms = _draft_cost(method, acc_path)
         with console.status(f"Choosing the best candidate tree of sizes 1..{max_size}"):
-            curve = candidate_curve(acc, profile, max_size, kv_length)
+            curve = candidate_curve(acc, profile, max_size, kv_length, draft_ms)
         result = candidate_tree_file(curve, method, slug, profile, str(acc_path), kv_length)
     else:
         with console.status(f"Searching dynamic sparse trees of sizes 2..{max_size}"):
             curve = size_curve(acc, m, profile, max_size, kv_length, ept)
         result = tree_file(curve, m, slug, profile, str(acc_path), kv_length, method)
     result.write(path)
-    if method != "medusa":
+    if method not in one_state:
         plot(curve, profile, path.with_suffix(".png"))
     i = curve.best_index
     label = " [yellow](source: estimated from the chip's published peak rates)[/]" \
@@ -423,7 +428,7 @@ def build_tree(
         table.add_row(str(n), f"{curve.tau[j]:.3f}", f"{curve.latency_ms[j]:.2f}", f"{curve.speedup[j]:.3f}x",
                       style=style)
     out.print(table)
-    wrote = escape(str(path)) + ("" if method == "medusa" else f" and {escape(str(path.with_suffix('.png')))}")
+    wrote = escape(str(path)) + ("" if method in one_state else f" and {escape(str(path.with_suffix('.png')))}")
     console.print(f"Chosen size {curve.best.size}: predicted tau {curve.tau[i]:.3f}, speedup {curve.speedup[i]:.3f}x"
                   f"{label}. Wrote {wrote} in "
                   f"{time.perf_counter() - start:.1f} s.")
@@ -432,6 +437,31 @@ def build_tree(
                       "smallest tree's forward costs more than its predicted tau gains. "
                       f"{method} will be slower than ar here; a flatter latency curve (another dtype or device) changes "
                       "that.")
+
+
+def _acceptance_rows(path: Path) -> int:
+    """Depths an acceptance file measured (its rows)."""
+    import yaml
+
+    try:
+        return len((yaml.safe_load(path.read_text()) or {}).get("per_rank") or []) or 1
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecbenchError(f"{path}: cannot read it ({exc})") from exc
+
+
+def _draft_cost(method: str, path: Path):
+    """depth -> the drafter's milliseconds per step (eagle: one forward per depth; parallelspec: one), from the
+    forward time `estimate` measured; None for methods without a drafter or an old file without it."""
+    import yaml
+
+    if method not in ("eagle", "parallelspec"):
+        return None
+    ms = (yaml.safe_load(path.read_text()) or {}).get("draft_forward_ms")
+    if not isinstance(ms, (int, float)):
+        console.print(f"[yellow]note[/] {escape(str(path))} has no draft_forward_ms: the drafter's cost is left "
+                      f"out of the prediction (re-run `specbench estimate --method {method}`)")
+        return None
+    return (lambda depth: ms * max(depth, 1)) if method == "eagle" else (lambda depth: ms)
 
 
 @app.command()
@@ -673,6 +703,80 @@ def train_hidden_transfer(
     _said_trained(train(cfg), "hidden-transfer.yaml", "projections.safetensors")
 
 
+def _train_feature(method: str, **kwargs) -> None:
+    from .drafters.train_feature import FeatureConfig, train
+
+    _said_trained(train(FeatureConfig(method=method, **kwargs)), f"{method}.yaml", "feature-drafter.safetensors")
+
+
+_FEATURE_HELP = {
+    "vocab_top": "Restrict the drafter's head to the K most frequent tokens of the data (cheaper drafts; "
+                 "verification stays exact). 0: the full vocabulary.",
+    "data": "Prompts to self-distil, comma-separated (datasets, files, or the training-only sources).",
+}
+
+
+@train_app.command("eagle")
+def train_eagle(
+    model: Annotated[str, typer.Option(help="Target model spec (the drafter is trained for it).")] = "smollm2-135m",
+    vocab_top: Annotated[int, typer.Option(help=_FEATURE_HELP["vocab_top"])] = 8192,
+    data: Annotated[str, typer.Option(help=_FEATURE_HELP["data"])] = "alpaca-eval,stdlib-code,word-problems",
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 1500,
+    sequences: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 5e-4,
+    noise: Annotated[float, typer.Option(help="Uniform noise on the input features (EAGLE: 0.1).")] = 0.1,
+    prompts: Annotated[int, typer.Option(help="Training prompts per source (after the held-out ones).")] = 120,
+    held_out: Annotated[int, typer.Option(help="First prompts of each source left out.")] = 100,
+    new_tokens: Annotated[int, typer.Option(help="Self-distilled reply length.")] = 96,
+    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/eagle).")] = None,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 100,
+    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
+    seed: Annotated[int, typer.Option(help="Data order and noise.")] = 0,
+    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+):
+    """Train the EAGLE-style feature drafter for `eagle` (one decoder layer over the target's hidden states and the
+    next token's embedding; the target's embeddings and LM head are shared, frozen)."""
+    _train_feature("eagle", model=model, vocab_top=vocab_top or None, data=data, steps=steps, sequences=sequences,
+                   lr=lr, noise=noise, prompts=prompts, held_out=held_out, new_tokens=new_tokens, out=out,
+                   dtype=dtype, device=device, save_every=save_every, resume=resume, seed=seed, data_file=data_file)
+
+
+@train_app.command("parallelspec")
+def train_parallelspec(
+    model: Annotated[str, typer.Option(help="Target model spec (the drafter is trained for it).")] = "smollm2-135m",
+    mask_tokens: Annotated[int, typer.Option(help="k: [MASK] inputs; one drafter forward drafts k + 1 tokens.")] = 4,
+    init: Annotated[str, typer.Option(help="Start from this eagle drafter folder (auto: the model's trained "
+                                           "`eagle` drafter when there is one; none: the target's last layer).")]
+    = "auto",
+    vocab_top: Annotated[int, typer.Option(help=_FEATURE_HELP["vocab_top"])] = 8192,
+    data: Annotated[str, typer.Option(help=_FEATURE_HELP["data"])] = "alpaca-eval,stdlib-code,word-problems",
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 1500,
+    sequences: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
+    groups: Annotated[int, typer.Option(help="Parallel groups (an input and its k masks) per sequence.")] = 24,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 5e-4,
+    noise: Annotated[float, typer.Option(help="Uniform noise on the input features (EAGLE: 0.1).")] = 0.1,
+    prompts: Annotated[int, typer.Option(help="Training prompts per source (after the held-out ones).")] = 120,
+    held_out: Annotated[int, typer.Option(help="First prompts of each source left out.")] = 100,
+    new_tokens: Annotated[int, typer.Option(help="Self-distilled reply length.")] = 96,
+    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/parallelspec)."
+                                                )] = None,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 100,
+    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
+    seed: Annotated[int, typer.Option(help="Data order, groups and noise.")] = 0,
+    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+):
+    """Train the ParallelSpec drafter for `parallelspec`: the feature drafter with k trained [MASK] inputs, by
+    group-wise parallel training (ParallelSpec §4.1, Figure 3)."""
+    _train_feature("parallelspec", model=model, mask_tokens=mask_tokens, init=init, vocab_top=vocab_top or None,
+                   data=data, steps=steps, sequences=sequences, groups=groups, lr=lr, noise=noise, prompts=prompts,
+                   held_out=held_out, new_tokens=new_tokens, out=out, dtype=dtype, device=device,
+                   save_every=save_every, resume=resume, seed=seed, data_file=data_file)
+
+
 def _said_trained(path: Path, meta_file: str, weights: str) -> None:
     import yaml
 
@@ -686,8 +790,8 @@ def _said_trained(path: Path, meta_file: str, weights: str) -> None:
 
 @app.command()
 def estimate(
-    method: Annotated[str, typer.Option(help="Method whose guesses are scored: ppd, medusa or hidden-transfer.")]
-    = "ppd",
+    method: Annotated[str, typer.Option(help="Method whose guesses are scored: ppd, medusa, hidden-transfer, eagle "
+                                             "or parallelspec.")] = "ppd",
     model: Annotated[str, typer.Option(help="Model spec.")] = "smollm2-135m",
     data: Annotated[str, typer.Option(help="Validation prompts (held out of training).")] = "alpaca-eval",
     limit: Annotated[int, typer.Option(help="Prompts scored (the first N).")] = 50,
@@ -723,14 +827,14 @@ def estimate(
     from .drafters import prompt_tokens as pt
     from .hwtrees import acceptance
 
-    methods = ("ppd", "medusa", "hidden-transfer")
+    methods = ("ppd", "medusa", "hidden-transfer", "eagle", "parallelspec")
     if method not in methods:
         raise SpecbenchError(f"estimate --method {method}: choose one of {', '.join(methods)} (or --padding)")
     if limit < 1 or new_tokens < 3:
         raise SpecbenchError("--limit must be at least 1 and --new-tokens at least 3")
     if initial and method != "ppd":
         raise SpecbenchError(f"--initial scores ppd's untrained prompt tokens; {method} has no initial artefact "
-                             "(its untrained heads / projections repeat the next-token guess)")
+                             "(its untrained heads / projections / drafter repeat the next-token guess or less)")
     target = load_model(model, dtype, device)
     if method == "ppd":
         tokens = pt.resolve(artifact, target)
@@ -755,7 +859,8 @@ def estimate(
 
 def _estimate_heads(method: str, target, artifact: Optional[str], data: str, limit: int, new_tokens: int,
                     data_file: Optional[str]) -> tuple[dict, str]:
-    """estimate for medusa (or early-exit heads: --artifact artifacts/<model>/early-exit-l<l>) and hidden-transfer."""
+    """estimate for medusa (or early-exit heads: --artifact artifacts/<model>/early-exit-l<l>), hidden-transfer and
+    the feature drafters (eagle: ranks at each depth along the true path; parallelspec: per drafted position)."""
     from .hwtrees import acceptance
     from .hwtrees.head_accuracy import medusa_ranks, transfer_ranks
 
@@ -767,6 +872,21 @@ def _estimate_heads(method: str, target, artifact: Optional[str], data: str, lim
         result = acceptance.estimate_with(target, lambda ids, s: medusa_ranks(target, heads, ids, s), heads.heads,
                                           data, limit, new_tokens, data_file, method, art.source,
                                           {"heads": heads.heads, "layer": heads.layer})
+        return result, art.source
+    if method in ("eagle", "parallelspec"):
+        from .drafters import feature_drafter as fd
+        from .hwtrees.head_accuracy import drafter_ranks
+        from .methods.eagle import EAGLE_DEPTH
+
+        art = fd.resolve(artifact, target, method)
+        drafter = art.drafter.to(target.device)
+        depths = drafter.mask_tokens + 1 if method == "parallelspec" else EAGLE_DEPTH
+        # the drafter's own forward time (build-tree adds it per drafter forward to the target's step latency)
+        ms = fd.forward_ms(drafter, 1 + drafter.mask_tokens)
+        result = acceptance.estimate_with(target, lambda ids, s: drafter_ranks(target, drafter, ids, s, depths),
+                                          depths, data, limit, new_tokens, data_file, method, art.source,
+                                          {"mask_tokens": drafter.mask_tokens, "draft_forward_ms": ms,
+                                           "draft_forward_rows": 1 + drafter.mask_tokens})
         return result, art.source
     from .drafters import transfer_projections as tp
 

@@ -64,19 +64,34 @@ def projections_artifact(target, folder, layers=None, scale=0.05, seed=0):
     return folder
 
 
+def feature_artifact(target, folder, method="eagle", mask_tokens=0, scale=0.05, seed=0, vocab_ids=None):
+    """A random feature drafter (eagle: no masks; parallelspec: mask_tokens masks): the target's last layer plus
+    noise, so it agrees with the target only partly."""
+    from specbench.drafters import feature_drafter as fd
+
+    torch.manual_seed(seed)
+    d = fd.FeatureDrafter(target.model, mask_tokens, vocab_ids)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(scale * torch.randn_like(p))
+    fd.save(d, folder, {**_meta(target), "mask_tokens": mask_tokens}, method)
+    return folder
+
 
 _ARTIFACTS: dict = {}
 
 
 def artifact_options(name: str, target) -> dict:
     """Options that give method `name` an artefact on `target` without training: random-real-token prompt tokens
-    (ppd), random Medusa heads or transfer projections (made once per model); {} for other methods."""
+    (ppd), random Medusa heads, transfer projections or feature drafters (made once per model); {} for others."""
     from specbench.methods import get_method
 
     needs = get_method(name).needs
     if "prompt tokens" in needs:
         return {"artifact": "untrained"}
-    kind = "medusa" if "medusa heads" in needs else "transfer" if "transfer projections" in needs else None
+    kinds = {"medusa heads": "medusa", "transfer projections": "transfer", "eagle drafter": "eagle",
+             "parallelspec drafter": "parallelspec"}
+    kind = next((kinds[n] for n in needs if n in kinds), None)
     if kind is None:
         return {}
     key = (kind, target.spec, target.model.config.num_hidden_layers)
@@ -84,6 +99,8 @@ def artifact_options(name: str, target) -> dict:
         import tempfile
 
         folder = Path(tempfile.mkdtemp()) / kind
-        _ARTIFACTS[key] = str(heads_artifact(target, folder) if kind == "medusa"
-                              else projections_artifact(target, folder))
+        make = {"medusa": lambda: heads_artifact(target, folder),
+                "transfer": lambda: projections_artifact(target, folder), "eagle": lambda: feature_artifact(target, folder),
+                "parallelspec": lambda: feature_artifact(target, folder, "parallelspec", 3)}
+        _ARTIFACTS[key] = str(make[kind]())
     return {"artifact": _ARTIFACTS[key]}

@@ -8,6 +8,7 @@ its expected forward latency sum_k pi_k L_fp(width_k) from the latency profile o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,11 +121,13 @@ def plot(curve: SizeCurve, profile: LatencyProfile, path: Path) -> None:
     plt.close(fig)
 
 
-def predict(tree: TreeFile, acc, profile: LatencyProfile | None, kv_length: int = 512, ept: int = 1) -> dict:
+def predict(tree: TreeFile, acc, profile: LatencyProfile | None, kv_length: int = 512, ept: int = 1,
+            draft_ms: Callable[[int], float] | None = None) -> dict:
     """Predicted tau and speedup of a tree file (any size; what `run --tree-sizes` compares measurements with).
 
     tau = 1 + R(T) from the acceptance table; speedup = tau L_fp(1) / sum_k pi_k L_fp(width_k) from `profile`
-    (None when there is no profile for the hardware and dtype).
+    (None when there is no profile for the hardware and dtype); one-state trees add draft_ms(depth), the drafter's
+    cost per step of draft-model methods (eagle, parallelspec).
     """
     m = tree.prompt_tokens
     if m == 0:  # a one-state tree without prompt inputs (medusa): tau = 1 + f, width = root + candidates
@@ -132,8 +135,9 @@ def predict(tree: TreeFile, acc, profile: LatencyProfile | None, kv_length: int 
         tau = 1.0 + f_value(paths, acc)
         out = {"size": tree.size, "predicted_tau": round(tau, 4), "predicted_speedup": None, "profile": None}
         if profile is not None:
-            out["predicted_speedup"] = round(tau * profile.latency_ms(1, kv_length)
-                                             / profile.latency_ms(1 + len(paths), kv_length), 4)
+            depth = max((len(p) for p in paths), default=0)
+            latency = profile.latency_ms(1 + len(paths), kv_length) + (draft_ms(depth) if draft_ms else 0.0)
+            out["predicted_speedup"] = round(tau * profile.latency_ms(1, kv_length) / latency, 4)
             out["profile"] = f"{profile.hardware} {profile.dtype} ({profile.source})"
         return out
     states = {k: StateTree([tuple(p) for p, _ in nodes], [c for _, c in nodes]) for k, nodes in tree.states.items()}
@@ -162,14 +166,17 @@ class CandidateCurve:
         return self.sizes.index(self.best.size)
 
 
-def candidate_curve(acc, profile: LatencyProfile, max_size: int, kv_length: int) -> CandidateCurve:
-    """tau(n) = 1 + f(best n candidates), latency L_fp(1 + n), speedup(n) = tau(n) L_fp(1) / L_fp(1 + n)."""
+def candidate_curve(acc, profile: LatencyProfile, max_size: int, kv_length: int,
+                    draft_ms: Callable[[int], float] | None = None) -> CandidateCurve:
+    """tau(n) = 1 + f(best n candidates), latency L_fp(1 + n) (+ draft_ms(depth of the tree): the drafter's own
+    cost per step, for draft-model methods), speedup(n) = tau(n) L_fp(1) / latency(n)."""
     base = profile.latency_ms(1, kv_length)
     curve = CandidateCurve([], [], [], [], best=None)  # type: ignore[arg-type]
     best_speedup = -1.0
     for n in range(1, max_size + 1):
         tree = static_candidates(acc, n)
-        latency = profile.latency_ms(1 + n, kv_length)
+        depth = max(len(p) for p in tree.paths)
+        latency = profile.latency_ms(1 + n, kv_length) + (draft_ms(depth) if draft_ms else 0.0)
         speedup = tree.tau * base / latency
         curve.sizes.append(n)
         curve.tau.append(round(tree.tau, 4))

@@ -22,12 +22,13 @@ from .base import register
 from .ppd import ParallelPromptDecoding, TreeLayout
 
 
-def candidate_tree(acc, heads: int, size: int, model: str = "", source: str = "") -> TreeFile:
-    """The static tree of the `size` most probable candidate paths (depth <= heads): one state, no prompt tokens."""
+def candidate_tree(acc, heads: int, size: int, model: str = "", source: str = "", method: str = "medusa") -> TreeFile:
+    """The static tree of the `size` most probable candidate paths (depth <= heads): one state, no prompt tokens
+    (Medusa's, and every other method whose candidates at a depth do not depend on a prompt-token state)."""
     if size < 1:
-        raise SpecbenchError(f"tree size {size} is too small: a Medusa tree needs at least 1 candidate")
+        raise SpecbenchError(f"tree size {size} is too small: a {method} tree needs at least 1 candidate")
     tree = static_candidates(acc[:heads], size)
-    return TreeFile({0: [(p, 0) for p in tree.paths]}, 0, model=model, method="medusa",
+    return TreeFile({0: [(p, 0) for p in tree.paths]}, 0, model=model, method=method,
                     built_by=f"the {size} most probable candidate paths over {source or 'per-rank probabilities'}",
                     predicted_tau=tree.tau)
 
@@ -45,7 +46,7 @@ class Medusa(ParallelPromptDecoding):
         return k, 1, None, f"{k} Medusa heads {self.heads.source}"
 
     def _searched_tree(self, acc, rows, size, model_name, source):
-        return candidate_tree(acc, rows, size, model_name, source)
+        return candidate_tree(acc, rows, size, model_name, source, self.family)
 
     def _check_tree(self, rows: int) -> None:
         tf = self.tree_file

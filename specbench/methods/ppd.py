@@ -83,7 +83,7 @@ class ParallelPromptDecoding(Batchable, DecodeMethod):
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
         options = self.options
-        device, dtype = target.device, target.dtype
+        device = target.device
         rows, ept, table, artifact = self._load_guesser()  # rows: token distances the guesses cover
         model_name = model_slug(target.spec)  # the file-name key every command uses (trees/, acceptance/)
         acc_path = locate(f"acceptance/{model_name}/{self.family}.yaml")
@@ -102,9 +102,7 @@ class ParallelPromptDecoding(Batchable, DecodeMethod):
             return self._searched_tree(acc, rows, size, model_name,
                                        str(acc_path) if acc_path else "a generic table")
 
-        self.tree_file, self.tree_source = resolve_tree(options.tree, model_name, self.family,
-                                                        hardware_slug(device), dtype_name(dtype), build,
-                                                        DEFAULT_SIZE, target.spec)
+        self.tree_file, self.tree_source = self._resolve_tree(build, model_name)
         self._check_tree(rows)
         self.m, self.ept = self.tree_file.prompt_tokens, ept
         self.layouts = self._make_layouts(table, ept, device)
@@ -120,6 +118,12 @@ class ParallelPromptDecoding(Batchable, DecodeMethod):
         self.prompts = pt.resolve(self.options.artifact, self.target)
         table = self.prompts.table(self.target.dtype, self.target.device)  # [S * E, H]
         return self.prompts.count, self.prompts.ept, table, f"prompt tokens {self.prompts.source}"
+
+    def _resolve_tree(self, build, model_name: str) -> tuple[TreeFile, str]:
+        """--tree auto | PATH | size=N -> (tree file, where it came from)."""
+        target = self.target
+        return resolve_tree(self.options.tree, model_name, self.family, hardware_slug(target.device),
+                            dtype_name(target.dtype), build, DEFAULT_SIZE, target.spec)
 
     def _searched_tree(self, acc, rows: int, size: int, model_name: str, source: str) -> TreeFile:
         return searched_tree(acc, rows, size, model_name, source)

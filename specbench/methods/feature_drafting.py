@@ -1,0 +1,157 @@
+"""Drafting with a feature drafter (drafters/feature_drafter.py): its KV cache over the committed sequence, and the
+two ways it proposes a tree. `eagle` runs it once per tree depth on its own predicted features (EAGLE §4.2, tree
+drafting as EAGLE's Figure 6: every node that has children is one input at its depth); `parallelspec` runs it
+once over the new inputs plus k masks (ParallelSpec §4.1) and reads k + 1 distributions, one per depth.
+
+Sequence bookkeeping: the drafter's input at position i pairs the target's feature f_i with token x_{i+1}. After
+a step the cache holds the pairs of every verified position before the root; the new pairs (the accepted path's
+features with the tokens after them, the last one ending in the new root) wait in `pending` until the next draft.
+Drafted inputs (tree nodes, masks) are dropped from the cache after each draft.
+
+Children of a node: its top-c tokens at T = 0; at T > 0, c i.i.d. samples of its warped draft distribution q,
+which the tree acceptance needs per node (verify.tree_sampled_accept, ParallelSpec Algorithm 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.cache import crop_to, new_cache
+from ..core.tree import Tree
+from ..core.verify import Sampling, sample_children, warp_probs
+from ..drafters.feature_drafter import FeatureDrafter, additive
+
+
+class DrafterState:
+    """The drafter's cache over committed pairs (positions 0..length-1) and the pairs not fed yet."""
+
+    def __init__(self, drafter: FeatureDrafter):
+        self.drafter = drafter
+        self.cache = new_cache(drafter)
+        self.length = 0
+        self.features: list[torch.Tensor] = []  # pending f_i [m_i, H]
+        self.tokens: list[torch.Tensor] = []  # pending x_{i+1} [m_i]
+
+    def commit(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Queue pairs: the target's features [m, H] and the token after each [m]."""
+        self.features.append(features)
+        self.tokens.append(tokens)
+
+    def feed(self, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """One drafter forward over the pending pairs (committed by it) and `extra` inputs [e, H] after them
+        (masks; dropped again by the caller) -> predicted features of the last pair and the extras [1 + e, H]."""
+        x = self.drafter.fuse(torch.cat(self.features), torch.cat(self.tokens))  # [m, H]
+        m = x.shape[0]
+        if extra is not None:
+            x = torch.cat([x, extra.to(x.dtype)])
+        pos = torch.arange(self.length, self.length + x.shape[0], device=x.device)[None]
+        out = self.drafter.run(x[None], pos, self.cache)
+        self.length += m
+        self.features, self.tokens = [], []
+        return out[m - 1:]
+
+
+def choose(logits: torch.Tensor, count: int, sampling: Sampling, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A node's children from its draft logits [V]: (top-count ids, None) at T = 0; else (count i.i.d. samples of
+    the warped q, q [V])."""
+    if sampling.greedy:
+        return logits.topk(count).indices, None
+    q = warp_probs(logits, sampling)
+    return sample_children(q, count, generator), q
+
+
+def children_counts(tree: Tree) -> list[int]:
+    counts = [0] * tree.nodes
+    for p in tree.parents[1:]:
+        counts[p] += 1
+    return counts
+
+
+def draft_tree_eagle(state: DrafterState, tree: Tree, root: int, sampling: Sampling,
+                     generator) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """EAGLE's tree drafting: (tokens of every node [N] root first, draft q [N, V] or None, drafter forwards).
+    Depth d's nodes that have children are one drafter forward (their pair: the parent's predicted feature and
+    the node's token, at position length - 1 + d; each sees the committed context, its ancestors and itself)."""
+    drafter, device = state.drafter, state.drafter.norm.weight.device
+    counts = children_counts(tree)
+    feature = {0: state.feed()[-1]}  # node -> its predicted feature [H] (the root's: from the last pair)
+    base = state.length  # committed length, the pending pairs now fed
+    q_rows: dict[int, torch.Tensor] = {}
+    token_of = {0: root}
+    children: dict[int, list[int]] = {}
+    for i in range(1, tree.nodes):
+        children.setdefault(tree.parents[i], []).append(i)
+    forwards = 1
+    appended: list[int] = []  # tree nodes whose inputs the cache holds after `base`, in order
+    frontier = [0]
+    while frontier:
+        # the children of this depth's nodes, from each node's draft distribution
+        logits = drafter.logits(torch.stack([feature[u] for u in frontier]))  # [F, V]
+        nxt = []
+        for row, u in enumerate(frontier):
+            ids, q = choose(logits[row], counts[u], sampling, generator)
+            if q is not None:
+                q_rows[u] = q
+            for child, tok in zip(children.get(u, []), ids.tolist()):
+                token_of[child] = tok
+                nxt.append(child)
+        grow = [v for v in nxt if counts[v]]
+        if not grow:
+            break
+        # one forward over the nodes of the next depth that have children
+        depth = tree.depths[grow[0]]
+        x = drafter.fuse(torch.stack([feature[tree.parents[v]] for v in grow]),
+                         torch.tensor([token_of[v] for v in grow], device=device))  # [G, H]
+        vis = torch.zeros(len(grow), base + len(appended) + len(grow), dtype=torch.bool)
+        vis[:, :base] = True
+        for r, v in enumerate(grow):
+            seen = set(tree.ancestors[v])
+            for c, w in enumerate(appended):
+                vis[r, base + c] = w in seen
+            vis[r, base + len(appended) + r] = True
+        pos = torch.full((1, len(grow)), base - 1 + depth, device=device)
+        out = drafter.run(x[None], pos, state.cache, additive(vis.to(device), x.dtype))
+        forwards += 1
+        for r, v in enumerate(grow):
+            feature[v] = out[r]
+        appended += grow
+        frontier = grow
+    crop_to(state.cache, base)
+    tokens = torch.tensor([token_of[i] for i in range(tree.nodes)], device=device)
+    return tokens, _stack_q(q_rows, tree.nodes), forwards
+
+
+def draft_tree_parallel(state: DrafterState, tree: Tree, root: int, sampling: Sampling,
+                        generator) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """ParallelSpec's drafting: one forward over the pending pairs and the k masks gives q_1..q_{k+1}; depth d's
+    candidates are the top (or sampled) choices of q_d, shared by every parent at depth d - 1 (as Medusa's)."""
+    drafter = state.drafter
+    out = state.feed(drafter.masks)  # [1 + k, H]
+    crop_to(state.cache, state.length)  # the masks leave the cache
+    depth = tree.depth
+    logits = drafter.logits(out[:depth])  # [D, V]
+    width = max((p[-1] for p in tree.paths), default=-1) + 1
+    picks, qs = [], []
+    for d in range(depth):
+        ids, q = choose(logits[d], max(width, 1), sampling, generator)
+        picks.append(ids)
+        qs.append(q)
+    topk = torch.stack(picks) if picks else logits.new_zeros(0, 1, dtype=torch.long)  # [D, W]
+    tokens = torch.cat([torch.tensor([root], device=topk.device), tree.candidate_tokens(topk)])
+    q_rows = {}
+    if not sampling.greedy:
+        for node in range(tree.nodes):
+            if tree.depths[node] < depth:
+                q_rows[node] = qs[tree.depths[node]]
+    return tokens, _stack_q(q_rows, tree.nodes), 1
+
+
+def _stack_q(q_rows: dict[int, torch.Tensor], nodes: int) -> torch.Tensor | None:
+    """Per-node draft distributions -> [N, V] (zero rows for leaves), or None at T = 0."""
+    if not q_rows:
+        return None
+    some = next(iter(q_rows.values()))
+    out = some.new_zeros(nodes, some.shape[-1])
+    for node, q in q_rows.items():
+        out[node] = q
+    return out

@@ -1,0 +1,207 @@
+"""eagle and parallelspec (issue 14): the feature drafter's parallel-group layout matches its own inference path,
+both methods are lossless against ar (trees, chains, several sizes), keep the target's distribution at T > 0
+(Algorithm 1), the trainers run and resume, estimate / build-tree / run work end to end, and bad inputs are refused.
+Tiny random-weight models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.core.cache import new_cache
+from specbench.core.models import load_model
+from specbench.core.verify import Sampling
+from specbench.drafters import feature_drafter as fd
+from specbench.drafters.train_feature import FeatureConfig, group_forward, train
+from specbench.errors import SpecbenchError
+from specbench.methods import get_method
+
+from .conftest import feature_artifact, prompt_ids
+from .test_single_model_methods import FOUR_LAYERS
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cfg") / "four.json"
+    path.write_text(json.dumps(FOUR_LAYERS))
+    return load_model(f"random:{path}", dtype="float32", device="cpu")
+
+
+def _ar(target, ids, n):
+    return get_method("ar")(target).generate(ids, n, Sampling(), None).tokens
+
+
+def test_group_layout_hides_other_groups_masks():
+    pos, vis = fd.group_layout(5, [1, 3], 2)
+    assert pos.tolist() == [0, 1, 2, 3, 4, 2, 3, 4, 5]
+    assert not vis[:5, 5:].any()  # real inputs never see a mask
+    assert vis[5, :2].all() and not vis[5, 2:5].any() and vis[5, 5] and not vis[5, 6]
+    assert vis[6, 5] and vis[6, 6] and not vis[6, 7:].any()
+    assert vis[7, :4].all() and not vis[7, 5:7].any() and vis[7, 7]  # group 2 does not see group 1's masks
+
+
+def test_group_training_matches_cached_inference(deep):
+    """A parallel group's outputs in one training forward equal what drafting computes with a KV cache: the pairs
+    up to the point, then the k masks (ParallelSpec's training-inference match)."""
+    torch.manual_seed(0)
+    d = fd.FeatureDrafter(deep.model, 3)
+    with torch.no_grad():
+        d.masks.normal_(std=0.5)
+        feats, toks = torch.randn(12, 64), torch.randint(0, 256, (12,))
+        pairs = d.fuse(feats, toks)
+        points = [2, 6, 8]
+        pair_out, group_out = group_forward(d, pairs, points, d.masks[None].expand(3, 3, -1))
+        assert torch.allclose(pair_out, d.run(pairs[None], torch.arange(12)[None]), atol=1e-5)
+        for g, i in enumerate(points):
+            cache = new_cache(d)
+            d.run(pairs[None, : i + 1], torch.arange(i + 1)[None], cache)
+            masks = d.run(d.masks[None], torch.arange(i + 1, i + 4)[None], cache)
+            assert torch.allclose(group_out[g], masks, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,options", [("eagle", {"tree": "size=1"}), ("eagle", {"tree": "size=6"}),
+                                          ("eagle", {"tree": "size=16"}), ("eagle", {"gamma": 4}),
+                                          ("parallelspec", {"tree": "size=2"}), ("parallelspec", {"tree": "size=10"})])
+def test_greedy_equals_ar(deep, tmp_path, name, options):
+    art = feature_artifact(deep, tmp_path / name, name, 3 if name == "parallelspec" else 0)
+    method = get_method(name)(deep, {"artifact": str(art), **options})
+    for seed in range(3):
+        ids = prompt_ids(seed)
+        gen = method.generate(ids, 40, Sampling(), None)
+        assert gen.tokens == _ar(deep, ids, 40), f"{name} {options} prompt {seed}"
+        assert sum(gen.accepted_lengths) == len(gen.tokens)
+        assert gen.draft_forwards >= gen.target_forwards - 1 and gen.draft_s > 0
+        if name == "parallelspec":  # one drafter forward per step
+            assert gen.draft_forwards == gen.target_forwards - 1
+
+
+def test_eagle_tree_drafts_one_forward_per_inner_depth(deep, tmp_path):
+    art = feature_artifact(deep, tmp_path / "e")
+    method = get_method("eagle")(deep, {"artifact": str(art), "gamma": 3})
+    gen = method.generate(prompt_ids(1), 30, Sampling(), None)
+    steps = gen.target_forwards - 1
+    assert gen.draft_forwards == 3 * steps and gen.drafted == 3 * steps
+
+
+class EagleOracle(get_method("eagle")):
+    """eagle whose chain is ar's next tokens (the drafter still runs, its guesses are replaced): deep accepted
+    paths exercise the drafter's and the target's cache bookkeeping."""
+
+    name = "eagle-oracle-test"
+    reference: list[int] = []
+    prompt_len = 0
+
+    def _draft(self, state, tree, root, sampling, generator):
+        tokens, q, forwards = super()._draft(state, tree, root, sampling, generator)
+        at = state.length - self.prompt_len  # the drafter's committed pairs end with the root's
+        assert self.reference[at] == root
+        chain = self.reference[at + 1: at + tree.nodes]
+        tokens[1:1 + len(chain)] = torch.tensor(chain)
+        return tokens, q, forwards
+
+
+def test_oracle_drafts_are_accepted_deep(deep, tmp_path):
+    ids = prompt_ids(4)
+    oracle = EagleOracle(deep, {"artifact": str(feature_artifact(deep, tmp_path / "e")), "gamma": 4})
+    oracle.reference, oracle.prompt_len = _ar(deep, ids, 60), ids.shape[1]
+    gen = oracle.generate(ids, 40, Sampling(), None)
+    assert gen.tokens == oracle.reference[:40]
+    assert max(gen.accepted_lengths) == 5 and gen.target_forwards <= 10
+
+
+@pytest.mark.parametrize("name", ["eagle", "parallelspec"])
+def test_sampling_preserves_target_distribution(tiny, tmp_path, name):
+    """T > 0: drafts sampled from q, accepted by Algorithm 1 (residual (p - q)+): the target's distribution."""
+    from .test_sd import check_distribution
+
+    art = feature_artifact(tiny, tmp_path / name, name, 2 if name == "parallelspec" else 0, scale=0.3)
+    method = get_method(name)(tiny, {"artifact": str(art), "tree": "size=6"})
+    assert check_distribution(method, tiny, trials=800) < 0.1
+
+
+def test_bad_inputs(deep, tiny, tmp_path):
+    art = feature_artifact(deep, tmp_path / "ps", "parallelspec", 2)
+    with pytest.raises(SpecbenchError, match=r"trained for .*four.*not for random:tiny"):
+        fd.load(art, tiny, "parallelspec")
+    with pytest.raises(SpecbenchError, match="at most 3 deep"):  # a chain of 5 needs depth 5 > k + 1
+        get_method("parallelspec")(deep, {"artifact": str(art), "tree": _chain_file(tmp_path, 5)})
+    e_art = feature_artifact(deep, tmp_path / "e")
+    with pytest.raises(SpecbenchError, match="not both"):
+        get_method("eagle")(deep, {"artifact": str(e_art), "gamma": 3, "tree": "size=4"})
+    with pytest.raises(SpecbenchError, match="specbench train eagle --model"):
+        get_method("eagle")(deep, {})
+    meta = yaml.safe_load((art / "parallelspec.yaml").read_text())
+    (art / "parallelspec.yaml").write_text(yaml.safe_dump({**meta, "mask_tokens": 0}))
+    with pytest.raises(SpecbenchError, match="mask_tokens"):
+        fd.load(art, deep, "parallelspec")
+    with pytest.raises(SpecbenchError, match="--mask-tokens must be at least 1"):
+        train(FeatureConfig(method="parallelspec", mask_tokens=0, model=deep.spec))
+    with pytest.raises(SpecbenchError, match="unknown source|no-such-set"):
+        train(FeatureConfig(method="eagle", data="no-such-set", model=deep.spec))
+
+
+def _chain_file(tmp_path, depth: int) -> str:
+    from specbench.core.tree import TreeFile
+
+    path = tmp_path / f"chain{depth}.yaml"
+    TreeFile({0: [((0,) * d, 0) for d in range(1, depth + 1)]}, 0, method="parallelspec").write(path)
+    return str(path)
+
+
+def test_training_runs_and_resumes(deep, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # the self-distillation cache
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"Count {i} {i + 1} {i + 2} now."}) + "\n" for i in range(6)))
+    common = dict(model=deep.spec, data=str(data), prompts=4, held_out=1, new_tokens=12, dtype="float32",
+                  device="cpu", vocab_top=None, sequences=2, kl_rows=8)
+    out = train(FeatureConfig(method="eagle", **common, steps=4, save_every=2, out=tmp_path / "e"))
+    art = fd.load(out, deep, "eagle")
+    assert art.meta["steps"] == 4 and (out / "loss.png").is_file() and art.drafter.mask_tokens == 0
+    out = train(FeatureConfig(method="eagle", **common, steps=6, save_every=2, out=tmp_path / "e", resume=True))
+    assert fd.load(out, deep, "eagle").meta["steps"] == 6
+    out = train(FeatureConfig(method="parallelspec", **common, mask_tokens=2, groups=3, steps=3, save_every=3,
+                              init=str(tmp_path / "e"), out=tmp_path / "p"))
+    ps = fd.load(out, deep, "parallelspec")
+    assert ps.drafter.mask_tokens == 2 and ps.drafter.masks.abs().sum() > 0
+    assert ps.meta["init_from"] == str(tmp_path / "e") and len(ps.meta["top1_agreement_train_sample"]) == 3
+
+
+def test_cli_estimate_build_tree_and_run(tmp_path, monkeypatch):
+    """estimate measures per-depth accuracy and the drafter's forward time; build-tree --method chooses a tree with
+    the drafter's cost added; run finds it by itself, stays lossless and records drafting cost."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "four.json"
+    cfg.write_text(json.dumps(FOUR_LAYERS))
+    spec = f"random:{cfg}"
+    target = load_model(spec, dtype="float32", device="cpu")
+    feature_artifact(target, tmp_path / "artifacts" / "four" / "eagle")
+    feature_artifact(target, tmp_path / "artifacts" / "four" / "parallelspec", "parallelspec", 3)
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"Say {i} {i} {i} again."}) + "\n" for i in range(3)))
+    runner = CliRunner()
+    for method, rows in (("eagle", 6), ("parallelspec", 4)):
+        res = runner.invoke(app, ["estimate", "--method", method, "--model", spec, "--limit", "2",
+                                  "--new-tokens", "12", "--data-file", str(data)])
+        assert res.exit_code == 0, res.output
+        acc = yaml.safe_load((tmp_path / "acceptance" / "four" / f"{method}.yaml").read_text())
+        assert len(acc["per_rank"]) == rows and acc["draft_forward_ms"] > 0
+        res = runner.invoke(app, ["build-tree", "--method", method, "--model", spec, "--gpu", "a100",
+                                  "--max-size", "20"])
+        assert res.exit_code == 0, res.output
+        tree = yaml.safe_load((tmp_path / "trees" / "four" / f"{method}-a100-bfloat16.yaml").read_text())
+        assert tree["method"] == method and list(tree["states"]) == [0]
+    res = runner.invoke(app, ["run", "--method", "eagle", "--method", "parallelspec", "--model", spec,
+                              "--dataset", str(data), "--limit", "2", "--max-new-tokens", "12", "--warmup", "0",
+                              "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("100%") >= 2  # both lossless against ar
+    res = runner.invoke(app, ["run", "--method", "parallelspec", "--model", spec, "--gamma", "3",
+                              "--dataset", str(data), "--limit", "1", "--max-new-tokens", "8", "--warmup", "0",
+                              "--out", str(tmp_path / "run2")])
+    assert res.exit_code == 0, res.output
+    assert "--gamma" in res.output and "ignored" in res.output
