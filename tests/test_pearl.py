@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -77,6 +78,16 @@ def test_run_saves_timeline_and_report_section(tmp_path, monkeypatch):
     assert (out / "timeline_summary.csv").is_file() and (out / "timeline_pearl.png").is_file()
     report = (out / "report.md").read_text()
     assert "mutual_wait_s" in report and "mean_accepted_tokens" in report
+    # drafting cost: per record (sd drafts with one drafter forward per draft token), summed in summary.csv
+    records = pd.read_csv(out / "records.csv", dtype={"prompt_id": str})
+    sd, pearl = (records[records.method == m] for m in ("sd", "pearl"))
+    assert (sd.draft_forwards == sd.drafted).all() and (pearl.draft_forwards > 0).all()
+    assert (sd.draft_s > 0).all() and (pearl.draft_s > 0).all()
+    summary = pd.read_csv(out / "summary.csv").set_index("method")
+    assert summary.loc["pearl", "draft_forwards"] == pearl.draft_forwards.sum()
+    assert summary.loc["sd", "draft_ms_per_accepted"] == pytest.approx(
+        1e3 * sd.draft_s.sum() / sd.new_tokens.sum(), abs=1e-3)
+    assert summary.loc["ar", "draft_forwards"] == 0 and pd.isna(summary.loc["ar", "draft_ms_per_accepted"])
     chosen = yaml.safe_load((out / "run.yaml").read_text())["chosen"]  # what each method chose, said and kept
     assert chosen["sd"]["gamma"] == 2 and chosen["sd"]["gamma_from"] == "--gamma"
     assert chosen["pearl"]["exec"] in chosen["pearl"]["step_ms_by_exec"] and chosen["pearl"]["c"] > 0

@@ -5,6 +5,8 @@ Speedup formulas (both from the same run, same prompts, same machine):
   speedup_mean  = mean over prompt turns of tokens_per_s_method / tokens_per_s_ar
   tau           = sum new_tokens / sum target_forwards   (bonus token included; ar = 1.00)
   acceptance    = sum accepted_drafts / sum drafted
+  draft_ms_per_accepted   = 1000 * sum draft_s / sum new_tokens   (drafting ms per emitted token; draft-model methods)
+  draft_forwards_per_step = sum draft_forwards / sum target_forwards   (drafter forwards per target forward)
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from .titles import comparison_title, plot_title, set_title  # noqa: E402, F401 
 
 FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()
 SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_s", "tokens_per_s", "speedup",
-                   "speedup_mean", "tau", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "exactness",
+                   "speedup_mean", "tau", "draft_ms_per_accepted", "acceptance_rate", "drafted", "draft_forwards",
+                   "draft_s", "draft_forwards_per_step", "lossless_rate", "lossless_explained_rate", "exactness",
                    "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_rows",
                    "timing", "batch_size", "batching", "target_tokens", "padding_tokens", "padding_ratio", "kv_padding",
                    "tau_batch_min", "tau_sample_mean"]
@@ -48,8 +51,8 @@ def read_records(run_dir: Path) -> pd.DataFrame:
 
 
 # records.csv columns the summary does arithmetic on
-RECORD_NUMBERS = ("turn", "new_tokens", "wall_s", "tokens_per_s", "target_forwards", "drafted", "accepted_drafts",
-                  "peak_mem_mb", "forward_ms", "foreign_cpu", "steal")
+RECORD_NUMBERS = ("turn", "new_tokens", "wall_s", "tokens_per_s", "target_forwards", "drafted", "draft_forwards",
+                  "draft_s", "accepted_drafts", "peak_mem_mb", "forward_ms", "foreign_cpu", "steal")
 
 
 def _exactness(method: str) -> str:
@@ -184,7 +187,7 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFra
             "exactness": _exactness(method), "peak_mem_mb": peak,
             "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
             "forward_ms": round(fwd * 1e3, 3), "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
-            **_batch_numbers(g),
+            **_draft_numbers(g), **_batch_numbers(g),
         })
     summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS + ("batch_size",
                                                                                                  "batching")])
@@ -192,6 +195,29 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFra
 
 
 NOISE_COLUMNS = ("speedup_bound", "disturbed_rows", "timing")  # added by noise.judge
+DRAFT_COLUMNS = ("drafted", "draft_forwards", "draft_s", "draft_ms_per_accepted", "draft_forwards_per_step")
+
+
+def _draft_numbers(g: pd.DataFrame) -> dict:
+    """Drafting cost of one summary row: sums of drafted tokens, drafter forwards and seconds inside drafting, then
+    drafting ms per emitted token and drafter forwards per target forward. The two ratios are NaN for methods with no
+    drafter forward (ar, pld, ppd, ...); all but `drafted` are NaN for records older than these columns, and a mix
+    of old and new rows sums only the rows that carry them."""
+    out = dict.fromkeys(DRAFT_COLUMNS, math.nan)
+    if "drafted" in g:
+        out["drafted"] = int(pd.to_numeric(g.drafted, errors="coerce").sum())
+    if "draft_forwards" not in g or "draft_s" not in g:
+        return out
+    forwards, seconds = (pd.to_numeric(g[c], errors="coerce") for c in ("draft_forwards", "draft_s"))
+    known = g[forwards.notna() & seconds.notna()]
+    if known.empty:
+        return out
+    n_forwards, n_seconds = forwards[known.index].sum(), seconds[known.index].sum()
+    out.update(draft_forwards=int(n_forwards), draft_s=round(float(n_seconds), 4))
+    if n_forwards > 0:
+        out["draft_ms_per_accepted"] = round(1e3 * n_seconds / max(known.new_tokens.sum(), 1), 3)
+        out["draft_forwards_per_step"] = round(n_forwards / max(known.target_forwards.sum(), 1), 3)
+    return out
 
 
 def _batch_numbers(g: pd.DataFrame) -> dict:
@@ -357,7 +383,7 @@ def compare_runs(run_dirs: list[Path], out: Path) -> pd.DataFrame:
     title = comparison_title(runs)
     write_plots(combined, out, title=title)
     cols = ["run", "method", "dataset", "prompts", "tokens_per_s", "speedup", "speedup_mean", "tau",
-            "lossless_rate", "lossless_explained_rate", "exactness"]
+            "draft_ms_per_accepted", "lossless_rate", "lossless_explained_rate", "exactness"]
     bad = pd.concat(failed, ignore_index=True)
     md = ["# specbench comparison", "", f"{title}.", ""]
     if len(bad):
@@ -370,7 +396,7 @@ def compare_runs(run_dirs: list[Path], out: Path) -> pd.DataFrame:
 
 
 CATEGORY_COLUMNS = ["method", "dataset", "category", "prompts", "turns", "tokens_per_s", "speedup", "tau",
-                    "acceptance_rate", "lossless_rate", "lossless_explained_rate", "timing"]
+                    "draft_ms_per_accepted", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "timing"]
 
 
 def by_category(records: pd.DataFrame, summary: pd.DataFrame, latency_floor: float = 1.0) -> pd.DataFrame:

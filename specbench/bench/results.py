@@ -34,6 +34,9 @@ class Record:
     target_forwards: int
     tau: float  # new tokens / target forwards (bonus token included; ar = 1.00)
     drafted: int
+    draft_forwards: int  # drafter forward passes, prefill included (0: no drafter; empty in older runs)
+    draft_s: float  # seconds inside drafting: drafter forwards + choosing drafts (pearl: the drafter's busy time;
+    # batch > 1: an equal share of each batched drafting step among its samples)
     accepted_drafts: int
     acceptance_rate: float  # accepted drafts / drafted (empty for methods that draft nothing)
     lossless: str  # "match", "mismatch@<index>", or "" (no greedy reference)

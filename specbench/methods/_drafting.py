@@ -26,6 +26,7 @@ class ModelState:
         self.model, self.device, self.vocab = model, device, vocab
         self.cache = new_cache(model)
         self.fed: list[int] = []
+        self.forwards = 0  # forward passes so far (a drafter's: Generation.draft_forwards; catch-up feeds count)
         self._trusted = 0  # positions known to agree with every later sequence (verified tokens)
 
     def rollback(self, seq: list[int], verified: int | None = None) -> None:
@@ -45,6 +46,7 @@ class ModelState:
         """Append tokens to the cache; returns the logits of the last `keep` positions [keep, V_target]."""
         ids = torch.tensor([tokens], device=self.device)  # [1, n]
         logits = forward(self.model, ids, self.cache, logits_to_keep=keep)  # [keep, V_model]
+        self.forwards += 1
         self.fed.extend(tokens)
         return fit_vocab(logits, self.vocab)
 

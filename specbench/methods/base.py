@@ -22,6 +22,8 @@ class Generation:
     target_forwards: int = 0  # target forward passes, prefill included
     accepted_lengths: list[int] = field(default_factory=list)  # tokens emitted by each target forward
     drafted: int = 0  # draft tokens proposed for verification
+    draft_forwards: int = 0  # drafter forward passes (draft-model methods; prefill included)
+    draft_s: float = 0.0  # wall seconds inside drafting (drafter forwards and choosing the drafts)
     accepted_drafts: int = 0  # of those, accepted
     accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts by draft position
     drafted_per_position: list[int] = field(default_factory=list)  # proposed drafts by draft position

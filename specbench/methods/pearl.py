@@ -108,6 +108,8 @@ class Pearl(DraftModelMethod):
                 else:  # "verify"
                     logits, t_span = ex.target_only(target_job)
                 qw = None if qw is None else qw.to(device)
+                if d_span is not None:  # the drafter's own busy time (it overlaps the target's in pre/post steps)
+                    gen.draft_s += d_span.end - d_span.start
                 # 2. accept: check u and the first new draft (a bonus token only in "verify" steps)
                 checks, n, tok = [], 0, None
                 if mode == "draft":
@@ -136,6 +138,7 @@ class Pearl(DraftModelMethod):
                 gen.timeline.append(step(mode, origin, t0, now(device), d_span, t_span, len(checks), n,
                                          emitted, tok is not None))
                 mode = next_mode
+        gen.draft_forwards = drafter.forwards  # one per draft token, drafts dropped at a rejection included
         return gen
 
 

@@ -73,6 +73,7 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
             d0 = now(device)
             draft, q = draft_tokens(drafter, x, k, sampling, generator)
             d1 = now(device)
+            gen.draft_s += d1 - d0
             # 2. verify: the target feeds its unfed tail of x plus the drafts in one forward -> logits [k+1, V]
             logits = target.feed(target.pending(x) + draft, keep=k + 1)
             t1 = now(device)
@@ -88,6 +89,7 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
             done = gen.emit(new, stop_ids, max_new_tokens)
             emitted = gen.accepted_lengths[-1]  # new cut at a stop token or max_new_tokens
             gen.timeline.append(step("sd", origin, d0, now(device), Span(d0, d1), Span(d1, t1), k, n, emitted, True))
+        gen.draft_forwards = drafter.forwards  # one per draft token; the first of a step also feeds x's unfed tail
         return gen
 
     # batch > 1 (methods/batched.py): the drafter decodes the batch too, in the same mode as the target
@@ -101,7 +103,13 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
 
     def propose(self, samples, max_new_tokens, sampling):
         """Each sample's k drafts, one batched drafter forward per draft position (Alg. 1 lines 1-4 per sample,
-        each on its own random stream); the drafter's cache first rolls back to the verified sequence."""
+        each on its own random stream); the drafter's cache first rolls back to the verified sequence.
+
+        Drafting cost per sample: draft_forwards += the batched drafter forwards it took part in (one per draft
+        position it drafts; its first ever also feeds its whole history: the drafter's prefill), draft_s += an
+        equal share of this call's wall time among the samples that drafted in it, so that the rows' draft_s sum to
+        the batch's drafting time (as their wall_s sum to the batch's time)."""
+        start = now(self.drafter.device)
         batch = self._drafter_batch
         k = {s.slot: min(self.gamma, s.room(max_new_tokens)) for s in samples}
         for s in samples:
@@ -122,9 +130,14 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
             logits = {s.slot: o[-1] for s, o in zip(joining + stepping, first + out)}
             for s in drafting:
                 s.scratch["fed"] += feeds[s.slot]
+                s.gen.draft_forwards += 1
                 tok, q = draw(fit_vocab(logits[s.slot], self.vocab), sampling, s.generator)
                 s.draft.append(tok)
                 if q is not None:
                     probs[s.slot].append(q)
         for s in samples:
             s.q = torch.stack(probs[s.slot]) if probs[s.slot] else None
+        drafted = [s for s in samples if k[s.slot]]
+        share = (now(self.drafter.device) - start) / max(len(drafted), 1)
+        for s in drafted:
+            s.gen.draft_s += share
