@@ -1,7 +1,7 @@
 """Which transfer layers to use (Hidden Transfer, Figures 5-6), measured on this model: train a projection for
 transfer step 1 at each candidate layer (short runs, the same data and loss as `specbench train hidden-transfer`)
 and score its top-1 / top-5 accuracy on held-out replies; then, with step 1 at the chosen layer, the same for
-step 2 over the layers above it. Writes a CSV and a PNG per step.
+step 2 over the layers above it, and so on for step 3. Writes a CSV and a PNG per step.
 
     python benchmarks/transfer_layers.py --steps 120 --out benchmarks/results/transfer-layers
 """
@@ -40,7 +40,9 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--first", default="4,8,12,16,20,24,28", help="candidate layers for step 1")
-    ap.add_argument("--second-gaps", default="2,5,8,11", help="step-2 layers: the chosen step-1 layer + these")
+    ap.add_argument("--second-gaps", default="2,5,8,11",
+                    help="later steps' candidate layers: the previous step's chosen layer + these")
+    ap.add_argument("--transfer-steps", type=int, default=3, help="how many transfer steps to choose layers for")
     ap.add_argument("--eval", default="gsm8k,mt-bench", help="held-out prompts")
     ap.add_argument("--limit", type=int, default=10, help="first N prompts of each --eval set")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/transfer-layers"))
@@ -66,23 +68,31 @@ def main() -> None:
         return accuracy(target, proj, refs), time.perf_counter() - t0
 
     rows = []
-    for l1 in [int(x) for x in args.first.split(",") if 1 <= int(x) < layers]:
-        acc, secs = trial([l1])
-        rows.append({"step": 1, "layers": str(l1), "layer": l1, "top1": round(acc[0][0], 4),
-                     "top5": round(acc[0][1], 4), "train_s": round(secs, 1)})
-        print(rows[-1], flush=True)
-    first = [r for r in rows if r["step"] == 1]
-    best = max(r["top1"] for r in first)
-    # the paper's rule: the highest layer whose accuracy is still within 1 point of the best (cheapest of the good)
-    l1 = max(r["layer"] for r in first if r["top1"] >= best - 0.01)
-    for gap in [int(x) for x in args.second_gaps.split(",")]:
-        l2 = l1 + gap
-        if l2 >= layers:
-            continue
-        acc, secs = trial([l1, l2])
-        rows.append({"step": 2, "layers": f"{l1},{l2}", "layer": l2, "top1": round(acc[1][0], 4),
-                     "top5": round(acc[1][1], 4), "train_s": round(secs, 1)})
-        print(rows[-1], flush=True)
+
+    def choose(step: int) -> int:
+        """The paper's rule: the highest layer whose top-1 is within 1 point of the step's best (cheapest of the
+        good ones; for later steps, the layer furthest up keeps the fewest layers to run the pseudo states through)."""
+        part = [r for r in rows if r["step"] == step]
+        best = max(r["top1"] for r in part)
+        return max(r["layer"] for r in part if r["top1"] >= best - 0.01)
+
+    chosen: list[int] = []
+    for step in range(1, args.transfer_steps + 1):
+        if step == 1:
+            candidates = [int(x) for x in args.first.split(",")]
+        else:
+            candidates = [chosen[-1] + int(g) for g in args.second_gaps.split(",")]
+        candidates = [c for c in candidates if 1 <= c < layers]
+        if not candidates:
+            break
+        for layer in candidates:
+            acc, secs = trial(chosen + [layer])
+            rows.append({"step": step, "layers": ",".join(map(str, chosen + [layer])), "layer": layer,
+                         "top1": round(acc[step - 1][0], 4), "top5": round(acc[step - 1][1], 4),
+                         "train_s": round(secs, 1)})
+            print(rows[-1], flush=True)
+        chosen.append(choose(step))
+    print(f"chosen transfer layers: {','.join(map(str, chosen))}", flush=True)
     import pandas as pd
 
     frame = pd.DataFrame(rows)
@@ -92,12 +102,14 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    for ax, step in zip(axes, (1, 2)):
+    steps = sorted(frame.step.unique())
+    fig, axes = plt.subplots(1, len(steps), figsize=(4.5 * len(steps), 3.5), squeeze=False)
+    for ax, step in zip(axes[0], steps):
         part = frame[frame.step == step]
         for col in ("top1", "top5"):
             ax.plot(part.layer, part[col], marker="o", label=col)
-        ax.set_xlabel(f"transfer layer of step {step}" + (f" (step 1 at {l1})" if step == 2 else ""))
+        below = f" (steps below at {','.join(map(str, chosen[:step - 1]))})" if step > 1 else ""
+        ax.set_xlabel(f"transfer layer of step {step}{below}")
         ax.set_ylabel(f"accuracy of step {step} (token +{step + 1})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -87,18 +87,18 @@ def test_summary_sums_drafting_cost_per_method():
     s = report.summarize(frame).set_index("method")
     assert s.loc["sd", "drafted"] == 30 and s.loc["sd", "draft_forwards"] == 30
     assert s.loc["sd", "draft_s"] == pytest.approx(0.3)
-    assert s.loc["sd", "draft_ms_per_accepted"] == pytest.approx(1e3 * 0.3 / 30)  # per emitted token
+    assert s.loc["sd", "draft_ms_per_token"] == pytest.approx(1e3 * 0.3 / 30)  # per emitted token
     assert s.loc["sd", "draft_forwards_per_step"] == pytest.approx(30 / 10)
     assert s.loc["ar", "draft_forwards"] == 0  # no drafter: sums 0, ratios blank
-    assert math.isnan(s.loc["ar", "draft_ms_per_accepted"]) and math.isnan(s.loc["ar", "draft_forwards_per_step"])
+    assert math.isnan(s.loc["ar", "draft_ms_per_token"]) and math.isnan(s.loc["ar", "draft_forwards_per_step"])
     cols = report.SUMMARY_COLUMNS
-    assert cols[cols.index("tau") + 1] == "draft_ms_per_accepted"
+    assert cols[cols.index("tau") + 1] == "draft_ms_per_token"
 
 
 def test_a_mix_of_old_and_new_rows_sums_the_rows_that_carry_the_columns():
     frame = records(draft_forwards=[0, 0, math.nan, 18], draft_s=[0.0, 0.0, math.nan, 0.2])
     s = report.summarize(frame).set_index("method")
-    assert s.loc["sd", "draft_forwards"] == 18 and s.loc["sd", "draft_ms_per_accepted"] == pytest.approx(10.0)
+    assert s.loc["sd", "draft_forwards"] == 18 and s.loc["sd", "draft_ms_per_token"] == pytest.approx(10.0)
     assert s.loc["sd", "draft_forwards_per_step"] == pytest.approx(3.0)
 
 
@@ -108,10 +108,10 @@ def test_report_of_records_without_drafting_columns(tmp_path):
     summary = report.write_run_report(tmp_path)
     written = pd.read_csv(tmp_path / "summary.csv").set_index("method")
     assert written.loc["sd", "drafted"] == 30
-    for column in ("draft_forwards", "draft_s", "draft_ms_per_accepted", "draft_forwards_per_step"):
+    for column in ("draft_forwards", "draft_s", "draft_ms_per_token", "draft_forwards_per_step"):
         assert written[column].isna().all() and summary[column].isna().all()
     text = (tmp_path / "report.md").read_text()
-    assert "draft_ms_per_accepted" in text
+    assert "draft_ms_per_token" in text
 
 
 def test_report_shows_drafting_ms_per_token_beside_tau(tmp_path):
@@ -121,7 +121,7 @@ def test_report_shows_drafting_ms_per_token_beside_tau(tmp_path):
     lines = (tmp_path / "report.md").read_text().splitlines()
     header = next(line for line in lines if line.startswith("| method | dataset | prompts"))
     cells = [c.strip() for c in header.strip("|").split("|")]
-    at = cells.index("draft_ms_per_accepted")
+    at = cells.index("draft_ms_per_token")
     assert cells[at - 1] == "tau"
     rows = {r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")]
             for r in lines[lines.index(header) + 2:] if r.startswith("| ar ") or r.startswith("| sd ")}

@@ -205,3 +205,13 @@ def test_cli_estimate_build_tree_and_run(tmp_path, monkeypatch):
                               "--out", str(tmp_path / "run2")])
     assert res.exit_code == 0, res.output
     assert "--gamma" in res.output and "ignored" in res.output
+
+
+def test_gamma_beside_tree_methods_is_noted(capsys):
+    from specbench.bench.runner import RunConfig, validate
+    from specbench.progress import console
+
+    with console.capture() as captured:
+        validate(RunConfig(methods=("sd", "parallelspec"), options={"gamma": 3}))
+    text = " ".join(captured.get().split())
+    assert "--gamma applies to sd; it is ignored by parallelspec" in text

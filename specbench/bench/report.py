@@ -5,7 +5,7 @@ Speedup formulas (both from the same run, same prompts, same machine):
   speedup_mean  = mean over prompt turns of tokens_per_s_method / tokens_per_s_ar
   tau           = sum new_tokens / sum target_forwards   (bonus token included; ar = 1.00)
   acceptance    = sum accepted_drafts / sum drafted
-  draft_ms_per_accepted   = 1000 * sum draft_s / sum new_tokens   (drafting ms per emitted token; draft-model methods)
+  draft_ms_per_token   = 1000 * sum draft_s / sum new_tokens   (drafting ms per emitted token; draft-model methods)
   draft_forwards_per_step = sum draft_forwards / sum target_forwards   (drafter forwards per target forward)
 """
 
@@ -28,7 +28,7 @@ from .titles import comparison_title, plot_title, set_title  # noqa: E402, F401 
 
 FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()
 SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_s", "tokens_per_s", "speedup",
-                   "speedup_mean", "tau", "draft_ms_per_accepted", "acceptance_rate", "drafted", "draft_forwards",
+                   "speedup_mean", "tau", "draft_ms_per_token", "acceptance_rate", "drafted", "draft_forwards",
                    "draft_s", "draft_forwards_per_step", "lossless_rate", "lossless_explained_rate", "exactness",
                    "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_rows",
                    "timing", "batch_size", "batching", "target_tokens", "padding_tokens", "padding_ratio", "kv_padding",
@@ -195,7 +195,7 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFra
 
 
 NOISE_COLUMNS = ("speedup_bound", "disturbed_rows", "timing")  # added by noise.judge
-DRAFT_COLUMNS = ("drafted", "draft_forwards", "draft_s", "draft_ms_per_accepted", "draft_forwards_per_step")
+DRAFT_COLUMNS = ("drafted", "draft_forwards", "draft_s", "draft_ms_per_token", "draft_forwards_per_step")
 
 
 def _draft_numbers(g: pd.DataFrame) -> dict:
@@ -215,7 +215,7 @@ def _draft_numbers(g: pd.DataFrame) -> dict:
     n_forwards, n_seconds = forwards[known.index].sum(), seconds[known.index].sum()
     out.update(draft_forwards=int(n_forwards), draft_s=round(float(n_seconds), 4))
     if n_forwards > 0:
-        out["draft_ms_per_accepted"] = round(1e3 * n_seconds / max(known.new_tokens.sum(), 1), 3)
+        out["draft_ms_per_token"] = round(1e3 * n_seconds / max(known.new_tokens.sum(), 1), 3)
         out["draft_forwards_per_step"] = round(n_forwards / max(known.target_forwards.sum(), 1), 3)
     return out
 
@@ -383,7 +383,7 @@ def compare_runs(run_dirs: list[Path], out: Path) -> pd.DataFrame:
     title = comparison_title(runs)
     write_plots(combined, out, title=title)
     cols = ["run", "method", "dataset", "prompts", "tokens_per_s", "speedup", "speedup_mean", "tau",
-            "draft_ms_per_accepted", "lossless_rate", "lossless_explained_rate", "exactness"]
+            "draft_ms_per_token", "lossless_rate", "lossless_explained_rate", "exactness"]
     bad = pd.concat(failed, ignore_index=True)
     md = ["# specbench comparison", "", f"{title}.", ""]
     if len(bad):
@@ -396,7 +396,7 @@ def compare_runs(run_dirs: list[Path], out: Path) -> pd.DataFrame:
 
 
 CATEGORY_COLUMNS = ["method", "dataset", "category", "prompts", "turns", "tokens_per_s", "speedup", "tau",
-                    "draft_ms_per_accepted", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "timing"]
+                    "draft_ms_per_token", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "timing"]
 
 
 def by_category(records: pd.DataFrame, summary: pd.DataFrame, latency_floor: float = 1.0) -> pd.DataFrame:

@@ -120,9 +120,16 @@ def validate(cfg: RunConfig) -> RunConfig:
     cfg.method_options()  # each method checks its own values (ranges, choices) before any model loads
     for name, value in cfg.options.items():
         spec, takers = declared[name]
-        if value is not None and value != spec.default and not set(takers) & set(methods):
+        if value is None or value == spec.default:
+            continue
+        if not set(takers) & set(methods):
             console.print(f"[yellow]note[/] {spec.flag} is an option of {', '.join(takers)}, and none of them "
                           "runs: it is ignored")
+        elif spec.name == "gamma" and (others := [m for m in methods
+                                                  if m not in takers and get_method(m).kind == "tree"]):
+            # a draft length given beside tree methods: say that their trees, not --gamma, set how far they draft
+            console.print(f"[yellow]note[/] --gamma applies to {', '.join(m for m in methods if m in takers)}; "
+                          f"it is ignored by {', '.join(others)} (a tree method's tree sets how far it drafts)")
     return cfg
 
 
@@ -296,7 +303,8 @@ class Runner:
             tree = getattr(method, "tree_file", None)
             if tree is not None and getattr(method, "acceptance", None) is not None:
                 out[label] = {"tree": getattr(method, "tree_source", ""),
-                              **predict(tree, method.acceptance, profile, ept=getattr(method, "ept", 1)),
+                              **predict(tree, method.acceptance, profile, ept=getattr(method, "ept", 1),
+                                         draft_ms=getattr(method, "draft_ms", None)),
                               "acceptance": getattr(method, "acceptance_source", None),
                               "profile_provenance": origin}
         return out

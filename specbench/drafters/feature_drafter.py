@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import yaml
 
 from ..core.cache import crop_to, new_cache
 from ..core.cpu_kernels import prepack
@@ -115,11 +116,18 @@ class FeatureArtifact:
     source: str = ""
 
 
-def save(drafter: FeatureDrafter, out: Path, meta: dict, method: str) -> None:
-    tensors = dict(drafter.own_state())
-    if drafter.vocab_ids is not None:
-        tensors["vocab_ids"] = drafter.vocab_ids.float()
-    af.save(out, WEIGHTS_FILE, tensors, META_FILES[method], meta)
+def save(drafter: FeatureDrafter, out: Path, meta: dict, method: str, storage_dtype=torch.bfloat16) -> None:
+    """Weights stored in `storage_dtype` (bfloat16: half the size; the drafter only proposes, so its rounding never
+    changes what a lossless method emits), vocab_ids as integers."""
+    from safetensors.torch import save_file
+
+    state = {n: (t.to(storage_dtype) if t.is_floating_point() else t) for n, t in drafter.own_state().items()}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+        (out / META_FILES[method]).write_text(yaml.safe_dump(meta, sort_keys=False))
+    except OSError as exc:
+        raise SpecbenchError(f"cannot write {out}: {exc.strerror or exc}") from exc
 
 
 def load(path: str | Path, target: LoadedModel, method: str) -> FeatureArtifact:

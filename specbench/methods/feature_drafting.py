@@ -61,9 +61,10 @@ def choose(logits: torch.Tensor, count: int, sampling: Sampling, generator) -> t
 
 
 def children_counts(tree: Tree) -> list[int]:
+    """Per node: how many choices its children need (the highest child rank + 1; 0 for a leaf)."""
     counts = [0] * tree.nodes
-    for p in tree.parents[1:]:
-        counts[p] += 1
+    for i, p in enumerate(tree.paths, start=1):
+        counts[tree.parents[i]] = max(counts[tree.parents[i]], p[-1] + 1)
     return counts
 
 
@@ -92,8 +93,9 @@ def draft_tree_eagle(state: DrafterState, tree: Tree, root: int, sampling: Sampl
             ids, q = choose(logits[row], counts[u], sampling, generator)
             if q is not None:
                 q_rows[u] = q
-            for child, tok in zip(children.get(u, []), ids.tolist()):
-                token_of[child] = tok
+            picks = ids.tolist()
+            for child in children.get(u, []):  # the child of rank r takes the r-th choice
+                token_of[child] = picks[tree.paths[child - 1][-1]]
                 nxt.append(child)
         grow = [v for v in nxt if counts[v]]
         if not grow:
