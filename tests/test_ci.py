@@ -222,7 +222,7 @@ def test_malformed_baseline_csv_names_file_and_line(tmp_path):
     result = invoke("report", new, "--baseline", old / "summary.csv")
     assert result.exit_code == 2
     assert f"{old / 'summary.csv'}, line 3 (method pld, dataset d): speedup is 'fast', not a number" in text(result)
-    (old / "summary.csv").write_text("\n".join(lines + ["pld,d" + ",1" * 30]) + "\n")
+    (old / "summary.csv").write_text("\n".join(lines + ["pld,d" + ",1" * len(header)]) + "\n")  # too many fields
     torn = invoke("report", new, "--baseline", old / "summary.csv")
     assert torn.exit_code == 2 and "not a readable summary CSV" in text(torn) and "line 4" in text(torn)
     (old / "summary.csv").write_text("\n".join(lines + ["pld,d,1,2,3"]) + "\n")
