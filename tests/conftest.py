@@ -17,6 +17,19 @@ def tiny():
     return load_model("random:tiny", dtype="float32", device="cpu")
 
 
+FOUR_LAYERS = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 260,
+               "max_position_embeddings": 512, "tie_word_embeddings": True}
+
+
+@pytest.fixture(scope="session")
+def deep(tmp_path_factory):
+    """A 4-layer random model (transfer layers 1, 2, 3 are all possible; tiny's 2 layers are too few)."""
+    path = tmp_path_factory.mktemp("cfg") / "four.json"
+    path.write_text(json.dumps(FOUR_LAYERS))
+    return load_model(f"random:{path}", dtype="float32", device="cpu")
+
+
 def prompt_ids(seed: int, length: int = 24, vocab: int = 256) -> torch.Tensor:
     """A random prompt [1, length] with a repeated stretch, so n-gram drafting has something to copy."""
     g = torch.Generator().manual_seed(seed)

@@ -21,15 +21,7 @@ from specbench.drafters.train_feature import FeatureConfig, group_forward, train
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 
-from .conftest import feature_artifact, prompt_ids
-from .test_single_model_methods import FOUR_LAYERS
-
-
-@pytest.fixture(scope="module")
-def deep(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cfg") / "four.json"
-    path.write_text(json.dumps(FOUR_LAYERS))
-    return load_model(f"random:{path}", dtype="float32", device="cpu")
+from .conftest import FOUR_LAYERS, feature_artifact, prompt_ids
 
 
 def _ar(target, ids, n):

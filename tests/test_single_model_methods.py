@@ -19,19 +19,8 @@ from specbench.drafters import transfer_projections as tp
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 
-from .conftest import heads_artifact, projections_artifact, prompt_ids
+from .conftest import FOUR_LAYERS, heads_artifact, projections_artifact, prompt_ids
 
-FOUR_LAYERS = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
-               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 260,
-               "max_position_embeddings": 512, "tie_word_embeddings": True}
-
-
-@pytest.fixture(scope="module")
-def deep(tmp_path_factory):
-    """A 4-layer random model (transfer layers 1, 2, 3 are all possible)."""
-    path = tmp_path_factory.mktemp("cfg") / "four.json"
-    path.write_text(json.dumps(FOUR_LAYERS))
-    return load_model(f"random:{path}", dtype="float32", device="cpu")
 
 
 def _ar(target, ids, n):
