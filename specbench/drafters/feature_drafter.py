@@ -141,6 +141,8 @@ def load(path: str | Path, target: LoadedModel, method: str) -> FeatureArtifact:
                              f"{1 if method == 'parallelspec' else 0} (found {k})")
     from safetensors import safe_open
 
+    if not (path / WEIGHTS_FILE).is_file():
+        raise SpecbenchError(f"{path}: {META_FILES[method]} but no {WEIGHTS_FILE}; retrain it with `{TRAIN[method]}`")
     with safe_open(str(path / WEIGHTS_FILE), "pt") as f:
         restricted = "vocab_ids" in f.keys()
     vocab_ids = None
