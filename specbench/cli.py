@@ -450,18 +450,14 @@ def _acceptance_rows(path: Path) -> int:
 
 
 def _draft_cost(method: str, path: Path):
-    """depth -> the drafter's milliseconds per step (eagle: one forward per depth; parallelspec: one), from the
-    forward time `estimate` measured; None for methods without a drafter or an old file without it."""
-    import yaml
+    """acceptance.draft_cost, with a note when a feature-drafter method's file lacks the drafter's forward time."""
+    from .hwtrees.acceptance import draft_cost
 
-    if method not in ("eagle", "parallelspec"):
-        return None
-    ms = (yaml.safe_load(path.read_text()) or {}).get("draft_forward_ms")
-    if not isinstance(ms, (int, float)):
+    cost = draft_cost(method, path)
+    if cost is None and method in ("eagle", "parallelspec"):
         console.print(f"[yellow]note[/] {escape(str(path))} has no draft_forward_ms: the drafter's cost is left "
                       f"out of the prediction (re-run `specbench estimate --method {method}`)")
-        return None
-    return (lambda depth: ms * max(depth, 1)) if method == "eagle" else (lambda depth: ms)
+    return cost
 
 
 @app.command()

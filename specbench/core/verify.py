@@ -140,6 +140,14 @@ def _path_to(node: int, parents: list[int]) -> list[int]:
     return path[::-1]
 
 
+def _children(parents: list[int]) -> list[list[int]]:
+    """Each node's children, in node order (parents before children)."""
+    out: list[list[int]] = [[] for _ in parents]
+    for i in range(1, len(parents)):
+        out[parents[i]].append(i)
+    return out
+
+
 def _deepest(ok: list[bool], parents: list[int]) -> list[int]:
     depth = [0] * len(parents)
     for i in range(1, len(parents)):
@@ -189,9 +197,7 @@ def tree_speculative_accept(tokens: torch.Tensor, parents: list[int], logits: to
     if sampling.greedy:
         return tree_greedy_accept(tokens, parents, logits)
     toks = tokens.tolist()
-    children: list[list[int]] = [[] for _ in toks]
-    for i in range(1, len(toks)):
-        children[parents[i]].append(i)
+    children = _children(parents)
     node = 0
     while True:
         p = warp_probs(logits[node], sampling)  # [V]
@@ -236,9 +242,7 @@ def tree_sampled_accept(tokens: torch.Tensor, parents: list[int], logits: torch.
     if sampling.greedy:
         return tree_greedy_accept(tokens, parents, logits)
     toks = tokens.tolist()
-    children: list[list[int]] = [[] for _ in toks]
-    for i in range(1, len(toks)):
-        children[parents[i]].append(i)
+    children = _children(parents)
     node = 0
     while True:
         p = warp_probs(logits[node], sampling)  # [V]

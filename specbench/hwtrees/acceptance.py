@@ -139,3 +139,18 @@ def write(result: dict, path: Path) -> None:
                         + yaml.safe_dump(result, sort_keys=False, default_flow_style=None, width=160))
     except OSError as exc:
         raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def draft_cost(method: str, path: Path | None):
+    """depth -> the drafter's milliseconds per step of a feature-drafter method (eagle: the pending pairs, then one
+    forward per inner depth; parallelspec: one forward), from the forward time `estimate` wrote into its acceptance
+    file; None for other methods, no file, or an older file without `draft_forward_ms`."""
+    if method not in ("eagle", "parallelspec") or path is None:
+        return None
+    try:
+        ms = (yaml.safe_load(Path(path).read_text()) or {}).get("draft_forward_ms")
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecbenchError(f"{path}: cannot read it ({exc})") from exc
+    if not isinstance(ms, (int, float)):
+        return None
+    return (lambda depth: ms * max(depth, 1)) if method == "eagle" else (lambda depth: ms)

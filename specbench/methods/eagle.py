@@ -15,7 +15,6 @@ Counters: `drafted` is the tree depth per step (as for ppd), `draft_forwards` an
 from __future__ import annotations
 
 import torch
-import yaml
 
 from ..core.cache import cache_length, keep_positions, new_cache
 from ..core.concurrency import now
@@ -25,6 +24,7 @@ from ..core.verify import next_token, tree_greedy_accept, tree_sampled_accept
 from ..drafters import feature_drafter as fd
 from ..drafters import prompt_tokens as pt
 from ..errors import SpecbenchError
+from ..hwtrees.acceptance import draft_cost
 from ._drafting import GAMMA
 from .base import Generation, register
 from .feature_drafting import DrafterState, draft_tree_eagle, draft_tree_parallel
@@ -52,16 +52,8 @@ class Eagle(Medusa):
 
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
-        # the drafter's cost per step for predicted speedups: the acceptance file's measured forward time
-        ms = None
-        acc_file = locate(f"acceptance/{model_slug(target.spec)}/{self.family}.yaml")
-        if acc_file:
-            ms = (yaml.safe_load(acc_file.read_text()) or {}).get("draft_forward_ms")
-        self.draft_ms = (lambda depth: ms * self._draft_forwards(depth)) if isinstance(ms, (int, float)) else None
-
-    def _draft_forwards(self, depth: int) -> int:
-        """Drafter forwards per step for a tree `depth` deep: the pending pairs, then one per inner depth."""
-        return max(depth, 1)
+        # the drafter's cost per step for predicted speedups: the forward time `estimate` measured
+        self.draft_ms = draft_cost(self.family, locate(f"acceptance/{model_slug(target.spec)}/{self.family}.yaml"))
 
     def _load_guesser(self):
         self.art = fd.resolve(self.options.artifact, self.target, self.family)
@@ -146,9 +138,6 @@ class ParallelSpec(Eagle):
 
     def _depths(self) -> int:
         return self.art.drafter.mask_tokens + 1
-
-    def _draft_forwards(self, depth: int) -> int:
-        return 1
 
     def _resolve_tree(self, build, model_name):
         return super(Eagle, self)._resolve_tree(build, model_name)

@@ -14,6 +14,9 @@ which the tree acceptance needs per node (verify.tree_sampled_accept, ParallelSp
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 
 from ..core.cache import crop_to, new_cache
@@ -60,12 +63,40 @@ def choose(logits: torch.Tensor, count: int, sampling: Sampling, generator) -> t
     return sample_children(q, count, generator), q
 
 
-def children_counts(tree: Tree) -> list[int]:
-    """Per node: how many choices its children need (the highest child rank + 1; 0 for a leaf)."""
+@dataclass(frozen=True)
+class EaglePlan:
+    """What EAGLE's drafting of one static tree needs every step, computed once per tree: per node how many
+    choices its children take (highest child rank + 1), each node's rank among its siblings, and per inner depth
+    the nodes that are one drafter input there with the tree part of their mask [G, earlier inputs + G]."""
+
+    counts: tuple[int, ...]
+    ranks: tuple[int, ...]
+    children: tuple[tuple[int, ...], ...]
+    levels: tuple[tuple[tuple[int, ...], torch.Tensor], ...]
+
+
+@functools.lru_cache(maxsize=16)
+def eagle_plan(tree: Tree) -> EaglePlan:
     counts = [0] * tree.nodes
     for i, p in enumerate(tree.paths, start=1):
         counts[tree.parents[i]] = max(counts[tree.parents[i]], p[-1] + 1)
-    return counts
+    children: list[list[int]] = [[] for _ in range(tree.nodes)]
+    for i in range(1, tree.nodes):
+        children[tree.parents[i]].append(i)
+    levels, appended = [], []
+    for depth in range(1, tree.depth):
+        grow = [v for v in range(1, tree.nodes) if tree.depths[v] == depth and counts[v]]
+        if not grow:
+            break
+        vis = torch.zeros(len(grow), len(appended) + len(grow), dtype=torch.bool)
+        for r, v in enumerate(grow):  # an input sees its ancestors' inputs and itself
+            seen = set(tree.ancestors[v])
+            vis[r, : len(appended)] = torch.tensor([w in seen for w in appended], dtype=torch.bool)
+            vis[r, len(appended) + r] = True
+        levels.append((tuple(grow), vis))
+        appended += grow
+    return EaglePlan(tuple(counts), (0,) + tuple(p[-1] for p in tree.paths), tuple(map(tuple, children)),
+                     tuple(levels))
 
 
 def draft_tree_eagle(state: DrafterState, tree: Tree, root: int, sampling: Sampling,
@@ -74,49 +105,35 @@ def draft_tree_eagle(state: DrafterState, tree: Tree, root: int, sampling: Sampl
     Depth d's nodes that have children are one drafter forward (their pair: the parent's predicted feature and
     the node's token, at position length - 1 + d; each sees the committed context, its ancestors and itself)."""
     drafter, device = state.drafter, state.drafter.norm.weight.device
-    counts = children_counts(tree)
+    plan = eagle_plan(tree)
     feature = {0: state.feed()[-1]}  # node -> its predicted feature [H] (the root's: from the last pair)
     base = state.length  # committed length, the pending pairs now fed
     q_rows: dict[int, torch.Tensor] = {}
     token_of = {0: root}
-    children: dict[int, list[int]] = {}
-    for i in range(1, tree.nodes):
-        children.setdefault(tree.parents[i], []).append(i)
     forwards = 1
-    appended: list[int] = []  # tree nodes whose inputs the cache holds after `base`, in order
-    frontier = [0]
-    while frontier:
+    frontier: tuple[int, ...] = (0,)
+    for depth in range(len(plan.levels) + 1):
         # the children of this depth's nodes, from each node's draft distribution
         logits = drafter.logits(torch.stack([feature[u] for u in frontier]))  # [F, V]
-        nxt = []
         for row, u in enumerate(frontier):
-            ids, q = choose(logits[row], counts[u], sampling, generator)
+            ids, q = choose(logits[row], plan.counts[u], sampling, generator)
             if q is not None:
                 q_rows[u] = q
             picks = ids.tolist()
-            for child in children.get(u, []):  # the child of rank r takes the r-th choice
-                token_of[child] = picks[tree.paths[child - 1][-1]]
-                nxt.append(child)
-        grow = [v for v in nxt if counts[v]]
-        if not grow:
+            for child in plan.children[u]:  # the child of rank r takes the r-th choice
+                token_of[child] = picks[plan.ranks[child]]
+        if depth == len(plan.levels):
             break
-        # one forward over the nodes of the next depth that have children
-        depth = tree.depths[grow[0]]
+        # one forward over the next depth's nodes that have children
+        grow, tree_vis = plan.levels[depth]
         x = drafter.fuse(torch.stack([feature[tree.parents[v]] for v in grow]),
                          torch.tensor([token_of[v] for v in grow], device=device))  # [G, H]
-        vis = torch.zeros(len(grow), base + len(appended) + len(grow), dtype=torch.bool)
-        vis[:, :base] = True
-        for r, v in enumerate(grow):
-            seen = set(tree.ancestors[v])
-            for c, w in enumerate(appended):
-                vis[r, base + c] = w in seen
-            vis[r, base + len(appended) + r] = True
-        pos = torch.full((1, len(grow)), base - 1 + depth, device=device)
-        out = drafter.run(x[None], pos, state.cache, additive(vis.to(device), x.dtype))
+        vis = torch.cat([torch.ones(len(grow), base, dtype=torch.bool), tree_vis], 1).to(device)
+        pos = torch.full((1, len(grow)), base + depth, device=device)
+        out = drafter.run(x[None], pos, state.cache, additive(vis, x.dtype))
         forwards += 1
         for r, v in enumerate(grow):
             feature[v] = out[r]
-        appended += grow
         frontier = grow
     crop_to(state.cache, base)
     tokens = torch.tensor([token_of[i] for i in range(tree.nodes)], device=device)
@@ -133,12 +150,11 @@ def draft_tree_parallel(state: DrafterState, tree: Tree, root: int, sampling: Sa
     depth = tree.depth
     logits = drafter.logits(out[:depth])  # [D, V]
     width = max((p[-1] for p in tree.paths), default=-1) + 1
-    picks, qs = [], []
-    for d in range(depth):
-        ids, q = choose(logits[d], max(width, 1), sampling, generator)
-        picks.append(ids)
-        qs.append(q)
-    topk = torch.stack(picks) if picks else logits.new_zeros(0, 1, dtype=torch.long)  # [D, W]
+    if sampling.greedy:  # one top-k over every depth
+        topk, qs = logits.topk(max(width, 1), -1).indices, []  # [D, W]
+    else:
+        drawn = [choose(logits[d], max(width, 1), sampling, generator) for d in range(depth)]
+        topk, qs = torch.stack([ids for ids, _ in drawn]), [q for _, q in drawn]
     tokens = torch.cat([torch.tensor([root], device=topk.device), tree.candidate_tokens(topk)])
     q_rows = {}
     if not sampling.greedy:
