@@ -6,6 +6,7 @@ Position N follows the paper: N = 2 is the first draft token (the token after th
 
     python benchmarks/accuracy_comparison.py --data gsm8k,mt-bench --limit 10 \\
         --early-exit artifacts/smollm2-135m/early-exit-l17 --out benchmarks/results/figure3
+    (--hidden-transfer FOLDER, repeatable, compares projection sets, e.g. trained at other transfer layers)
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=10, help="first N prompts of each")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--early-exit", action="append", default=[], help="early-exit heads folder (repeatable)")
+    ap.add_argument("--hidden-transfer", action="append", default=[],
+                    help="projections folder (repeatable; default: the shipped projections)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/figure3"))
     args = ap.parse_args()
     target = load_model(args.model, "float32", "cpu")
@@ -41,8 +44,10 @@ def main() -> None:
         scorers[f"early exit (layer {heads.layer})"] = lambda ids, s, h=heads: medusa_ranks(target, h, ids, s)
     medusa = mh.resolve(None, target).heads
     scorers["Medusa heads"] = lambda ids, s: medusa_ranks(target, medusa, ids, s)
-    proj = tp.resolve(None, target).projections
-    scorers[f"Hidden Transfer (layers {proj.layers})"] = lambda ids, s: transfer_ranks(target, proj, ids, s)
+    for folder in args.hidden_transfer or [None]:
+        proj = tp.resolve(folder, target).projections
+        label = f"Hidden Transfer (layers {proj.layers}{', Masked' if proj.masked else ''})"
+        scorers[label] = lambda ids, s, p=proj: transfer_ranks(target, p, ids, s)
     tokens = pt.resolve(None, target)
     scorers["PPD prompt tokens"] = lambda ids, s: score_sequence(target, tokens, ids, s)
     refs = []

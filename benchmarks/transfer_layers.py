@@ -3,6 +3,13 @@ transfer step 1 at each candidate layer (short runs, the same data and loss as `
 and score its top-1 / top-5 accuracy on held-out replies; then, with step 1 at the chosen layer, the same for
 step 2 over the layers above it, and so on for step 3. Writes a CSV and a PNG per step.
 
+The greedy per-step choice is a proposal, not a verdict: a high step-1 layer leaves the later steps few layers to
+refine their pseudo states. On smollm2-135m it proposed 22, 24, 28, which trained at full length lost to 12, 17, 22
+at every position after the first and in tau end to end (RESULTS-cpu.md). Confirm a proposal head to head:
+    specbench train hidden-transfer --transfer-layers A,B,C --out /tmp/proposal
+    python benchmarks/accuracy_comparison.py --hidden-transfer artifacts/<model>/hidden-transfer \
+        --hidden-transfer /tmp/proposal
+
     python benchmarks/transfer_layers.py --steps 120 --out benchmarks/results/transfer-layers
 """
 

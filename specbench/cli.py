@@ -668,9 +668,10 @@ def train_hidden_transfer(
     model: Annotated[str, typer.Option(help="Target model spec (the projections are trained for it).")]
     = "smollm2-135m",
     transfer_layers: Annotated[Optional[str], typer.Option(help="Strictly increasing layers l_1,l_2,... in "
-                                                                "1..L-1, one per transfer step (default: 40% of the "
-                                                                "depth, then 1/6 of it apart, the paper's choice "
-                                                                "scaled: 12,17,22 of 30).")]
+                                                                "1..L-1, one per transfer step (default: the measured "
+                                                                "choice where one exists, 12,17,22 for "
+                                                                "smollm2-135m; otherwise the paper's choice scaled "
+                                                                "to the depth, from 40% of it, 1/6 of it apart).")]
     = None,
     data: Annotated[str, typer.Option(help="Prompts to self-distil, comma-separated (datasets, files, or the "
                                            "training-only sources).")] = "alpaca-eval,stdlib-code,word-problems",
@@ -688,6 +689,10 @@ def train_hidden_transfer(
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
     seed: Annotated[int, typer.Option(help="Data order and insertion points.")] = 0,
     data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    masked: Annotated[bool, typer.Option("--masked", help="The paper's Masked ablation: pseudo positions do not "
+                                                          "see each other. For accuracy comparisons (estimate, "
+                                                          "benchmarks/accuracy_comparison.py); not decodable.")]
+    = False,
 ):
     """Train Hidden Transfer's projections for `hidden-transfer` (only the k linear maps train)."""
     from .drafters.train_transfer import TransferConfig, train
@@ -695,7 +700,8 @@ def train_hidden_transfer(
     layers = tuple(_int_list(transfer_layers, "--transfer-layers")) if transfer_layers else None
     cfg = TransferConfig(model=model, transfer_layers=layers, data=data, steps=steps, insertions=insertions, lr=lr,
                          prompts=prompts, held_out=held_out, new_tokens=new_tokens, out=out, dtype=dtype,
-                         device=device, save_every=save_every, resume=resume, seed=seed, data_file=data_file)
+                         device=device, save_every=save_every, resume=resume, seed=seed, data_file=data_file,
+                         masked=masked)
     _said_trained(train(cfg), "hidden-transfer.yaml", "projections.safetensors")
 
 

@@ -116,6 +116,17 @@ def test_transfer_layers_checked():
             check_transfer_layers(bad, 12)
 
 
+def test_default_transfer_layers():
+    """The measured choice for the embedded model; the paper's choice scaled to the depth for any other."""
+    from specbench.drafters.train_transfer import default_layers
+
+    assert default_layers(30, model="smollm2-135m") == ([12, 17, 22], "measured for this model (MEASURED_LAYERS)")
+    layers, why = default_layers(30, model="random:smollm2-135m")
+    assert "scaled" in why
+    assert default_layers(32, model="random:llama2-7b")[0] == [13, 18, 23]
+    assert default_layers(4)[0] == [1, 2, 3]  # kept inside 1..L-1
+
+
 def test_artifacts_for_another_model_are_refused(deep, tiny, tmp_path):
     heads_artifact(deep, tmp_path / "m")
     projections_artifact(deep, tmp_path / "h")
@@ -207,7 +218,43 @@ def test_training_runs_and_resumes(deep, tmp_path, monkeypatch):
                                         out=tmp_path / "h"))
     proj = tp.load(out, deep)
     assert proj.meta["transfer_layers"] == [1, 3] and not torch.equal(proj.projections.weight[0], torch.eye(64))
+    assert proj.meta["masked"] is False and not proj.projections.masked
     with pytest.raises(SpecbenchError, match="strictly increasing"):
         train_transfer(TransferConfig(**common, transfer_layers=(3, 1), steps=1, out=tmp_path / "x"))
     with pytest.raises(SpecbenchError, match="unknown source"):
         train_medusa(MedusaConfig(**{**common, "data": "no-such-set"}, steps=1, out=tmp_path / "y"))
+
+
+def test_masked_ablation_layout(deep, tmp_path):
+    """--masked (the paper's Masked ablation): a pseudo position sees the context and itself, not the earlier pseudo
+    positions, so its guess no longer depends on them; such projections load for estimates but do not decode."""
+    from specbench.drafters import prompt_tokens as pt
+    from specbench.drafters.train_transfer import pseudo_forward, real_forward
+
+    mask, _, rows = pt.insertion_inputs([4, 9], 3, 1, 12, torch.float32, "cpu", see_earlier=False)
+    own = mask[0, 0, :, 12:] == 0  # [6, 6]: which pseudo inputs see which
+    assert torch.equal(own, torch.eye(6, dtype=torch.bool))
+    unmasked = pt.insertion_inputs([4, 9], 3, 1, 12, torch.float32, "cpu")[0][0, 0, :, 12:] == 0
+    assert bool(unmasked[2, 0]) and not bool(own[2, 0])
+    ids = list(range(3, 23))
+    cache, _, captured = real_forward(deep, ids, [1, 2, 3])
+    proj = tp.TransferProjections(64, [1, 2, 3], masked=True)
+    with torch.no_grad():
+        proj.weight.add_(0.3 * torch.randn_like(proj.weight))
+        masked = pseudo_forward(deep, proj, cache, len(ids), [8], captured)  # [1, 3, H]
+        proj.weight[0].mul_(-2.0)  # step 1's pseudo state changes; step 2 and 3 cannot see it
+        again = pseudo_forward(deep, proj, cache, len(ids), [8], captured)
+        assert torch.allclose(masked[0, 1:], again[0, 1:], atol=1e-5) and not torch.allclose(masked[0, 0], again[0, 0])
+        proj.masked = False
+        seeing = pseudo_forward(deep, proj, cache, len(ids), [8], captured)
+        assert not torch.allclose(seeing[0, 1:], again[0, 1:], atol=1e-5)
+        proj.masked = True
+    folder = projections_artifact(deep, tmp_path / "masked")
+    meta = yaml.safe_load((folder / tp.META_FILE).read_text())
+    (folder / tp.META_FILE).write_text(yaml.safe_dump({**meta, "masked": True}))
+    assert tp.load(folder, deep).projections.masked
+    with pytest.raises(SpecbenchError, match="--masked"):
+        get_method("hidden-transfer")(deep, {"artifact": str(folder)})
+    (folder / tp.META_FILE).write_text(yaml.safe_dump({**meta, "masked": "yes"}))
+    with pytest.raises(SpecbenchError, match="field `masked`"):
+        tp.load(folder, deep)

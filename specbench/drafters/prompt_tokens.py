@@ -153,11 +153,12 @@ def hidden(model, inputs_embeds: torch.Tensor, mask: torch.Tensor, position_ids:
 
 
 def insertion_inputs(points: list[int], count: int, ept: int, past: int, dtype: torch.dtype,
-                     device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     device, see_earlier: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Prompt tokens inserted after many real positions at once, on top of a cache of `past` real tokens
     (training with random insertion, PPD §3.3; acceptance estimates). Block b, inserted after real position
     points[b], holds inputs (j, e) in that order; (b, j, e) sees real positions <= points[b] and (b, j' <= j, e)
-    (the ensemble mask, PPD §3.2), at position points[b] + 1 + j.
+    (the ensemble mask, PPD §3.2), at position points[b] + 1 + j. see_earlier=False drops (b, j' < j, e): each
+    input sees the real positions and itself only (Hidden Transfer's "Masked" ablation).
     Returns mask [1, 1, q, past + q], position_ids [1, q] and the embedding row of every input [q]."""
     per = count * ept
     q = len(points) * per
@@ -166,7 +167,8 @@ def insertion_inputs(points: list[int], count: int, ept: int, past: int, dtype: 
     b = torch.arange(len(points), device=device).repeat_interleave(per)  # [q]
     at = torch.tensor(points, device=device)[b]  # [q]
     allowed_real = torch.arange(past, device=device)[None, :] <= at[:, None]  # [q, past]
-    allowed_own = (b[:, None] == b[None, :]) & (e[:, None] == e[None, :]) & (j[None, :] <= j[:, None])  # [q, q]
+    earlier = j[None, :] <= j[:, None] if see_earlier else j[None, :] == j[:, None]
+    allowed_own = (b[:, None] == b[None, :]) & (e[:, None] == e[None, :]) & earlier  # [q, q]
     allowed = torch.cat([allowed_real, allowed_own], dim=1)
     mask = torch.zeros(q, past + q, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None], (at + 1 + j).unsqueeze(0), j * ept + e

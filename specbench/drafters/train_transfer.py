@@ -6,7 +6,8 @@ training mix (no benchmark prompts). Each step takes one sequence: the frozen ta
 core.transfer.capture), then pseudo positions are inserted after `insertions` random positions i of the reply, k
 per insertion, and run on top of that cache (core.transfer.transferred: step j's placeholder becomes W_j h_i at layer
 l_j). Pseudo position j (1-based) sits at position i + j, sees the context up to i and the earlier pseudo positions
-of its insertion (the paper's "No masked" setting, the layout decoding uses), and learns the target's distribution
+of its insertion (the paper's "No masked" setting, the layout decoding uses; --masked trains the paper's "Masked"
+ablation, where it sees the context only), and learns the target's distribution
 of the token j + 1 after i, i.e. the target's own next-token distribution at position i + j:
     loss = sum_j KL(P_{i+j} || P~_j), averaged over insertions (§3.3's loss).
 The paper trains the steps one after another with the real hidden states of positions i+1 .. i+j-1 visible; here
@@ -37,21 +38,35 @@ from .train_ppd import plot_losses
 from .trainloop import check_common, optimise
 
 
-def default_layers(num_layers: int, steps: int = 3) -> list[int]:
-    """Default transfer layers for a model of `num_layers` layers: from 40% of the depth, 1/6 of the depth apart
-    (12, 17, 22 of 30), kept inside 1..L-1. This scales the paper's measured choice (Figures 5-6: first step at
-    15 of Vicuna-7B's 32 layers, where accuracy has not dropped yet, second at 20) to other depths; it is not
-    measured on this model: `python benchmarks/transfer_layers.py` measures accuracy per transfer layer here."""
+# Transfer layers measured per model. smollm2-135m: `python benchmarks/transfer_layers.py` (Figures 5-6's
+# experiment, 200 steps per trial, each step's layer chosen greedily: step 1 flat at 0.27-0.31 from layer 10 to 22,
+# 0.24 at 26) proposed 22, 24, 28; trained head to head at 400 steps against 12, 17, 22, it was better at the
+# first draft position only (top-1 0.372 against 0.360) and worse after (0.167 against 0.202, 0.120 against
+# 0.134), with lower tau end to end (GSM8K 1.66 against 1.70, MT-Bench 1.47 against 1.48, HumanEval 1.56 against
+# 1.58), so 12, 17, 22 stays (benchmarks/results/transfer-layers-400/).
+MEASURED_LAYERS: dict[str, tuple[int, ...]] = {"smollm2-135m": (12, 17, 22)}
+
+
+def default_layers(num_layers: int, steps: int = 3, model: str | None = None) -> tuple[list[int], str]:
+    """Default transfer layers and how they were chosen. A model with a measured choice (MEASURED_LAYERS) takes it;
+    any other takes the paper's choice scaled to its depth: from 40% of the depth, 1/6 of the depth apart (Figures
+    5-6: first step at 15 of Vicuna-7B's 32 layers, where accuracy has not dropped yet, second at 20), kept inside
+    1..L-1. `python benchmarks/transfer_layers.py --model M` proposes a model's own choice per step; confirm it head to
+    head (`benchmarks/accuracy_comparison.py --hidden-transfer A --hidden-transfer B`, tau from `specbench run`)."""
+    measured = MEASURED_LAYERS.get(model_slug(model)) if model and not model.startswith("random:") else None
+    if measured and len(measured) >= steps and max(measured) < num_layers:
+        return (check_transfer_layers(list(measured[:steps]), num_layers),
+                "measured for this model (MEASURED_LAYERS)")
     first = max(1, round(0.4 * num_layers))
     gap = max(1, round(num_layers / 6))
     layers = [min(first + j * gap, num_layers - steps + j) for j in range(steps)]
-    return check_transfer_layers(layers, num_layers)
+    return check_transfer_layers(layers, num_layers), "the paper's Figure 5-6 choice scaled to this depth"
 
 
 @dataclass(frozen=True)
 class TransferConfig:
     model: str = "smollm2-135m"
-    transfer_layers: tuple[int, ...] | None = None  # None: default_layers(L, 3)
+    transfer_layers: tuple[int, ...] | None = None  # None: default_layers(L, 3, model)
     data: str = TRAINING_MIX
     steps: int = 400
     insertions: int = 32  # insertion points per sequence per step
@@ -66,6 +81,7 @@ class TransferConfig:
     resume: bool = False
     seed: int = 0
     data_file: str | None = None
+    masked: bool = False  # the paper's "Masked" ablation: pseudo positions do not see each other
 
     @property
     def out_dir(self) -> Path:
@@ -77,7 +93,8 @@ def pseudo_forward(target: LoadedModel, proj: tp.TransferProjections, cache, pas
     """Hidden states [len(points), k, H] of k pseudo positions inserted after each of `points` (real positions in
     `cache`, whose states entering layer l_j are captured[l_j] [past, H]); the cache is left as it was."""
     model, k = target.model, proj.steps
-    mask, pos, rows = pt.insertion_inputs(points, k, 1, past, target.dtype, target.device)  # rows: step j
+    mask, pos, rows = pt.insertion_inputs(points, k, 1, past, target.dtype, target.device,  # rows: step j
+                                          see_earlier=not proj.masked)
     at = torch.tensor(points, device=target.device)
     slots = [torch.nonzero(rows == j).flatten() for j in range(k)]  # [P] input indices of step j
     sources = [captured[layer][at] for layer in proj.layers]  # [P, H] each
@@ -147,13 +164,17 @@ def train(cfg: TransferConfig) -> Path:
     target = load_model(cfg.model, cfg.dtype, cfg.device)
     target.model.requires_grad_(False)
     num_layers = target.model.config.num_hidden_layers
-    layers = (check_transfer_layers(cfg.transfer_layers, num_layers, target.spec) if cfg.transfer_layers
-              else default_layers(num_layers))
+    if cfg.transfer_layers:
+        layers = check_transfer_layers(cfg.transfer_layers, num_layers, target.spec)
+        chosen = "given (--transfer-layers)"
+    else:
+        layers, chosen = default_layers(num_layers, model=cfg.model)
+        chosen = f"default: {chosen}"
     k = len(layers)
     seqs = training_sequences(target, cfg.data, cfg.held_out, cfg.prompts, cfg.new_tokens, cfg.data_file,
                               min_reply=k + 2)
     data_s = time.perf_counter() - t0
-    proj = tp.TransferProjections(target.model.config.hidden_size, layers).to(target.device)
+    proj = tp.TransferProjections(target.model.config.hidden_size, layers, cfg.masked).to(target.device)
     out = cfg.out_dir
     settings = {key: (str(v) if isinstance(v, Path) else v) for key, v in asdict(cfg).items()
                 if key not in ("steps", "resume", "out", "save_every")}
@@ -170,9 +191,11 @@ def train(cfg: TransferConfig) -> Path:
     meta = {
         "method": "hidden-transfer", "model": target.spec, "model_key": model_key(target),
         "hidden_size": target.model.config.hidden_size, "vocab_size": target.vocab_size, "transfer_layers": layers,
-        "layers_chosen": "given (--transfer-layers)" if cfg.transfer_layers else
-        "default: the paper's Figure 5-6 choice scaled to this depth (default_layers)",
-        "layout": "pseudo position j sees the context and pseudo positions 1..j-1 of its insertion (No masked)",
+        "layers_chosen": chosen,
+        "masked": cfg.masked,
+        "layout": ("pseudo position j sees the context and itself only (Masked: an ablation, not decodable)"
+                   if cfg.masked else
+                   "pseudo position j sees the context and pseudo positions 1..j-1 of its insertion (No masked)"),
         "parameters": int(proj.weight.numel()), "top1_agreement_train_sample": after,
         "top1_agreement_untrained": before, "steps": cfg.steps, "insertions_per_step": cfg.insertions,
         "lr": cfg.lr, "data": {"name": cfg.data_file or cfg.data,

@@ -7,7 +7,11 @@ layers l_j+1 .. L with the context (core/transfer.py) and guesses the token j + 
 
 Artefact folder (`specbench train hidden-transfer` writes artifacts/<model>/hidden-transfer):
   projections.safetensors   weight [k, H, H]
-  hidden-transfer.yaml      model, model_key, hidden_size, vocab_size, transfer_layers [k], training facts
+  hidden-transfer.yaml      model, model_key, hidden_size, vocab_size, transfer_layers [k], masked, training facts
+
+masked: false (decoding's layout, the paper's "No masked") lets pseudo position j attend to pseudo positions
+1..j-1 of its insertion; true (the paper's "Masked" ablation, §4) hides them, so each step guesses from the context
+alone. Masked projections are for accuracy comparisons only; `hidden-transfer` decodes with the unmasked layout.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 from ..core.models import LoadedModel
 from ..core.transfer import TransferStep, check_transfer_layers
+from ..errors import SpecbenchError
 from . import artifact_files as af
 
 WEIGHTS_FILE, META_FILE = "projections.safetensors", "hidden-transfer.yaml"
@@ -26,9 +31,10 @@ TRAIN = "specbench train hidden-transfer"
 
 
 class TransferProjections(torch.nn.Module):
-    def __init__(self, hidden: int, layers: list[int]):
+    def __init__(self, hidden: int, layers: list[int], masked: bool = False):
         super().__init__()
         self.layers = list(layers)  # l_1 < ... < l_k: transfer after this many decoder layers
+        self.masked = masked  # pseudo positions do not see each other (the "Masked" ablation)
         self.weight = torch.nn.Parameter(torch.eye(hidden).repeat(len(layers), 1, 1))  # [k, H, H]
 
     @property
@@ -63,9 +69,11 @@ def load(path: str | Path, target: LoadedModel) -> ProjectionArtifact:
                                           "transfer_layers": list})
     af.check_model(meta, path, target, TRAIN)
     layers = check_transfer_layers(meta["transfer_layers"], target.model.config.num_hidden_layers, target.spec)
-    h = meta["hidden_size"]
+    h, masked = meta["hidden_size"], meta.get("masked", False)
+    if not isinstance(masked, bool):
+        raise SpecbenchError(f"{path / META_FILE}: field `masked` must be true or false (found {masked!r})")
     t = af.load_weights(path, WEIGHTS_FILE, {"weight": (len(layers), h, h)})
-    proj = TransferProjections(h, layers)
+    proj = TransferProjections(h, layers, masked)
     proj.weight.data.copy_(t["weight"])
     proj.requires_grad_(False)
     return ProjectionArtifact(proj, meta, str(path))

@@ -47,6 +47,10 @@ class HiddenTransfer(ParallelPromptDecoding):
         self._slots: dict = {}  # (layout, prefix) -> transfer_slots
         self.projections = tp.resolve(self.options.artifact, self.target)
         proj = self.projections.projections
+        if proj.masked:
+            raise SpecbenchError(f"{self.projections.source}: these projections were trained with --masked (the "
+                                 "paper's Masked ablation, pseudo positions blind to each other), for accuracy "
+                                 "comparisons only; decoding needs projections trained without --masked")
         hidden = self.target.model.config.hidden_size
         table = torch.zeros(proj.steps, hidden, dtype=self.target.dtype, device=self.target.device)  # placeholders
         return proj.steps, 1, table, (f"transfer layers {proj.layers} ({self.projections.source})")
