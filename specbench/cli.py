@@ -81,7 +81,7 @@ def list_methods():
     for col in ("name", "kind", "needs", "exactness", "batch > 1", "what it does", "options (specbench run)"):
         table.add_column(col)
     for name, cls in REGISTRY.items():
-        options = "\n".join(f"{o.flag} {o.default_text}" for o in cls.option_specs)
+        options = "\n".join(f"{o.flag} {cls.unset_text.get(o.name, o.default_text)}" for o in cls.option_specs)
         table.add_row(name, cls.kind, " + ".join(cls.needs), "lossless" if cls.lossless else "lossy",
                       "padded, unpadded" if cls.batchable else "-", cls.summary, options or "-")
     out.print(table)

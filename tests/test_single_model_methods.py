@@ -231,7 +231,7 @@ def test_masked_ablation_layout(deep, tmp_path):
     from specbench.drafters import prompt_tokens as pt
     from specbench.drafters.train_transfer import pseudo_forward, real_forward
 
-    mask, _, rows = pt.insertion_inputs([4, 9], 3, 1, 12, torch.float32, "cpu", see_earlier=False)
+    mask = pt.insertion_inputs([4, 9], 3, 1, 12, torch.float32, "cpu", see_earlier=False)[0]
     own = mask[0, 0, :, 12:] == 0  # [6, 6]: which pseudo inputs see which
     assert torch.equal(own, torch.eye(6, dtype=torch.bool))
     unmasked = pt.insertion_inputs([4, 9], 3, 1, 12, torch.float32, "cpu")[0][0, 0, :, 12:] == 0

@@ -71,6 +71,8 @@ class DecodeMethod:
     lossless: ClassVar[bool] = True
     summary: ClassVar[str] = ""
     option_specs: ClassVar[tuple[Option, ...]] = ()  # this method's own options (CLI flags, run.yaml keys)
+    unset_text: ClassVar[dict[str, str]] = {}  # option name -> what leaving it out means here, where a shared
+    # option's own wording (Option.unset) does not fit this method
     batchable: ClassVar[bool] = False  # decodes batch > 1 (methods/batched.py's Batchable)
 
     def __init__(self, target: LoadedModel, options: Mapping[str, Any] | None = None,

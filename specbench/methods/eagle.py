@@ -48,6 +48,7 @@ class Eagle(Medusa):
     needs = ("target", "eagle drafter")
     summary = "EAGLE-style feature drafter (one layer on the target's hidden states) drafts a tree, tree-verified"
     option_specs = (TREE, ARTIFACT, GAMMA)
+    unset_text = {"gamma": "(none: draft a tree)"}
     batchable = False  # the drafter's cache is per sample; batch > 1 is not built for it
 
     def __init__(self, target, options=None, drafter=None):
