@@ -45,8 +45,9 @@ def main() -> None:
     medusa = mh.resolve(None, target).heads
     scorers["Medusa heads"] = lambda ids, s: medusa_ranks(target, medusa, ids, s)
     for folder in args.hidden_transfer or [None]:
-        proj = tp.resolve(folder, target).projections
-        label = f"Hidden Transfer (layers {proj.layers}{', Masked' if proj.masked else ''})"
+        art = tp.resolve(folder, target)
+        proj, source = art.projections, f", {art.source}" if len(args.hidden_transfer) > 1 else ""
+        label = f"Hidden Transfer (layers {proj.layers}{', Masked' if proj.masked else ''}{source})"
         scorers[label] = lambda ids, s, p=proj: transfer_ranks(target, p, ids, s)
     tokens = pt.resolve(None, target)
     scorers["PPD prompt tokens"] = lambda ids, s: score_sequence(target, tokens, ids, s)

@@ -68,7 +68,7 @@ class TransferConfig:
     model: str = "smollm2-135m"
     transfer_layers: tuple[int, ...] | None = None  # None: default_layers(L, 3, model)
     data: str = TRAINING_MIX
-    steps: int = 400
+    steps: int = 800  # 400 (about one pass over the 360 sequences) left held-out top-1 at 0.227; 800: 0.278
     insertions: int = 32  # insertion points per sequence per step
     lr: float = 1e-3
     prompts: int = 120
