@@ -77,6 +77,14 @@ class Tree:
         return [-1] + [index[p[:-1]] if len(p) > 1 else 0 for p in self.paths]
 
     @cached_property
+    def children(self) -> list[list[int]]:
+        """Each node's children, in node order."""
+        out: list[list[int]] = [[] for _ in range(self.nodes)]
+        for i in range(1, self.nodes):
+            out[self.parents[i]].append(i)
+        return out
+
+    @cached_property
     def depths(self) -> list[int]:
         return [0] + [len(p) for p in self.paths]
 

@@ -22,8 +22,9 @@ def default_dir(target: LoadedModel | str, folder: str, meta_file: str) -> Path:
     return rel if (rel / meta_file).is_file() else REPO_ROOT / rel
 
 
-def read_meta(path: Path, meta_file: str, fields: dict[str, type]) -> dict:
-    """The artefact's metadata, each required field present with the right type (errors name file and field)."""
+def read_meta(path: Path, meta_file: str, fields: dict[str, type], optional: dict[str, type] | None = None) -> dict:
+    """The artefact's metadata, each required field present with the right type, each `optional` field of the right
+    type where present (errors name file and field)."""
     file = path / meta_file
     try:
         meta = yaml.safe_load(file.read_text())
@@ -33,7 +34,8 @@ def read_meta(path: Path, meta_file: str, fields: dict[str, type]) -> dict:
         raise SpecbenchError(f"{file}: not valid YAML ({exc})") from exc
     if not isinstance(meta, dict):
         raise SpecbenchError(f"{file}: expected a mapping of metadata fields")
-    for name, kind in fields.items():
+    present = {name: kind for name, kind in (optional or {}).items() if name in meta}
+    for name, kind in {**fields, **present}.items():
         value = meta.get(name)
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if kind is list:

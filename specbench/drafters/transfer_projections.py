@@ -23,7 +23,6 @@ import torch
 
 from ..core.models import LoadedModel
 from ..core.transfer import TransferStep, check_transfer_layers
-from ..errors import SpecbenchError
 from . import artifact_files as af
 
 WEIGHTS_FILE, META_FILE = "projections.safetensors", "hidden-transfer.yaml"
@@ -66,12 +65,10 @@ def save(proj: TransferProjections, out: Path, meta: dict) -> None:
 def load(path: str | Path, target: LoadedModel) -> ProjectionArtifact:
     path = Path(path)
     meta = af.read_meta(path, META_FILE, {"model": str, "hidden_size": int, "vocab_size": int,
-                                          "transfer_layers": list})
+                                          "transfer_layers": list}, optional={"masked": bool})
     af.check_model(meta, path, target, TRAIN)
     layers = check_transfer_layers(meta["transfer_layers"], target.model.config.num_hidden_layers, target.spec)
     h, masked = meta["hidden_size"], meta.get("masked", False)
-    if not isinstance(masked, bool):
-        raise SpecbenchError(f"{path / META_FILE}: field `masked` must be true or false (found {masked!r})")
     t = af.load_weights(path, WEIGHTS_FILE, {"weight": (len(layers), h, h)})
     proj = TransferProjections(h, layers, masked)
     proj.weight.data.copy_(t["weight"])

@@ -80,9 +80,6 @@ def eagle_plan(tree: Tree) -> EaglePlan:
     counts = [0] * tree.nodes
     for i, p in enumerate(tree.paths, start=1):
         counts[tree.parents[i]] = max(counts[tree.parents[i]], p[-1] + 1)
-    children: list[list[int]] = [[] for _ in range(tree.nodes)]
-    for i in range(1, tree.nodes):
-        children[tree.parents[i]].append(i)
     levels, appended = [], []
     for depth in range(1, tree.depth):
         grow = [v for v in range(1, tree.nodes) if tree.depths[v] == depth and counts[v]]
@@ -95,7 +92,7 @@ def eagle_plan(tree: Tree) -> EaglePlan:
             vis[r, len(appended) + r] = True
         levels.append((tuple(grow), vis))
         appended += grow
-    return EaglePlan(tuple(counts), (0,) + tuple(p[-1] for p in tree.paths), tuple(map(tuple, children)),
+    return EaglePlan(tuple(counts), (0,) + tuple(p[-1] for p in tree.paths), tuple(map(tuple, tree.children)),
                      tuple(levels))
 
 
