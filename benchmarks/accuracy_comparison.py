@@ -18,12 +18,12 @@ import torch
 
 from specbench.core.models import load_model
 from specbench.data import datasets as ds
-from specbench.drafters import medusa_heads as mh
-from specbench.drafters import prompt_tokens as pt
-from specbench.drafters import transfer_projections as tp
-from specbench.drafters.selfdistill import greedy_continuations, render
-from specbench.hwtrees.acceptance import score_sequence
-from specbench.hwtrees.head_accuracy import medusa_ranks, transfer_ranks
+from specbench.artifacts import medusa_heads as mh
+from specbench.artifacts import prompt_tokens as pt
+from specbench.artifacts import transfer_projections as tp
+from specbench.train.selfdistill import greedy_continuations, render
+from specbench.planning.acceptance import score_sequence
+from specbench.planning.head_accuracy import medusa_ranks, transfer_ranks
 
 
 def main() -> None:

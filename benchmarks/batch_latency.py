@@ -19,7 +19,7 @@ import torch
 
 from specbench.core.models import load_model
 from specbench.core.ragged import Segment
-from specbench.methods.batched import engine as batch_engine
+from specbench.methods.batch_loop import engine as batch_engine
 
 
 def measure(model, batch: int, width: int, kv: int, repeats: int, mode: str = "unpadded") -> float:

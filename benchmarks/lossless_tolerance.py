@@ -1,6 +1,6 @@
 """Benchmark: how far can rounding move ar's logit margin between a one-token forward and a batched one?
 
-The calibration behind specbench/bench/lossless.py's near-tie tolerance. For each prompt, greedy `ar` runs
+The calibration behind specbench/run/lossless.py's near-tie tolerance. For each prompt, greedy `ar` runs
 `--steps` one-token forwards (keeping its logits); the same tokens are then re-run as one forward over the whole
 prefix, and as verify chunks of 4 and 16 tokens on a KV cache (what speculative methods do). Printed, in ulps of
 max |logit| at each position (ulp = the dtype's machine epsilon):

@@ -3,7 +3,7 @@
 Prints E[M] (the batch's longest accepted length per step), E[P] (padding entries per sample per step) and
 R = E[P] / E[M] (the share of KV entries the padded way of batching writes as padding) over next-token accuracy p
 and batch size B, for maximum acceptance length K (Figure 7: K = 8), computed exactly by
-specbench.bench.padding_model. With --run, also the measured KV padding ratio of that run's padded batches beside
+specbench.planning.padding_model. With --run, also the measured KV padding ratio of that run's padded batches beside
 the model's at the run's tau, batch size and draft length.
 
     python benchmarks/padding_model.py [--max-accept 8] [--batch-sizes 1,2,4,8,12,16,20,24] [--run results/DIR]
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbench.bench import padding_model as pm
-from specbench.bench.markdown import markdown_table
-from specbench.bench.report import read_records
+from specbench.planning import padding_model as pm
+from specbench.report.markdown import markdown_table
+from specbench.report.report import read_records
 
 ACCURACIES = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)  # Figure 7's range of p
 BATCHES = (1, 2, 4, 8, 12, 16, 20, 24)  # Figure 7 runs B from 1 to 24; these columns keep the table readable

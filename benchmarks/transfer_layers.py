@@ -24,12 +24,12 @@ import torch
 
 from specbench.core.models import load_model
 from specbench.data import datasets as ds
-from specbench.drafters import transfer_projections as tp
-from specbench.drafters.selfdistill import greedy_continuations, render, training_sequences
-from specbench.drafters.train_medusa import TRAINING_MIX
-from specbench.drafters.train_transfer import make_step_loss
-from specbench.drafters.trainloop import optimise
-from specbench.hwtrees.head_accuracy import transfer_ranks
+from specbench.artifacts import transfer_projections as tp
+from specbench.train.selfdistill import greedy_continuations, render, training_sequences
+from specbench.train.medusa import TRAINING_MIX
+from specbench.train.transfer import make_step_loss
+from specbench.train.loop import optimise
+from specbench.planning.head_accuracy import transfer_ranks
 
 
 def accuracy(target, proj, refs) -> list[tuple[float, float]]:

@@ -11,16 +11,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specbench.bench import runner as runner_module
+from specbench.run import runner as runner_module
 from specbench.cli import app
 from specbench.core.cache import new_cache
 from specbench.core.forward import forward
 from specbench.core.padded import PaddedBatch
 from specbench.core.ragged import RaggedCache, Segment, ragged_forward
 from specbench.core.verify import Sampling
-from specbench.drafters.token_drafter import layer_drafter
+from specbench.artifacts.token_drafter import layer_drafter
 from specbench.methods import REGISTRY, get_method
-from specbench.methods.batched import generate_batch
+from specbench.methods.batch_loop import generate_batch
 
 from .conftest import artifact_options, prompt_ids
 from .test_sd import SAMPLING, exact_distribution, tv
@@ -80,7 +80,7 @@ def test_padded_forward_matches_one_sample_at_a_time(tiny):
 def test_tree_segments_and_compaction_match_one_sample_at_a_time(tiny):
     """A segment with its own embeddings, tree mask and positions (ppd's step), then keeping one branch: both
     engines give the hidden states and the cache that one sample alone gives."""
-    from specbench.methods.batched import engine
+    from specbench.methods.batch_loop import engine
 
     model = tiny.model
     prompts = [p[0].tolist() for p in PROMPTS[:2]]
@@ -233,7 +233,7 @@ def test_refill_at_batch_one_and_batches_larger_than_the_data_say_so(tmp_path, p
 
 
 def test_ctrl_c_mid_batch_keeps_finished_batches_and_resume_finishes(tmp_path, prompts_file, monkeypatch):
-    from specbench.bench import batching
+    from specbench.run import batch_jobs as batching
 
     out = tmp_path / "run"
     real = batching.run_label

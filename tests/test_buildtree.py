@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.core.tree import read_tree_file
-from specbench.hwtrees.profile import LatencyProfile
+from specbench.planning.profile import LatencyProfile
 
 from .test_treesearch import VICUNA7B
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench import __version__
-from specbench.bench.runner import Runner
+from specbench.run.runner import Runner
 from specbench.cli import app
 
 cli = CliRunner()
@@ -122,7 +122,7 @@ def test_ctrl_c_before_the_first_record_exits_130_with_the_resume_hint(tmp_path,
 
 
 def test_methods_run_in_an_order_rotated_per_prompt(tmp_path, prompts_file):
-    from specbench.bench.runner import interleaved
+    from specbench.run.runner import interleaved
 
     assert [interleaved(["ar", "pld", "sd"], i) for i in range(3)] == [["ar", "pld", "sd"], ["pld", "sd", "ar"],
                                                                        ["sd", "ar", "pld"]]

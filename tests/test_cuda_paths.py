@@ -19,7 +19,7 @@ from specbench.core.forward import forward, timed_forward
 from specbench.core.hardware import device_name, gpu_facts
 from specbench.core.timing import wall
 from specbench.core.verify import Sampling
-from specbench.drafters.token_drafter import layer_drafter
+from specbench.artifacts.token_drafter import layer_drafter
 from specbench.methods import get_method
 
 from .conftest import prompt_ids

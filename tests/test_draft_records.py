@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import torch
 
-from specbench.bench import report
+from specbench.report import report
 from specbench.core.verify import Sampling
-from specbench.drafters.token_drafter import layer_drafter
+from specbench.artifacts.token_drafter import layer_drafter
 from specbench.methods import get_method
-from specbench.methods.batched import generate_batch
+from specbench.methods.batch_loop import generate_batch
 
 from .conftest import prompt_ids
 from .test_sd import SAMPLING

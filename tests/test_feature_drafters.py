@@ -16,8 +16,8 @@ from specbench.cli import app
 from specbench.core.cache import new_cache
 from specbench.core.models import load_model
 from specbench.core.verify import Sampling
-from specbench.drafters import feature_drafter as fd
-from specbench.drafters.train_feature import FeatureConfig, group_forward, train
+from specbench.artifacts import feature_drafter as fd
+from specbench.train.feature import FeatureConfig, group_forward, train
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 
@@ -200,7 +200,7 @@ def test_cli_estimate_build_tree_and_run(tmp_path, monkeypatch):
 
 
 def test_gamma_beside_tree_methods_is_noted(capsys):
-    from specbench.bench.runner import RunConfig, validate
+    from specbench.run.runner import RunConfig, validate
     from specbench.progress import console
 
     with console.capture() as captured:

@@ -8,8 +8,8 @@ import yaml
 
 from specbench.core import hardware, models
 from specbench.core.hardware import isa_tier, provenance, slug_of
-from specbench.hwtrees.latency_estimate import resolve_profile
-from specbench.hwtrees.profile import LatencyProfile
+from specbench.planning.latency_estimate import resolve_profile
+from specbench.planning.profile import LatencyProfile
 
 AVX2_EPYC = {"kind": "cpu", "vendor": "amd", "name": "AMD EPYC", "family": 23, "model": 49, "isa": ["avx2"],
              "cores": 2}

@@ -1,4 +1,4 @@
-"""The package layout: imports flow one way, cli -> bench -> methods -> hwtrees -> drafters -> data -> core."""
+"""The package layout: imports flow one way, cli -> ci -> report -> run -> methods -> planning -> train -> artifacts -> data -> core."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specbench"
 # lower number = lower layer; a module may import its own layer or lower ones, never a higher one
-LAYERS = {"errors": 0, "progress": 0, "__init__": 0, "core": 1, "data": 2, "drafters": 3, "hwtrees": 4,
-          "methods": 5, "bench": 6, "cli": 7}
+LAYERS = {"errors": 0, "progress": 0, "__init__": 0, "core": 1, "data": 2, "artifacts": 3, "train": 4,
+          "planning": 5, "methods": 6, "run": 7, "report": 8, "ci": 9, "cli": 10}
 
 
 def module_name(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""The lossless check's mismatch explanation (bench/lossless.py) and its two rates in the report."""
+"""The lossless check's mismatch explanation (run/lossless.py) and its two rates in the report."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from specbench.bench import report
-from specbench.bench.lossless import (NEAR_TIE, UNEXPLAINED, effective_eps, explain_mismatch, near_tie_tolerance,
-                                      verdict)
+from specbench.report import report
+from specbench.run.lossless import NEAR_TIE, UNEXPLAINED, effective_eps, explain_mismatch, near_tie_tolerance, verdict
 from specbench.core.cache import new_cache
 from specbench.core.cpu_kernels import prepack
 from specbench.core.forward import forward

@@ -7,7 +7,7 @@ import resource
 import pytest
 import torch
 
-from specbench.bench.runner import RunConfig, Runner, peak_memory_mb
+from specbench.run.runner import RunConfig, Runner, peak_memory_mb
 from specbench.core import memory
 from specbench.methods.base import Generation
 

@@ -8,11 +8,11 @@ import pandas as pd
 import yaml
 from typer.testing import CliRunner
 
-from specbench.bench import noise
-from specbench.bench.report import summarize
+from specbench.run import noise
+from specbench.report.report import summarize
 from specbench.cli import app
 from specbench.core import contention
-from specbench.hwtrees.profile import LatencyProfile
+from specbench.planning.profile import LatencyProfile
 
 
 def records(ar_wall=10.0, method_wall=5.0, tau=1.5, foreign=0.0, rows=4) -> pd.DataFrame:
@@ -98,7 +98,7 @@ def test_report_gate_refuses_to_judge_disturbed_numbers(tmp_path):
 
 
 def test_report_has_a_per_category_table_with_an_overall_row(tmp_path):
-    from specbench.bench.report import by_category
+    from specbench.report.report import by_category
 
     recs = records(ar_wall=10, method_wall=8)
     recs["category"] = ["math", "math", "math", "math", "code", "code", "code", "code"]

@@ -19,7 +19,7 @@ from specbench.core.cache import drop_last, new_cache, window_mask
 from specbench.core.models import load_model
 from specbench.core.verify import Sampling
 from specbench.errors import SpecbenchError
-from specbench.hwtrees.profile import measure
+from specbench.planning.profile import measure
 from specbench.methods import REGISTRY
 
 from .conftest import prompt_ids
@@ -343,7 +343,7 @@ def test_memory_need_counts_weights_and_kv():
 def test_batches_are_lossless_past_the_window(sliding):
     """Batch > 1 past the window: the unpadded engine masks each layer by its own window (hybrids included); the
     padded engine serves one-window models and refuses a hybrid, naming the remedy."""
-    from specbench.methods.batched import generate_batch
+    from specbench.methods.batch_loop import generate_batch
 
     prompts = [prompt_ids(seed, length=20 + 4 * seed) for seed in range(3)]  # 50-68 tokens, far past 16
     reference = [build("ar", sliding).generate(p, 30, Sampling(), None).tokens for p in prompts]

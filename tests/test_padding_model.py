@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from specbench.bench import padding_model as pm
+from specbench.planning import padding_model as pm
 from specbench.cli import app
 from specbench.errors import SpecbenchError
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from specbench.core.verify import Sampling
-from specbench.drafters.token_drafter import layer_drafter
+from specbench.artifacts.token_drafter import layer_drafter
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 
@@ -57,7 +57,7 @@ def test_run_saves_timeline_and_report_section(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from specbench.cli import app
-    from specbench.drafters.token_drafter import save_artifact
+    from specbench.artifacts.token_drafter import save_artifact
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     from specbench.core.models import load_model

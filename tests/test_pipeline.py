@@ -159,10 +159,10 @@ def test_one_file_name_key_per_model(tmp_path, monkeypatch):
 
 
 def test_every_command_reads_and_writes_under_the_same_key(model_dir, workdir):
-    from specbench.drafters import prompt_tokens as pt
-    from specbench.drafters.train_drafter import DrafterConfig
-    from specbench.drafters.train_ppd import TrainConfig
-    from specbench.hwtrees import acceptance, profile
+    from specbench.artifacts import prompt_tokens as pt
+    from specbench.train.drafter import DrafterConfig
+    from specbench.train.ppd import TrainConfig
+    from specbench.planning import acceptance, profile
 
     spec = str(model_dir)
     f32, bf16 = load_model(spec, "float32", "cpu"), load_model(spec, "bfloat16", "cpu")
@@ -179,7 +179,7 @@ def test_every_command_reads_and_writes_under_the_same_key(model_dir, workdir):
 
 
 def test_a_drafter_trained_here_is_found_by_itself(model_dir, workdir):
-    from specbench.drafters.token_drafter import default_artifact, layer_drafter, save_artifact
+    from specbench.artifacts.token_drafter import default_artifact, layer_drafter, save_artifact
 
     target = load_model(str(model_dir), "float32", "cpu")
     assert default_artifact(target) is None
@@ -246,8 +246,8 @@ def test_train_data_follows_the_steps_and_the_time_is_said_first(model_dir, work
 
 
 def test_auto_prompts_and_the_generation_estimate():
-    from specbench.drafters.selfdistill import generation_seconds
-    from specbench.drafters.train_ppd import auto_prompts, duration
+    from specbench.train.selfdistill import generation_seconds
+    from specbench.train.ppd import auto_prompts, duration
 
     assert auto_prompts(20, 1) == 20 and auto_prompts(450, 1) == 300 and auto_prompts(20, 3) == 7
     prompts = [[0] * 10] * 40  # two batches (32 + 8) of 10-token prompts, 5 new tokens each

@@ -9,9 +9,9 @@ import torch
 from specbench.core.cache import cache_length
 from specbench.core.tree import TreeFile
 from specbench.core.verify import Sampling
-from specbench.drafters import prompt_tokens as pt
+from specbench.artifacts import prompt_tokens as pt
 from specbench.errors import SpecbenchError
-from specbench.hwtrees.acceptance import read_per_rank, score_sequence
+from specbench.planning.acceptance import read_per_rank, score_sequence
 from specbench.methods import get_method
 from specbench.methods.ppd import ParallelPromptDecoding
 

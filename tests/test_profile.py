@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.errors import SpecbenchError
-from specbench.hwtrees.profile import LatencyProfile, load_profile, measure
+from specbench.planning.profile import LatencyProfile, load_profile, measure
 
 
 def test_measure_and_round_trip(tiny, tmp_path):
@@ -68,7 +68,7 @@ def _config(preset):
 
 
 def test_estimates_follow_the_chip_rates():
-    from specbench.hwtrees.latency_estimate import estimate_profile
+    from specbench.planning.latency_estimate import estimate_profile
 
     cfg = _config("llama2-7b")
     h100 = estimate_profile("llama2-7b", cfg, "h100", "bfloat16", [1, 16, 256], kv_lengths=[512])
@@ -81,7 +81,7 @@ def test_estimates_follow_the_chip_rates():
 
 
 def test_resolve_profile_prefers_measured_and_rejects_unknown(tmp_path):
-    from specbench.hwtrees.latency_estimate import resolve_profile
+    from specbench.planning.latency_estimate import resolve_profile
 
     cfg = _config("smollm2-135m")
     est = resolve_profile("a100", "smollm2-135m", cfg, "bfloat16", "cpu-x", [1, 2], root=tmp_path)

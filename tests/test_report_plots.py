@@ -7,7 +7,9 @@ import json
 import pandas as pd
 import yaml
 
-from specbench.bench import report, timeline
+from specbench.report import report
+from specbench.report import timeline
+from specbench.run.results import append_timeline
 
 META = {"model": {"spec": "smollm2-135m", "name": "SmolLM2-135M-Instruct", "source": "gguf"},
         "environment": {"device": "AMD EPYC 7B13", "device_type": "cpu", "dtype": "float32", "threads": 2}}
@@ -112,7 +114,7 @@ def write_timeline(run_dir, prompts=3):
     for method in ("sd", "pearl"):
         for p in range(prompts):
             for turn in (0, 1):
-                timeline.append(run_dir, {"method": method, "dataset": "mt-bench", "prompt_id": f"8{p}",
+                append_timeline(run_dir, {"method": method, "dataset": "mt-bench", "prompt_id": f"8{p}",
                                           "turn": turn}, steps)
 
 

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from specbench.core.models import Tokenizer
 from specbench.core.verify import Sampling, warp_probs
-from specbench.drafters.token_drafter import layer_drafter
+from specbench.artifacts.token_drafter import layer_drafter
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 from specbench.methods.sd import expected_speedup
@@ -134,7 +134,7 @@ def with_stop_token(model, stop: int):
 def test_timeline_counts_tokens_emitted_after_a_stop_token_cut(tiny):
     """A stop token inside a step cuts it: the timeline's emitted tokens add up to the generation's tokens, and
     its mean accepted tokens equals tau (timeline.py)."""
-    from specbench.bench.timeline import totals
+    from specbench.report.timeline import totals
 
     ids = prompt_ids(1)
     free = get_method("ar")(tiny, {}).generate(ids, 8, Sampling(), None).tokens

@@ -14,8 +14,8 @@ from specbench.cli import app
 from specbench.core.models import load_model
 from specbench.core.transfer import TransferStep, capture, check_transfer_layers, transferred
 from specbench.core.verify import Sampling
-from specbench.drafters import medusa_heads as mh
-from specbench.drafters import transfer_projections as tp
+from specbench.artifacts import medusa_heads as mh
+from specbench.artifacts import transfer_projections as tp
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 
@@ -118,7 +118,7 @@ def test_transfer_layers_checked():
 
 def test_default_transfer_layers():
     """The measured choice for the embedded model; the paper's choice scaled to the depth for any other."""
-    from specbench.drafters.train_transfer import default_layers
+    from specbench.train.transfer import default_layers
 
     assert default_layers(30, model="smollm2-135m") == ([12, 17, 22], "measured for this model (MEASURED_LAYERS)")
     layers, why = default_layers(30, model="random:smollm2-135m")
@@ -198,10 +198,10 @@ def test_cli_estimate_build_tree_and_run(deep, tmp_path, monkeypatch):
 
 def test_training_runs_and_resumes(deep, tmp_path, monkeypatch):
     """Both trainers: a few steps on self-distilled data, an artefact that loads, --resume continues."""
-    from specbench.drafters.train_medusa import MedusaConfig
-    from specbench.drafters.train_medusa import train as train_medusa
-    from specbench.drafters.train_transfer import TransferConfig
-    from specbench.drafters.train_transfer import train as train_transfer
+    from specbench.train.medusa import MedusaConfig
+    from specbench.train.medusa import train as train_medusa
+    from specbench.train.transfer import TransferConfig
+    from specbench.train.transfer import train as train_transfer
 
     monkeypatch.setenv("HOME", str(tmp_path))  # the self-distillation cache
     data = tmp_path / "p.jsonl"
@@ -228,8 +228,8 @@ def test_training_runs_and_resumes(deep, tmp_path, monkeypatch):
 def test_masked_ablation_layout(deep, tmp_path):
     """--masked (the paper's Masked ablation): a pseudo position sees the context and itself, not the earlier pseudo
     positions, so its guess no longer depends on them; such projections load for estimates but do not decode."""
-    from specbench.drafters import prompt_tokens as pt
-    from specbench.drafters.train_transfer import pseudo_forward, real_forward
+    from specbench.artifacts import prompt_tokens as pt
+    from specbench.train.transfer import pseudo_forward, real_forward
 
     mask = pt.insertion_inputs([4, 9], 3, 1, 12, torch.float32, "cpu", see_earlier=False)[0]
     own = mask[0, 0, :, 12:] == 0  # [6, 6]: which pseudo inputs see which

@@ -9,8 +9,8 @@ import torch
 import yaml
 
 from specbench.core.cache import new_cache
-from specbench.drafters import prompt_tokens as pt
-from specbench.drafters.train_ppd import TrainConfig, step_loss, train
+from specbench.artifacts import prompt_tokens as pt
+from specbench.train.ppd import TrainConfig, step_loss, train
 
 
 def _causal(n):

@@ -9,7 +9,7 @@ import pytest
 
 from specbench.data import datasets as ds
 from specbench.data import trainsets
-from specbench.drafters.selfdistill import check_sources, load_source, source_names
+from specbench.train.selfdistill import check_sources, load_source, source_names
 from specbench.errors import SpecbenchError
 
 

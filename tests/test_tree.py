@@ -23,7 +23,7 @@ from specbench.core.verify import (
     tree_speculative_accept,
     tree_typical_accept,
 )
-from specbench.drafters.prompt_tokens import embed, hidden
+from specbench.artifacts.prompt_tokens import embed, hidden
 from specbench.errors import SpecbenchError
 
 PATHS = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0))

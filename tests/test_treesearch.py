@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specbench.errors import SpecbenchError
-from specbench.hwtrees.treesearch import (
+from specbench.planning.treesearch import (
     StateTree,
     end_probs,
     f_value,

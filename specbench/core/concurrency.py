@@ -45,7 +45,7 @@ def now(device: torch.device) -> float:
 
 def step(mode: str, origin: float, t0: float, t1: float, draft, target, checked: int, accepted: int,
          emitted: int, sampled: bool) -> dict:
-    """One timeline entry (its fields: bench/timeline.py); spans are concurrency.Span or None, times are made relative to `origin`."""
+    """One timeline entry (its fields: report/timeline.py); spans are concurrency.Span or None, times are made relative to `origin`."""
     def rel(span):
         return None if span is None else [round(span.start - origin, 6), round(span.end - origin, 6)]
 

@@ -1,6 +1,6 @@
 """What else the machine did during a timed stretch (Linux /proc): other processes' CPU time in cores' worth
 (machine-wide busy time minus this process's own), the hypervisor's steal, the load average. The runner's noise
-guard (bench/noise.py) and `specbench profile` both read it.
+guard (run/noise.py) and `specbench profile` both read it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import torch
 from ..core.cache import crop_to, new_cache
 from ..core.forward import forward
 from ..core.verify import Sampling, sample, warp_probs
-from ..drafters.token_drafter import check_vocabulary, default_drafter
+from ..artifacts.token_drafter import check_vocabulary, default_drafter
 from .base import DecodeMethod
 from .options import Option
 

@@ -8,7 +8,7 @@ from ..core.cache import new_cache
 from ..core.forward import forward
 from ..core.verify import next_token
 from .base import DecodeMethod, Generation, register
-from .batched import Batchable
+from .batch_loop import Batchable
 
 
 @register

@@ -30,7 +30,7 @@ class Generation:
     phase_s: dict[str, float] = field(default_factory=dict)
     stopped: bool = False  # ended on a stop token (not the length cap)
     timeline: list[dict] = field(default_factory=list)  # per-step draft/target busy spans (sd, pearl; timeline.py)
-    # batch > 1 (methods/batched.py): this sample's share of the target's work, and its time in the batch
+    # batch > 1 (methods/batch_loop.py): this sample's share of the target's work, and its time in the batch
     target_tokens: int = 0  # tokens fed through the target for it, prefill included, padding included
     padding_tokens: int = 0  # of those, padding (padded batching only)
     kv_padding: int = 0  # padded KV entries it held when it left (EMS-SD Appendix B's padding length, summed)
@@ -73,7 +73,7 @@ class DecodeMethod:
     option_specs: ClassVar[tuple[Option, ...]] = ()  # this method's own options (CLI flags, run.yaml keys)
     unset_text: ClassVar[dict[str, str]] = {}  # option name -> what leaving it out means here, where a shared
     # option's own wording (Option.unset) does not fit this method
-    batchable: ClassVar[bool] = False  # decodes batch > 1 (methods/batched.py's Batchable)
+    batchable: ClassVar[bool] = False  # decodes batch > 1 (methods/batch_loop.py's Batchable)
 
     def __init__(self, target: LoadedModel, options: Mapping[str, Any] | None = None,
                  drafter: LoadedModel | None = None):

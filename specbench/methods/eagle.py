@@ -1,4 +1,4 @@
-"""`eagle` and `parallelspec`: a feature drafter (drafters/feature_drafter.py) reads the target's own last hidden
+"""`eagle` and `parallelspec`: a feature drafter (artifacts/feature_drafter.py) reads the target's own last hidden
 states and drafts a tree that the target verifies in one forward (the tree engine of `ppd`/`medusa`).
 
 `eagle` (Li et al. 2024, "EAGLE"): the drafter runs autoregressively on its own predicted features, one forward
@@ -21,10 +21,10 @@ from ..core.concurrency import now
 from ..core.models import model_slug
 from ..core.tree import Tree, TreeFile, attention_mask, locate, position_ids
 from ..core.verify import next_token, tree_greedy_accept, tree_sampled_accept
-from ..drafters import feature_drafter as fd
-from ..drafters import prompt_tokens as pt
+from ..artifacts import feature_drafter as fd
+from ..artifacts import prompt_tokens as pt
 from ..errors import SpecbenchError
-from ..hwtrees.acceptance import draft_cost
+from ..planning.acceptance import draft_cost
 from ._drafting import GAMMA
 from .base import Generation, register
 from .feature_drafting import DrafterState, draft_tree_eagle, draft_tree_parallel

@@ -1,4 +1,4 @@
-"""Drafting with a feature drafter (drafters/feature_drafter.py): its KV cache over the committed sequence, and the
+"""Drafting with a feature drafter (artifacts/feature_drafter.py): its KV cache over the committed sequence, and the
 two ways it proposes a tree. `eagle` runs it once per tree depth on its own predicted features (EAGLE §4.2, tree
 drafting as EAGLE's Figure 6: every node that has children is one input at its depth); `parallelspec` runs it
 once over the new inputs plus k masks (ParallelSpec §4.1) and reads k + 1 distributions, one per depth.
@@ -22,7 +22,7 @@ import torch
 from ..core.cache import crop_to, new_cache
 from ..core.tree import Tree
 from ..core.verify import Sampling, sample_children, warp_probs
-from ..drafters.feature_drafter import FeatureDrafter, additive
+from ..artifacts.feature_drafter import FeatureDrafter, additive
 
 
 class DrafterState:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..core.transfer import transferred
-from ..drafters import transfer_projections as tp
+from ..artifacts import transfer_projections as tp
 from ..errors import SpecbenchError
 from .base import register
 from .ppd import ParallelPromptDecoding, TreeLayout

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 
 from ..core.tree import Tree, TreeFile
-from ..drafters import medusa_heads as mh
+from ..artifacts import medusa_heads as mh
 from ..errors import SpecbenchError
-from ..hwtrees.treesearch import static_candidates
+from ..planning.treesearch import static_candidates
 from .base import register
 from .ppd import ParallelPromptDecoding, TreeLayout
 

@@ -10,7 +10,7 @@ from ..core.cache import drop_last, new_cache
 from ..core.forward import forward
 from ..core.verify import accept, next_token
 from .base import DecodeMethod, Generation, register
-from .batched import Batchable
+from .batch_loop import Batchable
 from .options import Option
 
 NGRAM = Option("pld_ngram", int, 3, "longest n-gram looked up (tries n, n-1, ..., 1)", minimum=1)

@@ -29,13 +29,13 @@ from ..core.tree import (
     visibility,
 )
 from ..core.verify import next_token, tree_speculative_accept, tree_typical_accept
-from ..drafters import prompt_tokens as pt
+from ..artifacts import prompt_tokens as pt
 from ..errors import SpecbenchError
-from ..hwtrees.acceptance import GENERIC_PER_RANK, read_per_rank
-from ..hwtrees.treesearch import search
+from ..planning.acceptance import GENERIC_PER_RANK, read_per_rank
+from ..planning.treesearch import search
 from ..progress import console
 from .base import DecodeMethod, Generation, register
-from .batched import Batchable
+from .batch_loop import Batchable
 from .options import ARTIFACT, TREE
 
 DEFAULT_SIZE = 16
@@ -201,7 +201,7 @@ class ParallelPromptDecoding(Batchable, DecodeMethod):
             done = gen.emit(accepted + [root], stop_ids, max_new_tokens)
         return gen
 
-    # batch > 1 (methods/batched.py): the same four phases per sample, every sample's tree in one forward
+    # batch > 1 (methods/batch_loop.py): the same four phases per sample, every sample's tree in one forward
 
     def decode_step(self, target, joining, active, max_new_tokens, sampling):
         """Newcomers' prefill (the prompt, its last token carrying the root's prompt tokens) and every active

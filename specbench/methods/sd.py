@@ -13,7 +13,7 @@ from ..core.ragged import Segment
 from ..core.verify import accept
 from ._drafting import DraftModelMethod, ModelState, draft_tokens, draw, fit_vocab, kept_prefix
 from .base import Generation, register
-from .batched import Batchable, engine
+from .batch_loop import Batchable, engine
 
 VERIFY_WIDTHS = (1, 2, 4, 6, 9)  # target forward widths timed to choose gamma (interpolated in between)
 DEFAULT_ALPHA = 0.6  # assumed acceptance rate of a drafter without a measured one in its metadata
@@ -92,7 +92,7 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
         gen.draft_forwards = drafter.forwards  # one per draft token; the first of a step also feeds x's unfed tail
         return gen
 
-    # batch > 1 (methods/batched.py): the drafter decodes the batch too, in the same mode as the target
+    # batch > 1 (methods/batch_loop.py): the drafter decodes the batch too, in the same mode as the target
 
     def start_batch(self, mode, slots):
         self._drafter_batch = engine(self.drafter.model, mode, slots, self.drafter.device)

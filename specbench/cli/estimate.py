@@ -1,0 +1,187 @@
+"""`specbench estimate`: per-rank accuracy of a method's guesses (for build-tree), or EMS-SD's padding model."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import SpecbenchError
+from ..progress import console, out
+from .app import app
+from .parse import float_list, int_list
+
+
+@app.command()
+def estimate(
+    method: Annotated[str, typer.Option(help="Method whose guesses are scored: ppd, medusa, hidden-transfer, eagle "
+                                             "or parallelspec.")] = "ppd",
+    model: Annotated[str, typer.Option(help="Model spec.")] = "smollm2-135m",
+    data: Annotated[str, typer.Option(help="Validation prompts (held out of training).")] = "alpaca-eval",
+    limit: Annotated[int, typer.Option(help="Prompts scored (the first N).")] = 50,
+    new_tokens: Annotated[int, typer.Option(help="Greedy reference length per prompt.")] = 64,
+    artifact: Annotated[Optional[str], typer.Option(help="The method's artefact folder (default: the shipped one; ppd "
+                                                        "also takes untrained[:S] for random real-token "
+                                                        "embeddings).")] = None,
+    initial: Annotated[bool, typer.Option(help="Score the artefact's initial (untrained) embeddings.")] = False,
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", help="Acceptance YAML (default "
+                        "acceptance/<model>/ppd.yaml); with --padding, a CSV of the model's table (not written "
+                        "unless given; --run's comparison goes beside it as <name>-measured.csv).")] = None,
+    padding: Annotated[bool, typer.Option("--padding", help="Instead: EMS-SD's padding model (Appendix B), the "
+                                                            "share of KV entries the padded way of batching wastes "
+                                                            "per step, by accuracy p and batch size B. Loads no "
+                                                            "model.")] = False,
+    accuracy: Annotated[str, typer.Option(help="--padding: next-token prediction accuracies p, each in (0, 1).")]
+    = "0.5,0.6,0.7,0.8,0.9",
+    batch_sizes: Annotated[str, typer.Option(help="--padding: batch sizes B.")] = "1,2,4,8,16,24",
+    max_accept: Annotated[int, typer.Option(help="--padding: maximum acceptance length K = draft length + 1 (the "
+                                                 "paper's Figure 7 uses 8).")] = 8,
+    run: Annotated[Optional[Path], typer.Option(metavar="DIR", help="--padding: also put the measured KV padding "
+                                                "ratio of this run's padded batches beside the model's.")] = None,
+):
+    """Top-k accuracy of the method's guesses per token distance (PPD Table 2), for `build-tree`; with --padding,
+    EMS-SD's padding model instead."""
+    if padding:
+        _estimate_padding(accuracy, batch_sizes, max_accept, run, out_path)
+        return
+    from ..core.models import load_model
+    from ..artifacts import prompt_tokens as pt
+    from ..planning import acceptance
+
+    methods = ("ppd", "medusa", "hidden-transfer", "eagle", "parallelspec")
+    if method not in methods:
+        raise SpecbenchError(f"estimate --method {method}: choose one of {', '.join(methods)} (or --padding)")
+    if limit < 1 or new_tokens < 3:
+        raise SpecbenchError("--limit must be at least 1 and --new-tokens at least 3")
+    if initial and method != "ppd":
+        raise SpecbenchError(f"--initial scores ppd's untrained prompt tokens; {method} has no initial artefact "
+                             "(its untrained heads / projections / drafter repeat the next-token guess or less)")
+    target = load_model(model, dtype, device)
+    if method == "ppd":
+        tokens = pt.resolve(artifact, target)
+        if initial and not tokens.meta.get("untrained"):
+            tokens = pt.load(tokens.source, target, initial=True)  # the embeddings training started from
+        result = acceptance.estimate(target, tokens, data, limit, new_tokens, data_file)
+        source = tokens.source
+    else:
+        result, source = _estimate_heads(method, target, artifact, data, limit, new_tokens, data_file)
+    path = out_path or acceptance.default_path(model, method + ("-initial" if initial else ""))
+    acceptance.write(result, path)
+    table = Table(title=f"{method} accuracy, {target.spec} {result['dtype']} ({source}), "
+                        f"{result['prompts']} {data} prompts")
+    table.add_column("distance", justify="left")
+    for k in (1, 2, 3, 5, 10):
+        table.add_column(f"top-{k}", justify="right")
+    for d, row in enumerate(result["topk_accuracy"]):
+        table.add_row(f"@{d + 1}", *(f"{row[k - 1]:.3f}" for k in (1, 2, 3, 5, 10)))
+    out.print(table)
+    console.print(f"Wrote {escape(str(path))} ({sum(result['positions'])} scored guesses, {result['seconds']:.0f} s)")
+
+
+def _estimate_heads(method: str, target, artifact: Optional[str], data: str, limit: int, new_tokens: int,
+                    data_file: Optional[str]) -> tuple[dict, str]:
+    """estimate for medusa (or early-exit heads: --artifact artifacts/<model>/early-exit-l<l>), hidden-transfer and
+    the feature drafters (eagle: ranks at each depth along the true path; parallelspec: per drafted position)."""
+    from ..planning import acceptance
+    from ..planning.head_accuracy import medusa_ranks, transfer_ranks
+
+    if method == "medusa":
+        from ..artifacts import medusa_heads as mh
+
+        art = mh.resolve(artifact, target)
+        heads = art.heads
+        result = acceptance.estimate_with(target, lambda ids, s: medusa_ranks(target, heads, ids, s), heads.heads,
+                                          data, limit, new_tokens, data_file, method, art.source,
+                                          {"heads": heads.heads, "layer": heads.layer})
+        return result, art.source
+    if method in ("eagle", "parallelspec"):
+        from ..artifacts import feature_drafter as fd
+        from ..planning.head_accuracy import drafter_ranks
+        from ..methods.eagle import EAGLE_DEPTH
+
+        art = fd.resolve(artifact, target, method)
+        drafter = art.drafter.to(target.device)
+        depths = drafter.mask_tokens + 1 if method == "parallelspec" else EAGLE_DEPTH
+        # the drafter's own forward time (build-tree adds it per drafter forward to the target's step latency)
+        ms = fd.forward_ms(drafter, 1 + drafter.mask_tokens)
+        result = acceptance.estimate_with(target, lambda ids, s: drafter_ranks(target, drafter, ids, s, depths),
+                                          depths, data, limit, new_tokens, data_file, method, art.source,
+                                          {"mask_tokens": drafter.mask_tokens, "draft_forward_ms": ms,
+                                           "draft_forward_rows": 1 + drafter.mask_tokens})
+        return result, art.source
+    from ..artifacts import transfer_projections as tp
+
+    art = tp.resolve(artifact, target)
+    proj = art.projections
+    result = acceptance.estimate_with(target, lambda ids, s: transfer_ranks(target, proj, ids, s), proj.steps,
+                                      data, limit, new_tokens, data_file, method, art.source,
+                                      {"transfer_layers": proj.layers})
+    return result, art.source
+
+
+def _estimate_padding(accuracy: str, batch_sizes: str, max_accept: int, run: Optional[Path],
+                      out_path: Optional[Path]) -> None:
+    """`estimate --padding`: the model's table for the grid, and with --run the measured one beside it."""
+    import pandas as pd
+
+    from ..planning import padding_model as pm
+    from ..report.report import read_records
+
+    ps, batches = float_list(accuracy, "--accuracy"), int_list(batch_sizes, "--batch-sizes")
+    # p = 0 or 1 is a batch that never or always accepts everything: no padding to model
+    if bad := [p for p in ps if not 0 < p < 1]:
+        raise SpecbenchError(f"--accuracy: each p must be strictly between 0 and 1 (got {bad[0]:g})")
+    if bad := [b for b in batches if b < 1]:
+        raise SpecbenchError(f"--batch-sizes: each batch size must be at least 1 (got {bad[0]})")
+    if max_accept < 1:
+        raise SpecbenchError(f"--max-accept must be at least 1 (got {max_accept})")
+    records = read_records(run) if run is not None else None  # a folder without records.csv is refused up front
+    rows = pm.table(ps, batches, max_accept)
+    table = Table(title=f"EMS-SD padding model (Appendix B), K = {max_accept}",
+                  caption="R = E[P] / E[M]: share of the KV entries written per step that are padding")
+    for col in ("p", "B", "E[A]", "E[M]", "E[P]", "R"):
+        table.add_column(escape(col), justify="right")
+    for r in rows:
+        table.add_row(f"{r['p']:g}", str(r["B"]), f"{r['E[A]']:.2f}", f"{r['E[M]']:.2f}", f"{r['E[P]']:.2f}",
+                      f"{r['R']:.1%}")
+    out.print(table)
+    frames = {out_path: pd.DataFrame(rows)}
+    if records is not None:
+        frame = pm.measured(records)
+        _print_measured(frame, run)
+        if out_path is not None:
+            frames[out_path.with_name(f"{out_path.stem}-measured.csv")] = frame
+    if out_path is not None:
+        for path, frame in frames.items():
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                frame.to_csv(path, index=False)
+            except OSError as exc:
+                raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        console.print(f"Wrote {escape(', '.join(str(p) for p in frames))}")
+
+
+def _print_measured(frame, run: Path) -> None:
+    """The measured-vs-model table of a run, or a note that it has no padded batches."""
+    if frame.empty:
+        console.print(f"[yellow]note[/] {escape(str(run))}: no padded batches (batch size > 1, --batching padded) "
+                      "in its records")
+        return
+    table = Table(title=f"measured vs model KV padding ratio, {escape(str(run))}")
+    for col in ("method", "dataset", "B", "tau", "K", "p", "R measured", "R model"):
+        table.add_column(col, justify="left" if col in ("method", "dataset") else "right")
+
+    def fmt(v, spec):
+        return "-" if math.isnan(float(v)) else spec.format(v)  # NaN: K unknown or tau outside [1, K]
+
+    for r in frame.itertuples(index=False):
+        table.add_row(escape(str(r.method)), escape(str(r.dataset)), str(r.batch_size), fmt(r.tau, "{:.2f}"),
+                      fmt(r.K, "{:.0f}"), fmt(r.p, "{:.3f}"), fmt(r.R_measured, "{:.1%}"), fmt(r.R_model, "{:.1%}"))
+    out.print(table)

@@ -1,0 +1,97 @@
+"""`specbench report`: re-draw, compare, compare with a baseline, gate CI, history."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..progress import console, out
+from .app import app
+from .show import print_summary, warn_unexplained
+
+
+@app.command()
+def report(
+    runs: Annotated[list[Path], typer.Argument(help="Run folders written by `specbench run` (with --history: runs of "
+                                                    "successive commits, oldest first).")],
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where a comparison of several runs goes (default "
+                                                    "specbench-report/); with --baseline, the vs_baseline files "
+                                                    "(default: the run folder); with --history, history.csv and "
+                                                    ".png (default specbench-history/).")] = None,
+    fail_below: Annotated[Optional[float], typer.Option(help="Exit 1 when a method's speedup is below this (or a "
+                                                             "lossless method differs from ar beyond rounding); exit "
+                                                             "3 (not judged) when the noise guard marks timings "
+                                                             "disturbed.")] = None,
+    judge_disturbed: Annotated[bool, typer.Option(help="With --fail-below / --fail-regression: judge disturbed "
+                                                       "timings anyway (they are still listed).")] = False,
+    baseline: Annotated[Optional[Path], typer.Option(help="Compare with this earlier run (its folder or summary.csv, "
+                                                          "e.g. the last main-branch run): change in speedup, tau, "
+                                                          "acceptance and lossless rate per method x dataset. "
+                                                          "Refused when hardware, model, dtype or settings "
+                                                          "differ.")] = None,
+    fail_regression: Annotated[Optional[str], typer.Option(metavar="PCT", help="With --baseline: exit 1 when a "
+                                                           "speedup or tau fell by more than PCT percent of the "
+                                                           "baseline's, or a lossless rate fell. Default: off.")]
+    = None,
+    allow_different: Annotated[bool, typer.Option(help="Compare with a baseline from other hardware, model, dtype or "
+                                                       "settings anyway (the report says so).")] = False,
+    junit: Annotated[Optional[Path], typer.Option(help="Write JUnit XML: one test case per method x dataset check "
+                                                       "(lossless, floor, regression); not judged = skipped.")]
+    = None,
+    job_summary: Annotated[Optional[Path], typer.Option(help="Append the Markdown report to this file (default: "
+                                                             "$GITHUB_STEP_SUMMARY when set).")] = None,
+    artifact_url: Annotated[Optional[str], typer.Option(help="Job summary: link plots as URL/<path> (GitLab: "
+                                                             "$CI_JOB_URL/artifacts/file). Default on GitHub "
+                                                             "Actions: the run's artefacts.")] = None,
+    history: Annotated[bool, typer.Option("--history", help="Draw speedup and tau per method over the runs "
+                                                            "(successive commits) as history.png and history.csv "
+                                                            "in --out.")] = False,
+):
+    """Re-draw tables and plots from result CSVs, compare runs, compare with a baseline, and gate CI."""
+    from ..ci import flow as ci
+    from ..report.report import compare_runs, write_run_report
+
+    opts = ci.CiOptions(baseline=baseline, fail_below=fail_below, fail_regression=ci.parse_percent(fail_regression),
+                        judge_disturbed=judge_disturbed, allow_different=allow_different, junit=junit,
+                        job_summary=job_summary, artifact_url=artifact_url)
+    old = ci.prepare(opts, runs, history)  # bad input is refused before any work
+    if history:
+        from ..ci.history import write
+
+        frame, paths, notes = write(runs, out_dir or Path("specbench-history"))
+        _print_history(frame)
+        for note in notes:
+            console.print(f"[yellow]note[/] {escape(note)}")
+        console.print(f"Wrote {escape(', '.join(str(p) for p in paths))}")
+        return
+    if len(runs) == 1:
+        summary = write_run_report(runs[0])
+        print_summary(summary, str(runs[0]))
+        warn_unexplained(runs)
+        console.print(f"Wrote {escape(str(runs[0]))}/summary.csv, report.md and plots.")
+    else:
+        out_dir = out_dir or Path("specbench-report")
+        summary = compare_runs(runs, out_dir)
+        summary["method"] = summary.run + ":" + summary.method
+        print_summary(summary, "comparison")
+        warn_unexplained(runs)
+        console.print(f"Wrote {escape(str(out_dir))}/comparison.csv, summary.md and plots.")
+    code = ci.judge(summary, runs, out_dir or runs[0], opts, old)
+    if code:
+        raise typer.Exit(code)
+
+
+def _print_history(frame) -> None:
+    from ..run.noise import is_disturbed
+
+    table = Table(title="history (oldest first)")
+    for col in ("commit", "method", "dataset", "speedup", "tau", "timing"):
+        table.add_column(col, justify="right" if col in ("speedup", "tau") else "left")
+    for r in frame[frame.method != "ar"].itertuples(index=False):
+        table.add_row(escape(r.commit), escape(r.method), escape(r.dataset), f"{r.speedup:.2f}x", f"{r.tau:.2f}",
+                      "[bold red]DISTURBED[/]" if is_disturbed(r.timing) else r.timing)
+    out.print(table)

@@ -1,0 +1,118 @@
+"""`specbench run`: parse the options into a RunConfig, run it, write the report, print the summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from ..errors import SpecbenchError
+from ..progress import console
+from .app import app
+from .parse import int_list
+from .show import print_summary, warn_unexplained
+
+
+def _with_method_options(func):
+    """Give `func` one CLI option per method option the registered methods declare (methods/options.py), after
+    its own parameters; Typer reads the signature, and the values arrive in `func`'s **kwargs."""
+    import inspect
+
+    from ..methods import REGISTRY, all_options
+
+    sig = inspect.signature(func, eval_str=True)
+    own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    extra = []
+    for name, (spec, methods) in all_options(REGISTRY).items():
+        text = f"{', '.join(methods)}: {spec.help}" + (f" ({', '.join(spec.choices)})" if spec.choices else "")
+        option = typer.Option(spec.flag, help=text + ".", rich_help_panel="Method options")
+        extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=spec.default,
+                                       annotation=Annotated[Optional[spec.type], option]))
+    func.__signature__ = sig.replace(parameters=own + extra)
+    func.__annotations__ = {**func.__annotations__, **{p.name: p.annotation for p in extra}}
+    return func
+
+
+@app.command()
+@_with_method_options
+def run(
+    method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="Method to run (repeatable). "
+                      "`ar` always runs too, as the baseline.")] = None,
+    dataset: Annotated[Optional[list[str]], typer.Option("--dataset", "-d", help="Dataset name or a .jsonl "
+                       "file (repeatable).")] = None,
+    model: Annotated[str, typer.Option(help="smollm2-135m, HF id, local dir, .gguf file, random:<preset>")]
+    = "smollm2-135m",
+    drafter: Annotated[Optional[str], typer.Option(help="Draft model, for methods that need one.")] = None,
+    dtype: Annotated[str, typer.Option(help="auto (bfloat16 on GPU; on CPU the faster dtype by this CPU's "
+                                            "profiles, float32 without them), float32, bfloat16, float16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    limit: Annotated[int, typer.Option(help="Prompts per dataset (the first N).")] = 6,
+    per_category: Annotated[bool, typer.Option(help="--limit takes the first N of every category (files with a "
+                                                    "`category` field: MT-Bench, Spec-Bench question files).")]
+    = False,
+    max_new_tokens: Annotated[int, typer.Option(help="Cap on new tokens per turn.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0 = greedy (checks lossless methods against ar).")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass (temperature > 0).")] = 1.0,
+    top_k: Annotated[int, typer.Option(help="Top-k sampling, 0 = off (temperature > 0).")] = 0,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    warmup: Annotated[int, typer.Option(help="Untimed warm-up generations per method.")] = 1,
+    repeats: Annotated[int, typer.Option(help="Timed generations per prompt turn; the median time is "
+                                              "recorded (use 3 on a noisy machine).")] = 1,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default results/<time>).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue an interrupted run in --out (default: the newest "
+                                              "folder in results/).")] = False,
+    tree_sizes: Annotated[Optional[str], typer.Option(help="Tree methods: sweep these sizes in one run "
+                                                           "(e.g. 4,8,16,32,64).")] = None,
+    batch_size: Annotated[Optional[list[str]], typer.Option("--batch-size", "-b", metavar="B[,B...]", help="Prompts decoded at once "
+                          "(repeatable or a comma list, e.g. 1,2,4,8,16); ar runs batched at each size as that size's "
+                          "baseline. Default 1: one prompt at a time.", rich_help_panel="Batching (EMS-SD)")] = None,
+    batching: Annotated[str, typer.Option(metavar="MODE", help="At batch size > 1: unpadded (EMS-SD: per-sample KV lengths, packed "
+                                               "inputs), padded (the vanilla way) or both, side by side.",
+                                          rich_help_panel="Batching (EMS-SD)")] = "both",
+    refill: Annotated[bool, typer.Option(help="At batch size > 1: a finished sample's slot takes the next prompt "
+                                              "at once (continuous batching) instead of waiting for the batch.",
+                                         rich_help_panel="Batching (EMS-SD)")] = False,
+    **method_options,  # one option per method option (methods/options.py), added by _with_method_options
+):
+    """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
+    from ..report.report import write_run_report
+    from ..run.runner import RunConfig, default_out
+    from ..run.runner import run as run_benchmark
+
+    if out_dir is None:
+        out_dir = _newest_run() if resume else default_out()
+    cfg = RunConfig(
+        methods=tuple(method or ("ar", "pld")), datasets=tuple(dataset or ("humaneval",)), model=model,
+        drafter=drafter, dtype=dtype, device=device, limit=limit, per_category=per_category,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, repeats=repeats,
+        threads=threads,
+        data_file=data_file, out=out_dir, resume=resume,
+        tree_sizes=tuple(int_list(tree_sizes, "--tree-sizes")) if tree_sizes else (),
+        batch_sizes=tuple(dict.fromkeys(b for text in batch_size for b in int_list(text, "--batch-size")))
+        if batch_size else (1,), batching=batching, refill=refill,
+        options=method_options)
+    try:
+        run_dir = run_benchmark(cfg)
+    except SpecbenchError as exc:
+        if getattr(exc, "kept", 0):
+            write_run_report(exc.out)  # partial summary of what finished (marked partial)
+        raise
+    summary = write_run_report(run_dir)
+    print_summary(summary, f"results ({run_dir})")
+    warn_unexplained([run_dir])
+    console.print(f"Reports: {escape(str(run_dir))}/records.csv, summary.csv, report.md, speedup.png, "
+                  "tokens_per_s.png, tau.png")
+
+
+def _newest_run() -> Path:
+    from ..run.runner import default_out
+
+    runs = sorted(p for p in default_out().parent.glob("*") if (p / "run.yaml").exists())
+    if not runs:
+        raise SpecbenchError("--resume: no earlier run in results/; pass --out with the run folder.")
+    return runs[-1]

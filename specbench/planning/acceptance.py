@@ -1,0 +1,156 @@
+"""`specbench estimate --method ppd`: top-k accuracy of each prompt token at each token distance against the
+model's own greedy continuation (PPD §5.2, Fig. 6 and Table 2), and the per-rank probabilities the tree
+construction reads (PPD §4.2: "all the probabilities used above can be approximated on a validation dataset").
+
+Token distance d (the paper's "@d"): after the last accepted token x_i the target's own logits give x_{i+1};
+prompt token d, inserted after x_i, guesses x_{i+1+d}. Every position of every continuation is an insertion
+point; prompt tokens are scored in chunks on top of the KV cache of the whole sequence.
+acceptance/<model>/ppd.yaml:
+  topk_accuracy[d-1][k-1]  P(x_{i+1+d} is among prompt token d's top-k guesses), k = 1..10
+  per_rank[d-1][r]         P(x_{i+1+d} is its rank-r guess) (unconditional, as in the authors' trees)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..core.cache import crop_to, new_cache
+from ..core.models import LoadedModel, dtype_name, model_slug
+from ..data import datasets as ds
+from ..data.trainsets import refuse_as_benchmark
+from ..artifacts.prompt_tokens import PromptTokens, hidden, insertion_inputs
+from ..train.selfdistill import greedy_continuations, render
+from ..errors import SpecbenchError
+from ..progress import progress_bar
+
+TOP_K = 10
+# Used when no estimate exists yet (e.g. random test models): a plausible decay over ranks and distances.
+GENERIC_PER_RANK = [[round(0.45 * 0.5 ** d / (r + 1) ** 1.5, 5) for r in range(TOP_K)] for d in range(8)]
+
+
+def default_path(model: str, method: str = "ppd") -> Path:
+    """acceptance/<model key>/<method>.yaml (key: model_slug), where build-tree and run look."""
+    return Path("acceptance") / model_slug(model) / f"{method}.yaml"
+
+
+def read_per_rank(path: str | Path, rows: int) -> list[list[float]]:
+    """per_rank rows for distances 1..rows from an acceptance file (clear errors naming the file)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecbenchError(f"acceptance file {path}: cannot read it ({exc})") from exc
+    table = data.get("per_rank") if isinstance(data, dict) else None
+    if not (isinstance(table, list) and table and all(isinstance(r, list) and r for r in table)
+            and all(isinstance(x, (int, float)) and 0 <= x <= 1 for r in table for x in r)):
+        raise SpecbenchError(f"acceptance file {path}: `per_rank` must be a list of rows of probabilities in [0, 1]")
+    if len(table) < rows:
+        raise SpecbenchError(f"acceptance file {path}: {len(table)} per_rank rows, need {rows} (one per prompt "
+                             "token); re-run `specbench estimate` with the artefact you use")
+    return [list(map(float, r)) for r in table[:rows]]
+
+
+@torch.inference_mode()
+def score_sequence(target: LoadedModel, tokens: PromptTokens, ids: list[int], start: int,
+                   chunk: int = 32) -> torch.Tensor:
+    """Ranks hit by the guesses on one sequence: [positions, S] rank of the true token among prompt token d's
+    guesses (TOP_K = outside the top-k, -1 = no true token that far). Insertion after every position >= start."""
+    model = target.model
+    head = model.get_output_embeddings()
+    seq = torch.tensor(ids, device=target.device)
+    count, ept = tokens.count, tokens.ept
+    table = tokens.table(target.dtype, target.device)  # [S * E, H]
+    cache = new_cache(model)
+    n = len(ids)
+    causal = torch.full((n, n), torch.finfo(target.dtype).min, dtype=target.dtype, device=target.device).triu(1)
+    hidden(model, model.get_input_embeddings()(seq)[None], causal[None, None],
+           torch.arange(n, device=target.device)[None], cache)
+    points = list(range(start, n - 2))
+    out = torch.full((len(points), count), -1, dtype=torch.long)
+    for c in range(0, len(points), chunk):
+        at = points[c:c + chunk]
+        mask, pos, rows = insertion_inputs(at, count, ept, n, target.dtype, target.device)
+        h = hidden(model, table[rows][None], mask, pos, cache)  # [q, H]
+        crop_to(cache, n)
+        logits = head(h).float().view(len(at), count, ept, -1).mean(2)  # [C, S, V]
+        guesses = logits.topk(TOP_K, dim=-1).indices.cpu()  # [C, S, K]
+        for d in range(count):
+            truth_at = torch.tensor(at) + 2 + d  # guess of prompt token d+1 is x_{i+2+d} (0-based d)
+            valid = truth_at < n
+            truth = seq.cpu()[truth_at.clamp(max=n - 1)]
+            hit = guesses[:, d] == truth[:, None]  # [C, K]
+            rank = torch.where(hit.any(1), hit.float().argmax(1), torch.tensor(TOP_K))
+            out[c:c + len(at), d] = torch.where(valid, rank, torch.tensor(-1))
+    return out
+
+
+def estimate(target: LoadedModel, tokens: PromptTokens, data: str, limit: int, new_tokens: int = 64,
+             data_file: str | None = None) -> dict:
+    """PPD's accuracy table over the first `limit` prompts of `data` (held out of `specbench train ppd`)."""
+    return estimate_with(target, lambda ids, start: score_sequence(target, tokens, ids, start), tokens.count,
+                         data, limit, new_tokens, data_file, method="ppd", artifact=tokens.source,
+                         extra={"prompt_tokens": tokens.count, "ept": tokens.ept})
+
+
+def estimate_with(target: LoadedModel, score, rows: int, data: str, limit: int, new_tokens: int,
+                  data_file: str | None, method: str, artifact: str, extra: dict | None = None) -> dict:
+    """Accuracy table of any guesser: score(ids, start) -> ranks [positions, rows] (score_sequence's layout) on the
+    target's greedy references to the first `limit` prompts of `data`."""
+    t0 = time.perf_counter()
+    refuse_as_benchmark(data)
+    _, prompts = ds.load_prompts(data, limit, data_file)
+    rendered = [render(target, p) for p in prompts]
+    conts = greedy_continuations(target, rendered, new_tokens, label="greedy references")
+    ranks = []
+    with progress_bar() as bar:
+        task = bar.add_task(f"scoring {method} guesses", total=len(prompts), info="")
+        for ids, cont in zip(rendered, conts):
+            if len(cont) >= 3:
+                ranks.append(score(ids + cont, len(ids) - 1))
+            bar.update(task, advance=1)
+    if not ranks:
+        raise SpecbenchError(f"{data}: no continuation was long enough to score; raise --new-tokens")
+    topk, per_rank, counted = tabulate(torch.cat(ranks), rows)
+    return {
+        "method": method, "model": target.spec, "dtype": dtype_name(target.dtype), "artifact": artifact,
+        **(extra or {}), "data": data, "prompts": len(prompts), "new_tokens": new_tokens, "positions": counted,
+        "seconds": round(time.perf_counter() - t0, 1), "topk_accuracy": topk, "per_rank": per_rank,
+    }
+
+
+def tabulate(r: torch.Tensor, rows: int) -> tuple[list, list, list]:
+    """ranks [P, rows] -> (topk_accuracy, per_rank, positions counted) per distance."""
+    topk, per_rank, counted = [], [], []
+    for d in range(rows):
+        col = r[:, d][r[:, d] >= 0]
+        counted.append(int(col.numel()))
+        per_rank.append([round(float((col == k).float().mean()), 5) for k in range(TOP_K)])
+        topk.append([round(float((col < k + 1).float().mean()), 5) for k in range(TOP_K)])
+    return topk, per_rank, counted
+
+
+def write(result: dict, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# specbench estimate: {result['method']} accuracy per token distance (rows @1, @2, ...)\n"
+                        + yaml.safe_dump(result, sort_keys=False, default_flow_style=None, width=160))
+    except OSError as exc:
+        raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def draft_cost(method: str, path: Path | None):
+    """depth -> the drafter's milliseconds per step of a feature-drafter method (eagle: the pending pairs, then one
+    forward per inner depth; parallelspec: one forward), from the forward time `estimate` wrote into its acceptance
+    file; None for other methods, no file, or an older file without `draft_forward_ms`."""
+    if method not in ("eagle", "parallelspec") or path is None:
+        return None
+    try:
+        ms = (yaml.safe_load(Path(path).read_text()) or {}).get("draft_forward_ms")
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecbenchError(f"{path}: cannot read it ({exc})") from exc
+    if not isinstance(ms, (int, float)):
+        return None
+    return (lambda depth: ms * max(depth, 1)) if method == "eagle" else (lambda depth: ms)
