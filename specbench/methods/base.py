@@ -74,6 +74,11 @@ class DecodeMethod:
     unset_text: ClassVar[dict[str, str]] = {}  # option name -> what leaving it out means here, where a shared
     # option's own wording (Option.unset) does not fit this method
     batchable: ClassVar[bool] = False  # decodes batch > 1 (methods/batch_loop.py's Batchable)
+    # tree methods (kind "tree"): what the planning commands (estimate, build-tree, train) read from the registry
+    family: ClassVar[str | None] = None  # file-name key: acceptance/<model>/<family>.yaml, trees' `method`,
+    # artifacts/<model>/<family>/ (ppd and ppd-typical share "ppd")
+    one_state: ClassVar[bool] = False  # its tree has one state (a static candidate tree), not PPD's dynamic states
+    trainer: ClassVar[str | None] = None  # `specbench train <trainer>` makes its artefact
 
     def __init__(self, target: LoadedModel, options: Mapping[str, Any] | None = None,
                  drafter: LoadedModel | None = None):
@@ -110,6 +115,16 @@ REGISTRY: dict[str, type[DecodeMethod]] = {}
 def register(cls: type[DecodeMethod]) -> type[DecodeMethod]:
     REGISTRY[cls.name] = cls
     return cls
+
+
+def tree_families() -> dict[str, type[DecodeMethod]]:
+    """family -> the first registered tree method of it (ppd, medusa, hidden-transfer, eagle, parallelspec): the
+    methods `estimate --method` and `build-tree --method` take."""
+    out: dict[str, type[DecodeMethod]] = {}
+    for cls in REGISTRY.values():
+        if cls.kind == "tree" and cls.family and cls.family not in out:
+            out[cls.family] = cls
+    return out
 
 
 def get_method(name: str) -> type[DecodeMethod]:

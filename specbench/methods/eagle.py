@@ -45,6 +45,7 @@ def chain(gamma: int, model: str) -> TreeFile:
 class Eagle(Medusa):
     name = "eagle"
     family = "eagle"
+    trainer = "eagle"
     needs = ("target", "eagle drafter")
     summary = "EAGLE-style feature drafter (one layer on the target's hidden states) drafts a tree, tree-verified"
     option_specs = (TREE, ARTIFACT, GAMMA)
@@ -133,6 +134,7 @@ class Eagle(Medusa):
 class ParallelSpec(Eagle):
     name = "parallelspec"
     family = "parallelspec"
+    trainer = "parallelspec"
     needs = ("target", "parallelspec drafter")
     summary = "ParallelSpec: the feature drafter with k [MASK] inputs drafts k + 1 tokens in one forward, tree-verified"
     option_specs = (TREE, ARTIFACT)

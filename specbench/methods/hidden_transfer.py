@@ -39,6 +39,8 @@ def transfer_slots(layout: TreeLayout, steps: int, prefix: int, device) -> tuple
 class HiddenTransfer(ParallelPromptDecoding):
     name = "hidden-transfer"
     family = "hidden-transfer"
+    one_state = False
+    trainer = "hidden-transfer"
     needs = ("target", "transfer projections")
     summary = "hidden transfer: pseudo hidden states of future tokens made at middle layers guess a tree"
     batchable = False  # the transfer hook indexes one sample's row; batch > 1 is not built for it yet

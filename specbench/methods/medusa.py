@@ -37,6 +37,8 @@ def candidate_tree(acc, heads: int, size: int, model: str = "", source: str = ""
 class Medusa(ParallelPromptDecoding):
     name = "medusa"
     family = "medusa"
+    one_state = True
+    trainer = "medusa"
     needs = ("target", "medusa heads")
     summary = "Medusa-1 heads on the last hidden state guess a static sparse tree, tree-verified"
 

@@ -78,7 +78,8 @@ class ParallelPromptDecoding(Batchable, DecodeMethod):
     option_specs = (TREE, ARTIFACT)
     typical = False  # ppd-typical: Medusa's typical acceptance at T > 0 (lossy)
 
-    family = "ppd"  # file-name key: acceptance/<model>/<family>.yaml, trees/*.yaml `method`, artifacts/<model>/
+    family = "ppd"
+    trainer = "ppd"
 
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)

@@ -1,0 +1,85 @@
+"""Where specbench keeps its files: the one module that spells out the folders of measured profiles, trees,
+acceptance tables, trained artefacts, dataset specs and the user cache.
+
+Relative paths (`profile_file(...)`, `tree_file(...)`, ...) are what commands write into the working directory;
+`find(...)` looks a relative path up in the working directory first (what the user made), then in the checkout the
+package runs from (what ships). Model keys are `core.models.model_slug(spec)` ("smollm2-135m", "org--name"),
+hardware keys `core.hardware.hardware_slug(device)`; this module takes them as strings, so every layer can use it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .. import REPO_ROOT
+
+PROFILES, TREES, ACCEPTANCE, ARTIFACTS, DATASETS = "profiles", "trees", "acceptance", "artifacts", "datasets"
+
+
+def roots() -> tuple[Path, Path]:
+    """Where lookups search, in order: the working directory, then the checkout (shipped data)."""
+    return Path.cwd(), REPO_ROOT
+
+
+def find(relative: str | Path) -> Path | None:
+    """A data file in the working directory, else the one shipped with the repo, else None."""
+    for root in roots():
+        if (root / relative).is_file():
+            return root / relative
+    return None
+
+
+# ------------------------------------------------------------------------------------- relative paths by kind
+
+
+def profile_file(hardware: str, model: str, dtype: str) -> Path:
+    """profiles/<hardware>/<model>-<dtype>.yaml: a measured latency curve L_fp(n) (`specbench profile`)."""
+    return Path(PROFILES) / hardware / f"{model}-{dtype}.yaml"
+
+
+def profiles_dir() -> Path:
+    """profiles/: the root `specbench profile` files curves under (per hardware key)."""
+    return Path(PROFILES)
+
+
+def tree_dir(model: str) -> Path:
+    """trees/<model>/: the trees of one model, every method and hardware."""
+    return Path(TREES) / model.replace("/", "--")
+
+
+def tree_file(model: str, stem: str) -> Path:
+    """trees/<model>/<stem>.yaml (stem: `<hardware>-<dtype>` for ppd, `<method>-<hardware>-<dtype>` for others)."""
+    return tree_dir(model) / f"{stem}.yaml"
+
+
+def acceptance_file(model: str, family: str) -> Path:
+    """acceptance/<model>/<family>.yaml: per-rank accuracy of a method's guesses (`specbench estimate`)."""
+    return Path(ACCEPTANCE) / model / f"{family}.yaml"
+
+
+def artifact_dir(model: str, folder: str) -> Path:
+    """artifacts/<model>/<folder>/: a trained artefact (`specbench train ...` writes it here)."""
+    return Path(ARTIFACTS) / model / folder
+
+
+def find_artifact_dir(model: str, folder: str, meta_file: str) -> Path:
+    """The artefact folder in the working directory when it holds an artefact (its meta file), else the repo's
+    (which may not exist: the caller says what to train)."""
+    rel = artifact_dir(model, folder)
+    return rel if (rel / meta_file).is_file() else REPO_ROOT / rel
+
+
+def shipped_artifacts() -> Path:
+    """The checkout's artifacts/ folder (artefacts that ship with specbench)."""
+    return REPO_ROOT / ARTIFACTS
+
+
+def dataset_specs() -> Path:
+    """datasets/: the YAML specs of the benchmark sets (shipped)."""
+    return REPO_ROOT / DATASETS
+
+
+def user_cache() -> Path:
+    """Where specbench keeps downloaded and converted files ($SPECBENCH_CACHE, default ~/.cache/specbench)."""
+    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
