@@ -26,7 +26,7 @@ from specbench.core.models import load_model
 from specbench.data import datasets as ds
 from specbench.artifacts import transfer_projections as tp
 from specbench.train.selfdistill import greedy_continuations, render, training_sequences
-from specbench.train.medusa import TRAINING_MIX
+from specbench.train.config import TRAINING_MIX
 from specbench.train.transfer import make_step_loss
 from specbench.train.loop import optimise
 from specbench.planning.head_accuracy import transfer_ranks

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import yaml
 
 from ..core.cache import crop_to, new_cache
@@ -163,14 +162,6 @@ def resolve(spec: str | None, target: LoadedModel, method: str) -> FeatureArtifa
     what = "EAGLE drafter" if method == "eagle" else "ParallelSpec drafter"
     path = af.locate_dir(spec, target, method, META_FILES[method], what, TRAIN[method])
     return load(path, target, method)
-
-
-def teacher_log_probs(lm_head: torch.nn.Module, features: torch.Tensor,
-                      vocab_ids: torch.Tensor | None) -> torch.Tensor:
-    """The target's next-token log-probabilities [n, K] from its features [n, H] (restricted: renormalised over
-    vocab_ids, the distribution a restricted drafter can match)."""
-    weight = lm_head.weight if vocab_ids is None else lm_head.weight[vocab_ids]
-    return F.log_softmax((features.to(weight.dtype) @ weight.T).float(), -1)
 
 
 @torch.inference_mode()

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from .. import REPO_ROOT
+from ..core import store
 from ..core.models import LoadedModel, model_slug
 from ..errors import SpecbenchError
 from .prompt_tokens import model_key
@@ -18,8 +18,7 @@ from .prompt_tokens import model_key
 def default_dir(target: LoadedModel | str, folder: str, meta_file: str) -> Path:
     """artifacts/<model key>/<folder> in the working directory (where `train` writes) when it holds an artefact
     (its meta file), else the repo's."""
-    rel = Path("artifacts") / model_slug(target if isinstance(target, str) else target.spec) / folder
-    return rel if (rel / meta_file).is_file() else REPO_ROOT / rel
+    return store.find_artifact_dir(model_slug(target if isinstance(target, str) else target.spec), folder, meta_file)
 
 
 def read_meta(path: Path, meta_file: str, fields: dict[str, type], optional: dict[str, type] | None = None) -> dict:

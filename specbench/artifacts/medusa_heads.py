@@ -55,11 +55,6 @@ class MedusaHeads(torch.nn.Module):
         full = small.new_full((*small.shape[:2], lm_head.weight.shape[0]), float("-inf"))
         return full.index_copy(2, self.vocab_ids, small).float()
 
-    def small_logits(self, lm_head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
-        """[K, n, V'] logits over the head's own vocabulary (training: no -inf columns)."""
-        weight = lm_head.weight if self.vocab_ids is None else lm_head.weight[self.vocab_ids]
-        return (self.states(h) @ weight.T).float()
-
 
 def head_states(model, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One frozen forward of ids [1, T] -> (what heads at `layer` read [T, H], the last hidden state [T, H]).

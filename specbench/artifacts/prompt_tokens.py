@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from .. import REPO_ROOT
+from ..core import store
 from ..core.cache import window_mask
 from ..core.models import LoadedModel
 from ..errors import SpecbenchError
@@ -107,8 +107,7 @@ def default_path(target: LoadedModel | str) -> Path:
     (the key: core.models.model_slug, the same for every command)."""
     from ..core.models import model_slug
 
-    rel = Path("artifacts") / model_slug(target if isinstance(target, str) else target.spec) / "ppd"
-    return rel if (rel / META_FILE).is_file() else REPO_ROOT / rel
+    return store.find_artifact_dir(model_slug(target if isinstance(target, str) else target.spec), "ppd", META_FILE)
 
 
 def resolve(spec: str | None, target: LoadedModel) -> PromptTokens:

@@ -10,7 +10,6 @@ Works for Llama-style targets (base model with .layers, .norm, .rotary_emb).
 from __future__ import annotations
 
 import copy
-import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,25 +17,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from .. import REPO_ROOT
+from ..core import store
 from ..core.cpu_kernels import prepack
 from ..core.models import LoadedModel, load_model
 from ..errors import SpecbenchError
 
-ARTIFACTS_DIR = REPO_ROOT / "artifacts"
 WEIGHTS_FILE, META_FILE = "drafter.safetensors", "drafter.yaml"
-
-
-def init_layer_ids(n_target: int, n_layers: int) -> list[int]:
-    """Which target layers initialise the drafter: the first ceil(L/2) and the last floor(L/2).
-
-    The drafter reads the target's token embeddings and writes into the space its final norm and LM head read;
-    the target's first layers are adapted to the former and its last layers to the latter.
-    """
-    if not 1 <= n_layers <= n_target:
-        raise SpecbenchError(f"--layers must be between 1 and the target's {n_target} layers (got {n_layers})")
-    first = math.ceil(n_layers / 2)
-    return list(range(first)) + list(range(n_target - (n_layers - first), n_target))
 
 
 def causal_mask(past: int, n: int, batch: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -201,8 +187,8 @@ def default_artifact(target: LoadedModel) -> Path | None:
     repo's (the key: core.models.model_slug)."""
     from ..core.models import model_slug
 
-    rel = Path("artifacts") / model_slug(target.spec) / "drafter"
-    for path in (rel, ARTIFACTS_DIR.parent / rel):
+    key = model_slug(target.spec)
+    for path in (store.artifact_dir(key, "drafter"), store.shipped_artifacts() / key / "drafter"):
         if is_artifact(path):
             return path
     return None

@@ -5,59 +5,64 @@ shared; only its L decoder layers and final norm train, initialised from the tar
 Data: the target's own greedy continuations of prompts from a mix of sources, by default chat (alpaca-eval), code
 (stdlib-code) and maths (word-problems) (selfdistill.training_sequences, trainsets; the first `held_out` prompts of
 each source stay out for the agreement check, reported per source). The teacher is the target's next-token
-distribution at every position after the chat template's common system prefix, kept as its top-k probabilities (computed once, so later
-epochs cost only the drafter's forward and backward); loss = cross-entropy of the drafter against that truncated,
-renormalised distribution (a top-k approximation of KL(teacher || drafter), as in DistillSpec's forward KL).
-With --vocab-top K the drafter scores only the K tokens most frequent in the data; teacher mass outside them is
-dropped before renormalising. Checkpoints every `save_every` steps; --resume continues from the last one.
+distribution at every position after the chat template's common system prefix, kept as its top-k probabilities
+(computed once, so later epochs cost only the drafter's forward and backward); loss = cross-entropy of the drafter
+against that truncated, renormalised distribution (a top-k approximation of KL(teacher || drafter), as in
+DistillSpec's forward KL). With --vocab-top K the drafter scores only the K tokens most frequent in the data; teacher
+mass outside them is dropped before renormalising. Checkpoints every `save_every` steps; --resume continues from the
+last one.
 """
 
 from __future__ import annotations
 
-import os
+import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ..artifacts.token_drafter import SharedHeadDrafter, save_artifact
 from ..core.concurrency import forward_costs
-from ..core.hardware import cpu_model, device_name
-from ..core.models import LoadedModel, dtype_name, load_model, model_slug
+from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 from ..progress import progress_bar
-from .selfdistill import greedy_continuations, load_source, render, source_names, training_sequences
-from ..artifacts.token_drafter import SharedHeadDrafter, init_layer_ids, save_artifact
-from .ppd import plot_losses
+from .config import TRAINING_MIX, TrainSettings
 from .loop import optimise
+from .selfdistill import greedy_continuations, load_source, render, source_names
+from .steps import check_vocab_top, checkpoint_path, frequent_tokens, insert_after, load_target, reply_start, \
+    run_facts, self_distilled, write_loss_curve
 
 
 @dataclass(frozen=True)
-class DrafterConfig:
-    model: str = "smollm2-135m"
+class DrafterConfig(TrainSettings):
     layers: int = 2  # L: the drafter's decoder layers
     vocab_top: int | None = None  # K: restrict the drafter's head to the K most frequent tokens
-    data: str = "alpaca-eval,stdlib-code,word-problems"  # chat, code and maths; `prompts` from each
+    data: str = TRAINING_MIX  # chat, code and maths; `prompts` from each
     steps: int = 1500  # optimiser steps of `batch` sequences each
     batch: int = 4
-    out: Path | None = None  # default artifacts/<model>/drafter
-    dtype: str = "auto"
-    device: str = "auto"
     lr: float = 5e-4  # AdamW, 30 warm-up steps then cosine decay
     topk: int = 32  # teacher probabilities kept per position
     prompts: int = 300  # per source
-    held_out: int = 100
-    new_tokens: int = 96
     eval_prompts: int = 20  # held-out prompts for the agreement check
     save_every: int = 100
-    resume: bool = False
-    seed: int = 0
-    data_file: str | None = None
 
     @property
     def out_dir(self) -> Path:
-        return self.out or Path("artifacts") / model_slug(self.model) / "drafter"
+        return self.artifact_out("drafter")
+
+
+def init_layer_ids(n_target: int, n_layers: int) -> list[int]:
+    """Which target layers initialise the drafter: the first ceil(L/2) and the last floor(L/2).
+
+    The drafter reads the target's token embeddings and writes into the space its final norm and LM head read;
+    the target's first layers are adapted to the former and its last layers to the latter.
+    """
+    if not 1 <= n_layers <= n_target:
+        raise SpecbenchError(f"--layers must be between 1 and the target's {n_target} layers (got {n_layers})")
+    first = math.ceil(n_layers / 2)
+    return list(range(first)) + list(range(n_target - (n_layers - first), n_target))
 
 
 @torch.inference_mode()
@@ -118,25 +123,18 @@ def train(cfg: DrafterConfig) -> Path:
         raise SpecbenchError(f"--vocab-top must be at least 1 (got {cfg.vocab_top}); leave it out for the full "
                              "vocabulary")
     t_start = time.perf_counter()
-    target = load_model(cfg.model, cfg.dtype, cfg.device)
-    target.model.requires_grad_(False)
+    target = load_target(cfg)
     n_target = target.model.config.num_hidden_layers
     layer_ids = init_layer_ids(n_target, cfg.layers)
     out = cfg.out_dir
-    ckpt_path = out / "checkpoint" / "state.pt"
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()
-                if k not in ("steps", "resume", "out", "save_every")}
-    seqs = training_sequences(target, cfg.data, cfg.held_out, cfg.prompts, cfg.new_tokens, cfg.data_file,
-                              min_reply=2)
-    # positions shared by every sequence (the chat template's system prefix) teach nothing: start after them
-    start = len(os.path.commonprefix([s for s, _ in seqs]))
-    start = min(start, min(first for _, first in seqs) - 1)
+    ckpt_path = checkpoint_path(out)
+    settings = cfg.settings()
+    seqs = self_distilled(cfg, target, min_reply=2)
+    start = reply_start(seqs)  # positions shared by every sequence (the system prefix) teach nothing
     vocab_ids = col = None
     if cfg.vocab_top:
-        if not 1 <= cfg.vocab_top <= target.vocab_size:
-            raise SpecbenchError(f"--vocab-top must be between 1 and the vocabulary size {target.vocab_size}")
-        counts = torch.bincount(torch.tensor([t for s, _ in seqs for t in s[start:]]), minlength=target.vocab_size)
-        vocab_ids = counts.topk(cfg.vocab_top).indices.sort().values  # [K]
+        check_vocab_top(cfg.vocab_top, target.vocab_size)
+        vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top)  # [K]
         col = torch.full((target.vocab_size,), -1, dtype=torch.long)
         col[vocab_ids] = torch.arange(cfg.vocab_top)
         col = col.to(target.device)
@@ -183,7 +181,6 @@ def finish(cfg: DrafterConfig, target: LoadedModel, module: SharedHeadDrafter, l
         agree[name] = round(agreement(target, module, eval_seqs), 4)
         agree_init[name] = round(agreement(target, untrained, eval_seqs), 4)
     costs = forward_costs(target, module, target.device, (1,), "trained-drafter")
-    tail = losses[-50:]
     own = sum(v.numel() for v in module.own_state().values() if v.is_floating_point())
     meta = {
         "method": "drafter", "target": target.spec, "target_fingerprint": target.fingerprint(),
@@ -199,13 +196,8 @@ def finish(cfg: DrafterConfig, target: LoadedModel, module: SharedHeadDrafter, l
         "data": {"name": cfg.data_file or cfg.data, "prompts": f"{cfg.held_out}..{cfg.held_out + cfg.prompts - 1}",
                  "sequences": len(seqs), "continuation": f"greedy, up to {cfg.new_tokens} new tokens"},
         "loss": "soft cross-entropy against the target's top-k next-token distribution",
-        "initial_loss": losses[0] if losses else None, "final_loss": round(sum(tail) / max(len(tail), 1), 4),
-        "train_seconds": round(train_s, 1), "data_seconds": round(data_s, 1), "dtype": dtype_name(target.dtype),
-        "stored_dtype": "bfloat16",
-        "hardware": device_name(target.device) if target.device.type == "cuda" else cpu_model(),
-        "threads": torch.get_num_threads(), "seed": cfg.seed, "date": time.strftime("%Y-%m-%d"),
+        **insert_after(run_facts(target, losses, train_s, data_s, cfg.seed), "dtype", {"stored_dtype": "bfloat16"}),
     }
     save_artifact(module, out, meta)
-    plot_losses(losses, out / "loss.png", f"{target.spec}: {cfg.layers}-layer drafter", "soft cross-entropy")
-    (out / ".gitignore").write_text("checkpoint/\n")
+    write_loss_curve(out, losses, f"{target.spec}: {cfg.layers}-layer drafter", "soft cross-entropy")
     return out

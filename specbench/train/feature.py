@@ -14,34 +14,30 @@ when there is one (`--init`), with masks at zero.
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..core.hardware import cpu_model, device_name
-from ..core.models import LoadedModel, dtype_name, load_model, model_slug
-from ..errors import SpecbenchError
-from ..progress import console, progress_bar
 from ..artifacts import feature_drafter as fd
 from ..artifacts.prompt_tokens import model_key
-from .selfdistill import check_sources, training_sequences
-from .medusa import TRAINING_MIX
-from .ppd import plot_losses
+from ..core.models import LoadedModel
+from ..errors import SpecbenchError
+from ..progress import console, progress_bar
+from .config import TrainSettings
 from .loop import check_common, optimise
+from .selfdistill import check_sources
+from .steps import checkpoint_path, data_facts, frequent_tokens, load_target, reply_start, run_facts, \
+    self_distilled, write_loss_curve
 
 
 @dataclass(frozen=True)
-class FeatureConfig:
+class FeatureConfig(TrainSettings):
     method: str = "eagle"  # eagle | parallelspec
-    model: str = "smollm2-135m"
     mask_tokens: int = 4  # k (parallelspec; eagle has none)
     vocab_top: int | None = 8192
-    data: str = TRAINING_MIX
-    steps: int = 500
     sequences: int = 4  # per step
     groups: int = 24  # parallel groups per sequence (parallelspec)
     kl_rows: int = 192  # predicted positions per sequence the KL term reads (the head is the costly part)
@@ -49,22 +45,21 @@ class FeatureConfig:
     lr: float = 5e-4
     init: str | None = "auto"  # parallelspec: an eagle artefact to start from (auto: the model's, if any)
     prompts: int = 120
-    held_out: int = 100
-    new_tokens: int = 96
-    out: Path | None = None
-    dtype: str = "auto"
-    device: str = "auto"
-    save_every: int = 100
-    resume: bool = False
-    seed: int = 0
-    data_file: str | None = None
 
     @property
     def k(self) -> int:
         return self.mask_tokens if self.method == "parallelspec" else 0
 
     def out_dir(self) -> Path:
-        return self.out or Path("artifacts") / model_slug(self.model) / self.method
+        return self.artifact_out(self.method)
+
+
+def teacher_log_probs(lm_head: torch.nn.Module, features: torch.Tensor,
+                      vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """The target's next-token log-probabilities [n, K] from its features [n, H] (restricted: renormalised over
+    vocab_ids, the distribution a restricted drafter can match)."""
+    weight = lm_head.weight if vocab_ids is None else lm_head.weight[vocab_ids]
+    return F.log_softmax((features.to(weight.dtype) @ weight.T).float(), -1)
 
 
 @torch.inference_mode()
@@ -117,7 +112,7 @@ def make_step_loss(cfg: FeatureConfig, drafter: fd.FeatureDrafter, seqs, feats, 
         reg = F.smooth_l1_loss(pred_rows.float(), target_rows)
         pick = torch.tensor(rng.sample(range(len(want)), min(cfg.kl_rows, len(want))), device=f.device)
         with torch.no_grad():
-            teacher = fd.teacher_log_probs(lm_head, target_rows[pick], drafter.vocab_ids)  # [r, K]
+            teacher = teacher_log_probs(lm_head, target_rows[pick], drafter.vocab_ids)  # [r, K]
         student = F.log_softmax(drafter.head_logits(pred_rows[pick]).float(), -1)
         kl = (teacher.exp() * (teacher - student)).sum(-1).mean()
         return kl + reg
@@ -195,35 +190,30 @@ def check(cfg: FeatureConfig) -> None:
 def train(cfg: FeatureConfig) -> Path:
     check(cfg)
     t0 = time.perf_counter()
-    target = load_model(cfg.model, cfg.dtype, cfg.device)
-    target.model.requires_grad_(False)
-    seqs = training_sequences(target, cfg.data, cfg.held_out, cfg.prompts, cfg.new_tokens, cfg.data_file,
-                              min_reply=cfg.k + 3)
-    start = min(len(os.path.commonprefix([s for s, _ in seqs])), min(first for _, first in seqs) - 1)
+    target = load_target(cfg)
+    seqs = self_distilled(cfg, target, min_reply=cfg.k + 3)
+    start = reply_start(seqs)
     vocab_ids = None
     if cfg.vocab_top:
         if cfg.vocab_top > target.vocab_size:
             raise SpecbenchError(f"--vocab-top must be at most the vocabulary size {target.vocab_size}")
-        counts = torch.bincount(torch.tensor([t for s, _ in seqs for t in s[start:]]), minlength=target.vocab_size)
-        vocab_ids = counts.topk(cfg.vocab_top).indices.sort().values.to(target.device)
+        vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top).to(target.device)
     feats = target_features(target, seqs)
     data_s = time.perf_counter() - t0
     drafter, init_from = _starting_drafter(cfg, target, vocab_ids)
     drafter.requires_grad_(True)
     out = cfg.out_dir()
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()
-                if k not in ("steps", "resume", "out", "save_every")}
+    settings = cfg.settings()
     held = max(1, len(seqs) // 10)  # agreement on a tenth of the data (before and after)
     drafter.eval()
     before = position_agreement(drafter, seqs[:held], feats[:held], start)
     what = "EAGLE drafter" if cfg.method == "eagle" else f"ParallelSpec drafter ({cfg.k} masks)"
     console.print(f"[dim]{what}: {drafter.parameter_count():,} parameters, starting from {init_from}[/]")
     losses, train_s = optimise(drafter, make_step_loss(cfg, drafter, seqs, feats, start), steps=cfg.steps, lr=cfg.lr,
-                               save_every=cfg.save_every, ckpt_path=out / "checkpoint" / "state.pt",
+                               save_every=cfg.save_every, ckpt_path=checkpoint_path(out),
                                settings=settings, resume=cfg.resume, label=f"training the {what}", seed=cfg.seed)
     drafter.requires_grad_(False)
     after = position_agreement(drafter, seqs[:held], feats[:held], start)
-    tail = losses[-50:]
     meta = {
         "method": cfg.method, "model": target.spec, "model_key": model_key(target),
         "hidden_size": target.model.config.hidden_size, "vocab_size": target.vocab_size, "mask_tokens": cfg.k,
@@ -234,15 +224,9 @@ def train(cfg: FeatureConfig) -> Path:
         "top1_agreement_train_sample": after, "top1_agreement_untrained": before,
         "steps": cfg.steps, "sequences_per_step": cfg.sequences, "groups_per_sequence": cfg.groups if cfg.k else None,
         "lr": cfg.lr, "noise": cfg.noise,
-        "data": {"name": cfg.data_file or cfg.data, "prompts": f"{cfg.held_out}..{cfg.held_out + cfg.prompts - 1} "
-                 "of each source", "sequences": len(seqs), "continuation": f"greedy, up to {cfg.new_tokens} tokens"},
-        "loss": "KL(target || drafter) + SmoothL1(predicted feature, target feature)",
-        "initial_loss": losses[0] if losses else None, "final_loss": round(sum(tail) / max(len(tail), 1), 4),
-        "train_seconds": round(train_s, 1), "data_seconds": round(data_s, 1), "dtype": dtype_name(target.dtype),
-        "hardware": device_name(target.device) if target.device.type == "cuda" else cpu_model(),
-        "threads": torch.get_num_threads(), "seed": cfg.seed, "date": time.strftime("%Y-%m-%d"),
+        "data": data_facts(cfg, seqs), "loss": "KL(target || drafter) + SmoothL1(predicted feature, target feature)",
+        **run_facts(target, losses, train_s, data_s, cfg.seed),
     }
     fd.save(drafter, out, meta, cfg.method)
-    plot_losses(losses, out / "loss.png", f"{target.spec}: {what}", "KL + SmoothL1")
-    (out / ".gitignore").write_text("checkpoint/\n")
+    write_loss_curve(out, losses, f"{target.spec}: {what}", "KL + SmoothL1")
     return out

@@ -12,53 +12,39 @@ early-exit heads on the state after l layers (Hidden Transfer's Figure 3 baselin
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..core.hardware import cpu_model, device_name
-from ..core.models import LoadedModel, dtype_name, load_model, model_slug
-from ..errors import SpecbenchError
-from ..progress import progress_bar
 from ..artifacts import medusa_heads as mh
 from ..artifacts.prompt_tokens import model_key
-from .selfdistill import check_sources, training_sequences
-from .ppd import plot_losses
+from ..core.models import LoadedModel
+from ..errors import SpecbenchError
+from ..progress import progress_bar
+from .config import TrainSettings
 from .loop import check_common, optimise
-
-TRAINING_MIX = "alpaca-eval,stdlib-code,word-problems"  # chat, code, maths: the mix `train drafter` uses
+from .selfdistill import check_sources
+from .steps import check_vocab_top, checkpoint_path, data_facts, frequent_tokens, load_target, reply_start, \
+    run_facts, self_distilled, write_loss_curve
 
 
 @dataclass(frozen=True)
-class MedusaConfig:
-    model: str = "smollm2-135m"
+class MedusaConfig(TrainSettings):
     heads: int = 3  # K: guesses for the tokens 2..K+1 positions ahead
     layer: int | None = None  # None: the last layer (Medusa); l < L: early-exit heads on the state after l layers
     vocab_top: int | None = None
-    data: str = TRAINING_MIX
     steps: int = 600
     positions: int = 256  # random positions per step
-    lr: float = 1e-3
     prompts: int = 120  # per source, after the held-out ones
-    held_out: int = 100
-    new_tokens: int = 96
-    out: Path | None = None
-    dtype: str = "auto"
-    device: str = "auto"
-    save_every: int = 100
-    resume: bool = False
-    seed: int = 0
-    data_file: str | None = None
 
     def folder(self, layers: int) -> str:
         return "medusa" if self.layer in (None, layers) else f"early-exit-l{self.layer}"
 
     def out_dir(self, layers: int) -> Path:
-        return self.out or Path("artifacts") / model_slug(self.model) / self.folder(layers)
+        return self.artifact_out(self.folder(layers))
 
 
 @torch.inference_mode()
@@ -73,6 +59,12 @@ def head_states(target: LoadedModel, seqs: list[tuple[list[int], int]], layer: i
             out.append((x.float(), last.float()))
             bar.update(task, advance=1)
     return out
+
+
+def small_logits(heads: mh.MedusaHeads, lm_head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """[K, n, V'] logits over the heads' own vocabulary (training: no -inf columns) from h [n, H]."""
+    weight = lm_head.weight if heads.vocab_ids is None else lm_head.weight[heads.vocab_ids]
+    return (heads.states(h) @ weight.T).float()
 
 
 def make_step_loss(target: LoadedModel, heads: mh.MedusaHeads, states, start: int, positions: int):
@@ -91,7 +83,7 @@ def make_step_loss(target: LoadedModel, heads: mh.MedusaHeads, states, start: in
             last = torch.stack([torch.stack([states[s][1][i + k] for s, i in picks]) for k in range(1, k_max + 1)])
             weight = lm_head.weight if ids is None else lm_head.weight[ids]
             teacher = F.log_softmax((last.to(weight.dtype) @ weight.T).float(), -1)
-        student = F.log_softmax(heads.small_logits(lm_head, x.to(lm_head.weight.dtype)), -1)  # [K, P, V']
+        student = F.log_softmax(small_logits(heads, lm_head, x.to(lm_head.weight.dtype)), -1)  # [K, P, V']
         kl = (teacher.exp() * (teacher - student)).sum(-1).mean(-1)  # [K]
         return kl.sum()
 
@@ -120,38 +112,32 @@ def train(cfg: MedusaConfig) -> Path:
         raise SpecbenchError("--heads and --positions must be at least 1")
     check_sources(cfg.data)
     t0 = time.perf_counter()
-    target = load_model(cfg.model, cfg.dtype, cfg.device)
-    target.model.requires_grad_(False)
+    target = load_target(cfg)
     layers = target.model.config.num_hidden_layers
     layer = layers if cfg.layer is None else cfg.layer
     if not 1 <= layer <= layers:
         raise SpecbenchError(f"--layer {layer}: {target.spec} has layers 1..{layers} (the heads read the state "
                              f"after that many layers; {layers} = the last, Medusa)")
-    seqs = training_sequences(target, cfg.data, cfg.held_out, cfg.prompts, cfg.new_tokens, cfg.data_file,
-                              min_reply=cfg.heads + 2)
-    start = min(len(os.path.commonprefix([s for s, _ in seqs])), min(first for _, first in seqs) - 1)
+    seqs = self_distilled(cfg, target, min_reply=cfg.heads + 2)
+    start = reply_start(seqs)
     vocab_ids = None
     if cfg.vocab_top:
-        if not 1 <= cfg.vocab_top <= target.vocab_size:
-            raise SpecbenchError(f"--vocab-top must be between 1 and the vocabulary size {target.vocab_size}")
-        counts = torch.bincount(torch.tensor([t for s, _ in seqs for t in s[start:]]), minlength=target.vocab_size)
-        vocab_ids = counts.topk(cfg.vocab_top).indices.sort().values.to(target.device)
+        check_vocab_top(cfg.vocab_top, target.vocab_size)
+        vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top).to(target.device)
     states = head_states(target, seqs, layer)
     data_s = time.perf_counter() - t0
     heads = mh.MedusaHeads(target.model.config.hidden_size, cfg.heads, layer, vocab_ids).to(target.device)
     out = cfg.out_dir(layers)
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()
-                if k not in ("steps", "resume", "out", "save_every")}
+    settings = cfg.settings()
     held = states[: max(1, len(states) // 10)]  # agreement on a tenth of the data (before and after)
     before = top1_agreement(target, heads, held, start)
     what = "Medusa heads" if layer == layers else f"early-exit heads at layer {layer}"
     losses, train_s = optimise(heads, make_step_loss(target, heads, states, start, cfg.positions), steps=cfg.steps,
-                               lr=cfg.lr, save_every=cfg.save_every, ckpt_path=out / "checkpoint" / "state.pt",
+                               lr=cfg.lr, save_every=cfg.save_every, ckpt_path=checkpoint_path(out),
                                settings=settings, resume=cfg.resume, label=f"training {cfg.heads} {what}",
                                seed=cfg.seed)
     heads.requires_grad_(False)
     after = top1_agreement(target, heads, held, start)
-    tail = losses[-50:]
     meta = {
         "method": "medusa" if layer == layers else "early-exit", "model": target.spec,
         "model_key": model_key(target), "hidden_size": target.model.config.hidden_size,
@@ -160,15 +146,9 @@ def train(cfg: MedusaConfig) -> Path:
         "shares": "the target's LM head (frozen, not stored)",
         "top1_agreement_train_sample": after, "top1_agreement_untrained": before,
         "steps": cfg.steps, "positions_per_step": cfg.positions, "lr": cfg.lr,
-        "data": {"name": cfg.data_file or cfg.data, "prompts": f"{cfg.held_out}..{cfg.held_out + cfg.prompts - 1} "
-                 "of each source", "sequences": len(seqs), "continuation": f"greedy, up to {cfg.new_tokens} tokens"},
-        "loss": "sum_k KL(target at i+k || head k at i)", "initial_loss": losses[0] if losses else None,
-        "final_loss": round(sum(tail) / max(len(tail), 1), 4), "train_seconds": round(train_s, 1),
-        "data_seconds": round(data_s, 1), "dtype": dtype_name(target.dtype),
-        "hardware": device_name(target.device) if target.device.type == "cuda" else cpu_model(),
-        "threads": torch.get_num_threads(), "seed": cfg.seed, "date": time.strftime("%Y-%m-%d"),
+        "data": data_facts(cfg, seqs), "loss": "sum_k KL(target at i+k || head k at i)",
+        **run_facts(target, losses, train_s, data_s, cfg.seed),
     }
     mh.save(heads, out, meta)
-    plot_losses(losses, out / "loss.png", f"{target.spec}: {cfg.heads} {what}", "sum_k KL(target || head k)")
-    (out / ".gitignore").write_text("checkpoint/\n")
+    write_loss_curve(out, losses, f"{target.spec}: {cfg.heads} {what}", "sum_k KL(target || head k)")
     return out

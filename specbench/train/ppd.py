@@ -12,24 +12,27 @@ Checkpoints every `save_every` steps; `resume` continues from the last one (same
 
 from __future__ import annotations
 
-import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from rich.markup import escape
 
-from ..core.cache import new_cache
-from ..core.hardware import cpu_model, device_name
-from ..core.models import LoadedModel, dtype_name, load_model, model_slug
-from ..errors import SpecbenchError
-from ..progress import console, progress_bar
 from ..artifacts import prompt_tokens as pt
-from .selfdistill import generation_seconds, pending_prompts, source_names, training_sequences
+from ..core.cache import new_cache
+from ..core.models import LoadedModel
+from ..errors import SpecbenchError
+from ..progress import console
+from .config import TrainSettings
+from .loop import CheckpointState, optimise
+from .selfdistill import generation_seconds, pending_prompts, source_names
+from .steps import checkpoint_path, insert_after, load_target, run_facts, self_distilled, token_counts, \
+    write_loss_curve
 
+PPD_LOSS = "sum_j 0.8^j KL(teacher || student)"  # the loss curve's label
 MAX_AUTO_PROMPTS = 300  # --prompts by default: one per step (each step trains on one sequence), at most this many
 
 
@@ -60,29 +63,20 @@ def step_seconds(target: LoadedModel, cfg: "TrainConfig", length: int) -> float:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    model: str = "smollm2-135m"
+class TrainConfig(TrainSettings):
     prompt_tokens: int = 3  # S
     ept: int = 1  # ensemble prompt tokens per prompt token
     data: str = "alpaca-eval"
     steps: int = 450
-    out: Path | None = None  # default artifacts/<model>/ppd
-    dtype: str = "auto"
-    device: str = "auto"
     lr: float = 0.01  # cosine schedule from here, no warm-up (PPD §5)
     alpha: float = 0.8  # loss decay over prompt tokens
     insertions: int = 64  # insertion points per sequence per step
     prompts: int | None = None  # training prompts per source (after the held-out ones); None: what the steps use
-    held_out: int = 100  # the first prompts of `data`, left for `specbench estimate`
-    new_tokens: int = 96  # self-distilled continuation length
     save_every: int = 50
-    resume: bool = False
-    seed: int = 0
-    data_file: str | None = None
 
     @property
     def out_dir(self) -> Path:
-        return self.out or Path("artifacts") / model_slug(self.model) / "ppd"  # where ppd / estimate look
+        return self.artifact_out("ppd")  # where ppd / estimate look
 
 
 def _causal(n: int, dtype, device) -> torch.Tensor:
@@ -117,66 +111,44 @@ def train(cfg: TrainConfig) -> Path:
     if cfg.prompts is not None and cfg.prompts < 1:
         raise SpecbenchError("--prompts must be at least 1 (leave it out: as many as the steps use)")
     sources = source_names(cfg.data)
-    target = load_model(cfg.model, cfg.dtype, cfg.device)
+    target = load_target(cfg)
     out = cfg.out_dir
-    ckpt_path = out / "checkpoint" / "state.pt"
+    ckpt_path = checkpoint_path(out)
     saved = torch.load(ckpt_path) if cfg.resume and ckpt_path.exists() else None
     prompts = cfg.prompts or (saved or {}).get("settings", {}).get("prompts") or auto_prompts(cfg.steps, len(sources))
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()
-                if k not in ("steps", "resume", "out", "save_every")} | {"prompts": prompts}
+    settings = cfg.settings() | {"prompts": prompts}
     announce_plan(target, cfg, prompts, len(sources), cfg.steps - (saved["step"] if saved else 0))
-    seqs = training_sequences(target, cfg.data, cfg.held_out, prompts, cfg.new_tokens, cfg.data_file,
-                              min_reply=cfg.prompt_tokens + 3)
+    seqs = self_distilled(cfg, target, min_reply=cfg.prompt_tokens + 3, prompts=prompts)
     data_s = time.perf_counter() - t_start
-    rng = random.Random(cfg.seed)
-    counts = torch.bincount(torch.tensor([t for s, n in seqs for t in s[n:]]), minlength=target.vocab_size).float()
+    # initial prompt tokens: embeddings of reply tokens drawn by frequency (PPD §5: initialised with text tokens)
+    counts = token_counts(seqs, target.vocab_size).float()  # [V]
     init_ids = torch.multinomial(counts, cfg.prompt_tokens * cfg.ept, replacement=False,
                                  generator=torch.Generator().manual_seed(cfg.seed)).tolist()
     emb = torch.nn.Parameter(pt.from_token_ids(target, init_ids, cfg.prompt_tokens, cfg.ept).to(target.device))
-    opt = torch.optim.AdamW([emb], lr=cfg.lr, weight_decay=0.0)
-    losses: list[float] = []
-    start, train_s = 0, 0.0
-    if saved is not None:
-        state = saved
-        if state["settings"] != settings:
-            raise SpecbenchError(f"--resume: {ckpt_path} was made with other settings; use the same options or "
-                                 "another --out")
+    holder = torch.nn.Module()  # the one trained tensor, as the loop's module
+    holder.register_parameter("embeddings", emb)
+
+    def restore(state: dict) -> None:
+        nonlocal init_ids
         emb.data.copy_(state["embeddings"])
-        opt.load_state_dict(state["optimizer"])
-        start, losses, init_ids, train_s = state["step"], state["losses"], state["init_token_ids"], state["train_s"]
-        rng.setstate(state["rng"])
-        console.print(f"Resuming from step {start} ({escape(str(ckpt_path))})")
-    elif ckpt_path.exists() and not cfg.resume:
-        console.print(f"[yellow]note[/] {escape(str(ckpt_path))} exists; starting over (pass --resume to continue it)")
-    t_loop = time.perf_counter()
+        init_ids = state["init_token_ids"]
 
-    def save_checkpoint(step: int) -> None:
-        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"settings": settings, "embeddings": emb.detach().cpu(), "optimizer": opt.state_dict(),
-                    "step": step, "losses": losses, "rng": rng.getstate(), "init_token_ids": init_ids,
-                    "train_s": train_s + time.perf_counter() - t_loop}, ckpt_path)
+    # PPD's checkpoint format: the embeddings [S, E, H] and the token ids they started from
+    state = CheckpointState(lambda: {"embeddings": emb.detach().cpu()}, restore,
+                            lambda: {"init_token_ids": init_ids})
 
-    with progress_bar() as bar:
-        task = bar.add_task("training prompt tokens", total=cfg.steps, completed=start, info="")
-        for step in range(start, cfg.steps):
-            for group in opt.param_groups:  # cosine decay to zero over cfg.steps
-                group["lr"] = cfg.lr * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
-            seq, first = seqs[rng.randrange(len(seqs))]
-            # insertion points: random positions of the reply (where decoding inserts them), from its first
-            # token's predecessor to the deepest one whose every target exists
-            span = range(first - 1, len(seq) - cfg.prompt_tokens)
-            points = sorted(rng.sample(span, min(cfg.insertions, len(span))))
-            loss = step_loss(target, emb, torch.tensor(seq, device=target.device), points, cfg.alpha)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(round(loss.item(), 5))
-            avg = sum(losses[-20:]) / len(losses[-20:])
-            bar.update(task, advance=1, info=f"loss {avg:.3f}")
-            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                save_checkpoint(step + 1)
-    train_s += time.perf_counter() - t_loop
-    tail = losses[-50:]
+    def step_loss_of(rng: random.Random) -> torch.Tensor:  # one sequence per step
+        seq, first = seqs[rng.randrange(len(seqs))]
+        # insertion points: random positions of the reply (where decoding inserts them), from its first
+        # token's predecessor to the deepest one whose every target exists
+        span = range(first - 1, len(seq) - cfg.prompt_tokens)
+        points = sorted(rng.sample(span, min(cfg.insertions, len(span))))
+        return step_loss(target, emb, torch.tensor(seq, device=target.device), points, cfg.alpha)
+
+    # PPD §5: cosine decay to zero over cfg.steps, no warm-up, no clipping
+    losses, train_s = optimise(holder, step_loss_of, steps=cfg.steps, lr=cfg.lr, save_every=cfg.save_every,
+                               ckpt_path=ckpt_path, settings=settings, resume=cfg.resume,
+                               label="training prompt tokens", seed=cfg.seed, warmup=0, clip=None, state=state)
     meta = {
         "method": "ppd", "model": target.spec, "model_key": pt.model_key(target),
         "model_fingerprint": target.fingerprint(), "prompt_tokens": cfg.prompt_tokens, "ept": cfg.ept,
@@ -184,16 +156,12 @@ def train(cfg: TrainConfig) -> Path:
                                      "sequences": len(seqs), "tokens": sum(len(s) for s, _ in seqs),
                                      "continuation": f"greedy, up to {cfg.new_tokens} new tokens"},
         "loss": "sum_j alpha^j KL(teacher || student)", "alpha": cfg.alpha, "lr": cfg.lr, "schedule": "cosine",
-        "insertions_per_step": cfg.insertions, "initial_loss": losses[0] if losses else None,
-        "final_loss": round(sum(tail) / max(len(tail), 1), 4), "train_seconds": round(train_s, 1),
-        "data_seconds": round(data_s, 1), "dtype": dtype_name(target.dtype),
-        "hardware": device_name(target.device) if target.device.type == "cuda" else cpu_model(),
-        "threads": torch.get_num_threads(), "init_token_ids": init_ids, "seed": cfg.seed,
-        "date": time.strftime("%Y-%m-%d"),
+        "insertions_per_step": cfg.insertions,
+        **insert_after(run_facts(target, losses, train_s, data_s, cfg.seed), "threads",
+                       {"init_token_ids": init_ids}),
     }
     pt.save(pt.PromptTokens(emb.detach().cpu().float(), meta), out)
-    plot_losses(losses, out / "loss.png", f"{target.spec}: S={cfg.prompt_tokens}, EPT={cfg.ept}")
-    (out / ".gitignore").write_text("checkpoint/\n")
+    write_loss_curve(out, losses, f"{target.spec}: S={cfg.prompt_tokens}, EPT={cfg.ept}", PPD_LOSS)
     return out
 
 
@@ -210,26 +178,3 @@ def announce_plan(target: LoadedModel, cfg: TrainConfig, prompts: int, sources: 
     console.print(f"[bold]train ppd[/] {escape(target.spec)}: {data}, then {steps} steps (about "
                   f"{duration(train_s)}): [bold]about {duration(data_s + train_s)}[/] on this machine. "
                   f"{prompts} training prompt(s) per source ({sources} source(s)); --steps and --prompts change it.")
-
-
-def plot_losses(losses: list[float], path: Path, title: str,
-                ylabel: str = "sum_j 0.8^j KL(teacher || student)") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(losses, alpha=0.35, label="per step")
-    k = 20
-    if len(losses) >= k:
-        smooth = [sum(losses[i - k:i]) / k for i in range(k, len(losses) + 1)]
-        ax.plot(range(k - 1, len(losses)), smooth, label=f"mean of {k}")
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

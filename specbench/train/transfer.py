@@ -18,24 +18,23 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..core.cache import crop_to, new_cache
-from ..core.hardware import cpu_model, device_name
-from ..core.models import LoadedModel, dtype_name, load_model, model_slug
-from ..core.transfer import capture, check_transfer_layers, transferred
-from ..errors import SpecbenchError
 from ..artifacts import prompt_tokens as pt
 from ..artifacts import transfer_projections as tp
 from ..artifacts.prompt_tokens import model_key
-from .selfdistill import check_sources, training_sequences
-from .medusa import TRAINING_MIX
-from .ppd import plot_losses
+from ..core.cache import crop_to, new_cache
+from ..core.models import LoadedModel, model_slug
+from ..core.transfer import capture, check_transfer_layers, transferred
+from ..errors import SpecbenchError
+from .config import TrainSettings
 from .loop import check_common, optimise
+from .selfdistill import check_sources
+from .steps import checkpoint_path, data_facts, load_target, run_facts, self_distilled, write_loss_curve
 
 
 # Transfer layers measured per model. smollm2-135m: `python benchmarks/transfer_layers.py` (Figures 5-6's
@@ -64,28 +63,17 @@ def default_layers(num_layers: int, steps: int = 3, model: str | None = None) ->
 
 
 @dataclass(frozen=True)
-class TransferConfig:
-    model: str = "smollm2-135m"
+class TransferConfig(TrainSettings):
     transfer_layers: tuple[int, ...] | None = None  # None: default_layers(L, 3, model)
-    data: str = TRAINING_MIX
     steps: int = 800  # 400 (about one pass over the 360 sequences) left held-out top-1 at 0.227; 800: 0.278
     insertions: int = 32  # insertion points per sequence per step
-    lr: float = 1e-3
     prompts: int = 120
-    held_out: int = 100
-    new_tokens: int = 96
-    out: Path | None = None
-    dtype: str = "auto"
-    device: str = "auto"
     save_every: int = 50
-    resume: bool = False
-    seed: int = 0
-    data_file: str | None = None
     masked: bool = False  # the paper's "Masked" ablation: pseudo positions do not see each other
 
     @property
     def out_dir(self) -> Path:
-        return self.out or Path("artifacts") / model_slug(self.model) / "hidden-transfer"
+        return self.artifact_out("hidden-transfer")
 
 
 def pseudo_forward(target: LoadedModel, proj: tp.TransferProjections, cache, past: int, points: list[int],
@@ -161,8 +149,7 @@ def train(cfg: TransferConfig) -> Path:
         raise SpecbenchError("--insertions must be at least 1")
     check_sources(cfg.data)
     t0 = time.perf_counter()
-    target = load_model(cfg.model, cfg.dtype, cfg.device)
-    target.model.requires_grad_(False)
+    target = load_target(cfg)
     num_layers = target.model.config.num_hidden_layers
     if cfg.transfer_layers:
         layers = check_transfer_layers(cfg.transfer_layers, num_layers, target.spec)
@@ -171,23 +158,19 @@ def train(cfg: TransferConfig) -> Path:
         layers, chosen = default_layers(num_layers, model=cfg.model)
         chosen = f"default: {chosen}"
     k = len(layers)
-    seqs = training_sequences(target, cfg.data, cfg.held_out, cfg.prompts, cfg.new_tokens, cfg.data_file,
-                              min_reply=k + 2)
+    seqs = self_distilled(cfg, target, min_reply=k + 2)
     data_s = time.perf_counter() - t0
     proj = tp.TransferProjections(target.model.config.hidden_size, layers, cfg.masked).to(target.device)
     out = cfg.out_dir
-    settings = {key: (str(v) if isinstance(v, Path) else v) for key, v in asdict(cfg).items()
-                if key not in ("steps", "resume", "out", "save_every")}
-    settings["transfer_layers"] = layers
+    settings = cfg.settings() | {"transfer_layers": layers}
     held = seqs[:: max(1, len(seqs) // 12)][:12]  # agreement on a sample of the data (before and after)
     before = top1_agreement(target, proj, held)
     losses, train_s = optimise(proj, make_step_loss(target, proj, seqs, cfg.insertions), steps=cfg.steps, lr=cfg.lr,
-                               save_every=cfg.save_every, ckpt_path=out / "checkpoint" / "state.pt",
+                               save_every=cfg.save_every, ckpt_path=checkpoint_path(out),
                                settings=settings, resume=cfg.resume,
                                label=f"training {k} transfer projection(s) at layers {layers}", seed=cfg.seed)
     proj.requires_grad_(False)
     after = top1_agreement(target, proj, held)
-    tail = losses[-50:]
     meta = {
         "method": "hidden-transfer", "model": target.spec, "model_key": model_key(target),
         "hidden_size": target.model.config.hidden_size, "vocab_size": target.vocab_size, "transfer_layers": layers,
@@ -198,17 +181,9 @@ def train(cfg: TransferConfig) -> Path:
                    "pseudo position j sees the context and pseudo positions 1..j-1 of its insertion (No masked)"),
         "parameters": int(proj.weight.numel()), "top1_agreement_train_sample": after,
         "top1_agreement_untrained": before, "steps": cfg.steps, "insertions_per_step": cfg.insertions,
-        "lr": cfg.lr, "data": {"name": cfg.data_file or cfg.data,
-                               "prompts": f"{cfg.held_out}..{cfg.held_out + cfg.prompts - 1} of each source",
-                               "sequences": len(seqs), "continuation": f"greedy, up to {cfg.new_tokens} tokens"},
-        "loss": "sum_j KL(target at i+j || pseudo state j)", "initial_loss": losses[0] if losses else None,
-        "final_loss": round(sum(tail) / max(len(tail), 1), 4), "train_seconds": round(train_s, 1),
-        "data_seconds": round(data_s, 1), "dtype": dtype_name(target.dtype),
-        "hardware": device_name(target.device) if target.device.type == "cuda" else cpu_model(),
-        "threads": torch.get_num_threads(), "seed": cfg.seed, "date": time.strftime("%Y-%m-%d"),
+        "lr": cfg.lr, "data": data_facts(cfg, seqs), "loss": "sum_j KL(target at i+j || pseudo state j)",
+        **run_facts(target, losses, train_s, data_s, cfg.seed),
     }
     tp.save(proj, out, meta)
-    plot_losses(losses, out / "loss.png", f"{target.spec}: hidden transfer at layers {layers}",
-                "sum_j KL(target || pseudo j)")
-    (out / ".gitignore").write_text("checkpoint/\n")
+    write_loss_curve(out, losses, f"{target.spec}: hidden transfer at layers {layers}", "sum_j KL(target || pseudo j)")
     return out

@@ -1,0 +1,107 @@
+"""The steps every trainer takes around its own loss: load the frozen target, self-distil the training data, find
+where the replies start, count the vocabulary (--vocab-top), then after optimising (loop.optimise) describe the run
+in the artefact's metadata and write its loss curve."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ..core.hardware import cpu_model, device_name
+from ..core.models import LoadedModel, dtype_name, load_model
+from ..errors import SpecbenchError
+from .config import TrainSettings
+from .plot import plot_losses
+from .selfdistill import training_sequences
+
+Sequences = list[tuple[list[int], int]]  # (prompt + greedy reply token ids, prompt length) per sequence
+
+
+# ---------------------------------------------------------------------------------------------- before training
+
+
+def load_target(cfg: TrainSettings) -> LoadedModel:
+    """The target model, frozen (only the method's own parts train)."""
+    target = load_model(cfg.model, cfg.dtype, cfg.device)
+    target.model.requires_grad_(False)
+    return target
+
+
+def self_distilled(cfg: TrainSettings, target: LoadedModel, min_reply: int, prompts: int | None = None) -> Sequences:
+    """The target's greedy replies to prompts held_out.. of each --data source (cached per source)."""
+    return training_sequences(target, cfg.data, cfg.held_out, cfg.prompts if prompts is None else prompts,
+                              cfg.new_tokens, cfg.data_file, min_reply=min_reply)
+
+
+def reply_start(seqs: Sequences) -> int:
+    """The first position worth training on: after the prefix every sequence shares (the chat template's system
+    text teaches nothing), and no later than the earliest reply's first prediction."""
+    return min(len(os.path.commonprefix([s for s, _ in seqs])), min(first for _, first in seqs) - 1)
+
+
+def token_counts(seqs: Sequences, vocab_size: int, start: int | None = None) -> torch.Tensor:
+    """Occurrences [V] of each token id from position `start` of every sequence (None: from its reply)."""
+    return torch.bincount(torch.tensor([t for s, n in seqs for t in s[n if start is None else start:]]),
+                          minlength=vocab_size)
+
+
+def check_vocab_top(top: int, vocab_size: int) -> None:
+    if not 1 <= top <= vocab_size:
+        raise SpecbenchError(f"--vocab-top must be between 1 and the vocabulary size {vocab_size}")
+
+
+def frequent_tokens(seqs: Sequences, vocab_size: int, start: int, top: int) -> torch.Tensor:
+    """The `top` most frequent token ids of the data from `start` on, sorted [K] (a restricted head's vocabulary)."""
+    return token_counts(seqs, vocab_size, start).topk(top).indices.sort().values
+
+
+# ----------------------------------------------------------------------------------------------- after training
+
+
+def data_facts(cfg: TrainSettings, seqs: Sequences) -> dict:
+    """The metadata's `data` entry for a per-source mix of self-distilled replies."""
+    return {"name": cfg.data_file or cfg.data, "prompts": f"{cfg.held_out}..{cfg.held_out + cfg.prompts - 1} "
+            "of each source", "sequences": len(seqs), "continuation": f"greedy, up to {cfg.new_tokens} tokens"}
+
+
+def hardware(target: LoadedModel) -> str:
+    return device_name(target.device) if target.device.type == "cuda" else cpu_model()
+
+
+def final_loss(losses: list[float]) -> float:
+    """The mean of the last 50 losses (one step's loss is noisy)."""
+    tail = losses[-50:]
+    return round(sum(tail) / max(len(tail), 1), 4)
+
+
+def run_facts(target: LoadedModel, losses: list[float], train_s: float, data_s: float, seed: int) -> dict:
+    """The metadata every artefact ends with: losses, times, dtype, machine, seed, date (in this order)."""
+    return {
+        "initial_loss": losses[0] if losses else None, "final_loss": final_loss(losses),
+        "train_seconds": round(train_s, 1), "data_seconds": round(data_s, 1), "dtype": dtype_name(target.dtype),
+        "hardware": hardware(target), "threads": torch.get_num_threads(), "seed": seed,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def insert_after(meta: dict, key: str, extra: dict) -> dict:
+    """meta with `extra`'s entries placed right after `key` (metadata files keep a fixed field order)."""
+    out = {}
+    for k, v in meta.items():
+        out[k] = v
+        if k == key:
+            out.update(extra)
+    return out
+
+
+def checkpoint_path(out: Path) -> Path:
+    return out / "checkpoint" / "state.pt"
+
+
+def write_loss_curve(out: Path, losses: list[float], title: str, ylabel: str) -> None:
+    """loss.png next to the artefact, and a .gitignore that keeps its checkpoints out of git."""
+    plot_losses(losses, out / "loss.png", title, ylabel)
+    (out / ".gitignore").write_text("checkpoint/\n")
