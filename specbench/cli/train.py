@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,6 +13,45 @@ from ..progress import console
 from .app import train_app
 from .parse import int_list
 
+# ------------------------------------------------------------------ options every train command shares (same help)
+
+TRAINING_MIX = "alpaca-eval,stdlib-code,word-problems"  # the default --data of the drafter and head trainers
+Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")]
+DType = Annotated[str, typer.Option(help="auto, float32, bfloat16")]
+Mix = Annotated[str, typer.Option(help="Prompts to self-distil, comma-separated (datasets, files, or the "
+                                       "training-only sources).")]
+Steps = Annotated[int, typer.Option(help="Optimiser steps.")]
+PeakLR = Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")]
+PromptsPerSource = Annotated[int, typer.Option(help="Training prompts per source (after the held-out ones).")]
+HeldOut = Annotated[int, typer.Option(help="First prompts of each source left out.")]
+ReplyLength = Annotated[int, typer.Option(help="Self-distilled reply length.")]
+ContinuationLength = Annotated[int, typer.Option(help="Self-distilled continuation length.")]
+SaveEvery = Annotated[int, typer.Option(help="Checkpoint every N steps.")]
+Resume = Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")]
+DataFile = Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")]
+
+
+def _model(trained: str):
+    return Annotated[str, typer.Option(help=f"Target model spec (the {trained} trained for it).")]
+
+
+def _out(folder: str):
+    return Annotated[Optional[Path], typer.Option(help=f"Artefact folder (default artifacts/<model>/{folder}).")]
+
+
+def _seed(what: str):
+    return Annotated[int, typer.Option(help=what)]
+
+
+PPDOut = _out("ppd")
+DrafterModel = _model("drafter is")
+
+
+def _config(cls, options: dict, **overrides):
+    """A trainer's config from a command's options (named as the config's fields), with `overrides` on top."""
+    names = {f.name for f in fields(cls)}
+    return cls(**({k: v for k, v in options.items() if k in names} | overrides))
+
 
 @train_app.command("ppd")
 def train_ppd(
@@ -21,10 +61,10 @@ def train_ppd(
     data: Annotated[str, typer.Option(help="Prompts to self-distill, comma-separated: datasets, files, or the "
                                            "training-only sources stdlib-code and word-problems.")] = "alpaca-eval",
     steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 450,
-    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/ppd).")] = None,
+    out: PPDOut = None,
     dtype: Annotated[str, typer.Option(help="auto (float32 on CPU: bf16 backward is slow there), float32, "
                                             "bfloat16")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    device: Device = "auto",
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay).")] = 0.01,
     alpha: Annotated[float, typer.Option(help="Loss decay over prompt tokens.")] = 0.8,
     insertions: Annotated[int, typer.Option(help="Random insertion points per sequence per step.")] = 64,
@@ -32,20 +72,16 @@ def train_ppd(
                                                         "ones); default: one per step, at most 300 (self-distilling "
                                                         "them is the slow part on a CPU).")] = None,
     held_out: Annotated[int, typer.Option(help="First prompts left out for `specbench estimate`.")] = 100,
-    new_tokens: Annotated[int, typer.Option(help="Self-distilled continuation length.")] = 96,
-    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 50,
-    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
+    new_tokens: ContinuationLength = 96,
+    save_every: SaveEvery = 50,
+    resume: Resume = False,
     seed: Annotated[int, typer.Option(help="Data order, insertion points, initial tokens.")] = 0,
-    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    data_file: DataFile = None,
 ):
     """Train PPD's prompt tokens (only their embeddings train; the model is frozen)."""
     from ..train.ppd import TrainConfig, train
 
-    cfg = TrainConfig(model=model, prompt_tokens=prompt_tokens, ept=ept, data=data, steps=steps, out=out,
-                      dtype=dtype, device=device, lr=lr, alpha=alpha, insertions=insertions, prompts=prompts,
-                      held_out=held_out, new_tokens=new_tokens, save_every=save_every, resume=resume, seed=seed,
-                      data_file=data_file)
-    path = train(cfg)
+    path = train(_config(TrainConfig, locals()))
     import yaml
 
     meta = yaml.safe_load((path / "ppd.yaml").read_text())
@@ -57,37 +93,32 @@ def train_ppd(
 
 @train_app.command("drafter")
 def train_drafter(
-    model: Annotated[str, typer.Option(help="Target model spec (the drafter is trained for it).")] = "smollm2-135m",
+    model: DrafterModel = "smollm2-135m",
     layers: Annotated[int, typer.Option(help="L: decoder layers of the drafter (initialised from the target's "
                                              "first and last layers).")] = 2,
     vocab_top: Annotated[Optional[int], typer.Option(help="K: score only the K most frequent tokens of the "
                                                           "data (cheaper drafts; verification stays exact).")] = None,
     data: Annotated[str, typer.Option(help="Prompts to self-distill, comma-separated: datasets, files, or the "
-                                           "training-only sources stdlib-code and word-problems.")
-                    ] = "alpaca-eval,stdlib-code,word-problems",
-    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 1500,
+                                           "training-only sources stdlib-code and word-problems.")] = TRAINING_MIX,
+    steps: Steps = 1500,
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
-    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/drafter).")] = None,
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
-    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 5e-4,
+    out: _out("drafter") = None,
+    dtype: DType = "auto",
+    device: Device = "auto",
+    lr: PeakLR = 5e-4,
     topk: Annotated[int, typer.Option(help="Teacher probabilities kept per position.")] = 32,
     prompts: Annotated[int, typer.Option(help="Training prompts (after the held-out ones).")] = 300,
     held_out: Annotated[int, typer.Option(help="First prompts left out (the agreement check uses them).")] = 100,
-    new_tokens: Annotated[int, typer.Option(help="Self-distilled continuation length.")] = 96,
-    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 100,
-    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
-    seed: Annotated[int, typer.Option(help="Data order.")] = 0,
-    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    new_tokens: ContinuationLength = 96,
+    save_every: SaveEvery = 100,
+    resume: Resume = False,
+    seed: _seed("Data order.") = 0,
+    data_file: DataFile = None,
 ):
     """Train a small drafter for sd / pearl that shares the target's tokenizer, embeddings and LM head."""
     from ..train.drafter import DrafterConfig, train
 
-    cfg = DrafterConfig(model=model, layers=layers, vocab_top=vocab_top, data=data, steps=steps, batch=batch,
-                        out=out, dtype=dtype, device=device, lr=lr, topk=topk, prompts=prompts, held_out=held_out,
-                        new_tokens=new_tokens, save_every=save_every, resume=resume, seed=seed,
-                        data_file=data_file)
-    path = train(cfg)
+    path = train(_config(DrafterConfig, locals()))
     import yaml
 
     meta = yaml.safe_load((path / "drafter.yaml").read_text())
@@ -100,66 +131,58 @@ def train_drafter(
 
 @train_app.command("medusa")
 def train_medusa(
-    model: Annotated[str, typer.Option(help="Target model spec (the heads are trained for it).")] = "smollm2-135m",
+    model: _model("heads are") = "smollm2-135m",
     heads: Annotated[int, typer.Option(help="K: heads, guessing the tokens 2..K+1 positions ahead.")] = 3,
     layer: Annotated[Optional[int], typer.Option(help="Layer whose state the heads read (default: the last, "
                                                       "Medusa); a middle layer trains early-exit heads, written to "
                                                       "artifacts/<model>/early-exit-l<layer>.")] = None,
     vocab_top: Annotated[Optional[int], typer.Option(help="Restrict the heads to the K most frequent tokens of the "
                                                           "data (cheaper heads; verification stays exact).")] = None,
-    data: Annotated[str, typer.Option(help="Prompts to self-distil, comma-separated (datasets, files, or the "
-                                           "training-only sources).")] = "alpaca-eval,stdlib-code,word-problems",
-    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 400,
+    data: Mix = TRAINING_MIX,
+    steps: Steps = 400,
     positions: Annotated[int, typer.Option(help="Random positions per step.")] = 128,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 1e-3,
-    prompts: Annotated[int, typer.Option(help="Training prompts per source (after the held-out ones).")] = 120,
-    held_out: Annotated[int, typer.Option(help="First prompts of each source left out.")] = 100,
-    new_tokens: Annotated[int, typer.Option(help="Self-distilled reply length.")] = 96,
-    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/medusa).")] = None,
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
-    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 100,
-    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
-    seed: Annotated[int, typer.Option(help="Data order.")] = 0,
-    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    lr: PeakLR = 1e-3,
+    prompts: PromptsPerSource = 120,
+    held_out: HeldOut = 100,
+    new_tokens: ReplyLength = 96,
+    out: _out("medusa") = None,
+    dtype: DType = "auto",
+    device: Device = "auto",
+    save_every: SaveEvery = 100,
+    resume: Resume = False,
+    seed: _seed("Data order.") = 0,
+    data_file: DataFile = None,
 ):
     """Train Medusa-1 heads for `medusa` / `medusa-typical` (the target stays frozen; its LM head is shared)."""
     from ..train.medusa import MedusaConfig, train
 
-    cfg = MedusaConfig(model=model, heads=heads, layer=layer, vocab_top=vocab_top, data=data, steps=steps,
-                       positions=positions, lr=lr, prompts=prompts, held_out=held_out, new_tokens=new_tokens, out=out,
-                       dtype=dtype, device=device, save_every=save_every, resume=resume, seed=seed,
-                       data_file=data_file)
-    _said_trained(train(cfg), "medusa.yaml", "heads.safetensors")
+    _said_trained(train(_config(MedusaConfig, locals())), "medusa.yaml", "heads.safetensors")
 
 
 @train_app.command("hidden-transfer")
 def train_hidden_transfer(
-    model: Annotated[str, typer.Option(help="Target model spec (the projections are trained for it).")]
-    = "smollm2-135m",
+    model: _model("projections are") = "smollm2-135m",
     transfer_layers: Annotated[Optional[str], typer.Option(help="Strictly increasing layers l_1,l_2,... in "
                                                                 "1..L-1, one per transfer step (default: the measured "
                                                                 "choice where one exists, 12,17,22 for "
                                                                 "smollm2-135m; otherwise the paper's choice scaled "
                                                                 "to the depth, from 40% of it, 1/6 of it apart).")]
     = None,
-    data: Annotated[str, typer.Option(help="Prompts to self-distil, comma-separated (datasets, files, or the "
-                                           "training-only sources).")] = "alpaca-eval,stdlib-code,word-problems",
+    data: Mix = TRAINING_MIX,
     steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each; 800 is about two passes over "
                                            "the default data).")] = 800,
     insertions: Annotated[int, typer.Option(help="Insertion points per sequence per step.")] = 32,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 1e-3,
-    prompts: Annotated[int, typer.Option(help="Training prompts per source (after the held-out ones).")] = 120,
-    held_out: Annotated[int, typer.Option(help="First prompts of each source left out.")] = 100,
-    new_tokens: Annotated[int, typer.Option(help="Self-distilled reply length.")] = 96,
-    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/hidden-transfer)."
-                                                )] = None,
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
-    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 50,
-    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
-    seed: Annotated[int, typer.Option(help="Data order and insertion points.")] = 0,
-    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    lr: PeakLR = 1e-3,
+    prompts: PromptsPerSource = 120,
+    held_out: HeldOut = 100,
+    new_tokens: ReplyLength = 96,
+    out: _out("hidden-transfer") = None,
+    dtype: DType = "auto",
+    device: Device = "auto",
+    save_every: SaveEvery = 50,
+    resume: Resume = False,
+    seed: _seed("Data order and insertion points.") = 0,
+    data_file: DataFile = None,
     masked: Annotated[bool, typer.Option("--masked", help="The paper's Masked ablation: pseudo positions do not "
                                                           "see each other. For accuracy comparisons (estimate, "
                                                           "benchmarks/accuracy_comparison.py); not decodable.")]
@@ -169,85 +192,76 @@ def train_hidden_transfer(
     from ..train.transfer import TransferConfig, train
 
     layers = tuple(int_list(transfer_layers, "--transfer-layers")) if transfer_layers else None
-    cfg = TransferConfig(model=model, transfer_layers=layers, data=data, steps=steps, insertions=insertions, lr=lr,
-                         prompts=prompts, held_out=held_out, new_tokens=new_tokens, out=out, dtype=dtype,
-                         device=device, save_every=save_every, resume=resume, seed=seed, data_file=data_file,
-                         masked=masked)
-    _said_trained(train(cfg), "hidden-transfer.yaml", "projections.safetensors")
+    _said_trained(train(_config(TransferConfig, locals(), transfer_layers=layers)), "hidden-transfer.yaml",
+                  "projections.safetensors")
 
 
-def _train_feature(method: str, **kwargs) -> None:
+def _train_feature(method: str, options: dict) -> None:
     from ..train.feature import FeatureConfig, train
 
-    _said_trained(train(FeatureConfig(method=method, **kwargs)), f"{method}.yaml", "feature-drafter.safetensors")
+    cfg = _config(FeatureConfig, options, method=method, vocab_top=options["vocab_top"] or None)
+    _said_trained(train(cfg), f"{method}.yaml", "feature-drafter.safetensors")
 
 
-_FEATURE_HELP = {
-    "vocab_top": "Restrict the drafter's head to the K most frequent tokens of the data (cheaper drafts; "
-                 "verification stays exact). 0: the full vocabulary.",
-    "data": "Prompts to self-distil, comma-separated (datasets, files, or the training-only sources).",
-}
+VocabTop = Annotated[int, typer.Option(help="Restrict the drafter's head to the K most frequent tokens of the data "
+                                            "(cheaper drafts; verification stays exact). 0: the full vocabulary.")]
+Sequences = Annotated[int, typer.Option(help="Sequences per step.")]
+Noise = Annotated[float, typer.Option(help="Uniform noise on the input features (EAGLE: 0.1).")]
 
 
 @train_app.command("eagle")
 def train_eagle(
-    model: Annotated[str, typer.Option(help="Target model spec (the drafter is trained for it).")] = "smollm2-135m",
-    vocab_top: Annotated[int, typer.Option(help=_FEATURE_HELP["vocab_top"])] = 8192,
-    data: Annotated[str, typer.Option(help=_FEATURE_HELP["data"])] = "alpaca-eval,stdlib-code,word-problems",
-    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 1500,
-    sequences: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 5e-4,
-    noise: Annotated[float, typer.Option(help="Uniform noise on the input features (EAGLE: 0.1).")] = 0.1,
-    prompts: Annotated[int, typer.Option(help="Training prompts per source (after the held-out ones).")] = 120,
-    held_out: Annotated[int, typer.Option(help="First prompts of each source left out.")] = 100,
-    new_tokens: Annotated[int, typer.Option(help="Self-distilled reply length.")] = 96,
-    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/eagle).")] = None,
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
-    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 100,
-    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
-    seed: Annotated[int, typer.Option(help="Data order and noise.")] = 0,
-    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    model: DrafterModel = "smollm2-135m",
+    vocab_top: VocabTop = 8192,
+    data: Mix = TRAINING_MIX,
+    steps: Steps = 1500,
+    sequences: Sequences = 4,
+    lr: PeakLR = 5e-4,
+    noise: Noise = 0.1,
+    prompts: PromptsPerSource = 120,
+    held_out: HeldOut = 100,
+    new_tokens: ReplyLength = 96,
+    out: _out("eagle") = None,
+    dtype: DType = "auto",
+    device: Device = "auto",
+    save_every: SaveEvery = 100,
+    resume: Resume = False,
+    seed: _seed("Data order and noise.") = 0,
+    data_file: DataFile = None,
 ):
     """Train the EAGLE-style feature drafter for `eagle` (one decoder layer over the target's hidden states and the
     next token's embedding; the target's embeddings and LM head are shared, frozen)."""
-    _train_feature("eagle", model=model, vocab_top=vocab_top or None, data=data, steps=steps, sequences=sequences,
-                   lr=lr, noise=noise, prompts=prompts, held_out=held_out, new_tokens=new_tokens, out=out,
-                   dtype=dtype, device=device, save_every=save_every, resume=resume, seed=seed, data_file=data_file)
+    _train_feature("eagle", locals())
 
 
 @train_app.command("parallelspec")
 def train_parallelspec(
-    model: Annotated[str, typer.Option(help="Target model spec (the drafter is trained for it).")] = "smollm2-135m",
+    model: DrafterModel = "smollm2-135m",
     mask_tokens: Annotated[int, typer.Option(help="k: [MASK] inputs; one drafter forward drafts k + 1 tokens.")] = 4,
     init: Annotated[str, typer.Option(help="Start from this eagle drafter folder (auto: the model's trained "
                                            "`eagle` drafter when there is one; none: the target's last layer).")]
     = "auto",
-    vocab_top: Annotated[int, typer.Option(help=_FEATURE_HELP["vocab_top"])] = 8192,
-    data: Annotated[str, typer.Option(help=_FEATURE_HELP["data"])] = "alpaca-eval,stdlib-code,word-problems",
-    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 1500,
-    sequences: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
+    vocab_top: VocabTop = 8192,
+    data: Mix = TRAINING_MIX,
+    steps: Steps = 1500,
+    sequences: Sequences = 4,
     groups: Annotated[int, typer.Option(help="Parallel groups (an input and its k masks) per sequence.")] = 24,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")] = 5e-4,
-    noise: Annotated[float, typer.Option(help="Uniform noise on the input features (EAGLE: 0.1).")] = 0.1,
-    prompts: Annotated[int, typer.Option(help="Training prompts per source (after the held-out ones).")] = 120,
-    held_out: Annotated[int, typer.Option(help="First prompts of each source left out.")] = 100,
-    new_tokens: Annotated[int, typer.Option(help="Self-distilled reply length.")] = 96,
-    out: Annotated[Optional[Path], typer.Option(help="Artefact folder (default artifacts/<model>/parallelspec)."
-                                                )] = None,
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
-    save_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 100,
-    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
-    seed: Annotated[int, typer.Option(help="Data order, groups and noise.")] = 0,
-    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    lr: PeakLR = 5e-4,
+    noise: Noise = 0.1,
+    prompts: PromptsPerSource = 120,
+    held_out: HeldOut = 100,
+    new_tokens: ReplyLength = 96,
+    out: _out("parallelspec") = None,
+    dtype: DType = "auto",
+    device: Device = "auto",
+    save_every: SaveEvery = 100,
+    resume: Resume = False,
+    seed: _seed("Data order, groups and noise.") = 0,
+    data_file: DataFile = None,
 ):
     """Train the ParallelSpec drafter for `parallelspec`: the feature drafter with k trained [MASK] inputs, by
     group-wise parallel training (ParallelSpec §4.1, Figure 3)."""
-    _train_feature("parallelspec", model=model, mask_tokens=mask_tokens, init=init, vocab_top=vocab_top or None,
-                   data=data, steps=steps, sequences=sequences, groups=groups, lr=lr, noise=noise, prompts=prompts,
-                   held_out=held_out, new_tokens=new_tokens, out=out, dtype=dtype, device=device,
-                   save_every=save_every, resume=resume, seed=seed, data_file=data_file)
+    _train_feature("parallelspec", locals())
 
 
 def _said_trained(path: Path, meta_file: str, weights: str) -> None:
