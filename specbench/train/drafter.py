@@ -29,9 +29,8 @@ from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 from ..progress import progress_bar
 from .config import TRAINING_MIX, TrainSettings
-from .loop import optimise
 from .selfdistill import greedy_continuations, load_source, render, source_names
-from .steps import check_vocab_top, checkpoint_path, frequent_tokens, insert_after, load_target, reply_start, \
+from .steps import check_vocab_top, fit, frequent_tokens, insert_after, load_target, reply_start, \
     run_facts, self_distilled, write_loss_curve
 
 
@@ -127,7 +126,6 @@ def train(cfg: DrafterConfig) -> Path:
     n_target = target.model.config.num_hidden_layers
     layer_ids = init_layer_ids(n_target, cfg.layers)
     out = cfg.out_dir
-    ckpt_path = checkpoint_path(out)
     settings = cfg.settings()
     seqs = self_distilled(cfg, target, min_reply=2)
     start = reply_start(seqs)  # positions shared by every sequence (the system prefix) teach nothing
@@ -160,9 +158,7 @@ def train(cfg: DrafterConfig) -> Path:
         picks = [rng.randrange(len(seqs)) for _ in range(cfg.batch)]
         return sum(distill_loss(module, seqs[i][0], start, *teacher[i], col) for i in picks) / cfg.batch
 
-    losses, train_s = optimise(module, step_loss, steps=cfg.steps, lr=cfg.lr, save_every=cfg.save_every,
-                               ckpt_path=ckpt_path, settings=settings, resume=cfg.resume,
-                               label=f"training a {cfg.layers}-layer drafter", seed=cfg.seed)
+    losses, train_s = fit(cfg, module, step_loss, out, f"training a {cfg.layers}-layer drafter", settings)
     module.eval().requires_grad_(False)
     return finish(cfg, target, module, layer_ids, losses, seqs, train_s, data_s)
 

@@ -27,9 +27,9 @@ from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 from ..progress import console, progress_bar
 from .config import TrainSettings
-from .loop import check_common, optimise
+from .loop import check_common
 from .selfdistill import check_sources
-from .steps import checkpoint_path, data_facts, frequent_tokens, load_target, reply_start, run_facts, \
+from .steps import data_facts, fit, frequent_tokens, load_target, reply_start, run_facts, \
     self_distilled, write_loss_curve
 
 
@@ -203,15 +203,12 @@ def train(cfg: FeatureConfig) -> Path:
     drafter, init_from = _starting_drafter(cfg, target, vocab_ids)
     drafter.requires_grad_(True)
     out = cfg.out_dir()
-    settings = cfg.settings()
     held = max(1, len(seqs) // 10)  # agreement on a tenth of the data (before and after)
     drafter.eval()
     before = position_agreement(drafter, seqs[:held], feats[:held], start)
     what = "EAGLE drafter" if cfg.method == "eagle" else f"ParallelSpec drafter ({cfg.k} masks)"
     console.print(f"[dim]{what}: {drafter.parameter_count():,} parameters, starting from {init_from}[/]")
-    losses, train_s = optimise(drafter, make_step_loss(cfg, drafter, seqs, feats, start), steps=cfg.steps, lr=cfg.lr,
-                               save_every=cfg.save_every, ckpt_path=checkpoint_path(out),
-                               settings=settings, resume=cfg.resume, label=f"training the {what}", seed=cfg.seed)
+    losses, train_s = fit(cfg, drafter, make_step_loss(cfg, drafter, seqs, feats, start), out, f"training the {what}")
     drafter.requires_grad_(False)
     after = position_agreement(drafter, seqs[:held], feats[:held], start)
     meta = {

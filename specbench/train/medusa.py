@@ -25,9 +25,9 @@ from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 from ..progress import progress_bar
 from .config import TrainSettings
-from .loop import check_common, optimise
+from .loop import check_common
 from .selfdistill import check_sources
-from .steps import check_vocab_top, checkpoint_path, data_facts, frequent_tokens, load_target, reply_start, \
+from .steps import check_vocab_top, data_facts, fit, frequent_tokens, load_target, reply_start, \
     run_facts, self_distilled, write_loss_curve
 
 
@@ -128,14 +128,11 @@ def train(cfg: MedusaConfig) -> Path:
     data_s = time.perf_counter() - t0
     heads = mh.MedusaHeads(target.model.config.hidden_size, cfg.heads, layer, vocab_ids).to(target.device)
     out = cfg.out_dir(layers)
-    settings = cfg.settings()
     held = states[: max(1, len(states) // 10)]  # agreement on a tenth of the data (before and after)
     before = top1_agreement(target, heads, held, start)
     what = "Medusa heads" if layer == layers else f"early-exit heads at layer {layer}"
-    losses, train_s = optimise(heads, make_step_loss(target, heads, states, start, cfg.positions), steps=cfg.steps,
-                               lr=cfg.lr, save_every=cfg.save_every, ckpt_path=checkpoint_path(out),
-                               settings=settings, resume=cfg.resume, label=f"training {cfg.heads} {what}",
-                               seed=cfg.seed)
+    losses, train_s = fit(cfg, heads, make_step_loss(target, heads, states, start, cfg.positions), out,
+                          f"training {cfg.heads} {what}")
     heads.requires_grad_(False)
     after = top1_agreement(target, heads, held, start)
     meta = {

@@ -27,9 +27,9 @@ from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 from ..progress import console
 from .config import TrainSettings
-from .loop import CheckpointState, optimise
+from .loop import CheckpointState
 from .selfdistill import generation_seconds, pending_prompts, source_names
-from .steps import checkpoint_path, insert_after, load_target, run_facts, self_distilled, token_counts, \
+from .steps import checkpoint_path, fit, insert_after, load_target, run_facts, self_distilled, token_counts, \
     write_loss_curve
 
 PPD_LOSS = "sum_j 0.8^j KL(teacher || student)"  # the loss curve's label
@@ -146,9 +146,8 @@ def train(cfg: TrainConfig) -> Path:
         return step_loss(target, emb, torch.tensor(seq, device=target.device), points, cfg.alpha)
 
     # PPD §5: cosine decay to zero over cfg.steps, no warm-up, no clipping
-    losses, train_s = optimise(holder, step_loss_of, steps=cfg.steps, lr=cfg.lr, save_every=cfg.save_every,
-                               ckpt_path=ckpt_path, settings=settings, resume=cfg.resume,
-                               label="training prompt tokens", seed=cfg.seed, warmup=0, clip=None, state=state)
+    losses, train_s = fit(cfg, holder, step_loss_of, out, "training prompt tokens", settings, warmup=0, clip=None,
+                          state=state)
     meta = {
         "method": "ppd", "model": target.spec, "model_key": pt.model_key(target),
         "model_fingerprint": target.fingerprint(), "prompt_tokens": cfg.prompt_tokens, "ept": cfg.ept,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ..core import store
 from ..core.models import LoadedModel
 from ..data import datasets as ds
 from ..data import trainsets
@@ -94,13 +95,12 @@ def training_sequences(target: LoadedModel, data: str, held_out: int, prompts: i
 def _cached(target: LoadedModel, source: str, held_out: int, prompts: int, new_tokens: int,
             data_file: str | None) -> tuple[dict, Path, list | None]:
     """(cache key, cache file, the cached sequences or None) of one source's self-distilled data."""
-    from ..core.models import cache_dir
     from ..artifacts.prompt_tokens import model_key
 
     key = {"format": 2, "model_key": model_key(target), "data": data_file or trainsets.cache_tag(source),
            "prompts": prompts, "held_out": held_out, "new_tokens": new_tokens}
     name = "-".join(str(v) for v in key.values()).replace("/", "_")
-    path = cache_dir() / "selfdistill" / f"{name}.pt"
+    path = store.user_cache() / "selfdistill" / f"{name}.pt"
     if path.exists():
         saved = torch.load(path)
         if saved["key"] == key:

@@ -14,6 +14,7 @@ from ..core.hardware import cpu_model, device_name
 from ..core.models import LoadedModel, dtype_name, load_model
 from ..errors import SpecbenchError
 from .config import TrainSettings
+from .loop import optimise
 from .plot import plot_losses
 from .selfdistill import training_sequences
 
@@ -56,6 +57,18 @@ def check_vocab_top(top: int, vocab_size: int) -> None:
 def frequent_tokens(seqs: Sequences, vocab_size: int, start: int, top: int) -> torch.Tensor:
     """The `top` most frequent token ids of the data from `start` on, sorted [K] (a restricted head's vocabulary)."""
     return token_counts(seqs, vocab_size, start).topk(top).indices.sort().values
+
+
+# ------------------------------------------------------------------------------------------------------ training
+
+
+def fit(cfg: TrainSettings, module: torch.nn.Module, step_loss, out: Path, label: str,
+        settings: dict | None = None, **loop_options) -> tuple[list[float], float]:
+    """loop.optimise with the run's shared settings (steps, lr, checkpoints in `out`, --resume, seed); settings:
+    what a resumed checkpoint must match (default cfg.settings()); loop_options: warmup, clip, state."""
+    return optimise(module, step_loss, steps=cfg.steps, lr=cfg.lr, save_every=cfg.save_every,
+                    ckpt_path=checkpoint_path(out), settings=cfg.settings() if settings is None else settings,
+                    resume=cfg.resume, label=label, seed=cfg.seed, **loop_options)
 
 
 # ----------------------------------------------------------------------------------------------- after training

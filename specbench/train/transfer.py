@@ -32,9 +32,9 @@ from ..core.models import LoadedModel, model_slug
 from ..core.transfer import capture, check_transfer_layers, transferred
 from ..errors import SpecbenchError
 from .config import TrainSettings
-from .loop import check_common, optimise
+from .loop import check_common
 from .selfdistill import check_sources
-from .steps import checkpoint_path, data_facts, load_target, run_facts, self_distilled, write_loss_curve
+from .steps import data_facts, fit, load_target, run_facts, self_distilled, write_loss_curve
 
 
 # Transfer layers measured per model. smollm2-135m: `python benchmarks/transfer_layers.py` (Figures 5-6's
@@ -165,10 +165,8 @@ def train(cfg: TransferConfig) -> Path:
     settings = cfg.settings() | {"transfer_layers": layers}
     held = seqs[:: max(1, len(seqs) // 12)][:12]  # agreement on a sample of the data (before and after)
     before = top1_agreement(target, proj, held)
-    losses, train_s = optimise(proj, make_step_loss(target, proj, seqs, cfg.insertions), steps=cfg.steps, lr=cfg.lr,
-                               save_every=cfg.save_every, ckpt_path=checkpoint_path(out),
-                               settings=settings, resume=cfg.resume,
-                               label=f"training {k} transfer projection(s) at layers {layers}", seed=cfg.seed)
+    losses, train_s = fit(cfg, proj, make_step_loss(target, proj, seqs, cfg.insertions), out,
+                          f"training {k} transfer projection(s) at layers {layers}", settings)
     proj.requires_grad_(False)
     after = top1_agreement(target, proj, held)
     meta = {
