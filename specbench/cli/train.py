@@ -10,12 +10,12 @@ import typer
 from rich.markup import escape
 
 from ..progress import console
+from ..train.config import TRAINING_MIX
 from .app import train_app
 from .parse import int_list
 
 # ------------------------------------------------------------------ options every train command shares (same help)
 
-TRAINING_MIX = "alpaca-eval,stdlib-code,word-problems"  # the default --data of the drafter and head trainers
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")]
 DType = Annotated[str, typer.Option(help="auto, float32, bfloat16")]
 Mix = Annotated[str, typer.Option(help="Prompts to self-distil, comma-separated (datasets, files, or the "

@@ -30,7 +30,7 @@ from ..errors import SpecbenchError
 from ..progress import progress_bar
 from .config import TRAINING_MIX, TrainSettings
 from .selfdistill import greedy_continuations, load_source, render, source_names
-from .steps import check_vocab_top, fit, frequent_tokens, insert_after, load_target, reply_start, \
+from .steps import check_vocab_top, checkpoint_path, fit, frequent_tokens, insert_after, load_target, reply_start, \
     run_facts, self_distilled, write_loss_curve
 
 
@@ -136,7 +136,7 @@ def train(cfg: DrafterConfig) -> Path:
         col = torch.full((target.vocab_size,), -1, dtype=torch.long)
         col[vocab_ids] = torch.arange(cfg.vocab_top)
         col = col.to(target.device)
-    teacher_path = out / "checkpoint" / "teacher.pt"
+    teacher_path = checkpoint_path(out, "teacher.pt")
     # the teacher depends on the target and the data only: other layer counts or learning rates reuse it
     teacher_key = {k: settings[k] for k in ("model", "data", "data_file", "prompts", "held_out", "new_tokens",
                                             "topk", "dtype", "device")}

@@ -110,8 +110,9 @@ def insert_after(meta: dict, key: str, extra: dict) -> dict:
     return out
 
 
-def checkpoint_path(out: Path) -> Path:
-    return out / "checkpoint" / "state.pt"
+def checkpoint_path(out: Path, name: str = "state.pt") -> Path:
+    """<out>/checkpoint/<name>: the optimiser's state (state.pt) and caches a trainer keeps between runs."""
+    return out / "checkpoint" / name
 
 
 def write_loss_curve(out: Path, losses: list[float], title: str, ylabel: str) -> None:
