@@ -189,10 +189,11 @@ def train_hidden_transfer(
     = False,
 ):
     """Train Hidden Transfer's projections for `hidden-transfer` (only the k linear maps train)."""
+    options = dict(locals())  # the command's options only
     from ..train.transfer import TransferConfig, train
 
     layers = tuple(int_list(transfer_layers, "--transfer-layers")) if transfer_layers else None
-    _said_trained(train(_config(TransferConfig, locals(), transfer_layers=layers)), "hidden-transfer.yaml",
+    _said_trained(train(_config(TransferConfig, options, transfer_layers=layers)), "hidden-transfer.yaml",
                   "projections.safetensors")
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..core import store
 from ..core.models import model_slug
+from ..errors import SpecbenchError
 
 TRAINING_MIX = "alpaca-eval,stdlib-code,word-problems"  # chat, code, maths: the offline mix the trainers default to
 
@@ -33,6 +34,13 @@ class TrainSettings:
     resume: bool = False
     seed: int = 0
     data_file: str | None = None
+
+    def check_common(self) -> None:
+        """Refuse shared settings no run can use (before any slow work)."""
+        if self.steps < 1 or self.save_every < 1:
+            raise SpecbenchError("--steps and --save-every must be at least 1")
+        if not self.lr > 0:
+            raise SpecbenchError(f"--lr must be positive (got {self.lr})")
 
     def settings(self) -> dict:
         """What a checkpoint must agree on to be resumed: every field but RESUMABLE, paths as strings."""

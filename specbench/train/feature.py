@@ -27,7 +27,6 @@ from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 from ..progress import console, progress_bar
 from .config import TrainSettings
-from .loop import check_common
 from .selfdistill import check_sources
 from .steps import data_facts, fit, frequent_tokens, load_target, reply_start, run_facts, \
     self_distilled, write_loss_curve
@@ -174,7 +173,7 @@ def _starting_drafter(cfg: FeatureConfig, target: LoadedModel, vocab_ids) -> tup
 
 
 def check(cfg: FeatureConfig) -> None:
-    check_common(cfg.steps, cfg.lr, cfg.save_every)
+    cfg.check_common()
     if cfg.method == "parallelspec" and cfg.mask_tokens < 1:
         raise SpecbenchError(f"--mask-tokens must be at least 1 (got {cfg.mask_tokens}): ParallelSpec drafts "
                              "k + 1 tokens per forward with k masks")

@@ -93,10 +93,3 @@ def optimise(module: torch.nn.Module, step_loss: Callable[[random.Random], torch
             if (step + 1) % save_every == 0 or step + 1 == steps:
                 save_checkpoint(step + 1)
     return losses, train_s + time.perf_counter() - t_loop
-
-
-def check_common(steps: int, lr: float, save_every: int) -> None:
-    if steps < 1 or save_every < 1:
-        raise SpecbenchError("--steps and --save-every must be at least 1")
-    if not lr > 0:
-        raise SpecbenchError(f"--lr must be positive (got {lr})")

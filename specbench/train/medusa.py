@@ -25,7 +25,6 @@ from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 from ..progress import progress_bar
 from .config import TrainSettings
-from .loop import check_common
 from .selfdistill import check_sources
 from .steps import check_vocab_top, data_facts, fit, frequent_tokens, load_target, reply_start, \
     run_facts, self_distilled, write_loss_curve
@@ -107,7 +106,7 @@ def top1_agreement(target: LoadedModel, heads: mh.MedusaHeads, states, start: in
 
 
 def train(cfg: MedusaConfig) -> Path:
-    check_common(cfg.steps, cfg.lr, cfg.save_every)
+    cfg.check_common()
     if cfg.heads < 1 or cfg.positions < 1:
         raise SpecbenchError("--heads and --positions must be at least 1")
     check_sources(cfg.data)

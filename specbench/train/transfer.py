@@ -32,7 +32,6 @@ from ..core.models import LoadedModel, model_slug
 from ..core.transfer import capture, check_transfer_layers, transferred
 from ..errors import SpecbenchError
 from .config import TrainSettings
-from .loop import check_common
 from .selfdistill import check_sources
 from .steps import data_facts, fit, load_target, run_facts, self_distilled, write_loss_curve
 
@@ -144,7 +143,7 @@ def top1_agreement(target: LoadedModel, proj: tp.TransferProjections, seqs) -> l
 
 
 def train(cfg: TransferConfig) -> Path:
-    check_common(cfg.steps, cfg.lr, cfg.save_every)
+    cfg.check_common()
     if cfg.insertions < 1:
         raise SpecbenchError("--insertions must be at least 1")
     check_sources(cfg.data)
