@@ -27,6 +27,7 @@ import yaml
 
 from ..core.cache import crop_to, new_cache
 from ..core.cpu_kernels import prepack
+from ..core.forward import with_cache
 from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 from . import files as af
@@ -69,7 +70,7 @@ class FeatureDrafter(SharedHeadDrafter):
         pos_emb = self.rotary_emb(x, position_ids=position_ids)
         h = x
         for layer in self.layers:
-            h = layer(h, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+            h = layer(h, attention_mask=mask, position_ids=position_ids, **with_cache(cache),
                       use_cache=cache is not None, position_embeddings=pos_emb)
         return self.norm(h)[0]
 

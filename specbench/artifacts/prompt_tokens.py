@@ -18,6 +18,7 @@ import yaml
 
 from ..core import store
 from ..core.cache import window_mask
+from ..core.forward import with_cache
 from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 
@@ -147,7 +148,7 @@ def hidden(model, inputs_embeds: torch.Tensor, mask: torch.Tensor, position_ids:
     (logits only for the rows a caller needs: `model.get_output_embeddings()(hidden[rows])`)."""
     mask = window_mask(model, mask, position_ids)  # sliding-window layers: their window applied to the mask
     out = model.get_decoder()(inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=position_ids,
-                              past_key_values=cache, use_cache=cache is not None)
+                              **with_cache(cache), use_cache=cache is not None)
     return out.last_hidden_state[0]
 
 

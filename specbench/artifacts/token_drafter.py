@@ -19,6 +19,7 @@ import yaml
 
 from ..core import store
 from ..core.cpu_kernels import prepack
+from ..core.forward import with_cache
 from ..core.models import LoadedModel, load_model
 from ..errors import SpecbenchError
 
@@ -84,7 +85,7 @@ class SharedHeadDrafter(torch.nn.Module):
             mask = causal_mask(past, input_ids.shape[1], input_ids.shape[0], h.dtype, h.device)
         pos_emb = self.rotary_emb(h, position_ids=position_ids)
         for layer in self.layers:
-            h = layer(h, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+            h = layer(h, attention_mask=mask, position_ids=position_ids, **with_cache(cache),
                       use_cache=cache is not None, position_embeddings=pos_emb, **attention_kwargs)
         return self.norm(h)
 
@@ -97,15 +98,16 @@ class SharedHeadDrafter(torch.nn.Module):
             self._head_k = head.weight.detach()[self.vocab_ids].to(h.dtype)  # [K, H]
         return F.linear(h, self._head_k)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, past_key_values=None,
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None,
                 use_cache: bool = True, logits_to_keep: int | torch.Tensor = 0,
-                attention_mask: torch.Tensor | None = None, **attention_kwargs):
+                attention_mask: torch.Tensor | None = None, past_key_values=None, **attention_kwargs):
         """The causal-LM call the methods use; logits [B, n, V] over the full vocabulary (logits_to_keep: the last
         n positions, or a tensor of the positions to keep, as transformers' models take it)."""
+        cache = cache if cache is not None else past_key_values  # either keyword (core.forward.CACHE_KEYWORD)
         if position_ids is None:
-            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-        h = self.hidden(input_ids, position_ids, past_key_values if use_cache else None, attention_mask,
+        h = self.hidden(input_ids, position_ids, cache if use_cache else None, attention_mask,
                         **attention_kwargs)
         if isinstance(logits_to_keep, torch.Tensor):
             h = h[:, logits_to_keep]

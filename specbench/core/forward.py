@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from contextlib import contextmanager
 
@@ -10,12 +11,29 @@ import torch
 from .cache import drop_last
 
 
+def _cache_keyword() -> str:
+    """The keyword that hands a KV cache to a transformers model or decoder layer: `cache` where the installed
+    transformers names it so (5.24 warns on `past_key_values` and announces its removal in 5.40), else
+    `past_key_values` (earlier 5.x, e.g. the GPU machine's 5.17)."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    return "cache" if "cache" in inspect.signature(LlamaDecoderLayer.forward).parameters else "past_key_values"
+
+
+CACHE_KEYWORD = _cache_keyword()
+
+
+def with_cache(cache) -> dict:
+    """{CACHE_KEYWORD: cache}: pass as **with_cache(cache) to a model or decoder layer call."""
+    return {CACHE_KEYWORD: cache}
+
+
 def forward(model, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> torch.Tensor:
     """Causal forward of input_ids [1, n] appended to `cache`; returns logits [n or logits_to_keep, V]."""
     past = cache.get_seq_length()
     n = input_ids.shape[1]
     position_ids = torch.arange(past, past + n, device=input_ids.device).unsqueeze(0)  # [1, n]
-    out = model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
+    out = model(input_ids=input_ids, position_ids=position_ids, **with_cache(cache), use_cache=True,
                 logits_to_keep=logits_to_keep)
     return out.logits[0]
 

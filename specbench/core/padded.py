@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from ..errors import SpecbenchError
+from .forward import with_cache
 from .cache import append_rows, drop_last, new_cache, pad_left, select_rows, sliding_windows
 from .ragged import Segment, attention_implementation
 
@@ -153,7 +154,7 @@ class PaddedBatch:
             self.target_tokens[slot] += wide
             self.padding_tokens[slot] += wide - w
         mask = self._mask(valid, new_valid, key_pos, pos, own)
-        args = dict(position_ids=pos.to(self.device), attention_mask=mask, past_key_values=cache, use_cache=True)
+        args = dict(position_ids=pos.to(self.device), attention_mask=mask, **with_cache(cache), use_cache=True)
         with attention_implementation(self.model, ATTENTION):
             if hidden or embeds is not None:
                 if embeds is None:

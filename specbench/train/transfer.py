@@ -28,6 +28,7 @@ from ..artifacts import prompt_tokens as pt
 from ..artifacts import transfer_projections as tp
 from ..artifacts.prompt_tokens import model_key
 from ..core.cache import crop_to, new_cache
+from ..core.forward import with_cache
 from ..core.models import LoadedModel, model_slug
 from ..core.transfer import capture, check_transfer_layers, transferred
 from ..errors import SpecbenchError
@@ -99,7 +100,7 @@ def real_forward(target: LoadedModel, seq: list[int], layers: list[int]):
     ids = torch.tensor([seq], device=target.device)
     cache = new_cache(model)
     with capture(model, layers) as seen:
-        h = model.get_decoder()(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state[0]
+        h = model.get_decoder()(input_ids=ids, **with_cache(cache), use_cache=True).last_hidden_state[0]
     return cache, h, {layer: s[0] for layer, s in seen.items()}
 
 
