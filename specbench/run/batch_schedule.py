@@ -102,6 +102,7 @@ def run_label(runner, job: BatchJob, method_name: str, mode: str, refill: bool) 
             batch.append(TurnInput(index, prompt, ids))
         if not batch:
             break
+
         def once():
             generators = [torch.Generator(device=runner.target.device).manual_seed(runner.seed(entry.index, turn))
                           for entry in batch]
