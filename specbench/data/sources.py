@@ -40,7 +40,7 @@ class _Place:
 
 
 def _cache_root(spec: DatasetSpec) -> Path:
-    return store.user_cache() / "datasets" / spec.name
+    return store.user_cache() / store.DATASETS / spec.name  # downloaded sets, one folder each
 
 
 def _partial_name(spec: DatasetSpec, rows: int | str) -> str:
