@@ -40,6 +40,8 @@ T = TypeVar("T")
 
 
 class Runner:
+    """One run's target and methods (by label), and what each prompt turn goes through on its way to records.csv."""
+
     def __init__(self, cfg: RunConfig, target: LoadedModel, drafter: LoadedModel | None):
         self.cfg = cfg
         self.target = target
