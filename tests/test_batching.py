@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specbench.run import runner as runner_module
+from specbench.run import resume as runner_module
 from specbench.cli import app
 from specbench.core.cache import new_cache
 from specbench.core.forward import forward
@@ -233,7 +233,7 @@ def test_refill_at_batch_one_and_batches_larger_than_the_data_say_so(tmp_path, p
 
 
 def test_ctrl_c_mid_batch_keeps_finished_batches_and_resume_finishes(tmp_path, prompts_file, monkeypatch):
-    from specbench.run import batch_jobs as batching
+    from specbench.run import batch_schedule as batching
 
     out = tmp_path / "run"
     real = batching.run_label

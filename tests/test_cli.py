@@ -122,7 +122,7 @@ def test_ctrl_c_before_the_first_record_exits_130_with_the_resume_hint(tmp_path,
 
 
 def test_methods_run_in_an_order_rotated_per_prompt(tmp_path, prompts_file):
-    from specbench.run.runner import interleaved
+    from specbench.run.work import interleaved
 
     assert [interleaved(["ar", "pld", "sd"], i) for i in range(3)] == [["ar", "pld", "sd"], ["pld", "sd", "ar"],
                                                                        ["sd", "ar", "pld"]]

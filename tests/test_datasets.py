@@ -22,7 +22,7 @@ def isolated(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SPECBENCH_OFFLINE", "1")
     monkeypatch.delenv("SPECBENCH_DATASETS_DIR", raising=False)
-    monkeypatch.setattr(ds, "_get", lambda url: pytest.fail(f"network used: {url}"))
+    monkeypatch.setattr("specbench.data.sources._get", lambda url: pytest.fail(f"network used: {url}"))
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -176,7 +176,7 @@ def test_online_hf_pages_and_caches(monkeypatch, tmp_path):
     monkeypatch.delenv("SPECBENCH_DATA_DIR", raising=False)
     monkeypatch.delenv("SPECBENCH_OFFLINE", raising=False)
     calls: list[str] = []
-    monkeypatch.setattr(ds, "_get", fake_rows_api(250, calls))
+    monkeypatch.setattr("specbench.data.sources._get", fake_rows_api(250, calls))
     _, prompts = ds.load_prompts("alpaca-eval", 150)
     assert len(prompts) == 150 and len(calls) == 2 and "length=50" in calls[1]
     assert prompts[149].turns == ("do {thing} 149",) and prompts[149].id == "149"
@@ -197,7 +197,7 @@ def test_network_failure_is_one_error(monkeypatch, tmp_path):
 
     def down(url):
         raise OSError("network is unreachable")
-    monkeypatch.setattr(ds, "_get", down)
+    monkeypatch.setattr("specbench.data.sources._get", down)
     with pytest.raises(SpecbenchError, match=r"(?s)not found.*grade-school-math.*unreachable.*openai/gsm8k"):
         ds.load_prompts("gsm8k", 3)
 

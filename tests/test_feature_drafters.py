@@ -200,7 +200,8 @@ def test_cli_estimate_build_tree_and_run(tmp_path, monkeypatch):
 
 
 def test_gamma_beside_tree_methods_is_noted(capsys):
-    from specbench.run.runner import RunConfig, validate
+    from specbench.run.config import RunConfig
+    from specbench.run.validation import validate
     from specbench.progress import console
 
     with console.capture() as captured:

@@ -80,8 +80,8 @@ def run(
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
     from ..report.report import write_run_report
-    from ..run.runner import RunConfig, default_out
-    from ..run.runner import run as run_benchmark
+    from ..run.config import RunConfig, default_out
+    from ..run.loop import run as run_benchmark
 
     if out_dir is None:
         out_dir = _newest_run() if resume else default_out()
@@ -110,9 +110,9 @@ def run(
 
 
 def _newest_run() -> Path:
-    from ..run.runner import default_out
+    from ..run.config import results_root
 
-    runs = sorted(p for p in default_out().parent.glob("*") if (p / "run.yaml").exists())
+    runs = sorted(p for p in results_root().glob("*") if (p / "run.yaml").exists())
     if not runs:
         raise SpecbenchError("--resume: no earlier run in results/; pass --out with the run folder.")
     return runs[-1]

@@ -12,7 +12,7 @@ from ..progress import console, out
 
 def print_summary(summary, title: str) -> None:
     from ..run.noise import is_disturbed
-    from ..report.report import row_name
+    from ..report.summary import row_name
 
     batched = "batch_size" in summary and (summary.batch_size.fillna(1) > 1).any()
     table = Table(title=title)
@@ -39,7 +39,8 @@ def print_summary(summary, title: str) -> None:
 
 def warn_unexplained(run_dirs) -> None:
     """Say loudly when a lossless method differs from ar where the dtype's rounding does not explain it."""
-    from ..report.report import read_records, unexplained_mismatches
+    from ..report.lossless_check import unexplained_mismatches
+    from ..report.summary import read_records
 
     for run_dir in run_dirs:
         bad = unexplained_mismatches(read_records(run_dir))
@@ -54,7 +55,7 @@ def warn_unexplained(run_dirs) -> None:
 def warn_disturbed(summary) -> None:
     """Say loudly which rows the noise guard distrusts, why, and what to do."""
     from ..run.noise import ADVICE
-    from ..report.report import disturbed, row_name
+    from ..report.summary import disturbed, row_name
 
     bad = disturbed(summary)
     if len(bad):

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     """python -m specbench.run.timeline RUN_DIR [--prompts N|all] [--seconds S]: draw Gantt PNGs of more prompts."""
     import argparse
 
-    from .results import read_meta
+    from ..run.results import read_meta
     from ..report.titles import plot_title
 
     ap = argparse.ArgumentParser(prog="python -m specbench.run.timeline",

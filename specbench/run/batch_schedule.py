@@ -1,4 +1,4 @@
-"""The runner's batch > 1 jobs (EMS-SD): which prompts go into which batch, timing a batch, and its per-sample rows.
+"""The runner's batch > 1 schedule (EMS-SD): which prompts go into which batch, timing a batch, and its per-sample rows.
 
 A job is one group of prompts of one dataset at one batch size B: the next B prompts (or, with --refill, the next
 REFILL_GROUP x B prompts streaming through B slots). Every label of the job (`ar` in one mode, each other method
@@ -18,6 +18,7 @@ from ..core import contention
 from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..methods.batch_loop import MODES, generate_batch
+from .work import BatchJob, BatchLabel, IndexedPrompt, LoadedDataset
 
 REFILL_GROUP = 4  # with --refill, a job streams REFILL_GROUP x B prompts through B slots
 
@@ -37,27 +38,32 @@ def ar_mode(modes: tuple[str, ...]) -> str:
     return "unpadded" if "unpadded" in modes else "padded"
 
 
-@dataclass
-class BatchJob:
-    dataset: str
-    batch_size: int
-    group: int
-    prompts: list[tuple[int, ds.Prompt]]  # (index in the dataset, prompt)
-    labels: list[tuple[str, str]]  # (method, mode), in this job's order
+def batch_labels(methods: tuple[str, ...], modes: tuple[str, ...]) -> list[BatchLabel]:
+    """Every label of a batch job: ar once (in ar_mode, the baseline), each other method in each mode."""
+    return [BatchLabel("ar", ar_mode(modes))] + [BatchLabel(m, mode) for m in methods if m != "ar" for mode in modes]
 
 
-def plan(datasets: list[tuple[str, list[ds.Prompt]]], batch_sizes: list[int], labels: list[tuple[str, str]],
+def plan(datasets: list[LoadedDataset], batch_sizes: list[int], labels: list[BatchLabel],
          refill: bool) -> list[BatchJob]:
     """Jobs for every batch size > 1, smallest first; each job's label order rotated by its group number."""
     jobs = []
     for size in sorted(b for b in batch_sizes if b > 1):
         step = size * REFILL_GROUP if refill else size
-        for dataset, prompts in datasets:
-            indexed = list(enumerate(prompts))
+        for dataset in datasets:
+            indexed = [IndexedPrompt(i, p) for i, p in enumerate(dataset.prompts)]
             for g, start in enumerate(range(0, len(indexed), step)):
                 k = g % len(labels)
-                jobs.append(BatchJob(dataset, size, g, indexed[start:start + step], labels[k:] + labels[:k]))
+                jobs.append(BatchJob(dataset.name, size, g, indexed[start:start + step], labels[k:] + labels[:k]))
     return jobs
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    """One prompt turn going into a batch: the prompt's index in its dataset and its rendered ids."""
+
+    index: int
+    prompt: ds.Prompt
+    ids: torch.Tensor  # [1, T]
 
 
 @dataclass
@@ -81,10 +87,10 @@ def run_label(runner, job: BatchJob, method_name: str, mode: str, refill: bool) 
     """Decode every prompt turn of the job with one label; returns its rows (turn by turn, batch by batch)."""
     method = runner.methods[method_name]
     cfg = runner.cfg
-    answers: dict[str, list[str]] = {p.id: [] for _, p in job.prompts}
-    live = dict(job.prompts)  # index -> prompt still going (a skipped turn ends its prompt)
+    answers: dict[str, list[str]] = {p.prompt.id: [] for p in job.prompts}
+    live = {p.index: p.prompt for p in job.prompts}  # index -> prompt still going (a skipped turn ends its prompt)
     rows: list[BatchTurn] = []
-    for turn in range(max(len(p.turns) for _, p in job.prompts)):
+    for turn in range(max(len(p.prompt.turns) for p in job.prompts)):
         batch = []
         for index, prompt in list(live.items()):
             if turn >= len(prompt.turns):
@@ -93,13 +99,14 @@ def run_label(runner, job: BatchJob, method_name: str, mode: str, refill: bool) 
             if ids is None:
                 del live[index]
                 continue
-            batch.append((index, prompt, ids))
+            batch.append(TurnInput(index, prompt, ids))
         if not batch:
             break
+
         def once():
-            generators = [torch.Generator(device=runner.target.device).manual_seed(runner.seed(index, turn))
-                          for index, _, _ in batch]
-            return generate_batch(method, [ids for _, _, ids in batch], job.batch_size, mode, refill,
+            generators = [torch.Generator(device=runner.target.device).manual_seed(runner.seed(entry.index, turn))
+                          for entry in batch]
+            return generate_batch(method, [entry.ids for entry in batch], job.batch_size, mode, refill,
                                   cfg.max_new_tokens, cfg.sampling, generators)
 
         before = contention.snapshot()
@@ -107,8 +114,8 @@ def run_label(runner, job: BatchJob, method_name: str, mode: str, refill: bool) 
         load = contention.between(before, contention.snapshot())
         total = max(sum(len(g.tokens) for g in gens), 1)
         batch_id = f"{job.batch_size}-{job.group}-{turn}"
-        for (index, prompt, ids), gen in zip(batch, gens):
-            rows.append(BatchTurn(index, prompt, turn, ids, gen, batch_id, seconds, seconds * len(gen.tokens) / total,
-                                  seconds * 1e3 / max(steps, 1), mem, load))
-            answers[prompt.id].append(runner.target.tokenizer.decode(gen.tokens))
+        for entry, gen in zip(batch, gens):
+            rows.append(BatchTurn(entry.index, entry.prompt, turn, entry.ids, gen, batch_id, seconds,
+                                  seconds * len(gen.tokens) / total, seconds * 1e3 / max(steps, 1), mem, load))
+            answers[entry.prompt.id].append(runner.target.tokenizer.decode(gen.tokens))
     return rows

@@ -1,0 +1,77 @@
+"""report.md's sections that sit beside the summary table: the noise guard's account, the per-category table,
+trees measured vs predicted, and whether the run is partial."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ..run import noise
+from .markdown import markdown_table
+from .plots import plot_tree_sizes
+from .summary import by_category, disturbed, row_name
+
+
+def noise_section(summary: pd.DataFrame, meta: dict) -> list[str]:
+    """The report's account of how far the timings can be trusted (noise.py)."""
+    guard = meta.get("noise_guard") or {}
+    md = ["## Timing check (noise guard)", "",
+          f"Each row records the CPU time other processes used while it was timed (`foreign_cpu`, cores), the "
+          f"hypervisor's steal and the load average; a method x dataset is disturbed when over "
+          f"{noise.DISTURBED_SHARE:.0%} of its or ar's rows ran beside more than {noise.FOREIGN_CPU_LIMIT} cores of "
+          f"other work (or {noise.STEAL_LIMIT:.0%} steal), or when its speedup exceeds tau / floor x "
+          f"{1 + noise.BOUND_TOLERANCE:.2f}, floor = min L(n) / L(1) = {guard.get('latency_floor', 1.0)} "
+          f"({'profile ' + guard['profile'] if guard.get('profile') else 'no profile of this hardware: 1.0'}). "
+          "Methods run in an order rotated per prompt, so a burst of load does not land on one method only.", ""]
+    bad = disturbed(summary)
+    if len(bad):
+        md += ["**TIMING DISTURBED**: these numbers are not trustworthy; " + noise.ADVICE + ".", ""]
+        md += [f"- {row_name(r)} on {r.dataset}: {r.timing}" for r in bad.itertuples(index=False)] + [""]
+    else:
+        md += ["All rows: timing ok.", ""]
+    return md
+
+
+def category_section(records: pd.DataFrame, summary: pd.DataFrame, run_dir: Path, latency_floor: float) -> list[str]:
+    """report.md's per-category table (and summary_by_category.csv), when the prompts have categories."""
+    table = by_category(records, summary, latency_floor)
+    if table.empty:
+        return []
+    table.to_csv(run_dir / "summary_by_category.csv", index=False)
+    return ["## Per category", "", markdown_table(table), "",
+            "Each category's speedup is against `ar` on the same category's prompts; `all` is the overall row "
+            "(`summary_by_category.csv`). `specbench run --per-category --limit N` takes N prompts of each.", ""]
+
+
+def is_partial(meta: dict) -> bool:
+    """An interrupted run (run.yaml written by a specbench that records completion, and not complete)."""
+    return meta.get("complete") is False
+
+
+def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str = "") -> list[str]:
+    """Tree methods: measured vs predicted tau and speedup per tree (PPD Fig. 8c when a run swept sizes), with
+    tree_sizes.png for a sweep."""
+    rows = []
+    for label, info in trees.items():
+        for _, r in summary[summary.method == label].iterrows():
+            rows.append({"method": label, "dataset": r.dataset, "size": info.get("size"),
+                         "predicted_tau": info.get("predicted_tau"), "tau": r.tau,
+                         "predicted_speedup": info.get("predicted_speedup"), "speedup": r.speedup})
+    if not rows:
+        return []
+    frame = pd.DataFrame(rows).sort_values(["dataset", "size"])
+    frame.to_csv(run_dir / "tree_sizes.csv", index=False)
+    profile = next((i.get("profile") for i in trees.values() if i.get("profile")), None)
+    sources = list(dict.fromkeys(i.get("acceptance") for i in trees.values() if i.get("acceptance")))
+    acceptance = next((a for a in sources if a.startswith("a generic")), sources[0] if sources else None)
+    md = ["## Trees: measured vs predicted", "", markdown_table(frame), "",
+          f"Predicted tau from {', '.join(sources) or 'the acceptance table'} (each method's own); predicted speedup from the latency profile "
+          f"{profile or '(none for this hardware: run `specbench profile`)'}.", ""]
+    if acceptance and acceptance.startswith("a generic"):
+        md[-2:-1] = [f"**Predicted tau is not this model's**: it comes from {acceptance}; predicted speedup "
+                     f"likewise. Profile: {profile or 'none for this hardware (run `specbench profile`)'}."]
+    if frame["size"].nunique() >= 2:
+        plot_tree_sizes(frame, run_dir / "tree_sizes.png", title)
+        md += ["![speedup per tree size](tree_sizes.png)", ""]
+    return md

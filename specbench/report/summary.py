@@ -1,0 +1,218 @@
+"""The summary of a run, computed from records.csv only (reports never re-run models): one row per method x
+dataset x batch size x batching, each against ar on the same prompt turns, and the per-category table.
+
+Speedup formulas (both from the same run, same prompts, same machine):
+  speedup       = (sum new_tokens / sum wall_s)_method / (sum new_tokens / sum wall_s)_ar   (headline)
+  speedup_mean  = mean over prompt turns of tokens_per_s_method / tokens_per_s_ar
+  tau           = sum new_tokens / sum target_forwards   (bonus token included; ar = 1.00)
+  acceptance    = sum accepted_drafts / sum drafted
+  draft_ms_per_token   = 1000 * sum draft_s / sum new_tokens   (drafting ms per emitted token; draft-model methods)
+  draft_forwards_per_step = sum draft_forwards / sum target_forwards   (drafter forwards per target forward)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import SpecbenchError
+from ..run import noise
+from ..run.results import with_batch_columns
+from . import csvcheck
+from .lossless_check import exactness, explained_rate
+
+
+FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()  # report.md's "Formulas" block
+
+
+SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_s", "tokens_per_s", "speedup",
+                   "speedup_mean", "tau", "draft_ms_per_token", "acceptance_rate", "drafted", "draft_forwards",
+                   "draft_s", "draft_forwards_per_step", "lossless_rate", "lossless_explained_rate", "exactness",
+                   "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_rows",
+                   "timing", "batch_size", "batching", "target_tokens", "padding_tokens", "padding_ratio", "kv_padding",
+                   "tau_batch_min", "tau_sample_mean"]
+
+
+def read_records(run_dir: Path) -> pd.DataFrame:
+    path = Path(run_dir) / "records.csv"
+    if not path.exists():
+        raise SpecbenchError(f"{run_dir}: no records.csv here; pass a folder written by `specbench run`.")
+    try:
+        df = pd.read_csv(path, dtype={"prompt_id": str, "lossless": str}, keep_default_na=False,
+                         na_values={"acceptance_rate": [""], "tokens_per_s": [""]})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise SpecbenchError(f"{path}: not a readable records CSV ({exc})") from exc
+    missing = {"method", "dataset", "prompt_id", "turn", "new_tokens", "wall_s", "target_forwards"} - set(df)
+    if missing:
+        raise SpecbenchError(f"{path}: missing columns {', '.join(sorted(missing))}")
+    return csvcheck.numeric(df, path, RECORD_NUMBERS)  # a hand-edited or torn row is named, not a traceback
+
+
+# records.csv columns the summary does arithmetic on
+
+
+RECORD_NUMBERS = ("turn", "new_tokens", "wall_s", "tokens_per_s", "target_forwards", "drafted", "draft_forwards",
+                  "draft_s", "accepted_drafts", "peak_mem_mb", "forward_ms", "foreign_cpu", "steal")
+
+
+def summarize(records: pd.DataFrame, temperature_greedy: bool = True, latency_floor: float = 1.0) -> pd.DataFrame:
+    """One row per method x dataset x batch size x batching (SUMMARY_COLUMNS). Each method is compared with ar at
+    the same batch size on the prompt turns both finished (an interrupted run may hold more of one than of the
+    other); the noise guard's verdict per row. At batch > 1 the speedup is a throughput ratio (a sample's wall_s is
+    its share of its batch's time), and the plausibility bound is not applied (profiles are measured at batch 1)."""
+    records = with_batch_columns(records)
+    parts = []
+    for size, part in records.groupby("batch_size", sort=True):
+        if size == 1:
+            parts.append(_summarize(part, latency_floor).assign(batch_size=1, batching="-"))
+            continue
+        # one label per method x mode; ar (one mode per batch size) stays "ar", every method's reference
+        labels = [m if m == "ar" else f"{m}|{b}" for m, b in zip(part.method, part.batching)]
+        summary = _summarize(part.assign(method=labels), None)
+        ar_mode = part.batching[part.method == "ar"].iloc[0] if (part.method == "ar").any() else "-"
+        split = summary.method.str.split("|")
+        parts.append(summary.assign(method=split.str[0], batch_size=int(size),
+                                    batching=split.map(lambda x: x[1] if len(x) > 1 else ar_mode)))
+    return pd.concat(parts, ignore_index=True)[SUMMARY_COLUMNS]
+
+
+def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFrame:
+    """summarize() for one batch size; latency_floor None: no plausibility bound."""
+    rows = []
+    ar = records[records.method == "ar"].set_index(["dataset", "prompt_id", "turn"])
+    turn_key = ["dataset", "prompt_id", "turn"]
+    for (method, dataset), g in records.groupby(["method", "dataset"], sort=False):
+        ar_d = records[(records.method == "ar") & (records.dataset == dataset)]
+        if method != "ar" and len(ar_d):
+            shared = g[turn_key].merge(ar_d[turn_key]).drop_duplicates()
+            g = g.merge(shared, on=turn_key)
+            ar_d = ar_d.merge(shared, on=turn_key)
+        ar_tps = ar_d.new_tokens.sum() / ar_d.wall_s.sum() if len(ar_d) and ar_d.wall_s.sum() > 0 else math.nan
+        tps = g.new_tokens.sum() / g.wall_s.sum() if g.wall_s.sum() > 0 else math.nan
+        joined = g.merge(ar[["tokens_per_s"]].reset_index(), on=["dataset", "prompt_id", "turn"],
+                         suffixes=("", "_ar"))
+        ratios = joined.tokens_per_s / joined.tokens_per_s_ar
+        checked = g.lossless[g.lossless.astype(str) != ""]
+        drafted = g.drafted.sum() if "drafted" in g else 0
+        peak = g.peak_mem_mb.max() if "peak_mem_mb" in g else math.nan
+        ar_peak = ar_d.peak_mem_mb.max() if "peak_mem_mb" in ar_d and len(ar_d) else math.nan
+        fwd = g.wall_s.sum() / max(g.target_forwards.sum(), 1)  # seconds per target forward
+        ar_fwd = ar_d.wall_s.sum() / max(ar_d.target_forwards.sum(), 1) if len(ar_d) else math.nan
+        rows.append({
+            "method": method, "dataset": dataset, "prompts": g.prompt_id.nunique(), "turns": len(g),
+            "new_tokens": int(g.new_tokens.sum()), "wall_s": round(g.wall_s.sum(), 3),
+            "tokens_per_s": round(tps, 2), "speedup": tps / ar_tps,
+            "speedup_mean": round(ratios.mean(), 3) if ratios.notna().any() else math.nan,
+            "tau": g.new_tokens.sum() / max(g.target_forwards.sum(), 1),
+            "acceptance_rate": round(g.accepted_drafts.sum() / drafted, 3) if drafted else math.nan,
+            "lossless_rate": round((checked == "match").mean(), 3) if len(checked) else math.nan,
+            "lossless_explained_rate": explained_rate(g),
+            "exactness": exactness(method), "peak_mem_mb": peak,
+            "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
+            "forward_ms": round(fwd * 1e3, 3), "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
+            **_draft_numbers(g), **_batch_numbers(g),
+        })
+    summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS + ("batch_size",
+                                                                                                 "batching")])
+    return noise.judge(summary, records, latency_floor).round({"speedup": 3, "tau": 3})  # judged unrounded
+
+
+NOISE_COLUMNS = ("speedup_bound", "disturbed_rows", "timing")  # added by noise.judge
+
+
+DRAFT_COLUMNS = ("drafted", "draft_forwards", "draft_s", "draft_ms_per_token", "draft_forwards_per_step")
+
+
+def _draft_numbers(g: pd.DataFrame) -> dict:
+    """Drafting cost of one summary row: sums of drafted tokens, drafter forwards and seconds inside drafting, then
+    drafting ms per emitted token and drafter forwards per target forward. The two ratios are NaN for methods with no
+    drafter forward (ar, pld, ppd, ...); all but `drafted` are NaN for records older than these columns, and a mix
+    of old and new rows sums only the rows that carry them."""
+    out = dict.fromkeys(DRAFT_COLUMNS, math.nan)
+    if "drafted" in g:
+        out["drafted"] = int(pd.to_numeric(g.drafted, errors="coerce").sum())
+    if "draft_forwards" not in g or "draft_s" not in g:
+        return out
+    forwards, seconds = (pd.to_numeric(g[c], errors="coerce") for c in ("draft_forwards", "draft_s"))
+    known = g[forwards.notna() & seconds.notna()]
+    if known.empty:
+        return out
+    n_forwards, n_seconds = forwards[known.index].sum(), seconds[known.index].sum()
+    out.update(draft_forwards=int(n_forwards), draft_s=round(float(n_seconds), 4))
+    if n_forwards > 0:
+        out["draft_ms_per_token"] = round(1e3 * n_seconds / max(known.new_tokens.sum(), 1), 3)
+        out["draft_forwards_per_step"] = round(n_forwards / max(known.target_forwards.sum(), 1), 3)
+    return out
+
+
+def _batch_numbers(g: pd.DataFrame) -> dict:
+    """Padding and per-sample tau of one summary row (EMS-SD §4.3 Fig. 4, §4.4 Fig. 6): target tokens, the padding
+    share of them, padded KV entries, and per batch the lowest per-sample tau (mean over batches) beside the mean
+    per-sample tau. NaN for runs from before batching."""
+    if "target_tokens" not in g:
+        return dict.fromkeys(("target_tokens", "padding_tokens", "padding_ratio", "kv_padding", "tau_batch_min",
+                              "tau_sample_mean"), math.nan)
+    target = pd.to_numeric(g.target_tokens, errors="coerce").sum()
+    padding = pd.to_numeric(g.get("padding_tokens", 0), errors="coerce").sum()
+    tau = g.new_tokens / g.target_forwards.clip(lower=1)
+    batch = g["batch_id"].astype(str) if "batch_id" in g else g.prompt_id.astype(str)
+    batch = batch.where(~batch.isin(["", "nan"]), g.prompt_id.astype(str) + "/" + g.turn.astype(str))
+    return {"target_tokens": int(target), "padding_tokens": int(padding),
+            "padding_ratio": round(padding / target, 4) if target else math.nan,
+            "kv_padding": int(pd.to_numeric(g.get("kv_padding", 0), errors="coerce").sum()),
+            "tau_batch_min": round(tau.groupby(batch.values).min().mean(), 3), "tau_sample_mean": round(tau.mean(), 3)}
+
+
+def row_name(r) -> str:
+    """A summary row's name: the method, with its batch size and batching mode at batch > 1 ("sd B=8 unpadded")."""
+    try:
+        size = int(float(getattr(r, "batch_size", 1)))
+    except (TypeError, ValueError):  # a hand-made or older summary: one prompt at a time
+        size = 1
+    if size <= 1:
+        return str(r.method)
+    return f"{r.method} B={size} {r.batching}"
+
+
+def named(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary with each batched row's method named by row_name ("sd B=8 unpadded"), so that tools keyed on
+    method x dataset (CI baselines, regressions, gates) see one row per key. Idempotent."""
+    if "batch_size" not in summary:
+        return summary
+    names = [m if " B=" in str(m) else row_name(r) for m, r in zip(summary.method, summary.itertuples(index=False))]
+    return summary.assign(method=names)
+
+
+def disturbed(summary: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose timing the noise guard does not trust."""
+    if "timing" not in summary:
+        return summary.iloc[0:0]
+    return summary[summary.timing.map(noise.is_disturbed)]
+
+
+CATEGORY_COLUMNS = ["method", "dataset", "category", "prompts", "turns", "tokens_per_s", "speedup", "tau",
+                    "draft_ms_per_token", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "timing"]
+
+
+def by_category(records: pd.DataFrame, summary: pd.DataFrame, latency_floor: float = 1.0) -> pd.DataFrame:
+    """Per method x dataset x category (each against ar on the same category), then an `all` row per method x
+    dataset (the overall summary): Spec-Bench reports per category. Empty when no record has a category."""
+    if "category" not in records or not records.category.astype(str).str.len().any():
+        return pd.DataFrame(columns=CATEGORY_COLUMNS)
+    category = records.category.astype(str).replace("", "(none)")
+    pairs = list(dict.fromkeys(zip(records.dataset, category)))  # (dataset, category) in first-seen order
+    key = {pair: f"#{i}" for i, pair in enumerate(pairs)}
+    split = summarize(records.assign(dataset=[key[p] for p in zip(records.dataset, category)]),
+                      latency_floor=latency_floor)
+    back = {k: pair for pair, k in key.items()}
+    split["category"] = split.dataset.map(lambda k: back[k][1])
+    split["dataset"] = split.dataset.map(lambda k: back[k][0])
+    overall = summary.assign(category="all")
+    table = pd.concat([split, overall], ignore_index=True)
+    order = {m: i for i, m in enumerate(summary.method)}
+    table = table.sort_values(["dataset", "category"], key=lambda c: c.map(lambda v: (v == "all", v))
+                              if c.name == "category" else c, kind="stable")
+    table = table.sort_values("method", key=lambda c: c.map(order), kind="stable")
+    return table[[c for c in CATEGORY_COLUMNS if c in table]].reset_index(drop=True)

@@ -1,0 +1,86 @@
+"""Building result records: one timed prompt turn (TurnResult) plus its lossless check (Check) -> one Record row.
+
+The check compares a method's tokens with ar's (greedy runs only); a mismatch carries ar's logit gap at the first
+differing position and lossless.py's verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.models import LoadedModel, dtype_name
+from ..data import datasets as ds
+from ..methods.base import Generation
+from .config import RunConfig
+from .results import Record
+
+
+@dataclass
+class TurnResult:
+    """One timed generation of one prompt turn, before it is checked and written."""
+
+    label: str
+    turn: int
+    ids: torch.Tensor  # [1, prompt length]: what the method was given
+    gen: Generation
+    seconds: float  # median wall time of the repeats
+    mem: float  # peak memory, MB
+    noise: dict  # contention.between(): foreign_cpu, steal, load_before, load_after
+    order: int  # position among the methods run on this prompt
+    batch: dict = field(default_factory=dict)  # batch > 1: batch_size, batching, batch_id, batch_wall_s, forward_ms
+
+
+@dataclass(frozen=True)
+class Check:
+    """A turn's lossless check against ar: "match", "mismatch@<index>" or "" (no greedy reference), and at a
+    mismatch ar's logit gap and the verdict."""
+
+    lossless: str = ""
+    gap: float = math.nan
+    verdict: str = ""
+
+
+def compare(tokens: list[int], reference: list[int]) -> str:
+    """"match", or "mismatch@<index>" at the first position where `tokens` leaves `reference`."""
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return f"mismatch@{i}"
+    return "match" if len(tokens) == len(reference) else f"mismatch@{min(len(tokens), len(reference))}"
+
+
+def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, dataset: str, prompt: ds.Prompt,
+                 r: TurnResult, check: Check) -> Record:
+    """The records.csv row of one turn (env: core.hardware.environment of the run)."""
+    gen, seconds, n = r.gen, r.seconds, len(r.gen.tokens)
+    gap = check.gap
+    per_pos = " ".join(f"{a}/{d}" for a, d in zip(gen.accepted_per_position, gen.drafted_per_position))
+    fields = dict(
+        method=method, dataset=dataset, prompt_id=str(prompt.id), category=prompt.category, turn=r.turn,
+        prompt_tokens=r.ids.shape[1], new_tokens=n, wall_s=round(seconds, 6),
+        tokens_per_s=round(n / seconds, 4) if seconds else 0.0,
+        target_forwards=gen.target_forwards, tau=round(n / max(gen.target_forwards, 1), 4),
+        drafted=gen.drafted, draft_forwards=gen.draft_forwards, draft_s=round(gen.draft_s, 6),
+        accepted_drafts=gen.accepted_drafts,
+        acceptance_rate=round(gen.accepted_drafts / gen.drafted, 4) if gen.drafted else float("nan"),
+        lossless=check.lossless, stopped=gen.stopped, peak_mem_mb=round(r.mem, 1), accepted_per_position=per_pos,
+        temperature=cfg.temperature, model=target.spec, dtype=dtype_name(target.dtype),
+        device=env["device"], threads=env["threads"], torch=env["torch"],
+        transformers=env["transformers"], git=env["git"], hardware=env["hardware"],
+        mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=check.verdict,
+        forward_ms=round(seconds * 1e3 / max(gen.target_forwards, 1), 3), order=r.order, **r.noise)
+    fields.update(batch_fields(r))  # a batched row's forward_ms is its batch's time per batched step
+    return Record(**fields)
+
+
+def batch_fields(r: TurnResult) -> dict:
+    """The record's batching columns: batch 1's, or a batched row's (its batch's time and padding)."""
+    gen = r.gen
+    fields = {"target_tokens": gen.target_tokens, "padding_tokens": gen.padding_tokens,
+              "padding_ratio": round(gen.padding_tokens / gen.target_tokens, 4) if gen.target_tokens else 0.0,
+              "kv_padding": gen.kv_padding, "batch_wall_s": round(r.seconds, 6), "latency_s": round(r.seconds, 6)}
+    if r.batch:
+        fields.update(r.batch, latency_s=round(gen.latency_s, 6))
+    return fields

@@ -1,0 +1,132 @@
+"""--resume bookkeeping: the run folder (refusing to mix runs), what a resumed run must match (options and
+environment, with the refusal messages naming what changed), which prompts are already done, and run.yaml's
+`complete` flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from ..errors import SpecbenchError
+from ..progress import console
+from .config import RunConfig
+from .results import RECORD_COLUMNS, Record, with_batch_columns
+
+
+def prepare_out(cfg: RunConfig) -> Path:
+    """Create the run directory, refusing to mix runs: an existing run continues only with --resume."""
+    out = Path(cfg.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise SpecbenchError(f"cannot write to --out {out}: {exc.strerror or exc}. Choose a writable folder.") from exc
+    run_file = out / "run.yaml"
+    if run_file.exists():
+        if not cfg.resume:
+            raise SpecbenchError(f"{out} already holds a run. Pass --resume to continue it, or choose another --out.")
+        old = yaml.safe_load(run_file.read_text()) or {}
+        changed = differences(old.get("settings") or {}, plain(cfg.settings()))
+        if changed:
+            raise SpecbenchError(f"--resume: the options differ from the run in {out}: {'; '.join(changed)}. "
+                                 "Resume with the same options, or choose another --out.")
+    return out
+
+
+def missing_folders(path: Path) -> list[Path]:
+    """The folders of `path` that do not exist yet, deepest first (what creating it would make)."""
+    return [p for p in (path, *path.parents) if not p.exists()]
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """Remove the folders a refused run created, deepest first, as long as they hold nothing."""
+    for folder in folders:
+        try:
+            folder.rmdir()  # only an empty folder
+        except OSError:
+            return
+
+
+# What the numbers depend on besides the options: a resumed run must match the interrupted one in all of them.
+ENVIRONMENT_KEYS = ("device", "device_type", "hardware", "identity", "dtype", "cpu_linear", "torch", "transformers",
+                    "threads")
+
+
+def refuse_other_environment(out: Path, env: dict) -> None:
+    """--resume: refuse when kernels, library versions, hardware, dtype, device or threads changed, naming them."""
+    old = (yaml.safe_load((out / "run.yaml").read_text()) or {}).get("environment") or {}
+    changed = differences({k: old.get(k) for k in ENVIRONMENT_KEYS}, plain({k: env.get(k) for k in ENVIRONMENT_KEYS}))
+    if changed:
+        hint = " (SPECBENCH_CPU_LINEAR chooses the CPU kernels)" if any("cpu_linear" in c for c in changed) else ""
+        raise SpecbenchError(f"--resume: the run in {out} was measured in another environment: {'; '.join(changed)}"
+                             f"{hint}. Mixing them would mix two sets of numbers; resume where it started, or "
+                             "choose another --out.")
+    if old.get("git") != env.get("git"):
+        console.print(f"[yellow]note[/] resuming with specbench {env.get('git')} (the run started with "
+                      f"{old.get('git')})")
+
+
+def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """'key: old -> new' for every (nested) key whose value differs."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a} -> {b}")
+    return out
+
+
+def plain(obj):
+    """Settings as YAML-safe plain data (paths and tuples become strings and lists)."""
+    return yaml.safe_load(yaml.safe_dump(obj if not isinstance(obj, dict) else
+                                         {k: (str(v) if isinstance(v, Path) else v) for k, v in obj.items()}))
+
+
+class Done:
+    """The (method, dataset, prompt, batch size, batching) groups a resumed run keeps: every turn recorded."""
+
+    def __init__(self, keys: set[tuple] = frozenset()):
+        self.keys = set(keys)
+
+    def has(self, method: str, dataset: str, prompt_id: str, batch_size: int = 1, batching: str = "-") -> bool:
+        return (method, dataset, prompt_id, batch_size, batching) in self.keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+DONE_KEY = ["method", "dataset", "prompt_id", "batch_size", "batching"]
+
+
+def drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> Done:
+    """Keep only (method, dataset, prompt, batch size, batching) groups with every turn recorded in records.csv;
+    return those. `turns`: (dataset, prompt id) -> the prompt's turn count."""
+    path = out / "records.csv"
+    if not path.exists():
+        return Done()
+    df = pd.read_csv(path, dtype={"prompt_id": str, "batching": str}, keep_default_na=False)
+    if df.empty:
+        return Done()
+    df = with_batch_columns(df)  # runs from before batching: batch 1
+    counts = df.groupby(DONE_KEY)["turn"].nunique()
+    done = {key for key, n in counts.items() if n >= turns.get((key[1], key[2]), 1)}
+    keep = df[[tuple(k) in done for k in zip(*(df[c] for c in DONE_KEY))]]
+    for column in RECORD_COLUMNS:
+        if column not in keep:
+            keep = keep.assign(**{column: getattr(Record, column, "")})
+    keep[RECORD_COLUMNS].to_csv(path, index=False)
+    return Done(done)
+
+
+def mark_complete(out: Path) -> None:
+    """run.yaml says whether every planned prompt finished (a report of an interrupted run says it is partial)."""
+    path = out / "run.yaml"
+    meta = yaml.safe_load(path.read_text()) or {}
+    meta["complete"] = True
+    path.write_text(yaml.safe_dump(meta, sort_keys=False))

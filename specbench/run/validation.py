@@ -1,0 +1,78 @@
+"""The option checks of `specbench run`, before any model loads: refuse what cannot run (naming the option),
+note what does nothing."""
+
+from __future__ import annotations
+
+import math
+
+from ..data.trainsets import refuse_as_benchmark
+from ..errors import SpecbenchError
+from ..methods import REGISTRY, all_options, get_method
+from ..progress import console
+from .batch_schedule import modes_for
+from .config import RunConfig
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Cheap checks before any model loads; returns the config with `ar` first in the method list."""
+    if cfg.max_new_tokens < 1:
+        raise SpecbenchError(f"--max-new-tokens must be at least 1 (got {cfg.max_new_tokens})")
+    if cfg.limit is not None and cfg.limit < 1:
+        raise SpecbenchError(f"--limit must be at least 1 (got {cfg.limit})")
+    if cfg.repeats < 1:
+        raise SpecbenchError(f"--repeats must be at least 1 (got {cfg.repeats})")
+    if cfg.warmup < 0:
+        raise SpecbenchError(f"--warmup must be 0 or more (got {cfg.warmup})")
+    if not all(math.isfinite(v) for v in (cfg.temperature, cfg.top_p)):
+        raise SpecbenchError(f"sampling: --temperature and --top-p must be numbers (got {cfg.temperature}, "
+                             f"{cfg.top_p})")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise SpecbenchError(f"--threads must be at least 1 (got {cfg.threads}); leave it out for torch's choice")
+    if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0:
+        raise SpecbenchError("sampling: need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0")
+    for name in cfg.methods:
+        get_method(name)
+    for name in cfg.datasets:
+        refuse_as_benchmark(name)
+    if any(n < 1 for n in cfg.tree_sizes):
+        raise SpecbenchError("--tree-sizes: sizes must be positive integers")
+    validate_batching(cfg)
+    methods = ("ar",) + tuple(dict.fromkeys(m for m in cfg.methods if m != "ar"))
+    cfg = RunConfig(**{**cfg.__dict__, "methods": methods})
+    declared = all_options(REGISTRY)
+    unknown = sorted(set(cfg.options) - set(declared))
+    if unknown:
+        raise SpecbenchError(f"unknown method option(s) {', '.join(unknown)}; see `specbench list methods`")
+    cfg.method_options()  # each method checks its own values (ranges, choices) before any model loads
+    for name, value in cfg.options.items():
+        spec, takers = declared[name]
+        if value is None or value == spec.default:
+            continue
+        if not set(takers) & set(methods):
+            console.print(f"[yellow]note[/] {spec.flag} is an option of {', '.join(takers)}, and none of them "
+                          "runs: it is ignored")
+        elif spec.name == "gamma" and (others := [m for m in methods
+                                                  if m not in takers and get_method(m).kind == "tree"]):
+            # a draft length given beside tree methods: say that their trees, not --gamma, set how far they draft
+            console.print(f"[yellow]note[/] --gamma applies to {', '.join(m for m in methods if m in takers)}; "
+                          f"it is ignored by {', '.join(others)} (a tree method's tree sets how far it drafts)")
+    return cfg
+
+
+def validate_batching(cfg: RunConfig) -> None:
+    """--batch-size, --batching, --refill: refuse what cannot run, note what does nothing."""
+    if not cfg.batch_sizes or any(b < 1 for b in cfg.batch_sizes):
+        raise SpecbenchError(f"--batch-size: sizes must be at least 1 (got {', '.join(map(str, cfg.batch_sizes))})")
+    modes_for(cfg.batching)
+    if max(cfg.batch_sizes) > 1:
+        unable = [m for m in cfg.methods if not get_method(m).batchable]
+        if unable:
+            able = ", ".join(n for n, c in REGISTRY.items() if c.batchable)
+            raise SpecbenchError(f"{', '.join(unable)} cannot decode batches yet (--batch-size "
+                                 f"{max(cfg.batch_sizes)}): methods that can: {able}. Run {', '.join(unable)} at "
+                                 "--batch-size 1 in a separate run.")
+        if cfg.tree_sizes:
+            raise SpecbenchError("--tree-sizes sweeps run one prompt at a time: use --batch-size 1 for the sweep "
+                                 "(a batched ppd takes --tree auto, PATH or size=N)")
+    elif cfg.refill:
+        console.print("[yellow]note[/] --refill does nothing at --batch-size 1 (one prompt at a time)")
