@@ -168,7 +168,7 @@ def report_section(run_dir: Path, title: str = "", prompts: int | None = 1) -> l
           "emitted tokens / target-sampled tokens (PEARL §4.4.2; equals tau for sd).", ""]
     draw(run_dir, rows, prompts, title)
     md += [f"Gantt charts below: each method's **first prompt only** (its first turn, the first 1.5 s), as "
-           f"`timeline_<method>.png`. To draw other prompts: `python -m specbench.run.timeline {run_dir} "
+           f"`timeline_<method>.png`. To draw other prompts: `python -m specbench.report.timeline {run_dir} "
            "--prompts all` (or `--prompts N` for the first N; `--seconds 0` for whole generations), which writes "
            "`timeline_<method>_<dataset>-<prompt>.png` per prompt.", ""]
     for method in dict.fromkeys(r["method"] for r in rows):
@@ -189,13 +189,13 @@ _prompt_count.__name__ = "'all' or positive number"  # what argparse calls the e
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m specbench.run.timeline RUN_DIR [--prompts N|all] [--seconds S]: draw Gantt PNGs of more prompts."""
+    """python -m specbench.report.timeline RUN_DIR [--prompts N|all] [--seconds S]: draw Gantt PNGs of more prompts."""
     import argparse
 
     from ..run.results import read_meta
     from ..report.titles import plot_title
 
-    ap = argparse.ArgumentParser(prog="python -m specbench.run.timeline",
+    ap = argparse.ArgumentParser(prog="python -m specbench.report.timeline",
                                  description="Draw the draft / target Gantt chart of each sd / pearl prompt of a run "
                                              "(timeline_<method>_<dataset>-<prompt>.png in the run folder).")
     ap.add_argument("run_dir", type=Path)
