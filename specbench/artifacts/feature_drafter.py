@@ -18,7 +18,6 @@ Artefact folder (`specbench train eagle` -> artifacts/<model>/eagle; `train para
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import yaml
 from ..core.cache import crop_to, new_cache
 from ..core.cpu_kernels import prepack
 from ..core.forward import with_cache
+from ..core.timing import call_ms
 from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 from . import files as af
@@ -177,10 +177,6 @@ def forward_ms(drafter: FeatureDrafter, rows: int, context: int = 256, repeats: 
     pos = torch.arange(context, context + rows, device=weight.device)[None]
     times = []
     for _ in range(repeats + 3):
-        t0 = time.perf_counter()
-        drafter.logits(drafter.run(new, pos, cache))
-        if weight.device.type == "cuda":
-            torch.cuda.synchronize(weight.device)
-        times.append(time.perf_counter() - t0)
+        times.append(call_ms(lambda: drafter.logits(drafter.run(new, pos, cache)), weight.device) / 1000)
         crop_to(cache, context)
     return round(1000 * sorted(times[3:])[len(times[3:]) // 2], 3)

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..core.timing import now, since
 from ..errors import SpecbenchError
 from ..progress import console, out
 from .app import app
@@ -89,7 +90,6 @@ def build_tree(
                         "trees/<model>/<hardware>-<dtype>.yaml).")] = None,
 ):
     """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L_fp(n) on --gpu."""
-    import time
 
     from ..core.hardware import hardware_slug
     from ..core.models import model_config, model_slug, resolve_device
@@ -97,7 +97,7 @@ def build_tree(
     from ..planning.buildtree import plot, size_curve, tree_file
     from ..planning.latency_estimate import GPU_CHOICES, resolve_profile
 
-    start = time.perf_counter()
+    start = now()
     if gpu not in GPU_CHOICES and not gpu.endswith((".yaml", ".yml")):
         raise SpecbenchError(f"unknown --gpu {gpu!r}: use one of {', '.join(GPU_CHOICES)} or a profile .yaml path")
     from ..core.models import auto_cpu_dtype
@@ -163,7 +163,7 @@ def build_tree(
     wrote = escape(str(path)) + ("" if method in one_state else f" and {escape(str(path.with_suffix('.png')))}")
     console.print(f"Chosen size {curve.best.size}: predicted tau {curve.tau[i]:.3f}, speedup {curve.speedup[i]:.3f}x"
                   f"{label}. Wrote {wrote} in "
-                  f"{time.perf_counter() - start:.1f} s.")
+                  f"{since(start):.1f} s.")
     if curve.speedup[i] < 1:
         console.print(f"[yellow]note[/] no tree size beats ar on {profile.hardware} in {profile.dtype}: even the "
                       "smallest tree's forward costs more than its predicted tau gains. "

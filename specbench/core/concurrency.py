@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import torch
 from ..errors import SpecbenchError
 from .cache import crop_to, new_cache
 from .forward import forward, timed_forward
-from .timing import synchronize
+from .timing import now, synchronize  # noqa: F401  (now: re-exported for the methods)
 
 MODES = ("sequential", "threads", "streams", "devices")
 
@@ -36,11 +35,6 @@ MODES = ("sequential", "threads", "streams", "devices")
 class Span:
     start: float
     end: float
-
-
-def now(device: torch.device) -> float:
-    synchronize(device)
-    return time.perf_counter()
 
 
 def step(mode: str, origin: float, t0: float, t1: float, draft, target, checked: int, accepted: int,
@@ -93,10 +87,10 @@ class Executor:
                 result = job()
                 return result, Span(start, now(device))
             with torch.cuda.stream(stream):
-                start = time.perf_counter()
+                start = now()
                 result = job()
                 stream.synchronize()
-                return result, Span(start, time.perf_counter())
+                return result, Span(start, now())
 
     def both(self, draft_job, target_job):
         """Run both jobs (concurrently unless sequential); returns (draft result, target result, spans)."""
@@ -214,9 +208,9 @@ def _pearl_step_cost(executor: Executor, target, drafter_model, gamma: int, reps
         executor.both(lambda: forward(drafter_model, ctx.to(d_dev), d_cache),
                       lambda: forward(target.model, ctx.to(t_dev), t_cache))
         for _ in range(reps + 1):
-            start = time.perf_counter()
+            start = now()
             executor.both(draft_job, target_job)
-            times.append(time.perf_counter() - start)
+            times.append(now() - start)
     return statistics.median(times[1:])
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import inspect
-import time
 from contextlib import contextmanager
 
 import torch
 
 from .cache import drop_last
+from .timing import call_ms
 
 
 def _cache_keyword() -> str:
@@ -40,20 +40,7 @@ def forward(model, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> t
 
 def timed_forward(model, ids: torch.Tensor, cache, device: torch.device) -> float:
     """Milliseconds of one forward of ids [1, n] on top of the cache (the n new entries are dropped after)."""
-    if device.type == "cuda":
-        # events on the stream the forward is queued on: `device`'s current one (not the current device's, which
-        # differs for a drafter on a second GPU; inside a --pearl-exec streams job it is that job's stream)
-        stream = torch.cuda.current_stream(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        forward(model, ids, cache)
-        end.record(stream)
-        torch.cuda.synchronize(device)
-        ms = start.elapsed_time(end)
-    else:
-        t0 = time.perf_counter()
-        forward(model, ids, cache)
-        ms = (time.perf_counter() - t0) * 1000
+    ms = call_ms(lambda: forward(model, ids, cache), device)  # CUDA events on a GPU, perf_counter on a CPU
     drop_last(cache, ids.shape[1])
     return ms
 

@@ -27,7 +27,6 @@ class Generation:
     accepted_drafts: int = 0  # of those, accepted
     accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts by draft position
     drafted_per_position: list[int] = field(default_factory=list)  # proposed drafts by draft position
-    phase_s: dict[str, float] = field(default_factory=dict)
     stopped: bool = False  # ended on a stop token (not the length cap)
     timeline: list[dict] = field(default_factory=list)  # per-step draft/target busy spans (sd, pearl; timeline.py)
     # batch > 1 (methods/batch_loop.py): this sample's share of the target's work, and its time in the batch

@@ -13,7 +13,6 @@ batch-1 ar's); 4. roll back each sample's rejected drafts. The target's cache ho
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ import torch
 from ..core.padded import PaddedBatch
 from ..core.ragged import RaggedBatch, Segment
 from ..core.verify import Sampling, accept, next_token
+from ..core.timing import now, since
 from ..errors import SpecbenchError
 from .base import Generation
 
@@ -117,7 +117,7 @@ def generate_batch(method, prompts: list[torch.Tensor], slots: int, mode: str, r
     free = list(range(slots))
     active: list[Sample] = []
     done: dict[int, Generation] = {}
-    origin = time.perf_counter()
+    origin = now()
     steps = 0
     while waiting or active:
         steps += 1
@@ -126,14 +126,14 @@ def generate_batch(method, prompts: list[torch.Tensor], slots: int, mode: str, r
             while free and waiting:
                 i = waiting.popleft()
                 joining.append(Sample(i, free.pop(0), prompts[i][0].tolist(), generators[i],
-                                      joined_s=time.perf_counter() - origin))
+                                      joined_s=since(origin)))
         finished = method.decode_step(target, joining, active, max_new_tokens, sampling)
         active += joining
         for s in finished:
             s.gen.target_tokens = target.target_tokens[s.slot]
             s.gen.padding_tokens = target.padding_tokens[s.slot]
             s.gen.kv_padding = target.kv_padding(s.slot)
-            s.gen.latency_s = time.perf_counter() - origin - s.joined_s
+            s.gen.latency_s = since(origin) - s.joined_s
             target.release(s.slot)
             method.leave(s)
             active.remove(s)

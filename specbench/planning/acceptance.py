@@ -12,7 +12,6 @@ acceptance/<model>/ppd.yaml:
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
@@ -20,6 +19,7 @@ import yaml
 
 from ..core.cache import crop_to, new_cache
 from ..core.models import LoadedModel, dtype_name, model_slug
+from ..core.timing import now, since
 from ..data import datasets as ds
 from ..data.trainsets import refuse_as_benchmark
 from ..artifacts.prompt_tokens import PromptTokens, hidden, insertion_inputs
@@ -99,7 +99,7 @@ def estimate_with(target: LoadedModel, score, rows: int, data: str, limit: int, 
                   data_file: str | None, method: str, artifact: str, extra: dict | None = None) -> dict:
     """Accuracy table of any guesser: score(ids, start) -> ranks [positions, rows] (score_sequence's layout) on the
     target's greedy references to the first `limit` prompts of `data`."""
-    t0 = time.perf_counter()
+    t0 = now()
     refuse_as_benchmark(data)
     _, prompts = ds.load_prompts(data, limit, data_file)
     rendered = [render(target, p) for p in prompts]
@@ -117,7 +117,7 @@ def estimate_with(target: LoadedModel, score, rows: int, data: str, limit: int, 
     return {
         "method": method, "model": target.spec, "dtype": dtype_name(target.dtype), "artifact": artifact,
         **(extra or {}), "data": data, "prompts": len(prompts), "new_tokens": new_tokens, "positions": counted,
-        "seconds": round(time.perf_counter() - t0, 1), "topk_accuracy": topk, "per_rank": per_rank,
+        "seconds": round(since(t0), 1), "topk_accuracy": topk, "per_rank": per_rank,
     }
 
 

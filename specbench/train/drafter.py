@@ -16,7 +16,6 @@ last one.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 from ..artifacts.token_drafter import SharedHeadDrafter, save_artifact
 from ..core.concurrency import forward_costs
 from ..core.models import LoadedModel
+from ..core.timing import now, since
 from ..errors import SpecbenchError
 from ..progress import progress_bar
 from .config import TRAINING_MIX, TrainSettings
@@ -121,7 +121,7 @@ def train(cfg: DrafterConfig) -> Path:
     if cfg.vocab_top is not None and cfg.vocab_top < 1:
         raise SpecbenchError(f"--vocab-top must be at least 1 (got {cfg.vocab_top}); leave it out for the full "
                              "vocabulary")
-    t_start = time.perf_counter()
+    t_start = now()
     target = load_target(cfg)
     n_target = target.model.config.num_hidden_layers
     layer_ids = init_layer_ids(n_target, cfg.layers)
@@ -149,7 +149,7 @@ def train(cfg: DrafterConfig) -> Path:
         teacher = teacher_targets(target, seqs, start, cfg.topk)
         teacher_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"key": teacher_key, "targets": teacher}, teacher_path)
-    data_s = time.perf_counter() - t_start
+    data_s = since(t_start)
 
     module = SharedHeadDrafter(target.model, layer_ids, vocab_ids)
     module.train()

@@ -14,7 +14,6 @@ when there is one (`--init`), with masks at zero.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from ..artifacts import feature_drafter as fd
 from ..artifacts.prompt_tokens import model_key
 from ..core.models import LoadedModel
+from ..core.timing import now, since
 from ..errors import SpecbenchError
 from ..progress import console, progress_bar
 from .config import TrainSettings
@@ -188,7 +188,7 @@ def check(cfg: FeatureConfig) -> None:
 
 def train(cfg: FeatureConfig) -> Path:
     check(cfg)
-    t0 = time.perf_counter()
+    t0 = now()
     target = load_target(cfg)
     seqs = self_distilled(cfg, target, min_reply=cfg.k + 3)
     start = reply_start(seqs)
@@ -198,7 +198,7 @@ def train(cfg: FeatureConfig) -> Path:
             raise SpecbenchError(f"--vocab-top must be at most the vocabulary size {target.vocab_size}")
         vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top).to(target.device)
     feats = target_features(target, seqs)
-    data_s = time.perf_counter() - t0
+    data_s = since(t0)
     drafter, init_from = _starting_drafter(cfg, target, vocab_ids)
     drafter.requires_grad_(True)
     out = cfg.out_dir()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
+from ..core.timing import now, since
 from ..errors import SpecbenchError
 from ..progress import console, progress_bar
 
@@ -67,13 +67,13 @@ def optimise(module: torch.nn.Module, step_loss: Callable[[random.Random], torch
         console.print(f"Resuming from step {start} ({escape(str(ckpt_path))})")
     elif ckpt_path.exists():
         console.print(f"[yellow]note[/] {escape(str(ckpt_path))} exists; starting over (pass --resume to continue it)")
-    t_loop = time.perf_counter()
+    t_loop = now()
 
     def save_checkpoint(step: int) -> None:
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"settings": settings, **state.weights(), "optimizer": opt.state_dict(),
                     "step": step, "losses": losses, "rng": rng.getstate(), **state.extra(),
-                    "train_s": train_s + time.perf_counter() - t_loop}, ckpt_path)
+                    "train_s": train_s + since(t_loop)}, ckpt_path)
 
     warmup = default_warmup(steps) if warmup is None else warmup
     with progress_bar() as bar:
@@ -92,4 +92,4 @@ def optimise(module: torch.nn.Module, step_loss: Callable[[random.Random], torch
             bar.update(task, advance=1, info=f"loss {sum(losses[-20:]) / len(losses[-20:]):.3f}")
             if (step + 1) % save_every == 0 or step + 1 == steps:
                 save_checkpoint(step + 1)
-    return losses, train_s + time.perf_counter() - t_loop
+    return losses, train_s + since(t_loop)

@@ -12,7 +12,6 @@ early-exit heads on the state after l layers (Hidden Transfer's Figure 3 baselin
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 from ..artifacts import medusa_heads as mh
 from ..artifacts.prompt_tokens import model_key
 from ..core.models import LoadedModel
+from ..core.timing import now, since
 from ..errors import SpecbenchError
 from ..progress import progress_bar
 from .config import TrainSettings
@@ -110,7 +110,7 @@ def train(cfg: MedusaConfig) -> Path:
     if cfg.heads < 1 or cfg.positions < 1:
         raise SpecbenchError("--heads and --positions must be at least 1")
     check_sources(cfg.data)
-    t0 = time.perf_counter()
+    t0 = now()
     target = load_target(cfg)
     layers = target.model.config.num_hidden_layers
     layer = layers if cfg.layer is None else cfg.layer
@@ -124,7 +124,7 @@ def train(cfg: MedusaConfig) -> Path:
         check_vocab_top(cfg.vocab_top, target.vocab_size)
         vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top).to(target.device)
     states = head_states(target, seqs, layer)
-    data_s = time.perf_counter() - t0
+    data_s = since(t0)
     heads = mh.MedusaHeads(target.model.config.hidden_size, cfg.heads, layer, vocab_ids).to(target.device)
     out = cfg.out_dir(layers)
     held = states[: max(1, len(states) // 10)]  # agreement on a tenth of the data (before and after)

@@ -13,7 +13,6 @@ Checkpoints every `save_every` steps; `resume` continues from the last one (same
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from rich.markup import escape
 from ..artifacts import prompt_tokens as pt
 from ..core.cache import new_cache
 from ..core.models import LoadedModel
+from ..core.timing import now, since
 from ..errors import SpecbenchError
 from ..progress import console
 from .config import TrainSettings
@@ -55,11 +55,11 @@ def step_seconds(target: LoadedModel, cfg: "TrainConfig", length: int) -> float:
     span = range(length - cfg.prompt_tokens)
     points = sorted(random.Random(0).sample(span, min(cfg.insertions, len(span))))
     step_loss(target, emb, seq[:cfg.prompt_tokens + 2], [0], cfg.alpha).backward()  # warm-up: first-use costs
-    start = time.perf_counter()
+    start = now()
     step_loss(target, emb, seq, points, cfg.alpha).backward()
     if target.device.type == "cuda":
         torch.cuda.synchronize(target.device)
-    return time.perf_counter() - start
+    return since(start)
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def train(cfg: TrainConfig) -> Path:
     """Train, checkpoint, and write the artefact (safetensors + ppd.yaml + loss.png); returns its folder."""
     if cfg.prompt_tokens < 1 or cfg.ept < 1 or cfg.steps < 1 or cfg.insertions < 1:
         raise SpecbenchError("--prompt-tokens, --ept, --steps and --insertions must be at least 1")
-    t_start = time.perf_counter()
+    t_start = now()
     if cfg.prompts is not None and cfg.prompts < 1:
         raise SpecbenchError("--prompts must be at least 1 (leave it out: as many as the steps use)")
     sources = source_names(cfg.data)
@@ -119,7 +119,7 @@ def train(cfg: TrainConfig) -> Path:
     settings = cfg.settings() | {"prompts": prompts}
     announce_plan(target, cfg, prompts, len(sources), cfg.steps - (saved["step"] if saved else 0))
     seqs = self_distilled(cfg, target, min_reply=cfg.prompt_tokens + 3, prompts=prompts)
-    data_s = time.perf_counter() - t_start
+    data_s = since(t_start)
     # initial prompt tokens: embeddings of reply tokens drawn by frequency (PPD §5: initialised with text tokens)
     counts = token_counts(seqs, target.vocab_size).float()  # [V]
     init_ids = torch.multinomial(counts, cfg.prompt_tokens * cfg.ept, replacement=False,

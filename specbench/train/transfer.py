@@ -17,7 +17,6 @@ all k train at once in the decoding layout, so training sees exactly what decodi
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from ..core.cache import crop_to, new_cache
 from ..core.forward import with_cache
 from ..core.models import LoadedModel, model_slug
 from ..core.transfer import capture, check_transfer_layers, transferred
+from ..core.timing import now, since
 from ..errors import SpecbenchError
 from .config import TrainSettings
 from .selfdistill import check_sources
@@ -148,7 +148,7 @@ def train(cfg: TransferConfig) -> Path:
     if cfg.insertions < 1:
         raise SpecbenchError("--insertions must be at least 1")
     check_sources(cfg.data)
-    t0 = time.perf_counter()
+    t0 = now()
     target = load_target(cfg)
     num_layers = target.model.config.num_hidden_layers
     if cfg.transfer_layers:
@@ -159,7 +159,7 @@ def train(cfg: TransferConfig) -> Path:
         chosen = f"default: {chosen}"
     k = len(layers)
     seqs = self_distilled(cfg, target, min_reply=k + 2)
-    data_s = time.perf_counter() - t0
+    data_s = since(t0)
     proj = tp.TransferProjections(target.model.config.hidden_size, layers, cfg.masked).to(target.device)
     out = cfg.out_dir
     settings = cfg.settings() | {"transfer_layers": layers}
