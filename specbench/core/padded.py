@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from ..errors import SpecbenchError
-from .forward import with_cache
 from .cache import append_rows, drop_last, new_cache, pad_left, select_rows, sliding_windows
+from .forward import with_cache
 from .ragged import Segment, attention_implementation
 
 PAD_ID = 0  # the token fed at padded positions (masked: its value does not matter)

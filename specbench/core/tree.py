@@ -24,8 +24,8 @@ from pathlib import Path as FsPath
 import torch
 import yaml
 
-from .. import REPO_ROOT
 from ..errors import SpecbenchError
+from . import store
 
 Path = tuple[int, ...]
 
@@ -294,19 +294,15 @@ def read_tree_file(path: str | FsPath) -> TreeFile:
 
 def locate(relative: str) -> FsPath | None:
     """A data file (trees/..., acceptance/...) in the working directory, else the one shipped with the repo."""
-    for root in (FsPath.cwd(), REPO_ROOT):
-        if (root / relative).is_file():
-            return root / relative
-    return None
+    return store.find(relative)
 
 
 def auto_candidates(model: str, method: str, hardware: str, dtype: str) -> list[str]:
     """Where `--tree auto` looks, in order: this hardware's tree (specbench build-tree), then the method's
     shipped default for the dtype, then for any dtype."""
-    base = f"trees/{model.replace('/', '--')}"
-    own = [] if method == "ppd" else [f"{base}/{method}-{hardware}-{dtype}.yaml", f"{base}/{method}-{hardware}.yaml"]
-    return own + [f"{base}/{hardware}-{dtype}.yaml", f"{base}/{hardware}.yaml", f"{base}/{method}-{dtype}.yaml",
-            f"{base}/{method}.yaml"]
+    stems = [] if method == "ppd" else [f"{method}-{hardware}-{dtype}", f"{method}-{hardware}"]
+    stems += [f"{hardware}-{dtype}", hardware, f"{method}-{dtype}", method]
+    return [str(store.tree_file(model, stem)) for stem in stems]
 
 
 def resolve_tree(spec: str, model: str, method: str, hardware: str, dtype: str,
@@ -327,8 +323,7 @@ def resolve_tree(spec: str, model: str, method: str, hardware: str, dtype: str,
             tf = read_tree_file(path)
             if tf.method == method and tf.dtype in ("any", dtype):
                 return tf, str(path) + _borrowed(tf, hardware)
-        others = sorted({p.stem for root in (FsPath.cwd(), REPO_ROOT)
-                         for p in (root / "trees" / model.replace("/", "--")).glob("*.yaml")})
+        others = sorted({p.stem for root in store.roots() for p in (root / store.tree_dir(model)).glob("*.yaml")})
         seen = f"; trees for other hardware ({', '.join(others)}) are not used" if others else ""
         named = f" --model {model_spec}" if model_spec else ""
         return build(default_size), (f"built, size {default_size} (no tree file for {model} on {hardware}{seen}: "

@@ -1,0 +1,87 @@
+"""The latency profile file (profiles/<hardware>/<model>-<dtype>.yaml): LatencyProfile and its one reader, load_profile, which validates the YAML and names the file and field it rejects. Read here in core, so --dtype auto (core/models.py) and the planning commands parse a profile the same way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ..errors import SpecbenchError
+
+
+@dataclass
+class LatencyProfile:
+    """Latency curves of one (hardware, model, dtype): ms per forward, for each KV length and input width."""
+
+    model: str
+    dtype: str
+    hardware: str  # slug of the hardware identity, e.g. cpu-amd-epyc-avx2-2c or nvidia-h100-80gb-hbm3
+    source: str  # measured | estimated
+    widths: list[int]
+    curves: dict[int, dict[str, list[float]]]  # kv_length -> {"median_ms": [...], "p10_ms": [...], "p90_ms": [...]}
+    meta: dict = field(default_factory=dict)  # device name, identity (core/hardware.py), threads, versions, ...
+
+    @property
+    def identity(self) -> dict | None:
+        """The full hardware identity it was measured on (None in estimated profiles)."""
+        return self.meta.get("identity")
+
+    def latency_ms(self, width: float, kv_length: int | None = None) -> float:
+        """Median latency at `width` (linear interpolation between measured widths; clamped at the ends; linear
+        extrapolation beyond the widest), on the curve of the nearest measured KV length."""
+        kv = min(self.curves, key=lambda k: abs(k - kv_length)) if kv_length is not None else min(self.curves)
+        ys, xs = self.curves[kv]["median_ms"], self.widths
+        if width <= xs[0]:
+            return ys[0]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if width <= x1:
+                return y0 + (y1 - y0) * (width - x0) / (x1 - x0)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+        return ys[-1] + slope * (width - xs[-1])
+
+    def to_yaml(self) -> str:
+        data = {"kind": "latency-profile", "model": self.model, "dtype": self.dtype, "hardware": self.hardware,
+                "source": self.source, "widths": self.widths,
+                "curves": [{"kv_length": kv, **c} for kv, c in sorted(self.curves.items())], **self.meta}
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+def _float_list(value, path, name) -> list[float]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, (int, float)) for v in value):
+        raise SpecbenchError(f"{path}: field {name!r} must be a non-empty list of numbers")
+    return [float(v) for v in value]
+
+
+def load_profile(path: str | Path) -> LatencyProfile:
+    """Read and validate a profiles/*.yaml file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecbenchError(f"profile not found: {path} (make one with `specbench profile`)") from None
+    except yaml.YAMLError as exc:
+        raise SpecbenchError(f"{path}: malformed YAML ({exc})") from exc
+    if not isinstance(data, dict) or data.get("kind") != "latency-profile":
+        raise SpecbenchError(f"{path}: not a latency profile (expected `kind: latency-profile`)")
+    for key in ("model", "dtype", "hardware", "widths", "curves"):
+        if key not in data:
+            raise SpecbenchError(f"{path}: missing field {key!r}")
+    widths = [int(w) for w in _float_list(data["widths"], path, "widths")]
+    if widths != sorted(set(widths)) or widths[0] < 1:
+        raise SpecbenchError(f"{path}: field 'widths' must be increasing positive integers")
+    curves = {}
+    if not isinstance(data["curves"], list) or not data["curves"]:
+        raise SpecbenchError(f"{path}: field 'curves' must be a non-empty list")
+    for i, curve in enumerate(data["curves"]):
+        if not isinstance(curve, dict) or "kv_length" not in curve or "median_ms" not in curve:
+            raise SpecbenchError(f"{path}: curves[{i}] needs kv_length and median_ms")
+        median = _float_list(curve["median_ms"], path, f"curves[{i}].median_ms")
+        if len(median) != len(widths):
+            raise SpecbenchError(f"{path}: curves[{i}].median_ms has {len(median)} values for {len(widths)} widths")
+        curves[int(curve["kv_length"])] = {k: [float(x) for x in curve.get(k, median)]
+                                           for k in ("median_ms", "p10_ms", "p90_ms")}
+    meta = {k: v for k, v in data.items() if k not in ("kind", "model", "dtype", "hardware", "source", "widths",
+                                                      "curves")}
+    return LatencyProfile(str(data["model"]), str(data["dtype"]), str(data["hardware"]),
+                          str(data.get("source", "measured")), widths, curves, meta)
