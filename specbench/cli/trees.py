@@ -91,66 +91,21 @@ def build_tree(
 ):
     """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L_fp(n) on --gpu."""
 
-    from ..core.hardware import hardware_slug
-    from ..core.models import model_config, model_slug, resolve_device
-    from ..planning.acceptance import read_per_rank
-    from ..planning.buildtree import plot, size_curve, tree_file
-    from ..planning.latency_estimate import GPU_CHOICES, resolve_profile
+    from ..methods.base import tree_families
+    from ..planning.buildtree import BuildTreeRequest
+    from ..planning.buildtree import build_tree as build
 
     start = now()
-    if gpu not in GPU_CHOICES and not gpu.endswith((".yaml", ".yml")):
-        raise SpecbenchError(f"unknown --gpu {gpu!r}: use one of {', '.join(GPU_CHOICES)} or a profile .yaml path")
-    from ..core.models import auto_cpu_dtype
-
-    cpu_auto = str(auto_cpu_dtype(model)[0]).removeprefix("torch.") if gpu == "cpu" else "bfloat16"
-    dtype_name = {"auto": cpu_auto, "fp32": "float32", "bf16": "bfloat16",
-                  "fp16": "float16"}.get(dtype, dtype)
-    if dtype_name not in ("float32", "bfloat16", "float16"):
-        raise SpecbenchError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
-    from ..core.tree import locate
-
-    slug = model_slug(model)  # the model's file-name key: acceptance/, profiles/ and trees/ all use it
-    tree_methods = ("ppd", "hidden-transfer", "medusa", "eagle", "parallelspec")
-    one_state = ("medusa", "eagle", "parallelspec")
-    if method not in tree_methods:
-        raise SpecbenchError(f"build-tree --method {method}: choose one of {', '.join(tree_methods)}")
-    acc_path = acceptance or locate(f"acceptance/{slug}/{method}.yaml") or Path("acceptance") / slug / f"{method}.yaml"
-    if not acc_path.exists():
-        raise SpecbenchError(f"no acceptance estimates at {acc_path}: run `specbench estimate --method {method} "
-                             f"--model {model}` first, or pass --acceptance FILE")
-    m = prompt_tokens
-    if m < 1:
-        raise SpecbenchError("--prompt-tokens must be at least 1")
-    if max_size < max(2, m):
-        raise SpecbenchError(f"--max-size {max_size} is smaller than the {m} prompt tokens (and every candidate "
-                             "needs at least one prompt token: size >= 2)")
-    acc = read_per_rank(acc_path, m)
-    local = hardware_slug(resolve_device("cpu"))
-    measured = locate(f"profiles/{local}/{slug}-{dtype_name}.yaml") if gpu == "cpu" else None
-    profile = resolve_profile(gpu, slug, model_config(model), dtype_name, local, [1, 2, 4, 8, 16, 32, 64, 128, 256,
-                                                                                  512], spec=model,
-                              root=measured.parent.parent if measured else Path("profiles"))
-    stem = f"{profile.hardware}-{profile.dtype}" if method == "ppd" else f"{method}-{profile.hardware}-{profile.dtype}"
-    path = out_path or Path("trees") / slug / f"{stem}.yaml"
-    if method in one_state:
-        from ..planning.buildtree import candidate_curve, candidate_tree_file
-
-        acc = read_per_rank(acc_path, _acceptance_rows(acc_path))  # every depth the estimate measured
-        draft_ms = _draft_cost(method, acc_path)
-        with console.status(f"Choosing the best candidate tree of sizes 1..{max_size}"):
-            curve = candidate_curve(acc, profile, max_size, kv_length, draft_ms)
-        result = candidate_tree_file(curve, method, slug, profile, str(acc_path), kv_length)
-    else:
-        with console.status(f"Searching dynamic sparse trees of sizes 2..{max_size}"):
-            curve = size_curve(acc, m, profile, max_size, kv_length, ept)
-        result = tree_file(curve, m, slug, profile, str(acc_path), kv_length, method)
-    result.write(path)
-    if method not in one_state:
-        plot(curve, profile, path.with_suffix(".png"))
+    # The tree methods from the registry: dynamic trees first (ppd, hidden-transfer), then one-state ones.
+    families = sorted(tree_families().items(), key=lambda item: item[1].one_state)
+    cls = dict(families).get(method)
+    built = build(BuildTreeRequest(model, method, bool(cls and cls.one_state), tuple(name for name, _ in families),
+                                   gpu, dtype, prompt_tokens, max_size, kv_length, ept, acceptance, out_path))
+    curve, profile = built.curve, built.profile
     i = curve.best_index
     label = " [yellow](source: estimated from the chip's published peak rates)[/]" \
         if profile.source == "estimated" else " (measured profile)"
-    table = Table(title=f"{method} tree for {slug} on {profile.hardware} {profile.dtype}")
+    table = Table(title=f"{method} tree for {built.model} on {profile.hardware} {profile.dtype}")
     for col in ("size n", "tau(n)", "L_fp ms", "predicted speedup"):
         table.add_column(col, justify="right")
     marks = sorted({1, 2, 4, 8, 16, 32, 64, 128, curve.best.size} & set(curve.sizes))
@@ -160,7 +115,7 @@ def build_tree(
         table.add_row(str(n), f"{curve.tau[j]:.3f}", f"{curve.latency_ms[j]:.2f}", f"{curve.speedup[j]:.3f}x",
                       style=style)
     out.print(table)
-    wrote = escape(str(path)) + ("" if method in one_state else f" and {escape(str(path.with_suffix('.png')))}")
+    wrote = escape(str(built.path)) + ("" if built.plot is None else f" and {escape(str(built.plot))}")
     console.print(f"Chosen size {curve.best.size}: predicted tau {curve.tau[i]:.3f}, speedup {curve.speedup[i]:.3f}x"
                   f"{label}. Wrote {wrote} in "
                   f"{since(start):.1f} s.")
@@ -169,24 +124,3 @@ def build_tree(
                       "smallest tree's forward costs more than its predicted tau gains. "
                       f"{method} will be slower than ar here; a flatter latency curve (another dtype or device) changes "
                       "that.")
-
-
-def _acceptance_rows(path: Path) -> int:
-    """Depths an acceptance file measured (its rows)."""
-    import yaml
-
-    try:
-        return len((yaml.safe_load(path.read_text()) or {}).get("per_rank") or []) or 1
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecbenchError(f"{path}: cannot read it ({exc})") from exc
-
-
-def _draft_cost(method: str, path: Path):
-    """acceptance.draft_cost, with a note when a feature-drafter method's file lacks the drafter's forward time."""
-    from ..planning.acceptance import draft_cost
-
-    cost = draft_cost(method, path)
-    if cost is None and method in ("eagle", "parallelspec"):
-        console.print(f"[yellow]note[/] {escape(str(path))} has no draft_forward_ms: the drafter's cost is left "
-                      f"out of the prediction (re-run `specbench estimate --method {method}`)")
-    return cost

@@ -33,9 +33,14 @@ def find(relative: str | Path) -> Path | None:
 # ------------------------------------------------------------------------------------- relative paths by kind
 
 
+def profile_name(model: str, dtype: str) -> str:
+    """<model>-<dtype>.yaml: a profile's file name inside its hardware's folder."""
+    return f"{model}-{dtype}.yaml"
+
+
 def profile_file(hardware: str, model: str, dtype: str) -> Path:
     """profiles/<hardware>/<model>-<dtype>.yaml: a measured latency curve L_fp(n) (`specbench profile`)."""
-    return Path(PROFILES) / hardware / f"{model}-{dtype}.yaml"
+    return Path(PROFILES) / hardware / profile_name(model, dtype)
 
 
 def profiles_dir() -> Path:

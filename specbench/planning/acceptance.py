@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..core import store
 from ..core.cache import crop_to, new_cache
 from ..core.models import LoadedModel, dtype_name, model_slug
 from ..core.timing import now, since
@@ -34,7 +35,7 @@ GENERIC_PER_RANK = [[round(0.45 * 0.5 ** d / (r + 1) ** 1.5, 5) for r in range(T
 
 def default_path(model: str, method: str = "ppd") -> Path:
     """acceptance/<model key>/<method>.yaml (key: model_slug), where build-tree and run look."""
-    return Path("acceptance") / model_slug(model) / f"{method}.yaml"
+    return store.acceptance_file(model_slug(model), method)
 
 
 def read_per_rank(path: str | Path, rows: int) -> list[list[float]]:

@@ -12,7 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+import yaml
+from rich.markup import escape
+
+from ..core import store
+from ..core.hardware import hardware_slug
+from ..core.models import auto_cpu_dtype, model_config, model_slug
 from ..core.tree import TreeFile
+from ..errors import SpecbenchError
+from ..progress import console, status
+from .acceptance import draft_cost, read_per_rank
+from .latency_estimate import GPU_CHOICES, resolve_profile
 from .profile import LatencyProfile
 from .treesearch import (
     CandidateTree,
@@ -201,3 +212,112 @@ def candidate_tree_file(curve: CandidateCurve, method: str, model: str, profile:
                     dtype=profile.dtype, method=method, source=profile.source, predicted_tau=curve.best.tau,
                     built_by="specbench build-tree: one-state tree of the n most probable candidates, n maximising "
                              "tau(n) / L_fp(1 + n)", extra=extra)
+
+
+# ------------------------------------------------------------------ `specbench build-tree`: the choices, then the tree
+
+# Widths the latency curve is read at (a preset's roofline estimate is computed for exactly these).
+PROFILE_WIDTHS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+@dataclass
+class BuildTreeRequest:
+    """What `specbench build-tree` was asked for (its options, unchecked)."""
+
+    model: str
+    family: str  # the tree method's family (acceptance/<model>/<family>.yaml, the tree file's `method`)
+    one_state: bool  # its tree has one state (the n best candidates), not PPD's dynamic states
+    families: tuple[str, ...]  # every family build-tree takes (for the error naming them)
+    gpu: str
+    dtype: str
+    prompt_tokens: int
+    max_size: int
+    kv_length: int
+    ept: int
+    acceptance: Path | None  # None: the model's acceptance file in the store
+    out: Path | None  # None: trees/<model>/<stem>.yaml
+
+
+@dataclass
+class BuiltTree:
+    """What build-tree made and what the command prints: the curve, the tree file and the plot it wrote."""
+
+    family: str
+    model: str  # the model's file-name key
+    profile: LatencyProfile
+    curve: SizeCurve | CandidateCurve
+    path: Path
+    plot: Path | None  # the size-curve plot (dynamic trees only)
+
+
+def build_tree(req: BuildTreeRequest) -> BuiltTree:
+    """Check the request, choose the dtype, acceptance file, latency profile and output file, search the tree of
+    the best predicted speedup and write it (and, for dynamic trees, its plot)."""
+    if req.gpu not in GPU_CHOICES and not req.gpu.endswith((".yaml", ".yml")):
+        raise SpecbenchError(f"unknown --gpu {req.gpu!r}: use one of {', '.join(GPU_CHOICES)} or a profile .yaml "
+                             "path")
+    dtype = build_dtype(req.dtype, req.gpu, lambda: str(auto_cpu_dtype(req.model)[0]).removeprefix("torch."))
+    slug = model_slug(req.model)  # the model's file-name key: acceptance/, profiles/ and trees/ all use it
+    if req.family not in req.families:
+        raise SpecbenchError(f"build-tree --method {req.family}: choose one of {', '.join(req.families)}")
+    shelved = store.acceptance_file(slug, req.family)
+    acc_path = req.acceptance or store.find(shelved) or shelved
+    if not acc_path.exists():
+        raise SpecbenchError(f"no acceptance estimates at {acc_path}: run `specbench estimate --method {req.family} "
+                             f"--model {req.model}` first, or pass --acceptance FILE")
+    m = req.prompt_tokens
+    if m < 1:
+        raise SpecbenchError("--prompt-tokens must be at least 1")
+    if req.max_size < max(2, m):
+        raise SpecbenchError(f"--max-size {req.max_size} is smaller than the {m} prompt tokens (and every candidate "
+                             "needs at least one prompt token: size >= 2)")
+    acc = read_per_rank(acc_path, m)
+    local = hardware_slug(torch.device("cpu"))
+    measured = store.find(store.profile_file(local, slug, dtype)) if req.gpu == "cpu" else None
+    profile = resolve_profile(req.gpu, slug, model_config(req.model), dtype, local, PROFILE_WIDTHS, spec=req.model,
+                              root=measured.parent.parent if measured else store.profiles_dir())
+    stem = f"{profile.hardware}-{profile.dtype}"
+    path = req.out or store.tree_file(slug, stem if req.family == "ppd" else f"{req.family}-{stem}")
+    if req.one_state:
+        acc = read_per_rank(acc_path, _acceptance_rows(acc_path))  # every depth the estimate measured
+        draft_ms = _draft_cost(req.family, acc_path)
+        with status(f"Choosing the best candidate tree of sizes 1..{req.max_size}"):
+            curve = candidate_curve(acc, profile, req.max_size, req.kv_length, draft_ms)
+        result = candidate_tree_file(curve, req.family, slug, profile, str(acc_path), req.kv_length)
+    else:
+        with status(f"Searching dynamic sparse trees of sizes 2..{req.max_size}"):
+            curve = size_curve(acc, m, profile, req.max_size, req.kv_length, req.ept)
+        result = tree_file(curve, m, slug, profile, str(acc_path), req.kv_length, req.family)
+    result.write(path)
+    drawn = None
+    if not req.one_state:
+        drawn = path.with_suffix(".png")
+        plot(curve, profile, drawn)
+    return BuiltTree(req.family, slug, profile, curve, path, drawn)
+
+
+def build_dtype(dtype: str, gpu: str, cpu_auto: Callable[[], str]) -> str:
+    """The dtype a tree is built for: auto is bfloat16 for GPUs and, for cpu, what `run --dtype auto` picks on this
+    CPU (`cpu_auto`, asked only then); short names spelled out."""
+    auto = cpu_auto() if gpu == "cpu" else "bfloat16"
+    name = {"auto": auto, "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
+    if name not in ("float32", "bfloat16", "float16"):
+        raise SpecbenchError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
+    return name
+
+
+def _acceptance_rows(path: Path) -> int:
+    """Depths an acceptance file measured (its rows)."""
+    try:
+        return len((yaml.safe_load(path.read_text()) or {}).get("per_rank") or []) or 1
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecbenchError(f"{path}: cannot read it ({exc})") from exc
+
+
+def _draft_cost(family: str, path: Path):
+    """acceptance.draft_cost, with a note when a feature-drafter method's file lacks the drafter's forward time."""
+    cost = draft_cost(family, path)
+    if cost is None and family in ("eagle", "parallelspec"):
+        console.print(f"[yellow]note[/] {escape(str(path))} has no draft_forward_ms: the drafter's cost is left "
+                      f"out of the prediction (re-run `specbench estimate --method {family}`)")
+    return cost

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core import store
 from ..errors import SpecbenchError
 from .profile import DEFAULT_KV_LENGTHS, LatencyProfile, load_profile
 
@@ -114,23 +115,24 @@ def find_measured(root: Path, slug_hint: str, model: str, dtype: str) -> Path | 
     if not root.exists():
         return None
     for folder in sorted(root.iterdir()):
-        candidate = folder / f"{model}-{dtype}.yaml"
+        candidate = folder / store.profile_name(model, dtype)
         if slug_hint in folder.name and candidate.exists():
             return candidate
     return None
 
 
 def resolve_profile(gpu: str, model: str, config, dtype: str, local_slug: str, widths,
-                    root: Path = Path("profiles"), spec: str | None = None) -> LatencyProfile:
+                    root: Path = store.profiles_dir(), spec: str | None = None) -> LatencyProfile:
     """The latency curve that `--gpu X` means: a profile path, a measured profile of that hardware (always wins),
     else a roofline estimate from the chip preset. `cpu` means this machine's measured CPU profile.
     `model` is the model's file-name key (model_slug); `spec` the model as the user named it (for the advice)."""
     if gpu.endswith((".yaml", ".yml")) or Path(gpu).is_file():
         return load_profile(gpu)
     if gpu == "cpu":
-        path = root / local_slug / f"{model}-{dtype}.yaml"  # this CPU's own profile only: never another CPU's
+        name = store.profile_name(model, dtype)
+        path = root / local_slug / name  # this CPU's own profile only: never another CPU's
         if not path.is_file():
-            others = sorted(str(p) for p in root.glob(f"cpu-*/{model}-{dtype}.yaml")) if root.exists() else []
+            others = sorted(str(p) for p in root.glob(f"cpu-*/{name}")) if root.exists() else []
             hint = (f" Profiles of other CPUs exist ({', '.join(others)}), but a curve measured elsewhere chooses "
                     "the wrong tree here; pass one as --gpu PATH to borrow it knowingly (labelled borrowed).") \
                 if others else ""
