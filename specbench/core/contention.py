@@ -8,9 +8,10 @@ from __future__ import annotations
 import math
 import os
 import resource
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .timing import now
 
 FOREIGN_CPU_LIMIT = 0.25  # cores' worth of other processes' CPU time during a timed row
 STEAL_LIMIT = 0.05  # share of CPU time stolen by the hypervisor during a timed row
@@ -20,7 +21,7 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/sta
 
 @dataclass(frozen=True)
 class Snapshot:
-    wall: float  # time.monotonic() s
+    wall: float  # timing.now() s (the perf_counter clock; only differences are read)
     busy_s: float  # machine-wide CPU time spent running anything (user, nice, system, irq, softirq), s
     steal_s: float  # CPU time stolen by the hypervisor, s
     total_s: float  # all CPU time accounted, s
@@ -43,7 +44,7 @@ def snapshot() -> Snapshot:
     except OSError:
         load1 = math.nan
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return Snapshot(time.monotonic(), busy, steal, total, usage.ru_utime + usage.ru_stime, load1)
+    return Snapshot(now(), busy, steal, total, usage.ru_utime + usage.ru_stime, load1)
 
 
 def between(before: Snapshot, after: Snapshot) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .. import REPO_ROOT
+from . import store
 
 
 def cpu_model() -> str:
@@ -70,7 +70,7 @@ def _nvml_handle(pynvml, index: int):
 
 @lru_cache(maxsize=1)
 def git_revision() -> str:
-    root = REPO_ROOT
+    root = store.checkout()
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=5)

@@ -17,9 +17,14 @@ from .. import REPO_ROOT
 PROFILES, TREES, ACCEPTANCE, ARTIFACTS, DATASETS = "profiles", "trees", "acceptance", "artifacts", "datasets"
 
 
+def checkout() -> Path:
+    """The checkout the package runs from: shipped data lives here, and its git revision is recorded."""
+    return REPO_ROOT
+
+
 def roots() -> tuple[Path, Path]:
     """Where lookups search, in order: the working directory, then the checkout (shipped data)."""
-    return Path.cwd(), REPO_ROOT
+    return Path.cwd(), checkout()
 
 
 def find(relative: str | Path) -> Path | None:
