@@ -32,7 +32,7 @@ def profile(
     import torch
 
     from ..core.models import load_model
-    from ..planning.profile import default_path, measure, plot
+    from ..planning.profile import measure, save
 
     width_list, kv_list = int_list(widths, "--widths"), int_list(kv_lengths, "--kv-lengths")
     if threads is not None and threads < 1:
@@ -41,13 +41,7 @@ def profile(
         torch.set_num_threads(threads)
     target = load_model(model, dtype, device)
     result = measure(target, width_list, kv_list, repeats)
-    path = out_path or default_path(result)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(result.to_yaml())
-    except OSError as exc:
-        raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    plot(result, path.with_suffix(".png"))
+    path = save(result, out_path)
     table = Table(title=f"L_fp(n) ms, {result.model} {result.dtype} on {result.hardware}")
     table.add_column("width n", justify="right")
     for kv in result.curves:

@@ -82,6 +82,18 @@ def default_path(profile: LatencyProfile, root: Path | None = None) -> Path:
     return rel if root is None else root / rel.relative_to(store.profiles_dir())
 
 
+def save(profile: LatencyProfile, out: Path | None = None) -> Path:
+    """Write the profile to `out` (default: default_path) and its plot beside it (.png); returns the YAML's path."""
+    path = out or default_path(profile)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(profile.to_yaml())
+    except OSError as exc:
+        raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    plot(profile, path.with_suffix(".png"))
+    return path
+
+
 def plot(profile: LatencyProfile, path: Path) -> None:
     import matplotlib
 
