@@ -26,7 +26,7 @@ import torch
 from ..errors import SpecbenchError
 from .cache import crop_to, new_cache
 from .forward import forward, timed_forward
-from .timing import now, synchronize  # noqa: F401  (now: re-exported for the methods)
+from .timing import now, since  # now: also imported from here by methods (eagle, pearl, sd)
 
 MODES = ("sequential", "threads", "streams", "devices")
 
@@ -210,7 +210,7 @@ def _pearl_step_cost(executor: Executor, target, drafter_model, gamma: int, reps
         for _ in range(reps + 1):
             start = now()
             executor.both(draft_job, target_job)
-            times.append(now() - start)
+            times.append(since(start))
     return statistics.median(times[1:])
 
 
