@@ -77,17 +77,17 @@ def find_artifact_dir(model: str, folder: str, meta_file: str) -> Path:
     """The artefact folder in the working directory when it holds an artefact (its meta file), else the repo's
     (which may not exist: the caller says what to train)."""
     rel = artifact_dir(model, folder)
-    return rel if (rel / meta_file).is_file() else REPO_ROOT / rel
+    return rel if (rel / meta_file).is_file() else checkout() / rel
 
 
 def shipped_artifacts() -> Path:
     """The checkout's artifacts/ folder (artefacts that ship with specbench)."""
-    return REPO_ROOT / ARTIFACTS
+    return checkout() / ARTIFACTS
 
 
 def dataset_specs() -> Path:
     """datasets/: the YAML specs of the benchmark sets (shipped)."""
-    return REPO_ROOT / DATASETS
+    return checkout() / DATASETS
 
 
 def user_cache() -> Path:
