@@ -13,7 +13,7 @@ from specbench.artifacts import prompt_tokens as pt
 from specbench.errors import SpecbenchError
 from specbench.planning.acceptance import read_per_rank, score_sequence
 from specbench.methods import get_method
-from specbench.methods.ppd import ParallelPromptDecoding
+from specbench.methods.tree.prompt_tokens import ParallelPromptDecoding
 
 from .conftest import prompt_ids
 

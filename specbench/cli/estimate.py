@@ -104,7 +104,7 @@ def _estimate_heads(method: str, target, artifact: Optional[str], data: str, lim
     if method in ("eagle", "parallelspec"):
         from ..artifacts import feature_drafter as fd
         from ..planning.head_accuracy import drafter_ranks
-        from ..methods.eagle import EAGLE_DEPTH
+        from ..methods.tree import EAGLE_DEPTH
 
         art = fd.resolve(artifact, target, method)
         drafter = art.drafter.to(target.device)

@@ -58,7 +58,7 @@ class Sample:
 
 class Batchable:
     """Mixin of methods that decode batches. The default step is the chain of draft-model and draft-free methods:
-    propose() fills each sample's draft (and q), the step verifies, accepts and rolls back. Tree methods (ppd)
+    propose() fills each sample's draft (and q), the step verifies, accepts and rolls back. Tree methods (tree/engine.py)
     override decode_step."""
 
     batchable = True

@@ -1,7 +1,7 @@
 """`hidden-transfer`: Hidden Transfer (Wu et al. 2024, "Parallel Decoding via Hidden Transfer for Lossless Large
-Language Model Acceleration", §3.2-3.4), on the tree engine of `ppd` (methods/ppd.py).
+Language Model Acceleration", §3.2-3.4), on the tree engine (engine.py).
 
-Every tree node carries up to k pseudo positions, laid out exactly as PPD's prompt tokens are (tree.py): pseudo
+Every tree node carries up to k pseudo positions, laid out exactly as PPD's prompt tokens are (core/tree.py): pseudo
 position j of node i sits at position(i) + j, sees the context, i's path and pseudo positions 1..j-1 of i (the
 paper's "No masked" setting). They enter the forward as placeholders; at transfer layer l_j the placeholder becomes
 W_j h_i, node i's own hidden state entering that layer (core/transfer.py), and the rest of the layers refine it.
@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from ..core.transfer import transferred
-from ..artifacts import transfer_projections as tp
-from ..errors import SpecbenchError
-from .base import register
-from .ppd import ParallelPromptDecoding, TreeLayout
+from ...artifacts import transfer_projections as tp
+from ...core.transfer import transferred
+from ...errors import SpecbenchError
+from ..base import register
+from .engine import TreeMethod
+from .guesser import Guesser
+from .layout import TreeLayout
 
 
 def transfer_slots(layout: TreeLayout, steps: int, prefix: int, device) -> tuple[list[torch.Tensor], list]:
@@ -35,19 +37,12 @@ def transfer_slots(layout: TreeLayout, steps: int, prefix: int, device) -> tuple
     return as_tensor, [torch.tensor(x, dtype=torch.long, device=device) for x in sources]
 
 
-@register
-class HiddenTransfer(ParallelPromptDecoding):
-    name = "hidden-transfer"
-    family = "hidden-transfer"
-    one_state = False
-    trainer = "hidden-transfer"
-    needs = ("target", "transfer projections")
-    summary = "hidden transfer: pseudo hidden states of future tokens made at middle layers guess a tree"
-    batchable = False  # the transfer hook indexes one sample's row; batch > 1 is not built for it yet
+class TransferProjections(Guesser):
+    """Placeholders attached to nodes, turned into W_j h_i at the transfer layers by a forward hook."""
 
-    def _load_guesser(self):
+    def load(self):
         self._slots: dict = {}  # (layout, prefix) -> transfer_slots
-        self.projections = tp.resolve(self.options.artifact, self.target)
+        self.projections = tp.resolve(self.method.options.artifact, self.target)
         proj = self.projections.projections
         if proj.masked:
             raise SpecbenchError(f"{self.projections.source}: these projections were trained with --masked (the "
@@ -57,13 +52,14 @@ class HiddenTransfer(ParallelPromptDecoding):
         table = torch.zeros(proj.steps, hidden, dtype=self.target.dtype, device=self.target.device)  # placeholders
         return proj.steps, 1, table, (f"transfer layers {proj.layers} ({self.projections.source})")
 
-    def _check_tree(self, rows: int) -> None:
-        if self.tree_file.prompt_tokens > rows:
-            raise SpecbenchError(f"tree ({self.tree_source}) gives nodes {self.tree_file.prompt_tokens} pseudo "
+    def check_tree(self, rows: int) -> None:
+        method = self.method
+        if method.tree_file.prompt_tokens > rows:
+            raise SpecbenchError(f"tree ({method.tree_source}) gives nodes {method.tree_file.prompt_tokens} pseudo "
                                  f"positions but the artefact ({self.projections.source}) has {rows} transfer steps; "
                                  f"use a tree built for {rows} (`specbench build-tree --method hidden-transfer`)")
 
-    def _forward(self, tokens, layout, cache, prefix: int = 0):
+    def forward(self, tokens, layout, cache, prefix: int = 0):
         proj = self.projections.projections
         key = (id(layout), prefix)
         if key not in self._slots:  # decode steps (prefix 0) reuse their layout's indices
@@ -71,4 +67,16 @@ class HiddenTransfer(ParallelPromptDecoding):
             self._slots[key] = transfer_slots(layout, proj.steps, prefix, tokens.device)
         slots, sources = self._slots[key]
         with transferred(self.target.model, proj.plan(slots, sources)):
-            return super()._forward(tokens, layout, cache, prefix)
+            return super().forward(tokens, layout, cache, prefix)
+
+
+@register
+class HiddenTransfer(TreeMethod):
+    name = "hidden-transfer"
+    family = "hidden-transfer"
+    one_state = False
+    trainer = "hidden-transfer"
+    needs = ("target", "transfer projections")
+    summary = "hidden transfer: pseudo hidden states of future tokens made at middle layers guess a tree"
+    batchable = False  # the transfer hook indexes one sample's row; batch > 1 is not built for it yet
+    guesser = TransferProjections

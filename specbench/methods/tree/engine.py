@@ -1,0 +1,142 @@
+"""The tree engine: one decoding loop for every tree method (ppd, medusa, hidden-transfer, eagle, parallelspec).
+
+A method is this class plus a Guesser (guesser.py) that supplies what differs: the artefact, the inputs attached
+to nodes, how the forward runs, the drafts, the next guesses, the tree shapes it takes and its acceptance rule.
+Each step: 1. draft the tree's tokens; 2. one target forward over the root and every candidate (and the inputs
+attached to nodes; core/tree.py masks them); 3. accept the longest verified path (step.py); 4. keep only the root
+and that path in the cache. Batch 1 is `generate`; batch > 1 (methods/batch_loop.py) is `decode_step`, every
+sample's tree in one forward. Counters: `drafted` counts the tree depth per step (the longest run that could be
+accepted).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from rich.markup import escape
+
+from ...core.cache import cache_length, keep_positions, new_cache
+from ...core.models import model_slug
+from ...core.ragged import Segment
+from ...core.tree import TreeFile, position_ids, visibility
+from ...core.verify import next_token
+from ...progress import console
+from ..base import DecodeMethod, Generation
+from ..batch_loop import Batchable
+from ..options import ARTIFACT, TREE
+from .guesser import Guesser
+from .layout import TreeLayout
+from .resolution import per_rank_acceptance
+from .step import verify_and_accept
+
+
+class TreeMethod(Batchable, DecodeMethod):
+    """A tree method: the engine composed with its guesser (the class attribute `guesser`)."""
+
+    kind = "tree"
+    option_specs = (TREE, ARTIFACT)
+    guesser: ClassVar[type[Guesser]]
+    typical = False  # the `-typical` variants: Medusa's typical acceptance at T > 0 (lossy)
+
+    def __init__(self, target, options=None, drafter=None):
+        super().__init__(target, options, drafter)
+        self.guesser = type(self).guesser(self)
+        rows, ept, table, artifact = self.guesser.load()  # rows: token distances the guesses cover
+        model_name = model_slug(target.spec)  # the file-name key every command uses (trees/, acceptance/)
+        # acceptance_source: where predicted tau comes from (run.yaml, report.md)
+        acc, acc_path, self.acceptance_source = per_rank_acceptance(self, rows, model_name)
+
+        def build(size: int) -> TreeFile:
+            return self.guesser.searched_tree(acc, rows, size, model_name,
+                                              str(acc_path) if acc_path else "a generic table")
+
+        self.tree_file, self.tree_source = self.guesser.resolve_tree(build, model_name)
+        self.guesser.check_tree(rows)
+        self.m, self.ept = self.tree_file.prompt_tokens, ept
+        self.layouts: dict[int, TreeLayout] = self.guesser.layouts(table, ept, target.device)
+        self.acceptance = acc  # per-rank probabilities (for predicted tau / speedup in reports)
+        console.print(f"[dim]{self.name}: tree {escape(self.tree_source)} (size {self.tree_file.size}), "
+                      f"{escape(artifact)}[/]")
+        self.draft_ms = self.guesser.draft_cost()  # the drafter's cost per step, for predicted speedups
+
+    def chosen(self) -> dict:
+        return self.guesser.chosen()
+
+    # the two calls a step makes into the guesser that tests (and subclasses) may watch
+
+    def _forward(self, tokens: torch.Tensor, layout: TreeLayout, cache, prefix: int = 0) -> torch.Tensor:
+        """One forward of [prefix tokens, root, candidates | node inputs] -> hidden states of the tree [q, H]."""
+        return self.guesser.forward(tokens, layout, cache, prefix)
+
+    def _prompt_logits(self, h: torch.Tensor, layout: TreeLayout, node: int,
+                       all_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """The next step's guesses [c, V] read at `node` (prompt tokens, heads, pseudo positions)."""
+        return self.guesser.next_guesses(h, layout, node, all_logits)
+
+    @torch.inference_mode()
+    def generate(self, input_ids, max_new_tokens, sampling, generator):
+        stop_ids = self.target.tokenizer.stop_ids
+        gen = Generation()
+        cache = new_cache(self.target.model)
+        # 0. prefill: the prompt [T]; the first token and the first guesses
+        root, state = self.guesser.prefill(input_ids[0], cache, sampling, generator)
+        done = gen.emit([root], stop_ids, max_new_tokens)
+        while not done:
+            layout = self.guesser.layout_for(state)
+            # 1. draft: the tree's tokens, root first (and the draft q at T > 0 where the rule needs it)
+            tokens, q = self.guesser.draft(state, layout, root, sampling, generator, gen)  # [N], [N, V]
+            # 2. verify: one forward over the root, the candidates and the inputs attached to nodes
+            past = cache_length(cache)
+            h = self._forward(tokens, layout, cache)  # [q, H]
+            # 3. accept and 4. update cache (step.py): emitted = accepted path + the target's next token
+            emitted, state = verify_and_accept(self, state, tokens, q, h, layout,
+                                               lambda path: keep_positions(cache, past, path),
+                                               sampling, generator, gen)
+            root = emitted[-1]
+            done = gen.emit(emitted, stop_ids, max_new_tokens)
+        return gen
+
+    def decode_step(self, target, joining, active, max_new_tokens, sampling):
+        """Batch > 1: newcomers' prefill (the prompt, its last token carrying the root's node inputs) and every
+        active sample's tree (root, candidates, node inputs; its tree mask and positions) in one batched forward."""
+        stop_ids, device = self.target.tokenizer.stop_ids, self.target.device
+        head = self.target.model.get_output_embeddings()
+        prefill = self.layouts[0]
+        joined = []
+        for s in joining:  # 0. prefill, as batch 1's: the prompt, then the root's tree over the same cache
+            ids, prefix = torch.tensor(s.history, device=device), len(s.history) - 1  # [T]
+            joined.append(Segment(s.slot, s.history, keep=prefill.visible.shape[0],
+                                  positions=position_ids(prefill.offsets, 0, prefix)[0].tolist(),
+                                  mask=visibility(prefill.visible, 0, prefix),
+                                  embeds=self.guesser.embed(ids, prefill)[0]))
+        steps = []
+        for s in active:
+            layout = self.guesser.layout_for(s.scratch["guesses"])
+            # 1. draft: the tree's tokens, root first
+            tokens, q = self.guesser.draft(s.scratch["guesses"], layout, s.history[-1], sampling, s.generator,
+                                           s.gen)  # [N]
+            past = target.lengths[s.slot]
+            s.scratch.update(layout=layout, tokens=tokens, q=q, past=past)
+            steps.append(Segment(s.slot, tokens.tolist(), positions=position_ids(layout.offsets, past)[0].tolist(),
+                                 mask=layout.visible, embeds=self.guesser.embed(tokens, layout)[0]))
+        # 2. verify: one batched forward over every newcomer's prefill and every active sample's tree
+        first, hidden = target.forward(joined, steps, hidden=True)
+        finished = []
+        for s, h in zip(joining, first):
+            target.keep_offsets(s.slot, len(s.history) - 1, [0])  # the root's node inputs leave the cache
+            root = next_token(head(h[0]).float(), sampling, s.generator)
+            s.scratch["guesses"] = self._prompt_logits(h, prefill, 0)  # [m, V]
+            s.history.append(root)
+            if s.gen.emit([root], stop_ids, max_new_tokens):
+                finished.append(s)
+        for s, h in zip(active, hidden):
+            # 3. accept and 4. update cache (step.py), on this sample's own random stream
+            past = s.scratch["past"]
+            emitted, s.scratch["guesses"] = verify_and_accept(
+                self, s.scratch["guesses"], s.scratch["tokens"], s.scratch["q"], h, s.scratch["layout"],
+                lambda path, s=s, past=past: target.keep_offsets(s.slot, past, path), sampling, s.generator, s.gen)
+            s.history += emitted
+            if s.gen.emit(emitted, stop_ids, max_new_tokens):
+                finished.append(s)
+        return finished

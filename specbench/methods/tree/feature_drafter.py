@@ -1,0 +1,165 @@
+"""`eagle` and `parallelspec`: a feature drafter (artifacts/feature_drafter.py) reads the target's own last hidden
+states and drafts a tree that the target verifies in one forward (the tree engine, engine.py).
+
+`eagle` (Li et al. 2024, "EAGLE"): the drafter runs autoregressively on its own predicted features, one forward
+per tree depth; `--gamma g` drafts a chain of g tokens instead of a tree. `parallelspec` (Xiao et al. 2024,
+"ParallelSpec"): the drafter with k trained [MASK] inputs drafts k + 1 distributions in one forward; their top
+candidates form the tree (Appendix A.3), so a tree deeper than k + 1 is refused (feature_drafting.py drafts).
+Verification: exact match at T = 0; at T > 0 candidates are sampled from the draft distribution q and accepted by
+multi-candidate speculative sampling with q (ParallelSpec Algorithm 1, verify.tree_sampled_accept): lossless.
+Trees: `estimate --method eagle|parallelspec` measures per-depth accuracy, `build-tree --method ...` chooses the
+static tree (one state) and its size from the latency profile plus the drafter's own cost per step.
+Counters: `drafted` is the tree depth per step (as for ppd), `draft_forwards` and `draft_s` the drafter's work.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...artifacts import feature_drafter as fd
+from ...artifacts import prompt_tokens as pt
+from ...core import store
+from ...core.concurrency import now
+from ...core.models import model_slug
+from ...core.tree import Tree, attention_mask, position_ids
+from ...core.verify import next_token, tree_greedy_accept, tree_sampled_accept
+from ...errors import SpecbenchError
+from ...planning.acceptance import draft_cost
+from .._drafting import GAMMA
+from ..base import register
+from ..options import ARTIFACT, TREE
+from .engine import TreeMethod
+from .feature_drafting import DrafterState, draft_tree_eagle, draft_tree_parallel
+from .guesser import Guesser
+from .layout import TreeLayout
+from .resolution import candidate_tree, chain
+
+EAGLE_DEPTH = 6  # depths `estimate --method eagle` measures (rows of its acceptance file; deepest tree searched)
+
+
+class EagleDrafts(Guesser):
+    """EAGLE's drafter: one forward per tree depth on its own predicted features; `--gamma` drafts a chain."""
+
+    def load(self):
+        self.art = fd.resolve(self.method.options.artifact, self.target, self.method.family)
+        self.art.drafter.to(self.target.device)
+        what = f"{self.method.family} drafter {self.art.source} ({self.art.drafter.parameter_count():,} parameters)"
+        return self.depths(), 1, None, what
+
+    def depths(self) -> int:
+        return EAGLE_DEPTH
+
+    def searched_tree(self, acc, rows, size, model_name, source):
+        return candidate_tree(acc, rows, size, model_name, source, self.method.family)
+
+    def resolve_tree(self, build, model_name):
+        options = self.method.options
+        if options.gamma is None:
+            return super().resolve_tree(build, model_name)
+        if options.tree != TREE.default:
+            raise SpecbenchError(f"{self.method.name}: give --gamma (a chain of drafts) or --tree (a draft tree), "
+                                 "not both")
+        return chain(options.gamma, model_name), f"a chain of {options.gamma} (--gamma)"
+
+    def check_tree(self, rows: int) -> None:
+        tf, method = self.method.tree_file, self.method
+        if tf.prompt_tokens or set(tf.states) != {0}:
+            raise SpecbenchError(f"tree ({method.tree_source}) is a {tf.method} tree with prompt tokens; "
+                                 f"{method.name} needs a one-state tree without them "
+                                 f"(`specbench build-tree --method {method.name}`)")
+
+    def layouts(self, table, ept, device) -> dict:
+        return {0: TreeLayout(self.method.tree_file.tree(0), None, device), -1: TreeLayout(Tree(()), None, device)}
+
+    def layout_for(self, state) -> TreeLayout:
+        return self.method.layouts[0]  # one static tree
+
+    def chosen(self) -> dict:
+        return {"tree": self.method.tree_source, "drafter": self.art.source}
+
+    def draft_cost(self):
+        # the drafter's cost per step for predicted speedups: the forward time `estimate` measured
+        family = self.method.family
+        return draft_cost(family, store.find(store.acceptance_file(model_slug(self.target.spec), family)))
+
+    def prefill(self, ids, cache, sampling, generator):
+        """The target's features of every prompt position [T, H] and its first token; the drafter's first pairs
+        (f_i, x_{i+1})."""
+        model = self.target.model
+        state = DrafterState(self.art.drafter)
+        prefill, prefix = self.method.layouts[-1], len(ids) - 1
+        h = pt.hidden(model, pt.embed(model, ids, None), attention_mask(prefill.visible, 0, self.target.dtype, prefix),
+                      position_ids(prefill.offsets, 0, prefix), cache)  # [T, H]
+        root = next_token(model.get_output_embeddings()(h[-1]).float(), sampling, generator)
+        state.commit(h, torch.cat([ids[1:], ids.new_tensor([root])]))  # pairs (f_i, x_{i+1})
+        return root, state
+
+    def draft(self, state, layout, root, sampling, generator, gen):
+        """The drafter proposes the tree's tokens [N] and their q [N, V] at T > 0 (its time and forwards counted)."""
+        d0 = now(self.target.device)
+        tokens, draft_q, forwards = self.draft_tree(state, layout.tree, root, sampling, generator)
+        gen.draft_s += now(self.target.device) - d0
+        gen.draft_forwards += forwards
+        return tokens, draft_q
+
+    def draft_tree(self, state: DrafterState, tree: Tree, root: int, sampling, generator):
+        return draft_tree_eagle(state, tree, root, sampling, generator)
+
+    def accept(self, tokens, parents, logits, q, sampling, generator):
+        """Exact match at T = 0, Algorithm 1 with the draft q at T > 0."""
+        if sampling.greedy:
+            return tree_greedy_accept(tokens, parents, logits)
+        return tree_sampled_accept(tokens, parents, logits, q, sampling, generator)
+
+    def advance(self, state, h, layout, path, emitted, all_logits):
+        """The drafter gets its true features next step: the accepted path's, each with the token after it."""
+        state.commit(h[path], torch.tensor(emitted, device=h.device))
+        return state
+
+
+class ParallelDrafts(EagleDrafts):
+    """ParallelSpec's drafter: k [MASK] inputs, k + 1 depths drafted in one forward; no `--gamma`."""
+
+    def depths(self) -> int:
+        return self.art.drafter.mask_tokens + 1
+
+    def resolve_tree(self, build, model_name):
+        return Guesser.resolve_tree(self, build, model_name)
+
+    def check_tree(self, rows: int) -> None:
+        super().check_tree(rows)
+        tf = self.method.tree_file
+        if tf.tree(0).depth > rows:
+            raise SpecbenchError(f"tree ({self.method.tree_source}) is {tf.tree(0).depth} deep but the drafter "
+                                 f"({self.art.source}) drafts {rows} tokens per forward ({rows - 1} mask tokens); "
+                                 f"use a tree at most {rows} deep (`specbench build-tree --method parallelspec`)")
+
+    def draft_tree(self, state, tree, root, sampling, generator):
+        return draft_tree_parallel(state, tree, root, sampling, generator)
+
+
+@register
+class Eagle(TreeMethod):
+    name = "eagle"
+    family = "eagle"
+    one_state = True
+    trainer = "eagle"
+    needs = ("target", "eagle drafter")
+    summary = "EAGLE-style feature drafter (one layer on the target's hidden states) drafts a tree, tree-verified"
+    option_specs = (TREE, ARTIFACT, GAMMA)
+    unset_text = {"gamma": "(none: draft a tree)"}
+    batchable = False  # the drafter's cache is per sample; batch > 1 is not built for it
+    guesser = EagleDrafts
+
+
+@register
+class ParallelSpec(TreeMethod):
+    name = "parallelspec"
+    family = "parallelspec"
+    one_state = True
+    trainer = "parallelspec"
+    needs = ("target", "parallelspec drafter")
+    summary = "ParallelSpec: the feature drafter with k [MASK] inputs drafts k + 1 tokens in one forward, tree-verified"
+    unset_text = Eagle.unset_text  # (no --gamma here; kept as the registry showed it)
+    batchable = False  # the drafter's cache is per sample; batch > 1 is not built for it
+    guesser = ParallelDrafts

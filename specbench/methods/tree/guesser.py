@@ -1,0 +1,114 @@
+"""What a tree method supplies to the tree engine (engine.py): a Guesser. The defaults are those of methods whose
+guesses come from inputs attached to tree nodes (PPD's prompt tokens and their kin): the node's rows enter the
+target's forward, their logits at the accepted node give the next step's candidates (top-k per distance), PPD's
+dynamic tree is searched, and acceptance is lossless speculative sampling (or Medusa's typical rule)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...artifacts import prompt_tokens as pt
+from ...core.cache import cache_length, keep_positions
+from ...core.tree import Tree, TreeFile, attention_mask, position_ids
+from ...core.verify import next_token, tree_speculative_accept, tree_typical_accept
+from .layout import TreeLayout
+from .resolution import resolve, searched_tree
+
+
+class Guesser:
+    """One tree method's guesses. `state` is what a step's drafting starts from: here the accepted node's guess
+    logits [c, V] (c also picks the tree state); a feature drafter keeps its own (feature_drafter.py)."""
+
+    def __init__(self, method):
+        self.method = method
+        self.target = method.target
+
+    # ---------------------------------------------------------------- the artefact and the trees it accepts
+
+    def load(self) -> tuple[int, int, torch.Tensor | None, str]:
+        """Load the artefact: (token distances guessed, ensemble copies, embedding table [S * E, H] of the inputs
+        attached to nodes or None, a description for the console)."""
+        raise NotImplementedError
+
+    def searched_tree(self, acc, rows: int, size: int, model_name: str, source: str) -> TreeFile:
+        return searched_tree(acc, rows, size, model_name, source)
+
+    def resolve_tree(self, build, model_name: str) -> tuple[TreeFile, str]:
+        return resolve(self.method, build, model_name)
+
+    def check_tree(self, rows: int) -> None:
+        """Refuse a tree this artefact cannot guess (SpecbenchError naming both)."""
+
+    def layouts(self, table, ept: int, device) -> dict:
+        """state -> TreeLayout; state 0 is the prefill (and the step after a node that carried no prompt tokens)."""
+        tree_file = self.method.tree_file
+        m = tree_file.prompt_tokens
+        layouts = {k: TreeLayout(tree_file.tree(k, ept), table, device) for k in tree_file.states}
+        layouts[0] = TreeLayout(Tree((), (m,), ept), table, device)
+        return layouts
+
+    def layout_for(self, state) -> TreeLayout:
+        return self.method.layouts[state.shape[0]]
+
+    def chosen(self) -> dict:
+        return {}
+
+    def draft_cost(self):
+        """depth -> drafter milliseconds per step, for predicted speedups (None: no drafter)."""
+        return None
+
+    # ---------------------------------------------------------------- the step
+
+    def embed(self, tokens: torch.Tensor, layout: TreeLayout) -> torch.Tensor:
+        """Input embeddings of [prefix tokens, root, candidates | rows attached to nodes] [1, prefix + q, H]."""
+        return pt.embed(self.target.model, tokens, layout.rows)
+
+    def forward(self, tokens: torch.Tensor, layout: TreeLayout, cache, prefix: int = 0) -> torch.Tensor:
+        """One forward of [prefix tokens, root, candidates | prompt inputs] -> hidden states of the tree [q, H]."""
+        model = self.target.model
+        past = cache_length(cache)
+        embeds = self.embed(tokens, layout)  # [1, prefix + q, H]
+        mask = attention_mask(layout.visible, past, embeds.dtype, prefix)
+        h = pt.hidden(model, embeds, mask, position_ids(layout.offsets, past, prefix), cache)
+        return h[prefix:]
+
+    def prefill(self, ids: torch.Tensor, cache, sampling, generator) -> tuple[int, object]:
+        """The prompt [T], its last token carrying the root's node inputs -> (first token, first state). Goes
+        through the method's _forward / _prompt_logits so a subclass of the method sees every call."""
+        method = self.method
+        layout = method.layouts[0]
+        h = method._forward(ids, layout, cache, prefix=len(ids) - 1)  # [q_0, H]
+        keep_positions(cache, len(ids) - 1, [0])  # the root's node inputs leave the cache
+        root = next_token(self.target.model.get_output_embeddings()(h[0]).float(), sampling, generator)
+        return root, method._prompt_logits(h, layout, 0)  # [m, V]
+
+    def next_guesses(self, h: torch.Tensor, layout: TreeLayout, node: int,
+                     all_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [c, V] of the c prompt tokens of `node`, averaged over their ensemble copies (PPD §3.2); taken
+        from all_logits [q, V] when the step already computed the head over every input."""
+        slots = layout.tree.prompt_slots[node]
+        if not slots:
+            return h.new_zeros(0, self.target.vocab_size)
+        idx = torch.tensor(slots, device=h.device)  # [c, E]
+        if all_logits is not None:
+            return all_logits[idx].mean(1)
+        return self.target.model.get_output_embeddings()(h[idx]).float().mean(1)
+
+    def draft(self, state: torch.Tensor, layout: TreeLayout, root: int, sampling, generator,
+              gen) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Candidate tokens = top-k guesses of the accepted node's guess rows, by rank -> (tokens [N], q None)."""
+        tree = layout.tree
+        topk = state[: tree.depth].topk(max(layout.max_rank, 1), dim=-1).indices  # [D, K]
+        root_t = torch.tensor([root], device=self.target.device)
+        return torch.cat([root_t, tree.candidate_tokens(topk)]), None  # [N]
+
+    def accept(self, tokens, parents, logits, q, sampling, generator) -> tuple[list[int], int]:
+        """The longest verified path and the target's next token (verify.py)."""
+        if self.method.typical:
+            return tree_typical_accept(tokens, parents, logits, sampling, generator)
+        return tree_speculative_accept(tokens, parents, logits, sampling, generator)
+
+    def advance(self, state, h: torch.Tensor, layout: TreeLayout, path: list[int], emitted: list[int],
+                all_logits: torch.Tensor | None):
+        """The next state: the accepted node's guesses [c, V] (c is the next tree state)."""
+        return self.method._prompt_logits(h, layout, path[-1], all_logits)

@@ -1,0 +1,56 @@
+"""`ppd` and `ppd-typical`: Parallel Prompt Decoding (Chen et al. 2024, "Hardware-Aware Parallel Prompt Decoding
+for Memory-Efficient Acceleration of LLM Inference", §3 and §4, Fig. 2-3).
+
+Each step is one target forward over: the root (the last accepted token), a candidate tree whose tokens are the
+top-k guesses of the previously accepted node's prompt tokens, and the prompt tokens attached to every node
+(core/tree.py lays the input out and masks it). Verification walks the tree (exact match at T = 0; lossless
+multi-candidate speculative sampling at T > 0, or typical acceptance for `ppd-typical`); the cache keeps only the
+root and the accepted path; the accepted node's prompt-token logits give the next candidates, and how many prompt
+tokens it carried is the next state of the dynamic sparse tree. Extra memory over `ar`: the S x EPT embeddings.
+The guesser's defaults (guesser.py) are PPD's; this file loads the prompt tokens and checks the tree.
+"""
+
+from __future__ import annotations
+
+from ...artifacts import prompt_tokens as pt
+from ...errors import SpecbenchError
+from ..base import register
+from .engine import TreeMethod
+from .guesser import Guesser
+
+
+class PromptTokens(Guesser):
+    """Trained prompt tokens (S distances x EPT ensemble copies) attached to every node."""
+
+    def load(self):
+        self.prompts = pt.resolve(self.method.options.artifact, self.target)
+        table = self.prompts.table(self.target.dtype, self.target.device)  # [S * E, H]
+        return self.prompts.count, self.prompts.ept, table, f"prompt tokens {self.prompts.source}"
+
+    def check_tree(self, rows: int) -> None:
+        method = self.method
+        if method.tree_file.prompt_tokens > rows:
+            raise SpecbenchError(f"tree ({method.tree_source}) uses {method.tree_file.prompt_tokens} prompt tokens "
+                                 f"but the artefact ({self.prompts.source}) has {rows}; use a tree built for {rows}")
+
+
+@register
+class ParallelPromptDecoding(TreeMethod):
+    name = "ppd"
+    needs = ("target", "prompt tokens")
+    summary = "parallel prompt decoding: trained prompt tokens guess a dynamic sparse tree, tree-verified"
+    family = "ppd"
+    trainer = "ppd"
+    guesser = PromptTokens
+
+
+@register
+class ParallelPromptDecodingTypical(TreeMethod):
+    name = "ppd-typical"
+    needs = ParallelPromptDecoding.needs
+    lossless = False
+    typical = True
+    summary = "ppd with typical acceptance at T > 0 (Medusa's rule, posterior threshold 0.09, alpha 0.3; lossy)"
+    family = "ppd"
+    trainer = "ppd"
+    guesser = PromptTokens

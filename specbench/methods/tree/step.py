@@ -1,0 +1,31 @@
+"""The tree step's verify-and-accept, shared by batch 1 (engine.generate) and batch > 1 (engine.decode_step): from
+the target's hidden states over one tree to the emitted tokens, the compacted cache and the next guess state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..base import Generation
+from .layout import TreeLayout
+
+
+def verify_and_accept(method, state, tokens: torch.Tensor, q: torch.Tensor | None, h: torch.Tensor,
+                      layout: TreeLayout, keep: Callable[[list[int]], None], sampling, generator,
+                      gen: Generation) -> tuple[list[int], object]:
+    """tokens [N] (root first), q [N, V] or None, h [q, H] -> (emitted tokens: the accepted path then the target's
+    own next token, the next state). `keep(path)` compacts this sample's cache to the root and the path."""
+    head = method.target.model.get_output_embeddings()
+    tree = layout.tree
+    # 2. verify: the target's logits at every node (one head call over every input while the extra rows are few)
+    all_logits = head(h).float() if layout.combined_head else None  # [q, V]
+    logits = all_logits[: tree.nodes] if layout.combined_head else head(h[: tree.nodes]).float()  # [N, V]
+    # 3. accept: the longest verified path, then the target's own next token
+    path, root = method.guesser.accept(tokens, layout.parents, logits, q, sampling, generator)
+    accepted = tokens[path[1:]].tolist()
+    gen.count_draft(tree.depth, len(accepted))
+    # 4. update cache: keep the root and the accepted path; the next guesses come from the last accepted node
+    keep(path)
+    emitted = accepted + [root]
+    return emitted, method.guesser.advance(state, h, layout, path, emitted, all_logits)
