@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from . import ar, tree  # noqa: F401  (first: the registry's order is ar, the tree methods, then the rest)
 from .base import REGISTRY, DecodeMethod, Generation, get_method, register  # noqa: F401
 from .options import Option, OptionValues, all_options, split_by_method  # noqa: F401
-from . import ar, tree  # noqa: F401,E402  (first: the registry's order is ar, the tree methods, then the rest)
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in ("base", "options") and not _module.name.startswith("_"):

@@ -17,9 +17,10 @@ import torch
 from rich.markup import escape
 
 from ...core.cache import cache_length, keep_positions, new_cache
+from ...core.concurrency import now
 from ...core.models import model_slug
 from ...core.ragged import Segment
-from ...core.tree import TreeFile, position_ids, visibility
+from ...core.tree import Tree, TreeFile, position_ids, visibility
 from ...core.verify import next_token
 from ...progress import console
 from ..base import DecodeMethod, Generation
@@ -32,16 +33,16 @@ from .step import verify_and_accept
 
 
 class TreeMethod(Batchable, DecodeMethod):
-    """A tree method: the engine composed with its guesser (the class attribute `guesser`)."""
+    """A tree method: the engine composed with its guesser (the class attribute `guesser_type`)."""
 
     kind = "tree"
     option_specs = (TREE, ARTIFACT)
-    guesser: ClassVar[type[Guesser]]
+    guesser_type: ClassVar[type[Guesser]]  # what this method guesses with (its own file)
     typical = False  # the `-typical` variants: Medusa's typical acceptance at T > 0 (lossy)
 
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
-        self.guesser = type(self).guesser(self)
+        self.guesser = self.guesser_type(self)
         rows, ept, table, artifact = self.guesser.load()  # rows: token distances the guesses cover
         model_name = model_slug(target.spec)  # the file-name key every command uses (trees/, acceptance/)
         # acceptance_source: where predicted tau comes from (run.yaml, report.md)
@@ -74,6 +75,20 @@ class TreeMethod(Batchable, DecodeMethod):
         """The next step's guesses [c, V] read at `node` (prompt tokens, heads, pseudo positions)."""
         return self.guesser.next_guesses(h, layout, node, all_logits)
 
+    def _draft(self, state, tree: Tree, root: int, sampling, generator):
+        """The tree's tokens [N] root first, the draft q [N, V] or None (where the rule needs it), drafter forwards."""
+        return self.guesser.draft(state, tree, root, sampling, generator)
+
+    def _drafted(self, gen: Generation, state, tree: Tree, root: int, sampling, generator):
+        """_draft, counting the drafter's time and forwards where the guesser drafts with a model of its own."""
+        if not self.guesser.drafter_model:
+            return self._draft(state, tree, root, sampling, generator)[:2]
+        d0 = now(self.target.device)
+        tokens, q, forwards = self._draft(state, tree, root, sampling, generator)
+        gen.draft_s += now(self.target.device) - d0
+        gen.draft_forwards += forwards
+        return tokens, q
+
     @torch.inference_mode()
     def generate(self, input_ids, max_new_tokens, sampling, generator):
         stop_ids = self.target.tokenizer.stop_ids
@@ -85,13 +100,13 @@ class TreeMethod(Batchable, DecodeMethod):
         while not done:
             layout = self.guesser.layout_for(state)
             # 1. draft: the tree's tokens, root first (and the draft q at T > 0 where the rule needs it)
-            tokens, q = self.guesser.draft(state, layout, root, sampling, generator, gen)  # [N], [N, V]
+            tokens, q = self._drafted(gen, state, layout.tree, root, sampling, generator)  # [N], [N, V]
             # 2. verify: one forward over the root, the candidates and the inputs attached to nodes
             past = cache_length(cache)
             h = self._forward(tokens, layout, cache)  # [q, H]
             # 3. accept and 4. update cache (step.py): emitted = accepted path + the target's next token
             emitted, state = verify_and_accept(self, state, tokens, q, h, layout,
-                                               lambda path: keep_positions(cache, past, path),
+                                               lambda path, past=past: keep_positions(cache, past, path),
                                                sampling, generator, gen)
             root = emitted[-1]
             done = gen.emit(emitted, stop_ids, max_new_tokens)
@@ -114,8 +129,8 @@ class TreeMethod(Batchable, DecodeMethod):
         for s in active:
             layout = self.guesser.layout_for(s.scratch["guesses"])
             # 1. draft: the tree's tokens, root first
-            tokens, q = self.guesser.draft(s.scratch["guesses"], layout, s.history[-1], sampling, s.generator,
-                                           s.gen)  # [N]
+            tokens, q = self._drafted(s.gen, s.scratch["guesses"], layout.tree, s.history[-1], sampling,
+                                      s.generator)  # [N]
             past = target.lengths[s.slot]
             s.scratch.update(layout=layout, tokens=tokens, q=q, past=past)
             steps.append(Segment(s.slot, tokens.tolist(), positions=position_ids(layout.offsets, past)[0].tolist(),

@@ -19,7 +19,6 @@ import torch
 from ...artifacts import feature_drafter as fd
 from ...artifacts import prompt_tokens as pt
 from ...core import store
-from ...core.concurrency import now
 from ...core.models import model_slug
 from ...core.tree import Tree, attention_mask, position_ids
 from ...core.verify import next_token, tree_greedy_accept, tree_sampled_accept
@@ -39,6 +38,8 @@ EAGLE_DEPTH = 6  # depths `estimate --method eagle` measures (rows of its accept
 
 class EagleDrafts(Guesser):
     """EAGLE's drafter: one forward per tree depth on its own predicted features; `--gamma` drafts a chain."""
+
+    drafter_model = True
 
     def load(self):
         self.art = fd.resolve(self.method.options.artifact, self.target, self.method.family)
@@ -94,15 +95,8 @@ class EagleDrafts(Guesser):
         state.commit(h, torch.cat([ids[1:], ids.new_tensor([root])]))  # pairs (f_i, x_{i+1})
         return root, state
 
-    def draft(self, state, layout, root, sampling, generator, gen):
-        """The drafter proposes the tree's tokens [N] and their q [N, V] at T > 0 (its time and forwards counted)."""
-        d0 = now(self.target.device)
-        tokens, draft_q, forwards = self.draft_tree(state, layout.tree, root, sampling, generator)
-        gen.draft_s += now(self.target.device) - d0
-        gen.draft_forwards += forwards
-        return tokens, draft_q
-
-    def draft_tree(self, state: DrafterState, tree: Tree, root: int, sampling, generator):
+    def draft(self, state: DrafterState, tree: Tree, root: int, sampling, generator):
+        """The drafter proposes the tree's tokens [N], their q [N, V] at T > 0, and its forwards."""
         return draft_tree_eagle(state, tree, root, sampling, generator)
 
     def accept(self, tokens, parents, logits, q, sampling, generator):
@@ -134,7 +128,7 @@ class ParallelDrafts(EagleDrafts):
                                  f"({self.art.source}) drafts {rows} tokens per forward ({rows - 1} mask tokens); "
                                  f"use a tree at most {rows} deep (`specbench build-tree --method parallelspec`)")
 
-    def draft_tree(self, state, tree, root, sampling, generator):
+    def draft(self, state, tree, root, sampling, generator):
         return draft_tree_parallel(state, tree, root, sampling, generator)
 
 
@@ -149,7 +143,7 @@ class Eagle(TreeMethod):
     option_specs = (TREE, ARTIFACT, GAMMA)
     unset_text = {"gamma": "(none: draft a tree)"}
     batchable = False  # the drafter's cache is per sample; batch > 1 is not built for it
-    guesser = EagleDrafts
+    guesser_type = EagleDrafts
 
 
 @register
@@ -162,4 +156,4 @@ class ParallelSpec(TreeMethod):
     summary = "ParallelSpec: the feature drafter with k [MASK] inputs drafts k + 1 tokens in one forward, tree-verified"
     unset_text = Eagle.unset_text  # (no --gamma here; kept as the registry showed it)
     batchable = False  # the drafter's cache is per sample; batch > 1 is not built for it
-    guesser = ParallelDrafts
+    guesser_type = ParallelDrafts

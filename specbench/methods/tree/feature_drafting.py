@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ...artifacts.feature_drafter import FeatureDrafter, additive
 from ...core.cache import crop_to, new_cache
 from ...core.tree import Tree
 from ...core.verify import Sampling, sample_children, warp_probs
-from ...artifacts.feature_drafter import FeatureDrafter, additive
 
 
 class DrafterState:

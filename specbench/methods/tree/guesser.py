@@ -19,6 +19,8 @@ class Guesser:
     """One tree method's guesses. `state` is what a step's drafting starts from: here the accepted node's guess
     logits [c, V] (c also picks the tree state); a feature drafter keeps its own (feature_drafter.py)."""
 
+    drafter_model = False  # drafts with a model of its own: the engine counts its time and forwards
+
     def __init__(self, method):
         self.method = method
         self.target = method.target
@@ -55,7 +57,6 @@ class Guesser:
 
     def draft_cost(self):
         """depth -> drafter milliseconds per step, for predicted speedups (None: no drafter)."""
-        return None
 
     # ---------------------------------------------------------------- the step
 
@@ -94,13 +95,13 @@ class Guesser:
             return all_logits[idx].mean(1)
         return self.target.model.get_output_embeddings()(h[idx]).float().mean(1)
 
-    def draft(self, state: torch.Tensor, layout: TreeLayout, root: int, sampling, generator,
-              gen) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Candidate tokens = top-k guesses of the accepted node's guess rows, by rank -> (tokens [N], q None)."""
-        tree = layout.tree
-        topk = state[: tree.depth].topk(max(layout.max_rank, 1), dim=-1).indices  # [D, K]
+    def draft(self, state: torch.Tensor, tree: Tree, root: int, sampling,
+              generator) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        """Candidate tokens = top-k guesses of the accepted node's guess rows, by rank -> (tokens [N], q None,
+        no drafter forwards)."""
+        topk = state[: tree.depth].topk(max(self.layout_for(state).max_rank, 1), dim=-1).indices  # [D, K]
         root_t = torch.tensor([root], device=self.target.device)
-        return torch.cat([root_t, tree.candidate_tokens(topk)]), None  # [N]
+        return torch.cat([root_t, tree.candidate_tokens(topk)]), None, 0  # [N]
 
     def accept(self, tokens, parents, logits, q, sampling, generator) -> tuple[list[int], int]:
         """The longest verified path and the target's next token (verify.py)."""

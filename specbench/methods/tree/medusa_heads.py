@@ -64,7 +64,7 @@ class Medusa(TreeMethod):
     trainer = "medusa"
     needs = ("target", "medusa heads")
     summary = "Medusa-1 heads on the last hidden state guess a static sparse tree, tree-verified"
-    guesser = MedusaHeads
+    guesser_type = MedusaHeads
 
 
 @register
@@ -77,4 +77,4 @@ class MedusaTypical(TreeMethod):
     lossless = False
     typical = True
     summary = "medusa with typical acceptance at T > 0 (Medusa's rule, posterior threshold 0.09, alpha 0.3; lossy)"
-    guesser = MedusaHeads
+    guesser_type = MedusaHeads

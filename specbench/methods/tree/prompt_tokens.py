@@ -41,7 +41,7 @@ class ParallelPromptDecoding(TreeMethod):
     summary = "parallel prompt decoding: trained prompt tokens guess a dynamic sparse tree, tree-verified"
     family = "ppd"
     trainer = "ppd"
-    guesser = PromptTokens
+    guesser_type = PromptTokens
 
 
 @register
@@ -53,4 +53,4 @@ class ParallelPromptDecodingTypical(TreeMethod):
     summary = "ppd with typical acceptance at T > 0 (Medusa's rule, posterior threshold 0.09, alpha 0.3; lossy)"
     family = "ppd"
     trainer = "ppd"
-    guesser = PromptTokens
+    guesser_type = PromptTokens

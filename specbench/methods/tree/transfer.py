@@ -79,4 +79,4 @@ class HiddenTransfer(TreeMethod):
     needs = ("target", "transfer projections")
     summary = "hidden transfer: pseudo hidden states of future tokens made at middle layers guess a tree"
     batchable = False  # the transfer hook indexes one sample's row; batch > 1 is not built for it yet
-    guesser = TransferProjections
+    guesser_type = TransferProjections
