@@ -26,7 +26,7 @@ import torch
 from ..errors import SpecbenchError
 from .cache import crop_to, new_cache
 from .forward import forward, timed_forward
-from .timing import now, since  # now: also imported from here by methods (eagle, pearl, sd)
+from .timing import now, since
 
 MODES = ("sequential", "threads", "streams", "devices")
 

@@ -73,11 +73,10 @@ class DecodeMethod:
     unset_text: ClassVar[dict[str, str]] = {}  # option name -> what leaving it out means here, where a shared
     # option's own wording (Option.unset) does not fit this method
     batchable: ClassVar[bool] = False  # decodes batch > 1 (methods/batch_loop.py's Batchable)
-    # tree methods (kind "tree"): what the planning commands (estimate, build-tree, train) read from the registry
+    # tree methods (kind "tree"): what build-tree reads from the registry (set from the method's guesser, tree/engine.py)
     family: ClassVar[str | None] = None  # file-name key: acceptance/<model>/<family>.yaml, trees' `method`,
     # artifacts/<model>/<family>/ (ppd and ppd-typical share "ppd")
     one_state: ClassVar[bool] = False  # its tree has one state (a static candidate tree), not PPD's dynamic states
-    trainer: ClassVar[str | None] = None  # `specbench train <trainer>` makes its artefact
 
     def __init__(self, target: LoadedModel, options: Mapping[str, Any] | None = None,
                  drafter: LoadedModel | None = None):

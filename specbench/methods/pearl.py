@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.concurrency import MODES, Executor, calibrate, drafter_on, now, step
+from ..core.concurrency import MODES, Executor, calibrate, drafter_on, step
+from ..core.timing import now
 from ..core.models import resolve_device
 from ..core.verify import accept
 from ._drafting import DraftModelMethod, ModelState, child_generator, draft_tokens

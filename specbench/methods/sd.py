@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.concurrency import Span, forward_costs, now, step
+from ..core.concurrency import Span, forward_costs, step
+from ..core.timing import now
 from ..core.ragged import Segment
 from ..core.verify import accept
 from ._drafting import DraftModelMethod, ModelState, draft_tokens, draw, fit_vocab, kept_prefix

@@ -57,9 +57,7 @@ def step_seconds(target: LoadedModel, cfg: "TrainConfig", length: int) -> float:
     step_loss(target, emb, seq[:cfg.prompt_tokens + 2], [0], cfg.alpha).backward()  # warm-up: first-use costs
     start = now()
     step_loss(target, emb, seq, points, cfg.alpha).backward()
-    if target.device.type == "cuda":
-        torch.cuda.synchronize(target.device)
-    return since(start)
+    return since(start, target.device)
 
 
 @dataclass(frozen=True)

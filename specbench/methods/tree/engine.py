@@ -17,9 +17,9 @@ import torch
 from rich.markup import escape
 
 from ...core.cache import cache_length, keep_positions, new_cache
-from ...core.concurrency import now
 from ...core.models import model_slug
 from ...core.ragged import Segment
+from ...core.timing import now
 from ...core.tree import Tree, TreeFile, position_ids, visibility
 from ...core.verify import next_token
 from ...progress import console
@@ -40,6 +40,13 @@ class TreeMethod(Batchable, DecodeMethod):
     guesser_type: ClassVar[type[Guesser]]  # what this method guesses with (its own file)
     typical = False  # the `-typical` variants: Medusa's typical acceptance at T > 0 (lossy)
 
+    def __init_subclass__(cls, **kwargs):
+        """A registered method's family, tree shape and needs are its guesser's (declared once per guesser)."""
+        super().__init_subclass__(**kwargs)
+        guesser = cls.__dict__.get("guesser_type")
+        if guesser is not None:
+            cls.family, cls.one_state, cls.needs = guesser.family, guesser.one_state, ("target", guesser.artifact)
+
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
         self.guesser = self.guesser_type(self)
@@ -59,7 +66,7 @@ class TreeMethod(Batchable, DecodeMethod):
         self.acceptance = acc  # per-rank probabilities (for predicted tau / speedup in reports)
         console.print(f"[dim]{self.name}: tree {escape(self.tree_source)} (size {self.tree_file.size}), "
                       f"{escape(artifact)}[/]")
-        self.draft_ms = self.guesser.draft_cost()  # the drafter's cost per step, for predicted speedups
+        self.draft_ms = self.guesser.draft_cost(acc_path)  # the drafter's cost per step, for predicted speedups
 
     def chosen(self) -> dict:
         return self.guesser.chosen()

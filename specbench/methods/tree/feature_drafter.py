@@ -18,8 +18,6 @@ import torch
 
 from ...artifacts import feature_drafter as fd
 from ...artifacts import prompt_tokens as pt
-from ...core import store
-from ...core.models import model_slug
 from ...core.tree import Tree, attention_mask, position_ids
 from ...core.verify import next_token, tree_greedy_accept, tree_sampled_accept
 from ...errors import SpecbenchError
@@ -39,6 +37,7 @@ EAGLE_DEPTH = 6  # depths `estimate --method eagle` measures (rows of its accept
 class EagleDrafts(Guesser):
     """EAGLE's drafter: one forward per tree depth on its own predicted features; `--gamma` drafts a chain."""
 
+    family, artifact, one_state = "eagle", "eagle drafter", True
     drafter_model = True
 
     def load(self):
@@ -78,10 +77,9 @@ class EagleDrafts(Guesser):
     def chosen(self) -> dict:
         return {"tree": self.method.tree_source, "drafter": self.art.source}
 
-    def draft_cost(self):
+    def draft_cost(self, acceptance_file):
         # the drafter's cost per step for predicted speedups: the forward time `estimate` measured
-        family = self.method.family
-        return draft_cost(family, store.find(store.acceptance_file(model_slug(self.target.spec), family)))
+        return draft_cost(self.method.family, acceptance_file)
 
     def prefill(self, ids, cache, sampling, generator):
         """The target's features of every prompt position [T, H] and its first token; the drafter's first pairs
@@ -114,6 +112,8 @@ class EagleDrafts(Guesser):
 class ParallelDrafts(EagleDrafts):
     """ParallelSpec's drafter: k [MASK] inputs, k + 1 depths drafted in one forward; no `--gamma`."""
 
+    family, artifact = "parallelspec", "parallelspec drafter"
+
     def depths(self) -> int:
         return self.art.drafter.mask_tokens + 1
 
@@ -135,10 +135,6 @@ class ParallelDrafts(EagleDrafts):
 @register
 class Eagle(TreeMethod):
     name = "eagle"
-    family = "eagle"
-    one_state = True
-    trainer = "eagle"
-    needs = ("target", "eagle drafter")
     summary = "EAGLE-style feature drafter (one layer on the target's hidden states) drafts a tree, tree-verified"
     option_specs = (TREE, ARTIFACT, GAMMA)
     unset_text = {"gamma": "(none: draft a tree)"}
@@ -149,10 +145,6 @@ class Eagle(TreeMethod):
 @register
 class ParallelSpec(TreeMethod):
     name = "parallelspec"
-    family = "parallelspec"
-    one_state = True
-    trainer = "parallelspec"
-    needs = ("target", "parallelspec drafter")
     summary = "ParallelSpec: the feature drafter with k [MASK] inputs drafts k + 1 tokens in one forward, tree-verified"
     unset_text = Eagle.unset_text  # (no --gamma here; kept as the registry showed it)
     batchable = False  # the drafter's cache is per sample; batch > 1 is not built for it

@@ -19,6 +19,9 @@ class Guesser:
     """One tree method's guesses. `state` is what a step's drafting starts from: here the accepted node's guess
     logits [c, V] (c also picks the tree state); a feature drafter keeps its own (feature_drafter.py)."""
 
+    family: str  # file-name key of its acceptance file, trees and artefact folder (methods/base.py)
+    artifact: str  # what the method needs beside the target, for `specbench list methods`
+    one_state = False  # its tree has one state (a static candidate tree), not PPD's dynamic states
     drafter_model = False  # drafts with a model of its own: the engine counts its time and forwards
 
     def __init__(self, method):
@@ -55,8 +58,9 @@ class Guesser:
     def chosen(self) -> dict:
         return {}
 
-    def draft_cost(self):
-        """depth -> drafter milliseconds per step, for predicted speedups (None: no drafter)."""
+    def draft_cost(self, acceptance_file):
+        """depth -> drafter milliseconds per step, read from the method's acceptance file (for predicted speedups;
+        None: no drafter)."""
 
     # ---------------------------------------------------------------- the step
 

@@ -27,6 +27,8 @@ from .resolution import candidate_tree
 class MedusaHeads(Guesser):
     """K Medusa heads: head d guesses the token d + 1 ahead of the node they read."""
 
+    family, artifact, one_state = "medusa", "medusa heads", True
+
     def load(self):
         self.heads = mh.resolve(self.method.options.artifact, self.target)
         k = self.heads.heads.heads
@@ -59,10 +61,6 @@ class MedusaHeads(Guesser):
 @register
 class Medusa(TreeMethod):
     name = "medusa"
-    family = "medusa"
-    one_state = True
-    trainer = "medusa"
-    needs = ("target", "medusa heads")
     summary = "Medusa-1 heads on the last hidden state guess a static sparse tree, tree-verified"
     guesser_type = MedusaHeads
 
@@ -70,10 +68,6 @@ class Medusa(TreeMethod):
 @register
 class MedusaTypical(TreeMethod):
     name = "medusa-typical"
-    family = "medusa"
-    one_state = True
-    trainer = "medusa"
-    needs = Medusa.needs
     lossless = False
     typical = True
     summary = "medusa with typical acceptance at T > 0 (Medusa's rule, posterior threshold 0.09, alpha 0.3; lossy)"

@@ -22,6 +22,8 @@ from .guesser import Guesser
 class PromptTokens(Guesser):
     """Trained prompt tokens (S distances x EPT ensemble copies) attached to every node."""
 
+    family, artifact = "ppd", "prompt tokens"
+
     def load(self):
         self.prompts = pt.resolve(self.method.options.artifact, self.target)
         table = self.prompts.table(self.target.dtype, self.target.device)  # [S * E, H]
@@ -37,20 +39,14 @@ class PromptTokens(Guesser):
 @register
 class ParallelPromptDecoding(TreeMethod):
     name = "ppd"
-    needs = ("target", "prompt tokens")
     summary = "parallel prompt decoding: trained prompt tokens guess a dynamic sparse tree, tree-verified"
-    family = "ppd"
-    trainer = "ppd"
     guesser_type = PromptTokens
 
 
 @register
 class ParallelPromptDecodingTypical(TreeMethod):
     name = "ppd-typical"
-    needs = ParallelPromptDecoding.needs
     lossless = False
     typical = True
     summary = "ppd with typical acceptance at T > 0 (Medusa's rule, posterior threshold 0.09, alpha 0.3; lossy)"
-    family = "ppd"
-    trainer = "ppd"
     guesser_type = PromptTokens

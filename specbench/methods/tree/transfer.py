@@ -40,6 +40,8 @@ def transfer_slots(layout: TreeLayout, steps: int, prefix: int, device) -> tuple
 class TransferProjections(Guesser):
     """Placeholders attached to nodes, turned into W_j h_i at the transfer layers by a forward hook."""
 
+    family, artifact = "hidden-transfer", "transfer projections"
+
     def load(self):
         self._slots: dict = {}  # (layout, prefix) -> transfer_slots
         self.projections = tp.resolve(self.method.options.artifact, self.target)
@@ -73,10 +75,6 @@ class TransferProjections(Guesser):
 @register
 class HiddenTransfer(TreeMethod):
     name = "hidden-transfer"
-    family = "hidden-transfer"
-    one_state = False
-    trainer = "hidden-transfer"
-    needs = ("target", "transfer projections")
     summary = "hidden transfer: pseudo hidden states of future tokens made at middle layers guess a tree"
     batchable = False  # the transfer hook indexes one sample's row; batch > 1 is not built for it yet
     guesser_type = TransferProjections
