@@ -20,13 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import yaml
 
 from ..core.cache import crop_to, new_cache
 from ..core.cpu_kernels import prepack
-from ..core.forward import with_cache
+from ..core.forward import CACHE_KEYWORD, with_cache
 from ..core.timing import call_ms
 from ..core.models import LoadedModel
 from ..errors import SpecbenchError
@@ -61,18 +62,28 @@ class FeatureDrafter(SharedHeadDrafter):
         return self.fc(torch.cat([features, e], -1))
 
     def run(self, x: torch.Tensor, position_ids: torch.Tensor, cache=None,
-            mask: torch.Tensor | None = None) -> torch.Tensor:
+            mask: torch.Tensor | None = None, **attention_kwargs) -> torch.Tensor:
         """x [1, n, H] inputs at position_ids [1, n] -> predicted features [n, H]; mask: additive [1, 1, n, kv]
         (default causal over the cache)."""
-        if mask is None:
+        return self.features(x, position_ids, cache, mask, **attention_kwargs)[0]
+
+    def features(self, x: torch.Tensor, position_ids: torch.Tensor, cache=None, mask: torch.Tensor | None = None,
+                 **attention_kwargs) -> torch.Tensor:
+        """x [B, n, H] -> predicted features [B, n, H]; attention_kwargs reach the attention function (the batch
+        engines' packed or padded attention, core/ragged.py and core/padded.py, whose masks they carry)."""
+        if mask is None and "ragged" not in attention_kwargs:
             past = cache.get_seq_length() if cache is not None else 0
-            mask = causal_mask(past, x.shape[1], 1, x.dtype, x.device)
+            mask = causal_mask(past, x.shape[1], x.shape[0], x.dtype, x.device)
         pos_emb = self.rotary_emb(x, position_ids=position_ids)
         h = x
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=position_ids, **with_cache(cache),
-                      use_cache=cache is not None, position_embeddings=pos_emb)
-        return self.norm(h)[0]
+                      use_cache=cache is not None, position_embeddings=pos_emb, **attention_kwargs)
+        return self.norm(h)
+
+    def get_decoder(self) -> "_Decoder":
+        """The decoder call the batch engines make (inputs_embeds: fused pairs or masks -> last_hidden_state)."""
+        return _Decoder(self)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Predicted features [n, H] -> float logits [n, V] (restricted heads: -inf outside vocab_ids)."""
@@ -84,6 +95,19 @@ class FeatureDrafter(SharedHeadDrafter):
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+class _Decoder:
+    """FeatureDrafter.features behind the keywords of a transformers decoder call (batch > 1: the drafter runs in
+    the same batch engines as the target, core/ragged.py or core/padded.py, with its own cache)."""
+
+    def __init__(self, drafter: FeatureDrafter):
+        self.drafter = drafter
+
+    def __call__(self, inputs_embeds, position_ids, attention_mask=None, use_cache=False, **kwargs):
+        cache = kwargs.pop(CACHE_KEYWORD, None)
+        h = self.drafter.features(inputs_embeds, position_ids, cache if use_cache else None, attention_mask, **kwargs)
+        return SimpleNamespace(last_hidden_state=h)  # [B, n, H]
 
 
 def group_layout(n: int, points: list[int], k: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,8 @@ are the padded KV entries a sample holds when it leaves (`kv_padding`, EMS-SD Ap
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
@@ -66,15 +68,17 @@ class PaddedBatch:
         row = self.rows.index(slot)
         return int((~self.valid[row]).sum()) - self.aligned[slot]
 
-    def forward(self, joining: list[Segment], segments: list[Segment], hidden: bool = False
+    def forward(self, joining: list[Segment], segments: list[Segment], hidden: bool = False, around=None
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """One padded forward of the active rows' segments, then the newcomers' own padded prefill (a padded batch
         cannot pack a prompt with decode steps); returns (the newcomers' outputs, the segments' outputs): logits
-        [keep or w, V], or the decoder's hidden states [keep or w, H] with `hidden`."""
-        out = self.step(segments, hidden) if segments else []
-        return (self.admit(joining, hidden) if joining else []), out
+        [keep or w, V], or the decoder's hidden states [keep or w, H] with `hidden`. `around(segments, places)`:
+        as core/ragged.py's, entered around each of the two model calls (places index the hidden states [R, W, H]
+        flattened to [R * W, H])."""
+        out = self.step(segments, hidden, around) if segments else []
+        return (self.admit(joining, hidden, around) if joining else []), out
 
-    def admit(self, joining: list[Segment], hidden: bool = False) -> list[torch.Tensor]:
+    def admit(self, joining: list[Segment], hidden: bool = False, around=None) -> list[torch.Tensor]:
         """Prefill new samples, left-padded to the longest, in a cache of their own; then align it with the batch's
         on the left and stack it under."""
         cache = new_cache(self.model)
@@ -84,7 +88,8 @@ class PaddedBatch:
         slots = [s.slot for s in joining]
         valid = torch.zeros(len(joining), 0, dtype=torch.bool)
         key_pos = torch.zeros(len(joining), 0, dtype=torch.long)
-        out, new_valid, pos = self._run(joining, slots, cache, valid, key_pos, left=True, hidden=hidden)
+        out, new_valid, pos = self._run(joining, slots, cache, valid, key_pos, left=True, hidden=hidden,
+                                        around=around)
         valid, key_pos = new_valid, pos
         for s in joining:
             self.aligned[s.slot] = self.padding_tokens[s.slot]
@@ -110,14 +115,15 @@ class PaddedBatch:
         self.rows += slots
         return out
 
-    def step(self, segments: list[Segment], hidden: bool = False) -> list[torch.Tensor]:
+    def step(self, segments: list[Segment], hidden: bool = False, around=None) -> list[torch.Tensor]:
         """One forward of every row: each segment's tokens, padded on the right to the widest; rows without a
         segment are fed padding only."""
         out, self.valid, self.key_pos = self._run(segments, self.rows, self.cache, self.valid, self.key_pos,
-                                                  left=False, hidden=hidden)
+                                                  left=False, hidden=hidden, around=around)
         return out
 
-    def _run(self, segments: list[Segment], rows: list[int], cache, valid, key_pos, left: bool, hidden: bool):
+    def _run(self, segments: list[Segment], rows: list[int], cache, valid, key_pos, left: bool, hidden: bool,
+             around=None):
         """Pad the segments into [R, W] inputs (left- or right-aligned), run the model on `cache`, count tokens;
         returns (each segment's output, valid and key positions grown by the W new columns)."""
         by_slot = {s.slot: s for s in segments}
@@ -131,6 +137,7 @@ class PaddedBatch:
         new_valid = torch.zeros(n, wide, dtype=torch.bool)
         pos = torch.zeros(n, wide, dtype=torch.long)
         own = torch.zeros(n, wide, wide, dtype=torch.bool)  # [R, W, W] new-token mask
+        tails = []  # (row, columns, [w, t] mask over the row's last t real cache entries): see Segment.mask
         cols = {}
         for r, slot in enumerate(rows):
             seg = by_slot.get(slot)
@@ -148,14 +155,18 @@ class PaddedBatch:
                 start = self.lengths[slot]
                 pos[r, at] = torch.tensor(seg.positions) if seg.positions is not None else torch.arange(start,
                                                                                                           start + w)
-                own[r, at, at] = (torch.ones(w, w, dtype=torch.bool).tril() if seg.mask is None
-                                  else seg.mask.cpu().bool())
+                mask = torch.ones(w, w, dtype=torch.bool).tril() if seg.mask is None else seg.mask.cpu().bool()
+                own[r, at, at] = mask[:, -w:]
+                if mask.shape[1] > w:
+                    tails.append((r, at, mask[:, :-w]))
             self.lengths[slot] = self.lengths.get(slot, 0) + w
             self.target_tokens[slot] += wide
             self.padding_tokens[slot] += wide - w
-        mask = self._mask(valid, new_valid, key_pos, pos, own)
+        mask = self._mask(valid, new_valid, key_pos, pos, own, tails)
         args = dict(position_ids=pos.to(self.device), attention_mask=mask, **with_cache(cache), use_cache=True)
-        with attention_implementation(self.model, ATTENTION):
+        places = [torch.arange(cols[s.slot][0] * wide + cols[s.slot][1].start, cols[s.slot][0] * wide
+                               + cols[s.slot][1].stop, device=self.device) for s in segments]  # [w] in [R * W]
+        with attention_implementation(self.model, ATTENTION), (around(segments, places) if around else nullcontext()):
             if hidden or embeds is not None:
                 if embeds is None:
                     embeds = self.model.get_input_embeddings()(ids.to(self.device))
@@ -169,15 +180,19 @@ class PaddedBatch:
             result.append(out[r, at][-(s.keep or s.width):])
         return result, torch.cat([valid, new_valid], 1), torch.cat([key_pos, pos], 1)
 
-    def _mask(self, valid, new_valid, key_pos, pos, own=None) -> torch.Tensor:
-        """[B, 1, W, L + W] bool: the row's real cache entries, then its own new tokens (causal or `own`); a
-        padded query row sees only itself (its output is discarded; an empty row would give NaN)."""
+    def _mask(self, valid, new_valid, key_pos, pos, own=None, tails=()) -> torch.Tensor:
+        """[B, 1, W, L + W] bool: the row's real cache entries (its last t as a tail mask says), then its own new
+        tokens (causal or `own`); a padded query row sees only itself (its output is discarded; an empty row would
+        give NaN)."""
         rows, wide = new_valid.shape
         if own is None:
             own = torch.ones(wide, wide, dtype=torch.bool).tril().expand(rows, wide, wide)
         new_part = own & new_valid[:, None, :] & new_valid[:, :, None]  # [B, W, W]
         new_part = new_part | (torch.eye(wide, dtype=torch.bool) & ~new_valid[:, :, None])
         cache_part = valid[:, None, :].expand(rows, wide, valid.shape[1]) & new_valid[:, :, None]  # [B, W, L]
+        for r, at, tail in tails:  # tail [w, t]: the row's last t real entries
+            real = valid[r].nonzero()[-tail.shape[1]:, 0]
+            cache_part[r, at][:, real] = tail
         allowed = torch.cat([cache_part, new_part], 2)
         if self.window is not None:
             keys = torch.cat([key_pos, pos], 1)  # [B, L + W]

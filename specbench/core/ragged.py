@@ -21,7 +21,7 @@ GPU: it would replace `_attend` below and nothing else.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +42,10 @@ class Segment:
     tokens: list[int]
     keep: int = 0  # logits returned for the last `keep` tokens (0: all of them)
     positions: list[int] | None = None  # position ids (default: the slot's length onward)
-    mask: torch.Tensor | None = None  # [w, w] bool, True = may attend (default: causal; a tree's ancestor mask)
+    # [w, w] bool, True = may attend (default: causal; a tree's ancestor mask); or [w, t + w]: the last t cached
+    # entries of the slot, then its own tokens (a tree drafted one depth per forward: EAGLE's drafter, whose
+    # earlier depths are in the cache but visible to their descendants only). Entries before those t: visible.
+    mask: torch.Tensor | None = None
     embeds: torch.Tensor | None = None  # [w, H] input embeddings in place of the tokens' (ppd's prompt tokens)
 
     @property
@@ -117,8 +120,9 @@ class _Step:
             key_pos[i, a:a + w] = pos
             query_pos[i, :w] = pos
             own = torch.ones(w, w, dtype=torch.bool).tril() if s.mask is None else s.mask.cpu().bool()
-            allowed[i, :w, :a] = True
-            allowed[i, :w, a:a + w] = own
+            tail = own.shape[1] - w  # cached entries the mask covers (0: the whole cache is visible)
+            allowed[i, :w, :a - tail] = True
+            allowed[i, :w, a - tail:a + w] = own
             allowed[i, w:, 0] = True  # gather rows beyond the segment: one key, so softmax has no empty row
         self.positions = torch.cat(positions)  # [N] every token's position id, packed
         self._allowed, self._key_pos, self._query_pos = allowed, key_pos, query_pos
@@ -185,9 +189,13 @@ def attention_implementation(model, name: str):
             model.config._attn_implementation = before
 
 
-def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: bool = False) -> list[torch.Tensor]:
+def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: bool = False,
+                   around=None) -> list[torch.Tensor]:
     """One packed forward of every segment's new tokens; returns each segment's logits [keep or w, V] (hidden: the
     decoder's normed hidden states [keep or w, H] instead, for callers that apply the head to some rows only).
+    `around(segments, places)`: a context manager entered around the model call, given where each segment's
+    inputs lie in the decoder's hidden states flattened to [N, H] (places: one LongTensor [w] per segment; Hidden
+    Transfer's layer hooks address its pseudo positions by them).
 
     The cache grows by each segment's width; roll back with cache.truncate / keep_offsets.
     """
@@ -200,7 +208,9 @@ def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: b
     ends = torch.tensor(widths).cumsum(0).tolist()
     rows = torch.cat([torch.arange(e - k, e) for e, k in zip(ends, keeps)]).to(device)  # rows whose output we need
     positions = step.positions.unsqueeze(0).to(device)  # [1, N]
-    with attention_implementation(model, NAME):
+    starts = [e - w for e, w in zip(ends, widths)]
+    places = [torch.arange(a, a + w, device=device) for a, w in zip(starts, widths)]  # [w] per segment, packed
+    with attention_implementation(model, NAME), (around(segments, places) if around else nullcontext()):
         if hidden or any(s.embeds is not None for s in segments):
             embeds = packed_embeddings(model, segments, device)  # [1, N, H]
             h = model.get_decoder()(inputs_embeds=embeds, position_ids=positions, use_cache=False,
@@ -241,15 +251,16 @@ class RaggedBatch:
     def kv_padding(self, slot: int) -> int:
         return 0
 
-    def forward(self, joining: list[Segment], segments: list[Segment], hidden: bool = False
+    def forward(self, joining: list[Segment], segments: list[Segment], hidden: bool = False, around=None
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Newcomers' prefill segments (their slots start empty) and the active samples' new tokens packed into one
-        forward, no padding token; returns (the newcomers' outputs, the segments' outputs): logits, or hidden."""
+        forward, no padding token; returns (the newcomers' outputs, the segments' outputs): logits, or hidden.
+        `around`: as ragged_forward's."""
         for s in joining:
             self.cache.lengths[s.slot] = 0
             self.rows.append(s.slot)
             self.target_tokens[s.slot] = self.padding_tokens[s.slot] = 0
-        out = ragged_forward(self.model, self.cache, joining + segments, hidden)
+        out = ragged_forward(self.model, self.cache, joining + segments, hidden, around)
         for s in joining + segments:
             self.target_tokens[s.slot] += s.width
         return out[:len(joining)], out[len(joining):]

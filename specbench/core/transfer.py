@@ -69,7 +69,9 @@ class TransferStep:
 
 @contextmanager
 def transferred(model, steps: Sequence[TransferStep]):
-    """Within this block every forward of `model` (batch 1: hidden [1, q, H]) applies the transfer steps."""
+    """Within this block every forward of `model` applies the transfer steps. Slots and sources index the hidden
+    states flattened over batch and sequence ([B, q, H] as [B * q, H]): at batch 1 the input index itself; in a
+    batched forward, where each sample's inputs lie (core/ragged.py's and core/padded.py's `places`)."""
     layers = decoder_layers(model)
     handles = []
     for step in steps:
@@ -77,12 +79,13 @@ def transferred(model, steps: Sequence[TransferStep]):
             continue
 
         def hook(_module, args, kwargs, step=step):
-            hidden = args[0] if args else kwargs["hidden_states"]  # [1, q, H]
+            hidden = args[0] if args else kwargs["hidden_states"]  # [B, q, H]
+            flat = hidden.reshape(-1, hidden.shape[-1])  # [B * q, H]
             if step.sources.dtype == torch.long:
-                src = hidden[0, step.sources]  # [P, H]
+                src = flat[step.sources]  # [P, H]
             else:
                 src = step.sources.to(hidden.dtype)
-            new = hidden.index_copy(1, step.slots, step.project(src).to(hidden.dtype).unsqueeze(0))
+            new = flat.index_copy(0, step.slots, step.project(src).to(hidden.dtype)).view_as(hidden)
             if args:
                 return (new, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": new}

@@ -20,8 +20,7 @@ from ...core.cache import cache_length, keep_positions, new_cache
 from ...core.models import model_slug
 from ...core.ragged import Segment
 from ...core.timing import now
-from ...core.tree import Tree, TreeFile, position_ids, visibility
-from ...core.verify import next_token
+from ...core.tree import Tree, TreeFile, position_ids
 from ...progress import console
 from ..base import DecodeMethod, Generation
 from ..batch_loop import Batchable
@@ -119,36 +118,59 @@ class TreeMethod(Batchable, DecodeMethod):
             done = gen.emit(emitted, stop_ids, max_new_tokens)
         return gen
 
+    # batch > 1 (methods/batch_loop.py): the guesser's batch hooks (guesser.py), the one step (step.py)
+
+    def start_batch(self, mode, slots):
+        self.guesser.start_batch(mode, slots)
+
+    def leave(self, sample):
+        self.guesser.leave(sample)
+
+    def _drafted_batch(self, samples, sampling) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """guesser.draft_batch; where it drafts with a model, each sample gets the forwards it took part in and an
+        equal share of the drafting time (so the rows' draft_s add up to the batch's, as their wall_s do)."""
+        if not samples:  # a step of newcomers only
+            return []
+        if not self.guesser.drafter_model:
+            return [d[:2] for d in self.guesser.draft_batch(samples, sampling)]
+        d0 = now(self.target.device)
+        drafts = self.guesser.draft_batch(samples, sampling)
+        share = (now(self.target.device) - d0) / max(len(samples), 1)
+        for s, (_, _, forwards) in zip(samples, drafts):
+            s.gen.draft_s += share
+            s.gen.draft_forwards += forwards
+        return [d[:2] for d in drafts]
+
     def decode_step(self, target, joining, active, max_new_tokens, sampling):
         """Batch > 1: newcomers' prefill (the prompt, its last token carrying the root's node inputs) and every
         active sample's tree (root, candidates, node inputs; its tree mask and positions) in one batched forward."""
-        stop_ids, device = self.target.tokenizer.stop_ids, self.target.device
-        head = self.target.model.get_output_embeddings()
-        prefill = self.layouts[0]
+        stop_ids = self.target.tokenizer.stop_ids
+        placed = {}  # id(segment) -> (layout, prefix): what the guesser's hook around the forward reads
         joined = []
-        for s in joining:  # 0. prefill, as batch 1's: the prompt, then the root's tree over the same cache
-            ids, prefix = torch.tensor(s.history, device=device), len(s.history) - 1  # [T]
-            joined.append(Segment(s.slot, s.history, keep=prefill.visible.shape[0],
-                                  positions=position_ids(prefill.offsets, 0, prefix)[0].tolist(),
-                                  mask=visibility(prefill.visible, 0, prefix),
-                                  embeds=self.guesser.embed(ids, prefill)[0]))
+        for s in joining:  # 0. prefill, as batch 1's (guesser.join)
+            seg, layout, prefix = self.guesser.join(s)
+            placed[id(seg)] = (layout, prefix)
+            joined.append(seg)
+        # 1. draft: every active sample's tree tokens, root first [N] (and q [N, V] at T > 0 where the rule needs it)
+        drafts = self._drafted_batch(active, sampling)
         steps = []
-        for s in active:
+        for s, (tokens, q) in zip(active, drafts):
             layout = self.guesser.layout_for(s.scratch["guesses"])
-            # 1. draft: the tree's tokens, root first
-            tokens, q = self._drafted(s.gen, s.scratch["guesses"], layout.tree, s.history[-1], sampling,
-                                      s.generator)  # [N]
             past = target.lengths[s.slot]
             s.scratch.update(layout=layout, tokens=tokens, q=q, past=past)
             steps.append(Segment(s.slot, tokens.tolist(), positions=position_ids(layout.offsets, past)[0].tolist(),
                                  mask=layout.visible, embeds=self.guesser.embed(tokens, layout)[0]))
+            placed[id(steps[-1])] = (layout, 0)
+
+        def around(segments, places):  # the guesser's hook, told where each segment's inputs lie
+            return self.guesser.around([(*placed[id(seg)], at) for seg, at in zip(segments, places)])
+
         # 2. verify: one batched forward over every newcomer's prefill and every active sample's tree
-        first, hidden = target.forward(joined, steps, hidden=True)
+        first, hidden = target.forward(joined, steps, hidden=True, around=around)
         finished = []
         for s, h in zip(joining, first):
-            target.keep_offsets(s.slot, len(s.history) - 1, [0])  # the root's node inputs leave the cache
-            root = next_token(head(h[0]).float(), sampling, s.generator)
-            s.scratch["guesses"] = self._prompt_logits(h, prefill, 0)  # [m, V]
+            root, s.scratch["guesses"] = self.guesser.joined(
+                s, h, lambda path, s=s: target.keep_offsets(s.slot, len(s.history) - 1, path), sampling)
             s.history.append(root)
             if s.gen.emit([root], stop_ids, max_new_tokens):
                 finished.append(s)

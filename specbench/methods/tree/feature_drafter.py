@@ -18,6 +18,7 @@ import torch
 
 from ...artifacts import feature_drafter as fd
 from ...artifacts import prompt_tokens as pt
+from ...core.ragged import Segment
 from ...core.tree import Tree, attention_mask, position_ids
 from ...core.verify import next_token, tree_greedy_accept, tree_sampled_accept
 from ...errors import SpecbenchError
@@ -26,7 +27,9 @@ from .._drafting import GAMMA
 from ..base import register
 from ..options import ARTIFACT, TREE
 from .engine import TreeMethod
-from .feature_drafting import DrafterState, draft_tree_eagle, draft_tree_parallel
+from ..batch_loop import engine
+from .feature_batch import draft_trees_eagle, draft_trees_parallel
+from .feature_drafting import DrafterState, PendingPairs, draft_tree_eagle, draft_tree_parallel
 from .guesser import Guesser
 from .layout import TreeLayout
 from .resolution import candidate_tree, chain
@@ -108,6 +111,33 @@ class EagleDrafts(Guesser):
         state.commit(h[path], torch.tensor(emitted, device=h.device))
         return state
 
+    # batch > 1 (feature_batch.py): every sample's drafter cache a slot of one drafter batch engine
+
+    def start_batch(self, mode, slots):
+        self._batch = engine(self.art.drafter, mode, slots, self.target.device)
+
+    def leave(self, sample):
+        if sample.slot in self._batch.rows:
+            self._batch.release(sample.slot)
+
+    def join(self, sample):
+        """The prompt [T], causal: the target's features of every position (the drafter's first pairs)."""
+        return Segment(sample.slot, sample.history), self.method.layouts[-1], len(sample.history) - 1
+
+    def joined(self, sample, h, keep, sampling):
+        """h [T, H] -> (first token, the pending pairs (f_i, x_{i+1}), the last pairing with the first token)."""
+        root = next_token(self.target.model.get_output_embeddings()(h[-1]).float(), sampling, sample.generator)
+        state = PendingPairs()
+        state.commit(h, torch.tensor(sample.history[1:] + [root], device=h.device))
+        return root, state
+
+    def draft_batch(self, samples, sampling):
+        drafts, forwards = self._draft_trees(self._batch, self.art.drafter, samples, self.method.layouts[0].tree,
+                                             sampling)
+        return [(tokens, q, forwards) for tokens, q in drafts]
+
+    _draft_trees = staticmethod(draft_trees_eagle)
+
 
 class ParallelDrafts(EagleDrafts):
     """ParallelSpec's drafter: k [MASK] inputs, k + 1 depths drafted in one forward; no `--gamma`."""
@@ -131,6 +161,8 @@ class ParallelDrafts(EagleDrafts):
     def draft(self, state, tree, root, sampling, generator):
         return draft_tree_parallel(state, tree, root, sampling, generator)
 
+    _draft_trees = staticmethod(draft_trees_parallel)
+
 
 @register
 class Eagle(TreeMethod):
@@ -138,7 +170,6 @@ class Eagle(TreeMethod):
     summary = "EAGLE-style feature drafter (one layer on the target's hidden states) drafts a tree, tree-verified"
     option_specs = (TREE, ARTIFACT, GAMMA)
     unset_text = {"gamma": "(none: draft a tree)"}
-    batchable = False  # the drafter's cache is per sample; batch > 1 is not built for it
     guesser_type = EagleDrafts
 
 
@@ -147,5 +178,4 @@ class ParallelSpec(TreeMethod):
     name = "parallelspec"
     summary = "ParallelSpec: the feature drafter with k [MASK] inputs drafts k + 1 tokens in one forward, tree-verified"
     unset_text = Eagle.unset_text  # (no --gamma here; kept as the registry showed it)
-    batchable = False  # the drafter's cache is per sample; batch > 1 is not built for it
     guesser_type = ParallelDrafts

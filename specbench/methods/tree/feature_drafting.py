@@ -25,13 +25,11 @@ from ...core.tree import Tree
 from ...core.verify import Sampling, sample_children, warp_probs
 
 
-class DrafterState:
-    """The drafter's cache over committed pairs (positions 0..length-1) and the pairs not fed yet."""
+class PendingPairs:
+    """The pairs (f_i, x_{i+1}) the target verified that the drafter has not fed yet (batch > 1's state per sample:
+    its cache is a row of the drafter's batch engine, feature_batch.py)."""
 
-    def __init__(self, drafter: FeatureDrafter):
-        self.drafter = drafter
-        self.cache = new_cache(drafter)
-        self.length = 0
+    def __init__(self):
         self.features: list[torch.Tensor] = []  # pending f_i [m_i, H]
         self.tokens: list[torch.Tensor] = []  # pending x_{i+1} [m_i]
 
@@ -40,17 +38,33 @@ class DrafterState:
         self.features.append(features)
         self.tokens.append(tokens)
 
-    def feed(self, extra: torch.Tensor | None = None) -> torch.Tensor:
-        """One drafter forward over the pending pairs (committed by it) and `extra` inputs [e, H] after them
-        (masks; dropped again by the caller) -> predicted features of the last pair and the extras [1 + e, H]."""
-        x = self.drafter.fuse(torch.cat(self.features), torch.cat(self.tokens))  # [m, H]
+    def take(self, drafter: FeatureDrafter, extra: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+        """The drafter's inputs for the pending pairs and `extra` inputs [e, H] after them (masks) [m + e, H], and
+        m; the pairs are no longer pending."""
+        x = drafter.fuse(torch.cat(self.features), torch.cat(self.tokens))  # [m, H]
         m = x.shape[0]
         if extra is not None:
             x = torch.cat([x, extra.to(x.dtype)])
+        self.features, self.tokens = [], []
+        return x, m
+
+
+class DrafterState(PendingPairs):
+    """The drafter's cache over committed pairs (positions 0..length-1) and the pairs not fed yet (batch 1)."""
+
+    def __init__(self, drafter: FeatureDrafter):
+        super().__init__()
+        self.drafter = drafter
+        self.cache = new_cache(drafter)
+        self.length = 0
+
+    def feed(self, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """One drafter forward over the pending pairs (committed by it) and `extra` inputs [e, H] after them
+        (masks; dropped again by the caller) -> predicted features of the last pair and the extras [1 + e, H]."""
+        x, m = self.take(self.drafter, extra)
         pos = torch.arange(self.length, self.length + x.shape[0], device=x.device)[None]
         out = self.drafter.run(x[None], pos, self.cache)
         self.length += m
-        self.features, self.tokens = [], []
         return out[m - 1:]
 
 
@@ -112,13 +126,7 @@ def draft_tree_eagle(state: DrafterState, tree: Tree, root: int, sampling: Sampl
     for depth in range(len(plan.levels) + 1):
         # the children of this depth's nodes, from each node's draft distribution
         logits = drafter.logits(torch.stack([feature[u] for u in frontier]))  # [F, V]
-        for row, u in enumerate(frontier):
-            ids, q = choose(logits[row], plan.counts[u], sampling, generator)
-            if q is not None:
-                q_rows[u] = q
-            picks = ids.tolist()
-            for child in plan.children[u]:  # the child of rank r takes the r-th choice
-                token_of[child] = picks[plan.ranks[child]]
+        pick_children(plan, frontier, logits, token_of, q_rows, sampling, generator)
         if depth == len(plan.levels):
             break
         # one forward over the next depth's nodes that have children
@@ -134,7 +142,20 @@ def draft_tree_eagle(state: DrafterState, tree: Tree, root: int, sampling: Sampl
         frontier = grow
     crop_to(state.cache, base)
     tokens = torch.tensor([token_of[i] for i in range(tree.nodes)], device=device)
-    return tokens, _stack_q(q_rows, tree.nodes), forwards
+    return tokens, stack_q(q_rows, tree.nodes), forwards
+
+
+def pick_children(plan: EaglePlan, frontier: tuple[int, ...], logits: torch.Tensor, token_of: dict[int, int],
+                  q_rows: dict[int, torch.Tensor], sampling: Sampling, generator) -> None:
+    """The children's tokens of every frontier node from its draft logits (logits [F, V], frontier order, which
+    is the order of the random draws), into token_of; each node's q [V] into q_rows at T > 0."""
+    for row, u in enumerate(frontier):
+        ids, q = choose(logits[row], plan.counts[u], sampling, generator)
+        if q is not None:
+            q_rows[u] = q
+        picks = ids.tolist()
+        for child in plan.children[u]:  # the child of rank r takes the r-th choice
+            token_of[child] = picks[plan.ranks[child]]
 
 
 def draft_tree_parallel(state: DrafterState, tree: Tree, root: int, sampling: Sampling,
@@ -144,8 +165,14 @@ def draft_tree_parallel(state: DrafterState, tree: Tree, root: int, sampling: Sa
     drafter = state.drafter
     out = state.feed(drafter.masks)  # [1 + k, H]
     crop_to(state.cache, state.length)  # the masks leave the cache
+    return (*parallel_candidates(drafter.logits(out[:tree.depth]), tree, root, sampling, generator), 1)
+
+
+def parallel_candidates(logits: torch.Tensor, tree: Tree, root: int, sampling: Sampling,
+                        generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """ParallelSpec's tree from its k + 1 draft distributions (logits [D, V], one per depth) -> (tokens [N] root
+    first, q [N, V] or None)."""
     depth = tree.depth
-    logits = drafter.logits(out[:depth])  # [D, V]
     width = max((p[-1] for p in tree.paths), default=-1) + 1
     if sampling.greedy:  # one top-k over every depth
         topk, qs = logits.topk(max(width, 1), -1).indices, []  # [D, W]
@@ -158,10 +185,10 @@ def draft_tree_parallel(state: DrafterState, tree: Tree, root: int, sampling: Sa
         for node in range(tree.nodes):
             if tree.depths[node] < depth:
                 q_rows[node] = qs[tree.depths[node]]
-    return tokens, _stack_q(q_rows, tree.nodes), 1
+    return tokens, stack_q(q_rows, tree.nodes)
 
 
-def _stack_q(q_rows: dict[int, torch.Tensor], nodes: int) -> torch.Tensor | None:
+def stack_q(q_rows: dict[int, torch.Tensor], nodes: int) -> torch.Tensor | None:
     """Per-node draft distributions -> [N, V] (zero rows for leaves), or None at T = 0."""
     if not q_rows:
         return None

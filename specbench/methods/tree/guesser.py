@@ -1,15 +1,22 @@
 """What a tree method supplies to the tree engine (engine.py): a Guesser. The defaults are those of methods whose
 guesses come from inputs attached to tree nodes (PPD's prompt tokens and their kin): the node's rows enter the
 target's forward, their logits at the accepted node give the next step's candidates (top-k per distance), PPD's
-dynamic tree is searched, and acceptance is lossless speculative sampling (or Medusa's typical rule)."""
+dynamic tree is searched, and acceptance is lossless speculative sampling (or Medusa's typical rule).
+
+Batch > 1 (engine.decode_step) asks the same guesser for a newcomer's prefill segment and its first state (join /
+joined), every active sample's drafts at once (draft_batch: one batched drafter forward where the guesser drafts
+with a model), and a hook around the batched target forward (around: Hidden Transfer's pseudo positions)."""
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 
 from ...artifacts import prompt_tokens as pt
 from ...core.cache import cache_length, keep_positions
-from ...core.tree import Tree, TreeFile, attention_mask, position_ids
+from ...core.ragged import Segment
+from ...core.tree import Tree, TreeFile, attention_mask, position_ids, visibility
 from ...core.verify import next_token, tree_speculative_accept, tree_typical_accept
 from .layout import TreeLayout
 from .resolution import resolve, searched_tree
@@ -117,3 +124,38 @@ class Guesser:
                 all_logits: torch.Tensor | None):
         """The next state: the accepted node's guesses [c, V] (c is the next tree state)."""
         return self.method._prompt_logits(h, layout, path[-1], all_logits)
+
+    # ---------------------------------------------------------------- batch > 1 (engine.decode_step)
+
+    def start_batch(self, mode: str, slots: int) -> None:
+        """Per-batch state (a feature drafter: its own batch engine in the target's mode)."""
+
+    def leave(self, sample) -> None:
+        """A sample left the batch (a feature drafter: its drafter row goes too)."""
+
+    def join(self, sample) -> tuple[Segment, TreeLayout, int]:
+        """A newcomer's prefill as batch 1's: the prompt [T], its last token carrying the root's node inputs ->
+        (its segment, the layout and prefix length its inputs follow: where `around` finds its node inputs)."""
+        layout, prefix = self.method.layouts[0], len(sample.history) - 1
+        ids = torch.tensor(sample.history, device=self.target.device)  # [T]
+        return Segment(sample.slot, sample.history, keep=layout.visible.shape[0],
+                       positions=position_ids(layout.offsets, 0, prefix)[0].tolist(),
+                       mask=visibility(layout.visible, 0, prefix), embeds=self.embed(ids, layout)[0]), layout, prefix
+
+    def joined(self, sample, h: torch.Tensor, keep, sampling) -> tuple[int, object]:
+        """The newcomer's hidden states [q_0, H] (root, node inputs) -> (first token, first state); `keep(offsets)`
+        compacts its cache from the root on (the root's node inputs leave it)."""
+        keep([0])
+        root = next_token(self.target.model.get_output_embeddings()(h[0]).float(), sampling, sample.generator)
+        return root, self.method._prompt_logits(h, self.method.layouts[0], 0)  # [m, V]
+
+    def draft_batch(self, samples, sampling) -> list[tuple[torch.Tensor, torch.Tensor | None, int]]:
+        """Every active sample's (tokens [N] root first, q [N, V] or None, drafter forwards it took part in), on
+        its own random stream. Guesses that cost no model: batch 1's draft, sample by sample."""
+        return [self.method._draft(s.scratch["guesses"], self.layout_for(s.scratch["guesses"]).tree, s.history[-1],
+                                   sampling, s.generator) for s in samples]
+
+    def around(self, parts: list[tuple[TreeLayout, int, torch.Tensor]]):
+        """A context manager around one batched target forward, given per segment (its layout, its prefix length,
+        where its inputs lie: places [w] in the hidden states flattened to [B * q, H]). Nothing by default."""
+        return nullcontext()

@@ -61,20 +61,38 @@ class TransferProjections(Guesser):
                                  f"positions but the artefact ({self.projections.source}) has {rows} transfer steps; "
                                  f"use a tree built for {rows} (`specbench build-tree --method hidden-transfer`)")
 
+    def _transfer_slots(self, layout: TreeLayout, prefix: int, device) -> tuple[list[torch.Tensor], list]:
+        """transfer_slots, kept per decode layout (prefix 0); a prefill's (prefix = its prompt) only until the next."""
+        key = (id(layout), prefix)
+        if key not in self._slots:
+            self._slots = {k: v for k, v in self._slots.items() if k[1] == 0}
+            self._slots[key] = transfer_slots(layout, self.projections.projections.steps, prefix, device)
+        return self._slots[key]
+
     def forward(self, tokens, layout, cache, prefix: int = 0):
         proj = self.projections.projections
-        key = (id(layout), prefix)
-        if key not in self._slots:  # decode steps (prefix 0) reuse their layout's indices
-            self._slots = {k: v for k, v in self._slots.items() if k[1] == 0}
-            self._slots[key] = transfer_slots(layout, proj.steps, prefix, tokens.device)
-        slots, sources = self._slots[key]
+        slots, sources = self._transfer_slots(layout, prefix, tokens.device)
         with transferred(self.target.model, proj.plan(slots, sources)):
             return super().forward(tokens, layout, cache, prefix)
+
+    def around(self, parts):
+        """Batch > 1: every segment's pseudo positions, each segment's transfer slots and sources [P_j] mapped
+        through where its inputs lie in the batched forward (places [w]) and joined per transfer step."""
+        proj = self.projections.projections
+        slots: list[list[torch.Tensor]] = [[] for _ in range(proj.steps)]
+        sources: list[list[torch.Tensor]] = [[] for _ in range(proj.steps)]
+        for layout, prefix, places in parts:
+            own_slots, own_sources = self._transfer_slots(layout, prefix, places.device)
+            for j in range(proj.steps):
+                slots[j].append(places[own_slots[j]])
+                sources[j].append(places[own_sources[j]])
+        empty = torch.zeros(0, dtype=torch.long)
+        return transferred(self.target.model, proj.plan([torch.cat(x) if x else empty for x in slots],
+                                                        [torch.cat(x) if x else empty for x in sources]))
 
 
 @register
 class HiddenTransfer(TreeMethod):
     name = "hidden-transfer"
     summary = "hidden transfer: pseudo hidden states of future tokens made at middle layers guess a tree"
-    batchable = False  # the transfer hook indexes one sample's row; batch > 1 is not built for it yet
     guesser_type = TransferProjections
