@@ -1,6 +1,7 @@
 """Batch > 1 (EMS-SD): the unpadded and padded engines compute what one-at-a-time decoding computes, every batchable
-method is lossless per sample in both modes (greedy and sampled), padding is counted, and the runner's batch
-options, refusals, records and resume."""
+method (every method but pearl) is lossless per sample in both modes at B = 2, 4, 8 with and without refill (B = 1:
+test_methods.py), tree methods draft at B > 1 what they draft at B = 1, sampling keeps the target's distribution,
+padding is counted, and the runner's batch options, refusals, records and resume."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .conftest import artifact_options, prompt_ids
 from .test_sd import SAMPLING, exact_distribution, tv
 
 BATCHABLE = sorted(n for n, c in REGISTRY.items() if c.batchable)
+TREE_METHODS = sorted(n for n, c in REGISTRY.items() if c.kind == "tree" and not c.typical)  # -typical: same drafts
 PROMPTS = [prompt_ids(seed, length=6 + 3 * seed) for seed in range(5)]  # lengths differ: padding has work to do
 
 
@@ -115,7 +117,7 @@ def build(name: str, target):
 
 @pytest.mark.parametrize("name", BATCHABLE)
 @pytest.mark.parametrize("mode", ["unpadded", "padded"])
-@pytest.mark.parametrize("slots,refill", [(2, False), (3, True), (5, False)])
+@pytest.mark.parametrize("slots,refill", [(2, False), (4, True), (8, False)])
 def test_every_sample_equals_batch_one_ar(tiny, name, mode, slots, refill):
     reference = [build("ar", tiny).generate(p, 40, Sampling(), None).tokens for p in PROMPTS]
     gens, steps = generate_batch(build(name, tiny), PROMPTS, slots, mode, refill, 40, Sampling(), [None] * 5)
@@ -124,6 +126,41 @@ def test_every_sample_equals_batch_one_ar(tiny, name, mode, slots, refill):
     padding = sum(g.padding_tokens for g in gens)
     assert padding == 0 if mode == "unpadded" else padding > 0  # the prompts' lengths differ
     assert all(g.target_tokens >= g.padding_tokens + len(g.tokens) for g in gens)
+
+
+def test_every_method_but_pearl_batches():
+    assert set(REGISTRY) - set(BATCHABLE) == {"pearl", "pearl-no-pre", "pearl-no-post"}
+
+
+@pytest.mark.parametrize("name", TREE_METHODS)
+@pytest.mark.parametrize("mode", ["unpadded", "padded"])
+def test_tree_methods_draft_at_batch_size_three_what_they_draft_alone(tiny, name, mode):
+    """Each sample's trees come out of the batched step as batch 1 drafts them: the same accepted lengths step by
+    step (ppd's prompt tokens, Medusa's heads, Hidden Transfer's pseudo positions placed per segment, eagle's and
+    parallelspec's drafter caches as slots of the drafter's batch engine), and for a drafter model the same drafter
+    forwards."""
+    method = build(name, tiny)
+    alone = [method.generate(p, 24, Sampling(), None) for p in PROMPTS]
+    gens, _ = generate_batch(method, PROMPTS, 3, mode, True, 24, Sampling(), [None] * 5)
+    assert [g.tokens for g in gens] == [g.tokens for g in alone]
+    assert [g.accepted_lengths for g in gens] == [g.accepted_lengths for g in alone]
+    assert [g.draft_forwards for g in gens] == [g.draft_forwards for g in alone]
+    assert (sum(g.draft_s for g in gens) > 0) == method.guesser.drafter_model
+
+
+@pytest.mark.parametrize("name", [n for n in BATCHABLE if n != "ar"])
+def test_every_method_samples_at_batch_size_three(tiny, name):
+    """T > 0 at B > 1 runs for every drafting method, refilled, in both modes, and each sample's own random stream
+    alone decides its tokens: the seeds of batch 1 give batch 1's tokens in either mode (sd's batch 1 draws its
+    first token in its first verify, the batch in a prefill of its own: its streams differ in order, not in law)."""
+    method = build(name, tiny)
+    alone = [method.generate(p, 12, SAMPLING, torch.Generator().manual_seed(i)).tokens for i, p in enumerate(PROMPTS)]
+    for mode in ("unpadded", "padded"):
+        gens, _ = generate_batch(method, PROMPTS, 3, mode, True, 12, SAMPLING,
+                                 [torch.Generator().manual_seed(i) for i in range(5)])
+        assert all(0 < len(g.tokens) <= 12 for g in gens)
+        if name != "sd":
+            assert [g.tokens for g in gens] == alone, mode
 
 
 def test_unpadded_ar_feeds_each_token_once(tiny):
@@ -147,13 +184,14 @@ def test_refill_keeps_the_slots_busy(tiny):
     assert plain_steps == 3 * 30 and refilled_steps == 1 + 30 + 30  # p2 joins at step 2, p3 at 31, p4 at 32
 
 
-@pytest.mark.parametrize("name", ["sd", "ppd"])
+@pytest.mark.parametrize("name", ["sd", "ppd", "eagle"])
 @pytest.mark.parametrize("mode", ["unpadded", "padded"])
 def test_batched_sampling_preserves_target_distribution(tiny, name, mode):
     """Eight samples of one prompt side by side, each on its own random stream, 100 batches: the 2-token
     continuations follow the target's exact distribution (the batch-1 test's bound, test_sd.py); sd's speculative
-    sampling and ppd's multi-candidate tree sampling alike."""
-    options = {"gamma": 2} if name == "sd" else {"artifact": "untrained", "tree": "size=12"}
+    sampling, ppd's multi-candidate tree sampling and eagle's (candidates sampled from the batched drafter's q)
+    alike."""
+    options = {"gamma": 2} if name == "sd" else {**artifact_options(name, tiny), "tree": "size=12"}
     sd = get_method(name)(tiny, options, layer_drafter(tiny, [0]) if name == "sd" else None)
     ids = prompt_ids(0)[:, :20]
     exact = exact_distribution(tiny.model, ids, SAMPLING, 2)
@@ -213,7 +251,8 @@ def test_batched_run_records_and_summary(tmp_path, prompts_file):
     (["--batch-size", "-2"], "--batch-size: sizes must be at least 1"),
     (["--batch-size", "two"], "--batch-size: expected comma-separated integers"),
     (["--batch-size", "4", "--batching", "squeezed"], "--batching 'squeezed': choose unpadded, padded or both"),
-    (["--batch-size", "4", "--method", "pearl"], "pearl cannot decode batches yet"),
+    (["--batch-size", "4", "--method", "pearl"],
+     "pearl cannot decode batches (--batch-size 4; pearl: its drafter and target run concurrently"),
 ])
 def test_bad_batch_options(tmp_path, args, message):
     result = invoke("run", "--model", "random:tiny", "--out", tmp_path / "r", *args)

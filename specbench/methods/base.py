@@ -73,6 +73,7 @@ class DecodeMethod:
     unset_text: ClassVar[dict[str, str]] = {}  # option name -> what leaving it out means here, where a shared
     # option's own wording (Option.unset) does not fit this method
     batchable: ClassVar[bool] = False  # decodes batch > 1 (methods/batch_loop.py's Batchable)
+    unbatchable: ClassVar[str] = "not built for batch > 1"  # why not, where it cannot (run validation says it)
     # tree methods (kind "tree"): what build-tree reads from the registry (set from the method's guesser, tree/engine.py)
     family: ClassVar[str | None] = None  # file-name key: acceptance/<model>/<family>.yaml, trees' `method`,
     # artifacts/<model>/<family>/ (ppd and ppd-typical share "ppd")

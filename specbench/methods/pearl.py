@@ -37,6 +37,8 @@ DRAFT_DEVICE = Option("draft_device", str, None, "the drafter's device in --pear
 @register
 class Pearl(DraftModelMethod):
     name = "pearl"
+    unbatchable = ("its drafter and target run concurrently on one prompt (pre-verify / post-verify); a batch "
+                   "would need both sides batched and every sample's adaptive draft length kept in step")
     summary = "PEARL: drafter and target run concurrently (pre-verify / post-verify), adaptive draft length"
     option_specs = DraftModelMethod.option_specs + (EXEC, DRAFT_DEVICE)
     pre_verify = True

@@ -68,9 +68,10 @@ def validate_batching(cfg: RunConfig) -> None:
         unable = [m for m in cfg.methods if not get_method(m).batchable]
         if unable:
             able = ", ".join(n for n, c in REGISTRY.items() if c.batchable)
-            raise SpecbenchError(f"{', '.join(unable)} cannot decode batches yet (--batch-size "
-                                 f"{max(cfg.batch_sizes)}): methods that can: {able}. Run {', '.join(unable)} at "
-                                 "--batch-size 1 in a separate run.")
+            why = "; ".join(f"{m}: {get_method(m).unbatchable}" for m in unable)
+            raise SpecbenchError(f"{', '.join(unable)} cannot decode batches (--batch-size {max(cfg.batch_sizes)}; "
+                                 f"{why}): methods that can: {able}. Run {', '.join(unable)} at --batch-size 1 in a "
+                                 "separate run.")
         if cfg.tree_sizes:
             raise SpecbenchError("--tree-sizes sweeps run one prompt at a time: use --batch-size 1 for the sweep "
                                  "(a batched ppd takes --tree auto, PATH or size=N)")
