@@ -5,7 +5,8 @@ to nodes, how the forward runs, the drafts, the next guesses, the tree shapes it
 Each step: 1. draft the tree's tokens; 2. one target forward over the root and every candidate (and the inputs
 attached to nodes; core/tree.py masks them); 3. accept the longest verified path (step.py); 4. keep only the root
 and that path in the cache. Batch 1 is `generate`; batch > 1 (methods/batch_loop.py) is `decode_step`, every
-sample's tree in one forward. Counters: `drafted` counts the tree depth per step (the longest run that could be
+sample's tree in one forward and the same step.py per sample; the guesser's batch hooks give a newcomer's prefill,
+every sample's drafts at once (a drafter model: batched drafter forwards) and a hook around the batched forward. Counters: `drafted` counts the tree depth per step (the longest run that could be
 accepted).
 """
 
