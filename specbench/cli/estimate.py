@@ -52,26 +52,23 @@ def estimate(
         _estimate_padding(accuracy, batch_sizes, max_accept, run, out_path)
         return
     from ..core.models import load_model
-    from ..artifacts import prompt_tokens as pt
+    from ..methods.base import tree_families
     from ..planning import acceptance
 
-    methods = ("ppd", "medusa", "hidden-transfer", "eagle", "parallelspec")
-    if method not in methods:
-        raise SpecbenchError(f"estimate --method {method}: choose one of {', '.join(methods)} (or --padding)")
+    families = tree_families()  # family -> its first registered tree method (ppd, medusa, ...)
+    if method not in families:
+        raise SpecbenchError(f"estimate --method {method}: choose one of {', '.join(families)} (or --padding)")
     if limit < 1 or new_tokens < 3:
         raise SpecbenchError("--limit must be at least 1 and --new-tokens at least 3")
-    if initial and method != "ppd":
+    guesser = families[method].guesser_type
+    if initial and not guesser.has_initial:
         raise SpecbenchError(f"--initial scores ppd's untrained prompt tokens; {method} has no initial artefact "
                              "(its untrained heads / projections / drafter repeat the next-token guess or less)")
     target = load_model(model, dtype, device)
-    if method == "ppd":
-        tokens = pt.resolve(artifact, target)
-        if initial and not tokens.meta.get("untrained"):
-            tokens = pt.load(tokens.source, target, initial=True)  # the embeddings training started from
-        result = acceptance.estimate(target, tokens, data, limit, new_tokens, data_file)
-        source = tokens.source
-    else:
-        result, source = _estimate_heads(method, target, artifact, data, limit, new_tokens, data_file)
+    scorer = guesser.scorer(target, artifact, initial)
+    result = acceptance.estimate_with(target, scorer.ranks, scorer.rows, data, limit, new_tokens, data_file, method,
+                                      scorer.source, scorer.extra)
+    source = scorer.source
     path = out_path or acceptance.default_path(model, method + ("-initial" if initial else ""))
     acceptance.write(result, path)
     table = Table(title=f"{method} accuracy, {target.spec} {result['dtype']} ({source}), "
@@ -83,47 +80,6 @@ def estimate(
         table.add_row(f"@{d + 1}", *(f"{row[k - 1]:.3f}" for k in (1, 2, 3, 5, 10)))
     out.print(table)
     console.print(f"Wrote {escape(str(path))} ({sum(result['positions'])} scored guesses, {result['seconds']:.0f} s)")
-
-
-def _estimate_heads(method: str, target, artifact: Optional[str], data: str, limit: int, new_tokens: int,
-                    data_file: Optional[str]) -> tuple[dict, str]:
-    """estimate for medusa (or early-exit heads: --artifact artifacts/<model>/early-exit-l<l>), hidden-transfer and
-    the feature drafters (eagle: ranks at each depth along the true path; parallelspec: per drafted position)."""
-    from ..planning import acceptance
-    from ..planning.head_accuracy import medusa_ranks, transfer_ranks
-
-    if method == "medusa":
-        from ..artifacts import medusa_heads as mh
-
-        art = mh.resolve(artifact, target)
-        heads = art.heads
-        result = acceptance.estimate_with(target, lambda ids, s: medusa_ranks(target, heads, ids, s), heads.heads,
-                                          data, limit, new_tokens, data_file, method, art.source,
-                                          {"heads": heads.heads, "layer": heads.layer})
-        return result, art.source
-    if method in ("eagle", "parallelspec"):
-        from ..artifacts import feature_drafter as fd
-        from ..planning.head_accuracy import drafter_ranks
-        from ..methods.tree import EAGLE_DEPTH
-
-        art = fd.resolve(artifact, target, method)
-        drafter = art.drafter.to(target.device)
-        depths = drafter.mask_tokens + 1 if method == "parallelspec" else EAGLE_DEPTH
-        # the drafter's own forward time (build-tree adds it per drafter forward to the target's step latency)
-        ms = fd.forward_ms(drafter, 1 + drafter.mask_tokens)
-        result = acceptance.estimate_with(target, lambda ids, s: drafter_ranks(target, drafter, ids, s, depths),
-                                          depths, data, limit, new_tokens, data_file, method, art.source,
-                                          {"mask_tokens": drafter.mask_tokens, "draft_forward_ms": ms,
-                                           "draft_forward_rows": 1 + drafter.mask_tokens})
-        return result, art.source
-    from ..artifacts import transfer_projections as tp
-
-    art = tp.resolve(artifact, target)
-    proj = art.projections
-    result = acceptance.estimate_with(target, lambda ids, s: transfer_ranks(target, proj, ids, s), proj.steps,
-                                      data, limit, new_tokens, data_file, method, art.source,
-                                      {"transfer_layers": proj.layers})
-    return result, art.source
 
 
 def _estimate_padding(accuracy: str, batch_sizes: str, max_accept: int, run: Optional[Path],

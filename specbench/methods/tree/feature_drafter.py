@@ -22,12 +22,13 @@ from ...core.tree import Tree, attention_mask, position_ids
 from ...core.verify import next_token, tree_greedy_accept, tree_sampled_accept
 from ...errors import SpecbenchError
 from ...planning.acceptance import draft_cost
+from ...planning.head_accuracy import drafter_ranks
 from .._drafting import GAMMA
 from ..base import register
 from ..options import ARTIFACT, TREE
 from .engine import TreeMethod
 from .feature_drafting import DrafterState, draft_tree_eagle, draft_tree_parallel
-from .guesser import Guesser
+from .guesser import Guesser, GuessScorer
 from .layout import TreeLayout
 from .resolution import candidate_tree, chain
 
@@ -48,6 +49,23 @@ class EagleDrafts(Guesser):
 
     def depths(self) -> int:
         return EAGLE_DEPTH
+
+    @classmethod
+    def scored_depths(cls, drafter) -> int:
+        """Rows of the acceptance file: ranks at each depth along the true path (eagle), per drafted position
+        (parallelspec)."""
+        return EAGLE_DEPTH
+
+    @classmethod
+    def scorer(cls, target, artifact, initial=False):
+        art = fd.resolve(artifact, target, cls.family)
+        drafter = art.drafter.to(target.device)
+        depths = cls.scored_depths(drafter)
+        # the drafter's own forward time: build-tree adds it per drafter forward to the target's step latency
+        ms = fd.forward_ms(drafter, 1 + drafter.mask_tokens)
+        return GuessScorer(lambda ids, start: drafter_ranks(target, drafter, ids, start, depths), depths, art.source,
+                           {"mask_tokens": drafter.mask_tokens, "draft_forward_ms": ms,
+                            "draft_forward_rows": 1 + drafter.mask_tokens})
 
     def searched_tree(self, acc, rows, size, model_name, source):
         return candidate_tree(acc, rows, size, model_name, source, self.method.family)
@@ -115,7 +133,11 @@ class ParallelDrafts(EagleDrafts):
     family, artifact = "parallelspec", "parallelspec drafter"
 
     def depths(self) -> int:
-        return self.art.drafter.mask_tokens + 1
+        return self.scored_depths(self.art.drafter)
+
+    @classmethod
+    def scored_depths(cls, drafter) -> int:
+        return drafter.mask_tokens + 1
 
     def resolve_tree(self, build, model_name):
         return Guesser.resolve_tree(self, build, model_name)

@@ -5,6 +5,9 @@ dynamic tree is searched, and acceptance is lossless speculative sampling (or Me
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Callable
+
 import torch
 
 from ...artifacts import prompt_tokens as pt
@@ -15,6 +18,18 @@ from .layout import TreeLayout
 from .resolution import resolve, searched_tree
 
 
+@dataclass(frozen=True)
+class GuessScorer:
+    """What `specbench estimate` scores for one method: ranks(ids, start) -> [positions, rows], the rank of the true
+    token among the top-10 guesses per token distance (planning/acceptance.score_sequence's layout); rows: distances
+    scored; source: the artefact, for the console and the file; extra: fields the acceptance file adds."""
+
+    ranks: Callable
+    rows: int
+    source: str
+    extra: dict = field(default_factory=dict)
+
+
 class Guesser:
     """One tree method's guesses. `state` is what a step's drafting starts from: here the accepted node's guess
     logits [c, V] (c also picks the tree state); a feature drafter keeps its own (feature_drafter.py)."""
@@ -23,12 +38,18 @@ class Guesser:
     artifact: str  # what the method needs beside the target, for `specbench list methods`
     one_state = False  # its tree has one state (a static candidate tree), not PPD's dynamic states
     drafter_model = False  # drafts with a model of its own: the engine counts its time and forwards
+    has_initial = False  # `estimate --initial` can score the artefact's untrained start (ppd's prompt tokens)
 
     def __init__(self, method):
         self.method = method
         self.target = method.target
 
     # ---------------------------------------------------------------- the artefact and the trees it accepts
+
+    @classmethod
+    def scorer(cls, target, artifact: str | None, initial: bool = False) -> GuessScorer:
+        """The artefact (--artifact, default the shipped one) loaded for `specbench estimate`, without a method."""
+        raise NotImplementedError
 
     def load(self) -> tuple[int, int, torch.Tensor | None, str]:
         """Load the artefact: (token distances guessed, ensemble copies, embedding table [S * E, H] of the inputs
