@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from specbench.artifacts import feature_drafter as fd
 from specbench.core.cache import cache_length, new_cache
+from specbench.core.verify import Sampling
+from specbench.errors import SpecbenchError
+from specbench.methods import get_method
 from specbench.methods.tree.dynamic_tree import _Node, draft_dynamic, select, shape_of
 from specbench.methods.tree.feature_drafting import DrafterState
+
+from .conftest import feature_artifact, prompt_ids
+
+
+def _ar(target, ids, n):
+    return get_method("ar")(target).generate(ids, n, Sampling(), None).tokens
 
 
 def _drafter(deep):
@@ -81,3 +91,49 @@ def test_kept_nodes_are_the_best_drafted():
     # equal values: the parent (drafted first) is kept before its child
     tie = [_Node(-1, 0, 1, 0.0, 1), _Node(0, 0, 2, 0.0, 2), _Node(-1, 1, 3, -1.0, 1)]
     assert select(tie, 1) == [0] and select(tie, 2) == [0, 1]
+
+
+@pytest.mark.parametrize("tree", ["dynamic=1", "dynamic=5", "dynamic=12"])
+def test_eagle_dynamic_tree_equals_ar(deep, tmp_path, tree):
+    """eagle --tree dynamic[=M] emits exactly ar's greedy tokens (float32), drafting a different tree per step."""
+    art = feature_artifact(deep, tmp_path / "eagle", "eagle")
+    method = get_method("eagle")(deep, {"tree": tree, "artifact": str(art)})
+    assert method.guesser.dynamic[0] == int(tree.split("=")[1])
+    seen = []
+    original = method.guesser.drafted_layout
+
+    def watch(state, layout):
+        out = original(state, layout)
+        seen.append(out.tree.paths)
+        return out
+
+    method.guesser.drafted_layout = watch
+    for seed in range(3):
+        ids = prompt_ids(seed)
+        out = method.generate(ids, 40, Sampling(), None)
+        assert out.tokens == _ar(deep, ids, 40), f"{tree} prompt {seed}"
+        assert sum(out.accepted_lengths) == len(out.tokens) and out.draft_s > 0
+    assert all(len(paths) == int(tree.split("=")[1]) for paths in seen)
+    if tree == "dynamic=12":
+        assert len(set(seen)) > 1  # the tree adapts to the context
+
+
+def test_eagle_dynamic_tree_sampling_keeps_target_distribution(tiny, tmp_path):
+    """At T > 0 the dynamic shape is drafted greedily and its tokens sampled (Algorithm 1): the first tokens'
+    distribution matches the target's (the same check the static trees pass)."""
+    from .test_sd import check_distribution
+
+    art = feature_artifact(tiny, tmp_path / "eagle", "eagle", scale=0.3)
+    method = get_method("eagle")(tiny, {"artifact": str(art), "tree": "dynamic=6"})
+    assert check_distribution(method, tiny, trials=800) < 0.1
+
+
+def test_dynamic_tree_bad_inputs(deep, tmp_path):
+    art = str(feature_artifact(deep, tmp_path / "eagle", "eagle"))
+    for tree in ("dynamic=0", "dynamic=x", "dynamicx"):
+        with pytest.raises(SpecbenchError, match="dynamic or dynamic=M"):
+            get_method("eagle")(deep, {"tree": tree, "artifact": art})
+    with pytest.raises(SpecbenchError, match="not both"):
+        get_method("eagle")(deep, {"tree": "dynamic", "gamma": 3, "artifact": art})
+    with pytest.raises(SpecbenchError, match="only eagle drafts its tree per step"):
+        get_method("ppd")(deep, {"tree": "dynamic", "artifact": "untrained"})

@@ -90,7 +90,8 @@ class OptionValues(Mapping):
 
 # Options several kinds of method share (tree methods: ppd today; medusa, hidden-transfer, parallelspec next).
 TREE = Option("tree", str, "auto", "the draft tree: auto (this hardware's tree from `build-tree`), a trees/*.yaml "
-              "path, or size=N (searched now)")
+              "path, size=N (searched now), or for eagle dynamic[=M] (EAGLE-2: M candidates drafted per step; "
+              "M defaults to the size auto picks)")
 ARTIFACT = Option("artifact", str, None, "trained artefact (prompt tokens, heads, ...) to use instead of the shipped "
                   "one", unset="shipped")
 

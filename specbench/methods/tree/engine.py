@@ -108,6 +108,7 @@ class TreeMethod(Batchable, DecodeMethod):
             layout = self.guesser.layout_for(state)
             # 1. draft: the tree's tokens, root first (and the draft q at T > 0 where the rule needs it)
             tokens, q = self._drafted(gen, state, layout.tree, root, sampling, generator)  # [N], [N, V]
+            layout = self.guesser.drafted_layout(state, layout)  # EAGLE-2's dynamic tree: drafted this step
             # 2. verify: one forward over the root, the candidates and the inputs attached to nodes
             past = cache_length(cache)
             h = self._forward(tokens, layout, cache)  # [q, H]
@@ -138,6 +139,7 @@ class TreeMethod(Batchable, DecodeMethod):
             # 1. draft: the tree's tokens, root first
             tokens, q = self._drafted(s.gen, s.scratch["guesses"], layout.tree, s.history[-1], sampling,
                                       s.generator)  # [N]
+            layout = self.guesser.drafted_layout(s.scratch["guesses"], layout)
             past = target.lengths[s.slot]
             s.scratch.update(layout=layout, tokens=tokens, q=q, past=past)
             steps.append(Segment(s.slot, tokens.tolist(), positions=position_ids(layout.offsets, past)[0].tolist(),

@@ -27,10 +27,11 @@ from .._drafting import GAMMA
 from ..base import register
 from ..options import ARTIFACT, TREE
 from .engine import TreeMethod
+from .dynamic_tree import DEFAULT_TOP_K, draft_dynamic
 from .feature_drafting import DrafterState, draft_tree_eagle, draft_tree_parallel
 from .guesser import Guesser, GuessScorer
 from .layout import TreeLayout
-from .resolution import candidate_tree, chain
+from .resolution import candidate_tree, chain, resolve
 
 EAGLE_DEPTH = 6  # depths `estimate --method eagle` measures (rows of its acceptance file; deepest tree searched)
 
@@ -40,6 +41,7 @@ class EagleDrafts(Guesser):
 
     family, artifact, one_state = "eagle", "eagle drafter", True
     drafter_model = True
+    dynamic: tuple[int, int, int] | None = None  # --tree dynamic: (candidates m, depth, top-k per expansion)
 
     def load(self):
         self.art = fd.resolve(self.method.options.artifact, self.target, self.method.family)
@@ -72,12 +74,29 @@ class EagleDrafts(Guesser):
 
     def resolve_tree(self, build, model_name):
         options = self.method.options
+        self.dynamic = None
+        if str(options.tree).startswith("dynamic"):
+            if options.gamma is not None:
+                raise SpecbenchError(f"{self.method.name}: give --gamma (a chain of drafts) or --tree dynamic, not both")
+            return self._dynamic_tree(options.tree, build, model_name)
         if options.gamma is None:
             return super().resolve_tree(build, model_name)
         if options.tree != TREE.default:
             raise SpecbenchError(f"{self.method.name}: give --gamma (a chain of drafts) or --tree (a draft tree), "
                                  "not both")
         return chain(options.gamma, model_name), f"a chain of {options.gamma} (--gamma)"
+
+    def _dynamic_tree(self, spec: str, build, model_name):
+        """--tree dynamic[=M]: M candidates per step (default: the size of the tree `--tree auto` picks, this
+        hardware's choice from its latency profile), at most EAGLE_DEPTH deep, the k <= 8 best nodes expanded per
+        depth. The static tree of that size stays the method's tree file (the prefill, predictions, check_tree)."""
+        size = spec.removeprefix("dynamic").removeprefix("=")
+        if spec not in ("dynamic",) and (not spec.startswith("dynamic=") or not size.isdigit() or int(size) < 1):
+            raise SpecbenchError(f"--tree {spec}: use dynamic or dynamic=M with M a positive number of candidates")
+        tf, source = resolve(self.method, build, model_name, "auto" if spec == "dynamic" else f"size={size}")
+        m = tf.size
+        self.dynamic = (m, min(EAGLE_DEPTH, m), min(DEFAULT_TOP_K, m))
+        return tf, f"EAGLE-2 dynamic tree, {m} candidates per step (the size of {source})"
 
     def check_tree(self, rows: int) -> None:
         tf, method = self.method.tree_file, self.method
@@ -112,8 +131,21 @@ class EagleDrafts(Guesser):
         return root, state
 
     def draft(self, state: DrafterState, tree: Tree, root: int, sampling, generator):
-        """The drafter proposes the tree's tokens [N], their q [N, V] at T > 0, and its forwards."""
-        return draft_tree_eagle(state, tree, root, sampling, generator)
+        """The drafter proposes the tree's tokens [N], their q [N, V] at T > 0, and its forwards. With --tree dynamic
+        it first drafts the tree (dynamic_tree.py), greedily; at T > 0 that shape's tokens are then sampled as a
+        static tree's are, so the shape never depends on the samples (lossless)."""
+        if self.dynamic is None:
+            return draft_tree_eagle(state, tree, root, sampling, generator)
+        m, depth, top_k = self.dynamic
+        shape = draft_dynamic(state, root, m, depth, top_k)
+        state.drafted = TreeLayout(shape.tree, None, shape.tokens.device)
+        if sampling.greedy:
+            return shape.tokens, None, shape.forwards
+        tokens, q, forwards = draft_tree_eagle(state, shape.tree, root, sampling, generator)
+        return tokens, q, shape.forwards + forwards
+
+    def drafted_layout(self, state, layout):
+        return layout if self.dynamic is None else state.drafted
 
     def accept(self, tokens, parents, logits, q, sampling, generator):
         """Exact match at T = 0, Algorithm 1 with the draft q at T > 0."""
@@ -140,6 +172,7 @@ class ParallelDrafts(EagleDrafts):
         return drafter.mask_tokens + 1
 
     def resolve_tree(self, build, model_name):
+        self.dynamic = None
         return Guesser.resolve_tree(self, build, model_name)
 
     def check_tree(self, rows: int) -> None:

@@ -34,6 +34,8 @@ class DrafterState:
         self.length = 0
         self.features: list[torch.Tensor] = []  # pending f_i [m_i, H]
         self.tokens: list[torch.Tensor] = []  # pending x_{i+1} [m_i]
+        self.last: torch.Tensor | None = None  # the last fed pair's predicted feature [1, H]
+        self.drafted = None  # this step's drafted tree layout (EAGLE-2's dynamic tree; None: the static tree)
 
     def commit(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
         """Queue pairs: the target's features [m, H] and the token after each [m]."""
@@ -42,7 +44,10 @@ class DrafterState:
 
     def feed(self, extra: torch.Tensor | None = None) -> torch.Tensor:
         """One drafter forward over the pending pairs (committed by it) and `extra` inputs [e, H] after them
-        (masks; dropped again by the caller) -> predicted features of the last pair and the extras [1 + e, H]."""
+        (masks; dropped again by the caller) -> predicted features of the last pair and the extras [1 + e, H].
+        With nothing pending and no extras (a second draft in one step), the last pair's feature again."""
+        if not self.features and extra is None and self.last is not None:
+            return self.last
         x = self.drafter.fuse(torch.cat(self.features), torch.cat(self.tokens))  # [m, H]
         m = x.shape[0]
         if extra is not None:
@@ -51,6 +56,7 @@ class DrafterState:
         out = self.drafter.run(x[None], pos, self.cache)
         self.length += m
         self.features, self.tokens = [], []
+        self.last = out[m - 1:m]
         return out[m - 1:]
 
 

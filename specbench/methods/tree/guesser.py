@@ -14,6 +14,7 @@ from ...artifacts import prompt_tokens as pt
 from ...core.cache import cache_length, keep_positions
 from ...core.tree import Tree, TreeFile, attention_mask, position_ids
 from ...core.verify import next_token, tree_speculative_accept, tree_typical_accept
+from ...errors import SpecbenchError
 from .layout import TreeLayout
 from .resolution import resolve, searched_tree
 
@@ -60,6 +61,9 @@ class Guesser:
         return searched_tree(acc, rows, size, model_name, source)
 
     def resolve_tree(self, build, model_name: str) -> tuple[TreeFile, str]:
+        if str(self.method.options.tree).startswith("dynamic"):
+            raise SpecbenchError(f"--tree {self.method.options.tree}: only eagle drafts its tree per step (EAGLE-2); "
+                                 f"{self.method.name} takes auto, size=N or a trees/*.yaml path")
         return resolve(self.method, build, model_name)
 
     def check_tree(self, rows: int) -> None:
@@ -75,6 +79,10 @@ class Guesser:
 
     def layout_for(self, state) -> TreeLayout:
         return self.method.layouts[state.shape[0]]
+
+    def drafted_layout(self, state, layout: TreeLayout) -> TreeLayout:
+        """The layout the step verifies after drafting: the state's, unless the draft chose the tree itself."""
+        return layout
 
     def chosen(self) -> dict:
         return {}

@@ -65,8 +65,9 @@ def per_rank_acceptance(method, rows: int, model_name: str) -> tuple[list[list[f
     return acc, acc_path, source
 
 
-def resolve(method, build, model_name: str) -> tuple[TreeFile, str]:
-    """--tree auto | PATH | size=N -> (tree file, where it came from); `build(size)` makes a searched tree."""
+def resolve(method, build, model_name: str, spec: str | None = None) -> tuple[TreeFile, str]:
+    """--tree auto | PATH | size=N (or `spec` instead of --tree) -> (tree file, where it came from); `build(size)`
+    makes a searched tree."""
     target = method.target
-    return resolve_tree(method.options.tree, model_name, method.family, hardware_slug(target.device),
+    return resolve_tree(spec or method.options.tree, model_name, method.family, hardware_slug(target.device),
                         dtype_name(target.dtype), build, DEFAULT_SIZE, target.spec)
