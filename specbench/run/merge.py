@@ -177,12 +177,15 @@ def write_merged(out: Path, shards: list[ShardFolder], complete: bool) -> Path:
     records = pd.concat([s.records for s in shards], ignore_index=True)
     order = sorted(range(len(records)), key=lambda i: position(records.dataset[i], records.prompt_id[i]))
     records.iloc[order].to_csv(out / "records.csv", index=False)
-    for name in ("tokens.jsonl", TIMELINE_FILE):
-        rows = [row for s in shards if (s.folder / name).exists()
-                for row in map(_row, (s.folder / name).read_text().splitlines()) if row is not None]
-        rows.sort(key=lambda r: position(r["dataset"], r["prompt_id"]))  # stable: each prompt keeps its order
-        if rows or name == "tokens.jsonl":
-            (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # tokens: one row per record, in the records' order (a row written twice by a killed shard counts once)
+    index = {_key(r): i for i, r in enumerate(records.iloc[order].to_dict("records"))}
+    tokens = {_key(r): r for r in _rows(shards, "tokens.jsonl") if _key(r) in index}
+    (out / "tokens.jsonl").write_text("".join(json.dumps(tokens[k]) + "\n" for k in sorted(tokens, key=index.get)))
+    timeline = {(r.get("method"), r["dataset"], str(r["prompt_id"]), r.get("turn")): r
+                for r in _rows(shards, TIMELINE_FILE)}
+    if timeline:  # sd / pearl: each prompt's steps, in prompt order
+        rows = sorted(timeline.values(), key=lambda r: position(r["dataset"], r["prompt_id"]))
+        (out / TIMELINE_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     first = shards[0].meta
     meta = {k: v for k, v in first.items() if k not in ("shard", "complete")}
     meta["settings"] = settings_of(shards[0])
@@ -190,6 +193,17 @@ def write_merged(out: Path, shards: list[ShardFolder], complete: bool) -> Path:
     meta["complete"] = complete
     (out / "run.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
     return out
+
+
+def _key(row: dict) -> tuple[str, ...]:
+    """A record's identity, from a records.csv row (text cells) or a tokens.jsonl row."""
+    return tuple(str(row.get(k, {"batch_size": 1, "batching": "-"}.get(k))) for k in ROW_KEY)
+
+
+def _rows(shards: list[ShardFolder], name: str) -> list[dict]:
+    """The JSONL rows of file `name` of every shard, in shard order."""
+    return [row for s in shards if (s.folder / name).exists()
+            for row in map(_row, (s.folder / name).read_text().splitlines()) if row is not None]
 
 
 def _row(line: str) -> dict | None:

@@ -72,6 +72,7 @@ def run_sharded(cfg: RunConfig, count: int, gpus_per_shard: float = 0, address: 
     if max(cfg.batch_sizes) > 1:
         raise SpecbenchError("--shards: sharded runs decode one prompt at a time (a batch's prompts must share a "
                              "device); run --batch-size > 1 unsharded")
+    ray = import_ray()
     cpus = 0 if gpus_per_shard else (cfg.threads or 1)
     cfg = validate(replace(absolute(cfg), threads=cfg.threads or (cpus or None)))
     loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
@@ -80,7 +81,6 @@ def run_sharded(cfg: RunConfig, count: int, gpus_per_shard: float = 0, address: 
     out = Path(cfg.out)
     plans = plan(cfg, loaded, count)
     prepare(out, cfg.resume, count)
-    ray = import_ray()
     started = connect(ray, address, max(cpus, 1))
     try:
         refuse_unfit(ray, cpus, gpus_per_shard)
