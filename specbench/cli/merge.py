@@ -25,7 +25,7 @@ def merge(
     = False,
 ):
     """Merge shard folders into one records.csv / tokens.jsonl / summary.csv / report.md, with a per-shard table."""
-    from ..report.shards import report_merged
+    from ..report.merged import report_merged
     from ..run.merge import merge as merge_shards
 
     runs = merge_shards(folders, out, allow_partial=allow_partial, per_hardware=per_hardware)

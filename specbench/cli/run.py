@@ -112,9 +112,16 @@ def run(
         if batch_size else (1,), batching=batching, refill=refill,
         options=method_options, shard=Shard.parse(shard) if shard is not None else None)
     if shards is not None:
+        from ..report.merged import report_merged
         from ..run.ray_shards import run_sharded
 
-        _report_sharded(run_sharded(cfg, shards, gpus_per_shard, ray_address), out_dir)
+        try:
+            runs = run_sharded(cfg, shards, gpus_per_shard, ray_address)
+        except SpecbenchError as exc:
+            if getattr(exc, "runs", None):
+                report_merged(out_dir, exc.runs)  # partial report of what finished (marked partial)
+            raise
+        _report_sharded(runs, out_dir)
         return
     try:
         run_dir = run_benchmark(cfg)
@@ -133,7 +140,7 @@ def _report_sharded(runs: list[Path], out_dir: Path) -> None:
     """The merged report of a run on Ray (one run, or one per hardware key with --shards on mixed hardware)."""
     import pandas as pd
 
-    from ..report.shards import report_merged
+    from ..report.merged import report_merged
 
     report_merged(out_dir, runs)
     for run_dir in runs:

@@ -89,11 +89,11 @@ def run_sharded(cfg: RunConfig, count: int, gpus_per_shard: float = 0, address: 
             console.print(f"Resuming {out}: {len(plans) - len(todo)} of {count} shards already finished")
         run_tasks(ray, todo, plans, cpus, gpus_per_shard)
     except KeyboardInterrupt:
-        kept = sum(p.written() for p in plans)
-        _partial_merge(plans, out)
         from .loop import Interrupted
 
-        raise Interrupted(out, kept) from None
+        stopped = Interrupted(out, sum(p.written() for p in plans))
+        stopped.runs = _partial_merge(plans, out)  # the CLI reports them (marked partial)
+        raise stopped from None
     finally:
         if started:
             ray.shutdown()
@@ -218,17 +218,15 @@ def _log_path(cfg: RunConfig) -> Path:
     return Path(cfg.out).parent / f"{Path(cfg.out).name}.log"
 
 
-def _partial_merge(plans: list[ShardPlan], out: Path) -> None:
-    """Ctrl-C: a report of what finished (marked partial), when any shard wrote records."""
-    from ..report.shards import report_merged
-
+def _partial_merge(plans: list[ShardPlan], out: Path) -> list[Path]:
+    """Ctrl-C: what finished, merged (marked partial) when any shard wrote records; the caller writes the report."""
     started = [p.cfg.out for p in plans if (Path(p.cfg.out) / "run.yaml").exists()]
     if not any(p.written() for p in plans):
-        return
+        return []
     try:
-        report_merged(out, merge(started, out, allow_partial=True, per_hardware=True, replace=True))
+        return merge(started, out, allow_partial=True, per_hardware=True, replace=True)
     except SpecbenchError:
-        pass  # the shards' records are what matters; they are kept either way
+        return []  # the shards' records are what matters; they are kept either way
 
 
 def shard_task(cfg: RunConfig, kill: str = "") -> str:

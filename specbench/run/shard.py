@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..errors import SpecbenchError
 
-if TYPE_CHECKING:  # work.py imports config.py, which imports this module
-    from .work import LoadedDataset, PromptWork
+# `loaded` below is a list of work.LoadedDataset and `work` of work.PromptWork (not imported: work.py imports
+# config.py, which imports this module)
 
 _SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -50,7 +49,7 @@ class Shard:
         return position % self.count == self.index
 
 
-def positions(loaded: list[LoadedDataset]) -> dict[tuple[str, str], int]:
+def positions(loaded: list) -> dict[tuple[str, str], int]:
     """(dataset, prompt id) -> the prompt's position in the run's prompt list (the order an unsharded run writes)."""
     out: dict[tuple[str, str], int] = {}
     for d in loaded:
@@ -59,7 +58,7 @@ def positions(loaded: list[LoadedDataset]) -> dict[tuple[str, str], int]:
     return out
 
 
-def prompt_count(loaded: list[LoadedDataset]) -> int:
+def prompt_count(loaded: list) -> int:
     return len(positions(loaded))
 
 
@@ -70,7 +69,7 @@ def refuse_too_many(count: int, prompts: int, option: str) -> None:
                              f"{prompts} shards (or raise --limit)")
 
 
-def select(work: list[PromptWork], loaded: list[LoadedDataset], shard: Shard | None) -> list[PromptWork]:
+def select(work: list, loaded: list, shard: Shard | None) -> list:
     """The shard's part of the batch-1 work (all of it without a shard)."""
     if shard is None:
         return work
@@ -78,7 +77,7 @@ def select(work: list[PromptWork], loaded: list[LoadedDataset], shard: Shard | N
     return [w for w in work if shard.owns(where[(w.dataset, str(w.prompt.id))])]
 
 
-def shard_block(loaded: list[LoadedDataset], shard: Shard) -> dict:
+def shard_block(loaded: list, shard: Shard) -> dict:
     """run.yaml's `shard`: index, count and the prompts it owns, each with its position in the run's list."""
     owned = [{"dataset": ds, "prompt_id": pid, "position": pos}
              for (ds, pid), pos in positions(loaded).items() if shard.owns(pos)]
