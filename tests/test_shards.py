@@ -201,6 +201,28 @@ def test_ray_retries_a_killed_worker_which_continues_its_records(runs, ray_sessi
     out = tmp_path / "ray"
     ok(*runs["args"], "--shards", 2, "--out", out)
     assert (out / "shards" / ".000-of-002.killed").exists()  # it did die
+    assert "Resuming" in (out / "shards" / "000-of-002.log").read_text()  # and its retry continued its records
     assert_same_run(out, runs["whole"])
     shard = pd.read_csv(out / "shards" / "000-of-002" / "records.csv", dtype=str)
     assert not shard.duplicated(["method", "dataset", "prompt_id", "turn"]).any()
+
+
+def test_ray_ctrl_c_keeps_finished_records_and_resume_finishes(runs, ray_session, tmp_path, monkeypatch):
+    out = tmp_path / "ray"
+    real_wait = ray_session.wait
+
+    def interrupt_once_records_exist(refs, **kwargs):  # Ctrl-C in the driver once a shard holds 2 records
+        written = [p for p in (out / "shards").glob("*/records.csv") if len(p.read_text().splitlines()) > 2]
+        if written:
+            raise KeyboardInterrupt
+        return real_wait(refs, **kwargs)
+
+    monkeypatch.setattr(ray_session, "wait", interrupt_once_records_exist)
+    result = invoke(*runs["args"], "--shards", 2, "--out", out)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 130 and "records kept" in said and "--resume" in said, result.output
+    assert "PARTIAL" in (out / "report.md").read_text()
+    monkeypatch.setattr(ray_session, "wait", real_wait)
+    ok(*runs["args"], "--shards", 2, "--out", out, "--resume")
+    assert_same_run(out, runs["whole"])
+    assert "PARTIAL" not in (out / "report.md").read_text()
