@@ -134,6 +134,9 @@ def run(
     warn_unexplained([run_dir])
     console.print(f"Reports: {escape(str(run_dir))}/records.csv, summary.csv, report.md, speedup.png, "
                   "tokens_per_s.png, tau.png")
+    if cfg.shard:
+        console.print(f"[dim]shard {cfg.shard} of a sharded run: once every shard has run, `specbench merge "
+                      "SHARD_FOLDERS... --out RUN` joins them[/]")
 
 
 def _report_sharded(runs: list[Path], out_dir: Path) -> None:

@@ -101,7 +101,7 @@ def run_sharded(cfg: RunConfig, count: int, gpus_per_shard: float = 0, address: 
         return merge([p.cfg.out for p in plans], out, replace=True)
     except SpecbenchError as exc:
         raise SpecbenchError(f"{exc}. The shards are kept in {out / 'shards'}; `specbench merge "
-                             f"{out / 'shards'}/* --out OTHER` merges them once that is settled") from None
+                             f"{out / 'shards'}/*/ --out OTHER` merges them once that is settled") from None
 
 
 def absolute(cfg: RunConfig) -> RunConfig:
@@ -155,8 +155,9 @@ def connect(ray, address: str | None, cpus: int) -> bool:
         else:
             ray.init(num_cpus=max(os.cpu_count() or 1, cpus), include_dashboard=False, **quiet,
                      runtime_env={"env_vars": {"PYTHONPATH": _package_path()}})
-    except ConnectionError as exc:
-        raise SpecbenchError(f"--ray-address {address}: cannot join a Ray cluster there ({exc})") from None
+    except (ConnectionError, RuntimeError) as exc:
+        where = f"--ray-address {address}: cannot join a Ray cluster there" if address else "cannot start a local Ray"
+        raise SpecbenchError(f"{where} ({' '.join(str(exc).split())})") from None
     return True
 
 
