@@ -76,13 +76,28 @@ def run(
     refill: Annotated[bool, typer.Option(help="At batch size > 1: a finished sample's slot takes the next prompt "
                                               "at once (continuous batching) instead of waiting for the batch.",
                                          rich_help_panel="Batching (EMS-SD)")] = False,
+    shard: Annotated[Optional[str], typer.Option(metavar="I/N", help="Run only shard I of N (0-based) of the "
+                     "prompts, no Ray (SLURM arrays, several terminals); `specbench merge` joins the folders.",
+                     rich_help_panel="Sharding")] = None,
+    shards: Annotated[Optional[int], typer.Option(metavar="N", help="Split the prompts into N shards run as Ray "
+                      "tasks (pip install 'specbench[ray]'), written to OUT/shards/ and merged into OUT.",
+                      rich_help_panel="Sharding")] = None,
+    gpus_per_shard: Annotated[float, typer.Option(metavar="K", help="--shards: GPUs each shard holds (0: a CPU "
+                              "shard of --threads cores, default 1).", rich_help_panel="Sharding")] = 0,
+    ray_address: Annotated[Optional[str], typer.Option(metavar="ADDR", help="--shards: join this Ray cluster "
+                           "(default $RAY_ADDRESS, else a local Ray).", rich_help_panel="Sharding")] = None,
     **method_options,  # one option per method option (methods/options.py), added by _with_method_options
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
     from ..report.report import write_run_report
     from ..run.config import RunConfig, default_out
     from ..run.loop import run as run_benchmark
+    from ..run.shard import Shard
 
+    if shards is None and (gpus_per_shard or ray_address):
+        raise SpecbenchError("--gpus-per-shard and --ray-address go with --shards N (a run on Ray)")
+    if shards is not None and shard is not None:
+        raise SpecbenchError("--shard I/N runs one shard yourself and --shards N runs all of them on Ray: give one")
     if out_dir is None:
         out_dir = _newest_run() if resume else default_out()
     cfg = RunConfig(
@@ -95,7 +110,19 @@ def run(
         tree_sizes=tuple(int_list(tree_sizes, "--tree-sizes")) if tree_sizes else (),
         batch_sizes=tuple(dict.fromkeys(b for text in batch_size for b in int_list(text, "--batch-size")))
         if batch_size else (1,), batching=batching, refill=refill,
-        options=method_options)
+        options=method_options, shard=Shard.parse(shard) if shard is not None else None)
+    if shards is not None:
+        from ..report.merged import report_merged
+        from ..run.ray_shards import run_sharded
+
+        try:
+            runs = run_sharded(cfg, shards, gpus_per_shard, ray_address)
+        except SpecbenchError as exc:
+            if getattr(exc, "runs", None):
+                report_merged(out_dir, exc.runs)  # partial report of what finished (marked partial)
+            raise
+        _report_sharded(runs, out_dir)
+        return
     try:
         run_dir = run_benchmark(cfg)
     except SpecbenchError as exc:
@@ -107,6 +134,23 @@ def run(
     warn_unexplained([run_dir])
     console.print(f"Reports: {escape(str(run_dir))}/records.csv, summary.csv, report.md, speedup.png, "
                   "tokens_per_s.png, tau.png")
+    if cfg.shard:
+        console.print(f"[dim]shard {cfg.shard} of a sharded run: once every shard has run, `specbench merge "
+                      "SHARD_FOLDERS... --out RUN` joins them[/]")
+
+
+def _report_sharded(runs: list[Path], out_dir: Path) -> None:
+    """The merged report of a run on Ray (one run, or one per hardware key with --shards on mixed hardware)."""
+    import pandas as pd
+
+    from ..report.merged import report_merged
+
+    report_merged(out_dir, runs)
+    for run_dir in runs:
+        print_summary(pd.read_csv(run_dir / "summary.csv"), f"results ({run_dir}, merged from its shards)")
+    warn_unexplained(runs)
+    console.print(f"Reports: {escape(str(out_dir))}/records.csv, summary.csv, report.md; shards in "
+                  f"{escape(str(out_dir))}/shards/")
 
 
 def _newest_run() -> Path:

@@ -15,6 +15,7 @@ from .lossless_check import LOSSLESS_TEXT, lossless_failed_section, unexplained_
 from .markdown import markdown_table
 from .plots import write_plots
 from .sections import category_section, is_partial, noise_section, tree_section
+from .shards import shard_section
 from .summary import FORMULAS, named, read_records, summarize
 from .titles import comparison_title, plot_title
 
@@ -55,6 +56,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
         md += ["## Settings", ""] + [f"- {k}: {v}" for k, v in s.items() if k != "options"]
         md += [f"- options: {s.get('options')}", ""]
     md += ["## Summary", "", markdown_table(named(summary)), ""]
+    md += shard_section(meta)  # a merged sharded run: hardware, prompts and ar tok/s of each shard
     md += ["Lossy methods (typical acceptance) are labelled `lossy`. " + LOSSLESS_TEXT, ""]
     md += category_section(single_records, single, run_dir,
                            (meta.get("noise_guard") or {}).get("latency_floor", 1.0))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..core.verify import Sampling
 from ..methods import REGISTRY, OptionValues, get_method, split_by_method
+from .shard import Shard
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class RunConfig:
     batch_sizes: tuple[int, ...] = (1,)  # prompts decoded at once (EMS-SD); 1 = one at a time
     batching: str = "both"  # at batch > 1: unpadded (EMS-SD), padded (the vanilla way) or both
     refill: bool = False  # at batch > 1: a finished sample's slot takes the next prompt (continuous batching)
+    shard: Shard | None = None  # --shard I/N: only this slice of the prompts (run/shard.py)
 
     @property
     def sampling(self) -> Sampling:
@@ -50,6 +52,7 @@ class RunConfig:
         d["tree_sizes"] = list(self.tree_sizes)
         d["batch_sizes"] = list(self.batch_sizes)
         d["options"] = self.method_options()
+        d["shard"] = str(self.shard) if self.shard else None
         return d
 
     def method_options(self) -> dict[str, dict]:

@@ -27,6 +27,7 @@ from .resume import Done, drop_incomplete, mark_complete, missing_folders, plain
 from .resume import refuse_other_environment, remove_if_empty
 from .results import RecordWriter, read_tokens
 from .runner import Runner
+from .shard import refuse_too_many, prompt_count, select, shard_block
 from .validation import validate
 from .work import LoadedDataset, pending_batches, pending_prompts, say_batches, single_labels
 
@@ -36,6 +37,8 @@ def run(cfg: RunConfig) -> Path:
     cfg = validate(cfg)
     loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
               for name in cfg.datasets]
+    if cfg.shard:
+        refuse_too_many(cfg.shard.count, prompt_count(loaded), f"--shard {cfg.shard}")
     made = missing_folders(Path(cfg.out))
     try:  # a refusal before run.yaml is written leaves no empty run folder behind
         out = prepare_out(cfg)
@@ -53,13 +56,13 @@ def run(cfg: RunConfig) -> Path:
     except BaseException:
         remove_if_empty(made)
         raise
-    write_run_file(out, cfg, runner, chosen)
+    write_run_file(out, cfg, runner, chosen, shard_block(loaded, cfg.shard) if cfg.shard else None)
 
     turns = {(d.name, p.id): len(p.turns) for d in loaded for p in d.prompts}
     done = drop_incomplete(out, turns) if cfg.resume else Done()
     reference = {(d, p, t): toks for (m, d, p, t), toks in read_tokens(out).items() if m == "ar"}
     writer = RecordWriter(out)
-    prompt_work = pending_prompts(loaded, single_labels(cfg, list(runner.methods)), done)
+    prompt_work = select(pending_prompts(loaded, single_labels(cfg, list(runner.methods)), done), loaded, cfg.shard)
     labels = batch_schedule.batch_labels(cfg.methods, batch_schedule.modes_for(cfg.batching))
     jobs = batch_schedule.plan(loaded, list(cfg.batch_sizes), labels, cfg.refill)
     batch_work = pending_batches(jobs, done)
@@ -99,9 +102,10 @@ def run(cfg: RunConfig) -> Path:
     return out
 
 
-def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict) -> None:
+def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shard: dict | None = None) -> None:
     """run.yaml: the settings and environment (what --resume must match), the model, the trees' predictions, what
-    the methods chose and the noise guard's floor; `complete` turns true when every planned prompt finished."""
+    the methods chose and the noise guard's floor; a shard's index, count and prompts (run/shard.py); `complete`
+    turns true when every planned prompt finished."""
     target = runner.target
     profile = runner.local_profile()
     (out / "run.yaml").write_text(yaml.safe_dump({
@@ -111,6 +115,7 @@ def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict) -> N
         "peak_memory": memory.peak_label(target.device),
         "noise_guard": {"latency_floor": noise.latency_floor(profile),
                         "profile": f"{profile.hardware} {profile.dtype}" if profile else None},
+        **({"shard": shard} if shard else {}),
         "complete": False,
     }, sort_keys=False))
 

@@ -4,6 +4,7 @@ environment, with the refusal messages naming what changed), which prompts are a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -109,9 +110,11 @@ def drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> Done:
     return those. `turns`: (dataset, prompt id) -> the prompt's turn count."""
     path = out / "records.csv"
     if not path.exists():
+        keep_tokens(out, set())
         return Done()
     df = pd.read_csv(path, dtype={"prompt_id": str, "batching": str}, keep_default_na=False)
     if df.empty:
+        keep_tokens(out, set())
         return Done()
     df = with_batch_columns(df)  # runs from before batching: batch 1
     counts = df.groupby(DONE_KEY)["turn"].nunique()
@@ -121,7 +124,28 @@ def drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> Done:
         if column not in keep:
             keep = keep.assign(**{column: getattr(Record, column, "")})
     keep[RECORD_COLUMNS].to_csv(path, index=False)
+    keep_tokens(out, done)
     return Done(done)
+
+
+def keep_tokens(out: Path, done: set[tuple]) -> None:
+    """tokens.jsonl to match the kept records: rows of dropped groups, torn lines and the earlier copy of a row
+    written twice (a process killed between a row's tokens and its record) are left out."""
+    path = out / "tokens.jsonl"
+    if not path.exists():
+        return
+    rows: dict[tuple, str] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+            group = (row["method"], row["dataset"], str(row["prompt_id"]), int(row.get("batch_size", 1)),
+                     str(row.get("batching", "-")))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+        if group in done:
+            rows.pop(group + (int(row["turn"]),), None)
+            rows[group + (int(row["turn"]),)] = line
+    path.write_text("".join(line + "\n" for line in rows.values()))
 
 
 def mark_complete(out: Path) -> None:

@@ -37,6 +37,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     if any(n < 1 for n in cfg.tree_sizes):
         raise SpecbenchError("--tree-sizes: sizes must be positive integers")
     validate_batching(cfg)
+    if cfg.shard and max(cfg.batch_sizes) > 1:
+        raise SpecbenchError(f"--shard {cfg.shard}: sharded runs decode one prompt at a time (a batch's prompts "
+                             "must share a device); run --batch-size > 1 unsharded")
     methods = ("ar",) + tuple(dict.fromkeys(m for m in cfg.methods if m != "ar"))
     cfg = RunConfig(**{**cfg.__dict__, "methods": methods})
     declared = all_options(REGISTRY)
