@@ -118,13 +118,26 @@ def test_eagle_dynamic_tree_equals_ar(deep, tmp_path, tree):
         assert len(set(seen)) > 1  # the tree adapts to the context
 
 
-def test_eagle_dynamic_tree_sampling_keeps_target_distribution(tiny, tmp_path):
-    """At T > 0 the dynamic shape is drafted greedily and its tokens sampled (Algorithm 1): the first tokens'
-    distribution matches the target's (the same check the static trees pass)."""
+@pytest.mark.parametrize("tree", ["dynamic=3", "dynamic=10"])
+def test_parallelspec_dynamic_tree_equals_ar(deep, tmp_path, tree):
+    """parallelspec --tree dynamic=M: each step's M most probable paths under the drafter's own probabilities."""
+    art = feature_artifact(deep, tmp_path / "ps", "parallelspec", 3)
+    method = get_method("parallelspec")(deep, {"tree": tree, "artifact": str(art)})
+    for seed in range(3):
+        ids = prompt_ids(seed)
+        out = method.generate(ids, 40, Sampling(), None)
+        assert out.tokens == _ar(deep, ids, 40), f"{tree} prompt {seed}"
+        assert out.draft_forwards == out.target_forwards - 1  # still one drafter forward per step
+
+
+@pytest.mark.parametrize("name,masks", [("eagle", 0), ("parallelspec", 2)])
+def test_dynamic_tree_sampling_keeps_target_distribution(tiny, tmp_path, name, masks):
+    """At T > 0 the shape comes from the drafter's distributions, never from the sampled tokens, and the tokens are
+    sampled as a static tree's (Algorithm 1): the target's distribution (the same check the static trees pass)."""
     from .test_sd import check_distribution
 
-    art = feature_artifact(tiny, tmp_path / "eagle", "eagle", scale=0.3)
-    method = get_method("eagle")(tiny, {"artifact": str(art), "tree": "dynamic=6"})
+    art = feature_artifact(tiny, tmp_path / name, name, masks, scale=0.3)
+    method = get_method(name)(tiny, {"artifact": str(art), "tree": "dynamic=6"})
     assert check_distribution(method, tiny, trials=800) < 0.1
 
 
@@ -135,5 +148,5 @@ def test_dynamic_tree_bad_inputs(deep, tmp_path):
             get_method("eagle")(deep, {"tree": tree, "artifact": art})
     with pytest.raises(SpecbenchError, match="not both"):
         get_method("eagle")(deep, {"tree": "dynamic", "gamma": 3, "artifact": art})
-    with pytest.raises(SpecbenchError, match="only eagle drafts its tree per step"):
+    with pytest.raises(SpecbenchError, match="only eagle and parallelspec choose their tree per step"):
         get_method("ppd")(deep, {"tree": "dynamic", "artifact": "untrained"})

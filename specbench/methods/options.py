@@ -90,7 +90,7 @@ class OptionValues(Mapping):
 
 # Options several kinds of method share (tree methods: ppd today; medusa, hidden-transfer, parallelspec next).
 TREE = Option("tree", str, "auto", "the draft tree: auto (this hardware's tree from `build-tree`), a trees/*.yaml "
-              "path, size=N (searched now), or for eagle dynamic[=M] (EAGLE-2: M candidates drafted per step; "
+              "path, size=N (searched now), or for eagle and parallelspec dynamic[=M] (EAGLE-2: M candidates chosen per step; "
               "M defaults to the size auto picks)")
 ARTIFACT = Option("artifact", str, None, "trained artefact (prompt tokens, heads, ...) to use instead of the shipped "
                   "one", unset="shipped")

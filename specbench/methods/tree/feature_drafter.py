@@ -95,7 +95,7 @@ class EagleDrafts(Guesser):
             raise SpecbenchError(f"--tree {spec}: use dynamic or dynamic=M with M a positive number of candidates")
         tf, source = resolve(self.method, build, model_name, "auto" if spec == "dynamic" else f"size={size}")
         m = tf.size
-        self.dynamic = (m, min(EAGLE_DEPTH, m), min(DEFAULT_TOP_K, m))
+        self.dynamic = (m, min(self.depths(), m), min(DEFAULT_TOP_K, m))
         return tf, f"EAGLE-2 dynamic tree, {m} candidates per step (the size of {source})"
 
     def check_tree(self, rows: int) -> None:
@@ -173,6 +173,8 @@ class ParallelDrafts(EagleDrafts):
 
     def resolve_tree(self, build, model_name):
         self.dynamic = None
+        if str(self.method.options.tree).startswith("dynamic"):
+            return self._dynamic_tree(self.method.options.tree, build, model_name)
         return Guesser.resolve_tree(self, build, model_name)
 
     def check_tree(self, rows: int) -> None:
@@ -184,7 +186,11 @@ class ParallelDrafts(EagleDrafts):
                                  f"use a tree at most {rows} deep (`specbench build-tree --method parallelspec`)")
 
     def draft(self, state, tree, root, sampling, generator):
-        return draft_tree_parallel(state, tree, root, sampling, generator)
+        if self.dynamic is None:
+            return draft_tree_parallel(state, tree, root, sampling, generator)
+        tokens, q, forwards = draft_tree_parallel(state, tree, root, sampling, generator, self.dynamic[0])
+        state.drafted = TreeLayout(state.drafted, None, tokens.device)
+        return tokens, q, forwards
 
 
 @register

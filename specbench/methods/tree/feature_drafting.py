@@ -23,6 +23,7 @@ from ...artifacts.feature_drafter import FeatureDrafter, additive
 from ...core.cache import crop_to, new_cache
 from ...core.tree import Tree
 from ...core.verify import Sampling, sample_children, warp_probs
+from ...planning.treesearch import optimal_candidates
 
 
 class DrafterState:
@@ -144,12 +145,19 @@ def draft_tree_eagle(state: DrafterState, tree: Tree, root: int, sampling: Sampl
 
 
 def draft_tree_parallel(state: DrafterState, tree: Tree, root: int, sampling: Sampling,
-                        generator) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+                        generator, dynamic: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """ParallelSpec's drafting: one forward over the pending pairs and the k masks gives q_1..q_{k+1}; depth d's
-    candidates are the top (or sampled) choices of q_d, shared by every parent at depth d - 1 (as Medusa's)."""
+    candidates are the top (or sampled) choices of q_d, shared by every parent at depth d - 1 (as Medusa's).
+    dynamic = m: the tree is this step's m most probable candidate paths under the drafter's own top
+    probabilities per depth (EAGLE-2's reranking where every depth is drafted at once), left in state.drafted; it
+    depends on the distributions only, never on sampled tokens, so T > 0 stays lossless."""
     drafter = state.drafter
     out = state.feed(drafter.masks)  # [1 + k, H]
     crop_to(state.cache, state.length)  # the masks leave the cache
+    if dynamic is not None:
+        probs = torch.softmax(drafter.logits(out), -1).topk(min(dynamic, 8), -1).values  # [1 + k, W]
+        tree = Tree(tuple(optimal_candidates(probs.tolist(), dynamic, probs.shape[0])))
+        state.drafted = tree
     depth = tree.depth
     logits = drafter.logits(out[:depth])  # [D, V]
     width = max((p[-1] for p in tree.paths), default=-1) + 1

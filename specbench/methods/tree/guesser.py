@@ -62,7 +62,8 @@ class Guesser:
 
     def resolve_tree(self, build, model_name: str) -> tuple[TreeFile, str]:
         if str(self.method.options.tree).startswith("dynamic"):
-            raise SpecbenchError(f"--tree {self.method.options.tree}: only eagle drafts its tree per step (EAGLE-2); "
+            raise SpecbenchError(f"--tree {self.method.options.tree}: only eagle and parallelspec choose their tree per "
+                                 "step (EAGLE-2's dynamic tree); "
                                  f"{self.method.name} takes auto, size=N or a trees/*.yaml path")
         return resolve(self.method, build, model_name)
 
