@@ -27,9 +27,11 @@ def _with_method_options(func):
     extra = []
     for name, (spec, methods) in all_options(REGISTRY).items():
         text = f"{', '.join(methods)}: {spec.help}" + (f" ({', '.join(spec.choices)})" if spec.choices else "")
-        option = typer.Option(spec.flag, help=text + ".", rich_help_panel="Method options")
+        chooses = spec.default is None and spec.type is not str  # `auto` or a number (e.g. --gamma auto)
+        option = typer.Option(spec.flag, help=text + (" (auto: the method chooses)" if chooses else "") + ".",
+                              rich_help_panel="Method options", metavar="[auto|INTEGER]" if chooses else None)
         extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=spec.default,
-                                       annotation=Annotated[Optional[spec.type], option]))
+                                       annotation=Annotated[Optional[str if chooses else spec.type], option]))
     func.__signature__ = sig.replace(parameters=own + extra)
     func.__annotations__ = {**func.__annotations__, **{p.name: p.annotation for p in extra}}
     return func

@@ -52,10 +52,10 @@ class EagleDrafts(Guesser):
     def searched_tree(self, acc, rows, size, model_name, source):
         return candidate_tree(acc, rows, size, model_name, source, self.method.family)
 
-    def resolve_tree(self, build, model_name):
+    def resolve_tree(self, build, model_name, rows=0, ept=1):
         options = self.method.options
         if options.gamma is None:
-            return super().resolve_tree(build, model_name)
+            return super().resolve_tree(build, model_name, rows, ept)
         if options.tree != TREE.default:
             raise SpecbenchError(f"{self.method.name}: give --gamma (a chain of drafts) or --tree (a draft tree), "
                                  "not both")
@@ -117,8 +117,8 @@ class ParallelDrafts(EagleDrafts):
     def depths(self) -> int:
         return self.art.drafter.mask_tokens + 1
 
-    def resolve_tree(self, build, model_name):
-        return Guesser.resolve_tree(self, build, model_name)
+    def resolve_tree(self, build, model_name, rows=0, ept=1):
+        return Guesser.resolve_tree(self, build, model_name, rows, ept)
 
     def check_tree(self, rows: int) -> None:
         super().check_tree(rows)

@@ -38,8 +38,8 @@ class Guesser:
     def searched_tree(self, acc, rows: int, size: int, model_name: str, source: str) -> TreeFile:
         return searched_tree(acc, rows, size, model_name, source)
 
-    def resolve_tree(self, build, model_name: str) -> tuple[TreeFile, str]:
-        return resolve(self.method, build, model_name)
+    def resolve_tree(self, build, model_name: str, rows: int = 0, ept: int = 1) -> tuple[TreeFile, str]:
+        return resolve(self.method, build, model_name, rows, ept)
 
     def check_tree(self, rows: int) -> None:
         """Refuse a tree this artefact cannot guess (SpecbenchError naming both)."""
