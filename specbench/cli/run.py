@@ -78,6 +78,8 @@ def run(
     refill: Annotated[bool, typer.Option(help="At batch size > 1: a finished sample's slot takes the next prompt "
                                               "at once (continuous batching) instead of waiting for the batch.",
                                          rich_help_panel="Batching (EMS-SD)")] = False,
+    recommendation: Annotated[Optional[Path], typer.Option(help="--method auto: the recommendation.yaml to follow "
+                              "(default: the one `specbench recommend` filed for this model and hardware).")] = None,
     **method_options,  # one option per method option (methods/options.py), added by _with_method_options
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
@@ -85,10 +87,15 @@ def run(
     from ..run.config import RunConfig, default_out
     from ..run.loop import run as run_benchmark
 
+    methods = list(method or ("ar", "pld"))
+    if "auto" in methods:
+        methods, dtype = _auto_method(methods, model, device, dtype, recommendation, method_options)
+    elif recommendation is not None:
+        raise SpecbenchError("--recommendation is read by --method auto only")
     if out_dir is None:
         out_dir = _newest_run() if resume else default_out()
     cfg = RunConfig(
-        methods=tuple(method or ("ar", "pld")), datasets=tuple(dataset or ("humaneval",)), model=model,
+        methods=tuple(methods), datasets=tuple(dataset or ("humaneval",)), model=model,
         drafter=drafter, dtype=dtype, device=device, limit=limit, per_category=per_category,
         max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, repeats=repeats,
@@ -109,6 +116,22 @@ def run(
     warn_unexplained([run_dir])
     console.print(f"Reports: {escape(str(run_dir))}/records.csv, summary.csv, report.md, speedup.png, "
                   "tokens_per_s.png, tau.png")
+
+
+def _auto_method(methods: list[str], model: str, device: str, dtype: str, recommendation: Optional[Path],
+                 options: dict) -> tuple[list[str], str]:
+    """--method auto -> the method, tree and dtype `specbench recommend` chose for this model and hardware."""
+    from ..run.recommend import read_choice
+
+    choice = read_choice(model, device, recommendation, dtype)
+    console.print(f"[dim]{escape(choice.said)}[/]")
+    rest = [m for m in methods if m != "auto"]
+    alone = not [m for m in rest if m != "ar" and m not in choice.methods]  # its tree applies to it alone
+    for name, value in choice.options.items():
+        if alone and options.get(name) in (None, "auto"):
+            options[name] = value
+    chosen = rest + [m for m in choice.methods if m not in rest]
+    return chosen or ["ar"], choice.dtype
 
 
 def _newest_run() -> Path:
