@@ -86,7 +86,7 @@ def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, dev
     except SpecbenchError as exc:
         out.why_not = str(exc)
         return out
-    out.tree, out.size = source, said["size"]
+    out.tree, out.size = source.split(" (built for ")[0], said["size"]  # the path (`run --tree` takes it)
     out.predicted_tau, out.predicted_speedup = said["predicted_tau"], said["predicted_speedup"]
     return out
 
