@@ -49,6 +49,8 @@ def recommend(
         table.add_row(row.method, tree, result.dtype if not row.why_not else "-", _x(row.predicted), _x(row.measured),
                       "-" if row.lossless is None else f"{row.lossless:.0%}", escape(row.why_not), style=style)
     out.print(table)
+    for note in result.notes:
+        console.print(f"[yellow]note[/] {escape(note)}")
     pick = result.pick
     numbers = f"measured {_x(pick.measured)} beside ar, predicted {_x(pick.predicted)}" if result.run else \
         f"predicted {_x(pick.predicted)} (not measured: --confirm 0)"

@@ -104,8 +104,23 @@ def recommend(req: RecommendRequest) -> Result:
     pick = choose(rows, dtype, measured=bool(req.confirm))
     result = Result(pick, rows, hardware, dtype, str(dev), out, run_dir, store.recommendation_file(
         model_slug(req.model), hardware))
+    result.notes += profile_notes(req.model, hardware, dtype)
     write(result, req)
     return result
+
+
+def profile_notes(model: str, hardware: str, dtype: str) -> list[str]:
+    """A warning when the profile the predictions rest on was measured on a busy machine (profile.py's guard)."""
+    from ..planning.profile import load_profile
+
+    path = store.find(store.profile_file(hardware, model_slug(model), dtype))
+    if path is None:
+        return []
+    load = load_profile(path).meta.get("contention") or {}
+    if not load.get("disturbed"):
+        return []
+    return [f"{path} was measured while other processes used {load.get('foreign_cpu', 0):.2f} cores: predictions "
+            "(and trees built on it) may be wrong; re-run `specbench profile` on a quiet machine"]
 
 
 def _row(p: Prediction) -> Row:
@@ -160,6 +175,7 @@ def as_dict(result: Result, req: RecommendRequest) -> dict:
         "confirmed_on": {"dataset": req.dataset, "prompts": req.limit, "max_new_tokens": req.max_new_tokens}
         if result.run else None,
         "methods": [{k: v for k, v in vars(r).items() if v not in (None, "")} for r in result.rows],
+        "notes": result.notes or None,
     }
 
 
