@@ -76,3 +76,14 @@ def test_a_confirmed_recommendation_is_what_run_auto_runs(store):
     assert f"--method auto: {rec['method']}" in said
     meta = yaml.safe_load((store / "again" / "run.yaml").read_text())
     assert meta["settings"]["methods"] == (["ar"] if rec["method"] == "ar" else ["ar", rec["method"]])
+
+
+def test_without_a_profile_each_method_says_what_makes_it_and_ar_is_the_pick(store):
+    (store / "profiles" / HW / "tiny-float32.yaml").unlink()
+    sb("recommend", "--model", "random:tiny", "--confirm", 0, "--out", "rec")
+    rec = yaml.safe_load((store / "rec" / "recommendation.yaml").read_text())
+    why = {m["method"]: m.get("why_not", "") for m in rec["methods"]}
+    assert rec["method"] == "ar" and rec["predicted"] == 1.0
+    for method in ("eagle", "medusa"):
+        assert "`specbench profile --model random:tiny --dtype float32 --device cpu`" in why[method]
+        assert "estimate" not in why[method]  # its acceptance file exists
