@@ -27,9 +27,11 @@ def _with_method_options(func):
     extra = []
     for name, (spec, methods) in all_options(REGISTRY).items():
         text = f"{', '.join(methods)}: {spec.help}" + (f" ({', '.join(spec.choices)})" if spec.choices else "")
-        option = typer.Option(spec.flag, help=text + ".", rich_help_panel="Method options")
+        chooses = spec.default is None and spec.type is not str  # `auto` or a number (e.g. --gamma auto)
+        option = typer.Option(spec.flag, help=text + (" (auto: the method chooses)" if chooses else "") + ".",
+                              rich_help_panel="Method options", metavar="[auto|INTEGER]" if chooses else None)
         extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=spec.default,
-                                       annotation=Annotated[Optional[spec.type], option]))
+                                       annotation=Annotated[Optional[str if chooses else spec.type], option]))
     func.__signature__ = sig.replace(parameters=own + extra)
     func.__annotations__ = {**func.__annotations__, **{p.name: p.annotation for p in extra}}
     return func
@@ -86,6 +88,8 @@ def run(
                               "shard of --threads cores, default 1).", rich_help_panel="Sharding")] = 0,
     ray_address: Annotated[Optional[str], typer.Option(metavar="ADDR", help="--shards: join this Ray cluster "
                            "(default $RAY_ADDRESS, else a local Ray).", rich_help_panel="Sharding")] = None,
+    recommendation: Annotated[Optional[Path], typer.Option(help="--method auto: the recommendation.yaml to follow "
+                              "(default: the one `specbench recommend` filed for this model and hardware).")] = None,
     **method_options,  # one option per method option (methods/options.py), added by _with_method_options
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
@@ -98,10 +102,15 @@ def run(
         raise SpecbenchError("--gpus-per-shard and --ray-address go with --shards N (a run on Ray)")
     if shards is not None and shard is not None:
         raise SpecbenchError("--shard I/N runs one shard yourself and --shards N runs all of them on Ray: give one")
+    methods = list(method or ("ar", "pld"))
+    if "auto" in methods:
+        methods, dtype = _auto_method(methods, model, device, dtype, recommendation, method_options)
+    elif recommendation is not None:
+        raise SpecbenchError("--recommendation is read by --method auto only")
     if out_dir is None:
         out_dir = _newest_run() if resume else default_out()
     cfg = RunConfig(
-        methods=tuple(method or ("ar", "pld")), datasets=tuple(dataset or ("humaneval",)), model=model,
+        methods=tuple(methods), datasets=tuple(dataset or ("humaneval",)), model=model,
         drafter=drafter, dtype=dtype, device=device, limit=limit, per_category=per_category,
         max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, repeats=repeats,
@@ -151,6 +160,22 @@ def _report_sharded(runs: list[Path], out_dir: Path) -> None:
     warn_unexplained(runs)
     console.print(f"Reports: {escape(str(out_dir))}/records.csv, summary.csv, report.md; shards in "
                   f"{escape(str(out_dir))}/shards/")
+
+
+def _auto_method(methods: list[str], model: str, device: str, dtype: str, recommendation: Optional[Path],
+                 options: dict) -> tuple[list[str], str]:
+    """--method auto -> the method, tree and dtype `specbench recommend` chose for this model and hardware."""
+    from ..run.recommend import read_choice
+
+    choice = read_choice(model, device, recommendation, dtype)
+    console.print(f"[dim]{escape(choice.said)}[/]")
+    rest = [m for m in methods if m != "auto"]
+    alone = not [m for m in rest if m != "ar" and m not in choice.methods]  # its tree applies to it alone
+    for name, value in choice.options.items():
+        if alone and options.get(name) in (None, "auto"):
+            options[name] = value
+    chosen = rest + [m for m in choice.methods if m not in rest]
+    return chosen or ["ar"], choice.dtype
 
 
 def _newest_run() -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 from .. import REPO_ROOT
 
 PROFILES, TREES, ACCEPTANCE, ARTIFACTS, DATASETS = "profiles", "trees", "acceptance", "artifacts", "datasets"
+RECOMMENDATIONS = "recommendations"
 
 
 def checkout() -> Path:
@@ -66,6 +67,11 @@ def tree_file(model: str, stem: str) -> Path:
 def acceptance_file(model: str, family: str) -> Path:
     """acceptance/<model>/<family>.yaml: per-rank accuracy of a method's guesses (`specbench estimate`)."""
     return Path(ACCEPTANCE) / model / f"{family}.yaml"
+
+
+def recommendation_file(model: str, hardware: str) -> Path:
+    """recommendations/<model>/<hardware>.yaml: what `specbench recommend` chose here (`run --method auto` reads it)."""
+    return Path(RECOMMENDATIONS) / model / f"{hardware}.yaml"
 
 
 def artifact_dir(model: str, folder: str) -> Path:

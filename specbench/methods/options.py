@@ -36,8 +36,8 @@ class Option:
 
     def check(self, value: Any) -> Any:
         """The value converted to `type` and checked; a clear error naming the flag otherwise."""
-        if value is None:
-            return None
+        if value is None or (value == "auto" and self.default is None and self.type is not str):
+            return None  # `auto` (e.g. --gamma auto): the method chooses, as when the option is left out
         try:
             value = self.type(value)
         except (TypeError, ValueError):

@@ -59,7 +59,7 @@ class TreeMethod(Batchable, DecodeMethod):
             return self.guesser.searched_tree(acc, rows, size, model_name,
                                               str(acc_path) if acc_path else "a generic table")
 
-        self.tree_file, self.tree_source = self.guesser.resolve_tree(build, model_name)
+        self.tree_file, self.tree_source = self.guesser.resolve_tree(build, model_name, rows, ept)
         self.guesser.check_tree(rows)
         self.m, self.ept = self.tree_file.prompt_tokens, ept
         self.layouts: dict[int, TreeLayout] = self.guesser.layouts(table, ept, target.device)

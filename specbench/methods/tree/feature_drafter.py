@@ -72,28 +72,28 @@ class EagleDrafts(Guesser):
     def searched_tree(self, acc, rows, size, model_name, source):
         return candidate_tree(acc, rows, size, model_name, source, self.method.family)
 
-    def resolve_tree(self, build, model_name):
+    def resolve_tree(self, build, model_name, rows=0, ept=1):
         options = self.method.options
         self.dynamic = None
         if str(options.tree).startswith("dynamic"):
             if options.gamma is not None:
                 raise SpecbenchError(f"{self.method.name}: give --gamma (a chain of drafts) or --tree dynamic, not both")
-            return self._dynamic_tree(options.tree, build, model_name)
+            return self._dynamic_tree(options.tree, build, model_name, rows, ept)
         if options.gamma is None:
-            return super().resolve_tree(build, model_name)
+            return super().resolve_tree(build, model_name, rows, ept)
         if options.tree != TREE.default:
             raise SpecbenchError(f"{self.method.name}: give --gamma (a chain of drafts) or --tree (a draft tree), "
                                  "not both")
         return chain(options.gamma, model_name), f"a chain of {options.gamma} (--gamma)"
 
-    def _dynamic_tree(self, spec: str, build, model_name):
+    def _dynamic_tree(self, spec: str, build, model_name, rows, ept):
         """--tree dynamic[=M]: M candidates per step (default: the size of the tree `--tree auto` picks, this
         hardware's choice from its latency profile), at most EAGLE_DEPTH deep, the k <= 8 best nodes expanded per
         depth. The static tree of that size stays the method's tree file (the prefill, predictions, check_tree)."""
         size = spec.removeprefix("dynamic").removeprefix("=")
         if spec not in ("dynamic",) and (not spec.startswith("dynamic=") or not size.isdigit() or int(size) < 1):
             raise SpecbenchError(f"--tree {spec}: use dynamic or dynamic=M with M a positive number of candidates")
-        tf, source = resolve(self.method, build, model_name, "auto" if spec == "dynamic" else f"size={size}")
+        tf, source = resolve(self.method, build, model_name, rows, ept, "auto" if spec == "dynamic" else f"size={size}")
         m = tf.size
         self.dynamic = (m, min(self.depths(), m), min(DEFAULT_TOP_K, m))
         return tf, f"EAGLE-2 dynamic tree, {m} candidates per step (the size of {source})"
@@ -171,11 +171,11 @@ class ParallelDrafts(EagleDrafts):
     def scored_depths(cls, drafter) -> int:
         return drafter.mask_tokens + 1
 
-    def resolve_tree(self, build, model_name):
+    def resolve_tree(self, build, model_name, rows=0, ept=1):
         self.dynamic = None
         if str(self.method.options.tree).startswith("dynamic"):
-            return self._dynamic_tree(self.method.options.tree, build, model_name)
-        return Guesser.resolve_tree(self, build, model_name)
+            return self._dynamic_tree(self.method.options.tree, build, model_name, rows, ept)
+        return Guesser.resolve_tree(self, build, model_name, rows, ept)
 
     def check_tree(self, rows: int) -> None:
         super().check_tree(rows)

@@ -60,12 +60,12 @@ class Guesser:
     def searched_tree(self, acc, rows: int, size: int, model_name: str, source: str) -> TreeFile:
         return searched_tree(acc, rows, size, model_name, source)
 
-    def resolve_tree(self, build, model_name: str) -> tuple[TreeFile, str]:
+    def resolve_tree(self, build, model_name: str, rows: int = 0, ept: int = 1) -> tuple[TreeFile, str]:
         if str(self.method.options.tree).startswith("dynamic"):
             raise SpecbenchError(f"--tree {self.method.options.tree}: only eagle and parallelspec choose their tree per "
                                  "step (EAGLE-2's dynamic tree); "
                                  f"{self.method.name} takes auto, size=N or a trees/*.yaml path")
-        return resolve(self.method, build, model_name)
+        return resolve(self.method, build, model_name, rows, ept)
 
     def check_tree(self, rows: int) -> None:
         """Refuse a tree this artefact cannot guess (SpecbenchError naming both)."""
