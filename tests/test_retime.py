@@ -158,3 +158,30 @@ def test_negative_retime_is_refused_without_a_traceback(tmp_path, prompts_file):
     assert result.exit_code == 2 and "--retime must be 0 or more" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "r").exists()
     assert "--retime" in CliRunner().invoke(app, ["run", "--help"]).output
+
+
+def test_an_outlier_against_the_methods_earlier_turns_is_retimed_without_proc():
+    """No /proc reading (a VM that hides its neighbours): ar's forward is 3x its median so far, pld's is not."""
+    from types import SimpleNamespace
+
+    from specbench.run import retime
+    from specbench.run.records import TurnResult
+
+    def row(label, seconds, order=0):
+        gen = SimpleNamespace(tokens=[1, 2, 3], target_forwards=10)
+        return TurnResult(label, 0, None, gen, seconds, 1.0, {"foreign_cpu": float("nan")}, order)
+
+    history = retime.History()
+    for s in (1.0, 1.1, 0.9):
+        history.keep("d", {"ar": row("ar", s), "pld": row("pld", s / 2)})
+    results = {"ar": [row("ar", 3.0)], "pld": [row("pld", 0.5, 1)]}
+    calls = []
+
+    def again(label, first, position):
+        calls.append((label, position))
+        return row(label, 1.0 if label == "ar" else 0.5, position)
+
+    retime.heal_prompt(again, "d", results, ["ar", "pld"], history, retime=2)
+    assert calls == [("pld", 0), ("ar", 1)]  # every method of the turn, the order rotated
+    assert results["ar"][0].seconds == 1.0 and results["ar"][0].tries == 2 and not results["ar"][0].disturbed
+    assert results["pld"][0].tries == 2 and history.forward_ms[("d", "ar")][-1] == 100.0
