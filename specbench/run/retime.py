@@ -10,6 +10,10 @@ recurring burst does not land on the same method. Tries stop at the first quiet 
 the fewest disturbed seconds is kept and its disturbed rows are flagged (`timing_disturbed`), for the noise guard.
 Each record says how many timings its turn took (`timing_tries`).
 
+A machine that is busy throughout cannot be waited out, and re-timing every turn there would triple the run for
+nothing: after GIVE_UP turns in a row that re-timing could not heal, turns are only flagged, until a turn is timed
+quiet again (then re-timing resumes).
+
 A re-timing uses the turn's own prompt ids and seed, so it generates the same tokens; a try whose tokens differ
 (nondeterministic kernels) is not used, since the next turn's prompt was built from the first answer.
 Batch > 1 jobs are flagged, not re-timed (one job decodes many prompts at once).
@@ -26,12 +30,17 @@ from . import noise
 from .records import TurnResult
 
 
+GIVE_UP = 3  # turns in a row left disturbed after re-timing: the machine is busy throughout, stop re-timing
+
+
 class History:
     """Per dataset x method label: the time per forward of its kept, quiet turns so far (the outlier test's
-    reference; disturbed rows are left out so that they do not raise the median)."""
+    reference; disturbed rows are left out so that they do not raise the median), and how many turns in a row
+    re-timing could not heal."""
 
     def __init__(self):
         self.forward_ms: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self.unhealed = 0
 
     def slowness(self, dataset: str, r: TurnResult) -> float:
         return noise.slowness(r.forward_ms, self.forward_ms[(dataset, r.label)])
@@ -59,7 +68,9 @@ def heal_prompt(retime_turn: Callable[[str, TurnResult, int], TurnResult], datas
         first = {label: r for label, rows in results.items() for r in rows if r.turn == turn}
         kept, bad = first, disturbed(first, history, dataset)
         tries = 1
-        while bad and tries <= retime:
+        if bad and history.unhealed == GIVE_UP:
+            say(f"{dataset}: the machine stayed busy through {GIVE_UP} re-timed turns; flagging, not re-timing")
+        while bad and tries <= retime and history.unhealed < GIVE_UP:
             order = _rotated([label for label in labels if label in first], tries)
             say(f"{dataset} re-timing turn {turn} ({', '.join(sorted(bad))} disturbed), try {tries + 1}")
             again = {label: retime_turn(label, first[label], position) for position, label in enumerate(order)}
@@ -69,6 +80,8 @@ def heal_prompt(retime_turn: Callable[[str, TurnResult, int], TurnResult], datas
             again_bad = disturbed(again, history, dataset)
             if _disturbed_s(again, again_bad) < _disturbed_s(kept, bad):
                 kept, bad = again, again_bad
+        if tries > 1 or not bad:  # a quiet first timing, or one re-timed: is the machine still busy throughout?
+            history.unhealed = history.unhealed + 1 if bad else 0
         kept = {label: dataclasses.replace(r, tries=tries, disturbed=label in bad) for label, r in kept.items()}
         history.keep(dataset, kept)
         for label, rows in results.items():
