@@ -54,7 +54,8 @@ class Burner:
 def _cpu_s(pid: int) -> float:
     """utime + stime of a process, s (0 once it is gone)."""
     try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / TICK
     except (OSError, IndexError, ValueError):
         return 0.0

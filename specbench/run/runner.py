@@ -164,7 +164,6 @@ class Runner:
     def run_prompt(self, prompt: ds.Prompt, index: int, label: str, order: int) -> list[TurnResult]:
         """All turns of one prompt with one method (a skipped turn ends the prompt), timed, with what else the
         machine did meanwhile (core/contention.py)."""
-        method = self.methods[label]
         answers: list[str] = []
         results = []
         for turn in range(len(prompt.turns)):
