@@ -115,7 +115,8 @@ def burn_ar_turn(monkeypatch, burner: Burner, tries_burned: int | None):
 
 
 def run(tmp_path, prompts_file, *extra) -> pd.DataFrame:
-    result = CliRunner().invoke(app, ["run", "--model", "random:tiny", "--max-new-tokens", "8", "--warmup", "0", "--threads", "1",
+    result = CliRunner().invoke(app, ["run", "--model", "random:tiny", "--max-new-tokens", "8", "--warmup", "0",
+                                      "--threads", "1",
                                       "-m", "pld", "-d", str(prompts_file), "--limit", "1", "--out",
                                       str(tmp_path / "run"), *extra])
     assert result.exit_code == 0, result.output

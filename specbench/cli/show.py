@@ -34,8 +34,9 @@ def print_summary(summary, title: str) -> None:
             loss += f" ({explained:.0%} explained)"
         timing = str(getattr(r, "timing", "") or "")
         batch = (fmt(r.padding_ratio, "{:.0%}"), fmt(r.tau_batch_min)) if batched else ()
-        table.add_row(escape(row_name(r)), r.dataset, str(r.prompts), fmt(r.tokens_per_s), fmt(r.speedup, "{:.2f}x"), span,
-                      fmt(getattr(r, "speedup_median", math.nan), "{:.2f}x"), fmt(r.tau), fmt(r.acceptance_rate), loss, *batch,
+        table.add_row(escape(row_name(r)), r.dataset, str(r.prompts), fmt(r.tokens_per_s), fmt(r.speedup, "{:.2f}x"),
+                      span, fmt(getattr(r, "speedup_median", math.nan), "{:.2f}x"), fmt(r.tau), fmt(r.acceptance_rate),
+                      loss, *batch,
                       "[bold red]DISTURBED[/]" if is_disturbed(timing) else timing)
     out.print(table)
     warn_disturbed(summary)

@@ -30,8 +30,8 @@ FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()  # report.md's "Formu
 
 
 SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_s", "tokens_per_s", "speedup",
-                   "speedup_lo", "speedup_hi", "speedup_median", "speedup_mean", "tau", "draft_ms_per_token", "acceptance_rate", "drafted", "draft_forwards",
-                   "draft_s", "draft_forwards_per_step", "lossless_rate", "lossless_explained_rate", "exactness",
+                   "speedup_lo", "speedup_hi", "speedup_median", "speedup_mean", "tau", "draft_ms_per_token",
+                   "acceptance_rate", "drafted", "draft_forwards", "draft_s", "draft_forwards_per_step", "lossless_rate", "lossless_explained_rate", "exactness",
                    "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_time",
                    "timing", "batch_size", "batching", "target_tokens", "padding_tokens", "padding_ratio", "kv_padding",
                    "tau_batch_min", "tau_sample_mean"]

@@ -3,8 +3,8 @@
 Every method (ar included) runs each prompt, in an order rotated per prompt (work.interleaved), so every speedup
 is measured side by side on the same prompts and a burst of load cannot land on one method only. A prompt's records
 are written together once every method has run it, after its disturbed turns were re-timed (--retime: retime.py)
-and after the lossless check against ar (lossless.py explains a mismatch). Batch > 1 runs after batch 1, in jobs of run/batch_schedule.py. Ctrl-C keeps every finished record
-(resume.py continues the run).
+and after the lossless check against ar (lossless.py explains a mismatch). Batch > 1 runs after batch 1, in jobs
+of run/batch_schedule.py. Ctrl-C keeps every finished record (resume.py continues the run).
 """
 
 from __future__ import annotations
