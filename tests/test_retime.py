@@ -218,3 +218,14 @@ def test_a_machine_busy_throughout_stops_being_retimed_until_a_turn_is_quiet():
     assert len(calls) == 2 * retime.GIVE_UP and late["ar"][0].tries == 1 and late["ar"][0].disturbed  # only flagged
     retime.heal_prompt(again, "d", {"ar": [row("ar", False)]}, ["ar"], history, retime=2)  # a quiet turn
     assert history.unhealed == 0
+
+
+def test_a_resumed_run_takes_its_outlier_reference_from_the_kept_records(tmp_path):
+    from specbench.run import retime
+
+    rows = [{"method": "ar", "dataset": "d", "forward_ms": v, "timing_disturbed": d, "batch_size": b}
+            for v, d, b in ((80.0, False, 1), (82.0, False, 1), (250.0, True, 1), (40.0, False, 4))]
+    pd.DataFrame(rows).to_csv(tmp_path / "records.csv", index=False)
+    history = retime.History.of_run(tmp_path)
+    assert history.forward_ms[("d", "ar")] == [80.0, 82.0]  # the disturbed row and the batched one left out
+    assert not retime.History.of_run(tmp_path / "new").forward_ms

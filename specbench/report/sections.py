@@ -46,10 +46,11 @@ def retime_lines(records: pd.DataFrame | None, retime) -> list[str]:
     turns = records.assign(tries=pd.to_numeric(records.timing_tries, errors="coerce").fillna(1),
                            stayed=records.timing_disturbed.astype(str).str.lower().isin(["true", "1"]))
     turns = turns.groupby(["dataset", "prompt_id", "turn"]).agg(tries=("tries", "max"), stayed=("stayed", "any"))
-    healed, stayed = int(((turns.tries > 1) & ~turns.stayed).sum()), int(turns.stayed.sum())
+    retimed, healed = int((turns.tries > 1).sum()), int(((turns.tries > 1) & ~turns.stayed).sum())
     said = f"--retime {retime}: " if retime is not None else ""
-    return [f"{said}{healed + int((turns.tries > 1).sum() - healed)} prompt turn(s) re-timed; {healed} healed "
-            f"(quiet timing kept), {stayed} stayed disturbed (`timing_disturbed`; `timing_tries` per record).", ""]
+    return [f"{said}{retimed} of {len(turns)} prompt turn(s) re-timed, {healed} of them healed (a quiet timing "
+            f"kept); {int(turns.stayed.sum())} turn(s) left disturbed (`timing_disturbed`; `timing_tries` per "
+            "record).", ""]
 
 
 def category_section(records: pd.DataFrame, summary: pd.DataFrame, run_dir: Path, latency_floor: float) -> list[str]:

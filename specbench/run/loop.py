@@ -58,6 +58,8 @@ def run(cfg: RunConfig) -> Path:
     turns = {(d.name, p.id): len(p.turns) for d in loaded for p in d.prompts}
     done = drop_incomplete(out, turns) if cfg.resume else Done()
     reference = {(d, p, t): toks for (m, d, p, t), toks in read_tokens(out).items() if m == "ar"}
+    # each method's quiet time per forward so far (a resumed run's kept rows too): the outlier test's reference
+    history = retime.History.of_run(out)
     writer = RecordWriter(out)
     prompt_work = pending_prompts(loaded, single_labels(cfg, list(runner.methods)), done)
     labels = batch_schedule.batch_labels(cfg.methods, batch_schedule.modes_for(cfg.batching))
@@ -71,7 +73,6 @@ def run(cfg: RunConfig) -> Path:
         runner.warm_up(loaded[0].prompts)
         if batch_work:
             runner.warm_up_batches(loaded[0].prompts, labels)
-        history = retime.History()  # each method's quiet time per forward so far: the outlier test's reference
         with progress_bar() as bar:
             task = bar.add_task("decoding", total=to_go, info="")
             for work in prompt_work:

@@ -24,6 +24,9 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
 
 from ..core import contention
 from . import noise
@@ -41,6 +44,23 @@ class History:
     def __init__(self):
         self.forward_ms: dict[tuple[str, str], list[float]] = defaultdict(list)
         self.unhealed = 0
+
+    @classmethod
+    def of_run(cls, run_dir: Path) -> History:
+        """A resumed run's history: the kept quiet batch-1 rows of its records.csv (empty for a new run)."""
+        history, path = cls(), Path(run_dir) / "records.csv"
+        try:
+            records = pd.read_csv(path, dtype=str, keep_default_na=False)
+        except (OSError, pd.errors.EmptyDataError):  # no records yet
+            return history
+        if records.empty or "forward_ms" not in records:
+            return history
+        quiet = records[~records.get("timing_disturbed", "").str.lower().isin(["true", "1"])]
+        quiet = quiet[quiet.get("batch_size", "1").isin(["1", ""])]
+        for (dataset, label), rows in quiet.groupby(["dataset", "method"]):
+            history.forward_ms[(str(dataset), str(label))] = pd.to_numeric(rows.forward_ms, errors="coerce").dropna(
+            ).tolist()
+        return history
 
     def slowness(self, dataset: str, r: TurnResult) -> float:
         return noise.slowness(r.forward_ms, self.forward_ms[(dataset, r.label)])
