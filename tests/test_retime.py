@@ -229,3 +229,16 @@ def test_a_resumed_run_takes_its_outlier_reference_from_the_kept_records(tmp_pat
     history = retime.History.of_run(tmp_path)
     assert history.forward_ms[("d", "ar")] == [80.0, 82.0]  # the disturbed row and the batched one left out
     assert not retime.History.of_run(tmp_path / "new").forward_ms
+
+
+def test_a_run_from_before_retime_resumes(tmp_path):
+    import yaml
+
+    from specbench.run.config import RunConfig
+    from specbench.run.resume import plain, prepare_out
+
+    cfg = RunConfig(out=tmp_path, resume=True)
+    old = plain(cfg.settings())
+    del old["retime"]
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({"settings": old}))
+    assert prepare_out(cfg) == tmp_path  # not refused as "retime: None -> 2"
