@@ -62,6 +62,12 @@ def run(
     warmup: Annotated[int, typer.Option(help="Untimed warm-up generations per method.")] = 1,
     repeats: Annotated[int, typer.Option(help="Timed generations per prompt turn; the median time is "
                                               "recorded (use 3 on a noisy machine).")] = 1,
+    retime: Annotated[int, typer.Option(metavar="N", help="Re-time a prompt turn up to N times when its timing "
+                                          "was disturbed (other processes used over 0.25 cores meanwhile, or a "
+                                          "method's time per forward was over 1.5x its median so far), all its "
+                                          "methods again, and keep the quiet timing; records.csv says how many "
+                                          "tries it took (timing_tries) and whether it stayed disturbed "
+                                          "(timing_disturbed). 0: only flag.")] = 2,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
     data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default results/<time>).")] = None,
@@ -114,7 +120,7 @@ def run(
         drafter=drafter, dtype=dtype, device=device, limit=limit, per_category=per_category,
         max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, repeats=repeats,
-        threads=threads,
+        retime=retime, threads=threads,
         data_file=data_file, out=out_dir, resume=resume,
         tree_sizes=tuple(int_list(tree_sizes, "--tree-sizes")) if tree_sizes else (),
         batch_sizes=tuple(dict.fromkeys(b for text in batch_size for b in int_list(text, "--batch-size")))

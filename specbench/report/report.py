@@ -61,7 +61,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     md += category_section(single_records, single, run_dir,
                            (meta.get("noise_guard") or {}).get("latency_floor", 1.0))
     md += batchreport.section(summary, run_dir, title)
-    md += noise_section(summary, meta)
+    md += noise_section(summary, meta, records)
     md += ["## Formulas", "", "```", FORMULAS, "```", ""]
     md += ["![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]
     md += tree_section(single, meta.get("trees") or {}, run_dir, title=title)

@@ -29,6 +29,7 @@ class RunConfig:
     seed: int = 0
     warmup: int = 1
     repeats: int = 1  # timed generations per prompt turn (median wall time recorded)
+    retime: int = 2  # re-timings of a prompt turn whose timing was disturbed (run/retime.py); 0: only flag it
     threads: int | None = None
     data_file: str | None = None
     out: Path = Path("results/latest")

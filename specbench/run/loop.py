@@ -2,9 +2,9 @@
 
 Every method (ar included) runs each prompt, in an order rotated per prompt (work.interleaved), so every speedup
 is measured side by side on the same prompts and a burst of load cannot land on one method only. A prompt's records
-are written together once every method has run it, after the lossless check against ar (lossless.py explains a
-mismatch). Batch > 1 runs after batch 1, in jobs of run/batch_schedule.py. Ctrl-C keeps every finished record
-(resume.py continues the run).
+are written together once every method has run it, after its disturbed turns were re-timed (--retime: retime.py)
+and after the lossless check against ar (lossless.py explains a mismatch). Batch > 1 runs after batch 1, in jobs
+of run/batch_schedule.py. Ctrl-C keeps every finished record (resume.py continues the run).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..core.models import load_model
 from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..progress import console, progress_bar
-from . import batch_schedule, noise
+from . import batch_schedule, noise, retime
 from .config import RunConfig
 from .resume import Done, drop_incomplete, mark_complete, missing_folders, plain, prepare_out
 from .resume import refuse_other_environment, remove_if_empty
@@ -61,6 +61,8 @@ def run(cfg: RunConfig) -> Path:
     turns = {(d.name, p.id): len(p.turns) for d in loaded for p in d.prompts}
     done = drop_incomplete(out, turns) if cfg.resume else Done()
     reference = {(d, p, t): toks for (m, d, p, t), toks in read_tokens(out).items() if m == "ar"}
+    # each method's quiet time per forward so far (a resumed run's kept rows too): the outlier test's reference
+    history = retime.History.of_run(out)
     writer = RecordWriter(out)
     prompt_work = select(pending_prompts(loaded, single_labels(cfg, list(runner.methods)), done), loaded, cfg.shard)
     labels = batch_schedule.batch_labels(cfg.methods, batch_schedule.modes_for(cfg.batching))
@@ -84,6 +86,10 @@ def run(cfg: RunConfig) -> Path:
                     tokens, seconds = (sum(len(r.gen.tokens) for r in results[label]),
                                        sum(r.seconds for r in results[label]))
                     bar.update(task, advance=1, info=f"{tokens / seconds if seconds else 0:6.1f} tok/s")
+                retime.heal_prompt(lambda label, r, position, w=work: runner.time_turn(label, r.ids, w.index, r.turn,
+                                                                                         position),
+                                   work.dataset, results, work.labels, history, cfg.retime,
+                                   say=lambda text: bar.update(task, description=text))
                 runner.finish_prompt(work.dataset, work.prompt, results, reference, writer)  # whole prompts only
             for work in batch_work:
                 job = work.job

@@ -31,6 +31,13 @@ class TurnResult:
     noise: dict  # contention.between(): foreign_cpu, steal, load_before, load_after
     order: int  # position among the methods run on this prompt
     batch: dict = field(default_factory=dict)  # batch > 1: batch_size, batching, batch_id, batch_wall_s, forward_ms
+    tries: int = 1  # timings taken of this turn (--retime: run/retime.py)
+    disturbed: bool = False  # the kept timing was still disturbed
+
+    @property
+    def forward_ms(self) -> float:
+        """Wall time per target forward, ms (what the outlier test compares)."""
+        return self.seconds * 1e3 / max(self.gen.target_forwards, 1)
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,8 @@ def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, da
         device=env["device"], threads=env["threads"], torch=env["torch"],
         transformers=env["transformers"], git=env["git"], hardware=env["hardware"],
         mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=check.verdict,
-        forward_ms=round(seconds * 1e3 / max(gen.target_forwards, 1), 3), order=r.order, **r.noise)
+        forward_ms=round(r.forward_ms, 3), order=r.order, timing_tries=r.tries, timing_disturbed=r.disturbed,
+        **r.noise)
     fields.update(batch_fields(r))  # a batched row's forward_ms is its batch's time per batched step
     return Record(**fields)
 

@@ -63,6 +63,10 @@ class Record:
     load_before: float = float("nan")  # 1-minute load average before / after the timing
     load_after: float = float("nan")
     order: int = -1  # position of this method among the methods run on this prompt (interleaved per prompt)
+    # --retime (run/retime.py): how many timings of this prompt turn were taken (1: the first was kept), and whether
+    # the kept one was still disturbed (/proc reading or forward-time outlier) when the tries ran out
+    timing_tries: int = 1
+    timing_disturbed: bool = False
     # batching (EMS-SD; methods/batch_loop.py). Batch 1: batch_size 1, batching "-". At batch > 1 a sample's wall_s is
     # its share of its batch's wall time (batch_wall_s x its share of the batch's new tokens), so that sums over
     # rows give the batch's throughput; latency_s is its own time from joining the batch to its last token.

@@ -31,11 +31,17 @@ def prepare_out(cfg: RunConfig) -> Path:
         if not cfg.resume:
             raise SpecbenchError(f"{out} already holds a run. Pass --resume to continue it, or choose another --out.")
         old = yaml.safe_load(run_file.read_text()) or {}
-        changed = differences(old.get("settings") or {}, plain(cfg.settings()))
+        settings = plain(cfg.settings())
+        for key in set(LATER_SETTINGS) - set(old.get("settings") or {}):  # a run from before the option
+            settings.pop(key, None)
+        changed = differences(old.get("settings") or {}, settings)
         if changed:
             raise SpecbenchError(f"--resume: the options differ from the run in {out}: {'; '.join(changed)}. "
                                  "Resume with the same options, or choose another --out.")
     return out
+
+
+LATER_SETTINGS = ("retime",)  # options newer than some run folders: an older run resumes with any value
 
 
 def missing_folders(path: Path) -> list[Path]:

@@ -21,6 +21,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SpecbenchError(f"--limit must be at least 1 (got {cfg.limit})")
     if cfg.repeats < 1:
         raise SpecbenchError(f"--repeats must be at least 1 (got {cfg.repeats})")
+    if cfg.retime < 0:
+        raise SpecbenchError(f"--retime must be 0 or more (got {cfg.retime}): how many times a disturbed prompt turn "
+                             "is re-timed; 0 only flags it")
     if cfg.warmup < 0:
         raise SpecbenchError(f"--warmup must be 0 or more (got {cfg.warmup})")
     if not all(math.isfinite(v) for v in (cfg.temperature, cfg.top_p)):
