@@ -67,7 +67,7 @@ def run(
                                           "method's time per forward was over 1.5x its median so far), all its "
                                           "methods again, and keep the quiet timing; records.csv says how many "
                                           "tries it took (timing_tries) and whether it stayed disturbed "
-                                          "(timing_disturbed). 0: only flag.")] = 2,
+                                          "(timing_disturbed). 0: only flag.", envvar="SPECBENCH_RETIME")] = 2,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
     data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default results/<time>).")] = None,
