@@ -51,8 +51,11 @@ class MedusaHeads(torch.nn.Module):
         s = self.states(h)
         if self.vocab_ids is None:
             return lm_head(s).float()
-        small = s @ lm_head.weight[self.vocab_ids].T  # [K, n, V']
-        full = small.new_full((*small.shape[:2], lm_head.weight.shape[0]), float("-inf"))
+        from ..core.placement import weight_of
+
+        head = weight_of(lm_head)  # [V, H] (a real copy when the head is offloaded)
+        small = s.to(head.device) @ head[self.vocab_ids.to(head.device)].T  # [K, n, V']
+        full = small.new_full((*small.shape[:2], head.shape[0]), float("-inf"))
         return full.index_copy(2, self.vocab_ids, small).float()
 
 

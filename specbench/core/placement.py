@@ -241,3 +241,22 @@ def weight_of(module: torch.nn.Module) -> torch.Tensor:
         return module.weight
     with materialized(module):
         return module.weight.detach().clone()
+
+
+def own_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A plain copy of `module` (a drafter's own norm): real weights, no accelerate hooks."""
+    import copy
+
+    twin = copy.deepcopy(module)
+    if any(getattr(m, "_hf_hook", None) is not None for m in twin.modules()):
+        from accelerate.hooks import remove_hook_from_module
+
+        remove_hook_from_module(twin, recurse=True)
+        twin.load_state_dict(state_dict_of(module), assign=True)
+    return twin
+
+
+def resident(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` itself, or a resident copy (own_copy) when its weights are offloaded."""
+    offloaded = any(getattr(getattr(m, "_hf_hook", None), "offload", False) for m in module.modules())
+    return own_copy(module) if offloaded else module
