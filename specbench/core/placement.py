@@ -181,9 +181,16 @@ def layer_device(model, index: int) -> torch.device:
 
 def is_dispatched(model) -> bool:
     """Whether accelerate placed the model: more than one device in its map, or weights offloaded (meta)."""
-    dmap = getattr(model, "hf_device_map", None) or {}
-    return len(set(map(str, dmap.values()))) > 1 or "disk" in dmap.values() or any(
-        p.device.type == "meta" for p in model.parameters())
+    known = getattr(model, "_specbench_dispatched", None)
+    if known is None:  # asked every packed forward: decided once per model
+        dmap = getattr(model, "hf_device_map", None) or {}
+        known = len(set(map(str, dmap.values()))) > 1 or "disk" in dmap.values() or any(
+            p.device.type == "meta" for p in model.parameters())
+        try:
+            model._specbench_dispatched = known
+        except AttributeError:
+            pass
+    return known
 
 
 def label(model) -> str:
