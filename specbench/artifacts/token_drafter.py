@@ -210,11 +210,13 @@ def default_drafter(target: LoadedModel) -> LoadedModel | None:
     return target.extras["default_drafter"]
 
 
-def resolve_drafter(spec: str, target: LoadedModel, dtype: str = "auto", device: str = "auto") -> LoadedModel:
-    """--drafter: a drafter artefact folder, or any model spec load_model accepts (same tokenizer as the target)."""
+def resolve_drafter(spec: str, target: LoadedModel, dtype: str = "auto", device: str = "auto",
+                    placement=None) -> LoadedModel:
+    """--drafter: a drafter artefact folder (it lives with the target's LM head), or any model spec load_model
+    accepts (same tokenizer as the target), placed by --drafter-device-map / --drafter-max-memory."""
     if is_artifact(spec):
         return load_artifact(spec, target)
-    drafter = load_model(spec, dtype, device)
+    drafter = load_model(spec, dtype, device, placement=placement)
     check_vocabulary(target, drafter)
     return drafter
 

@@ -12,6 +12,7 @@ from ..errors import SpecbenchError
 from ..progress import console
 from .app import app
 from .parse import int_list
+from .placement import DeviceMap, DrafterDeviceMap, DrafterMaxMemory, MaxMemory, TensorParallel
 from .show import print_summary, warn_unexplained
 
 
@@ -76,6 +77,11 @@ def run(
     refill: Annotated[bool, typer.Option(help="At batch size > 1: a finished sample's slot takes the next prompt "
                                               "at once (continuous batching) instead of waiting for the batch.",
                                          rich_help_panel="Batching (EMS-SD)")] = False,
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
+    drafter_device_map: DrafterDeviceMap = None,
+    drafter_max_memory: DrafterMaxMemory = None,
+    tp: TensorParallel = 1,
     **method_options,  # one option per method option (methods/options.py), added by _with_method_options
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
@@ -83,8 +89,11 @@ def run(
     from ..run.config import RunConfig, default_out
     from ..run.loop import run as run_benchmark
 
+    from ..core.tensor_parallel import is_writer, rank_out
+
     if out_dir is None:
         out_dir = _newest_run() if resume else default_out()
+    out_dir = rank_out(out_dir)  # --tp: ranks other than 0 write to scratch
     cfg = RunConfig(
         methods=tuple(method or ("ar", "pld")), datasets=tuple(dataset or ("humaneval",)), model=model,
         drafter=drafter, dtype=dtype, device=device, limit=limit, per_category=per_category,
@@ -94,7 +103,8 @@ def run(
         data_file=data_file, out=out_dir, resume=resume,
         tree_sizes=tuple(int_list(tree_sizes, "--tree-sizes")) if tree_sizes else (),
         batch_sizes=tuple(dict.fromkeys(b for text in batch_size for b in int_list(text, "--batch-size")))
-        if batch_size else (1,), batching=batching, refill=refill,
+        if batch_size else (1,), batching=batching, refill=refill, device_map=device_map, max_memory=max_memory,
+        drafter_device_map=drafter_device_map, drafter_max_memory=drafter_max_memory, tp=tp,
         options=method_options)
     try:
         run_dir = run_benchmark(cfg)
@@ -102,6 +112,8 @@ def run(
         if getattr(exc, "kept", 0):
             write_run_report(exc.out)  # partial summary of what finished (marked partial)
         raise
+    if not is_writer():
+        return
     summary = write_run_report(run_dir)
     print_summary(summary, f"results ({run_dir})")
     warn_unexplained([run_dir])

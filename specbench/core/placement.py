@@ -141,6 +141,19 @@ def build_placement(device_map: str | None, max_memory: str | None, tp: int = 1,
     return Placement(dmap, caps, offload_folder, tp)
 
 
+def target_placement(device_map: str | None, max_memory: str | None, tp: int = 1) -> Placement:
+    """The target's Placement from its options, after checking --tp against the torchrun launch."""
+    from .tensor_parallel import check_launch
+
+    check_launch(tp)
+    return build_placement(device_map, max_memory, tp)
+
+
+def drafter_placement(device_map: str | None, max_memory: str | None) -> Placement:
+    """A separate --drafter model's Placement (--drafter-device-map / --drafter-max-memory)."""
+    return build_placement(device_map, max_memory, option="--drafter-device-map")
+
+
 # ---- what a loaded model's placement is -------------------------------------------------------------------------
 
 def device_of(module: torch.nn.Module) -> torch.device:

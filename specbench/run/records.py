@@ -69,6 +69,7 @@ def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, da
         temperature=cfg.temperature, model=target.spec, dtype=dtype_name(target.dtype),
         device=env["device"], threads=env["threads"], torch=env["torch"],
         transformers=env["transformers"], git=env["git"], hardware=env["hardware"],
+        placement=env.get("placement", target.placement),
         mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=check.verdict,
         forward_ms=round(seconds * 1e3 / max(gen.target_forwards, 1), 3), order=r.order, **r.noise)
     fields.update(batch_fields(r))  # a batched row's forward_ms is its batch's time per batched step
