@@ -99,8 +99,16 @@ def _placed_copy(model, dtype, placement: Placement, key: str):
 
     digest = hashlib.sha256(model.config.to_json_string().encode()).hexdigest()[:10]  # one folder per architecture
     folder = store.user_cache() / "models" / f"{key}-{digest}-{dtype_name(dtype)}"
-    if not (folder / "config.json").is_file():
-        model.save_pretrained(folder)
+    if not (folder / "config.json").is_file():  # written aside, then renamed: torchrun's ranks may race here
+        import os
+        import shutil
+
+        aside = folder.with_name(f"{folder.name}.{os.getpid()}")
+        model.save_pretrained(aside)
+        try:
+            aside.rename(folder)
+        except OSError:  # another rank got there first
+            shutil.rmtree(aside, ignore_errors=True)
     return from_pretrained(AutoModelForCausalLM, str(folder), placement, dtype=dtype,
                            attn_implementation=model.config._attn_implementation)
 
