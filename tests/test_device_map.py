@@ -129,3 +129,47 @@ def test_a_map_that_overfills_a_device_shows_the_table(monkeypatch, config_path)
     said = str(err.value)
     assert "does not fit this device map" in said and "<- does not fit" in said
     assert "disk" in said and "--device-map auto --max-memory" in said
+
+
+# ---- tensor parallelism: what CPU allows without torchrun (the launch check, which rank writes) ---------------------
+
+def test_tp_outside_torchrun_is_refused(monkeypatch):
+    from specbench.core import tensor_parallel as tp
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SpecbenchError, match="torchrun --nproc-per-node 2"):
+        pl.target_placement(None, None, 2)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SpecbenchError, match="without --tp 2"):
+        tp.check_launch(1)
+    assert pl.target_placement(None, None, 2).tp == 2
+    assert "distributed_config" in pl.target_placement(None, None, 2).load_kwargs() or \
+        pl.target_placement(None, None, 2).load_kwargs() == {"tp_plan": "auto"}
+
+
+def test_only_rank_zero_writes_the_run_folder(monkeypatch, tmp_path):
+    from specbench.core import tensor_parallel as tp
+
+    monkeypatch.setenv("RANK", "0")
+    assert tp.is_writer() and tp.rank_out(tmp_path) == tmp_path
+    monkeypatch.setenv("RANK", "1")
+    other = tp.rank_out(tmp_path)
+    assert not tp.is_writer() and other != tmp_path and "rank1" in other.name
+
+
+def test_pearl_is_refused_tensor_parallel():
+    from specbench.run.config import RunConfig
+    from specbench.run.validation import validate
+
+    with pytest.raises(SpecbenchError, match="cannot run tensor-parallel"):
+        validate(RunConfig(methods=("pearl",), tp=2))
+
+
+def test_records_and_profiles_name_the_placement():
+    from specbench.core import store
+    from specbench.run.results import RECORD_COLUMNS
+
+    assert "placement" in RECORD_COLUMNS
+    assert store.profile_file("h", "m", "float32", "single:cpu").name == "m-float32.yaml"
+    assert store.profile_file("h", "m", "float32", "map:0:16,1:14").name == "m-float32@map-0x16-1x14.yaml"
+    assert store.profile_file("h", "m", "float32", "tp2").name == "m-float32@tp2.yaml"

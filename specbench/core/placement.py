@@ -43,7 +43,12 @@ class Placement:
     def load_kwargs(self) -> dict:
         """The from_pretrained keywords this placement adds."""
         if self.tp > 1:
-            return {"tp_plan": "auto"}
+            try:  # transformers >= 5.x: tp_plan inside a DistributedConfig (the bare keyword is deprecated)
+                from transformers import DistributedConfig
+
+                return {"distributed_config": DistributedConfig(tp_plan="auto")}
+            except ImportError:
+                return {"tp_plan": "auto"}
         if self.device_map is None:
             return {}
         kwargs = {"device_map": self.device_map}
