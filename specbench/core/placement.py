@@ -135,11 +135,7 @@ def build_placement(device_map: str | None, max_memory: str | None, tp: int = 1,
                              "module's device is already given: drop one of them")
     if dmap is None and tp == 1:
         return SINGLE
-    if isinstance(dmap, dict) and "disk" in dmap.values() and offload_folder is None:
-        from . import store
-
-        offload_folder = str(store.user_cache() / "offload")
-    elif isinstance(dmap, str) and offload_folder is None:
+    if dmap is not None and offload_folder is None:  # where accelerate writes weights a map sends to disk
         from . import store
 
         offload_folder = str(store.user_cache() / "offload")
