@@ -13,6 +13,7 @@ from rich.table import Table
 from ..errors import SpecbenchError
 from ..progress import console, out
 from .app import app
+from .placement import DeviceMap, MaxMemory, target_placement
 from .parse import float_list, int_list
 
 
@@ -30,6 +31,8 @@ def estimate(
     initial: Annotated[bool, typer.Option(help="Score the artefact's initial (untrained) embeddings.")] = False,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="Acceptance YAML (default "
                         "acceptance/<model>/ppd.yaml); with --padding, a CSV of the model's table (not written "
@@ -64,7 +67,7 @@ def estimate(
     if initial and not guesser.has_initial:
         raise SpecbenchError(f"--initial scores ppd's untrained prompt tokens; {method} has no initial artefact "
                              "(its untrained heads / projections / drafter repeat the next-token guess or less)")
-    target = load_model(model, dtype, device)
+    target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory))
     scorer = guesser.scorer(target, artifact, initial)
     result = acceptance.estimate_with(target, scorer.ranks, scorer.rows, data, limit, new_tokens, data_file, method,
                                       scorer.source, scorer.extra)

@@ -12,6 +12,7 @@ from ..errors import SpecbenchError
 from ..progress import console
 from .app import app
 from .parse import int_list
+from .placement import DeviceMap, DrafterDeviceMap, DrafterMaxMemory, MaxMemory, TensorParallel
 from .show import print_summary, warn_unexplained
 
 
@@ -96,6 +97,11 @@ def run(
                            "(default $RAY_ADDRESS, else a local Ray).", rich_help_panel="Sharding")] = None,
     recommendation: Annotated[Optional[Path], typer.Option(help="--method auto: the recommendation.yaml to follow "
                               "(default: the one `specbench recommend` filed for this model and hardware).")] = None,
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
+    drafter_device_map: DrafterDeviceMap = None,
+    drafter_max_memory: DrafterMaxMemory = None,
+    tp: TensorParallel = 1,
     **method_options,  # one option per method option (methods/options.py), added by _with_method_options
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
@@ -108,13 +114,19 @@ def run(
         raise SpecbenchError("--gpus-per-shard and --ray-address go with --shards N (a run on Ray)")
     if shards is not None and shard is not None:
         raise SpecbenchError("--shard I/N runs one shard yourself and --shards N runs all of them on Ray: give one")
+    if shards is not None and tp > 1:
+        raise SpecbenchError("--tp N runs under torchrun and --shards N on Ray: launch `torchrun ... specbench run "
+                             "--tp N --shard I/N` per shard instead")
     methods = list(method or ("ar", "pld"))
     if "auto" in methods:
         methods, dtype = _auto_method(methods, model, device, dtype, recommendation, method_options)
     elif recommendation is not None:
         raise SpecbenchError("--recommendation is read by --method auto only")
+    from ..core.tensor_parallel import is_writer, rank_out
+
     if out_dir is None:
         out_dir = _newest_run() if resume else default_out()
+    out_dir = rank_out(out_dir)  # --tp: ranks other than 0 write to scratch
     cfg = RunConfig(
         methods=tuple(methods), datasets=tuple(dataset or ("humaneval",)), model=model,
         drafter=drafter, dtype=dtype, device=device, limit=limit, per_category=per_category,
@@ -124,7 +136,8 @@ def run(
         data_file=data_file, out=out_dir, resume=resume,
         tree_sizes=tuple(int_list(tree_sizes, "--tree-sizes")) if tree_sizes else (),
         batch_sizes=tuple(dict.fromkeys(b for text in batch_size for b in int_list(text, "--batch-size")))
-        if batch_size else (1,), batching=batching, refill=refill,
+        if batch_size else (1,), batching=batching, refill=refill, device_map=device_map, max_memory=max_memory,
+        drafter_device_map=drafter_device_map, drafter_max_memory=drafter_max_memory, tp=tp,
         options=method_options, shard=Shard.parse(shard) if shard is not None else None)
     if shards is not None:
         from ..report.merged import report_merged
@@ -144,6 +157,8 @@ def run(
         if getattr(exc, "kept", 0):
             write_run_report(exc.out)  # partial summary of what finished (marked partial)
         raise
+    if not is_writer():
+        return
     summary = write_run_report(run_dir)
     print_summary(summary, f"results ({run_dir})")
     warn_unexplained([run_dir])

@@ -39,14 +39,19 @@ def find(relative: str | Path) -> Path | None:
 # ------------------------------------------------------------------------------------- relative paths by kind
 
 
-def profile_name(model: str, dtype: str) -> str:
-    """<model>-<dtype>.yaml: a profile's file name inside its hardware's folder."""
+def profile_name(model: str, dtype: str, placement: str = "") -> str:
+    """<model>-<dtype>.yaml: a profile's file name inside its hardware's folder; a model spread over devices
+    (core/placement.label, not "single:...") adds @<placement>, since L(n) changes with the placement."""
+    if placement and not placement.startswith("single:"):
+        from .placement import label_slug
+
+        return f"{model}-{dtype}@{label_slug(placement)}.yaml"
     return f"{model}-{dtype}.yaml"
 
 
-def profile_file(hardware: str, model: str, dtype: str) -> Path:
-    """profiles/<hardware>/<model>-<dtype>.yaml: a measured latency curve L_fp(n) (`specbench profile`)."""
-    return Path(PROFILES) / hardware / profile_name(model, dtype)
+def profile_file(hardware: str, model: str, dtype: str, placement: str = "") -> Path:
+    """profiles/<hardware>/<model>-<dtype>[@<placement>].yaml: a measured latency curve L_fp(n) (`profile`)."""
+    return Path(PROFILES) / hardware / profile_name(model, dtype, placement)
 
 
 def profiles_dir() -> Path:

@@ -78,11 +78,12 @@ def transferred(model, steps: Sequence[TransferStep]):
 
         def hook(_module, args, kwargs, step=step):
             hidden = args[0] if args else kwargs["hidden_states"]  # [1, q, H]
+            dev = hidden.device  # under a device map: the previous layer's device (this hook runs before accelerate's)
             if step.sources.dtype == torch.long:
-                src = hidden[0, step.sources]  # [P, H]
+                src = hidden[0, step.sources.to(dev)]  # [P, H]
             else:
-                src = step.sources.to(hidden.dtype)
-            new = hidden.index_copy(1, step.slots, step.project(src).to(hidden.dtype).unsqueeze(0))
+                src = step.sources.to(dev, hidden.dtype)
+            new = hidden.index_copy(1, step.slots.to(dev), step.project(src).to(dev, hidden.dtype).unsqueeze(0))
             if args:
                 return (new, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": new}

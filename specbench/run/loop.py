@@ -44,8 +44,13 @@ def run(cfg: RunConfig) -> Path:
         out = prepare_out(cfg)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True)
-        drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device) if cfg.drafter else None
+        from ..core.placement import drafter_placement, target_placement
+
+        target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True,
+                            placement=target_placement(cfg.device_map, cfg.max_memory, cfg.tp))
+        drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device,
+                                  drafter_placement(cfg.drafter_device_map, cfg.drafter_max_memory)) \
+            if cfg.drafter else None
         runner = Runner(cfg, target, drafter)
         chosen = runner.chosen()
         for label, settings in chosen.items():
@@ -116,7 +121,8 @@ def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shar
     profile = runner.local_profile()
     (out / "run.yaml").write_text(yaml.safe_dump({
         "settings": plain(cfg.settings()), "environment": runner.env,
-        "model": {"spec": target.spec, "name": target.name, "source": target.source, "rendering": target.prompt_format},
+        "model": {"spec": target.spec, "name": target.name, "source": target.source, "rendering": target.prompt_format,
+                  "placement": target.placement, "device_map": _device_map(target)},
         "trees": runner.tree_predictions(), "chosen": chosen,
         "peak_memory": memory.peak_label(target.device),
         "noise_guard": {"latency_floor": noise.latency_floor(profile),
@@ -124,6 +130,12 @@ def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shar
         **({"shard": shard} if shard else {}),
         "complete": False,
     }, sort_keys=False))
+
+
+def _device_map(target) -> dict | None:
+    """Which module sits on which device (accelerate's map), for run.yaml; None on one device."""
+    dmap = getattr(target.model, "hf_device_map", None)
+    return {k: str(v) for k, v in dmap.items()} if dmap and not target.placement.startswith("single:") else None
 
 
 class Interrupted(SpecbenchError):

@@ -76,6 +76,7 @@ def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, da
         temperature=cfg.temperature, model=target.spec, dtype=dtype_name(target.dtype),
         device=env["device"], threads=env["threads"], torch=env["torch"],
         transformers=env["transformers"], git=env["git"], hardware=env["hardware"],
+        placement=env.get("placement", target.placement),
         mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=check.verdict,
         forward_ms=round(r.forward_ms, 3), order=r.order, timing_tries=r.tries, timing_disturbed=r.disturbed,
         **r.noise)

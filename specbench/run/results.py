@@ -79,6 +79,7 @@ class Record:
     padding_tokens: int = 0  # of those, padding tokens (padded batching)
     padding_ratio: float = 0.0  # padding_tokens / target_tokens
     kv_padding: int = 0  # padded KV-cache entries the sample held when it left the batch (padded batching)
+    placement: str = ""  # the target's placement (core/placement.label): single:cpu, map:0:16,1:14, tp2
 
 
 RECORD_COLUMNS = [f.name for f in fields(Record)]

@@ -55,6 +55,7 @@ class Runner:
             else:
                 self.methods[name] = cls(target, options[name], drafter)
         self.env = environment(target.device, target.dtype)
+        self.env["placement"] = target.placement  # core/placement.label: records, run.yaml and --resume name it
 
     def chosen(self) -> dict:
         """Per method label: the settings it chose itself (gamma, exec mode, ...); methods that chose none left out."""
@@ -67,7 +68,7 @@ class Runner:
         from ..planning.profile import load_profile
 
         path = store.find(store.profile_file(hardware_slug(self.target.device), model_slug(self.target.spec),
-                                             dtype_name(self.target.dtype)))
+                                             dtype_name(self.target.dtype), self.target.placement))
         return load_profile(path) if path else None
 
     def tree_predictions(self) -> dict:

@@ -26,6 +26,11 @@ def validate(cfg: RunConfig) -> RunConfig:
                              "is re-timed; 0 only flags it")
     if cfg.warmup < 0:
         raise SpecbenchError(f"--warmup must be 0 or more (got {cfg.warmup})")
+    timed = [m for m in cfg.methods if m.startswith("pearl")]
+    if cfg.tp > 1 and timed:
+        raise SpecbenchError(f"--tp: {', '.join(timed)} cannot run tensor-parallel: PEARL's draft/verify schedule "
+                             "follows each process's own clock, so the ranks' collective forwards diverge (gloo: "
+                             "'Is there a distributed collective mismatch'); run it with a device map instead")
     if not all(math.isfinite(v) for v in (cfg.temperature, cfg.top_p)):
         raise SpecbenchError(f"sampling: --temperature and --top-p must be numbers (got {cfg.temperature}, "
                              f"{cfg.top_p})")

@@ -45,7 +45,7 @@ class EagleDrafts(Guesser):
 
     def load(self):
         self.art = fd.resolve(self.method.options.artifact, self.target, self.method.family)
-        self.art.drafter.to(self.target.device)
+        self.art.drafter.to(self.target.output_device)  # it reads the final states
         what = f"{self.method.family} drafter {self.art.source} ({self.art.drafter.parameter_count():,} parameters)"
         return self.depths(), 1, None, what
 

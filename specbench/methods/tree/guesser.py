@@ -134,7 +134,7 @@ class Guesser:
         """Candidate tokens = top-k guesses of the accepted node's guess rows, by rank -> (tokens [N], q None,
         no drafter forwards)."""
         topk = state[: tree.depth].topk(max(self.layout_for(state).max_rank, 1), dim=-1).indices  # [D, K]
-        root_t = torch.tensor([root], device=self.target.device)
+        root_t = torch.tensor([root], device=topk.device)  # the states' device (the LM head's under a device map)
         return torch.cat([root_t, tree.candidate_tokens(topk)]), None, 0  # [N]
 
     def accept(self, tokens, parents, logits, q, sampling, generator) -> tuple[list[int], int]:
