@@ -173,3 +173,30 @@ def test_records_and_profiles_name_the_placement():
     assert store.profile_file("h", "m", "float32", "single:cpu").name == "m-float32.yaml"
     assert store.profile_file("h", "m", "float32", "map:0:16,1:14").name == "m-float32@map-0x16-1x14.yaml"
     assert store.profile_file("h", "m", "float32", "tp2").name == "m-float32@tp2.yaml"
+
+
+def test_run_with_a_device_map_names_it_in_records_and_run_yaml(tmp_path, prompts_file, monkeypatch):
+    import pandas as pd
+    import yaml
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    dmap = tmp_path / "map.json"
+    dmap.write_text(json.dumps({"model.embed_tokens": "cpu", "model.layers.0": "disk", "model.layers.1": "cpu",
+                                "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", "--model", "random:tiny", "--dtype", "float32", "--device", "cpu",
+                                      "--max-new-tokens", "16", "--warmup", "0", "-m", "pld", "--dataset",
+                                      str(prompts_file), "--limit", "2", "--device-map", str(dmap), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    records = pd.read_csv(out / "records.csv")
+    assert set(records.placement) == {"map:disk:1,cpu:1"}
+    assert (records[records.method == "pld"].lossless == "match").all()
+    meta = yaml.safe_load((out / "run.yaml").read_text())
+    assert meta["environment"]["placement"] == "map:disk:1,cpu:1"
+    assert meta["model"]["device_map"]["model.layers.0"] == "disk"
+    from specbench.report.titles import plot_title
+
+    assert "[map:disk:1,cpu:1]" in plot_title(meta, records)  # every plot's title names the placement
