@@ -91,11 +91,13 @@ class RecordWriter:
     def __init__(self, run_dir: Path):
         self.records_path = run_dir / "records.csv"
         self.tokens_path = run_dir / "tokens.jsonl"
-        new = not self.records_path.exists()
+        # new, or left empty by a process killed before its header reached the disk
+        new = not self.records_path.exists() or self.records_path.stat().st_size == 0
         self._csv_file = self.records_path.open("a", newline="")
         self._csv = csv.DictWriter(self._csv_file, fieldnames=RECORD_COLUMNS)
         if new:
             self._csv.writeheader()
+            self._csv_file.flush()
         self._tokens_file = self.tokens_path.open("a")
 
     def write(self, record: Record, tokens: list[int]) -> None:

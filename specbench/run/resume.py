@@ -115,7 +115,7 @@ def drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> Done:
     """Keep only (method, dataset, prompt, batch size, batching) groups with every turn recorded in records.csv;
     return those. `turns`: (dataset, prompt id) -> the prompt's turn count."""
     path = out / "records.csv"
-    if not path.exists():
+    if not path.exists() or path.stat().st_size == 0:  # an empty file: the run was stopped before its header
         keep_tokens(out, set())
         return Done()
     df = pd.read_csv(path, dtype={"prompt_id": str, "batching": str}, keep_default_na=False)
