@@ -49,15 +49,9 @@ def memory_need(config, dtype: torch.dtype, device: torch.device) -> tuple[int, 
     return params, need
 
 
-def check_memory(what: str, config, dtype: torch.dtype, device: torch.device, hint: str = "",
-                 placement=None) -> None:
-    """Refuse (SpecbenchError naming the need and what is free) before building a model that cannot fit; a model
-    built on CPU and moved to a GPU needs the room on both. A device map is checked device by device
-    (core/fit_devices.py)."""
-    if placement is not None and placement.spread:
-        from .fit_devices import check_placement
-
-        return check_placement(what, config, dtype, placement)
+def check_memory(what: str, config, dtype: torch.dtype, device: torch.device, hint: str = "") -> None:
+    """Refuse (SpecbenchError naming the need and what is free) before building a model that cannot fit on one
+    device; a model built on CPU and moved to a GPU needs the room on both. (A device map: fit_devices.py.)"""
     try:
         params, need = memory_need(config, dtype, device)
     except Exception:  # an architecture that cannot be built on the meta device: no check rather than no model

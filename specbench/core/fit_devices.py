@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecbenchError
-from .fit import KV_HEADROOM_TOKENS, RUNTIME_HEADROOM, free_memory_bytes
+from .fit import KV_HEADROOM_TOKENS, RUNTIME_HEADROOM, check_memory, free_memory_bytes
 from .placement import Placement
 
 GIB = 2**30
@@ -138,3 +138,12 @@ def suggestion(needs: dict, dtype: torch.dtype) -> str:
     if dtype == torch.float32:
         said += ", or --dtype bfloat16 (half the memory)"
     return said + "."
+
+
+def check_fit(what: str, config, dtype: torch.dtype, device: torch.device, hint: str = "",
+              placement: Placement | None = None) -> None:
+    """The memory-fit check before a model loads: device by device for a device map (check_placement), else the
+    one device (fit.check_memory)."""
+    if placement is not None and placement.spread:
+        return check_placement(what, config, dtype, placement)
+    return check_memory(what, config, dtype, device, hint)

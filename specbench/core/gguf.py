@@ -16,7 +16,7 @@ from rich.markup import escape
 from ..errors import SpecbenchError
 from ..progress import console, status
 from . import store
-from .fit import check_memory
+from .fit_devices import check_fit
 from .loaded_model import LoadedModel, _finish, _with_attention
 from .model_specs import EMBEDDED_ALIAS, SMOLLM2_GGUF, SMOLLM2_PACKAGE, dtype_name
 
@@ -60,7 +60,7 @@ def _load_embedded(device, dtype, placement=None) -> LoadedModel:
     converted = _embedded_dir()
     tok = AutoTokenizer.from_pretrained(converted)
     if placement is not None and placement.spread:
-        from .models import from_pretrained
+        from .placement import from_pretrained
 
         model = from_pretrained(AutoModelForCausalLM, str(converted), placement, dtype=dtype, attn_implementation="sdpa")
     else:
@@ -161,7 +161,7 @@ def _load_gguf(spec: str, path: Path, device, dtype, placement=None) -> LoadedMo
               for dt in (torch.float32, dtype)}
     for folder in stored.values():
         if (folder / "model.safetensors").is_file():
-            from .models import from_pretrained
+            from .placement import from_pretrained
             from .placement import SINGLE
 
             with status(f"Loading {path.name} (de-quantised copy from {folder})"):
@@ -173,12 +173,12 @@ def _load_gguf(spec: str, path: Path, device, dtype, placement=None) -> LoadedMo
     config = _gguf_config(path)
     convert_dtype = torch.float32
     try:
-        check_memory(f"{path.name} (de-quantised to float32)", config, torch.float32, torch.device("cpu"))
+        check_fit(f"{path.name} (de-quantised to float32)", config, torch.float32, torch.device("cpu"))
     except SpecbenchError:
         if dtype == torch.float32:
             raise
         convert_dtype = dtype  # float32 does not fit: de-quantise straight into the dtype that was asked for
-    check_memory(f"{path.name} ({dtype_name(dtype)})", config, dtype, device, placement=placement)
+    check_fit(f"{path.name} ({dtype_name(dtype)})", config, dtype, device, placement=placement)
     folder = stored[convert_dtype]
     with status(f"De-quantising {path.name} to {dtype_name(convert_dtype)} (first use of this file only; cached in "
                 f"{folder.parent})"):

@@ -20,7 +20,7 @@ from rich.markup import escape
 from ..errors import SpecbenchError
 from ..progress import console, status
 from . import store
-from .fit import check_memory
+from .fit_devices import check_fit
 from .gguf import _embedded_dir, _gguf_config, _load_embedded, _load_gguf, gguf_content_key  # noqa: F401
 from .loaded_model import ByteTokenizer, LoadedModel, Tokenizer, _finish, _with_attention  # noqa: F401
 from .model_specs import (  # noqa: F401  (re-exported: the names importers use from core.models)
@@ -36,7 +36,7 @@ from .model_specs import (  # noqa: F401  (re-exported: the names importers use 
     resolve_dtype,
 )
 from .network import hub_unavailable
-from .placement import SINGLE, Placement
+from .placement import SINGLE, Placement, from_pretrained  # noqa: F401  (from_pretrained: gguf.py too)
 
 
 def cache_dir() -> Path:
@@ -63,7 +63,7 @@ def _load_random(arg: str, device, dtype, placement: Placement = SINGLE) -> Load
     except (ValueError, TypeError, KeyError) as exc:
         raise SpecbenchError(f"random:{arg}: not a usable config ({str(exc).splitlines()[0]})") from exc
     smaller = [k for k in ("tiny", "smollm2-135m") if k != arg]
-    check_memory(f"random:{arg}", config, dtype, device,
+    check_fit(f"random:{arg}", config, dtype, device,
                  f"try a smaller preset ({', '.join(smaller)})"
                  + (" or --dtype bfloat16 (half the memory)" if dtype == torch.float32 else ""), placement=placement)
 
@@ -113,21 +113,6 @@ def _placed_copy(model, dtype, placement: Placement, key: str):
                            attn_implementation=model.config._attn_implementation)
 
 
-def from_pretrained(auto, where: str, placement: Placement, **kwargs):
-    """auto.from_pretrained with the placement's keywords; accelerate's refusals become SpecbenchErrors."""
-    try:
-        model = auto.from_pretrained(where, **kwargs, **placement.load_kwargs())
-    except (ValueError, RuntimeError, KeyError) as exc:
-        if not placement.spread:
-            raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecbenchError(f"could not place {where} with {placement.device_map or f'--tp {placement.tp}'}: "
-                             f"{first}") from exc
-    if placement.tp > 1:
-        model._specbench_tp = placement.tp
-    return model
-
-
 def _load_hf(spec: str, device, dtype, gguf_file: str | None = None, placement: Placement = SINGLE) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -148,7 +133,7 @@ def _load_hf(spec: str, device, dtype, gguf_file: str | None = None, placement: 
         except (OSError, ValueError, KeyError):
             config = None  # from_pretrained below says what is wrong
         if config is not None:
-            check_memory(spec, config, dtype, device, placement=placement)
+            check_fit(spec, config, dtype, device, placement=placement)
     try:
         tok = AutoTokenizer.from_pretrained(where, **kwargs)
         model = _with_attention(lambda attention: from_pretrained(

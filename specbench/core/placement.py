@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecbenchError
+from .store import label_slug  # noqa: F401  (a placement label as a file-name part; the store names files)
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -136,9 +137,9 @@ def build_placement(device_map: str | None, max_memory: str | None, tp: int = 1,
     if dmap is None and tp == 1:
         return SINGLE
     if dmap is not None and offload_folder is None:  # where accelerate writes weights a map sends to disk
-        from . import store
+        from .store import user_cache
 
-        offload_folder = str(store.user_cache() / "offload")
+        offload_folder = str(user_cache() / "offload")
     return Placement(dmap, caps, offload_folder, tp)
 
 
@@ -227,13 +228,6 @@ def label(model) -> str:
     return "map:" + ",".join(f"{dev}:{n}" for dev, n in counts.items())
 
 
-def label_slug(text: str) -> str:
-    """A placement label as a file-name part ('map:0:16,1:14' -> 'map-0x16-1x14')."""
-    if text.startswith("map:"):
-        return "map-" + "-".join(part.replace(":", "x") for part in text[4:].split(","))
-    return text.replace(":", "-")
-
-
 @contextmanager
 def materialized(module: torch.nn.Module):
     """Inside: `module`'s offloaded weights (its own and its submodules') are real tensors on their execution
@@ -281,3 +275,18 @@ def resident(module: torch.nn.Module) -> torch.nn.Module:
     """`module` itself, or a resident copy (own_copy) when its weights are offloaded."""
     offloaded = any(getattr(getattr(m, "_hf_hook", None), "offload", False) for m in module.modules())
     return own_copy(module) if offloaded else module
+
+
+def from_pretrained(auto, where: str, placement: Placement, **kwargs):
+    """auto.from_pretrained with the placement's keywords; accelerate's refusals become SpecbenchErrors."""
+    try:
+        model = auto.from_pretrained(where, **kwargs, **placement.load_kwargs())
+    except (ValueError, RuntimeError, KeyError) as exc:
+        if not placement.spread:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecbenchError(f"could not place {where} with {placement.device_map or f'--tp {placement.tp}'}: "
+                             f"{first}") from exc
+    if placement.tp > 1:
+        model._specbench_tp = placement.tp
+    return model

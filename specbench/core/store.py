@@ -39,12 +39,17 @@ def find(relative: str | Path) -> Path | None:
 # ------------------------------------------------------------------------------------- relative paths by kind
 
 
+def label_slug(text: str) -> str:
+    """A placement label as a file-name part ('map:0:16,1:14' -> 'map-0x16-1x14')."""
+    if text.startswith("map:"):
+        return "map-" + "-".join(part.replace(":", "x") for part in text[4:].split(","))
+    return text.replace(":", "-")
+
+
 def profile_name(model: str, dtype: str, placement: str = "") -> str:
     """<model>-<dtype>.yaml: a profile's file name inside its hardware's folder; a model spread over devices
     (core/placement.label, not "single:...") adds @<placement>, since L(n) changes with the placement."""
     if placement and not placement.startswith("single:"):
-        from .placement import label_slug
-
         return f"{model}-{dtype}@{label_slug(placement)}.yaml"
     return f"{model}-{dtype}.yaml"
 
