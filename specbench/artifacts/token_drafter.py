@@ -119,12 +119,16 @@ class SharedHeadDrafter(torch.nn.Module):
             h = h[:, logits_to_keep]
         elif logits_to_keep:
             h = h[:, -logits_to_keep:]
-        logits = self.head_logits(h)  # [B, n, K]
+        return SimpleNamespace(logits=self.logits(h))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden [..., H] -> logits over the full vocabulary [..., V] (-inf outside vocab_ids)."""
+        logits = self.head_logits(h)  # [..., K]
         if self.vocab_ids is not None:
-            full = logits.new_full((*logits.shape[:2], self.vocab_size), float("-inf"))  # [B, n, V]
+            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))  # [..., V]
             full[..., self.vocab_ids] = logits
             logits = full
-        return SimpleNamespace(logits=logits)
+        return logits
 
     def on_device(self, device: torch.device) -> "SharedHeadDrafter":
         """A copy on another device (PEARL's `devices` mode), with its own copy of the embedding and head there."""

@@ -104,12 +104,14 @@ def _estimate_padding(accuracy: str, batch_sizes: str, max_accept: int, run: Opt
     records = read_records(run) if run is not None else None  # a folder without records.csv is refused up front
     rows = pm.table(ps, batches, max_accept)
     table = Table(title=f"EMS-SD padding model (Appendix B), K = {max_accept}",
-                  caption="R = E[P] / E[M]: share of the KV entries written per step that are padding")
-    for col in ("p", "B", "E[A]", "E[M]", "E[P]", "R"):
+                  caption="R = E[P] / E[M]: share of the KV entries written per step that are padding (<= 100%); "
+                          "R_acc = E[P] / E[A]: padding per accepted token, the form of EMS-SD's measured ratios "
+                          "(can pass 100%)")
+    for col in ("p", "B", "E[A]", "E[M]", "E[P]", "R", "R_acc"):
         table.add_column(escape(col), justify="right")
     for r in rows:
         table.add_row(f"{r['p']:g}", str(r["B"]), f"{r['E[A]']:.2f}", f"{r['E[M]']:.2f}", f"{r['E[P]']:.2f}",
-                      f"{r['R']:.1%}")
+                      f"{r['R']:.1%}", f"{r['R_acc']:.1%}")
     out.print(table)
     frames = {out_path: pd.DataFrame(rows)}
     if records is not None:
@@ -134,7 +136,7 @@ def _print_measured(frame, run: Path) -> None:
                       "in its records")
         return
     table = Table(title=f"measured vs model KV padding ratio, {escape(str(run))}")
-    for col in ("method", "dataset", "B", "tau", "K", "p", "R measured", "R model"):
+    for col in ("method", "dataset", "B", "tau", "K", "p", "R measured", "R model", "R_acc measured", "R_acc model"):
         table.add_column(col, justify="left" if col in ("method", "dataset") else "right")
 
     def fmt(v, spec):
@@ -142,5 +144,6 @@ def _print_measured(frame, run: Path) -> None:
 
     for r in frame.itertuples(index=False):
         table.add_row(escape(str(r.method)), escape(str(r.dataset)), str(r.batch_size), fmt(r.tau, "{:.2f}"),
-                      fmt(r.K, "{:.0f}"), fmt(r.p, "{:.3f}"), fmt(r.R_measured, "{:.1%}"), fmt(r.R_model, "{:.1%}"))
+                      fmt(r.K, "{:.0f}"), fmt(r.p, "{:.3f}"), fmt(r.R_measured, "{:.1%}"), fmt(r.R_model, "{:.1%}"),
+                      fmt(r.R_acc_measured, "{:.1%}"), fmt(r.R_acc_model, "{:.1%}"))
     out.print(table)

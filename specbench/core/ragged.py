@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from ..errors import SpecbenchError
-from .cache import sliding_windows
+from .cache import preallocated, sliding_windows
 from .placement import input_device, is_dispatched
 
 NAME = "specbench_ragged"
@@ -76,15 +76,9 @@ class RaggedCache:
     def storage(self, layer: int, key: torch.Tensor, value: torch.Tensor,
                 need: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's key and value tensors, allocated on first use and grown (doubled) to hold `need` entries."""
-        k = self.keys.get(layer)
-        if k is None or k.shape[2] < need:
-            capacity = max(need, 2 * (0 if k is None else k.shape[2]), 64)
-            for stores, new in ((self.keys, key), (self.values, value)):  # new: [1, kv_heads, N, head_dim]
-                grown = new.new_zeros(len(self.lengths), new.shape[1], capacity, new.shape[-1])
-                if layer in stores:
-                    old = stores[layer]
-                    grown[:, :, :old.shape[2]] = old
-                stores[layer] = grown
+        slots = len(self.lengths)
+        preallocated(self.keys, layer, key, slots, need)
+        preallocated(self.values, layer, value, slots, need)
         return self.keys[layer], self.values[layer]
 
 

@@ -10,6 +10,11 @@ Speedup formulas (both from the same run, same prompts, same machine):
   acceptance    = sum accepted_drafts / sum drafted
   draft_ms_per_token   = 1000 * sum draft_s / sum new_tokens   (drafting ms per emitted token; draft-model methods)
   draft_forwards_per_step = sum draft_forwards / sum target_forwards   (drafter forwards per target forward)
+  decode_tokens_per_s  = sum (new_tokens - prefill_tokens) / sum (wall_s - prefill_s)   (batch > 1: EMS-SD §4.1's
+                         incremental decoding, the prefill-only steps timed apart); decode_speedup: against ar's
+  padding_ratio        = sum padding_tokens / sum target_tokens   (ours: padding's share of the tokens fed, <= 100%)
+  kv_padding_ratio     = sum kv_padding / sum new_tokens   (EMS-SD's: padded KV entries per accepted token, can pass
+                         100%; Appendix B's E[P] / E[A])
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_
                    "acceptance_rate", "drafted", "draft_forwards", "draft_s", "draft_forwards_per_step", "lossless_rate", "lossless_explained_rate", "exactness",
                    "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_time",
                    "timing", "batch_size", "batching", "target_tokens", "padding_tokens", "padding_ratio", "kv_padding",
-                   "tau_batch_min", "tau_sample_mean"]
+                   "tau_batch_min", "tau_sample_mean", "decode_tokens_per_s", "decode_speedup", "kv_padding_ratio"]
 
 
 def read_records(run_dir: Path) -> pd.DataFrame:
@@ -117,7 +122,7 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFra
             "exactness": exactness(method), "peak_mem_mb": peak,
             "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
             "forward_ms": round(fwd * 1e3, 3), "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
-            **_draft_numbers(g), **_batch_numbers(g),
+            **_draft_numbers(g), **_batch_numbers(g), **_decode_numbers(g, ar_d),
         })
     summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS + ("batch_size",
                                                                                                  "batching")])
@@ -168,6 +173,35 @@ def _batch_numbers(g: pd.DataFrame) -> dict:
             "padding_ratio": round(padding / target, 4) if target else math.nan,
             "kv_padding": int(pd.to_numeric(g.get("kv_padding", 0), errors="coerce").sum()),
             "tau_batch_min": round(tau.groupby(batch.values).min().mean(), 3), "tau_sample_mean": round(tau.mean(), 3)}
+
+
+def decode_rate(g: pd.DataFrame) -> float:
+    """Tokens per second of incremental decoding (EMS-SD §4.1): new tokens but those the prefill-only steps emitted,
+    over the time but those steps'. NaN where prefill was not timed apart (batch 1, runs older than prefill_s)."""
+    if "prefill_s" not in g:
+        return math.nan
+    prefill = pd.to_numeric(g.prefill_s, errors="coerce")
+    if g.empty or prefill.isna().any():
+        return math.nan
+    first = _total(g, "prefill_tokens")
+    seconds = g.wall_s.sum() - prefill.sum()
+    return (g.new_tokens.sum() - first) / seconds if seconds > 0 else math.nan
+
+
+def _total(g: pd.DataFrame, column: str) -> float:
+    """Sum of a numeric column (0 where the records lack it: runs older than the column, blank cells)."""
+    return float(pd.to_numeric(g[column], errors="coerce").fillna(0).sum()) if column in g else 0.0
+
+
+def _decode_numbers(g: pd.DataFrame, ar: pd.DataFrame) -> dict:
+    """Decode-only throughput and its ratio to ar's on the same turns, and EMS-SD's padding ratio."""
+    rate, ar_rate = decode_rate(g), decode_rate(ar)
+    ratio = rate / ar_rate if ar_rate > 0 else math.nan  # NaN > 0 is False
+    kv = _total(g, "kv_padding")
+    new = g.new_tokens.sum()
+    return {"decode_tokens_per_s": round(rate, 2) if math.isfinite(rate) else math.nan,
+            "decode_speedup": round(ratio, 3) if math.isfinite(ratio) else math.nan,
+            "kv_padding_ratio": round(kv / new, 4) if new else math.nan}
 
 
 def row_name(r) -> str:

@@ -90,6 +90,10 @@ def batch_fields(r: TurnResult) -> dict:
     fields = {"target_tokens": gen.target_tokens, "padding_tokens": gen.padding_tokens,
               "padding_ratio": round(gen.padding_tokens / gen.target_tokens, 4) if gen.target_tokens else 0.0,
               "kv_padding": gen.kv_padding, "batch_wall_s": round(r.seconds, 6), "latency_s": round(r.seconds, 6)}
+    fields["kv_padding_ratio"] = round(gen.kv_padding / len(gen.tokens), 4) if gen.tokens else 0.0
     if r.batch:
-        fields.update(r.batch, latency_s=round(gen.latency_s, 6))
+        fields.update(r.batch, latency_s=round(gen.latency_s, 6), prefill_tokens=gen.prefill_tokens)
+        decode_s = r.seconds - fields.get("prefill_s", math.nan)
+        decoded = len(gen.tokens) - gen.prefill_tokens
+        fields["decode_tokens_per_s"] = round(decoded / decode_s, 4) if decode_s > 0 else math.nan
     return fields

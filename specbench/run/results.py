@@ -80,6 +80,13 @@ class Record:
     padding_ratio: float = 0.0  # padding_tokens / target_tokens
     kv_padding: int = 0  # padded KV-cache entries the sample held when it left the batch (padded batching)
     placement: str = ""  # the target's placement (core/placement.label): single:cpu, map:0:16,1:14, tp2
+    # EMS-SD's own numbers beside ours (§4.1, Appendix B). Decode-only throughput: the batch's prefill-only steps
+    # timed apart (prefill_s: this row's share of them, as wall_s is of the batch; NaN at batch 1, not timed apart)
+    prefill_s: float = float("nan")
+    prefill_tokens: int = 0  # tokens emitted by those prefill steps (the sample's first token)
+    decode_tokens_per_s: float = float("nan")  # (new_tokens - prefill_tokens) / (wall_s - prefill_s)
+    kv_padding_ratio: float = 0.0  # kv_padding / new_tokens: EMS-SD's padding ratio (padding per accepted token,
+    # can pass 100%), beside padding_ratio (ours: padding's share of the tokens fed, at most 100%)
 
 
 RECORD_COLUMNS = [f.name for f in fields(Record)]

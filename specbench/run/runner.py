@@ -235,7 +235,8 @@ class Runner:
         for b in sorted(rows, key=lambda b: (b.index, b.turn)):
             r = TurnResult(label, b.turn, b.ids, b.gen, b.share_s, b.mem, b.noise, order, batch={
                 "batch_size": int(b.batch_id.split("-")[0]), "batching": mode, "batch_id": b.batch_id,
-                "batch_wall_s": round(b.batch_wall_s, 6), "forward_ms": round(b.forward_ms, 3)},
+                "batch_wall_s": round(b.batch_wall_s, 6), "forward_ms": round(b.forward_ms, 3),
+                "prefill_s": round(b.prefill_share_s, 6)},
                 disturbed=contention.disturbed(b.noise))  # batch jobs are flagged, not re-timed
             key = (dataset, b.prompt.id, b.turn)
             lossless, gap, verdict = "", math.nan, ""
