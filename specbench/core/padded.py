@@ -83,8 +83,9 @@ def _decode(model, ids: torch.Tensor, embeds: torch.Tensor | None, args: dict):
         decoder = model.get_decoder()
         out = decoder(inputs_embeds=embeds, **args) if embeds is not None else decoder(input_ids=ids, **args)
         return out.last_hidden_state, lambda h: lm_logits(model, h)
-    if embeds is not None:
-        raise SpecbenchError(f"{type(model).__name__} takes token ids only in a padded batch")
+    if embeds is not None or not hasattr(model, "hidden") or not hasattr(model, "logits"):
+        raise SpecbenchError(f"{type(model).__name__} cannot run in a padded batch: it needs a transformers decoder, "
+                             "or token ids in and `hidden` / `logits` methods (artifacts/token_drafter.py)")
     kwargs = dict(args)
     return model.hidden(ids, kwargs.pop("position_ids"), None, kwargs.pop("attention_mask"), padded=kwargs["padded"]
                         ), model.logits
