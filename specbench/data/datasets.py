@@ -13,7 +13,8 @@ from pathlib import Path
 from ..errors import SpecbenchError
 from .joined import joined_records, source_spec
 from .record_files import read_records
-from .sources import describe_sources as _describe_sources, find_records
+from .sources import describe_sources as _describe_sources
+from .sources import find_records
 from .specs import DatasetSpec, Prompt, dataset_names, get_spec
 
 USER_TEXT_FIELDS = ("prompt", "instruction", "question")

@@ -12,9 +12,9 @@ so the joined set works offline wherever its source does. Deterministic: no rand
 
 from __future__ import annotations
 
+from ..errors import SpecbenchError
 from .sources import find_records
 from .specs import DatasetSpec, get_spec
-from ..errors import SpecbenchError
 
 SENTENCE_ENDS = (". ", ".\n", "? ", "! ", '." ')
 
