@@ -251,6 +251,18 @@ def test_run_on_mt_bench_two_turns(tmp_path):
     assert turn2.prompt_tokens > turn1.prompt_tokens + turn1.new_tokens  # turn 2 sees the model's own answer
 
 
+@pytest.mark.skipif(not os.environ.get("SPECBENCH_DATA_DIR"), reason="needs SPECBENCH_DATA_DIR")
+def test_long_set_past_the_context_is_truncated_and_reported_by_length(tmp_path):
+    """cnn-dm-long's prompts pass the tiny model's 512-token context: each is cut from the left with the warning,
+    and report.md carries the "By prompt length" section (context.csv beside it)."""
+    result = invoke("run", *TINY, "--method", "pld", "--dataset", "cnn-dm-long", "--limit", 1, "--out", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    assert "exceed the context" in result.output and "kept the last 488" in " ".join(result.output.split())
+    assert "## By prompt length" in (tmp_path / "r" / "report.md").read_text()
+    table = pd.read_csv(tmp_path / "r" / "context.csv")
+    assert set(table.bucket) == {"256-1k"} and set(table.method) == {"ar", "pld"}  # 488 tokens after the cut
+
+
 def test_hub_model_offline_fails_at_once(tmp_path, monkeypatch):
     """A Hugging Face id missing from the local cache, offline: a clear error without the hub's retries."""
     import time
