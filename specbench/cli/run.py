@@ -162,7 +162,7 @@ def run(
     summary = write_run_report(run_dir)
     print_summary(summary, f"results ({run_dir})")
     warn_unexplained([run_dir])
-    console.print(f"Reports: {escape(str(run_dir))}/records.csv, summary.csv, report.md, speedup.png, "
+    console.print(f"Reports: {escape(str(run_dir))}/records.csv, summary.csv, report.md, context.csv, speedup.png, "
                   "tokens_per_s.png, tau.png")
     if cfg.shard:
         console.print(f"[dim]shard {cfg.shard} of a sharded run: once every shard has run, `specbench merge "
