@@ -11,7 +11,6 @@ files, and answers "on which device does this module compute?" for code that bui
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ import torch
 
 from ..errors import SpecbenchError
 from .store import label_slug  # noqa: F401  (a placement label as a file-name part; the store names files)
+from .structured import read_structured
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -107,12 +107,7 @@ def parse_device_map(text: str | None, option: str = "--device-map") -> str | di
     path = Path(text).expanduser()
     if not path.suffix == ".json" and not path.exists():
         raise SpecbenchError(f"{option}: {text!r} is neither one of {', '.join(STRATEGIES)} nor a .json file")
-    try:
-        mapping = json.loads(path.read_text())
-    except OSError as exc:
-        raise SpecbenchError(f"{option}: cannot read {text}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise SpecbenchError(f"{option}: {text} is not valid JSON ({exc})") from None
+    mapping = read_structured(path, f"{option} {text}", "JSON")
     if not isinstance(mapping, dict) or not mapping:
         raise SpecbenchError(f"{option}: {text} must hold a JSON object of module name -> device, e.g. "
                              '{"model.embed_tokens": 0, "model.layers.0": 0, "lm_head": "cpu"}')

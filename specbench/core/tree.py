@@ -26,6 +26,7 @@ import yaml
 
 from ..errors import SpecbenchError
 from . import store
+from .structured import read_structured
 
 Path = tuple[int, ...]
 
@@ -244,12 +245,7 @@ class TreeFile:
 def read_tree_file(path: str | FsPath) -> TreeFile:
     """Load and validate a trees/*.yaml file (errors name the file and the field)."""
     path = FsPath(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise SpecbenchError(f"tree file {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise SpecbenchError(f"tree file {path}: not valid YAML ({exc})") from exc
+    data = read_structured(path, f"tree file {path}")
 
     def bad(what: str) -> SpecbenchError:
         return SpecbenchError(f"tree file {path}: {what}")

@@ -88,13 +88,13 @@ def draft_dynamic(state: DrafterState, root: int, m: int, depth: int, top_k: int
 
     def grow(parents: list[int], feats: torch.Tensor, d: int) -> list[int]:
         """Each parent's top-k tokens as new nodes at depth d; returns their indices."""
-        logp = torch.log_softmax(drafter.logits(feats), -1)  # [P, V]
-        top = logp.topk(k, -1)
+        top = torch.log_softmax(drafter.logits(feats), -1).topk(k, -1)  # [P, k] of [P, V]
+        values, indices = top.values.tolist(), top.indices.tolist()  # one copy out, not 2 P k item() calls
         new = []
         for row, p in enumerate(parents):
             start = nodes[p].value if p >= 0 else 0.0
             for r in range(k):
-                nodes.append(_Node(p, r, int(top.indices[row, r]), start + float(top.values[row, r]), d))
+                nodes.append(_Node(p, r, indices[row][r], start + values[row][r], d))
                 new.append(len(nodes) - 1)
         return new
 

@@ -91,7 +91,7 @@ class EagleDrafts(Guesser):
         hardware's choice from its latency profile), at most EAGLE_DEPTH deep, the k <= 8 best nodes expanded per
         depth. The static tree of that size stays the method's tree file (the prefill, predictions, check_tree)."""
         size = spec.removeprefix("dynamic").removeprefix("=")
-        if spec not in ("dynamic",) and (not spec.startswith("dynamic=") or not size.isdigit() or int(size) < 1):
+        if spec != "dynamic" and (not spec.startswith("dynamic=") or not size.isdigit() or int(size) < 1):
             raise SpecbenchError(f"--tree {spec}: use dynamic or dynamic=M with M a positive number of candidates")
         tf, source = resolve(self.method, build, model_name, rows, ept, "auto" if spec == "dynamic" else f"size={size}")
         m = tf.size
@@ -186,11 +186,7 @@ class ParallelDrafts(EagleDrafts):
                                  f"use a tree at most {rows} deep (`specbench build-tree --method parallelspec`)")
 
     def draft(self, state, tree, root, sampling, generator):
-        if self.dynamic is None:
-            return draft_tree_parallel(state, tree, root, sampling, generator)
-        tokens, q, forwards = draft_tree_parallel(state, tree, root, sampling, generator, self.dynamic[0])
-        state.drafted = TreeLayout(state.drafted, None, tokens.device)
-        return tokens, q, forwards
+        return draft_tree_parallel(state, tree, root, sampling, generator, self.dynamic and self.dynamic[0])
 
 
 @register

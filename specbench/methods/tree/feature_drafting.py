@@ -24,6 +24,7 @@ from ...core.cache import crop_to, new_cache
 from ...core.tree import Tree
 from ...core.verify import Sampling, sample_children, warp_probs
 from ...planning.treesearch import optimal_candidates
+from .layout import TreeLayout
 
 
 class DrafterState:
@@ -157,7 +158,7 @@ def draft_tree_parallel(state: DrafterState, tree: Tree, root: int, sampling: Sa
     if dynamic is not None:
         probs = torch.softmax(drafter.logits(out), -1).topk(min(dynamic, 8), -1).values  # [1 + k, W]
         tree = Tree(tuple(optimal_candidates(probs.tolist(), dynamic, probs.shape[0])))
-        state.drafted = tree
+        state.drafted = TreeLayout(tree, None, out.device)
     depth = tree.depth
     logits = drafter.logits(out[:depth])  # [D, V]
     width = max((p[-1] for p in tree.paths), default=-1) + 1
