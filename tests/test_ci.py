@@ -43,7 +43,9 @@ def write_run(folder: Path, *, ar_wall=10.0, method_wall=8.0, tau=1.5, foreign=0
               near_ties=0, hardware=HARDWARE, model="random:tiny", dtype="float32", limit=4, git="aaaaaaa",
               methods=("pld",), datasets=("d",), rows=4) -> Path:
     """A run folder (records.csv, run.yaml) of ar and `methods`: 100 tokens per prompt, speedup ar_wall /
-    method_wall at the given tau; the first prompts differ from ar (unexplained, then near-ties)."""
+    method_wall at the given tau (a list: prompt i takes method_wall[i % len]); the first prompts differ from ar
+    (unexplained, then near-ties)."""
+    walls = list(method_wall) if isinstance(method_wall, (list, tuple)) else [method_wall]
     out = []
     for dataset in datasets:
         for i in range(rows):
@@ -54,7 +56,8 @@ def write_run(folder: Path, *, ar_wall=10.0, method_wall=8.0, tau=1.5, foreign=0
                         "mismatch_explained": "", "foreign_cpu": foreign_ar})
             for method in methods:
                 verdict = "unexplained" if i < unexplained else "near-tie" if i < unexplained + near_ties else ""
-                out.append({**base, "method": method, "wall_s": method_wall, "tokens_per_s": 100 / method_wall,
+                wall = walls[i % len(walls)]
+                out.append({**base, "method": method, "wall_s": wall, "tokens_per_s": 100 / wall,
                             "target_forwards": round(100 / tau), "drafted": 50, "accepted_drafts": 25,
                             "lossless": "mismatch@5" if verdict else "match", "mismatch_explained": verdict,
                             "foreign_cpu": foreign})
@@ -199,6 +202,39 @@ def test_a_bare_summary_csv_baseline(tmp_path):
     (bare / "records.csv").write_text((old / "records.csv").read_text())
     checked = invoke("report", new, "--baseline", bare / "summary.csv")
     assert checked.exit_code == 0 and "settings not checked" in text(checked)
+
+
+def test_gates_judge_the_interval_a_drop_inside_the_noise_passes_one_outside_fails(tmp_path):
+    spread = [6.0, 8.0, 10.0, 12.0]  # per-prompt speedups 1.67x .. 0.83x: a wide interval around 1.11x
+    old = write_run(tmp_path / "old", method_wall=spread, rows=8)
+    noisy = write_run(tmp_path / "noisy", method_wall=[w * 1.12 for w in spread], rows=8)  # 10.7% down
+    result = invoke("report", noisy, "--baseline", old, "--fail-regression", 10, "--junit", tmp_path / "j.xml")
+    assert result.exit_code == 0, result.output
+    status, message = junit_cases(tmp_path / "j.xml")["pld regression on d"]
+    assert status == "passed" and "(-10.7%)" in message and "within the noise" in message
+    delta = pd.read_csv(noisy / "vs_baseline.csv").set_index("method").loc["pld"]
+    assert delta.speedup_lo_base < delta.speedup_base < delta.speedup_hi_base
+    assert delta.speedup_hi > delta.speedup_lo_base  # the intervals overlap
+    real = write_run(tmp_path / "real", method_wall=[w * 2 for w in spread], rows=8)  # 50% down
+    failed = invoke("report", real, "--baseline", old, "--fail-regression", 10)
+    assert failed.exit_code == 1 and "beyond the noise (95% intervals" in text(failed)
+    # --fail-below: 1.11x whose interval reaches 1.2 passes (said so); an interval wholly below 3 fails
+    below = invoke("report", old, "--fail-below", 1.2, "--junit", tmp_path / "k.xml")
+    assert below.exit_code == 0, below.output
+    status, message = junit_cases(tmp_path / "k.xml")["pld floor on d"]
+    assert status == "passed" and "below 1.2 but within the noise" in message
+    assert invoke("report", old, "--fail-below", 3).exit_code == 1
+
+
+def test_an_older_summary_without_intervals_is_judged_on_the_point(tmp_path):
+    old, new = write_run(tmp_path / "old", method_wall=8.0), write_run(tmp_path / "new", method_wall=9.5)
+    assert invoke("report", old).exit_code == 0
+    summary = pd.read_csv(old / "summary.csv")
+    summary.drop(columns=["speedup_lo", "speedup_hi", "speedup_median", "disturbed_time"]).to_csv(
+        old / "summary.csv", index=False)
+    (old / "records.csv").unlink()  # the baseline is its summary.csv only
+    result = invoke("report", new, "--baseline", old, "--fail-regression", 10)
+    assert result.exit_code == 1 and "speedup 1.250 -> 1.053 (-15.8%)" in text(result)
 
 
 # ----------------------------------------------------------------------------------------------------- bad input

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from specbench.data import datasets as ds
+from specbench.data.joined import cut, joined_records
 from specbench.errors import SpecbenchError
 
 DATA_DIR = os.environ.get("SPECBENCH_DATA_DIR")
@@ -31,11 +33,12 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 
 def test_specs_parse():
-    assert ds.dataset_names() == ["alpaca-eval", "cnn-dm", "gsm8k", "humaneval", "mt-bench"]
+    assert ds.dataset_names() == ["alpaca-eval", "cnn-dm", "cnn-dm-long", "gsm8k", "humaneval", "mt-bench"]
     for name in ds.dataset_names():
         spec = ds.get_spec(name)
-        assert spec.name == name and spec.files and spec.licence and spec.max_new_tokens == 128
-        assert spec.url or spec.hf
+        assert spec.name == name and spec.licence and spec.max_new_tokens == 128
+        home = ds.get_spec(spec.join["source"]) if spec.join else spec  # a joined set is found where its source is
+        assert home.files and (home.url or home.hf)
 
 
 @needs_data
@@ -119,6 +122,22 @@ def test_missing_user_file(tmp_path):
     ("description: d\nfiles: [a.jsonl]\nlicence: MIT\ntext_field: q\nhf: {id: x}\n", r"field 'hf' must be"),
 ])
 def test_malformed_yaml(monkeypatch, tmp_path, text, match):
+    (tmp_path / "bad.yaml").write_text(text)
+    monkeypatch.setenv("SPECBENCH_DATASETS_DIR", str(tmp_path))
+    with pytest.raises(SpecbenchError, match=match):
+        ds.get_spec("bad")
+
+
+JOINED = "description: d\nlicence: MIT\ntext_field: text\njoin: {source: cnn-dm, field: article, "
+
+
+@pytest.mark.parametrize("text, match", [
+    (JOINED + "target_chars: [10], max_chars: 5}\n", r"'max_chars' \(5\) must be at least the largest target"),
+    (JOINED + "max_chars: 5}\n", r"join' needs the key 'target_chars'"),
+    (JOINED + "target_chars: [], max_chars: 5}\n", r"'target_chars' must be a non-empty list"),
+    (JOINED + "target_chars: [1], max_chars: 5, sep: x}\n", r"unknown keys sep"),
+])
+def test_malformed_join(monkeypatch, tmp_path, text, match):
     (tmp_path / "bad.yaml").write_text(text)
     monkeypatch.setenv("SPECBENCH_DATASETS_DIR", str(tmp_path))
     with pytest.raises(SpecbenchError, match=match):
@@ -214,3 +233,42 @@ def test_user_question_file_keeps_its_ids_and_categories(tmp_path):
     dup = write_jsonl(tmp_path / "dup.jsonl", [{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}])
     with pytest.raises(SpecbenchError, match="prompt id 'a' appears more than once"):
         ds.load_prompts(str(dup))
+
+
+# ---------------------------------------------------------------------------------------------------- cnn-dm-long
+
+def test_joined_set_joins_consecutive_records_and_cuts_at_a_sentence(tmp_path):
+    """Records from `start` on joined until each target (cycled); a text over max_chars cut at a sentence end."""
+    articles = [{"idx": i, "article": f"Article {i}. " + "Words here. " * 20} for i in range(10)]  # 250 stripped
+    path = write_jsonl(tmp_path / "cnn.jsonl", articles)
+    spec = ds.get_spec("cnn-dm-long")
+    spec = dataclasses.replace(spec, join={**spec.join, "start": 2, "target_chars": [500, 250], "max_chars": 505})
+    rows = joined_records(spec, 3, str(path), offline=True)
+    assert [r["id"] for r in rows] == ["2..3", "4", "5..6"] and [r["count"] for r in rows] == [2, 1, 2]
+    assert rows[0]["text"].startswith("Article 2.") and "\n\n-----\n\nArticle 3." in rows[0]["text"]
+    assert all(r["chars"] == len(r["text"]) <= 505 for r in rows)
+    assert rows[0]["chars"] > 500 - 12 and rows[0]["text"].endswith("Words here.")  # 509 joined, cut after a "."
+    assert rows[1]["text"] == articles[4]["article"].strip()
+    assert cut("One. Two. Three four", 14, keep=4) == "One. Two."  # the last sentence end after `keep`
+    assert cut("One. Two three four", 14, keep=6) == "One. Two three"  # none after `keep`: cut at the limit
+
+
+@needs_data
+def test_cnn_dm_long_offline_prompts_are_1k_to_4k_tokens():
+    """The long-prompt set loads offline from $SPECBENCH_DATA_DIR/cnn-dm/ and its default prompts are 1k-4k tokens
+    long for the embedded model's tokenizer (chat template included), skipping no article of cnn-dm's first 480."""
+    from transformers import AutoTokenizer
+
+    from specbench.core.gguf import _embedded_dir
+    from specbench.core.loaded_model import Tokenizer
+
+    spec, prompts = ds.load_prompts("cnn-dm-long")
+    assert spec.default_limit == 40 and len(prompts) == 40 and prompts[0].id == "480"
+    assert len({p.id for p in prompts}) == 40
+    assert all(p.turns[0].startswith("Summarize each of the following news articles") for p in prompts)
+    tokenizer = Tokenizer(AutoTokenizer.from_pretrained(_embedded_dir()), ())
+    lengths = [len(tokenizer.render(ds.conversation(p, 0, []))) for p in prompts]
+    assert 1024 <= min(lengths) and max(lengths) < 4096, (min(lengths), max(lengths))
+    assert sum(n < 2048 for n in lengths) >= 10 and sum(n >= 2048 for n in lengths) >= 10  # both long buckets
+    where = ds.describe_sources(spec)[0]
+    assert "cnn-dm/test_first1000.jsonl" in where[0] and "joined from cnn-dm record 481 on" in where[0]

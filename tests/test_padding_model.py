@@ -57,6 +57,18 @@ def test_the_papers_claims_hold_in_the_exact_model():
     assert rb == sorted(rb)
 
 
+@pytest.mark.parametrize("p,batch", [(0.6, 16), (0.7, 8), (0.9, 8), (0.5, 2)])
+def test_padding_per_accepted_token_is_the_share_scaled_and_can_pass_100_percent(p, batch):
+    """R_acc = E[P] / E[A] (EMS-SD's measured ratios, Fig. 4's 115%) and R = E[P] / E[M] (<= 100%) describe the same
+    padding: R_acc = R x E[M] / E[A], and R = R_acc / (1 + R_acc) since E[M] = E[A] + E[P]."""
+    e = pm.exact(p, batch, 8)
+    assert e["R_acc"] == pytest.approx(e["R"] * e["E[M]"] / e["E[A]"])
+    assert e["R"] == pytest.approx(e["R_acc"] / (1 + e["R_acc"]))
+    assert e["R"] < 1
+    assert pm.exact(0.6, 16, 8)["R_acc"] > 1 and pm.exact(0.7, 8, 8)["R_acc"] > 1  # padding outnumbers tokens kept
+    assert pm.simulate(p, batch, 8, steps=20000, seed=2)["R_acc"] == pytest.approx(e["R_acc"], abs=0.05)
+
+
 @pytest.mark.parametrize("p,k", [(0.05, 8), (0.5, 8), (0.83, 8), (0.97, 8), (0.6, 3)])
 def test_accuracy_from_tau_inverts_mean_acceptance(p, k):
     assert pm.accuracy_from_tau(pm.exact(p, 1, k)["E[A]"], k) == pytest.approx(p, abs=1e-9)
@@ -73,7 +85,7 @@ def test_accuracy_from_tau_ends_and_refusals():
 def test_table_has_a_row_per_p_and_batch():
     rows = pm.table([0.5, 0.9], [1, 8], 8)
     assert [(r["p"], r["B"]) for r in rows] == [(0.5, 1), (0.5, 8), (0.9, 1), (0.9, 8)]
-    assert set(rows[0]) == {"p", "B", "E[A]", "E[M]", "E[P]", "R"}
+    assert set(rows[0]) == {"p", "B", "E[A]", "E[M]", "E[P]", "R", "R_acc"}
 
 
 @pytest.mark.parametrize("args", [(1.5, 2, 8), (0.5, 0, 8), (0.5, 2, 0)])
@@ -103,6 +115,8 @@ def test_measured_groups_padded_batches_and_sets_the_model_beside_them():
     assert sd.R_measured == pytest.approx(20 / (20 + 60))
     assert pm.exact(sd.p, 1, 4)["E[A]"] == pytest.approx(3.0)
     assert sd.R_model == pytest.approx(pm.exact(sd.p, 4, 4)["R"])
+    assert sd.R_acc_measured == pytest.approx(20 / 60)  # EMS-SD's form: padding per accepted token
+    assert sd.R_acc_model == pytest.approx(pm.exact(sd.p, 4, 4)["R_acc"])
     pld = frame.set_index("method").loc["pld"]
     assert math.isnan(pld.p) and math.isnan(pld.R_model)  # tau outside [1, K]: no model, no error
 
@@ -125,7 +139,8 @@ def test_cli_prints_the_model_table_without_loading_a_model(monkeypatch, tmp_pat
     assert "EMS-SD padding model" in result.output and "E[M]" in result.output
     assert "28.7%" in result.output  # p = 0.9, B = 8
     frame = pd.read_csv(tmp_path / "pm.csv")
-    assert len(frame) == 5 * 2 and list(frame.columns) == ["p", "B", "E[A]", "E[M]", "E[P]", "R"]
+    assert len(frame) == 5 * 2 and list(frame.columns) == ["p", "B", "E[A]", "E[M]", "E[P]", "R", "R_acc"]
+    assert "40.3%" in result.output and "R_acc" in result.output  # p = 0.9, B = 8: E[P] / E[A]
 
 
 def test_cli_measured_comparison_from_a_run_folder(tmp_path):

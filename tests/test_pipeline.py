@@ -226,8 +226,9 @@ def test_a_refused_run_leaves_no_empty_folders(model_dir, workdir):
 def test_predicted_tau_from_a_generic_table_is_said(model_dir, workdir):
     said = sb("run", "--model", str(model_dir), "--method", "ppd", "--artifact", "untrained", *FAST_RUN, "--out", "r")
     assert "generic acceptance table" in said and f"estimate --method ppd --model {model_dir}" in said
-    assert suggested(said, "profile") == f"specbench profile --model {model_dir}"  # no tree of this hardware yet
-    assert suggested(said, "build-tree") == f"specbench build-tree --model {model_dir} --gpu cpu"
+    # no tree of this hardware yet: the commands that make ppd's, for this dtype and device
+    assert suggested(said, "profile") == f"specbench profile --model {model_dir} --dtype float32 --device cpu"
+    assert suggested(said, "build-tree") == f"specbench build-tree --model {model_dir} --gpu cpu --dtype float32"
     meta = yaml.safe_load((workdir / "r" / "run.yaml").read_text())
     assert meta["trees"]["ppd"]["acceptance"].startswith("a generic acceptance table")
     assert "Predicted tau is not this model's" in (workdir / "r" / "report.md").read_text()

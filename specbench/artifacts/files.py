@@ -11,6 +11,7 @@ import yaml
 
 from ..core import store
 from ..core.models import LoadedModel, model_slug
+from ..core.structured import read_structured
 from ..errors import SpecbenchError
 from .prompt_tokens import model_key
 
@@ -25,12 +26,7 @@ def read_meta(path: Path, meta_file: str, fields: dict[str, type], optional: dic
     """The artefact's metadata, each required field present with the right type, each `optional` field of the right
     type where present (errors name file and field)."""
     file = path / meta_file
-    try:
-        meta = yaml.safe_load(file.read_text())
-    except OSError as exc:
-        raise SpecbenchError(f"{file}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise SpecbenchError(f"{file}: not valid YAML ({exc})") from exc
+    meta = read_structured(file, str(file))
     if not isinstance(meta, dict):
         raise SpecbenchError(f"{file}: expected a mapping of metadata fields")
     present = {name: kind for name, kind in (optional or {}).items() if name in meta}

@@ -43,7 +43,7 @@ class MedusaHeads(torch.nn.Module):
 
     def states(self, h: torch.Tensor) -> torch.Tensor:
         """h [n, H] -> [K, n, H]: h + SiLU(W_k h + b_k) per head."""
-        w, b = self.weight.to(h.dtype), self.bias.to(h.dtype)
+        w, b = self.weight.to(h.device, h.dtype), self.bias.to(h.device, h.dtype)  # no-ops on one device
         return h[None] + F.silu(torch.einsum("nh,koh->kno", h, w) + b[:, None])
 
     def logits(self, lm_head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -51,8 +51,11 @@ class MedusaHeads(torch.nn.Module):
         s = self.states(h)
         if self.vocab_ids is None:
             return lm_head(s).float()
-        small = s @ lm_head.weight[self.vocab_ids].T  # [K, n, V']
-        full = small.new_full((*small.shape[:2], lm_head.weight.shape[0]), float("-inf"))
+        from ..core.placement import weight_of
+
+        head = weight_of(lm_head)  # [V, H] (a real copy when the head is offloaded)
+        small = s.to(head.device) @ head[self.vocab_ids.to(head.device)].T  # [K, n, V']
+        full = small.new_full((*small.shape[:2], head.shape[0]), float("-inf"))
         return full.index_copy(2, self.vocab_ids, small).float()
 
 
@@ -111,5 +114,5 @@ def resolve(spec: str | None, target: LoadedModel, folder: str = "medusa") -> He
     """--artifact: None = the shipped heads of this model; else a folder written by `specbench train medusa`."""
     path = af.locate_dir(spec, target, folder, META_FILE, "Medusa heads", TRAIN)
     art = load(path, target)
-    art.heads.to(target.device)
+    art.heads.to(target.output_device)  # the heads read the final hidden states
     return art

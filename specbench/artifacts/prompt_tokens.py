@@ -50,14 +50,18 @@ def model_key(target: LoadedModel) -> str:
     cfg = target.model.config.to_dict()
     keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
     h = hashlib.sha256(json.dumps({k: cfg.get(k) for k in keys}, sort_keys=True).encode())
-    emb = target.model.get_input_embeddings().weight[:4, :16].detach().to(torch.bfloat16).float().cpu()
+    from ..core.placement import weight_of
+
+    emb = weight_of(target.model.get_input_embeddings())[:4, :16].detach().to(torch.bfloat16).float().cpu()
     h.update(emb.numpy().tobytes())
     return h.hexdigest()[:12]
 
 
 def from_token_ids(target: LoadedModel, token_ids: list[int], count: int, ept: int) -> torch.Tensor:
     """Initial prompt tokens [S, E, H]: copies of real token embeddings (PPD §5: initialised with text tokens)."""
-    weight = target.model.get_input_embeddings().weight.detach()
+    from ..core.placement import weight_of
+
+    weight = weight_of(target.model.get_input_embeddings()).detach()
     return weight[torch.tensor(token_ids, device=weight.device)].float().cpu().reshape(count, ept, -1).clone()
 
 

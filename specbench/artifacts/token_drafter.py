@@ -20,6 +20,7 @@ import yaml
 from ..core import store
 from ..core.cpu_kernels import prepack
 from ..core.forward import with_cache
+from ..core.placement import output_device, own_copy, resident, state_dict_of, weight_of
 from ..core.models import LoadedModel, load_model
 from ..errors import SpecbenchError
 
@@ -51,17 +52,20 @@ class SharedHeadDrafter(torch.nn.Module):
             self.config.layer_types = [self.config.layer_types[i] for i in layer_ids]
         self.layer_ids = list(layer_ids)
         self.layers = torch.nn.ModuleList()
-        for i, src in enumerate(layer_ids):
+        for i, src in enumerate(layer_ids):  # copies of the target's layers, offloaded ones read from their store
             layer = type(base.layers[src])(self.config, i)
-            layer.load_state_dict(base.layers[src].state_dict())
+            layer.load_state_dict(state_dict_of(base.layers[src]))
             self.layers.append(layer)
-        self.norm = copy.deepcopy(base.norm)
-        weight = base.layers[0].input_layernorm.weight
-        self.to(device=weight.device, dtype=weight.dtype)
-        self.rotary_emb = type(base.rotary_emb)(config=self.config).to(weight.device)  # inv_freq stays float32
-        self.register_buffer("vocab_ids", None if vocab_ids is None else vocab_ids.to(weight.device).long())
-        # references to the target's frozen modules: a tuple is not registered as a submodule
-        self._shared = (target_model.get_input_embeddings(), target_model.get_output_embeddings())
+        self.norm = own_copy(base.norm)
+        # one device for the drafter: the target's LM head's (the states and head it reads live there)
+        device, dtype = output_device(target_model), self.norm.weight.dtype
+        self.to(device=device, dtype=dtype)
+        self.rotary_emb = type(base.rotary_emb)(config=self.config).to(device)  # inv_freq stays float32
+        self.register_buffer("vocab_ids", None if vocab_ids is None else vocab_ids.to(device).long())
+        # references to the target's frozen modules: a tuple is not registered as a submodule. An offloaded one
+        # (disk / CPU offload) gets a resident copy instead: its hook swaps the weights in and out around each
+        # forward, which PEARL's drafter thread and target thread would otherwise race on
+        self._shared = (resident(target_model.get_input_embeddings()), resident(target_model.get_output_embeddings()))
         self._head_k: torch.Tensor | None = None  # rows of the head for vocab_ids (derived, never saved)
 
     @property
@@ -78,7 +82,8 @@ class SharedHeadDrafter(torch.nn.Module):
                attention_mask: torch.Tensor | None = None, **attention_kwargs) -> torch.Tensor:
         """input_ids [B, n] -> normed final hidden states [B, n, H]. attention_mask: a 4-D additive mask (padded
         batches; default causal); attention_kwargs reach the attention function (core/ragged.py's packed batches)."""
-        h = self._shared[0](input_ids)  # [B, n, H]
+        h = self._shared[0](input_ids).to(self.norm.weight.device)  # [B, n, H] (embeddings may sit elsewhere)
+        position_ids = position_ids.to(h.device)
         past = cache.get_seq_length() if cache is not None else 0
         mask = attention_mask
         if mask is None and "ragged" not in attention_kwargs:
@@ -95,7 +100,8 @@ class SharedHeadDrafter(torch.nn.Module):
         if self.vocab_ids is None:
             return head(h)
         if self._head_k is None or self._head_k.device != h.device or self._head_k.dtype != h.dtype:
-            self._head_k = head.weight.detach()[self.vocab_ids].to(h.dtype)  # [K, H]
+            rows = weight_of(head).detach()  # [V, H] (a real copy when the head is offloaded)
+            self._head_k = rows[self.vocab_ids.to(rows.device)].to(h.device, h.dtype)  # [K, H]
         return F.linear(h, self._head_k)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, cache=None,
@@ -113,12 +119,16 @@ class SharedHeadDrafter(torch.nn.Module):
             h = h[:, logits_to_keep]
         elif logits_to_keep:
             h = h[:, -logits_to_keep:]
-        logits = self.head_logits(h)  # [B, n, K]
+        return SimpleNamespace(logits=self.logits(h))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden [..., H] -> logits over the full vocabulary [..., V] (-inf outside vocab_ids)."""
+        logits = self.head_logits(h)  # [..., K]
         if self.vocab_ids is not None:
-            full = logits.new_full((*logits.shape[:2], self.vocab_size), float("-inf"))  # [B, n, V]
+            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))  # [..., V]
             full[..., self.vocab_ids] = logits
             logits = full
-        return SimpleNamespace(logits=logits)
+        return logits
 
     def on_device(self, device: torch.device) -> "SharedHeadDrafter":
         """A copy on another device (PEARL's `devices` mode), with its own copy of the embedding and head there."""
@@ -204,11 +214,13 @@ def default_drafter(target: LoadedModel) -> LoadedModel | None:
     return target.extras["default_drafter"]
 
 
-def resolve_drafter(spec: str, target: LoadedModel, dtype: str = "auto", device: str = "auto") -> LoadedModel:
-    """--drafter: a drafter artefact folder, or any model spec load_model accepts (same tokenizer as the target)."""
+def resolve_drafter(spec: str, target: LoadedModel, dtype: str = "auto", device: str = "auto",
+                    placement=None) -> LoadedModel:
+    """--drafter: a drafter artefact folder (it lives with the target's LM head), or any model spec load_model
+    accepts (same tokenizer as the target), placed by --drafter-device-map / --drafter-max-memory."""
     if is_artifact(spec):
         return load_artifact(spec, target)
-    drafter = load_model(spec, dtype, device)
+    drafter = load_model(spec, dtype, device, placement=placement)
     check_vocabulary(target, drafter)
     return drafter
 

@@ -42,7 +42,7 @@ class TransferProjections(torch.nn.Module):
 
     def project(self, j: int):
         """Step j's (0-based) map [P, H] -> [P, H]."""
-        return lambda h: h @ self.weight[j].to(h.dtype).T
+        return lambda h: h @ self.weight[j].to(h.device, h.dtype).T  # h: at layer j's device (device maps)
 
     def plan(self, slots: list[torch.Tensor], sources: list[torch.Tensor]) -> list[TransferStep]:
         """Transfer steps for one forward: slots[j] [P_j] are the pseudo inputs of step j, sources[j] their real
@@ -80,5 +80,5 @@ def resolve(spec: str | None, target: LoadedModel) -> ProjectionArtifact:
     """--artifact: None = the shipped projections of this model; else a folder written by train hidden-transfer."""
     path = af.locate_dir(spec, target, "hidden-transfer", META_FILE, "Hidden Transfer projections", TRAIN)
     art = load(path, target)
-    art.projections.to(target.device)
+    art.projections.to(target.output_device)
     return art

@@ -21,8 +21,9 @@ from ..run.results import read_meta
 
 SUMMARY_NUMBERS = ("speedup", "tau", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "tokens_per_s")
 # settings that pick which rows exist (rows are matched by method x dataset), or that run.yaml records resolved
-# elsewhere (dtype, device, threads: in environment), are not compared as settings
-NOT_COMPARED = {"methods", "datasets", "model", "dtype", "device", "threads", "options"}
+# elsewhere (dtype, device, threads: in environment), are not compared as settings; --retime changes which timings
+# are kept (quiet ones), not what is measured, so a run may compare with a baseline from before it
+NOT_COMPARED = {"methods", "datasets", "model", "dtype", "device", "threads", "options", "retime"}
 
 
 @dataclass

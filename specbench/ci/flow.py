@@ -162,8 +162,10 @@ def _header(new: bl.Side, old: bl.Side, notes: list[str], opts: CiOptions) -> li
         md += [f"Same hardware, model, dtype and settings{' as far as known' if notes else ''}: {same}; {revs}."
                + (f" Note: {'; '.join(notes)}." if notes else "")]
     if opts.fail_regression is not None:
-        md += ["", f"Gate (--fail-regression {opts.fail_regression:g}%): a speedup or tau more than "
-               f"{opts.fail_regression:g}% below the baseline, or a fall in exactness, fails."]
+        md += ["", f"Gate (--fail-regression {opts.fail_regression:g}%): a speedup more than "
+               f"{opts.fail_regression:g}% below the baseline's and beyond the noise (this run's 95% interval wholly "
+               f"below the baseline's), a tau more than {opts.fail_regression:g}% below, or a fall in exactness, "
+               "fails."]
     return md
 
 
@@ -218,8 +220,9 @@ def _print_checks(checks: list[gate.Check], opts: CiOptions, old: bl.Side | None
         return
     judged_anyway = any("judged anyway" in c.message for c in checks)
     if opts.fail_below is not None:
-        console.print(f"[green]OK[/] every method's speedup is at least {opts.fail_below}"
+        console.print(f"[green]OK[/] no method's speedup is below {opts.fail_below} beyond the noise (its 95% "
+                      "interval reaches it)"
                       + (" (some timings disturbed: judged anyway, --judge-disturbed)" if judged_anyway else ""))
     if opts.fail_regression is not None and old is not None:
         console.print(f"[green]OK[/] no speedup or tau more than {opts.fail_regression:g}% below "
-                      f"{escape(str(old.path))}, and no fall in exactness")
+                      f"{escape(str(old.path))} beyond the noise, and no fall in exactness")

@@ -1,5 +1,10 @@
 """CI checks per method x dataset (ar excluded): lossless, floor (--fail-below), regression (--fail-regression).
 
+Speedups are judged by their 95% bootstrap interval (report/robust.py), not the point, so that one slow prompt
+cannot fail (or pass) a gate: --fail-below fails only when the interval's upper end is below the threshold; a
+regression is a drop of more than PCT percent (the point) that the intervals say is real, i.e. this run's upper end
+is below the baseline's lower end. Summaries without intervals (older summary.csv files) are judged on the point.
+
 Each check passes, fails, or is skipped with a reason. A speedup judged on disturbed timings (the noise guard,
 noise.py; this run's or the baseline's row) is skipped as "not judged" unless --judge-disturbed: a gate never
 passes or fails on numbers the noise guard distrusts, and says so (exit 3). Tau and exactness do not depend on
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ..report.robust import bounds
 from ..run.noise import is_disturbed
 
 NOT_JUDGED_EXIT, FAILED_EXIT = 3, 1
@@ -64,23 +70,29 @@ def lossless_checks(summary: pd.DataFrame) -> list[Check]:
 
 
 def floor_checks(summary: pd.DataFrame, threshold: float, judge_disturbed: bool) -> list[Check]:
-    """--fail-below: every method's headline speedup at least `threshold`."""
+    """--fail-below: fails when a method's speedup interval lies wholly below `threshold` (its upper end is below
+    it); an interval that reaches the threshold passes, with a note when the point itself is below."""
     checks = []
     for r in methods_only(summary).itertuples(index=False):
         shaky = is_disturbed(getattr(r, "timing", ""))
-        text = f"speedup {r.speedup:.3f}"
+        low, high = bounds(r)
+        text = f"speedup {r.speedup:.3f}" + (f" (95% interval {low:.3f}-{high:.3f})" if low != high else "")
+        anyway = " (timing disturbed, judged anyway)" if shaky else ""
         if shaky and not judge_disturbed:
             checks.append(Check(r.method, r.dataset, "floor", "skipped", f"not judged: timing {r.timing}", True))
-        elif _nan(r.speedup) or r.speedup < threshold:
+        elif _nan(r.speedup) or _nan(high) or high < threshold:
             checks.append(Check(r.method, r.dataset, "floor", "failed", f"{text} < {threshold}"))
+        elif r.speedup < threshold:
+            checks.append(Check(r.method, r.dataset, "floor", "passed", f"{text}: below {threshold} but within the "
+                                "noise (the interval's upper end reaches it)" + anyway))
         else:
-            checks.append(Check(r.method, r.dataset, "floor", "passed",
-                                f"{text} >= {threshold}" + (" (timing disturbed, judged anyway)" if shaky else "")))
+            checks.append(Check(r.method, r.dataset, "floor", "passed", f"{text} >= {threshold}" + anyway))
     return checks
 
 
 def regression_checks(delta: pd.DataFrame, pct: float, judge_disturbed: bool) -> list[Check]:
-    """--fail-regression PCT: speedup or tau fell by more than PCT percent of the baseline, or exactness fell: the
+    """--fail-regression PCT: speedup fell by more than PCT percent of the baseline and beyond the noise (this run's
+    interval wholly below the baseline's), tau fell by more than PCT percent, or exactness fell: the
     exact-or-explained rate fell, or the exact rate fell while some difference is unexplained (an exact-rate fall
     made only of near-ties within the dtype's rounding is noted, not failed: bf16 batching flips them)."""
     checks = []
@@ -96,8 +108,10 @@ def regression_checks(delta: pd.DataFrame, pct: float, judge_disturbed: bool) ->
         if shaky and not judge_disturbed:
             notes.append(f"{speedup_text} not judged: timing disturbed "
                          f"({'this run' if is_disturbed(r.timing) else 'baseline'})")
+        elif speedup_fell and _beyond_noise(r):
+            failed.append(f"{speedup_text}, more than {pct:g}% down and beyond the noise ({_intervals(r)})")
         elif speedup_fell:
-            failed.append(f"{speedup_text}, more than {pct:g}% down")
+            notes.append(f"the drop is within the noise ({_intervals(r)} overlap)")
         if shaky and judge_disturbed:
             notes.append("timing disturbed, judged anyway")
         if not _nan(r.tau_change) and r.tau_change < -pct:
@@ -112,6 +126,25 @@ def regression_checks(delta: pd.DataFrame, pct: float, judge_disturbed: bool) ->
             ok = f"{speedup_text}, tau {r.tau_base:.3f} -> {r.tau:.3f}: within {pct:g}%"
             checks.append(Check(r.method, r.dataset, "regression", "passed", "; ".join([ok] + notes)))
     return checks
+
+
+def _beyond_noise(r) -> bool:
+    """This run's speedup interval lies wholly below the baseline's (no interval: the points, as before)."""
+    low_base = _side_bound(r, "speedup_lo_base", r.speedup_base)
+    high = _side_bound(r, "speedup_hi", r.speedup)
+    return high < low_base
+
+
+def _intervals(r) -> str:
+    return (f"95% intervals {_side_bound(r, 'speedup_lo', r.speedup):.3f}-{_side_bound(r, 'speedup_hi', r.speedup):.3f}"
+            f" vs baseline {_side_bound(r, 'speedup_lo_base', r.speedup_base):.3f}-"
+            f"{_side_bound(r, 'speedup_hi_base', r.speedup_base):.3f}")
+
+
+def _side_bound(r, column: str, point: float) -> float:
+    """One end of a side's interval from the comparison row; the point where that side has none."""
+    value = getattr(r, column, math.nan)
+    return point if _nan(value) else value
 
 
 def _exactness_fell(r, notes: list[str]) -> list[str]:

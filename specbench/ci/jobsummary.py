@@ -14,8 +14,8 @@ from ..errors import SpecbenchError
 from .gate import Check, verdict
 from ..report.markdown import markdown_table
 
-RESULT_COLUMNS = ["method", "dataset", "prompts", "tokens_per_s", "speedup", "tau", "acceptance_rate",
-                  "lossless_rate", "lossless_explained_rate", "timing"]
+RESULT_COLUMNS = ["method", "dataset", "prompts", "tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "tau",
+                  "acceptance_rate", "lossless_rate", "lossless_explained_rate", "timing"]
 ICONS = {"PASSED": "✅", "FAILED": "❌", "NOT JUDGED": "⚠️", "REPORT": "📊"}
 
 

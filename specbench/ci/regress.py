@@ -20,16 +20,20 @@ from ..run.noise import is_disturbed
 MEASURES = {"speedup": ("speedup", True), "tau": ("tau", True), "acceptance_rate": ("acceptance", False),
             "lossless_rate": ("lossless", False), "lossless_explained_rate": ("explained", False)}
 KEY = ["method", "dataset"]
+INTERVAL = ("speedup_lo", "speedup_hi")  # report/robust.py; NaN for summaries from before the interval
 
 
 def compare(new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
-    """One row per method x dataset of either run: <measure>_base, <measure>, <measure>_change, timing of each
-    side, exactness and status (compared / new / gone)."""
+    """One row per method x dataset of either run: <measure>_base, <measure>, <measure>_change, each side's speedup
+    interval (speedup_lo/_hi[_base]; NaN where a summary has none), timing of each side, exactness and status
+    (compared / new / gone)."""
     def side(s: pd.DataFrame) -> pd.DataFrame:
         cols = {c: MEASURES[c][0] for c in MEASURES}
         frame = pd.DataFrame({k: s[k].astype(str) for k in KEY})
         for col, name in cols.items():
             frame[name] = pd.to_numeric(s[col], errors="coerce") if col in s else math.nan
+        for col in INTERVAL:
+            frame[col] = pd.to_numeric(s[col], errors="coerce") if col in s else math.nan
         frame["timing"] = s["timing"].astype(str) if "timing" in s else ""
         frame["exactness"] = s["exactness"].astype(str) if "exactness" in s else ""
         return frame
@@ -43,12 +47,20 @@ def compare(new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
         a, b = merged[name], merged[f"{name}_base"]
         merged[f"{name}_change"] = ((a / b - 1) * 100 if relative else (a - b) * 100).round(2)
         columns += [f"{name}_base", name, f"{name}_change"]
-    columns += ["timing_base", "timing", "exactness"]
+    columns += [f"{c}{side}" for side in ("_base", "") for c in INTERVAL] + ["timing_base", "timing", "exactness"]
     return merged[columns].fillna({"timing": "", "timing_base": "", "exactness": ""}).reset_index(drop=True)
 
 
 def _num(v, spec: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
+
+
+def _span(r, side: str) -> str:
+    """ ' [low-high]' of one side's speedup interval; nothing when it has none or it is a point (one turn)."""
+    low, high = getattr(r, f"speedup_lo{side}", math.nan), getattr(r, f"speedup_hi{side}", math.nan)
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in (low, high)) or low == high:
+        return ""
+    return f" [{low:.2f}-{high:.2f}]"
 
 
 def cells(r) -> dict[str, str]:
@@ -57,7 +69,8 @@ def cells(r) -> dict[str, str]:
     for name, relative in MEASURES.values():
         base, new, change = getattr(r, f"{name}_base"), getattr(r, name), getattr(r, f"{name}_change")
         spec = "{:.2f}x" if name == "speedup" else "{:.2f}" if name == "tau" else "{:.0%}"
-        text = f"{_num(base, spec)} -> {_num(new, spec)}"
+        text = f"{_num(base, spec)}{_span(r, '_base')} -> {_num(new, spec)}{_span(r, '')}" if name == "speedup" \
+            else f"{_num(base, spec)} -> {_num(new, spec)}"
         if not (isinstance(change, float) and math.isnan(change)):
             text += f" ({change:+.1f}%)" if relative else f" ({change:+.0f} pt)"
         out[name] = text
@@ -80,7 +93,8 @@ def markdown(delta: pd.DataFrame, verdicts: dict, header: list[str]) -> list[str
     table = pd.DataFrame(rows, columns=["method", "dataset", "status", "speedup", "tau", "acceptance",
                                         "lossless (exact)", "exact or explained", "timing", "verdict"])
     return header + ["", markdown_table(table), "",
-                     "Speedup and tau: baseline -> this run (relative change); acceptance and lossless rates in "
+                     "Speedup and tau: baseline -> this run (relative change), speedups with their 95% bootstrap "
+                     "interval [low-high]; acceptance and lossless rates in "
                      "percentage points. `new`: no baseline row; `gone`: only the baseline has it.", ""]
 
 

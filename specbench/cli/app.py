@@ -10,7 +10,7 @@ from typer.core import TyperGroup
 
 from .. import __version__
 from ..errors import SpecbenchError
-from ..progress import console, out
+from ..progress import console, out, quiet_libraries
 
 
 class _ClearErrors(TyperGroup):
@@ -53,13 +53,6 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 def main() -> None:
     """Console-script entry point: quiet library logging, then the Typer app."""
-    import logging
-    import warnings
-
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=UserWarning, module="transformers")
+    quiet_libraries()
     app()
+

@@ -13,6 +13,7 @@ from rich.table import Table
 from ..errors import SpecbenchError
 from ..progress import console, out
 from .app import app
+from .placement import DeviceMap, MaxMemory, target_placement
 from .parse import float_list, int_list
 
 
@@ -30,6 +31,8 @@ def estimate(
     initial: Annotated[bool, typer.Option(help="Score the artefact's initial (untrained) embeddings.")] = False,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="Acceptance YAML (default "
                         "acceptance/<model>/ppd.yaml); with --padding, a CSV of the model's table (not written "
@@ -52,26 +55,23 @@ def estimate(
         _estimate_padding(accuracy, batch_sizes, max_accept, run, out_path)
         return
     from ..core.models import load_model
-    from ..artifacts import prompt_tokens as pt
+    from ..methods.base import tree_families
     from ..planning import acceptance
 
-    methods = ("ppd", "medusa", "hidden-transfer", "eagle", "parallelspec")
-    if method not in methods:
-        raise SpecbenchError(f"estimate --method {method}: choose one of {', '.join(methods)} (or --padding)")
+    families = tree_families()  # family -> its first registered tree method (ppd, medusa, ...)
+    if method not in families:
+        raise SpecbenchError(f"estimate --method {method}: choose one of {', '.join(families)} (or --padding)")
     if limit < 1 or new_tokens < 3:
         raise SpecbenchError("--limit must be at least 1 and --new-tokens at least 3")
-    if initial and method != "ppd":
+    guesser = families[method].guesser_type
+    if initial and not guesser.has_initial:
         raise SpecbenchError(f"--initial scores ppd's untrained prompt tokens; {method} has no initial artefact "
                              "(its untrained heads / projections / drafter repeat the next-token guess or less)")
-    target = load_model(model, dtype, device)
-    if method == "ppd":
-        tokens = pt.resolve(artifact, target)
-        if initial and not tokens.meta.get("untrained"):
-            tokens = pt.load(tokens.source, target, initial=True)  # the embeddings training started from
-        result = acceptance.estimate(target, tokens, data, limit, new_tokens, data_file)
-        source = tokens.source
-    else:
-        result, source = _estimate_heads(method, target, artifact, data, limit, new_tokens, data_file)
+    target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory))
+    scorer = guesser.scorer(target, artifact, initial)
+    result = acceptance.estimate_with(target, scorer.ranks, scorer.rows, data, limit, new_tokens, data_file, method,
+                                      scorer.source, scorer.extra)
+    source = scorer.source
     path = out_path or acceptance.default_path(model, method + ("-initial" if initial else ""))
     acceptance.write(result, path)
     table = Table(title=f"{method} accuracy, {target.spec} {result['dtype']} ({source}), "
@@ -83,47 +83,6 @@ def estimate(
         table.add_row(f"@{d + 1}", *(f"{row[k - 1]:.3f}" for k in (1, 2, 3, 5, 10)))
     out.print(table)
     console.print(f"Wrote {escape(str(path))} ({sum(result['positions'])} scored guesses, {result['seconds']:.0f} s)")
-
-
-def _estimate_heads(method: str, target, artifact: Optional[str], data: str, limit: int, new_tokens: int,
-                    data_file: Optional[str]) -> tuple[dict, str]:
-    """estimate for medusa (or early-exit heads: --artifact artifacts/<model>/early-exit-l<l>), hidden-transfer and
-    the feature drafters (eagle: ranks at each depth along the true path; parallelspec: per drafted position)."""
-    from ..planning import acceptance
-    from ..planning.head_accuracy import medusa_ranks, transfer_ranks
-
-    if method == "medusa":
-        from ..artifacts import medusa_heads as mh
-
-        art = mh.resolve(artifact, target)
-        heads = art.heads
-        result = acceptance.estimate_with(target, lambda ids, s: medusa_ranks(target, heads, ids, s), heads.heads,
-                                          data, limit, new_tokens, data_file, method, art.source,
-                                          {"heads": heads.heads, "layer": heads.layer})
-        return result, art.source
-    if method in ("eagle", "parallelspec"):
-        from ..artifacts import feature_drafter as fd
-        from ..planning.head_accuracy import drafter_ranks
-        from ..methods.tree import EAGLE_DEPTH
-
-        art = fd.resolve(artifact, target, method)
-        drafter = art.drafter.to(target.device)
-        depths = drafter.mask_tokens + 1 if method == "parallelspec" else EAGLE_DEPTH
-        # the drafter's own forward time (build-tree adds it per drafter forward to the target's step latency)
-        ms = fd.forward_ms(drafter, 1 + drafter.mask_tokens)
-        result = acceptance.estimate_with(target, lambda ids, s: drafter_ranks(target, drafter, ids, s, depths),
-                                          depths, data, limit, new_tokens, data_file, method, art.source,
-                                          {"mask_tokens": drafter.mask_tokens, "draft_forward_ms": ms,
-                                           "draft_forward_rows": 1 + drafter.mask_tokens})
-        return result, art.source
-    from ..artifacts import transfer_projections as tp
-
-    art = tp.resolve(artifact, target)
-    proj = art.projections
-    result = acceptance.estimate_with(target, lambda ids, s: transfer_ranks(target, proj, ids, s), proj.steps,
-                                      data, limit, new_tokens, data_file, method, art.source,
-                                      {"transfer_layers": proj.layers})
-    return result, art.source
 
 
 def _estimate_padding(accuracy: str, batch_sizes: str, max_accept: int, run: Optional[Path],
@@ -145,12 +104,14 @@ def _estimate_padding(accuracy: str, batch_sizes: str, max_accept: int, run: Opt
     records = read_records(run) if run is not None else None  # a folder without records.csv is refused up front
     rows = pm.table(ps, batches, max_accept)
     table = Table(title=f"EMS-SD padding model (Appendix B), K = {max_accept}",
-                  caption="R = E[P] / E[M]: share of the KV entries written per step that are padding")
-    for col in ("p", "B", "E[A]", "E[M]", "E[P]", "R"):
+                  caption="R = E[P] / E[M]: share of the KV entries written per step that are padding (<= 100%); "
+                          "R_acc = E[P] / E[A]: padding per accepted token, the form of EMS-SD's measured ratios "
+                          "(can pass 100%)")
+    for col in ("p", "B", "E[A]", "E[M]", "E[P]", "R", "R_acc"):
         table.add_column(escape(col), justify="right")
     for r in rows:
         table.add_row(f"{r['p']:g}", str(r["B"]), f"{r['E[A]']:.2f}", f"{r['E[M]']:.2f}", f"{r['E[P]']:.2f}",
-                      f"{r['R']:.1%}")
+                      f"{r['R']:.1%}", f"{r['R_acc']:.1%}")
     out.print(table)
     frames = {out_path: pd.DataFrame(rows)}
     if records is not None:
@@ -175,7 +136,7 @@ def _print_measured(frame, run: Path) -> None:
                       "in its records")
         return
     table = Table(title=f"measured vs model KV padding ratio, {escape(str(run))}")
-    for col in ("method", "dataset", "B", "tau", "K", "p", "R measured", "R model"):
+    for col in ("method", "dataset", "B", "tau", "K", "p", "R measured", "R model", "R_acc measured", "R_acc model"):
         table.add_column(col, justify="left" if col in ("method", "dataset") else "right")
 
     def fmt(v, spec):
@@ -183,5 +144,6 @@ def _print_measured(frame, run: Path) -> None:
 
     for r in frame.itertuples(index=False):
         table.add_row(escape(str(r.method)), escape(str(r.dataset)), str(r.batch_size), fmt(r.tau, "{:.2f}"),
-                      fmt(r.K, "{:.0f}"), fmt(r.p, "{:.3f}"), fmt(r.R_measured, "{:.1%}"), fmt(r.R_model, "{:.1%}"))
+                      fmt(r.K, "{:.0f}"), fmt(r.p, "{:.3f}"), fmt(r.R_measured, "{:.1%}"), fmt(r.R_model, "{:.1%}"),
+                      fmt(r.R_acc_measured, "{:.1%}"), fmt(r.R_acc_model, "{:.1%}"))
     out.print(table)

@@ -16,7 +16,8 @@ def print_summary(summary, title: str) -> None:
 
     batched = "batch_size" in summary and (summary.batch_size.fillna(1) > 1).any()
     table = Table(title=title)
-    for col in ("method", "dataset", "prompts", "tok/s", "speedup vs ar", "mean ratio", "tau", "accept",
+    for col in ("method", "dataset", "prompts", "tok/s", "speedup vs ar", "95% interval", "median ratio", "tau",
+                "accept",
                 "lossless") + (("padding", "tau min") if batched else ()) + ("timing",):
         table.add_column(col, justify="left" if col in ("method", "dataset", "timing") else "right")
 
@@ -24,6 +25,9 @@ def print_summary(summary, title: str) -> None:
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
 
     for r in summary.itertuples(index=False):
+        low, high = getattr(r, "speedup_lo", math.nan), getattr(r, "speedup_hi", math.nan)
+        span = f"{fmt(low)}-{fmt(high)}" if not any(isinstance(v, float) and math.isnan(v) for v in (low, high)) \
+            else "-"
         explained = getattr(r, "lossless_explained_rate", math.nan)
         loss = fmt(r.lossless_rate, "{:.0%}") + ("" if r.exactness != "lossy" else " (lossy)")
         if not (isinstance(explained, float) and math.isnan(explained)) and explained != r.lossless_rate:
@@ -31,7 +35,8 @@ def print_summary(summary, title: str) -> None:
         timing = str(getattr(r, "timing", "") or "")
         batch = (fmt(r.padding_ratio, "{:.0%}"), fmt(r.tau_batch_min)) if batched else ()
         table.add_row(escape(row_name(r)), r.dataset, str(r.prompts), fmt(r.tokens_per_s), fmt(r.speedup, "{:.2f}x"),
-                      fmt(r.speedup_mean, "{:.2f}x"), fmt(r.tau), fmt(r.acceptance_rate), loss, *batch,
+                      span, fmt(getattr(r, "speedup_median", math.nan), "{:.2f}x"), fmt(r.tau), fmt(r.acceptance_rate),
+                      loss, *batch,
                       "[bold red]DISTURBED[/]" if is_disturbed(timing) else timing)
     out.print(table)
     warn_disturbed(summary)

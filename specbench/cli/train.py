@@ -13,6 +13,7 @@ from ..progress import console
 from ..train.config import TRAINING_MIX
 from .app import train_app
 from .parse import int_list
+from .placement import DeviceMap, MaxMemory
 
 # ------------------------------------------------------------------ options every train command shares (same help)
 
@@ -65,6 +66,8 @@ def train_ppd(
     dtype: Annotated[str, typer.Option(help="auto (float32 on CPU: bf16 backward is slow there), float32, "
                                             "bfloat16")] = "auto",
     device: Device = "auto",
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay).")] = 0.01,
     alpha: Annotated[float, typer.Option(help="Loss decay over prompt tokens.")] = 0.8,
     insertions: Annotated[int, typer.Option(help="Random insertion points per sequence per step.")] = 64,
@@ -105,6 +108,8 @@ def train_drafter(
     out: _out("drafter") = None,
     dtype: DType = "auto",
     device: Device = "auto",
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     lr: PeakLR = 5e-4,
     topk: Annotated[int, typer.Option(help="Teacher probabilities kept per position.")] = 32,
     prompts: Annotated[int, typer.Option(help="Training prompts (after the held-out ones).")] = 300,
@@ -148,6 +153,8 @@ def train_medusa(
     out: _out("medusa") = None,
     dtype: DType = "auto",
     device: Device = "auto",
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     save_every: SaveEvery = 100,
     resume: Resume = False,
     seed: _seed("Data order.") = 0,
@@ -179,6 +186,8 @@ def train_hidden_transfer(
     out: _out("hidden-transfer") = None,
     dtype: DType = "auto",
     device: Device = "auto",
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     save_every: SaveEvery = 50,
     resume: Resume = False,
     seed: _seed("Data order and insertion points.") = 0,
@@ -225,6 +234,8 @@ def train_eagle(
     out: _out("eagle") = None,
     dtype: DType = "auto",
     device: Device = "auto",
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     save_every: SaveEvery = 100,
     resume: Resume = False,
     seed: _seed("Data order and noise.") = 0,
@@ -255,6 +266,8 @@ def train_parallelspec(
     out: _out("parallelspec") = None,
     dtype: DType = "auto",
     device: Device = "auto",
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     save_every: SaveEvery = 100,
     resume: Resume = False,
     seed: _seed("Data order, groups and noise.") = 0,

@@ -14,6 +14,7 @@ from ..errors import SpecbenchError
 from ..progress import console, out
 from .app import app
 from .parse import int_list
+from .placement import DeviceMap, MaxMemory, TensorParallel, target_placement
 
 
 @app.command()
@@ -21,12 +22,16 @@ def profile(
     model: Annotated[str, typer.Option(help="Model spec; random:<preset> needs no download.")] = "smollm2-135m",
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
+    tp: TensorParallel = 1,
     widths: Annotated[str, typer.Option(help="Input widths n (tokens per forward).")] = "1,2,4,8,16,32,64,128",
     kv_lengths: Annotated[str, typer.Option(help="KV-cache lengths the widths are timed on.")] = "128,512,1024",
     repeats: Annotated[int, typer.Option(help="Timed forwards per point (median and p10/p90 reported).")] = 7,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="Profile YAML (default "
-                        "profiles/<hardware>/<model>-<dtype>.yaml).")] = None,
+                        "profiles/<hardware>/<model>-<dtype>.yaml; with a device map or --tp: "
+                        "<model>-<dtype>@<placement>.yaml).")] = None,
 ):
     """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`)."""
     import torch
@@ -39,8 +44,12 @@ def profile(
         raise SpecbenchError(f"--threads must be at least 1 (got {threads}); leave it out for torch's choice")
     if threads:
         torch.set_num_threads(threads)
-    target = load_model(model, dtype, device)
+    target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory, tp))
     result = measure(target, width_list, kv_list, repeats)
+    from ..core.tensor_parallel import is_writer
+
+    if not is_writer():
+        return  # --tp: every rank measured (the forwards are collective); rank 0 writes
     path = save(result, out_path)
     table = Table(title=f"L_fp(n) ms, {result.model} {result.dtype} on {result.hardware}")
     table.add_column("width n", justify="right")

@@ -123,32 +123,21 @@ def keep_positions(cache: DynamicCache, start: int, keep: list[int]) -> None:
     drop_last(cache, total - start - len(keep))
 
 
-# Padded batches (core/padded.py, the vanilla way of batching): every row of a DynamicCache has the same length.
+# Batch engines (core/ragged.py, core/padded.py): preallocated per-layer stores written in place.
 
-def select_rows(cache: DynamicCache, rows: list[int]) -> None:
-    """Keep the batch rows `rows` (in that order) of every layer: a finished sample leaves the batch."""
-    for layer in cache.layers:
-        if getattr(layer, "keys", None) is not None and layer.keys.numel():
-            index = torch.tensor(rows, dtype=torch.long, device=layer.keys.device)
-            layer.keys, layer.values = layer.keys[index], layer.values[index]
-
-
-def pad_left(cache: DynamicCache, n: int) -> None:
-    """Prepend n zero entries to every row of every layer (the attention mask hides them)."""
-    if n <= 0:
-        return
-    for layer in cache.layers:
-        if getattr(layer, "keys", None) is not None and layer.keys.numel():
-            k, v = layer.keys, layer.values  # [B, kv_heads, T, head_dim]
-            layer.keys = torch.cat([k.new_zeros(*k.shape[:2], n, k.shape[-1]), k], 2)
-            layer.values = torch.cat([v.new_zeros(*v.shape[:2], n, v.shape[-1]), v], 2)
-
-
-def append_rows(cache: DynamicCache, other: DynamicCache) -> None:
-    """Stack `other`'s rows under `cache`'s (both the same length): samples join a batch."""
-    for layer, new in zip(cache.layers, other.layers):
-        if getattr(layer, "keys", None) is None or not layer.keys.numel():
-            layer.lazy_initialization(new.keys, new.values)
-            layer.keys, layer.values = new.keys, new.values
-        else:
-            layer.keys, layer.values = torch.cat([layer.keys, new.keys]), torch.cat([layer.values, new.values])
+def preallocated(stores: dict[int, torch.Tensor], layer: int, like: torch.Tensor, slots: int,
+                 need: int) -> torch.Tensor:
+    """The layer's store [slots, kv_heads, capacity, head_dim], allocated on first use and grown to hold `slots`
+    rows and `need` entries (capacity doubled, at least 64, so that a growing batch copies O(log T) times, not
+    every step as a DynamicCache's torch.cat does). like: new keys or values [., kv_heads, ., head_dim]."""
+    old = stores.get(layer)
+    if old is not None and old.shape[0] >= slots and old.shape[2] >= need:
+        return old
+    rows = slots if old is None else max(slots, old.shape[0])
+    capacity = max(need, 64) if old is None else (old.shape[2] if old.shape[2] >= need else
+                                                  max(need, 2 * old.shape[2]))
+    grown = like.new_zeros(rows, like.shape[1], capacity, like.shape[-1])
+    if old is not None:
+        grown[:old.shape[0], :, :old.shape[2]] = old
+    stores[layer] = grown
+    return grown

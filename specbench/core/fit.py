@@ -50,8 +50,8 @@ def memory_need(config, dtype: torch.dtype, device: torch.device) -> tuple[int, 
 
 
 def check_memory(what: str, config, dtype: torch.dtype, device: torch.device, hint: str = "") -> None:
-    """Refuse (SpecbenchError naming the need and what is free) before building a model that cannot fit; a model
-    built on CPU and moved to a GPU needs the room on both."""
+    """Refuse (SpecbenchError naming the need and what is free) before building a model that cannot fit on one
+    device; a model built on CPU and moved to a GPU needs the room on both. (A device map: fit_devices.py.)"""
     try:
         params, need = memory_need(config, dtype, device)
     except Exception:  # an architecture that cannot be built on the meta device: no check rather than no model

@@ -16,7 +16,7 @@ from rich.markup import escape
 from ..errors import SpecbenchError
 from ..progress import console, status
 from . import store
-from .fit import check_memory
+from .fit_devices import check_fit
 from .loaded_model import LoadedModel, _finish, _with_attention
 from .model_specs import EMBEDDED_ALIAS, SMOLLM2_GGUF, SMOLLM2_PACKAGE, dtype_name
 
@@ -53,13 +53,18 @@ def embedded_gguf_path(announce: bool = True) -> Path:
     return cached
 
 
-def _load_embedded(device, dtype) -> LoadedModel:
+def _load_embedded(device, dtype, placement=None) -> LoadedModel:
     """The GGUF is de-quantised once (about 30 s) and cached as float32 safetensors (loads in about 1 s)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     converted = _embedded_dir()
     tok = AutoTokenizer.from_pretrained(converted)
-    model = AutoModelForCausalLM.from_pretrained(converted, dtype=dtype, attn_implementation="sdpa")
+    if placement is not None and placement.spread:
+        from .placement import from_pretrained
+
+        model = from_pretrained(AutoModelForCausalLM, str(converted), placement, dtype=dtype, attn_implementation="sdpa")
+    else:
+        model = AutoModelForCausalLM.from_pretrained(converted, dtype=dtype, attn_implementation="sdpa")
     return _finish(model, tok, EMBEDDED_ALIAS, "SmolLM2-135M-Instruct", device, dtype,
                    f"{SMOLLM2_PACKAGE} ({SMOLLM2_GGUF}, de-quantised)")
 
@@ -142,7 +147,7 @@ def _gguf_config(path: Path):
         raise SpecbenchError(f"could not read the GGUF file {path}: {first}") from exc
 
 
-def _load_gguf(spec: str, path: Path, device, dtype) -> LoadedModel:
+def _load_gguf(spec: str, path: Path, device, dtype, placement=None) -> LoadedModel:
     """A GGUF file, de-quantised once and cached as a plain HF directory of safetensors (as the embedded default
     is), keyed by gguf_content_key: later commands load the cache in seconds instead of de-quantising again.
 
@@ -156,20 +161,24 @@ def _load_gguf(spec: str, path: Path, device, dtype) -> LoadedModel:
               for dt in (torch.float32, dtype)}
     for folder in stored.values():
         if (folder / "model.safetensors").is_file():
+            from .placement import from_pretrained
+            from .placement import SINGLE
+
             with status(f"Loading {path.name} (de-quantised copy from {folder})"):
                 tok = AutoTokenizer.from_pretrained(folder)
-                model = _with_attention(lambda attention: AutoModelForCausalLM.from_pretrained(
-                    folder, dtype=dtype, attn_implementation=attention), path.name)
+                model = _with_attention(lambda attention: from_pretrained(
+                    AutoModelForCausalLM, str(folder), placement or SINGLE, dtype=dtype,
+                    attn_implementation=attention), path.name)
             return _finish(model, tok, spec, path.stem, device, dtype, f"{path} (GGUF, de-quantised: {folder})")
     config = _gguf_config(path)
     convert_dtype = torch.float32
     try:
-        check_memory(f"{path.name} (de-quantised to float32)", config, torch.float32, torch.device("cpu"))
+        check_fit(f"{path.name} (de-quantised to float32)", config, torch.float32, torch.device("cpu"))
     except SpecbenchError:
         if dtype == torch.float32:
             raise
         convert_dtype = dtype  # float32 does not fit: de-quantise straight into the dtype that was asked for
-    check_memory(f"{path.name} ({dtype_name(dtype)})", config, dtype, device)
+    check_fit(f"{path.name} ({dtype_name(dtype)})", config, dtype, device, placement=placement)
     folder = stored[convert_dtype]
     with status(f"De-quantising {path.name} to {dtype_name(convert_dtype)} (first use of this file only; cached in "
                 f"{folder.parent})"):
@@ -181,6 +190,9 @@ def _load_gguf(spec: str, path: Path, device, dtype) -> LoadedModel:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise SpecbenchError(f"could not load the GGUF file {path}: {first}") from exc
         _cache_gguf(model, tok, folder)
+    if placement is not None and placement.spread:  # placed from the cached copy, as every later load is
+        del model
+        return _load_gguf(spec, path, device, dtype, placement)
     return _finish(model, tok, spec, path.stem, device, dtype, f"{path} (GGUF, de-quantised: {folder})")
 
 

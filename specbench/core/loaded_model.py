@@ -76,6 +76,21 @@ class LoadedModel:
     context_length: int
     source: str = ""
     extras: dict = field(default_factory=dict)
+    placement: str = ""  # core/placement.label: "single:cpu", "map:0:16,1:14,disk:2", "tp2"
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where the token embedding computes (input ids, prompt tokens go there); `device` is this device."""
+        from .placement import input_device
+
+        return input_device(self.model)
+
+    @property
+    def output_device(self) -> torch.device:
+        """Where the LM head computes: final hidden states and logits come back on this device."""
+        from .placement import output_device
+
+        return output_device(self.model)
 
     @property
     def vocab_size(self) -> int:
@@ -93,7 +108,9 @@ class LoadedModel:
         cfg = self.model.config.to_dict()
         keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
         h = hashlib.sha256(json.dumps({k: cfg.get(k) for k in keys}, sort_keys=True).encode())
-        emb = self.model.get_input_embeddings().weight[:4, :16].detach().cpu().to(torch.bfloat16).float().numpy()
+        from .placement import weight_of
+
+        emb = weight_of(self.model.get_input_embeddings())[:4, :16].detach().cpu().to(torch.bfloat16).float().numpy()
         h.update(emb.tobytes())
         return h.hexdigest()[:12]
 
@@ -115,15 +132,24 @@ def _stop_ids(backend, model) -> tuple[int, ...]:
 
 
 def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
-    model.to(device=device, dtype=dtype).eval()
+    from .placement import input_device, is_dispatched, label
+
+    spread = is_dispatched(model) or getattr(model, "_specbench_tp", 1) > 1
+    if spread:  # accelerate / tensor parallelism placed every module: moving it would undo that
+        model.eval()
+        device = input_device(model)
+    else:
+        model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
-    if device.type == "cpu" and dtype == torch.float32 and model.num_parameters() <= MAX_PREPACK_PARAMS:
+    # packed oneDNN weights replace Linear.forward, which would bypass accelerate's offload hooks: single device only
+    if (not spread and device.type == "cpu" and dtype == torch.float32
+            and model.num_parameters() <= MAX_PREPACK_PARAMS):
         from .cpu_kernels import prepack
 
         prepack(model)  # oneDNN with packed weights: flat cost over small widths (cpu_kernels.py says why)
     ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
     tok = Tokenizer(backend, _stop_ids(backend, model), name)
-    return LoadedModel(model, tok, spec, name, device, dtype, ctx, source)
+    return LoadedModel(model, tok, spec, name, device, dtype, ctx, source, placement=label(model))
 
 
 def _with_attention(build, what: str):

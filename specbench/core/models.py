@@ -20,7 +20,7 @@ from rich.markup import escape
 from ..errors import SpecbenchError
 from ..progress import console, status
 from . import store
-from .fit import check_memory
+from .fit_devices import check_fit
 from .gguf import _embedded_dir, _gguf_config, _load_embedded, _load_gguf, gguf_content_key  # noqa: F401
 from .loaded_model import ByteTokenizer, LoadedModel, Tokenizer, _finish, _with_attention  # noqa: F401
 from .model_specs import (  # noqa: F401  (re-exported: the names importers use from core.models)
@@ -36,6 +36,7 @@ from .model_specs import (  # noqa: F401  (re-exported: the names importers use 
     resolve_dtype,
 )
 from .network import hub_unavailable
+from .placement import SINGLE, Placement, from_pretrained  # noqa: F401  (from_pretrained: gguf.py too)
 
 
 def cache_dir() -> Path:
@@ -43,7 +44,7 @@ def cache_dir() -> Path:
     return store.user_cache()
 
 
-def _load_random(arg: str, device, dtype) -> LoadedModel:
+def _load_random(arg: str, device, dtype, placement: Placement = SINGLE) -> LoadedModel:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if arg in RANDOM_PRESETS:
@@ -62,9 +63,9 @@ def _load_random(arg: str, device, dtype) -> LoadedModel:
     except (ValueError, TypeError, KeyError) as exc:
         raise SpecbenchError(f"random:{arg}: not a usable config ({str(exc).splitlines()[0]})") from exc
     smaller = [k for k in ("tiny", "smollm2-135m") if k != arg]
-    check_memory(f"random:{arg}", config, dtype, device,
+    check_fit(f"random:{arg}", config, dtype, device,
                  f"try a smaller preset ({', '.join(smaller)})"
-                 + (" or --dtype bfloat16 (half the memory)" if dtype == torch.float32 else ""))
+                 + (" or --dtype bfloat16 (half the memory)" if dtype == torch.float32 else ""), placement=placement)
 
     # Built in the requested dtype (never float32 first: a 7B model would need 27 GB on the way to 13.5 GB). With
     # seed 0 the values are the float32 model's, rounded: torch draws the same normals in float32 and converts.
@@ -77,6 +78,8 @@ def _load_random(arg: str, device, dtype) -> LoadedModel:
     except (ValueError, TypeError) as exc:
         raise SpecbenchError(f"random:{arg}: transformers cannot build this config "
                              f"({str(exc).strip().splitlines()[0]})") from exc
+    if placement.spread:  # saved once and loaded back through from_pretrained: the same placement path as a real model
+        model = _placed_copy(model, dtype, placement, f"random-{Path(arg).stem}")
     if config.vocab_size <= ByteTokenizer.vocab_size:
         backend = ByteTokenizer()
         model.generation_config.eos_token_id = ByteTokenizer.eos_token_id
@@ -88,7 +91,29 @@ def _load_random(arg: str, device, dtype) -> LoadedModel:
                    "random weights (seed 0)")
 
 
-def _load_hf(spec: str, device, dtype, gguf_file: str | None = None) -> LoadedModel:
+def _placed_copy(model, dtype, placement: Placement, key: str):
+    """`model` saved to the cache and loaded back with the placement's device map / tensor parallel plan."""
+    from transformers import AutoModelForCausalLM
+
+    import hashlib
+
+    digest = hashlib.sha256(model.config.to_json_string().encode()).hexdigest()[:10]  # one folder per architecture
+    folder = store.user_cache() / "models" / f"{key}-{digest}-{dtype_name(dtype)}"
+    if not (folder / "config.json").is_file():  # written aside, then renamed: torchrun's ranks may race here
+        import os
+        import shutil
+
+        aside = folder.with_name(f"{folder.name}.{os.getpid()}")
+        model.save_pretrained(aside)
+        try:
+            aside.rename(folder)
+        except OSError:  # another rank got there first
+            shutil.rmtree(aside, ignore_errors=True)
+    return from_pretrained(AutoModelForCausalLM, str(folder), placement, dtype=dtype,
+                           attn_implementation=model.config._attn_implementation)
+
+
+def _load_hf(spec: str, device, dtype, gguf_file: str | None = None, placement: Placement = SINGLE) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where = spec
@@ -108,11 +133,11 @@ def _load_hf(spec: str, device, dtype, gguf_file: str | None = None) -> LoadedMo
         except (OSError, ValueError, KeyError):
             config = None  # from_pretrained below says what is wrong
         if config is not None:
-            check_memory(spec, config, dtype, device)
+            check_fit(spec, config, dtype, device, placement=placement)
     try:
         tok = AutoTokenizer.from_pretrained(where, **kwargs)
-        model = _with_attention(lambda attention: AutoModelForCausalLM.from_pretrained(
-            where, dtype=dtype, attn_implementation=attention, **kwargs), spec)
+        model = _with_attention(lambda attention: from_pretrained(
+            AutoModelForCausalLM, where, placement, dtype=dtype, attn_implementation=attention, **kwargs), spec)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecbenchError(
@@ -164,18 +189,20 @@ def auto_cpu_dtype(model: str) -> tuple[torch.dtype, str]:
                           f"{'/'.join(map(str, AUTO_DTYPE_WIDTHS))} at KV 512: {said})")
 
 
-def load_model(spec: str, dtype: str = "auto", device: str = "auto", measured_auto: bool = False) -> LoadedModel:
+def load_model(spec: str, dtype: str = "auto", device: str = "auto", measured_auto: bool = False,
+               placement: Placement | None = None) -> LoadedModel:
     """Load a model from any supported spec (see the module docstring). `measured_auto`: --dtype auto on CPU follows
     this CPU's profiles (decoding benchmarks); otherwise it is float32 there (training, profiling, estimates).
     The model keeps the spec exactly as given (a .gguf file is the file, not its folder): run.yaml, records and
-    every suggested command name it so; model_slug(spec) is its file-name key."""
-    loaded = _load_spec(spec, dtype, device, measured_auto)
+    every suggested command name it so; model_slug(spec) is its file-name key. `placement`: a device map or
+    tensor parallelism (core/placement.py); default: the whole model on `device`."""
+    loaded = _load_spec(spec, dtype, device, measured_auto, placement or SINGLE)
     loaded.spec = spec
     loaded.name = display_name(spec, loaded.name)
     return loaded
 
 
-def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool) -> LoadedModel:
+def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool, placement: Placement) -> LoadedModel:
     dev = resolve_device(device)
     if measured_auto and dtype == "auto" and dev.type == "cpu":
         dt, why = auto_cpu_dtype(spec)
@@ -184,14 +211,14 @@ def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool) -> Loade
     else:
         dt = resolve_dtype(dtype, dev)
     if spec == EMBEDDED_ALIAS:
-        return _load_embedded(dev, dt)
+        return _load_embedded(dev, dt, placement)
     if spec.startswith("random:"):
-        return _load_random(spec.removeprefix("random:"), dev, dt)
+        return _load_random(spec.removeprefix("random:"), dev, dt, placement)
     if spec.endswith(".gguf"):
         path = Path(spec).expanduser()
         if not path.is_file():
             raise SpecbenchError(f"GGUF file not found: {spec}")
-        return _load_gguf(spec, path, dev, dt)
+        return _load_gguf(spec, path, dev, dt, placement)
     if not Path(spec).exists():
         if spec.startswith(("/", "./", "../", "~")):
             raise SpecbenchError(f"model path not found: {spec} (no such file or directory)")
@@ -201,7 +228,7 @@ def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool) -> Loade
                 "a local directory, a .gguf file, an org/name id, or random:<preset> "
                 f"(presets: {', '.join(RANDOM_PRESETS)}).")
     with status(f"Loading {spec}"):
-        return _load_hf(spec, dev, dt)
+        return _load_hf(spec, dev, dt, placement=placement)
 
 
 def model_config(spec: str):

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from ..errors import SpecbenchError
-from .cache import sliding_windows
+from .cache import preallocated, sliding_windows
+from .placement import input_device, is_dispatched
 
 NAME = "specbench_ragged"
 
@@ -78,15 +79,9 @@ class RaggedCache:
     def storage(self, layer: int, key: torch.Tensor, value: torch.Tensor,
                 need: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's key and value tensors, allocated on first use and grown (doubled) to hold `need` entries."""
-        k = self.keys.get(layer)
-        if k is None or k.shape[2] < need:
-            capacity = max(need, 2 * (0 if k is None else k.shape[2]), 64)
-            for stores, new in ((self.keys, key), (self.values, value)):  # new: [1, kv_heads, N, head_dim]
-                grown = new.new_zeros(len(self.lengths), new.shape[1], capacity, new.shape[-1])
-                if layer in stores:
-                    old = stores[layer]
-                    grown[:, :, :old.shape[2]] = old
-                stores[layer] = grown
+        slots = len(self.lengths)
+        preallocated(self.keys, layer, key, slots, need)
+        preallocated(self.values, layer, value, slots, need)
         return self.keys[layer], self.values[layer]
 
 
@@ -126,19 +121,31 @@ class _Step:
             allowed[i, w:, 0] = True  # gather rows beyond the segment: one key, so softmax has no empty row
         self.positions = torch.cat(positions)  # [N] every token's position id, packed
         self._allowed, self._key_pos, self._query_pos = allowed, key_pos, query_pos
-        self._masks: dict[int | None, torch.Tensor] = {}
+        self._masks: dict[tuple, torch.Tensor] = {}
+        self._moved: dict[torch.device, _Step] = {device: self}
         self.device = device
         self.w_max = w_max
 
+    def on(self, device: torch.device) -> _Step:
+        """This step's index tensors on `device` (a layer on another device of a device map reads them there)."""
+        if device not in self._moved:
+            twin = _Step.__new__(_Step)
+            twin.__dict__.update(self.__dict__)
+            for name in ("tok_seg", "tok_row", "tok_slot", "tok_pos", "slots"):
+                setattr(twin, name, getattr(self, name).to(device))
+            twin.device = device
+            self._moved[device] = twin
+        return self._moved[device]
+
     def mask(self, window: int | None) -> torch.Tensor:
         """[S, 1, w_max, K_max] bool for a layer with this sliding window (None: full attention)."""
-        if window not in self._masks:
+        if (window, self.device) not in self._masks:
             allowed = self._allowed
             if window is not None:
                 allowed = allowed & ((self._query_pos[:, :, None] - self._key_pos[:, None, :]) < window)
                 allowed[:, :, 0] |= ~allowed.any(-1)  # never an empty row
-            self._masks[window] = allowed[:, None].to(self.device)
-        return self._masks[window]
+            self._masks[(window, self.device)] = allowed[:, None].to(self.device)
+        return self._masks[(window, self.device)]
 
 
 def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, ragged: _Step | None = None,
@@ -150,7 +157,7 @@ def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     if unsupported or getattr(module, "attention_type", None) == "linear_attention":
         raise SpecbenchError(f"{type(module).__name__}: unpadded batching does not support {', '.join(unsupported)}"
                              " attention; use --batching padded")
-    step, layer = ragged, module.layer_idx
+    step, layer = ragged.on(key.device), module.layer_idx  # indices where this layer's keys live
     k_store, v_store = step.cache.storage(layer, key, value, step.need)
     k_store[step.tok_slot, :, step.tok_pos] = key[0].transpose(0, 1)  # [N, kv, D] at each sample's own position
     v_store[step.tok_slot, :, step.tok_pos] = value[0].transpose(0, 1)
@@ -201,12 +208,14 @@ def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: b
     """
     if not segments:
         return []
-    device = next(model.parameters()).device
+    device = input_device(model)  # the embedding's (offloaded weights sit on "meta" until their hook runs)
     step = _Step(cache, segments, device)
     widths = [s.width for s in segments]
     keeps = [s.keep or w for s, w in zip(segments, widths)]
     ends = torch.tensor(widths).cumsum(0).tolist()
-    rows = torch.cat([torch.arange(e - k, e) for e, k in zip(ends, keeps)]).to(device)  # rows whose output we need
+    rows = torch.cat([torch.arange(e - k, e) for e, k in zip(ends, keeps)])  # rows whose output we need
+    # on the device of the final states; CPU indices index any device's tensor, so a device map keeps them there
+    rows = rows if is_dispatched(model) else rows.to(device)
     positions = step.positions.unsqueeze(0).to(device)  # [1, N]
     starts = [e - w for e, w in zip(ends, widths)]
     places = [torch.arange(a, a + w, device=device) for a, w in zip(starts, widths)]  # [w] per segment, packed

@@ -15,6 +15,7 @@ from pathlib import Path
 from .. import REPO_ROOT
 
 PROFILES, TREES, ACCEPTANCE, ARTIFACTS, DATASETS = "profiles", "trees", "acceptance", "artifacts", "datasets"
+RECOMMENDATIONS = "recommendations"
 
 
 def checkout() -> Path:
@@ -38,14 +39,24 @@ def find(relative: str | Path) -> Path | None:
 # ------------------------------------------------------------------------------------- relative paths by kind
 
 
-def profile_name(model: str, dtype: str) -> str:
-    """<model>-<dtype>.yaml: a profile's file name inside its hardware's folder."""
+def label_slug(text: str) -> str:
+    """A placement label as a file-name part ('map:0:16,1:14' -> 'map-0x16-1x14')."""
+    if text.startswith("map:"):
+        return "map-" + "-".join(part.replace(":", "x") for part in text[4:].split(","))
+    return text.replace(":", "-")
+
+
+def profile_name(model: str, dtype: str, placement: str = "") -> str:
+    """<model>-<dtype>.yaml: a profile's file name inside its hardware's folder; a model spread over devices
+    (core/placement.label, not "single:...") adds @<placement>, since L(n) changes with the placement."""
+    if placement and not placement.startswith("single:"):
+        return f"{model}-{dtype}@{label_slug(placement)}.yaml"
     return f"{model}-{dtype}.yaml"
 
 
-def profile_file(hardware: str, model: str, dtype: str) -> Path:
-    """profiles/<hardware>/<model>-<dtype>.yaml: a measured latency curve L_fp(n) (`specbench profile`)."""
-    return Path(PROFILES) / hardware / profile_name(model, dtype)
+def profile_file(hardware: str, model: str, dtype: str, placement: str = "") -> Path:
+    """profiles/<hardware>/<model>-<dtype>[@<placement>].yaml: a measured latency curve L_fp(n) (`profile`)."""
+    return Path(PROFILES) / hardware / profile_name(model, dtype, placement)
 
 
 def profiles_dir() -> Path:
@@ -66,6 +77,11 @@ def tree_file(model: str, stem: str) -> Path:
 def acceptance_file(model: str, family: str) -> Path:
     """acceptance/<model>/<family>.yaml: per-rank accuracy of a method's guesses (`specbench estimate`)."""
     return Path(ACCEPTANCE) / model / f"{family}.yaml"
+
+
+def recommendation_file(model: str, hardware: str) -> Path:
+    """recommendations/<model>/<hardware>.yaml: what `specbench recommend` chose here (`run --method auto` reads it)."""
+    return Path(RECOMMENDATIONS) / model / f"{hardware}.yaml"
 
 
 def artifact_dir(model: str, folder: str) -> Path:

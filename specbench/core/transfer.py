@@ -80,12 +80,13 @@ def transferred(model, steps: Sequence[TransferStep]):
 
         def hook(_module, args, kwargs, step=step):
             hidden = args[0] if args else kwargs["hidden_states"]  # [B, q, H]
+            dev = hidden.device  # under a device map: the previous layer's device (this hook runs before accelerate's)
             flat = hidden.reshape(-1, hidden.shape[-1])  # [B * q, H]
             if step.sources.dtype == torch.long:
-                src = flat[step.sources]  # [P, H]
+                src = flat[step.sources.to(dev)]  # [P, H]
             else:
-                src = step.sources.to(hidden.dtype)
-            new = flat.index_copy(0, step.slots, step.project(src).to(hidden.dtype)).view_as(hidden)
+                src = step.sources.to(dev, hidden.dtype)
+            new = flat.index_copy(0, step.slots.to(dev), step.project(src).to(dev, hidden.dtype)).view_as(hidden)
             if args:
                 return (new, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": new}

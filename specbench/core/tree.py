@@ -26,6 +26,7 @@ import yaml
 
 from ..errors import SpecbenchError
 from . import store
+from .structured import read_structured
 
 Path = tuple[int, ...]
 
@@ -244,12 +245,7 @@ class TreeFile:
 def read_tree_file(path: str | FsPath) -> TreeFile:
     """Load and validate a trees/*.yaml file (errors name the file and the field)."""
     path = FsPath(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise SpecbenchError(f"tree file {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise SpecbenchError(f"tree file {path}: not valid YAML ({exc})") from exc
+    data = read_structured(path, f"tree file {path}")
 
     def bad(what: str) -> SpecbenchError:
         return SpecbenchError(f"tree file {path}: {what}")
@@ -305,29 +301,66 @@ def auto_candidates(model: str, method: str, hardware: str, dtype: str) -> list[
     return [str(store.tree_file(model, stem)) for stem in stems]
 
 
+def find_auto_tree(model: str, method: str, hardware: str, dtype: str) -> tuple[TreeFile, str] | None:
+    """The tree file `--tree auto` takes (auto_candidates, in order; the method and dtype must match), with where it
+    came from, or None when there is none."""
+    for rel in auto_candidates(model, method, hardware, dtype):
+        path = locate(rel)
+        if path is None:
+            continue
+        tf = read_tree_file(path)
+        if tf.method == method and tf.dtype in ("any", dtype):
+            return tf, str(path) + _borrowed(tf, hardware)
+    return None
+
+
+def other_trees(model: str, method: str, hardware: str, dtype: str) -> list[str]:
+    """This method's tree files for this model that `--tree auto` does not take here (other hardware or dtype):
+    the only trees a note about a missing tree should name."""
+    own = {str(store.tree_file(model, stem)) for stem in
+           ([f"{hardware}-{dtype}"] if method == "ppd" else [f"{method}-{hardware}-{dtype}"])}
+    found = set()
+    for root in store.roots():
+        for path in sorted((root / store.tree_dir(model)).glob("*.yaml")):
+            rel = str(store.tree_file(model, path.stem))
+            if rel in own:
+                continue
+            try:
+                head = yaml.safe_load(path.read_text()) or {}
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(head, dict) and head.get("method", "ppd") == method:
+                found.add(rel)
+    return sorted(found)
+
+
 def resolve_tree(spec: str, model: str, method: str, hardware: str, dtype: str,
                  build: Callable[[int], TreeFile], default_size: int,
-                 model_spec: str | None = None) -> tuple[TreeFile, str]:
+                 model_spec: str | None = None,
+                 missing: Callable[[], tuple[TreeFile, str]] | None = None) -> tuple[TreeFile, str]:
     """--tree auto | PATH | size=N -> (tree file, where it came from). `build(n)` makes a tree of size n. `model` is
-    the model's file-name key (trees/<model>/), `model_spec` the model as the user named it (for the advice)."""
+    the model's file-name key (trees/<model>/), `model_spec` the model as the user named it (for the advice).
+    `missing()` answers `--tree auto` when this hardware has no tree file (the tree methods build one from this
+    hardware's profile and the method's acceptance file, methods/tree/resolution.py); without it, a size
+    `default_size` tree and a note naming the commands that make this hardware's."""
     if spec.startswith("size="):
         size = spec.removeprefix("size=")
         if not size.isdigit() or int(size) < 1:
             raise SpecbenchError(f"--tree {spec}: use size=N with N a positive integer")
         return build(int(size)), f"built, size {size}"
     if spec == "auto":
-        for rel in auto_candidates(model, method, hardware, dtype):
-            path = locate(rel)
-            if path is None:
-                continue
-            tf = read_tree_file(path)
-            if tf.method == method and tf.dtype in ("any", dtype):
-                return tf, str(path) + _borrowed(tf, hardware)
-        others = sorted({p.stem for root in store.roots() for p in (root / store.tree_dir(model)).glob("*.yaml")})
-        seen = f"; trees for other hardware ({', '.join(others)}) are not used" if others else ""
+        found = find_auto_tree(model, method, hardware, dtype)
+        if found is not None:
+            return found
+        if missing is not None:
+            return missing()
+        others = other_trees(model, method, hardware, dtype)
+        seen = f"; {method} trees for other hardware or dtypes ({', '.join(others)}) are not used" if others else ""
         named = f" --model {model_spec}" if model_spec else ""
-        return build(default_size), (f"built, size {default_size} (no tree file for {model} on {hardware}{seen}: "
-                                     f"`specbench profile{named}` then `specbench build-tree{named} --gpu cpu` makes "
+        flag = "" if method == "ppd" else f" --method {method}"
+        return build(default_size), (f"built, size {default_size} (no {method} tree file for {model} on {hardware} "
+                                     f"{dtype}{seen}: `specbench profile{named} --dtype {dtype}` then "
+                                     f"`specbench build-tree{named}{flag} --gpu cpu --dtype {dtype}` makes "
                                      "this hardware's)")
     if not FsPath(spec).is_file():
         raise SpecbenchError(f"--tree {spec}: no such file; use auto, size=N or a trees/*.yaml path")

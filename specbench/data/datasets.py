@@ -11,8 +11,10 @@ import os
 from pathlib import Path
 
 from ..errors import SpecbenchError
+from .joined import joined_records, source_spec
 from .record_files import read_records
-from .sources import describe_sources, find_records
+from .sources import describe_sources as _describe_sources
+from .sources import find_records
 from .specs import DatasetSpec, Prompt, dataset_names, get_spec
 
 USER_TEXT_FIELDS = ("prompt", "instruction", "question")
@@ -36,12 +38,22 @@ def load_prompts(name_or_path: str, limit: int | None = None, data_file: str | N
 
     spec = get_spec(name_or_path)
     needed = limit or spec.default_limit
-    records = find_records(spec, None if per_category else needed, data_file, offline)
+    find = joined_records if spec.join else find_records  # a long-prompt set joins another set's records
+    records = find(spec, None if per_category else needed, data_file, offline)
     prompts = _first([_render(spec, record, i) for i, record in enumerate(records if per_category else
                                                                          records[:needed])], needed, per_category)
     if not prompts:
         raise SpecbenchError(f"dataset {spec.name}: the file has no records; check or replace it")
     return spec, prompts
+
+
+def describe_sources(spec: DatasetSpec) -> list[tuple[str, str]]:
+    """(place, status) for each place a set is looked for (a joined set: its source's places), no network."""
+    if not spec.join:
+        return _describe_sources(spec)
+    source = source_spec(spec)
+    return [(f"{place} (joined from {source.name} record {spec.join['start'] + 1} on)", state)
+            for place, state in _describe_sources(source)]
 
 
 def _first(prompts: list[Prompt], limit: int | None, per_category: bool) -> list[Prompt]:

@@ -43,6 +43,7 @@ class DatasetSpec:
     system: str | None = None
     default_limit: int | None = None
     max_new_tokens: int | None = None
+    join: dict | None = None  # a set built from another set's records (joined.py): source, field, start, ...
 
 
 def specs_dir() -> Path:
@@ -62,6 +63,7 @@ _SPEC_KEYS: dict[str, tuple[type, bool]] = {
     "package": (dict, False), "url": (str, False), "hf": (dict, False),
     "id_field": (str, False), "text_field": (str, False), "turns_field": (str, False),
     "template": (str, False), "system": (str, False), "default_limit": (int, False), "max_new_tokens": (int, False),
+    "join": (dict, False),
 }
 _TYPE_NAMES = {str: "a string", list: "a list", dict: "a mapping", int: "a whole number"}
 
@@ -90,12 +92,13 @@ def get_spec(name: str) -> DatasetSpec:
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             raise bad(key, f"must be {_TYPE_NAMES[kind]}, got {value!r}")
     for key, (_, required) in _SPEC_KEYS.items():
-        if required and raw.get(key) is None:
-            raise bad(key, "is missing")
+        if required and raw.get(key) is None and not (key == "files" and raw.get("join") is not None):
+            raise bad(key, "is missing")  # a joined set's files are its source's
 
-    files = raw["files"]
-    if not files or not all(isinstance(f, str) and f for f in files):
+    files = raw.get("files") or []
+    if raw.get("join") is None and not files or not all(isinstance(f, str) and f for f in files):
         raise bad("files", "must be a non-empty list of file names")
+    join = _join(raw.get("join"), bad) if raw.get("join") is not None else None
     if (raw.get("text_field") is None) == (raw.get("turns_field") is None):
         raise bad("text_field", "or 'turns_field' must be given (exactly one of them)")
     for key in ("default_limit", "max_new_tokens"):
@@ -128,5 +131,35 @@ def get_spec(name: str) -> DatasetSpec:
         name=name, description=raw["description"], path=path, files=tuple(files), licence=raw["licence"],
         package=package, url=raw.get("url"), hf=hf, id_field=raw.get("id_field"),
         text_field=raw.get("text_field"), turns_field=turns_field, template=template, system=raw.get("system"),
-        default_limit=raw.get("default_limit"), max_new_tokens=raw.get("max_new_tokens"),
+        default_limit=raw.get("default_limit"), max_new_tokens=raw.get("max_new_tokens"), join=join,
     )
+
+
+# join's keys -> (type, default; None: required)
+_JOIN_KEYS: dict[str, tuple[type, object]] = {
+    "source": (str, None), "field": (str, None), "target_chars": (list, None), "max_chars": (int, None),
+    "start": (int, 0), "separator": (str, "\n\n-----\n\n"),
+}
+
+
+def _join(raw: dict, bad) -> dict:
+    """The `join` field of a set built from another set's records (joined.py), with its defaults filled in."""
+    unknown = set(raw) - set(_JOIN_KEYS)
+    if unknown:
+        raise bad("join", f"has unknown keys {', '.join(sorted(map(str, unknown)))} (known: {', '.join(_JOIN_KEYS)})")
+    out = {}
+    for key, (kind, default) in _JOIN_KEYS.items():
+        value = raw.get(key, default)
+        if value is None:
+            raise bad("join", f"needs the key {key!r}")
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise bad("join", f"key {key!r} must be {_TYPE_NAMES[kind]}, got {value!r}")
+        out[key] = value
+    targets = out["target_chars"]
+    if not targets or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in targets):
+        raise bad("join", "key 'target_chars' must be a non-empty list of positive whole numbers")
+    if out["max_chars"] < max(targets):
+        raise bad("join", f"key 'max_chars' ({out['max_chars']}) must be at least the largest target ({max(targets)})")
+    if out["start"] < 0:
+        raise bad("join", "key 'start' must be 0 or more")
+    return out

@@ -34,6 +34,9 @@ class Generation:
     padding_tokens: int = 0  # of those, padding (padded batching only)
     kv_padding: int = 0  # padded KV entries it held when it left (EMS-SD Appendix B's padding length, summed)
     latency_s: float = 0.0  # from joining the batch to its last token
+    # EMS-SD §4.1 times incremental decoding only: the batch steps that only prefilled (no sample decoding yet)
+    prefill_s: float = 0.0  # its equal share of the prefill-only steps it joined in (the shares sum to their time)
+    prefill_tokens: int = 0  # tokens it emitted in such a step (its first token, when it joined in one)
 
     def count_draft(self, proposed: int, accepted: int) -> None:
         """Record one verification of `proposed` draft tokens of which the first `accepted` were kept."""

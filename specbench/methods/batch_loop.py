@@ -127,7 +127,12 @@ def generate_batch(method, prompts: list[torch.Tensor], slots: int, mode: str, r
                 i = waiting.popleft()
                 joining.append(Sample(i, free.pop(0), prompts[i][0].tolist(), generators[i],
                                       joined_s=since(origin)))
+        start = now(method.target.device) if not active else None  # no sample decoding yet: a prefill-only step
         finished = method.decode_step(target, joining, active, max_new_tokens, sampling)
+        if start is not None and joining:
+            share = since(start, method.target.device) / len(joining)
+            for s in joining:
+                s.gen.prefill_s, s.gen.prefill_tokens = s.gen.prefill_s + share, len(s.gen.tokens)
         active += joining
         for s in finished:
             s.gen.target_tokens = target.target_tokens[s.slot]

@@ -36,8 +36,8 @@ class Option:
 
     def check(self, value: Any) -> Any:
         """The value converted to `type` and checked; a clear error naming the flag otherwise."""
-        if value is None:
-            return None
+        if value is None or (value == "auto" and self.default is None and self.type is not str):
+            return None  # `auto` (e.g. --gamma auto): the method chooses, as when the option is left out
         try:
             value = self.type(value)
         except (TypeError, ValueError):
@@ -90,7 +90,8 @@ class OptionValues(Mapping):
 
 # Options several kinds of method share (tree methods: ppd today; medusa, hidden-transfer, parallelspec next).
 TREE = Option("tree", str, "auto", "the draft tree: auto (this hardware's tree from `build-tree`), a trees/*.yaml "
-              "path, or size=N (searched now)")
+              "path, size=N (searched now), or for eagle and parallelspec dynamic[=M] (EAGLE-2: M candidates chosen per step; "
+              "M defaults to the size auto picks)")
 ARTIFACT = Option("artifact", str, None, "trained artefact (prompt tokens, heads, ...) to use instead of the shipped "
                   "one", unset="shipped")
 

@@ -88,14 +88,6 @@ def score_sequence(target: LoadedModel, tokens: PromptTokens, ids: list[int], st
     return out
 
 
-def estimate(target: LoadedModel, tokens: PromptTokens, data: str, limit: int, new_tokens: int = 64,
-             data_file: str | None = None) -> dict:
-    """PPD's accuracy table over the first `limit` prompts of `data` (held out of `specbench train ppd`)."""
-    return estimate_with(target, lambda ids, start: score_sequence(target, tokens, ids, start), tokens.count,
-                         data, limit, new_tokens, data_file, method="ppd", artifact=tokens.source,
-                         extra={"prompt_tokens": tokens.count, "ept": tokens.ept})
-
-
 def estimate_with(target: LoadedModel, score, rows: int, data: str, limit: int, new_tokens: int,
                   data_file: str | None, method: str, artifact: str, extra: dict | None = None) -> dict:
     """Accuracy table of any guesser: score(ids, start) -> ranks [positions, rows] (score_sequence's layout) on the

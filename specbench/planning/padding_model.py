@@ -4,7 +4,11 @@ Each decoding step, sample i of a batch of B emits A_i tokens (its accepted draf
 token, so A_i >= 1). With next-token prediction accuracy p and maximum acceptance length K (draft length + 1), A is
 a truncated geometric: P(A = n) = p^(n-1) (1 - p) for n < K and P(A = K) = p^(K-1), so E[A] = (1 - p^K) / (1 - p).
 The padded batch keeps every sample's KV cache at the longest accepted length of the step, M = max_i A_i, so sample
-i writes P_i = M - A_i padding entries: E[P] = E[M] - E[A], and the padding ratio R = E[P] / E[M].
+i writes P_i = M - A_i padding entries: E[P] = E[M] - E[A], and the padding ratio R = E[P] / E[M] (the share of
+the KV entries written that are padding: Appendix B's prose figures, 30% wasted at p = 0.9, over 50% below p = 0.8
+with B > 8, are this ratio's). The ratios EMS-SD measures in its experiments (Fig. 4: above 115% for OPT-13B;
+Table 6: 89% on GSM8K) pass 100%, which only padding per accepted token can: R_acc = E[P] / E[A], measured as
+kv_padding / new tokens. Both are given (our copy of the paper lost Eq. 10's symbols; the two differ by E[M] / E[A]).
 
 The paper simulates these numerically (Figure 7, K = 8); `exact` computes them from the CDF,
 P(M <= m) = P(A <= m)^B, and `simulate` repeats the paper's Monte Carlo. `measured` puts a padded run's measured
@@ -20,7 +24,7 @@ import pandas as pd
 from ..errors import SpecbenchError
 
 MEASURED_COLUMNS = ["method", "dataset", "batch_size", "rows", "new_tokens", "kv_padding", "tau", "K", "p",
-                    "R_measured", "R_model"]
+                    "R_measured", "R_model", "R_acc_measured", "R_acc_model"]
 
 
 def _check(p: float, batch: int, max_accept: int) -> None:
@@ -34,9 +38,11 @@ def _check(p: float, batch: int, max_accept: int) -> None:
 
 
 def _stats(mean_accept: float, mean_max: float) -> dict:
-    """The model's four numbers from E[A] and E[M]."""
+    """The model's numbers from E[A] and E[M]: R = E[P] / E[M] (padding's share, <= 100%), R_acc = E[P] / E[A]
+    (padding per accepted token, EMS-SD's measured form, can pass 100%)."""
     padding = mean_max - mean_accept
-    return {"E[A]": mean_accept, "E[M]": mean_max, "E[P]": padding, "R": padding / mean_max}
+    return {"E[A]": mean_accept, "E[M]": mean_max, "E[P]": padding, "R": padding / mean_max,
+            "R_acc": padding / mean_accept}
 
 
 def _cdf(p: float, m: int, max_accept: int) -> float:
@@ -85,7 +91,7 @@ def accuracy_from_tau(tau: float, max_accept: int) -> float:
 
 
 def table(ps, batches, max_accept: int) -> list[dict]:
-    """One row per (p, B): p, B, E[A], E[M], E[P], R."""
+    """One row per (p, B): p, B, E[A], E[M], E[P], R, R_acc."""
     return [{"p": p, "B": b, **exact(p, b, max_accept)} for p in ps for b in batches]
 
 
@@ -94,15 +100,16 @@ def _positions(text) -> int:
     return len(text.split()) if isinstance(text, str) else 0
 
 
-def _model_ratio(tau: float, batch: int, max_accept: float) -> tuple[float, float]:
-    """(p, R) the model gives at a measured tau; NaN where K is unknown or tau lies outside [1, K]."""
+def _model_ratio(tau: float, batch: int, max_accept: float) -> tuple[float, float, float]:
+    """(p, R, R_acc) the model gives at a measured tau; NaN where K is unknown or tau lies outside [1, K]."""
     if math.isnan(max_accept):
-        return math.nan, math.nan
+        return math.nan, math.nan, math.nan
     try:
         p = accuracy_from_tau(tau, int(max_accept))
     except SpecbenchError:  # e.g. a method whose step can emit more than its draft positions + 1
-        return math.nan, math.nan
-    return p, exact(p, batch, int(max_accept))["R"]
+        return math.nan, math.nan, math.nan
+    model = exact(p, batch, int(max_accept))
+    return p, model["R"], model["R_acc"]
 
 
 def measured(records: pd.DataFrame) -> pd.DataFrame:
@@ -119,8 +126,10 @@ def measured(records: pd.DataFrame) -> pd.DataFrame:
         # K = the longest draft the records show + 1; unknown when the run did not record per-position counts
         k = g["accepted_per_position"].map(_positions).max() + 1 if "accepted_per_position" in g else math.nan
         tau = new / forwards if forwards else math.nan
-        p, r_model = _model_ratio(tau, int(batch), k) if not math.isnan(tau) else (math.nan, math.nan)
+        p, r_model, acc_model = (_model_ratio(tau, int(batch), k) if not math.isnan(tau)
+                                 else (math.nan, math.nan, math.nan))
         rows.append({"method": method, "dataset": dataset, "batch_size": int(batch), "rows": len(g),
                      "new_tokens": int(new), "kv_padding": int(pad), "tau": tau, "K": k, "p": p,
-                     "R_measured": pad / (pad + new) if pad + new else math.nan, "R_model": r_model})
+                     "R_measured": pad / (pad + new) if pad + new else math.nan, "R_model": r_model,
+                     "R_acc_measured": pad / new if new else math.nan, "R_acc_model": acc_model})
     return pd.DataFrame(rows, columns=MEASURED_COLUMNS)

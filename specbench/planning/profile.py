@@ -70,6 +70,7 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
                          "git": env["git"]}}
     if device.type == "cuda":
         meta["nvml"] = gpu_facts(device.index or 0)
+    meta["placement"] = target.placement  # a device map or --tp files its own profile (store.profile_name)
     meta["model_spec"] = target.spec  # `model` is its file-name key (model_slug), the one build-tree and run use
     return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(identity),
                           "measured", list(widths), curves, meta)
@@ -78,7 +79,7 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
 def default_path(profile: LatencyProfile, root: Path | None = None) -> Path:
     """profiles/<hardware>/<model key>-<dtype>.yaml (under the working directory, or `root`), where build-tree and
     run look (core/store.py)."""
-    rel = store.profile_file(profile.hardware, profile.model, profile.dtype)
+    rel = store.profile_file(profile.hardware, profile.model, profile.dtype, profile.meta.get("placement", ""))
     return rel if root is None else root / rel.relative_to(store.profiles_dir())
 
 

@@ -19,8 +19,10 @@ from .markdown import markdown_table  # noqa: E402
 from .titles import set_title  # noqa: E402
 
 COLUMNS = ["dataset", "method", "B", "ar tok/s", "padded tok/s", "padded speedup", "unpadded tok/s",
-           "unpadded speedup", "unpadded / padded", "target tokens padded", "target tokens unpadded", "fewer tokens",
-           "padding ratio", "kv padding", "tau", "tau batch min", "peak MB padded", "peak MB unpadded"]
+           "unpadded speedup", "unpadded / padded", "ar decode tok/s", "padded decode tok/s", "unpadded decode tok/s",
+           "unpadded / padded decode", "target tokens padded", "target tokens unpadded", "fewer tokens",
+           "padding ratio", "padding ratio (EMS-SD)", "kv padding", "tau", "tau batch min", "lossless explained padded",
+           "lossless explained unpadded", "peak MB padded", "peak MB unpadded"]
 
 
 def has_batches(summary: pd.DataFrame) -> bool:
@@ -34,6 +36,7 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
     for (dataset, size), part in s.groupby(["dataset", "batch_size"], sort=True):
         ar = part[part.method == "ar"]
         ar_tps = float(ar.tokens_per_s.iloc[0]) if len(ar) else math.nan
+        ar_decode = float(ar.decode_tokens_per_s.iloc[0]) if len(ar) and "decode_tokens_per_s" in ar else math.nan
         for method in [m for m in dict.fromkeys(part.method) if m != "ar"]:
             mine = part[part.method == method]
             by_mode = {m: r for m, r in zip(mine.batching, mine.itertuples(index=False))}
@@ -41,19 +44,25 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
             unpad = by_mode.get("unpadded") or by_mode.get("-")
             main = unpad or pad
 
-            def get(r, column):
-                return getattr(r, column) if r is not None else math.nan
+            def get(r, column):  # NaN for a missing mode, or a column older summaries lack
+                return getattr(r, column, math.nan) if r is not None else math.nan
 
             rows.append({
                 "dataset": dataset, "method": method, "B": size, "ar tok/s": ar_tps,
                 "padded tok/s": get(pad, "tokens_per_s"), "padded speedup": get(pad, "speedup"),
                 "unpadded tok/s": get(unpad, "tokens_per_s"), "unpadded speedup": get(unpad, "speedup"),
                 "unpadded / padded": get(unpad, "tokens_per_s") / get(pad, "tokens_per_s"),
+                "ar decode tok/s": ar_decode, "padded decode tok/s": get(pad, "decode_tokens_per_s"),
+                "unpadded decode tok/s": get(unpad, "decode_tokens_per_s"),
+                "unpadded / padded decode": get(unpad, "decode_tokens_per_s") / get(pad, "decode_tokens_per_s"),
                 "target tokens padded": get(pad, "target_tokens"),
                 "target tokens unpadded": get(unpad, "target_tokens"),
                 "fewer tokens": 1 - get(unpad, "target_tokens") / get(pad, "target_tokens"),
-                "padding ratio": get(pad, "padding_ratio"), "kv padding": get(pad, "kv_padding"),
-                "tau": get(main, "tau"), "tau batch min": get(main, "tau_batch_min"),
+                "padding ratio": get(pad, "padding_ratio"), "padding ratio (EMS-SD)": get(pad, "kv_padding_ratio"),
+                "kv padding": get(pad, "kv_padding"), "tau": get(main, "tau"),
+                "tau batch min": get(main, "tau_batch_min"),
+                "lossless explained padded": get(pad, "lossless_explained_rate"),
+                "lossless explained unpadded": get(unpad, "lossless_explained_rate"),
                 "peak MB padded": get(pad, "peak_mem_mb"), "peak MB unpadded": get(unpad, "peak_mem_mb")})
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -62,9 +71,9 @@ def _shown(frame: pd.DataFrame) -> pd.DataFrame:
     """Display strings: speedups as 1.23x, shares as percent."""
     out = frame.copy()
     for col in out.columns:
-        if col.endswith("speedup") or col == "unpadded / padded":
+        if col.endswith("speedup") or col.startswith("unpadded / padded"):
             out[col] = out[col].map(lambda v: f"{v:.2f}x" if isinstance(v, float) and math.isfinite(v) else "-")
-        elif col in ("fewer tokens", "padding ratio"):
+        elif col in ("fewer tokens", "padding ratio", "padding ratio (EMS-SD)") or col.startswith("lossless"):
             out[col] = out[col].map(lambda v: f"{v:.0%}" if isinstance(v, float) and math.isfinite(v) else "-")
         elif col.endswith("tok/s") or col.startswith("tau"):
             out[col] = out[col].map(lambda v: f"{v:.2f}" if isinstance(v, float) and math.isfinite(v) else "-")
@@ -110,8 +119,13 @@ def section(summary: pd.DataFrame, run_dir: Path, title: str = "") -> list[str]:
             "samples' new tokens packed into one forward, no padding token in a linear layer). Speedups are "
             "throughput ratios against `ar` decoding the same prompts at the same batch size (unpadded: no prompt "
             "padding either). `target tokens`: tokens fed through the target, prefill and padding included; "
-            "`padding ratio`: the padded mode's padding share of them; `kv padding`: padded KV entries the samples "
-            "held when they left (EMS-SD Appendix B's padding, `specbench estimate --padding --run` models it); "
+            "`padding ratio`: the padded mode's padding share of them (ours, at most 100%); `kv padding`: padded KV "
+            "entries the samples held when they left (EMS-SD Appendix B's padding, `specbench estimate --padding "
+            "--run` models it); `padding ratio (EMS-SD)`: the paper's ratio, kv padding per accepted (new) token, "
+            "which passes 100% when padding outnumbers the tokens kept; `decode tok/s`: EMS-SD §4.1's incremental "
+            "decoding, the batch's prefill-only steps timed apart (end-to-end `tok/s` includes them; with `--refill` "
+            "a prompt that joins mid-batch prefills inside a decoding step, counted as decoding in both modes); "
+            "`lossless explained`: exact or near-tie against batch-1 `ar` (the batch-1 rule, `lossless_explained_rate`); "
             "`tau batch min`: the lowest per-sample tau in a batch, averaged over batches (EMS-SD §4.4: the batch "
             "waits for its slowest sample unless `--refill`).", "",
             markdown_table(_shown(frame)), "", "![speedup against batch size](batch_speedup.png)", ""]

@@ -1,6 +1,6 @@
 """The report files of a run folder (summary.csv, report.md, plots) and the comparison of several runs, computed
 from result CSVs only (reports never re-run models). The numbers: summary.py; the lossless check: lossless_check.py;
-report.md's other sections: sections.py; plots: plots.py."""
+report.md's other sections: sections.py, context.py (by prompt length); plots: plots.py."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import pandas as pd
 
 from ..errors import SpecbenchError
 from ..run.results import read_meta, with_batch_columns
-from . import batchreport, timeline
+from . import batchreport, context, timeline
 from .lossless_check import LOSSLESS_TEXT, lossless_failed_section, unexplained_mismatches
 from .markdown import markdown_table
 from .plots import write_plots
 from .sections import category_section, is_partial, noise_section, tree_section
+from .shards import shard_section
 from .summary import FORMULAS, named, read_records, summarize
 from .titles import comparison_title, plot_title
 
@@ -55,11 +56,13 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
         md += ["## Settings", ""] + [f"- {k}: {v}" for k, v in s.items() if k != "options"]
         md += [f"- options: {s.get('options')}", ""]
     md += ["## Summary", "", markdown_table(named(summary)), ""]
+    md += shard_section(meta)  # a merged sharded run: hardware, prompts and ar tok/s of each shard
     md += ["Lossy methods (typical acceptance) are labelled `lossy`. " + LOSSLESS_TEXT, ""]
-    md += category_section(single_records, single, run_dir,
-                           (meta.get("noise_guard") or {}).get("latency_floor", 1.0))
+    floor = (meta.get("noise_guard") or {}).get("latency_floor", 1.0)
+    md += category_section(single_records, single, run_dir, floor)
+    md += context.section(single_records, run_dir, title, floor)  # tau and speedup by prompt length
     md += batchreport.section(summary, run_dir, title)
-    md += noise_section(summary, meta)
+    md += noise_section(summary, meta, records)
     md += ["## Formulas", "", "```", FORMULAS, "```", ""]
     md += ["![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]
     md += tree_section(single, meta.get("trees") or {}, run_dir, title=title)

@@ -13,17 +13,23 @@ from .plots import plot_tree_sizes
 from .summary import by_category, disturbed, row_name
 
 
-def noise_section(summary: pd.DataFrame, meta: dict) -> list[str]:
-    """The report's account of how far the timings can be trusted (noise.py)."""
+def noise_section(summary: pd.DataFrame, meta: dict, records: pd.DataFrame | None = None) -> list[str]:
+    """The report's account of how far the timings can be trusted (noise.py), and what --retime healed."""
     guard = meta.get("noise_guard") or {}
     md = ["## Timing check (noise guard)", "",
           f"Each row records the CPU time other processes used while it was timed (`foreign_cpu`, cores), the "
-          f"hypervisor's steal and the load average; a method x dataset is disturbed when over "
-          f"{noise.DISTURBED_SHARE:.0%} of its or ar's rows ran beside more than {noise.FOREIGN_CPU_LIMIT} cores of "
-          f"other work (or {noise.STEAL_LIMIT:.0%} steal), or when its speedup exceeds tau / floor x "
-          f"{1 + noise.BOUND_TOLERANCE:.2f}, floor = min L(n) / L(1) = {guard.get('latency_floor', 1.0)} "
+          f"hypervisor's steal and the load average. A row is disturbed when it ran beside more than "
+          f"{noise.FOREIGN_CPU_LIMIT} cores of other work (or {noise.STEAL_LIMIT:.0%} steal), or when its time per "
+          f"forward is over {noise.OUTLIER_FACTOR}x its method's median (at least {noise.OUTLIER_MIN_ROWS} rows) "
+          "and beyond the same turn's other methods (no /proc needed). A method x dataset is disturbed when over "
+          f"{noise.DISTURBED_SHARE:.0%} of its or ar's timed seconds were (`disturbed_time`), or when its speedup "
+          f"exceeds tau / floor x {1 + noise.BOUND_TOLERANCE:.2f}, floor = min L(n) / L(1) = "
+          f"{guard.get('latency_floor', 1.0)} "
           f"({'profile ' + guard['profile'] if guard.get('profile') else 'no profile of this hardware: 1.0'}). "
-          "Methods run in an order rotated per prompt, so a burst of load does not land on one method only.", ""]
+          "Methods run in an order rotated per prompt, so a burst of load does not land on one method only. "
+          "`speedup_lo` - `speedup_hi` is a 95% bootstrap interval of the speedup over prompt turns (seeded), "
+          "`speedup_median` the median per-turn ratio: how much single turns move the number.", ""]
+    md += retime_lines(records, (meta.get("settings") or {}).get("retime"))
     bad = disturbed(summary)
     if len(bad):
         md += ["**TIMING DISTURBED**: these numbers are not trustworthy; " + noise.ADVICE + ".", ""]
@@ -31,6 +37,20 @@ def noise_section(summary: pd.DataFrame, meta: dict) -> list[str]:
     else:
         md += ["All rows: timing ok.", ""]
     return md
+
+
+def retime_lines(records: pd.DataFrame | None, retime) -> list[str]:
+    """What `run --retime N` did: prompt turns re-timed, and how many stayed disturbed."""
+    if records is None or "timing_tries" not in records:
+        return []
+    turns = records.assign(tries=pd.to_numeric(records.timing_tries, errors="coerce").fillna(1),
+                           stayed=records.timing_disturbed.astype(str).str.lower().isin(["true", "1"]))
+    turns = turns.groupby(["dataset", "prompt_id", "turn"]).agg(tries=("tries", "max"), stayed=("stayed", "any"))
+    retimed, healed = int((turns.tries > 1).sum()), int(((turns.tries > 1) & ~turns.stayed).sum())
+    said = f"--retime {retime}: " if retime is not None else ""
+    return [f"{said}{retimed} of {len(turns)} prompt turn(s) re-timed, {healed} of them healed (a quiet timing "
+            f"kept); {int(turns.stayed.sum())} turn(s) left disturbed (`timing_disturbed`; `timing_tries` per "
+            "record).", ""]
 
 
 def category_section(records: pd.DataFrame, summary: pd.DataFrame, run_dir: Path, latency_floor: float) -> list[str]:

@@ -4,10 +4,17 @@ dataset x batch size x batching, each against ar on the same prompt turns, and t
 Speedup formulas (both from the same run, same prompts, same machine):
   speedup       = (sum new_tokens / sum wall_s)_method / (sum new_tokens / sum wall_s)_ar   (headline)
   speedup_mean  = mean over prompt turns of tokens_per_s_method / tokens_per_s_ar
+  speedup_median = median over prompt turns of tokens_per_s_method / tokens_per_s_ar
+  speedup_lo, speedup_hi = 95% bootstrap interval of speedup (prompt turns resampled, seeded: report/robust.py)
   tau           = sum new_tokens / sum target_forwards   (bonus token included; ar = 1.00)
   acceptance    = sum accepted_drafts / sum drafted
   draft_ms_per_token   = 1000 * sum draft_s / sum new_tokens   (drafting ms per emitted token; draft-model methods)
   draft_forwards_per_step = sum draft_forwards / sum target_forwards   (drafter forwards per target forward)
+  decode_tokens_per_s  = sum (new_tokens - prefill_tokens) / sum (wall_s - prefill_s)   (batch > 1: EMS-SD §4.1's
+                         incremental decoding, the prefill-only steps timed apart); decode_speedup: against ar's
+  padding_ratio        = sum padding_tokens / sum target_tokens   (ours: padding's share of the tokens fed, <= 100%)
+  kv_padding_ratio     = sum kv_padding / sum new_tokens   (EMS-SD's: padded KV entries per accepted token, can pass
+                         100%; Appendix B's E[P] / E[A])
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import pandas as pd
 from ..errors import SpecbenchError
 from ..run import noise
 from ..run.results import with_batch_columns
-from . import csvcheck
+from . import csvcheck, robust
 from .lossless_check import exactness, explained_rate
 
 
@@ -28,11 +35,11 @@ FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()  # report.md's "Formu
 
 
 SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_s", "tokens_per_s", "speedup",
-                   "speedup_mean", "tau", "draft_ms_per_token", "acceptance_rate", "drafted", "draft_forwards",
-                   "draft_s", "draft_forwards_per_step", "lossless_rate", "lossless_explained_rate", "exactness",
-                   "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_rows",
+                   "speedup_lo", "speedup_hi", "speedup_median", "speedup_mean", "tau", "draft_ms_per_token",
+                   "acceptance_rate", "drafted", "draft_forwards", "draft_s", "draft_forwards_per_step", "lossless_rate", "lossless_explained_rate", "exactness",
+                   "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_time",
                    "timing", "batch_size", "batching", "target_tokens", "padding_tokens", "padding_ratio", "kv_padding",
-                   "tau_batch_min", "tau_sample_mean"]
+                   "tau_batch_min", "tau_sample_mean", "decode_tokens_per_s", "decode_speedup", "kv_padding_ratio"]
 
 
 def read_records(run_dir: Path) -> pd.DataFrame:
@@ -62,7 +69,7 @@ def summarize(records: pd.DataFrame, temperature_greedy: bool = True, latency_fl
     the same batch size on the prompt turns both finished (an interrupted run may hold more of one than of the
     other); the noise guard's verdict per row. At batch > 1 the speedup is a throughput ratio (a sample's wall_s is
     its share of its batch's time), and the plausibility bound is not applied (profiles are measured at batch 1)."""
-    records = with_batch_columns(records)
+    records = noise.flag_rows(with_batch_columns(records))  # per row: disturbed by /proc, outlier or the run
     parts = []
     for size, part in records.groupby("batch_size", sort=True):
         if size == 1:
@@ -94,6 +101,8 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFra
         joined = g.merge(ar[["tokens_per_s"]].reset_index(), on=["dataset", "prompt_id", "turn"],
                          suffixes=("", "_ar"))
         ratios = joined.tokens_per_s / joined.tokens_per_s_ar
+        pairs = robust.turn_pairs(g, ar_d, turn_key)
+        low, high = robust.interval(pairs)
         checked = g.lossless[g.lossless.astype(str) != ""]
         drafted = g.drafted.sum() if "drafted" in g else 0
         peak = g.peak_mem_mb.max() if "peak_mem_mb" in g else math.nan
@@ -103,7 +112,8 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFra
         rows.append({
             "method": method, "dataset": dataset, "prompts": g.prompt_id.nunique(), "turns": len(g),
             "new_tokens": int(g.new_tokens.sum()), "wall_s": round(g.wall_s.sum(), 3),
-            "tokens_per_s": round(tps, 2), "speedup": tps / ar_tps,
+            "tokens_per_s": round(tps, 2), "speedup": tps / ar_tps, "speedup_lo": round(low, 3),
+            "speedup_hi": round(high, 3), "speedup_median": round(robust.median_ratio(pairs), 3),
             "speedup_mean": round(ratios.mean(), 3) if ratios.notna().any() else math.nan,
             "tau": g.new_tokens.sum() / max(g.target_forwards.sum(), 1),
             "acceptance_rate": round(g.accepted_drafts.sum() / drafted, 3) if drafted else math.nan,
@@ -112,14 +122,14 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFra
             "exactness": exactness(method), "peak_mem_mb": peak,
             "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
             "forward_ms": round(fwd * 1e3, 3), "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
-            **_draft_numbers(g), **_batch_numbers(g),
+            **_draft_numbers(g), **_batch_numbers(g), **_decode_numbers(g, ar_d),
         })
     summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS + ("batch_size",
                                                                                                  "batching")])
     return noise.judge(summary, records, latency_floor).round({"speedup": 3, "tau": 3})  # judged unrounded
 
 
-NOISE_COLUMNS = ("speedup_bound", "disturbed_rows", "timing")  # added by noise.judge
+NOISE_COLUMNS = ("speedup_bound", "disturbed_time", "timing")  # added by noise.judge
 
 
 DRAFT_COLUMNS = ("drafted", "draft_forwards", "draft_s", "draft_ms_per_token", "draft_forwards_per_step")
@@ -165,6 +175,35 @@ def _batch_numbers(g: pd.DataFrame) -> dict:
             "tau_batch_min": round(tau.groupby(batch.values).min().mean(), 3), "tau_sample_mean": round(tau.mean(), 3)}
 
 
+def decode_rate(g: pd.DataFrame) -> float:
+    """Tokens per second of incremental decoding (EMS-SD §4.1): new tokens but those the prefill-only steps emitted,
+    over the time but those steps'. NaN where prefill was not timed apart (batch 1, runs older than prefill_s)."""
+    if "prefill_s" not in g:
+        return math.nan
+    prefill = pd.to_numeric(g.prefill_s, errors="coerce")
+    if g.empty or prefill.isna().any():
+        return math.nan
+    first = _total(g, "prefill_tokens")
+    seconds = g.wall_s.sum() - prefill.sum()
+    return (g.new_tokens.sum() - first) / seconds if seconds > 0 else math.nan
+
+
+def _total(g: pd.DataFrame, column: str) -> float:
+    """Sum of a numeric column (0 where the records lack it: runs older than the column, blank cells)."""
+    return float(pd.to_numeric(g[column], errors="coerce").fillna(0).sum()) if column in g else 0.0
+
+
+def _decode_numbers(g: pd.DataFrame, ar: pd.DataFrame) -> dict:
+    """Decode-only throughput and its ratio to ar's on the same turns, and EMS-SD's padding ratio."""
+    rate, ar_rate = decode_rate(g), decode_rate(ar)
+    ratio = rate / ar_rate if ar_rate > 0 else math.nan  # NaN > 0 is False
+    kv = _total(g, "kv_padding")
+    new = g.new_tokens.sum()
+    return {"decode_tokens_per_s": round(rate, 2) if math.isfinite(rate) else math.nan,
+            "decode_speedup": round(ratio, 3) if math.isfinite(ratio) else math.nan,
+            "kv_padding_ratio": round(kv / new, 4) if new else math.nan}
+
+
 def row_name(r) -> str:
     """A summary row's name: the method, with its batch size and batching mode at batch > 1 ("sd B=8 unpadded")."""
     try:
@@ -192,7 +231,8 @@ def disturbed(summary: pd.DataFrame) -> pd.DataFrame:
     return summary[summary.timing.map(noise.is_disturbed)]
 
 
-CATEGORY_COLUMNS = ["method", "dataset", "category", "prompts", "turns", "tokens_per_s", "speedup", "tau",
+CATEGORY_COLUMNS = ["method", "dataset", "category", "prompts", "turns", "tokens_per_s", "speedup", "speedup_lo",
+                    "speedup_hi", "tau",
                     "draft_ms_per_token", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "timing"]
 
 
@@ -201,6 +241,7 @@ def by_category(records: pd.DataFrame, summary: pd.DataFrame, latency_floor: flo
     dataset (the overall summary): Spec-Bench reports per category. Empty when no record has a category."""
     if "category" not in records or not records.category.astype(str).str.len().any():
         return pd.DataFrame(columns=CATEGORY_COLUMNS)
+    records = noise.flag_rows(with_batch_columns(records))  # outliers judged against the whole run, not a category
     category = records.category.astype(str).replace("", "(none)")
     pairs = list(dict.fromkeys(zip(records.dataset, category)))  # (dataset, category) in first-seen order
     key = {pair: f"#{i}" for i, pair in enumerate(pairs)}

@@ -79,6 +79,7 @@ class BatchTurn:
     batch_wall_s: float
     share_s: float  # the batch's wall time x this sample's share of its new tokens
     forward_ms: float  # the batch's wall time per batched target step
+    prefill_share_s: float  # the batch's prefill-only time x this sample's share of its new tokens (as share_s)
     mem: float
     noise: dict
 
@@ -113,9 +114,13 @@ def run_label(runner, job: BatchJob, method_name: str, mode: str, refill: bool) 
         (gens, steps), seconds, mem = runner.timed(once)
         load = contention.between(before, contention.snapshot())
         total = max(sum(len(g.tokens) for g in gens), 1)
+        # the prefill-only steps' time (of the last repeat; the median's run when --repeats is 1), capped by the
+        # batch's median time so that a row's decoding time is never negative
+        prefill = min(sum(g.prefill_s for g in gens), seconds)
         batch_id = f"{job.batch_size}-{job.group}-{turn}"
         for entry, gen in zip(batch, gens):
+            share = len(gen.tokens) / total
             rows.append(BatchTurn(entry.index, entry.prompt, turn, entry.ids, gen, batch_id, seconds,
-                                  seconds * len(gen.tokens) / total, seconds * 1e3 / max(steps, 1), mem, load))
+                                  seconds * share, seconds * 1e3 / max(steps, 1), prefill * share, mem, load))
             answers[entry.prompt.id].append(runner.target.tokenizer.decode(gen.tokens))
     return rows

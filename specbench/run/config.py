@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..core.verify import Sampling
 from ..methods import REGISTRY, OptionValues, get_method, split_by_method
+from .shard import Shard
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class RunConfig:
     seed: int = 0
     warmup: int = 1
     repeats: int = 1  # timed generations per prompt turn (median wall time recorded)
+    retime: int = 2  # re-timings of a prompt turn whose timing was disturbed (run/retime.py); 0: only flag it
     threads: int | None = None
     data_file: str | None = None
     out: Path = Path("results/latest")
@@ -37,6 +39,13 @@ class RunConfig:
     batch_sizes: tuple[int, ...] = (1,)  # prompts decoded at once (EMS-SD); 1 = one at a time
     batching: str = "both"  # at batch > 1: unpadded (EMS-SD), padded (the vanilla way) or both
     refill: bool = False  # at batch > 1: a finished sample's slot takes the next prompt (continuous batching)
+    shard: Shard | None = None  # --shard I/N: only this slice of the prompts (run/shard.py)
+    # placement (core/placement.py): a device map for the target / a separate drafter, or tensor parallelism
+    device_map: str | None = None
+    max_memory: str | None = None
+    drafter_device_map: str | None = None
+    drafter_max_memory: str | None = None
+    tp: int = 1
 
     @property
     def sampling(self) -> Sampling:
@@ -50,6 +59,7 @@ class RunConfig:
         d["tree_sizes"] = list(self.tree_sizes)
         d["batch_sizes"] = list(self.batch_sizes)
         d["options"] = self.method_options()
+        d["shard"] = str(self.shard) if self.shard else None
         return d
 
     def method_options(self) -> dict[str, dict]:

@@ -31,6 +31,13 @@ class TurnResult:
     noise: dict  # contention.between(): foreign_cpu, steal, load_before, load_after
     order: int  # position among the methods run on this prompt
     batch: dict = field(default_factory=dict)  # batch > 1: batch_size, batching, batch_id, batch_wall_s, forward_ms
+    tries: int = 1  # timings taken of this turn (--retime: run/retime.py)
+    disturbed: bool = False  # the kept timing was still disturbed
+
+    @property
+    def forward_ms(self) -> float:
+        """Wall time per target forward, ms (what the outlier test compares)."""
+        return self.seconds * 1e3 / max(self.gen.target_forwards, 1)
 
 
 @dataclass(frozen=True)
@@ -69,8 +76,10 @@ def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, da
         temperature=cfg.temperature, model=target.spec, dtype=dtype_name(target.dtype),
         device=env["device"], threads=env["threads"], torch=env["torch"],
         transformers=env["transformers"], git=env["git"], hardware=env["hardware"],
+        placement=env.get("placement", target.placement),
         mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=check.verdict,
-        forward_ms=round(seconds * 1e3 / max(gen.target_forwards, 1), 3), order=r.order, **r.noise)
+        forward_ms=round(r.forward_ms, 3), order=r.order, timing_tries=r.tries, timing_disturbed=r.disturbed,
+        **r.noise)
     fields.update(batch_fields(r))  # a batched row's forward_ms is its batch's time per batched step
     return Record(**fields)
 
@@ -81,6 +90,10 @@ def batch_fields(r: TurnResult) -> dict:
     fields = {"target_tokens": gen.target_tokens, "padding_tokens": gen.padding_tokens,
               "padding_ratio": round(gen.padding_tokens / gen.target_tokens, 4) if gen.target_tokens else 0.0,
               "kv_padding": gen.kv_padding, "batch_wall_s": round(r.seconds, 6), "latency_s": round(r.seconds, 6)}
+    fields["kv_padding_ratio"] = round(gen.kv_padding / len(gen.tokens), 4) if gen.tokens else 0.0
     if r.batch:
-        fields.update(r.batch, latency_s=round(gen.latency_s, 6))
+        fields.update(r.batch, latency_s=round(gen.latency_s, 6), prefill_tokens=gen.prefill_tokens)
+        decode_s = r.seconds - fields.get("prefill_s", math.nan)
+        decoded = len(gen.tokens) - gen.prefill_tokens
+        fields["decode_tokens_per_s"] = round(decoded / decode_s, 4) if decode_s > 0 else math.nan
     return fields

@@ -63,6 +63,10 @@ class Record:
     load_before: float = float("nan")  # 1-minute load average before / after the timing
     load_after: float = float("nan")
     order: int = -1  # position of this method among the methods run on this prompt (interleaved per prompt)
+    # --retime (run/retime.py): how many timings of this prompt turn were taken (1: the first was kept), and whether
+    # the kept one was still disturbed (/proc reading or forward-time outlier) when the tries ran out
+    timing_tries: int = 1
+    timing_disturbed: bool = False
     # batching (EMS-SD; methods/batch_loop.py). Batch 1: batch_size 1, batching "-". At batch > 1 a sample's wall_s is
     # its share of its batch's wall time (batch_wall_s x its share of the batch's new tokens), so that sums over
     # rows give the batch's throughput; latency_s is its own time from joining the batch to its last token.
@@ -75,6 +79,14 @@ class Record:
     padding_tokens: int = 0  # of those, padding tokens (padded batching)
     padding_ratio: float = 0.0  # padding_tokens / target_tokens
     kv_padding: int = 0  # padded KV-cache entries the sample held when it left the batch (padded batching)
+    placement: str = ""  # the target's placement (core/placement.label): single:cpu, map:0:16,1:14, tp2
+    # EMS-SD's own numbers beside ours (§4.1, Appendix B). Decode-only throughput: the batch's prefill-only steps
+    # timed apart (prefill_s: this row's share of them, as wall_s is of the batch; NaN at batch 1, not timed apart)
+    prefill_s: float = float("nan")
+    prefill_tokens: int = 0  # tokens emitted by those prefill steps (the sample's first token)
+    decode_tokens_per_s: float = float("nan")  # (new_tokens - prefill_tokens) / (wall_s - prefill_s)
+    kv_padding_ratio: float = 0.0  # kv_padding / new_tokens: EMS-SD's padding ratio (padding per accepted token,
+    # can pass 100%), beside padding_ratio (ours: padding's share of the tokens fed, at most 100%)
 
 
 RECORD_COLUMNS = [f.name for f in fields(Record)]
@@ -86,11 +98,13 @@ class RecordWriter:
     def __init__(self, run_dir: Path):
         self.records_path = run_dir / "records.csv"
         self.tokens_path = run_dir / "tokens.jsonl"
-        new = not self.records_path.exists()
+        # new, or left empty by a process killed before its header reached the disk
+        new = not self.records_path.exists() or self.records_path.stat().st_size == 0
         self._csv_file = self.records_path.open("a", newline="")
         self._csv = csv.DictWriter(self._csv_file, fieldnames=RECORD_COLUMNS)
         if new:
             self._csv.writeheader()
+            self._csv_file.flush()
         self._tokens_file = self.tokens_path.open("a")
 
     def write(self, record: Record, tokens: list[int]) -> None:

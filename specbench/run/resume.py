@@ -4,6 +4,7 @@ environment, with the refusal messages naming what changed), which prompts are a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -30,11 +31,17 @@ def prepare_out(cfg: RunConfig) -> Path:
         if not cfg.resume:
             raise SpecbenchError(f"{out} already holds a run. Pass --resume to continue it, or choose another --out.")
         old = yaml.safe_load(run_file.read_text()) or {}
-        changed = differences(old.get("settings") or {}, plain(cfg.settings()))
+        settings = plain(cfg.settings())
+        for key in set(LATER_SETTINGS) - set(old.get("settings") or {}):  # a run from before the option
+            settings.pop(key, None)
+        changed = differences(old.get("settings") or {}, settings)
         if changed:
             raise SpecbenchError(f"--resume: the options differ from the run in {out}: {'; '.join(changed)}. "
                                  "Resume with the same options, or choose another --out.")
     return out
+
+
+LATER_SETTINGS = ("retime",)  # options newer than some run folders: an older run resumes with any value
 
 
 def missing_folders(path: Path) -> list[Path]:
@@ -108,10 +115,12 @@ def drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> Done:
     """Keep only (method, dataset, prompt, batch size, batching) groups with every turn recorded in records.csv;
     return those. `turns`: (dataset, prompt id) -> the prompt's turn count."""
     path = out / "records.csv"
-    if not path.exists():
+    if not path.exists() or path.stat().st_size == 0:  # an empty file: the run was stopped before its header
+        keep_tokens(out, set())
         return Done()
     df = pd.read_csv(path, dtype={"prompt_id": str, "batching": str}, keep_default_na=False)
     if df.empty:
+        keep_tokens(out, set())
         return Done()
     df = with_batch_columns(df)  # runs from before batching: batch 1
     counts = df.groupby(DONE_KEY)["turn"].nunique()
@@ -121,7 +130,28 @@ def drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> Done:
         if column not in keep:
             keep = keep.assign(**{column: getattr(Record, column, "")})
     keep[RECORD_COLUMNS].to_csv(path, index=False)
+    keep_tokens(out, done)
     return Done(done)
+
+
+def keep_tokens(out: Path, done: set[tuple]) -> None:
+    """tokens.jsonl to match the kept records: rows of dropped groups, torn lines and the earlier copy of a row
+    written twice (a process killed between a row's tokens and its record) are left out."""
+    path = out / "tokens.jsonl"
+    if not path.exists():
+        return
+    rows: dict[tuple, str] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+            group = (row["method"], row["dataset"], str(row["prompt_id"]), int(row.get("batch_size", 1)),
+                     str(row.get("batching", "-")))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+        if group in done:
+            rows.pop(group + (int(row["turn"]),), None)
+            rows[group + (int(row["turn"]),)] = line
+    path.write_text("".join(line + "\n" for line in rows.values()))
 
 
 def mark_complete(out: Path) -> None:

@@ -55,6 +55,7 @@ class Runner:
             else:
                 self.methods[name] = cls(target, options[name], drafter)
         self.env = environment(target.device, target.dtype)
+        self.env["placement"] = target.placement  # core/placement.label: records, run.yaml and --resume name it
 
     def chosen(self) -> dict:
         """Per method label: the settings it chose itself (gamma, exec mode, ...); methods that chose none left out."""
@@ -67,7 +68,7 @@ class Runner:
         from ..planning.profile import load_profile
 
         path = store.find(store.profile_file(hardware_slug(self.target.device), model_slug(self.target.spec),
-                                             dtype_name(self.target.dtype)))
+                                             dtype_name(self.target.dtype), self.target.placement))
         return load_profile(path) if path else None
 
     def tree_predictions(self) -> dict:
@@ -164,19 +165,24 @@ class Runner:
     def run_prompt(self, prompt: ds.Prompt, index: int, label: str, order: int) -> list[TurnResult]:
         """All turns of one prompt with one method (a skipped turn ends the prompt), timed, with what else the
         machine did meanwhile (core/contention.py)."""
-        method = self.methods[label]
         answers: list[str] = []
         results = []
         for turn in range(len(prompt.turns)):
             ids = self.prompt_ids(ds.conversation(prompt, turn, answers), prompt)
             if ids is None:
                 break
-            before = contention.snapshot()
-            gen, seconds, mem = self.generate(method, ids, self.seed(index, turn))
-            load = contention.between(before, contention.snapshot())
-            results.append(TurnResult(label, turn, ids, gen, seconds, mem, load, order))
-            answers.append(self.target.tokenizer.decode(gen.tokens))
+            r = self.time_turn(label, ids, index, turn, order)
+            results.append(r)
+            answers.append(self.target.tokenizer.decode(r.gen.tokens))
         return results
+
+    def time_turn(self, label: str, ids: torch.Tensor, index: int, turn: int, order: int) -> TurnResult:
+        """One timed turn of one method with what else the machine did meanwhile; run_prompt's, and retime.py's
+        when a disturbed turn is timed again (same ids and seed: the same tokens)."""
+        before = contention.snapshot()
+        gen, seconds, mem = self.generate(self.methods[label], ids, self.seed(index, turn))
+        load = contention.between(before, contention.snapshot())
+        return TurnResult(label, turn, ids, gen, seconds, mem, load, order)
 
     def finish_prompt(self, dataset: str, prompt: ds.Prompt, results: dict[str, list[TurnResult]],
                       reference: dict, writer: RecordWriter) -> None:
@@ -229,7 +235,9 @@ class Runner:
         for b in sorted(rows, key=lambda b: (b.index, b.turn)):
             r = TurnResult(label, b.turn, b.ids, b.gen, b.share_s, b.mem, b.noise, order, batch={
                 "batch_size": int(b.batch_id.split("-")[0]), "batching": mode, "batch_id": b.batch_id,
-                "batch_wall_s": round(b.batch_wall_s, 6), "forward_ms": round(b.forward_ms, 3)})
+                "batch_wall_s": round(b.batch_wall_s, 6), "forward_ms": round(b.forward_ms, 3),
+                "prefill_s": round(b.prefill_share_s, 6)},
+                disturbed=contention.disturbed(b.noise))  # batch jobs are flagged, not re-timed
             key = (dataset, b.prompt.id, b.turn)
             lossless, gap, verdict = "", math.nan, ""
             if self.cfg.sampling.greedy and key in reference:

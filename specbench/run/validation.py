@@ -21,8 +21,16 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SpecbenchError(f"--limit must be at least 1 (got {cfg.limit})")
     if cfg.repeats < 1:
         raise SpecbenchError(f"--repeats must be at least 1 (got {cfg.repeats})")
+    if cfg.retime < 0:
+        raise SpecbenchError(f"--retime must be 0 or more (got {cfg.retime}): how many times a disturbed prompt turn "
+                             "is re-timed; 0 only flags it")
     if cfg.warmup < 0:
         raise SpecbenchError(f"--warmup must be 0 or more (got {cfg.warmup})")
+    timed = [m for m in cfg.methods if m.startswith("pearl")]
+    if cfg.tp > 1 and timed:
+        raise SpecbenchError(f"--tp: {', '.join(timed)} cannot run tensor-parallel: PEARL's draft/verify schedule "
+                             "follows each process's own clock, so the ranks' collective forwards diverge (gloo: "
+                             "'Is there a distributed collective mismatch'); run it with a device map instead")
     if not all(math.isfinite(v) for v in (cfg.temperature, cfg.top_p)):
         raise SpecbenchError(f"sampling: --temperature and --top-p must be numbers (got {cfg.temperature}, "
                              f"{cfg.top_p})")
@@ -37,6 +45,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     if any(n < 1 for n in cfg.tree_sizes):
         raise SpecbenchError("--tree-sizes: sizes must be positive integers")
     validate_batching(cfg)
+    if cfg.shard and max(cfg.batch_sizes) > 1:
+        raise SpecbenchError(f"--shard {cfg.shard}: sharded runs decode one prompt at a time (a batch's prompts "
+                             "must share a device); run --batch-size > 1 unsharded")
     methods = ("ar",) + tuple(dict.fromkeys(m for m in cfg.methods if m != "ar"))
     cfg = RunConfig(**{**cfg.__dict__, "methods": methods})
     declared = all_options(REGISTRY)
@@ -75,5 +86,11 @@ def validate_batching(cfg: RunConfig) -> None:
         if cfg.tree_sizes:
             raise SpecbenchError("--tree-sizes sweeps run one prompt at a time: use --batch-size 1 for the sweep "
                                  "(a batched ppd takes --tree auto, PATH or size=N)")
+        tree = str(cfg.options.get("tree") or "")
+        if tree.startswith("dynamic"):  # batched drafting (methods/tree/feature_batch.py) takes one static tree
+            raise SpecbenchError(f"--tree {tree} runs one prompt at a time: EAGLE-2's dynamic tree gives every sample "
+                                 "its own tree shape each step, which batched drafting does not draft; use --batch-size "
+                                 "1 for --tree dynamic, or a static tree (--tree auto, PATH or size=N) at "
+                                 f"--batch-size {max(cfg.batch_sizes)}")
     elif cfg.refill:
         console.print("[yellow]note[/] --refill does nothing at --batch-size 1 (one prompt at a time)")

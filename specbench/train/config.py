@@ -30,6 +30,8 @@ class TrainSettings:
     out: Path | None = None  # default artifacts/<model>/<method folder>
     dtype: str = "auto"
     device: str = "auto"
+    device_map: str | None = None  # --device-map / --max-memory (core/placement.py): the frozen target's placement
+    max_memory: str | None = None
     save_every: int = 100
     resume: bool = False
     seed: int = 0

@@ -26,7 +26,10 @@ Sequences = list[tuple[list[int], int]]  # (prompt + greedy reply token ids, pro
 
 def load_target(cfg: TrainSettings) -> LoadedModel:
     """The target model, frozen (only the method's own parts train)."""
-    target = load_model(cfg.model, cfg.dtype, cfg.device)
+    from ..core.placement import build_placement
+
+    target = load_model(cfg.model, cfg.dtype, cfg.device,
+                        placement=build_placement(cfg.device_map, cfg.max_memory))
     target.model.requires_grad_(False)
     return target
 

@@ -6,8 +6,8 @@ Each step: 1. draft the tree's tokens; 2. one target forward over the root and e
 attached to nodes; core/tree.py masks them); 3. accept the longest verified path (step.py); 4. keep only the root
 and that path in the cache. Batch 1 is `generate`; batch > 1 (methods/batch_loop.py) is `decode_step`, every
 sample's tree in one forward and the same step.py per sample; the guesser's batch hooks give a newcomer's prefill,
-every sample's drafts at once (a drafter model: batched drafter forwards) and a hook around the batched forward. Counters: `drafted` counts the tree depth per step (the longest run that could be
-accepted).
+every sample's drafts at once (a drafter model: batched drafter forwards) and a hook around the batched forward.
+Counters: `drafted` counts the tree depth per step (the longest run that could be accepted).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class TreeMethod(Batchable, DecodeMethod):
             return self.guesser.searched_tree(acc, rows, size, model_name,
                                               str(acc_path) if acc_path else "a generic table")
 
-        self.tree_file, self.tree_source = self.guesser.resolve_tree(build, model_name)
+        self.tree_file, self.tree_source = self.guesser.resolve_tree(build, model_name, rows, ept)
         self.guesser.check_tree(rows)
         self.m, self.ept = self.tree_file.prompt_tokens, ept
         self.layouts: dict[int, TreeLayout] = self.guesser.layouts(table, ept, target.device)
@@ -108,6 +108,7 @@ class TreeMethod(Batchable, DecodeMethod):
             layout = self.guesser.layout_for(state)
             # 1. draft: the tree's tokens, root first (and the draft q at T > 0 where the rule needs it)
             tokens, q = self._drafted(gen, state, layout.tree, root, sampling, generator)  # [N], [N, V]
+            layout = self.guesser.drafted_layout(state, layout)  # EAGLE-2's dynamic tree: drafted this step
             # 2. verify: one forward over the root, the candidates and the inputs attached to nodes
             past = cache_length(cache)
             h = self._forward(tokens, layout, cache)  # [q, H]
@@ -157,6 +158,7 @@ class TreeMethod(Batchable, DecodeMethod):
         steps = []
         for s, (tokens, q) in zip(active, drafts):
             layout = self.guesser.layout_for(s.scratch["guesses"])
+            layout = self.guesser.drafted_layout(s.scratch["guesses"], layout)  # as batch 1's
             past = target.lengths[s.slot]
             s.scratch.update(layout=layout, tokens=tokens, q=q, past=past)
             steps.append(Segment(s.slot, tokens.tolist(), positions=position_ids(layout.offsets, past)[0].tolist(),

@@ -23,16 +23,18 @@ from ...core.tree import Tree, attention_mask, position_ids
 from ...core.verify import next_token, tree_greedy_accept, tree_sampled_accept
 from ...errors import SpecbenchError
 from ...planning.acceptance import draft_cost
+from ...planning.head_accuracy import drafter_ranks
 from .._drafting import GAMMA
 from ..base import register
 from ..options import ARTIFACT, TREE
 from .engine import TreeMethod
 from ..batch_loop import engine
+from .dynamic_tree import DEFAULT_TOP_K, draft_dynamic
 from .feature_batch import draft_trees_eagle, draft_trees_parallel
 from .feature_drafting import DrafterState, PendingPairs, draft_tree_eagle, draft_tree_parallel
-from .guesser import Guesser
+from .guesser import Guesser, GuessScorer
 from .layout import TreeLayout
-from .resolution import candidate_tree, chain
+from .resolution import candidate_tree, chain, resolve
 
 EAGLE_DEPTH = 6  # depths `estimate --method eagle` measures (rows of its acceptance file; deepest tree searched)
 
@@ -42,27 +44,62 @@ class EagleDrafts(Guesser):
 
     family, artifact, one_state = "eagle", "eagle drafter", True
     drafter_model = True
+    dynamic: tuple[int, int, int] | None = None  # --tree dynamic: (candidates m, depth, top-k per expansion)
 
     def load(self):
         self.art = fd.resolve(self.method.options.artifact, self.target, self.method.family)
-        self.art.drafter.to(self.target.device)
+        self.art.drafter.to(self.target.output_device)  # it reads the final states
         what = f"{self.method.family} drafter {self.art.source} ({self.art.drafter.parameter_count():,} parameters)"
         return self.depths(), 1, None, what
 
     def depths(self) -> int:
         return EAGLE_DEPTH
 
+    @classmethod
+    def scored_depths(cls, drafter) -> int:
+        """Rows of the acceptance file: ranks at each depth along the true path (eagle), per drafted position
+        (parallelspec)."""
+        return EAGLE_DEPTH
+
+    @classmethod
+    def scorer(cls, target, artifact, initial=False):
+        art = fd.resolve(artifact, target, cls.family)
+        drafter = art.drafter.to(target.device)
+        depths = cls.scored_depths(drafter)
+        # the drafter's own forward time: build-tree adds it per drafter forward to the target's step latency
+        ms = fd.forward_ms(drafter, 1 + drafter.mask_tokens)
+        return GuessScorer(lambda ids, start: drafter_ranks(target, drafter, ids, start, depths), depths, art.source,
+                           {"mask_tokens": drafter.mask_tokens, "draft_forward_ms": ms,
+                            "draft_forward_rows": 1 + drafter.mask_tokens})
+
     def searched_tree(self, acc, rows, size, model_name, source):
         return candidate_tree(acc, rows, size, model_name, source, self.method.family)
 
-    def resolve_tree(self, build, model_name):
+    def resolve_tree(self, build, model_name, rows=0, ept=1):
         options = self.method.options
+        self.dynamic = None
+        if str(options.tree).startswith("dynamic"):
+            if options.gamma is not None:
+                raise SpecbenchError(f"{self.method.name}: give --gamma (a chain of drafts) or --tree dynamic, not both")
+            return self._dynamic_tree(options.tree, build, model_name, rows, ept)
         if options.gamma is None:
-            return super().resolve_tree(build, model_name)
+            return super().resolve_tree(build, model_name, rows, ept)
         if options.tree != TREE.default:
             raise SpecbenchError(f"{self.method.name}: give --gamma (a chain of drafts) or --tree (a draft tree), "
                                  "not both")
         return chain(options.gamma, model_name), f"a chain of {options.gamma} (--gamma)"
+
+    def _dynamic_tree(self, spec: str, build, model_name, rows, ept):
+        """--tree dynamic[=M]: M candidates per step (default: the size of the tree `--tree auto` picks, this
+        hardware's choice from its latency profile), at most EAGLE_DEPTH deep, the k <= 8 best nodes expanded per
+        depth. The static tree of that size stays the method's tree file (the prefill, predictions, check_tree)."""
+        size = spec.removeprefix("dynamic").removeprefix("=")
+        if spec != "dynamic" and (not spec.startswith("dynamic=") or not size.isdigit() or int(size) < 1):
+            raise SpecbenchError(f"--tree {spec}: use dynamic or dynamic=M with M a positive number of candidates")
+        tf, source = resolve(self.method, build, model_name, rows, ept, "auto" if spec == "dynamic" else f"size={size}")
+        m = tf.size
+        self.dynamic = (m, min(self.depths(), m), min(DEFAULT_TOP_K, m))
+        return tf, f"EAGLE-2 dynamic tree, {m} candidates per step (the size of {source})"
 
     def check_tree(self, rows: int) -> None:
         tf, method = self.method.tree_file, self.method
@@ -97,8 +134,21 @@ class EagleDrafts(Guesser):
         return root, state
 
     def draft(self, state: DrafterState, tree: Tree, root: int, sampling, generator):
-        """The drafter proposes the tree's tokens [N], their q [N, V] at T > 0, and its forwards."""
-        return draft_tree_eagle(state, tree, root, sampling, generator)
+        """The drafter proposes the tree's tokens [N], their q [N, V] at T > 0, and its forwards. With --tree dynamic
+        it first drafts the tree (dynamic_tree.py), greedily; at T > 0 that shape's tokens are then sampled as a
+        static tree's are, so the shape never depends on the samples (lossless)."""
+        if self.dynamic is None:
+            return draft_tree_eagle(state, tree, root, sampling, generator)
+        m, depth, top_k = self.dynamic
+        shape = draft_dynamic(state, root, m, depth, top_k)
+        state.drafted = TreeLayout(shape.tree, None, shape.tokens.device)
+        if sampling.greedy:
+            return shape.tokens, None, shape.forwards
+        tokens, q, forwards = draft_tree_eagle(state, shape.tree, root, sampling, generator)
+        return tokens, q, shape.forwards + forwards
+
+    def drafted_layout(self, state, layout):
+        return layout if self.dynamic is None else state.drafted
 
     def accept(self, tokens, parents, logits, q, sampling, generator):
         """Exact match at T = 0, Algorithm 1 with the draft q at T > 0."""
@@ -114,7 +164,7 @@ class EagleDrafts(Guesser):
     # batch > 1 (feature_batch.py): every sample's drafter cache a slot of one drafter batch engine
 
     def start_batch(self, mode, slots):
-        self._batch = engine(self.art.drafter, mode, slots, self.target.device)
+        self._batch = engine(self.art.drafter, mode, slots, self.target.output_device)  # where load put it
 
     def leave(self, sample):
         if sample.slot in self._batch.rows:
@@ -145,10 +195,17 @@ class ParallelDrafts(EagleDrafts):
     family, artifact = "parallelspec", "parallelspec drafter"
 
     def depths(self) -> int:
-        return self.art.drafter.mask_tokens + 1
+        return self.scored_depths(self.art.drafter)
 
-    def resolve_tree(self, build, model_name):
-        return Guesser.resolve_tree(self, build, model_name)
+    @classmethod
+    def scored_depths(cls, drafter) -> int:
+        return drafter.mask_tokens + 1
+
+    def resolve_tree(self, build, model_name, rows=0, ept=1):
+        self.dynamic = None
+        if str(self.method.options.tree).startswith("dynamic"):
+            return self._dynamic_tree(self.method.options.tree, build, model_name, rows, ept)
+        return Guesser.resolve_tree(self, build, model_name, rows, ept)
 
     def check_tree(self, rows: int) -> None:
         super().check_tree(rows)
@@ -159,7 +216,7 @@ class ParallelDrafts(EagleDrafts):
                                  f"use a tree at most {rows} deep (`specbench build-tree --method parallelspec`)")
 
     def draft(self, state, tree, root, sampling, generator):
-        return draft_tree_parallel(state, tree, root, sampling, generator)
+        return draft_tree_parallel(state, tree, root, sampling, generator, self.dynamic and self.dynamic[0])
 
     _draft_trees = staticmethod(draft_trees_parallel)
 

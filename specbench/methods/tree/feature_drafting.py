@@ -23,6 +23,8 @@ from ...artifacts.feature_drafter import FeatureDrafter, additive
 from ...core.cache import crop_to, new_cache
 from ...core.tree import Tree
 from ...core.verify import Sampling, sample_children, warp_probs
+from ...planning.treesearch import optimal_candidates
+from .layout import TreeLayout
 
 
 class PendingPairs:
@@ -57,14 +59,20 @@ class DrafterState(PendingPairs):
         self.drafter = drafter
         self.cache = new_cache(drafter)
         self.length = 0
+        self.last: torch.Tensor | None = None  # the last fed pair's predicted feature [1, H]
+        self.drafted = None  # this step's drafted tree layout (EAGLE-2's dynamic tree; None: the static tree)
 
     def feed(self, extra: torch.Tensor | None = None) -> torch.Tensor:
         """One drafter forward over the pending pairs (committed by it) and `extra` inputs [e, H] after them
-        (masks; dropped again by the caller) -> predicted features of the last pair and the extras [1 + e, H]."""
+        (masks; dropped again by the caller) -> predicted features of the last pair and the extras [1 + e, H].
+        With nothing pending and no extras (a second draft in one step), the last pair's feature again."""
+        if not self.features and extra is None and self.last is not None:
+            return self.last
         x, m = self.take(self.drafter, extra)
         pos = torch.arange(self.length, self.length + x.shape[0], device=x.device)[None]
         out = self.drafter.run(x[None], pos, self.cache)
         self.length += m
+        self.last = out[m - 1:m]
         return out[m - 1:]
 
 
@@ -159,12 +167,19 @@ def pick_children(plan: EaglePlan, frontier: tuple[int, ...], logits: torch.Tens
 
 
 def draft_tree_parallel(state: DrafterState, tree: Tree, root: int, sampling: Sampling,
-                        generator) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+                        generator, dynamic: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """ParallelSpec's drafting: one forward over the pending pairs and the k masks gives q_1..q_{k+1}; depth d's
-    candidates are the top (or sampled) choices of q_d, shared by every parent at depth d - 1 (as Medusa's)."""
+    candidates are the top (or sampled) choices of q_d, shared by every parent at depth d - 1 (as Medusa's).
+    dynamic = m: the tree is this step's m most probable candidate paths under the drafter's own top
+    probabilities per depth (EAGLE-2's reranking where every depth is drafted at once), left in state.drafted; it
+    depends on the distributions only, never on sampled tokens, so T > 0 stays lossless."""
     drafter = state.drafter
     out = state.feed(drafter.masks)  # [1 + k, H]
     crop_to(state.cache, state.length)  # the masks leave the cache
+    if dynamic is not None:
+        probs = torch.softmax(drafter.logits(out), -1).topk(min(dynamic, 8), -1).values  # [1 + k, W]
+        tree = Tree(tuple(optimal_candidates(probs.tolist(), dynamic, probs.shape[0])))
+        state.drafted = TreeLayout(tree, None, out.device)
     return (*parallel_candidates(drafter.logits(out[:tree.depth]), tree, root, sampling, generator), 1)
 
 

@@ -10,6 +10,8 @@ with a model), and a hook around the batched target forward (around: Hidden Tran
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -18,8 +20,21 @@ from ...core.cache import cache_length, keep_positions
 from ...core.ragged import Segment
 from ...core.tree import Tree, TreeFile, attention_mask, position_ids, visibility
 from ...core.verify import next_token, tree_speculative_accept, tree_typical_accept
+from ...errors import SpecbenchError
 from .layout import TreeLayout
 from .resolution import resolve, searched_tree
+
+
+@dataclass(frozen=True)
+class GuessScorer:
+    """What `specbench estimate` scores for one method: ranks(ids, start) -> [positions, rows], the rank of the true
+    token among the top-10 guesses per token distance (planning/acceptance.score_sequence's layout); rows: distances
+    scored; source: the artefact, for the console and the file; extra: fields the acceptance file adds."""
+
+    ranks: Callable
+    rows: int
+    source: str
+    extra: dict = field(default_factory=dict)
 
 
 class Guesser:
@@ -30,12 +45,18 @@ class Guesser:
     artifact: str  # what the method needs beside the target, for `specbench list methods`
     one_state = False  # its tree has one state (a static candidate tree), not PPD's dynamic states
     drafter_model = False  # drafts with a model of its own: the engine counts its time and forwards
+    has_initial = False  # `estimate --initial` can score the artefact's untrained start (ppd's prompt tokens)
 
     def __init__(self, method):
         self.method = method
         self.target = method.target
 
     # ---------------------------------------------------------------- the artefact and the trees it accepts
+
+    @classmethod
+    def scorer(cls, target, artifact: str | None, initial: bool = False) -> GuessScorer:
+        """The artefact (--artifact, default the shipped one) loaded for `specbench estimate`, without a method."""
+        raise NotImplementedError
 
     def load(self) -> tuple[int, int, torch.Tensor | None, str]:
         """Load the artefact: (token distances guessed, ensemble copies, embedding table [S * E, H] of the inputs
@@ -45,8 +66,12 @@ class Guesser:
     def searched_tree(self, acc, rows: int, size: int, model_name: str, source: str) -> TreeFile:
         return searched_tree(acc, rows, size, model_name, source)
 
-    def resolve_tree(self, build, model_name: str) -> tuple[TreeFile, str]:
-        return resolve(self.method, build, model_name)
+    def resolve_tree(self, build, model_name: str, rows: int = 0, ept: int = 1) -> tuple[TreeFile, str]:
+        if str(self.method.options.tree).startswith("dynamic"):
+            raise SpecbenchError(f"--tree {self.method.options.tree}: only eagle and parallelspec choose their tree per "
+                                 "step (EAGLE-2's dynamic tree); "
+                                 f"{self.method.name} takes auto, size=N or a trees/*.yaml path")
+        return resolve(self.method, build, model_name, rows, ept)
 
     def check_tree(self, rows: int) -> None:
         """Refuse a tree this artefact cannot guess (SpecbenchError naming both)."""
@@ -61,6 +86,10 @@ class Guesser:
 
     def layout_for(self, state) -> TreeLayout:
         return self.method.layouts[state.shape[0]]
+
+    def drafted_layout(self, state, layout: TreeLayout) -> TreeLayout:
+        """The layout the step verifies after drafting: the state's, unless the draft chose the tree itself."""
+        return layout
 
     def chosen(self) -> dict:
         return {}
@@ -111,7 +140,7 @@ class Guesser:
         """Candidate tokens = top-k guesses of the accepted node's guess rows, by rank -> (tokens [N], q None,
         no drafter forwards)."""
         topk = state[: tree.depth].topk(max(self.layout_for(state).max_rank, 1), dim=-1).indices  # [D, K]
-        root_t = torch.tensor([root], device=self.target.device)
+        root_t = torch.tensor([root], device=topk.device)  # the states' device (the LM head's under a device map)
         return torch.cat([root_t, tree.candidate_tokens(topk)]), None, 0  # [N]
 
     def accept(self, tokens, parents, logits, q, sampling, generator) -> tuple[list[int], int]:

@@ -17,9 +17,10 @@ import torch
 from ...artifacts import medusa_heads as mh
 from ...core.tree import Tree
 from ...errors import SpecbenchError
+from ...planning.head_accuracy import medusa_ranks
 from ..base import register
 from .engine import TreeMethod
-from .guesser import Guesser
+from .guesser import Guesser, GuessScorer
 from .layout import TreeLayout
 from .resolution import candidate_tree
 
@@ -28,6 +29,13 @@ class MedusaHeads(Guesser):
     """K Medusa heads: head d guesses the token d + 1 ahead of the node they read."""
 
     family, artifact, one_state = "medusa", "medusa heads", True
+
+    @classmethod
+    def scorer(cls, target, artifact, initial=False):
+        art = mh.resolve(artifact, target)  # also early-exit heads: --artifact artifacts/<model>/early-exit-l<l>
+        heads = art.heads
+        return GuessScorer(lambda ids, start: medusa_ranks(target, heads, ids, start), heads.heads, art.source,
+                           {"heads": heads.heads, "layer": heads.layer})
 
     def load(self):
         self.heads = mh.resolve(self.method.options.artifact, self.target)

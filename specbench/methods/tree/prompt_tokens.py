@@ -14,15 +14,25 @@ from __future__ import annotations
 
 from ...artifacts import prompt_tokens as pt
 from ...errors import SpecbenchError
+from ...planning.acceptance import score_sequence
 from ..base import register
 from .engine import TreeMethod
-from .guesser import Guesser
+from .guesser import Guesser, GuessScorer
 
 
 class PromptTokens(Guesser):
     """Trained prompt tokens (S distances x EPT ensemble copies) attached to every node."""
 
     family, artifact = "ppd", "prompt tokens"
+    has_initial = True
+
+    @classmethod
+    def scorer(cls, target, artifact, initial=False):
+        tokens = pt.resolve(artifact, target)  # also takes untrained[:S], random real-token embeddings
+        if initial and not tokens.meta.get("untrained"):
+            tokens = pt.load(tokens.source, target, initial=True)  # the embeddings training started from
+        return GuessScorer(lambda ids, start: score_sequence(target, tokens, ids, start), tokens.count, tokens.source,
+                           {"prompt_tokens": tokens.count, "ept": tokens.ept})
 
     def load(self):
         self.prompts = pt.resolve(self.method.options.artifact, self.target)

@@ -10,9 +10,10 @@ from rich.markup import escape
 
 from ...core import store
 from ...core.hardware import hardware_slug
-from ...core.models import dtype_name
-from ...core.tree import TreeFile, resolve_tree
+from ...core.models import dtype_name, model_slug
+from ...core.tree import TreeFile, other_trees, read_tree_file, resolve_tree
 from ...errors import SpecbenchError
+from ...planning import autotree
 from ...planning.acceptance import GENERIC_PER_RANK, read_per_rank
 from ...planning.treesearch import search, static_candidates
 from ...progress import console
@@ -65,8 +66,48 @@ def per_rank_acceptance(method, rows: int, model_name: str) -> tuple[list[list[f
     return acc, acc_path, source
 
 
-def resolve(method, build, model_name: str) -> tuple[TreeFile, str]:
-    """--tree auto | PATH | size=N -> (tree file, where it came from); `build(size)` makes a searched tree."""
+def resolve(method, build, model_name: str, rows: int = 0, ept: int = 1,
+            spec: str | None = None) -> tuple[TreeFile, str]:
+    """--tree auto | PATH | size=N (or `spec` instead of --tree) -> (tree file, where it came from); `build(size)`
+    makes a searched tree. With
+    `--tree auto` and no tree file for this hardware: built now from this hardware's profile and the method's
+    acceptance file (build-tree's code; filed where build-tree files it), else the default size and a note naming
+    the commands that make this method's tree here. `rows`: token distances the artefact guesses."""
     target = method.target
-    return resolve_tree(method.options.tree, model_name, method.family, hardware_slug(target.device),
-                        dtype_name(target.dtype), build, DEFAULT_SIZE, target.spec)
+    hardware, dtype = hardware_slug(target.device), dtype_name(target.dtype)
+
+    def missing() -> tuple[TreeFile, str]:
+        return auto_tree(method, build, hardware, dtype, rows, ept)
+
+    return resolve_tree(spec or method.options.tree, model_name, method.family, hardware, dtype, build, DEFAULT_SIZE,
+                        target.spec, missing)
+
+
+def auto_tree(method, build, hardware: str, dtype: str, rows: int, ept: int) -> tuple[TreeFile, str]:
+    """This hardware's tree, built and filed now when its profile and the method's acceptance file exist; else the
+    default-size tree, and a note with the commands that make the missing files (only the files that matter)."""
+    target, family = method.target, method.family
+    found = autotree.inputs(target.spec, family, hardware, dtype)
+    if found.ready:
+        try:
+            built = autotree.build_here(target.spec, family, method.one_state, hardware, dtype, rows, ept)
+        except SpecbenchError as exc:
+            reason = f"building it from {found.profile} and {found.acceptance} failed: {exc}"
+        else:
+            tree = read_tree_file(built.path)
+            console.print(f"[yellow]note[/] {method.name}: no {family} tree for {hardware} {dtype} yet; built it now "
+                          f"from {escape(str(found.profile))} and {escape(str(found.acceptance))} (as `specbench "
+                          f"build-tree` does): size {tree.size}, filed as {escape(str(built.path))}")
+            return tree, str(built.path.resolve())
+    else:
+        reason = "; ".join(autotree.missing_steps(target.spec, family, hardware, dtype, target.device.type))
+    others = other_trees(model_slug(target.spec), family, hardware, dtype)
+    unused = f" ({family} trees for other hardware or dtypes, not used here: {', '.join(others)})" if others else ""
+    tree = build(DEFAULT_SIZE)
+    source = f"built, size {DEFAULT_SIZE} (no {family} tree for {hardware} {dtype}{unused}: {reason})"
+    said = f"auto_tree_said_{family}_{dtype}"
+    if not target.extras.get(said):  # once per model and method (tree sweeps, batch sizes)
+        target.extras[said] = True
+        console.print(f"[yellow]note[/] {method.name}: --tree auto has no tree for this hardware; using a "
+                      f"size-{DEFAULT_SIZE} tree. {escape(reason)}{escape(unused)}")
+    return tree, source

@@ -18,9 +18,10 @@ import torch
 from ...artifacts import transfer_projections as tp
 from ...core.transfer import transferred
 from ...errors import SpecbenchError
+from ...planning.head_accuracy import transfer_ranks
 from ..base import register
 from .engine import TreeMethod
-from .guesser import Guesser
+from .guesser import Guesser, GuessScorer
 from .layout import TreeLayout
 
 
@@ -41,6 +42,13 @@ class TransferProjections(Guesser):
     """Placeholders attached to nodes, turned into W_j h_i at the transfer layers by a forward hook."""
 
     family, artifact = "hidden-transfer", "transfer projections"
+
+    @classmethod
+    def scorer(cls, target, artifact, initial=False):
+        art = tp.resolve(artifact, target)
+        proj = art.projections
+        return GuessScorer(lambda ids, start: transfer_ranks(target, proj, ids, start), proj.steps, art.source,
+                           {"transfer_layers": proj.layers})
 
     def load(self):
         self._slots: dict = {}  # (layout, prefix) -> transfer_slots

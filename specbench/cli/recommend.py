@@ -1,0 +1,62 @@
+"""`specbench recommend`: predict every method's speedup here from the profiles and acceptance files, confirm the
+best few beside `ar` in one short run, print and file the pick (run/recommend.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..progress import console, out
+from .app import app
+
+
+def _x(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+@app.command()
+def recommend(
+    model: Annotated[str, typer.Option(help="Model spec (as for `run`).")] = "smollm2-135m",
+    dtype: Annotated[str, typer.Option(help="auto (what `run --dtype auto` picks here), float32, bfloat16, "
+                                            "float16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    dataset: Annotated[str, typer.Option(help="Dataset of the confirming run (name or .jsonl).")] = "gsm8k",
+    confirm: Annotated[int, typer.Option(help="Measure the best K predicted methods (and pld) beside ar; 0 = "
+                                              "prediction only, no decoding.")] = 2,
+    limit: Annotated[int, typer.Option(help="Prompts in the confirming run.")] = 5,
+    max_new_tokens: Annotated[int, typer.Option(help="Cap on new tokens per turn in the confirming run.")] = 64,
+    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder for recommendation.yaml and the "
+                       "confirming run (default results/recommend-<time>).")] = None,
+):
+    """Which method to use for a model on this machine: predicted from files, confirmed by a short measured run."""
+    from ..run.recommend import RecommendRequest
+    from ..run.recommend import recommend as run_recommend
+
+    result = run_recommend(RecommendRequest(model, dtype, device, dataset, confirm, limit, max_new_tokens, out_dir,
+                                            data_file, threads))
+    table = Table(title=f"{model} on {result.hardware} ({result.dtype}): predicted and measured speedup over ar")
+    for col in ("method", "tree / gamma", "dtype", "predicted", "measured", "lossless", "why not available"):
+        table.add_column(col, justify="right" if col in ("predicted", "measured", "lossless") else "left")
+    for row in result.rows:
+        tree = f"size {row.size}" if row.size is not None else "-"
+        style = "bold green" if row is result.pick else None
+        table.add_row(row.method, tree, result.dtype if not row.why_not else "-", _x(row.predicted), _x(row.measured),
+                      "-" if row.lossless is None else f"{row.lossless:.0%}", escape(row.why_not), style=style)
+    out.print(table)
+    for note in result.notes:
+        console.print(f"[yellow]note[/] {escape(note)}")
+    pick = result.pick
+    numbers = f"measured {_x(pick.measured)} beside ar, predicted {_x(pick.predicted)}" if result.run else \
+        f"predicted {_x(pick.predicted)} (not measured: --confirm 0)"
+    tree = f", tree {escape(pick.tree)}" if pick.tree else ""
+    console.print(f"[bold]Use {pick.method}[/] ({result.dtype}{tree}): {numbers}.")
+    where = escape(str(result.out / "recommendation.yaml"))
+    run = f"; confirming run {escape(str(result.run))}" if result.run else ""
+    console.print(f"Wrote {where} and {escape(str(result.filed))}{run}. `specbench run --method auto --model "
+                  f"{escape(model)}` runs it.")

@@ -1,0 +1,76 @@
+"""`--tree auto` without a tree file for this hardware: build it at once, as `specbench build-tree` would, from this
+hardware's latency profile and the method's acceptance file (and file it where build-tree files it); when either
+is missing, the exact commands that make them for this method, model, dtype and device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core import store
+from ..core.models import model_slug
+from ..errors import SpecbenchError
+from .buildtree import BuildTreeRequest, BuiltTree, build_tree
+
+MAX_SIZE, KV_LENGTH = 128, 512  # build-tree's defaults
+
+
+@dataclass
+class Inputs:
+    """What building this hardware's tree needs: the profile and the acceptance file (found or None), and the
+    relative paths where they would be."""
+
+    profile: Path | None
+    acceptance: Path | None
+    profile_rel: Path
+    acceptance_rel: Path
+
+    @property
+    def ready(self) -> bool:
+        return self.profile is not None and self.acceptance is not None
+
+
+def inputs(model_spec: str, family: str, hardware: str, dtype: str) -> Inputs:
+    key = model_slug(model_spec)
+    prof, acc = store.profile_file(hardware, key, dtype), store.acceptance_file(key, family)
+    return Inputs(store.find(prof), store.find(acc), prof, acc)
+
+
+def tree_path(model_spec: str, family: str, hardware: str, dtype: str) -> Path:
+    """Where build-tree files this hardware's tree of the method (trees/<model>/[<method>-]<hardware>-<dtype>.yaml)."""
+    stem = f"{hardware}-{dtype}"
+    return store.tree_file(model_slug(model_spec), stem if family == "ppd" else f"{family}-{stem}")
+
+
+def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dtype: str, rows: int,
+               ept: int = 1) -> BuiltTree:
+    """build-tree for this hardware (its measured profile, passed as a path so a GPU's works too) and the method's
+    acceptance file; writes the tree where build-tree would. Needs inputs(...).ready."""
+    found = inputs(model_spec, family, hardware, dtype)
+    if not found.ready:
+        raise SpecbenchError(f"cannot build the {family} tree here: " + "; ".join(
+            missing_steps(model_spec, family, hardware, dtype, "cpu" if hardware.startswith("cpu") else "cuda")))
+    req = BuildTreeRequest(model_spec, family, one_state, (family,), str(found.profile), dtype,
+                           1 if one_state else max(rows, 1),
+                           MAX_SIZE, KV_LENGTH, ept, found.acceptance,
+                           tree_path(model_spec, family, hardware, dtype))
+    return build_tree(req)
+
+
+def missing_steps(model_spec: str, family: str, hardware: str, dtype: str, device: str) -> list[str]:
+    """The commands, in order, that make this hardware's tree of the method: `specbench profile` (when this
+    hardware has no profile of the model in this dtype), `specbench estimate --method F` (when the method has no
+    acceptance file), then `specbench build-tree --method F`."""
+    found = inputs(model_spec, family, hardware, dtype)
+    steps = []
+    if found.profile is None:
+        steps.append(f"no {found.profile_rel}: `specbench profile --model {model_spec} --dtype {dtype} "
+                     f"--device {device}`")
+    if found.acceptance is None:
+        steps.append(f"no {found.acceptance_rel}: `specbench estimate --method {family} --model {model_spec}`")
+    gpu = "cpu" if hardware.startswith("cpu") else str(found.profile or found.profile_rel)
+    flag = "" if family == "ppd" else f" --method {family}"
+    steps.append(f"then `specbench build-tree --model {model_spec}{flag} --gpu {gpu} --dtype {dtype}` "
+                 f"-> {tree_path(model_spec, family, hardware, dtype)}")
+    return steps

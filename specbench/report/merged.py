@@ -1,0 +1,42 @@
+"""The reports of a merge (run/merge.py): each merged run's report, and for shards on several hardware keys the
+top-level report.md / summary.csv that list each key's merged run side by side without pooling them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from .markdown import markdown_table
+from .report import write_run_report
+from .shards import shard_section
+
+
+def report_merged(out: Path, runs: list[Path]) -> pd.DataFrame:
+    """summary.csv, report.md and plots of each merged run, and the per-hardware top when there are several;
+    returns the summary (with a `hardware` column when there are several keys)."""
+    summaries = [write_run_report(run) for run in runs]
+    return summaries[0] if len(runs) == 1 else write_per_hardware(out, runs)
+
+
+def write_per_hardware(out: Path, runs: list[Path]) -> pd.DataFrame:
+    """The top of a per-hardware merge: summary.csv (each key's summary with a `hardware` column) and report.md
+    linking each key's own report; the keys are never pooled into one number."""
+    out = Path(out)
+    merged = yaml.safe_load((out / "merge.yaml").read_text())
+    frames = [pd.read_csv(run / "summary.csv").assign(hardware=run.name) for run in runs]
+    summary = pd.concat(frames, ignore_index=True)
+    summary = summary[["hardware"] + [c for c in summary.columns if c != "hardware"]]
+    summary.to_csv(out / "summary.csv", index=False)
+    cols = [c for c in ("hardware", "method", "dataset", "prompts", "tokens_per_s", "speedup", "tau", "lossless_rate")
+            if c in summary]
+    md = [f"# specbench sharded run: {out.name}", "",
+          f"**The shards ran on {len(runs)} hardware keys; their numbers are reported per key, never pooled** (a "
+          "speedup is a ratio on one kind of device). Each key has its own merged run folder and report:", ""]
+    md += [f"- `{run.name}`: [{run.name}/report.md]({run.name}/report.md)" for run in runs] + [""]
+    md += ["## Summary per hardware key", "", markdown_table(summary[cols]), ""]
+    md += shard_section({"shards": merged.get("shards")})
+    (out / "report.md").write_text("\n".join(md))
+    return summary
+

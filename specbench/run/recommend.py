@@ -1,0 +1,230 @@
+"""`specbench recommend`: which method to use for a model on this machine. Every lossless tree method's speedup is
+predicted from files (planning/recommend.py: no decoding), the best `confirm` of them (and `pld`, which needs
+nothing and no model predicts) are measured beside `ar` in one short run (run/loop.py), and the pick is the best
+measured (the best predicted with `confirm` 0; `ar` itself when nothing beats it). The pick is written to
+DIR/recommendation.yaml and filed at recommendations/<model>/<hardware>.yaml, which `run --method auto` reads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+import yaml
+
+from ..core import store
+from ..core.hardware import hardware_slug
+from ..core.model_specs import resolve_device, resolve_dtype
+from ..core.models import auto_cpu_dtype, dtype_name, model_slug
+from ..errors import SpecbenchError
+from ..methods import REGISTRY
+from ..planning.recommend import Candidate, Prediction, predict_all
+from .config import RunConfig, results_root
+from .results import with_batch_columns
+
+MEASURED_ONLY = ("pld",)  # needs nothing and no model predicts it: measured whenever anything is
+NOT_PREDICTED = {"pld": "no acceptance model predicts prompt lookup: measured only (beside the confirmed methods)",
+                 "sd": "draft-model methods have no acceptance estimate yet: `specbench run --method sd` measures it",
+                 "pearl": "draft-model methods have no acceptance estimate yet: `specbench run --method pearl` "
+                          "measures it"}
+
+
+@dataclass
+class RecommendRequest:
+    model: str = "smollm2-135m"
+    dtype: str = "auto"
+    device: str = "auto"
+    dataset: str = "gsm8k"
+    confirm: int = 2
+    limit: int = 5
+    max_new_tokens: int = 64
+    out: Path | None = None
+    data_file: str | None = None
+    threads: int | None = None
+
+
+@dataclass
+class Row:
+    """One line of recommend's table: a method, what it would run with, its prediction and measurement."""
+
+    method: str
+    tree: str = ""
+    size: int | None = None
+    predicted: float | None = None
+    measured: float | None = None
+    lossless: float | None = None  # share of prompt turns matching ar (T = 0)
+    why_not: str = ""
+
+
+@dataclass
+class Result:
+    pick: Row
+    rows: list[Row]
+    hardware: str
+    dtype: str
+    device: str
+    out: Path
+    run: Path | None
+    filed: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def here(model: str, dtype: str, device: str) -> tuple[torch.device, str, str]:
+    """(device, hardware key, dtype name) as `run` would choose them (--dtype auto on CPU: auto_cpu_dtype)."""
+    dev = resolve_device(device)
+    dt = auto_cpu_dtype(model)[0] if dtype == "auto" and dev.type == "cpu" else resolve_dtype(dtype, dev)
+    return dev, hardware_slug(dev), dtype_name(dt)
+
+
+def candidates() -> list[Candidate]:
+    """The lossless tree methods of the registry (not the `-typical` variants), in registry order."""
+    return [Candidate(name, cls.family, cls.one_state) for name, cls in REGISTRY.items()
+            if cls.kind == "tree" and cls.lossless and not getattr(cls, "typical", False)]
+
+
+def recommend(req: RecommendRequest) -> Result:
+    if req.confirm < 0 or req.limit < 1 or req.max_new_tokens < 1:
+        raise SpecbenchError("--confirm must be >= 0, --limit and --max-new-tokens >= 1")
+    dev, hardware, dtype = here(req.model, req.dtype, req.device)
+    preds = predict_all(candidates(), req.model, hardware, dtype, dev.type)
+    rows = [Row("ar", predicted=1.0)] + [_row(p) for p in preds]
+    rows += [Row(m, why_not=why) for m, why in NOT_PREDICTED.items() if m in REGISTRY]
+    out = req.out or results_root() / time.strftime("recommend-%Y%m%d-%H%M%S")
+    confirm = [p.method for p in preds if p.available][: req.confirm]
+    run_dir = None
+    if req.confirm:
+        confirm += [m for m in MEASURED_ONLY if m in REGISTRY]
+        run_dir = _confirm(req, confirm, dtype, out / "run")
+        measured = measured_ratios(run_dir)
+        for row in rows:
+            row.measured, row.lossless = measured.get(row.method, (None, None))
+    pick = choose(rows, dtype, measured=bool(req.confirm))
+    result = Result(pick, rows, hardware, dtype, str(dev), out, run_dir, store.recommendation_file(
+        model_slug(req.model), hardware))
+    result.notes += profile_notes(req.model, hardware, dtype)
+    write(result, req)
+    return result
+
+
+def profile_notes(model: str, hardware: str, dtype: str) -> list[str]:
+    """A warning when the profile the predictions rest on was measured on a busy machine (profile.py's guard)."""
+    from ..planning.profile import load_profile
+
+    path = store.find(store.profile_file(hardware, model_slug(model), dtype))
+    if path is None:
+        return []
+    load = load_profile(path).meta.get("contention") or {}
+    if not load.get("disturbed"):
+        return []
+    return [f"{path} was measured while other processes used {load.get('foreign_cpu', 0):.2f} cores: predictions "
+            "(and trees built on it) may be wrong; re-run `specbench profile` on a quiet machine"]
+
+
+def _row(p: Prediction) -> Row:
+    return Row(p.method, p.tree, p.size, p.predicted_speedup, why_not=p.why_not)
+
+
+def _confirm(req: RecommendRequest, methods: list[str], dtype: str, out: Path) -> Path:
+    from .loop import run
+
+    cfg = RunConfig(methods=("ar", *methods), datasets=(req.dataset,), model=req.model, dtype=dtype,
+                    device=req.device, limit=req.limit, max_new_tokens=req.max_new_tokens, warmup=1,
+                    threads=req.threads, data_file=req.data_file, out=out)
+    return run(cfg)
+
+
+def measured_ratios(run_dir: Path) -> dict[str, tuple[float, float | None]]:
+    """method -> (total tokens / total time vs ar's on the same prompt turns: the headline speedup, share of turns
+    that match ar) from the run's records.csv (batch 1 rows)."""
+    try:
+        df = with_batch_columns(pd.read_csv(Path(run_dir) / "records.csv", dtype={"lossless": str},
+                                            keep_default_na=False))
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise SpecbenchError(f"{run_dir}: cannot read the confirming run's records.csv ({exc})") from exc
+    df = df[df.batch_size == 1]
+    rate = {m: g.new_tokens.sum() / g.wall_s.sum() for m, g in df.groupby("method") if g.wall_s.sum() > 0}
+    if "ar" not in rate:
+        raise SpecbenchError(f"{run_dir}: the confirming run has no ar records")
+    out = {}
+    for m, g in df.groupby("method"):
+        checked = g.lossless[g.lossless != ""]
+        share = float((checked == "match").mean()) if len(checked) else None
+        out[m] = (round(float(rate[m] / rate["ar"]), 4), share)
+    return out
+
+
+def choose(rows: list[Row], dtype: str, measured: bool) -> Row:
+    """The best measured method (float32: only those matching ar on every turn), else the best predicted; `ar`
+    when nothing beats it."""
+    if measured:
+        ok = [r for r in rows if r.measured is not None and (dtype != "float32" or r.lossless in (None, 1.0))]
+        return max(ok, key=lambda r: r.measured)
+    return max((r for r in rows if r.predicted is not None), key=lambda r: r.predicted)
+
+
+def as_dict(result: Result, req: RecommendRequest) -> dict:
+    pick = result.pick
+    return {
+        "method": pick.method, "tree": pick.tree or None, "gamma": None, "dtype": result.dtype,
+        "predicted": pick.predicted, "measured": pick.measured, "hardware": result.hardware,
+        "device": result.device, "model": req.model, "model_key": model_slug(req.model),
+        "run": str(result.run) if result.run else None,
+        "confirmed_on": {"dataset": req.dataset, "prompts": req.limit, "max_new_tokens": req.max_new_tokens}
+        if result.run else None,
+        "methods": [{k: v for k, v in vars(r).items() if v not in (None, "")} for r in result.rows],
+        "notes": result.notes or None,
+    }
+
+
+def write(result: Result, req: RecommendRequest) -> None:
+    text = ("# specbench recommend: the method to use for this model on this hardware (`specbench run --method "
+            "auto` runs it)\n" + yaml.safe_dump(as_dict(result, req), sort_keys=False, width=120))
+    for path in (result.out / "recommendation.yaml", result.filed):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        except OSError as exc:
+            raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+# ------------------------------------------------------------------------------------- `run --method auto`
+
+@dataclass
+class Choice:
+    """What `run --method auto` runs: the recommended method ([] for ar alone), its options, dtype, and a line."""
+
+    methods: list[str]
+    options: dict
+    dtype: str
+    said: str
+
+
+def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto") -> Choice:
+    """The recommendation for this model and hardware (`path`, else recommendations/<model>/<hardware>.yaml); a
+    clear error that says to run `specbench recommend` when there is none."""
+    dev = resolve_device(device)
+    hardware = hardware_slug(dev)
+    where = path or store.find(store.recommendation_file(model_slug(model), hardware))
+    if where is None or not Path(where).is_file():
+        looked = path or store.recommendation_file(model_slug(model), hardware)
+        raise SpecbenchError(f"--method auto: no recommendation for {model} on {hardware} (looked for {looked}); "
+                             f"run `specbench recommend --model {model}` first, or pass --recommendation FILE")
+    try:
+        data = yaml.safe_load(Path(where).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecbenchError(f"recommendation {where}: cannot read it ({exc})") from exc
+    if not isinstance(data, dict) or data.get("method") not in (*REGISTRY, "ar"):
+        raise SpecbenchError(f"recommendation {where}: `method` must name a registered method")
+    method = data["method"]
+    options = {"tree": data["tree"]} if data.get("tree") and REGISTRY[method].kind == "tree" else {}
+    if data.get("gamma"):
+        options["gamma"] = data["gamma"]
+    other = "" if data.get("hardware") == hardware else f" [made on {data.get('hardware')}, not this hardware]"
+    numbers = ", ".join(f"{k} {data[k]:.2f}x" for k in ("predicted", "measured")
+                        if isinstance(data.get(k), (int, float)))
+    said = f"--method auto: {method} ({data.get('dtype')}{', ' + numbers if numbers else ''}) from {where}{other}"
+    return Choice([] if method == "ar" else [method], options,
+                  (data.get("dtype") or "auto") if dtype == "auto" else dtype, said)

@@ -1,0 +1,99 @@
+"""`--tree auto` means auto (issue 29, item 1): without a tree file for this hardware, a tree method builds it at
+once from this hardware's profile and its own acceptance file (build-tree's code), files it where build-tree would
+and says so; without a profile or acceptance file, the note names the commands that make them for that method."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from specbench.core.hardware import hardware_slug
+from specbench.planning.profile import LatencyProfile
+from specbench.progress import console
+
+from .conftest import artifact_options
+
+HW = hardware_slug(torch.device("cpu"))
+PER_RANK = [[0.6, 0.1, 0.05], [0.4, 0.1, 0.05], [0.3, 0.1, 0.05], [0.2, 0.1, 0.05], [0.1, 0.05, 0.05],
+            [0.1, 0.05, 0.05]]
+
+
+@pytest.fixture
+def store_dir(tmp_path, monkeypatch):
+    """An empty working directory: the store's first root (core/store.py: cwd, then the checkout)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write_profile(root, model="tiny", dtype="float32"):
+    flat = [10.0, 10.5, 11.0, 12.0, 14.0, 18.0, 26.0]
+    prof = LatencyProfile(model, dtype, HW, "measured", [1, 2, 4, 8, 16, 32, 64], {512: {"median_ms": flat}})
+    path = root / "profiles" / HW / f"{model}-{dtype}.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(prof.to_yaml())
+    return path
+
+
+def write_acceptance(root, family, model="tiny"):
+    path = root / "acceptance" / model / f"{family}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"method": family, "per_rank": PER_RANK}))
+    return path
+
+
+def make(name, tiny):
+    from specbench.methods import get_method
+
+    with console.capture() as said:
+        method = get_method(name)(tiny, artifact_options(name, tiny))
+    return method, " ".join(said.get().split())
+
+
+@pytest.mark.parametrize("name", ["eagle", "medusa", "ppd"])
+def test_auto_builds_files_and_then_reuses_this_hardwares_tree(name, tiny, store_dir):
+    from specbench.methods import get_method
+
+    family = get_method(name).family
+    write_profile(store_dir)
+    acc = write_acceptance(store_dir, family)
+    tree = store_dir / "trees" / "tiny" / (f"{HW}-float32.yaml" if family == "ppd" else f"{family}-{HW}-float32.yaml")
+    assert not tree.exists()
+    method, said = make(name, tiny)
+    assert tree.is_file()  # filed where build-tree files it
+    assert "built it now" in said and str(tree.relative_to(store_dir)) in said
+    data = yaml.safe_load(tree.read_text())
+    assert data["method"] == family and data["hardware"] == HW and Path(data["acceptance"]).resolve() == acc.resolve()
+    assert method.tree_source == str(tree) and method.tree_file.size == data["size"]
+    again, said = make(name, tiny)  # a second run finds the filed tree
+    assert "built it now" not in said and again.tree_source == str(tree)
+
+
+def test_without_a_profile_the_note_names_this_methods_commands(tiny, store_dir):
+    # other methods' files (a ppd acceptance file, a medusa tree for other hardware) must not be named
+    write_acceptance(store_dir, "ppd")
+    other = store_dir / "trees" / "tiny" / "medusa-cpu-other-2c-float32.yaml"
+    other.parent.mkdir(parents=True)
+    other.write_text("method: medusa\nstates:\n  0:\n    - [[0], 0]\n")
+    mine = store_dir / "trees" / "tiny" / "eagle-cpu-other-2c-float32.yaml"
+    mine.write_text("method: eagle\nhardware: cpu-other-2c\nstates:\n  0:\n    - [[0], 0]\n")
+    method, said = make("eagle", tiny)
+    assert method.tree_file.size == 16 and not (store_dir / "trees" / "tiny" / f"eagle-{HW}-float32.yaml").exists()
+    assert "`specbench profile --model random:tiny --dtype float32 --device cpu`" in said
+    assert "`specbench estimate --method eagle --model random:tiny`" in said
+    assert "`specbench build-tree --model random:tiny --method eagle --gpu cpu --dtype float32`" in said
+    assert "eagle-cpu-other-2c-float32.yaml" in said  # this method's tree of other hardware: named, not used
+    assert "medusa" not in said and "ppd" not in said
+    assert "specbench profile" in method.tree_source and "eagle" in method.tree_source
+
+    write_acceptance(store_dir, "eagle")  # with the acceptance file only the profile is missing
+    _, said = make("eagle", tiny)
+    assert "specbench profile" in said and "specbench estimate" not in said and "--method eagle" in said
+
+
+def test_gamma_auto_means_the_method_chooses():
+    from specbench.methods._drafting import GAMMA
+
+    assert GAMMA.check("auto") is None and GAMMA.check("3") == 3

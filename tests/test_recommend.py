@@ -1,0 +1,89 @@
+"""`specbench recommend` (issue 29, item 4): every tree method's speedup predicted from the profile and acceptance
+files (no decoding), the best confirmed beside ar in a short run, the pick written and filed; `run --method auto`
+runs it, and without a recommendation says to run `specbench recommend`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from specbench.cli import app
+
+from .conftest import feature_artifact, heads_artifact
+from .test_auto_tree import HW, write_acceptance, write_profile
+
+
+def sb(*args, code: int = 0) -> str:
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    assert res.exit_code == code, res.output
+    assert "Traceback" not in res.output
+    return " ".join(res.output.split())
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch, tiny):
+    """A working directory holding, for random:tiny on this hardware: a float32 profile, eagle and medusa artefacts
+    and acceptance files; no trees, no ppd artefact; and four prompts."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    write_profile(tmp_path)
+    feature_artifact(tiny, tmp_path / "artifacts" / "tiny" / "eagle")
+    heads_artifact(tiny, tmp_path / "artifacts" / "tiny" / "medusa")
+    for family in ("eagle", "medusa"):
+        write_acceptance(tmp_path, family)
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"count {i} {i} {i} and again {i}"}) + "\n"
+                                                    for i in range(4)))
+    return tmp_path
+
+
+def test_prediction_only(store):
+    said = sb("recommend", "--model", "random:tiny", "--confirm", 0, "--out", "rec")
+    assert "not measured: --confirm 0" in said and "why not available" in said
+    rec = yaml.safe_load((store / "rec" / "recommendation.yaml").read_text())
+    why = {m["method"]: m.get("why_not", "") for m in rec["methods"]}
+    assert "`specbench train ppd --model random:tiny`" in why["ppd"]  # why ppd is not available
+    assert "estimate" not in why["parallelspec"]  # no artefact: training comes first
+    assert rec["method"] in ("eagle", "medusa", "ar") and rec["measured"] is None and rec["run"] is None
+    assert rec["hardware"] == HW and rec["dtype"] == "float32"
+    predicted = {m["method"]: m.get("predicted") for m in rec["methods"]}
+    assert predicted["eagle"] and predicted["medusa"] and predicted["ar"] == 1.0 and predicted["ppd"] is None
+    assert rec["predicted"] == max(v for v in predicted.values() if v)
+    assert (store / "trees" / "tiny" / f"eagle-{HW}-float32.yaml").is_file()  # built as --tree auto would
+    assert yaml.safe_load((store / "recommendations" / "tiny" / f"{HW}.yaml").read_text()) == rec
+    assert not (store / "rec" / "run").exists()
+
+
+def test_run_auto_without_a_recommendation_says_what_to_run(store):
+    said = sb("run", "--method", "auto", "--model", "random:tiny", "--dataset", "prompts.jsonl", code=2)
+    assert "`specbench recommend --model random:tiny`" in said
+    assert not (store / "results").exists()
+
+
+def test_a_confirmed_recommendation_is_what_run_auto_runs(store):
+    said = sb("recommend", "--model", "random:tiny", "--confirm", 1, "--dataset", "prompts.jsonl", "--limit", 2,
+              "--max-new-tokens", 8, "--out", "rec")
+    rec = yaml.safe_load((store / "rec" / "recommendation.yaml").read_text())
+    assert rec["run"] == "rec/run" and (store / "rec" / "run" / "records.csv").is_file()
+    measured = {m["method"]: m.get("measured") for m in rec["methods"]}
+    assert measured["ar"] == 1.0 and measured["pld"] is not None  # pld: measured beside the best predicted
+    assert sum(v is not None for v in measured.values()) == 3
+    assert rec["measured"] == measured[rec["method"]] and f"Use {rec['method']}" in said
+    said = sb("run", "--method", "auto", "--model", "random:tiny", "--dataset", "prompts.jsonl", "--limit", 1,
+              "--max-new-tokens", 8, "--warmup", 0, "--out", "again")
+    assert f"--method auto: {rec['method']}" in said
+    meta = yaml.safe_load((store / "again" / "run.yaml").read_text())
+    assert meta["settings"]["methods"] == (["ar"] if rec["method"] == "ar" else ["ar", rec["method"]])
+
+
+def test_without_a_profile_each_method_says_what_makes_it_and_ar_is_the_pick(store):
+    (store / "profiles" / HW / "tiny-float32.yaml").unlink()
+    sb("recommend", "--model", "random:tiny", "--confirm", 0, "--out", "rec")
+    rec = yaml.safe_load((store / "rec" / "recommendation.yaml").read_text())
+    why = {m["method"]: m.get("why_not", "") for m in rec["methods"]}
+    assert rec["method"] == "ar" and rec["predicted"] == 1.0
+    for method in ("eagle", "medusa"):
+        assert "`specbench profile --model random:tiny --dtype float32 --device cpu`" in why[method]
+        assert "estimate" not in why[method]  # its acceptance file exists
