@@ -52,6 +52,25 @@ step_bf16() {
   run $SB run --method ppd --method pld --dtype bfloat16 --dataset humaneval --dataset gsm8k --limit 5 \
     --max-new-tokens 128 --out "$OUT/ppd-bf16"
 }
+step_shards() {  # issue 27: the same run unsharded (1 process x 2 threads) and on Ray (2 shards x 1 thread)
+  local args=(--method pld --dataset gsm8k --limit 8 --max-new-tokens 96 --dtype float32)
+  rm -rf "$OUT/shards-one" "$OUT/shards-ray"
+  run $SB run "${args[@]}" --threads 2 --out "$OUT/shards-one"
+  run $SB run "${args[@]}" --threads 1 --shards 2 --out "$OUT/shards-ray"
+  .venv/bin/python benchmarks/same_tokens.py "$OUT/shards-one" "$OUT/shards-ray"
+}
+step_offload() {  # issue 27: the target with half its decoder layers offloaded to disk against the resident model
+  .venv/bin/python benchmarks/offload_map.py --model smollm2-135m --disk-from 15 --out "$OUT/half-disk.json"
+  for where in resident half-disk; do
+    local map=(); [ $where = half-disk ] && map=(--device-map "$OUT/half-disk.json")
+    run $SB profile --dtype float32 --threads 2 --widths 1,4,16,64 --kv-lengths 512 --repeats 5 "${map[@]}" \
+      --out "$OUT/offload-profile-$where.yaml"
+    rm -rf "$OUT/offload-run-$where"
+    run $SB run --method pld --dataset gsm8k --limit 2 --max-new-tokens 48 --dtype float32 --threads 2 \
+      --retime 0 "${map[@]}" --out "$OUT/offload-run-$where"
+  done
+  .venv/bin/python benchmarks/same_tokens.py "$OUT/offload-run-resident" "$OUT/offload-run-half-disk"
+}
 
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(default generate pld ppd gsm100 draft sd100 sweep bf16 estimate)

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
 
 import pandas as pd
 import yaml
@@ -40,6 +46,30 @@ def test_snapshots_measure_other_processes_not_this_one():
         assert 0 <= got["foreign_cpu"] < 2.5 and 0 <= got["steal"] <= 1
     short = contention.between(before, contention.Snapshot(before.wall + 0.01, before.busy_s + 1, 0, 1, before.own_s, 0))
     assert math.isnan(short["foreign_cpu"])  # 10 ms: below /proc/stat's resolution, not judged
+
+
+def test_a_sharded_runs_other_processes_are_siblings_not_foreign(tmp_path):
+    """--shards: a shard's siblings (pid files in RUN/shards/) burn CPU on purpose; it is recorded as sibling_cpu and
+    taken out of foreign_cpu. Own pid and other machines' pids are not read."""
+    burner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 4\nwhile time.time() < end: pass"])
+    try:
+        with contention.watching_run(tmp_path, "000-of-002"):
+            (tmp_path / "001-of-002.pid").write_text(f"{socket.gethostname()} {burner.pid}\n")
+            (tmp_path / "driver.pid").write_text(f"another-machine {os.getpid() + 1}\n")
+            time.sleep(0.3)
+            before = contention.snapshot()
+            time.sleep(1.0)
+            after = contention.snapshot()
+            got = contention.between(before, after)
+            blind = contention.between(replace(before, siblings={}), replace(after, siblings={}))
+        assert contention.snapshot().siblings == {} and "sibling_cpu" not in contention.between(before, after)
+    finally:
+        burner.kill()
+        burner.wait()
+    assert (tmp_path / "000-of-002.pid").read_text().split() == [socket.gethostname(), str(os.getpid())]
+    assert set(before.siblings) == set(after.siblings) == {burner.pid}
+    assert got["sibling_cpu"] > 0.3  # a busy loop: most of a core, even on a loaded machine
+    assert blind["foreign_cpu"] >= got["foreign_cpu"] + got["sibling_cpu"] - 0.1  # the same time, now foreign
 
 
 def test_quiet_plausible_run_is_ok():

@@ -180,6 +180,10 @@ def test_ray_shards_merge_to_the_unsharded_run_and_resume_finishes_a_shard(runs,
     ok(*runs["args"], "--shards", 2, "--out", out)
     assert sorted(p.name for p in (out / "shards").iterdir() if p.is_dir()) == ["000-of-002", "001-of-002"]
     assert_same_run(out, runs["whole"])
+    # every process of the run filed its pid, so that each shard's guard counts the others as siblings
+    assert sorted(p.name for p in (out / "shards").glob("*.pid")) == ["000-of-002.pid", "001-of-002.pid",
+                                                                       "driver.pid"]
+    assert "sibling_cpu" in pd.read_csv(out / "records.csv").columns
     assert "## Shards" in (out / "report.md").read_text()
     refused(*runs["args"], "--shards", 2, "--out", out, text="--resume")
     refused(*runs["args"], "--shards", 3, "--out", out, "--resume", text="other shards")

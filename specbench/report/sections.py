@@ -17,8 +17,8 @@ def noise_section(summary: pd.DataFrame, meta: dict, records: pd.DataFrame | Non
     """The report's account of how far the timings can be trusted (noise.py), and what --retime healed."""
     guard = meta.get("noise_guard") or {}
     md = ["## Timing check (noise guard)", "",
-          f"Each row records the CPU time other processes used while it was timed (`foreign_cpu`, cores), the "
-          f"hypervisor's steal and the load average. A row is disturbed when it ran beside more than "
+          f"Each row records the CPU time other processes used while it was timed (`foreign_cpu`, cores; a "
+          f"sharded run's other shards are recorded apart as `sibling_cpu`), the hypervisor's steal and the load average. A row is disturbed when it ran beside more than "
           f"{noise.FOREIGN_CPU_LIMIT} cores of other work (or {noise.STEAL_LIMIT:.0%} steal), or when its time per "
           f"forward is over {noise.OUTLIER_FACTOR}x its method's median (at least {noise.OUTLIER_MIN_ROWS} rows) "
           "and beyond the same turn's other methods (no /proc needed). A method x dataset is disturbed when over "

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..core import contention
 from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..methods import get_method
@@ -87,7 +88,8 @@ def run_sharded(cfg: RunConfig, count: int, gpus_per_shard: float = 0, address: 
         todo = [p for p in plans if not (cfg.resume and p.complete())]
         if len(todo) < len(plans):
             console.print(f"Resuming {out}: {len(plans) - len(todo)} of {count} shards already finished")
-        run_tasks(ray, todo, plans, cpus, gpus_per_shard)
+        with contention.watching_run(out / "shards", "driver"):  # shards count the driver (its bars) as their run's
+            run_tasks(ray, todo, plans, cpus, gpus_per_shard)
     except KeyboardInterrupt:
         from .loop import Interrupted
 
@@ -240,7 +242,8 @@ def shard_task(cfg: RunConfig, kill: str = "") -> str:
     progress.console.file = open(_log_path(cfg), "a")  # noqa: SIM115 (the worker's console, for its lifetime)
     if kill and kill.split(":")[0] == str(cfg.shard.index):
         _die_after(cfg, int(kill.split(":")[1]))
-    return str(run(replace(cfg, resume=(Path(cfg.out) / "run.yaml").exists())))
+    with contention.watching_run(Path(cfg.out).parent, Path(cfg.out).name):  # other shards are planned, not noise
+        return str(run(replace(cfg, resume=(Path(cfg.out) / "run.yaml").exists())))
 
 
 def _die_after(cfg: RunConfig, rows: int) -> None:

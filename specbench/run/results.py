@@ -59,6 +59,7 @@ class Record:
     # noise guard (run/noise.py): per-forward time, and what else the machine did while this row was timed
     forward_ms: float = float("nan")  # wall_s / target_forwards, in ms
     foreign_cpu: float = float("nan")  # cores' worth of CPU used by other processes during the timing
+    sibling_cpu: float = float("nan")  # of a sharded run: cores' worth its other shards used (not in foreign_cpu)
     steal: float = float("nan")  # share of CPU time the hypervisor stole during the timing (0..1)
     load_before: float = float("nan")  # 1-minute load average before / after the timing
     load_after: float = float("nan")
