@@ -29,23 +29,35 @@ def profile(
     kv_lengths: Annotated[str, typer.Option(help="KV-cache lengths the widths are timed on.")] = "128,512,1024",
     repeats: Annotated[int, typer.Option(help="Timed forwards per point (median and p10/p90 reported).")] = 7,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    batch_sizes: Annotated[str, typer.Option(metavar="B[,B...]", help="Batch sizes B to time L(B, w) at: one "
+                           "forward of B rows of w new tokens each, every row on its own KV cache (the unpadded "
+                           "engine of `run --batching unpadded`); filed in the same profile, where build-tree "
+                           "--batch-size, --tree auto and --gamma auto read it per batch size. Batch 1 (the main "
+                           "curve) is always measured.")] = "1",
+    batch_widths: Annotated[Optional[str], typer.Option(metavar="W[,W...]", help="New tokens per row timed at "
+                            "each batch size > 1 (default: the --widths whose B x w total does not pass the widest "
+                            "--width, plus 1 and 2; wider steps are extrapolated).")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="Profile YAML (default "
                         "profiles/<hardware>/<model>-<dtype>.yaml; with a device map or --tp: "
                         "<model>-<dtype>@<placement>.yaml).")] = None,
 ):
-    """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`)."""
+    """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`); with --batch-sizes also
+    L(B, w) per batch size."""
     import torch
 
     from ..core.models import load_model
+    from ..planning.batch_profile import check_batch_sizes
     from ..planning.profile import measure, save
 
     width_list, kv_list = int_list(widths, "--widths"), int_list(kv_lengths, "--kv-lengths")
+    sizes = check_batch_sizes(int_list(batch_sizes, "--batch-sizes"))
+    row_widths = int_list(batch_widths, "--batch-widths") if batch_widths else None
     if threads is not None and threads < 1:
         raise SpecbenchError(f"--threads must be at least 1 (got {threads}); leave it out for torch's choice")
     if threads:
         torch.set_num_threads(threads)
     target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory, tp))
-    result = measure(target, width_list, kv_list, repeats)
+    result = measure(target, width_list, kv_list, repeats, batch_sizes=sizes, batch_widths=row_widths)
     from ..core.tensor_parallel import is_writer
 
     if not is_writer():
@@ -58,6 +70,8 @@ def profile(
     for i, n in enumerate(result.widths):
         table.add_row(str(n), *(f"{c['median_ms'][i]:.2f}" for c in result.curves.values()))
     out.print(table)
+    for size in result.batch_sizes[1:]:
+        out.print(_batch_table(result, size))
     console.print(f"Wrote {escape(str(path))} and {escape(str(path.with_suffix('.png')))}")
     load = result.meta.get("contention") or {}
     if load.get("disturbed"):
@@ -65,6 +79,19 @@ def profile(
                       f"average while this profile was measured (steal {load['steal']:.1%}); trees and --dtype auto "
                       "built on it may be wrong. Re-run `specbench profile` on a quiet machine (recorded under "
                       "`contention` in the file).")
+
+
+def _batch_table(result, size: int) -> Table:
+    """L(B, w) of one batch size: a row per width, a column per KV length, L(B, w) / L(B, 1) beside each."""
+    view = result.at_batch(size)
+    table = Table(title=f"L(B={size}, w) ms: {size} rows of w new tokens each (x L(B, 1) in brackets)")
+    table.add_column("w per row", justify="right")
+    for kv in view.curves:
+        table.add_column(f"KV {kv}", justify="right")
+    for i, w in enumerate(view.widths):
+        table.add_row(str(w), *(f"{c['median_ms'][i]:.2f} ({c['median_ms'][i] / c['median_ms'][0]:.2f})"
+                                for c in view.curves.values()))
+    return table
 
 
 @app.command("build-tree")
