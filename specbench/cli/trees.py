@@ -116,8 +116,13 @@ def build_tree(
     ept: Annotated[int, typer.Option(help="Ensemble tokens per prompt token (widens each forward).")] = 1,
     acceptance: Annotated[Optional[Path], typer.Option(help="Acceptance file (default "
                                                             "acceptance/<model>/ppd.yaml).")] = None,
+    batch_size: Annotated[int, typer.Option(metavar="B", help="Choose the tree for batch size B from the "
+                          "profile's L(B, w) (`specbench profile --batch-sizes`; a preset --gpu estimates it): the "
+                          "speedup over ar at the same batch size, tau(n) L(B, 1) / L(B, width). Filed as "
+                          "<...>-b<B>.yaml beside batch 1's tree, where `run --tree auto` looks at that batch "
+                          "size.")] = 1,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="Tree file (default "
-                        "trees/<model>/<hardware>-<dtype>.yaml).")] = None,
+                        "trees/<model>/<hardware>-<dtype>.yaml; -b<B> added at --batch-size B > 1).")] = None,
 ):
     """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L_fp(n) on --gpu."""
 
@@ -130,13 +135,16 @@ def build_tree(
     families = sorted(tree_families().items(), key=lambda item: item[1].one_state)
     cls = dict(families).get(method)
     built = build(BuildTreeRequest(model, method, bool(cls and cls.one_state), tuple(name for name, _ in families),
-                                   gpu, dtype, prompt_tokens, max_size, kv_length, ept, acceptance, out_path))
+                                   gpu, dtype, prompt_tokens, max_size, kv_length, ept, acceptance, out_path,
+                                   batch_size))
     curve, profile = built.curve, built.profile
     i = curve.best_index
     label = " [yellow](source: estimated from the chip's published peak rates)[/]" \
         if profile.source == "estimated" else " (measured profile)"
-    table = Table(title=f"{method} tree for {built.model} on {profile.hardware} {profile.dtype}")
-    for col in ("size n", "tau(n)", "L_fp ms", "predicted speedup"):
+    at = f" at batch size {batch_size}" if batch_size > 1 else ""
+    table = Table(title=f"{method} tree for {built.model} on {profile.hardware} {profile.dtype}{at}")
+    for col in ("size n", "tau(n)", f"L(B={batch_size}) ms" if at else "L_fp ms",
+                "predicted speedup" + (" (vs ar at B)" if at else "")):
         table.add_column(col, justify="right")
     marks = sorted({1, 2, 4, 8, 16, 32, 64, 128, curve.best.size} & set(curve.sizes))
     for n in marks:
@@ -146,7 +154,8 @@ def build_tree(
                       style=style)
     out.print(table)
     wrote = escape(str(built.path)) + ("" if built.plot is None else f" and {escape(str(built.plot))}")
-    console.print(f"Chosen size {curve.best.size}: predicted tau {curve.tau[i]:.3f}, speedup {curve.speedup[i]:.3f}x"
+    console.print(f"Chosen size {curve.best.size}{at}: predicted tau {curve.tau[i]:.3f}, speedup "
+                  f"{curve.speedup[i]:.3f}x"
                   f"{label}. Wrote {wrote} in "
                   f"{since(start):.1f} s.")
     if curve.speedup[i] < 1:
