@@ -55,7 +55,8 @@ def run(cfg: RunConfig) -> Path:
         chosen = runner.chosen()
         for label, settings in chosen.items():
             said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
-            console.print(f"[dim]{label}: {escape(said)}[/]")
+            if said:  # per-batch-size choices (dicts) were said when they were made
+                console.print(f"[dim]{label}: {escape(said)}[/]")
         if cfg.resume:
             refuse_other_environment(out, runner.env)
     except BaseException:

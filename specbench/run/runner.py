@@ -16,10 +16,10 @@ from typing import TypeVar
 import torch
 from rich.markup import escape
 
-from ..core import contention, memory, store
+from ..core import contention, memory
 from ..core.forward import count_fed_tokens
 from ..core.hardware import environment
-from ..core.models import LoadedModel, dtype_name
+from ..core.models import LoadedModel
 from ..core.timing import wall
 from ..data import datasets as ds
 from ..methods import get_method
@@ -54,6 +54,10 @@ class Runner:
                     self.methods[f"{name}@{n}"] = cls(target, {**options[name], "tree": f"size={n}"}, drafter)
             else:
                 self.methods[name] = cls(target, options[name], drafter)
+        batched = [b for b in cfg.batch_sizes if b > 1]
+        for method in self.methods.values():
+            if batched and method.batchable:
+                method.plan_batches(batched)  # each batch size's gamma / tree from L(B, w) (planning/batch_choice)
         self.env = environment(target.device, target.dtype)
         self.env["placement"] = target.placement  # core/placement.label: records, run.yaml and --resume name it
 
@@ -63,13 +67,9 @@ class Runner:
 
     def local_profile(self):
         """This hardware's measured latency profile of the target in its dtype (profiles/<slug>/), or None."""
-        from ..core.hardware import hardware_slug
-        from ..core.models import model_slug
-        from ..planning.profile import load_profile
+        from ..planning.batch_choice import local_profile
 
-        path = store.find(store.profile_file(hardware_slug(self.target.device), model_slug(self.target.spec),
-                                             dtype_name(self.target.dtype), self.target.placement))
-        return load_profile(path) if path else None
+        return local_profile(self.target)
 
     def tree_predictions(self) -> dict:
         """Per tree-method label: its tree's size, source and predicted tau / speedup on this hardware (from this
