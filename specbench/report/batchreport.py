@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from . import batchbest, pareto  # noqa: E402
+from . import batchbest, choicecheck, pareto  # noqa: E402
 from .markdown import markdown_table  # noqa: E402
 from .titles import set_title  # noqa: E402
 
@@ -107,21 +107,24 @@ def plot(frame: pd.DataFrame, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def section(summary: pd.DataFrame, run_dir: Path, title: str = "", chosen: dict | None = None) -> list[str]:
+def section(summary: pd.DataFrame, run_dir: Path, title: str = "", chosen: dict | None = None,
+            trees: dict | None = None) -> list[str]:
     """report.md's batching section, batching.csv and batch_speedup.png, then the sweep's throughput-latency plot
-    (pareto.csv, pareto.png) and the fastest label per batch size (batch_fastest.csv; `chosen`: run.yaml's, what
-    each method chose per batch size); [] for a run without batch > 1."""
+    (pareto.csv, pareto.png), the fastest label per batch size (batch_fastest.csv) and, for a tree-size sweep with
+    `auto`, the tool's choice against it (choice_check.csv). `chosen`, `trees`: run.yaml's (what each method
+    chose, per batch size); [] for a run without batch > 1."""
     if not has_batches(summary):
         return []
     frame = table(summary)
     frame.to_csv(run_dir / "batching.csv", index=False)
     plot(frame, run_dir / "batch_speedup.png", title)
-    return _batching_text(frame) + sweep_section(summary, run_dir, title, chosen)
+    return _batching_text(frame) + sweep_section(summary, run_dir, title, chosen, trees)
 
 
-def sweep_section(summary: pd.DataFrame, run_dir: Path, title: str, chosen: dict | None) -> list[str]:
-    """Throughput against latency over the batch sizes (pareto.py) and the fastest label per batch size
-    (batchbest.py)."""
+def sweep_section(summary: pd.DataFrame, run_dir: Path, title: str, chosen: dict | None,
+                  trees: dict | None = None) -> list[str]:
+    """Throughput against latency over the batch sizes (pareto.py), the fastest label per batch size
+    (batchbest.py) and the tool's choice against a size sweep (choicecheck.py)."""
     points = pareto.points(summary)
     points.to_csv(run_dir / "pareto.csv", index=False)
     pareto.plot(points, run_dir / "pareto.png", title)
@@ -149,7 +152,15 @@ def sweep_section(summary: pd.DataFrame, run_dir: Path, title: str, chosen: dict
             "runner-up, and what the method chose for that batch size itself (`--tree auto` / `--gamma auto` "
             "per batch size from this hardware's L(B, w), `specbench profile --batch-sizes`; `batch 1` when the "
             "profile had no such B). `timing` is the noise guard's verdict on that row.", "",
-            markdown_table(batchbest.shown(best)), "", "[batch_fastest.csv](batch_fastest.csv)", ""]
+            markdown_table(batchbest.shown(best)), "", "[batch_fastest.csv](batch_fastest.csv)", ""] + \
+        _choice_lines(points, run_dir, chosen, trees)
+
+
+def _choice_lines(points: pd.DataFrame, run_dir: Path, chosen: dict | None, trees: dict | None) -> list[str]:
+    frame, lines = choicecheck.section(points, chosen, trees)
+    if lines:
+        frame.to_csv(run_dir / "choice_check.csv", index=False)
+    return lines
 
 
 def _batching_text(frame: pd.DataFrame) -> list[str]:

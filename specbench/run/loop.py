@@ -71,7 +71,7 @@ def run(cfg: RunConfig) -> Path:
     history = retime.History.of_run(out)
     writer = RecordWriter(out)
     prompt_work = select(pending_prompts(loaded, single_labels(cfg, list(runner.methods)), done), loaded, cfg.shard)
-    labels = batch_schedule.batch_labels(cfg.methods, batch_schedule.modes_for(cfg.batching))
+    labels = batch_schedule.batch_labels(tuple(runner.methods), batch_schedule.modes_for(cfg.batching))
     jobs = batch_schedule.plan(loaded, list(cfg.batch_sizes), labels, cfg.refill)
     batch_work = pending_batches(jobs, done)
     say_batches(cfg, loaded)

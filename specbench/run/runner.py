@@ -50,8 +50,9 @@ class Runner:
         for name in cfg.methods:
             cls = get_method(name)
             if cfg.tree_sizes and cls.kind == "tree":
-                for n in cfg.tree_sizes:
-                    self.methods[f"{name}@{n}"] = cls(target, {**options[name], "tree": f"size={n}"}, drafter)
+                for n in cfg.tree_sizes:  # 0: `auto`, the method's own choice (per batch size: batch_trees.py)
+                    self.methods[f"{name}@{n or 'auto'}"] = cls(target, {**options[name],
+                                                                       "tree": f"size={n}" if n else "auto"}, drafter)
             else:
                 self.methods[name] = cls(target, options[name], drafter)
         batched = [b for b in cfg.batch_sizes if b > 1]
