@@ -165,8 +165,9 @@ def run(
     summary = write_run_report(run_dir)
     print_summary(summary, f"results ({run_dir})")
     warn_unexplained([run_dir])
+    batched = ", batching.csv, pareto.png, batch_fastest.csv" if max(cfg.batch_sizes) > 1 else ""
     console.print(f"Reports: {escape(str(run_dir))}/records.csv, summary.csv, report.md, context.csv, speedup.png, "
-                  "tokens_per_s.png, tau.png")
+                  f"tokens_per_s.png, tau.png{batched}")
     if cfg.shard:
         console.print(f"[dim]shard {cfg.shard} of a sharded run: once every shard has run, `specbench merge "
                       "SHARD_FOLDERS... --out RUN` joins them[/]")
