@@ -81,7 +81,7 @@ def run(cfg: RunConfig) -> Path:
     try:
         runner.warm_up(loaded[0].prompts)
         if batch_work:
-            runner.warm_up_batches(loaded[0].prompts, labels)
+            runner.warm_up_batches(loaded[0].prompts, labels, sorted({w.job.batch_size for w in batch_work}))
         with progress_bar() as bar:
             task = bar.add_task("decoding", total=to_go, info="")
             for work in prompt_work:

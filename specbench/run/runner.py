@@ -150,8 +150,10 @@ class Runner:
                     method.generate(ids, min(self.cfg.max_new_tokens, 32), self.cfg.sampling,
                                     torch.Generator(device=self.target.device).manual_seed(0))
 
-    def warm_up_batches(self, prompts: list[ds.Prompt], labels: list[BatchLabel]) -> None:
-        """One untimed batch of two prompts per (method, mode): the batched code paths' first-call costs."""
+    def warm_up_batches(self, prompts: list[ds.Prompt], labels: list[BatchLabel], sizes: list[int]) -> None:
+        """One untimed batch per (method, mode) at every batch size of the run (the first prompts, repeated to fill
+        it): the batched code paths' first-call costs at that size's shapes (and its own tree or gamma) land here,
+        not on whichever label happens to run first at that size."""
         from ..methods.batch_loop import generate_batch
 
         ids = [self.prompt_ids(ds.conversation(p, 0, []), p) for p in prompts[:2]]
@@ -159,9 +161,11 @@ class Runner:
         if not ids or self.cfg.warmup == 0:
             return
         with console.status("Warming up batches (not timed)"):
-            for label in labels:
-                generate_batch(self.methods[label.method], ids * (2 if len(ids) == 1 else 1), 2, label.mode, False,
-                               min(self.cfg.max_new_tokens, 16), self.cfg.sampling, [None, None])
+            for size in sorted({b for b in sizes if b > 1}):
+                batch = (ids * size)[:size]
+                for label in labels:
+                    generate_batch(self.methods[label.method], batch, size, label.mode, False,
+                                   min(self.cfg.max_new_tokens, 16), self.cfg.sampling, [None] * size)
 
     def run_prompt(self, prompt: ds.Prompt, index: int, label: str, order: int) -> list[TurnResult]:
         """All turns of one prompt with one method (a skipped turn ends the prompt), timed, with what else the
