@@ -38,8 +38,8 @@ class BatchTree:
 
 
 def per_batch(method) -> bool:
-    """Whether the method chooses its tree per batch size: `--tree auto` without `--gamma` (a chain) or a dynamic
-    tree."""
+    """Whether the method chooses its tree per batch size: only under `--tree auto`, and not with `--gamma` (eagle's
+    chain of drafts)."""
     return str(method.options.tree) == "auto" and getattr(method.options, "gamma", None) is None
 
 
@@ -98,8 +98,8 @@ def _choose(method, size: int) -> tuple[TreeFile, str] | None:
                           f"{dtype} yet; built it now from L(B={size}, w) in {escape(str(found.profile))} and "
                           f"{escape(str(found.acceptance))}: filed as {escape(str(built.path))}")
             return read_tree_file(built.path), str(built.path.resolve())
-    elif view is not None:
-        why = f"no {found.acceptance_rel} (`specbench estimate --method {family} --model {target.spec}`)"
+    elif view is not None:  # the files build-tree needs, named with the commands that make them
+        why = "; ".join(autotree.missing_steps(target.spec, family, hardware, dtype, target.device.type)[:-1])
     console.print(f"[yellow]note[/] {method.name}: batch size {size} decodes with batch 1's tree (size "
                   f"{method.batch_trees[1].tree_file.size}): {escape(why)}")
     return None
