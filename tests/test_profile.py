@@ -97,3 +97,69 @@ def test_resolve_profile_prefers_measured_and_rejects_unknown(tmp_path):
         resolve_profile("tpu9", "smollm2-135m", cfg, "bfloat16", "cpu-x", [1], root=tmp_path)
     with pytest.raises(SpecbenchError, match="specbench profile"):
         resolve_profile("cpu", "smollm2-135m", cfg, "bfloat16", "cpu-x", [1], root=tmp_path)
+
+
+# ------------------------------------------------------------------ batch sizes: L(B, w) in the same file
+
+
+def test_batch_sizes_measure_round_trip_and_view(tiny, tmp_path):
+    prof = measure(tiny, widths=[1, 2, 4], kv_lengths=[16], repeats=2, warmup=1, batch_sizes=[1, 2, 3])
+    assert prof.batch_sizes == [1, 2, 3]
+    assert prof.batches[2].widths == [1, 2] and prof.batches[3].widths == [1, 2]  # B x w <= the widest, + 1 and 2
+    assert all(ms > 0 for c in prof.batches.values() for ms in c.curves[16]["median_ms"])
+    path = tmp_path / "p.yaml"
+    path.write_text(prof.to_yaml())
+    back = load_profile(path)
+    assert back.batch_sizes == [1, 2, 3] and back.curves == prof.curves
+    assert back.batches[3].curves == prof.batches[3].curves and back.batches[3].widths == [1, 2]
+    assert "batch_curves" not in back.meta and back.meta["batch_engine"].startswith("unpadded")
+    view = back.at_batch(3)
+    assert view.widths == [1, 2] and view.latency_ms(2, 16) == back.batches[3].curves[16]["median_ms"][1]
+    assert view.meta["batch_size"] == 3 and back.at_batch(1) is back and back.at_batch(8) is None
+    assert back.to_yaml() == prof.to_yaml()
+
+
+def test_batch_one_profiles_are_unchanged_and_still_read(tmp_path):
+    old = LatencyProfile("m", "float32", "cpu-x", "measured", [1, 2],
+                         {128: {"median_ms": [10.0, 12.0], "p10_ms": [9.0, 11.0], "p90_ms": [11.0, 13.0]}},
+                         {"threads": 2})
+    path = tmp_path / "old.yaml"
+    path.write_text(old.to_yaml())
+    assert "batch_curves" not in path.read_text()  # a batch-1 profile is written exactly as before batch sizes
+    back = load_profile(path)
+    assert back.batch_sizes == [1] and back.at_batch(2) is None and back.to_yaml() == path.read_text()
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("{batch_size: 1, kv_length: 8, widths: [1], median_ms: [1.0]}", "integer >= 2"),
+    ("{batch_size: 2, kv_length: 8, widths: [2, 1], median_ms: [1.0, 2.0]}", "increasing positive integers"),
+    ("{batch_size: 2, kv_length: 8, widths: [1, 2], median_ms: [1.0]}", "has 1 values for 2 widths"),
+    ("{batch_size: 2, widths: [1], median_ms: [1.0]}", "needs batch_size, kv_length, widths and median_ms"),
+])
+def test_malformed_batch_curves(tmp_path, entry, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text("kind: latency-profile\nmodel: m\ndtype: f\nhardware: h\nwidths: [1]\ncurves:\n"
+                    f"  - {{kv_length: 8, median_ms: [1.0]}}\nbatch_curves:\n  - {entry}\n")
+    with pytest.raises(SpecbenchError, match=message):
+        load_profile(path)
+
+
+def test_profile_command_with_batch_sizes(tmp_path):
+    out = tmp_path / "prof.yaml"
+    result = CliRunner().invoke(app, ["profile", "--model", "random:tiny", "--widths", "1,2,4", "--kv-lengths", "8",
+                                      "--repeats", "2", "--batch-sizes", "2,1", "--batch-widths", "1,3",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    back = load_profile(out)
+    assert back.batch_sizes == [1, 2] and back.batches[2].widths == [1, 3]
+    assert "L(B=2, w)" in result.output
+
+
+@pytest.mark.parametrize("value, message", [("0", "integers >= 1"), ("-2", "integers >= 1"),
+                                            ("1.5", "comma-separated integers"), ("2,x", "comma-separated integers"),
+                                            ("1,0", "integers >= 1")])
+def test_bad_batch_sizes_are_refused_before_loading(tmp_path, value, message):
+    result = CliRunner().invoke(app, ["profile", "--model", "random:tiny", "--batch-sizes", value,
+                                      "--out", str(tmp_path / "p.yaml")])
+    assert result.exit_code != 0 and message in " ".join(result.output.split())
+    assert "Traceback" not in result.output and not (tmp_path / "p.yaml").exists()

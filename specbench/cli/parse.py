@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-
-
 from ..errors import SpecbenchError
 
 
@@ -24,3 +22,16 @@ def number_list(text: str, option: str, kind, what: str) -> list:
     if not values:
         raise SpecbenchError(f"{option}: give at least one value")
     return values
+
+
+def tree_size_list(text: str) -> tuple[int, ...]:
+    """--tree-sizes: positive sizes and `auto` (0 in RunConfig.tree_sizes: the method's --tree auto choice)."""
+    sizes = []
+    for part in (v.strip() for v in text.split(",") if v.strip()):
+        size = 0 if part == "auto" else int_list(part, "--tree-sizes")[0]
+        if part != "auto" and size < 1:
+            raise SpecbenchError(f"--tree-sizes: sizes must be positive integers or auto (got {part})")
+        sizes.append(size)
+    if not sizes:
+        raise SpecbenchError("--tree-sizes: give at least one size")
+    return tuple(dict.fromkeys(sizes))

@@ -11,7 +11,7 @@ from rich.markup import escape
 from ..errors import SpecbenchError
 from ..progress import console
 from .app import app
-from .parse import int_list
+from .parse import int_list, tree_size_list
 from .placement import DeviceMap, DrafterDeviceMap, DrafterMaxMemory, MaxMemory, TensorParallel
 from .show import print_summary, warn_unexplained
 
@@ -75,7 +75,10 @@ def run(
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run in --out (default: the newest "
                                               "folder in results/).")] = False,
     tree_sizes: Annotated[Optional[str], typer.Option(help="Tree methods: sweep these sizes in one run "
-                                                           "(e.g. 4,8,16,32,64).")] = None,
+                                                           "(e.g. 4,8,16,32,64), labelled <method>@<size>; `auto` "
+                                                           "adds <method>@auto, --tree auto's own choice (per batch "
+                                                           "size at --batch-size B > 1), to compare with the "
+                                                           "sizes.")] = None,
     batch_size: Annotated[Optional[list[str]], typer.Option("--batch-size", "-b", metavar="B[,B...]", help="Prompts decoded at once "
                           "(repeatable or a comma list, e.g. 1,2,4,8,16); ar runs batched at each size as that size's "
                           "baseline. Default 1: one prompt at a time.", rich_help_panel="Batching (EMS-SD)")] = None,
@@ -134,7 +137,7 @@ def run(
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, repeats=repeats,
         retime=retime, threads=threads,
         data_file=data_file, out=out_dir, resume=resume,
-        tree_sizes=tuple(int_list(tree_sizes, "--tree-sizes")) if tree_sizes else (),
+        tree_sizes=tree_size_list(tree_sizes) if tree_sizes else (),
         batch_sizes=tuple(dict.fromkeys(b for text in batch_size for b in int_list(text, "--batch-size")))
         if batch_size else (1,), batching=batching, refill=refill, device_map=device_map, max_memory=max_memory,
         drafter_device_map=drafter_device_map, drafter_max_memory=drafter_max_memory, tp=tp,
@@ -162,8 +165,9 @@ def run(
     summary = write_run_report(run_dir)
     print_summary(summary, f"results ({run_dir})")
     warn_unexplained([run_dir])
+    batched = ", batching.csv, pareto.png, batch_fastest.csv" if max(cfg.batch_sizes) > 1 else ""
     console.print(f"Reports: {escape(str(run_dir))}/records.csv, summary.csv, report.md, context.csv, speedup.png, "
-                  "tokens_per_s.png, tau.png")
+                  f"tokens_per_s.png, tau.png{batched}")
     if cfg.shard:
         console.print(f"[dim]shard {cfg.shard} of a sharded run: once every shard has run, `specbench merge "
                       "SHARD_FOLDERS... --out RUN` joins them[/]")

@@ -29,23 +29,35 @@ def profile(
     kv_lengths: Annotated[str, typer.Option(help="KV-cache lengths the widths are timed on.")] = "128,512,1024",
     repeats: Annotated[int, typer.Option(help="Timed forwards per point (median and p10/p90 reported).")] = 7,
     threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
+    batch_sizes: Annotated[str, typer.Option(metavar="B[,B...]", help="Batch sizes B to time L(B, w) at: one "
+                           "forward of B rows of w new tokens each, every row on its own KV cache (the unpadded "
+                           "engine of `run --batching unpadded`); filed in the same profile, where build-tree "
+                           "--batch-size, --tree auto and --gamma auto read it per batch size. Batch 1 (the main "
+                           "curve) is always measured.")] = "1",
+    batch_widths: Annotated[Optional[str], typer.Option(metavar="W[,W...]", help="New tokens per row timed at "
+                            "each batch size > 1 (default: the --widths whose B x w total does not pass the widest "
+                            "--width, plus 1 and 2; wider steps are extrapolated).")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="Profile YAML (default "
                         "profiles/<hardware>/<model>-<dtype>.yaml; with a device map or --tp: "
                         "<model>-<dtype>@<placement>.yaml).")] = None,
 ):
-    """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`)."""
+    """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`); with --batch-sizes also
+    L(B, w) per batch size."""
     import torch
 
     from ..core.models import load_model
+    from ..planning.batch_profile import check_batch_sizes
     from ..planning.profile import measure, save
 
     width_list, kv_list = int_list(widths, "--widths"), int_list(kv_lengths, "--kv-lengths")
+    sizes = check_batch_sizes(int_list(batch_sizes, "--batch-sizes"))
+    row_widths = int_list(batch_widths, "--batch-widths") if batch_widths else None
     if threads is not None and threads < 1:
         raise SpecbenchError(f"--threads must be at least 1 (got {threads}); leave it out for torch's choice")
     if threads:
         torch.set_num_threads(threads)
     target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory, tp))
-    result = measure(target, width_list, kv_list, repeats)
+    result = measure(target, width_list, kv_list, repeats, batch_sizes=sizes, batch_widths=row_widths)
     from ..core.tensor_parallel import is_writer
 
     if not is_writer():
@@ -58,6 +70,8 @@ def profile(
     for i, n in enumerate(result.widths):
         table.add_row(str(n), *(f"{c['median_ms'][i]:.2f}" for c in result.curves.values()))
     out.print(table)
+    for size in result.batch_sizes[1:]:
+        out.print(_batch_table(result, size))
     console.print(f"Wrote {escape(str(path))} and {escape(str(path.with_suffix('.png')))}")
     load = result.meta.get("contention") or {}
     if load.get("disturbed"):
@@ -65,6 +79,19 @@ def profile(
                       f"average while this profile was measured (steal {load['steal']:.1%}); trees and --dtype auto "
                       "built on it may be wrong. Re-run `specbench profile` on a quiet machine (recorded under "
                       "`contention` in the file).")
+
+
+def _batch_table(result, size: int) -> Table:
+    """L(B, w) of one batch size: a row per width, a column per KV length, L(B, w) / L(B, 1) beside each."""
+    view = result.at_batch(size)
+    table = Table(title=f"L(B={size}, w) ms: {size} rows of w new tokens each (x L(B, 1) in brackets)")
+    table.add_column("w per row", justify="right")
+    for kv in view.curves:
+        table.add_column(f"KV {kv}", justify="right")
+    for i, w in enumerate(view.widths):
+        table.add_row(str(w), *(f"{c['median_ms'][i]:.2f} ({c['median_ms'][i] / c['median_ms'][0]:.2f})"
+                                for c in view.curves.values()))
+    return table
 
 
 @app.command("build-tree")
@@ -89,8 +116,13 @@ def build_tree(
     ept: Annotated[int, typer.Option(help="Ensemble tokens per prompt token (widens each forward).")] = 1,
     acceptance: Annotated[Optional[Path], typer.Option(help="Acceptance file (default "
                                                             "acceptance/<model>/ppd.yaml).")] = None,
+    batch_size: Annotated[int, typer.Option(metavar="B", help="Choose the tree for batch size B from the "
+                          "profile's L(B, w) (`specbench profile --batch-sizes`; a preset --gpu estimates it): the "
+                          "speedup over ar at the same batch size, tau(n) L(B, 1) / L(B, width). Filed as "
+                          "<...>-b<B>.yaml beside batch 1's tree, where `run --tree auto` looks at that batch "
+                          "size.")] = 1,
     out_path: Annotated[Optional[Path], typer.Option("--out", help="Tree file (default "
-                        "trees/<model>/<hardware>-<dtype>.yaml).")] = None,
+                        "trees/<model>/<hardware>-<dtype>.yaml; -b<B> added at --batch-size B > 1).")] = None,
 ):
     """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L_fp(n) on --gpu."""
 
@@ -103,13 +135,16 @@ def build_tree(
     families = sorted(tree_families().items(), key=lambda item: item[1].one_state)
     cls = dict(families).get(method)
     built = build(BuildTreeRequest(model, method, bool(cls and cls.one_state), tuple(name for name, _ in families),
-                                   gpu, dtype, prompt_tokens, max_size, kv_length, ept, acceptance, out_path))
+                                   gpu, dtype, prompt_tokens, max_size, kv_length, ept, acceptance, out_path,
+                                   batch_size))
     curve, profile = built.curve, built.profile
     i = curve.best_index
     label = " [yellow](source: estimated from the chip's published peak rates)[/]" \
         if profile.source == "estimated" else " (measured profile)"
-    table = Table(title=f"{method} tree for {built.model} on {profile.hardware} {profile.dtype}")
-    for col in ("size n", "tau(n)", "L_fp ms", "predicted speedup"):
+    at = f" at batch size {batch_size}" if batch_size > 1 else ""
+    table = Table(title=f"{method} tree for {built.model} on {profile.hardware} {profile.dtype}{at}")
+    for col in ("size n", "tau(n)", f"L(B={batch_size}) ms" if at else "L_fp ms",
+                "predicted speedup" + (" (vs ar at B)" if at else "")):
         table.add_column(col, justify="right")
     marks = sorted({1, 2, 4, 8, 16, 32, 64, 128, curve.best.size} & set(curve.sizes))
     for n in marks:
@@ -119,7 +154,8 @@ def build_tree(
                       style=style)
     out.print(table)
     wrote = escape(str(built.path)) + ("" if built.plot is None else f" and {escape(str(built.plot))}")
-    console.print(f"Chosen size {curve.best.size}: predicted tau {curve.tau[i]:.3f}, speedup {curve.speedup[i]:.3f}x"
+    console.print(f"Chosen size {curve.best.size}{at}: predicted tau {curve.tau[i]:.3f}, speedup "
+                  f"{curve.speedup[i]:.3f}x"
                   f"{label}. Wrote {wrote} in "
                   f"{since(start):.1f} s.")
     if curve.speedup[i] < 1:

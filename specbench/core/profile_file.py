@@ -1,4 +1,10 @@
-"""The latency profile file (profiles/<hardware>/<model>-<dtype>.yaml): LatencyProfile and its one reader, load_profile, which validates the YAML and names the file and field it rejects. Read here in core, so --dtype auto (core/models.py) and the planning commands parse a profile the same way."""
+"""The latency profile file (profiles/<hardware>/<model>-<dtype>.yaml): LatencyProfile and its one reader, load_profile, which validates the YAML and names the file and field it rejects. Read here in core, so --dtype auto (core/models.py) and the planning commands parse a profile the same way.
+
+Batch sizes: `curves` is L(1, w), one row per forward (every profile has it). `batch_curves` (optional, written by
+`specbench profile --batch-sizes`) adds L(B, w) for B > 1: one forward of B rows of w new tokens each, every row on
+its own KV cache of kv_length tokens; each batch size has its own widths. A file without it is a batch-1 profile,
+as every profile before batch sizes was; at_batch(B) gives any batch size's curve as a LatencyProfile of its own,
+so everything that reads L(w) (tree search, predictions) reads L(B, w) unchanged."""
 
 from __future__ import annotations
 
@@ -21,11 +27,28 @@ class LatencyProfile:
     widths: list[int]
     curves: dict[int, dict[str, list[float]]]  # kv_length -> {"median_ms": [...], "p10_ms": [...], "p90_ms": [...]}
     meta: dict = field(default_factory=dict)  # device name, identity (core/hardware.py), threads, versions, ...
+    batches: dict[int, BatchCurve] = field(default_factory=dict)  # B > 1 -> L(B, w) (absent: batch 1 only)
 
     @property
     def identity(self) -> dict | None:
         """The full hardware identity it was measured on (None in estimated profiles)."""
         return self.meta.get("identity")
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """Batch sizes this profile has a curve for (1 always: `curves`)."""
+        return [1, *sorted(self.batches)]
+
+    def at_batch(self, batch_size: int) -> LatencyProfile | None:
+        """L(B, w) as a profile of its own (widths, curves; meta["batch_size"] = B), None when B was not measured.
+        B = 1 is this profile."""
+        if batch_size == 1:
+            return self
+        curve = self.batches.get(batch_size)
+        if curve is None:
+            return None
+        return LatencyProfile(self.model, self.dtype, self.hardware, self.source, list(curve.widths),
+                              curve.curves, {**self.meta, "batch_size": batch_size})
 
     def latency_ms(self, width: float, kv_length: int | None = None) -> float:
         """Median latency at `width` (linear interpolation between measured widths; clamped at the ends; linear
@@ -43,8 +66,20 @@ class LatencyProfile:
     def to_yaml(self) -> str:
         data = {"kind": "latency-profile", "model": self.model, "dtype": self.dtype, "hardware": self.hardware,
                 "source": self.source, "widths": self.widths,
-                "curves": [{"kv_length": kv, **c} for kv, c in sorted(self.curves.items())], **self.meta}
+                "curves": [{"kv_length": kv, **c} for kv, c in sorted(self.curves.items())]}
+        if self.batches:  # absent at batch 1 only: the file is then exactly what it was before batch sizes
+            data["batch_curves"] = [{"batch_size": b, "kv_length": kv, "widths": list(self.batches[b].widths), **c}
+                                    for b in sorted(self.batches) for kv, c in sorted(self.batches[b].curves.items())]
+        data.update({k: v for k, v in self.meta.items() if k not in data and k != "batch_size"})
         return yaml.safe_dump(data, sort_keys=False)
+
+
+@dataclass
+class BatchCurve:
+    """L(B, w) of one batch size B > 1: ms per forward of B rows of w new tokens each, per KV length (per row)."""
+
+    widths: list[int]  # new tokens per row
+    curves: dict[int, dict[str, list[float]]]  # kv_length -> {"median_ms": [...], "p10_ms": [...], "p90_ms": [...]}
 
 
 def _float_list(value, path, name) -> list[float]:
@@ -67,9 +102,7 @@ def load_profile(path: str | Path) -> LatencyProfile:
     for key in ("model", "dtype", "hardware", "widths", "curves"):
         if key not in data:
             raise SpecbenchError(f"{path}: missing field {key!r}")
-    widths = [int(w) for w in _float_list(data["widths"], path, "widths")]
-    if widths != sorted(set(widths)) or widths[0] < 1:
-        raise SpecbenchError(f"{path}: field 'widths' must be increasing positive integers")
+    widths = _widths(data["widths"], path, "widths")
     curves = {}
     if not isinstance(data["curves"], list) or not data["curves"]:
         raise SpecbenchError(f"{path}: field 'curves' must be a non-empty list")
@@ -82,6 +115,41 @@ def load_profile(path: str | Path) -> LatencyProfile:
         curves[int(curve["kv_length"])] = {k: [float(x) for x in curve.get(k, median)]
                                            for k in ("median_ms", "p10_ms", "p90_ms")}
     meta = {k: v for k, v in data.items() if k not in ("kind", "model", "dtype", "hardware", "source", "widths",
-                                                      "curves")}
+                                                      "curves", "batch_curves")}
     return LatencyProfile(str(data["model"]), str(data["dtype"]), str(data["hardware"]),
-                          str(data.get("source", "measured")), widths, curves, meta)
+                          str(data.get("source", "measured")), widths, curves, meta,
+                          _batch_curves(data.get("batch_curves"), path))
+
+
+def _widths(value, path, name) -> list[int]:
+    widths = [int(w) for w in _float_list(value, path, name)]
+    if widths != sorted(set(widths)) or widths[0] < 1:
+        raise SpecbenchError(f"{path}: field {name!r} must be increasing positive integers")
+    return widths
+
+
+def _batch_curves(value, path) -> dict[int, BatchCurve]:
+    """`batch_curves` (absent in batch-1 profiles): one entry per batch size B > 1 and KV length, each with its
+    own widths; the entries of one B must share their widths."""
+    if value is None:
+        return {}
+    if not isinstance(value, list):
+        raise SpecbenchError(f"{path}: field 'batch_curves' must be a list")
+    out: dict[int, BatchCurve] = {}
+    for i, entry in enumerate(value):
+        name = f"batch_curves[{i}]"
+        if not isinstance(entry, dict) or not {"batch_size", "kv_length", "widths", "median_ms"} <= set(entry):
+            raise SpecbenchError(f"{path}: {name} needs batch_size, kv_length, widths and median_ms")
+        size = entry["batch_size"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 2:
+            raise SpecbenchError(f"{path}: {name}.batch_size must be an integer >= 2 (batch 1 is `curves`)")
+        widths = _widths(entry["widths"], path, f"{name}.widths")
+        median = _float_list(entry["median_ms"], path, f"{name}.median_ms")
+        if len(median) != len(widths):
+            raise SpecbenchError(f"{path}: {name}.median_ms has {len(median)} values for {len(widths)} widths")
+        curve = out.setdefault(size, BatchCurve(widths, {}))
+        if curve.widths != widths:
+            raise SpecbenchError(f"{path}: {name}.widths differ from another entry of batch size {size}")
+        curve.curves[int(entry["kv_length"])] = {k: [float(x) for x in entry.get(k, median)]
+                                                 for k in ("median_ms", "p10_ms", "p90_ms")}
+    return out

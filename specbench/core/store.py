@@ -74,6 +74,12 @@ def tree_file(model: str, stem: str) -> Path:
     return tree_dir(model) / f"{stem}.yaml"
 
 
+def batch_stem(stem: str, batch_size: int = 1) -> str:
+    """A tree file's stem for batch size B: `<stem>` at B = 1, `<stem>-b<B>` above (a tree chosen from L(B, w);
+    it never overwrites batch 1's file)."""
+    return stem if batch_size == 1 else f"{stem}-b{batch_size}"
+
+
 def acceptance_file(model: str, family: str) -> Path:
     """acceptance/<model>/<family>.yaml: per-rank accuracy of a method's guesses (`specbench estimate`)."""
     return Path(ACCEPTANCE) / model / f"{family}.yaml"

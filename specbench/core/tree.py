@@ -16,6 +16,7 @@ Position ids: context length + depth for a node; context length + depth(i) + 1 +
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -317,13 +318,12 @@ def find_auto_tree(model: str, method: str, hardware: str, dtype: str) -> tuple[
 def other_trees(model: str, method: str, hardware: str, dtype: str) -> list[str]:
     """This method's tree files for this model that `--tree auto` does not take here (other hardware or dtype):
     the only trees a note about a missing tree should name."""
-    own = {str(store.tree_file(model, stem)) for stem in
-           ([f"{hardware}-{dtype}"] if method == "ppd" else [f"{method}-{hardware}-{dtype}"])}
+    own = f"{hardware}-{dtype}" if method == "ppd" else f"{method}-{hardware}-{dtype}"
     found = set()
     for root in store.roots():
         for path in sorted((root / store.tree_dir(model)).glob("*.yaml")):
             rel = str(store.tree_file(model, path.stem))
-            if rel in own:
+            if path.stem == own or re.fullmatch(re.escape(own) + r"-b\d+", path.stem):  # this one, per batch size
                 continue
             try:
                 head = yaml.safe_load(path.read_text()) or {}

@@ -63,8 +63,12 @@ class Batchable:
 
     batchable = True
 
+    def plan_batches(self, sizes: list[int]) -> None:
+        """Choose per batch size what the method would otherwise choose once (sd: gamma, tree methods: the tree),
+        from this hardware's L(B, w); called once by the runner with the run's batch sizes."""
+
     def start_batch(self, mode: str, slots: int) -> None:
-        """Make per-batch state (sd: its drafter's batch engine)."""
+        """Make per-batch state (sd: its drafter's batch engine; the batch size's own gamma or tree)."""
 
     def propose(self, samples: list[Sample], max_new_tokens: int, sampling: Sampling) -> None:
         for s in samples:

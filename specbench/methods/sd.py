@@ -7,11 +7,14 @@ kept. Lossless. Drafter and target run one after the other (the "mutual waiting"
 from __future__ import annotations
 
 import torch
+from rich.markup import escape
 
 from ..core.concurrency import Span, forward_costs, step
 from ..core.timing import now
 from ..core.ragged import Segment
 from ..core.verify import accept
+from ..planning.batch_choice import KV_LENGTH, batch_view
+from ..progress import console
 from ._drafting import DraftModelMethod, ModelState, draft_tokens, draw, fit_vocab, kept_prefix
 from .base import Generation, register
 from .batch_loop import Batchable, engine
@@ -38,12 +41,21 @@ def _interpolate(points: dict[int, float], x: int) -> float:
     return points[lo] + (points[hi] - points[lo]) * (x - lo) / (hi - lo)
 
 
-def default_gamma(target, drafter) -> int:
-    """The gamma with the best expected speedup, from measured forward times and the drafter's acceptance rate."""
+def default_gamma(target, drafter, batch_curve=None) -> int:
+    """The gamma with the best expected speedup, from measured forward times and the drafter's acceptance rate.
+
+    batch_curve (a profile's L(B, w), planning/batch_choice.batch_view): the gamma for batch size B, the target's
+    verify cost at width w taken as L(B, w) / L(B, 1) times its measured 1-token forward, the drafter's cost as
+    measured (its ratio to the target's 1-token forward, c, assumed the same at every B)."""
     costs = forward_costs(target, drafter.model, drafter.device, VERIFY_WIDTHS, drafter.spec)
     alpha = float(drafter.extras.get("meta", {}).get("agreement", DEFAULT_ALPHA))
     gammas = range(1, VERIFY_WIDTHS[-1])
-    return max(gammas, key=lambda g: expected_speedup(g, alpha, costs["draft_s"], costs["target_s"]))
+    target_s = costs["target_s"]
+    if batch_curve is not None:
+        base, kv = target_s[1], KV_LENGTH
+        target_s = {w: base * batch_curve.latency_ms(w, kv) / batch_curve.latency_ms(1, kv)
+                    for w in range(1, VERIFY_WIDTHS[-1] + 1)}
+    return max(gammas, key=lambda g: expected_speedup(g, alpha, costs["draft_s"], target_s))
 
 
 @register
@@ -54,10 +66,25 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
         self.gamma = self.options.gamma or default_gamma(target, self.drafter)
+        self.batch_gammas = {1: self.gamma}  # batch size -> gamma (plan_batches: --gamma auto per batch size)
+        self.batch_gamma = self.gamma  # the gamma of the batch being decoded (start_batch)
 
     def chosen(self) -> dict:
         source = "--gamma" if self.options.gamma else "best expected speedup from measured forward times"
-        return {"drafter": self.drafter.spec, "gamma": self.gamma, "gamma_from": source}
+        out = {"drafter": self.drafter.spec, "gamma": self.gamma, "gamma_from": source}
+        if len(self.batch_gammas) > 1:
+            out["gamma_per_batch_size"] = dict(sorted(self.batch_gammas.items()))
+        return out
+
+    def plan_batches(self, sizes):
+        """--gamma auto per batch size: each B > 1 from this hardware's L(B, w), else batch 1's gamma and a note."""
+        if self.options.gamma:
+            return
+        for size in sorted({b for b in sizes if b > 1}):
+            curve, why = batch_view(self.target, size)
+            self.batch_gammas[size] = self.gamma if curve is None else default_gamma(self.target, self.drafter, curve)
+            said = f"from L(B={size}, w)" if curve is not None else f"batch 1's ({why})"
+            console.print(f"[dim]{self.name}: batch size {size}: gamma {self.batch_gammas[size]} {escape(said)}[/]")
 
     @torch.inference_mode()
     def generate(self, input_ids, max_new_tokens, sampling, generator):
@@ -97,6 +124,7 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
 
     def start_batch(self, mode, slots):
         self._drafter_batch = engine(self.drafter.model, mode, slots, self.drafter.device)
+        self.batch_gamma = self.batch_gammas.get(slots, self.gamma)
 
     def leave(self, sample):
         if sample.slot in self._drafter_batch.rows:
@@ -112,7 +140,7 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
         the batch's drafting time (as their wall_s sum to the batch's time)."""
         start = now(self.drafter.device)
         batch = self._drafter_batch
-        k = {s.slot: min(self.gamma, s.room(max_new_tokens)) for s in samples}
+        k = {s.slot: min(self.batch_gamma, s.room(max_new_tokens)) for s in samples}
         for s in samples:
             fed = s.scratch.setdefault("fed", [])  # the tokens the drafter's cache holds for this sample
             if s.slot in batch.rows:

@@ -37,16 +37,19 @@ def inputs(model_spec: str, family: str, hardware: str, dtype: str) -> Inputs:
     return Inputs(store.find(prof), store.find(acc), prof, acc)
 
 
-def tree_path(model_spec: str, family: str, hardware: str, dtype: str) -> Path:
-    """Where build-tree files this hardware's tree of the method (trees/<model>/[<method>-]<hardware>-<dtype>.yaml)."""
+def tree_path(model_spec: str, family: str, hardware: str, dtype: str, batch_size: int = 1) -> Path:
+    """Where build-tree files this hardware's tree of the method (trees/<model>/[<method>-]<hardware>-<dtype>.yaml;
+    at batch size B > 1 with -b<B> added)."""
     stem = f"{hardware}-{dtype}"
-    return store.tree_file(model_slug(model_spec), stem if family == "ppd" else f"{family}-{stem}")
+    return store.tree_file(model_slug(model_spec),
+                           store.batch_stem(stem if family == "ppd" else f"{family}-{stem}", batch_size))
 
 
 def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dtype: str, rows: int,
-               ept: int = 1) -> BuiltTree:
+               ept: int = 1, batch_size: int = 1) -> BuiltTree:
     """build-tree for this hardware (its measured profile, passed as a path so a GPU's works too) and the method's
-    acceptance file; writes the tree where build-tree would. Needs inputs(...).ready."""
+    acceptance file, at batch size B from the profile's L(B, w); writes the tree where build-tree would. Needs
+    inputs(...).ready (and, at B > 1, a profile with that batch size)."""
     found = inputs(model_spec, family, hardware, dtype)
     if not found.ready:
         raise SpecbenchError(f"cannot build the {family} tree here: " + "; ".join(
@@ -54,7 +57,7 @@ def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dty
     req = BuildTreeRequest(model_spec, family, one_state, (family,), str(found.profile), dtype,
                            1 if one_state else max(rows, 1),
                            MAX_SIZE, KV_LENGTH, ept, found.acceptance,
-                           tree_path(model_spec, family, hardware, dtype))
+                           tree_path(model_spec, family, hardware, dtype, batch_size), batch_size)
     return build_tree(req)
 
 

@@ -236,6 +236,7 @@ class BuildTreeRequest:
     ept: int
     acceptance: Path | None  # None: the model's acceptance file in the store
     out: Path | None  # None: trees/<model>/<stem>.yaml
+    batch_size: int = 1  # B: the tree is chosen from L(B, w) (the profile's batch curve) and filed as <stem>-b<B>
 
 
 @dataclass
@@ -271,16 +272,25 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
     if req.max_size < max(2, m):
         raise SpecbenchError(f"--max-size {req.max_size} is smaller than the {m} prompt tokens (and every candidate "
                              "needs at least one prompt token: size >= 2)")
+    if req.batch_size < 1:
+        raise SpecbenchError(f"--batch-size must be at least 1 (got {req.batch_size})")
     acc = read_per_rank(acc_path, m)
     local = hardware_slug(torch.device("cpu"))
     measured = store.find(store.profile_file(local, slug, dtype)) if req.gpu == "cpu" else None
-    profile = resolve_profile(req.gpu, slug, model_config(req.model), dtype, local, PROFILE_WIDTHS, spec=req.model,
-                              root=measured.parent.parent if measured else store.profiles_dir())
+    full = resolve_profile(req.gpu, slug, model_config(req.model), dtype, local, PROFILE_WIDTHS, spec=req.model,
+                           root=measured.parent.parent if measured else store.profiles_dir(),
+                           batch_sizes=(req.batch_size,))
+    profile = batch_curve(full, req.batch_size, req.model)  # L(B, w); batch 1: the profile itself
     stem = f"{profile.hardware}-{profile.dtype}"
-    path = req.out or store.tree_file(slug, stem if req.family == "ppd" else f"{req.family}-{stem}")
+    stem = store.batch_stem(stem if req.family == "ppd" else f"{req.family}-{stem}", req.batch_size)
+    path = req.out or store.tree_file(slug, stem)
     if req.one_state:
         acc = read_per_rank(acc_path, _acceptance_rows(acc_path))  # every depth the estimate measured
         draft_ms = _draft_cost(req.family, acc_path)
+        if draft_ms is not None and req.batch_size > 1:
+            # the drafter's per-step cost at batch B: assumed to grow with B as the target's 1-token forward does
+            grow = profile.latency_ms(1, req.kv_length) / full.latency_ms(1, req.kv_length)
+            draft_ms = _scaled(draft_ms, grow)
         with status(f"Choosing the best candidate tree of sizes 1..{req.max_size}"):
             curve = candidate_curve(acc, profile, req.max_size, req.kv_length, draft_ms)
         result = candidate_tree_file(curve, req.family, slug, profile, str(acc_path), req.kv_length)
@@ -288,12 +298,28 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
         with status(f"Searching dynamic sparse trees of sizes 2..{req.max_size}"):
             curve = size_curve(acc, m, profile, req.max_size, req.kv_length, req.ept)
         result = tree_file(curve, m, slug, profile, str(acc_path), req.kv_length, req.family)
+    if req.batch_size > 1:  # which curve chose it: speedups are over ar at the same batch size
+        result.extra["batch_size"] = req.batch_size
+        result.extra["latency_profile"]["batch_size"] = req.batch_size
+        result.built_by += f", at batch size {req.batch_size} (L(B, w): B rows of w tokens per forward)"
     result.write(path)
     drawn = None
     if not req.one_state:
         drawn = path.with_suffix(".png")
         plot(curve, profile, drawn)
     return BuiltTree(req.family, slug, profile, curve, path, drawn)
+
+
+def batch_curve(profile: LatencyProfile, batch_size: int, model: str) -> LatencyProfile:
+    """The profile's L(B, w) as a profile of its own (at_batch); a profile without batch size B is refused with the
+    command that measures it (a tree from batch 1's curve filed as batch B's would be taken for one)."""
+    view = profile.at_batch(batch_size)
+    if view is None:
+        have = ", ".join(map(str, profile.batch_sizes))
+        raise SpecbenchError(f"the {profile.hardware} {profile.dtype} profile of {model} has no batch size "
+                             f"{batch_size} (it has {have}): `specbench profile --model {model} --dtype "
+                             f"{profile.dtype} --batch-sizes 1,{batch_size}` on that hardware measures L(B, w)")
+    return view
 
 
 def build_dtype(dtype: str, gpu: str, cpu_auto: Callable[[], str]) -> str:
@@ -312,6 +338,11 @@ def _acceptance_rows(path: Path) -> int:
         return len((yaml.safe_load(path.read_text()) or {}).get("per_rank") or []) or 1
     except (OSError, yaml.YAMLError) as exc:
         raise SpecbenchError(f"{path}: cannot read it ({exc})") from exc
+
+
+def _scaled(cost: Callable[[int], float], factor: float) -> Callable[[int], float]:
+    """depth -> cost(depth) x factor."""
+    return lambda depth: cost(depth) * factor
 
 
 def _draft_cost(family: str, path: Path):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..core import store
 from ..errors import SpecbenchError
+from ..core.profile_file import BatchCurve
 from .profile import DEFAULT_KV_LENGTHS, LatencyProfile, load_profile
 
 
@@ -64,9 +65,15 @@ class ModelShape:
         return q_o + k_v + 3 * self.hidden * self.intermediate
 
     def flops(self, n: int, kv: int) -> float:
-        matmuls = 2 * n * (self.layers * self.weights_per_layer + self.vocab * self.hidden)
-        attention = 4 * n * (kv + n) * self.heads * self.head_dim * self.layers
-        return float(matmuls + attention)
+        return float(self.matmul_flops(n) + self.attention_flops(n, kv))
+
+    def matmul_flops(self, n: int) -> float:
+        """The linear layers and the LM head over n tokens."""
+        return 2.0 * n * (self.layers * self.weights_per_layer + self.vocab * self.hidden)
+
+    def attention_flops(self, n: int, kv: int) -> float:
+        """n new tokens attending to kv cached ones and to each other (one row)."""
+        return 4.0 * n * (kv + n) * self.heads * self.head_dim * self.layers
 
     def bytes(self, n: int, kv: int, bytes_per_value: int) -> float:
         weights = self.layers * self.weights_per_layer + self.vocab * self.hidden
@@ -92,9 +99,22 @@ def roofline_ms(shape: ModelShape, chip: Chip, n: int, kv: int, bytes_per_value:
     return overhead_ms + 1000 * max(compute_s, memory_s)
 
 
+def roofline_batch_ms(shape: ModelShape, chip: Chip, batch: int, w: int, kv: int, bytes_per_value: int,
+                      overhead_ms: float) -> float:
+    """roofline_ms of one forward of `batch` rows of w new tokens, each row on its own KV cache of kv tokens: the
+    linear layers see batch x w tokens and read the weights once; attention and the KV reads are per row."""
+    flops = shape.matmul_flops(batch * w) + batch * shape.attention_flops(w, kv)
+    cache = 2 * shape.layers * (kv + w) * shape.kv_heads * shape.head_dim * batch
+    memory = shape.bytes(0, 0, bytes_per_value) + cache * bytes_per_value  # weights once, every row's cache
+    compute_s = flops / (chip.tflops * 1e12 * COMPUTE_EFFICIENCY)
+    memory_s = memory / (chip.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY)
+    return overhead_ms + 1000 * max(compute_s, memory_s)
+
+
 def estimate_profile(model: str, config, chip_key: str, dtype: str, widths, kv_lengths=DEFAULT_KV_LENGTHS,
-                     overhead_ms: float | None = None) -> LatencyProfile:
-    """An estimated LatencyProfile of `config` on a preset chip."""
+                     overhead_ms: float | None = None, batch_sizes=()) -> LatencyProfile:
+    """An estimated LatencyProfile of `config` on a preset chip (with L(B, w) for every B > 1 in batch_sizes, at
+    the same widths)."""
     chip = CHIPS[chip_key]
     shape = ModelShape.from_config(config)
     overhead = default_overhead_ms(shape) if overhead_ms is None else overhead_ms
@@ -103,11 +123,17 @@ def estimate_profile(model: str, config, chip_key: str, dtype: str, widths, kv_l
     for kv in kv_lengths:
         med = [round(roofline_ms(shape, chip, n, kv, width_bytes, overhead), 4) for n in widths]
         curves[kv] = {"median_ms": med, "p10_ms": med, "p90_ms": med}
+    batches = {}
+    for b in sorted({b for b in batch_sizes if b > 1}):
+        batches[b] = BatchCurve(list(widths), {})
+        for kv in kv_lengths:
+            med = [round(roofline_batch_ms(shape, chip, b, w, kv, width_bytes, overhead), 4) for w in widths]
+            batches[b].curves[kv] = {"median_ms": med, "p10_ms": med, "p90_ms": med}
     meta = {"chip": chip.name, "peak_tflops": chip.tflops, "bandwidth_gbs": chip.bandwidth_gbs,
             "overhead_ms": overhead, "compute_efficiency": COMPUTE_EFFICIENCY,
             "bandwidth_efficiency": BANDWIDTH_EFFICIENCY,
             "method": "roofline: overhead + max(FLOPs / (peak x efficiency), bytes / (bandwidth x efficiency))"}
-    return LatencyProfile(model, dtype, chip_key, "estimated", list(widths), curves, meta)
+    return LatencyProfile(model, dtype, chip_key, "estimated", list(widths), curves, meta, batches)
 
 
 def find_measured(root: Path, slug_hint: str, model: str, dtype: str) -> Path | None:
@@ -122,7 +148,7 @@ def find_measured(root: Path, slug_hint: str, model: str, dtype: str) -> Path | 
 
 
 def resolve_profile(gpu: str, model: str, config, dtype: str, local_slug: str, widths,
-                    root: Path = store.profiles_dir(), spec: str | None = None) -> LatencyProfile:
+                    root: Path = store.profiles_dir(), spec: str | None = None, batch_sizes=()) -> LatencyProfile:
     """The latency curve that `--gpu X` means: a profile path, a measured profile of that hardware (always wins),
     else a roofline estimate from the chip preset. `cpu` means this machine's measured CPU profile.
     `model` is the model's file-name key (model_slug); `spec` the model as the user named it (for the advice)."""
@@ -151,4 +177,4 @@ def resolve_profile(gpu: str, model: str, config, dtype: str, local_slug: str, w
             for other in folder.glob("*.yaml"):
                 overhead = load_profile(other).meta.get("overhead_ms")
                 break
-    return estimate_profile(model, config, gpu, dtype, widths, overhead_ms=overhead)
+    return estimate_profile(model, config, gpu, dtype, widths, overhead_ms=overhead, batch_sizes=batch_sizes)

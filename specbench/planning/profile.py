@@ -4,6 +4,7 @@ PPD §4 chooses the tree size that maximises tau(n) / L_fp(n); this module measu
 median of `repeats` timed forwards after warm-up (CUDA events on GPU, perf_counter on CPU), with the p10 / p90
 spread; the widths are timed round-robin so that a machine whose speed drifts keeps the curve's shape.
 Latency needs no trained weights: `random:<preset>` models give the same curve as the real ones.
+With batch sizes (`--batch-sizes 1,2,4,8`) the same file also gets L(B, w) for every B > 1 (batch_profile.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..core.models import LoadedModel, dtype_name, model_slug
 from ..core.profile_file import LatencyProfile, load_profile  # noqa: F401  (load_profile: re-exported)
 from ..errors import SpecbenchError
 from ..progress import progress_bar
+from .batch_profile import ENGINE, default_widths, measure_batches
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_KV_LENGTHS = (128, 512, 1024)
@@ -28,9 +30,14 @@ DEFAULT_KV_LENGTHS = (128, 512, 1024)
 
 @torch.inference_mode()
 def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LENGTHS, repeats: int = 7,
-            warmup: int = 2) -> LatencyProfile:
-    """Measure L_fp(n) for every width on top of a random-token KV cache of every length."""
+            warmup: int = 2, batch_sizes=(1,), batch_widths=None) -> LatencyProfile:
+    """Measure L_fp(n) for every width on top of a random-token KV cache of every length; with batch sizes > 1 also
+    L(B, w) (batch_profile.py) at `batch_widths` (default: batch_profile.default_widths per B). Batch 1 is always
+    measured: it is the profile's main curve."""
     widths, kv_lengths = sorted(set(widths)), sorted(set(kv_lengths))
+    batched = sorted({b for b in batch_sizes if b > 1})
+    if batch_widths is not None and (not batch_widths or min(batch_widths) < 1):
+        raise SpecbenchError("profile: --batch-widths must be positive integers")
     if repeats < 1 or warmup < 0 or widths[0] < 1 or kv_lengths[0] < 1:
         raise SpecbenchError("profile: widths and KV lengths must be positive, --repeats at least 1")
     if kv_lengths[-1] + widths[-1] > target.context_length:
@@ -42,7 +49,7 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
     curves: dict[int, dict[str, list[float]]] = {}
     before = contention.snapshot()
     with progress_bar() as bar:
-        task = bar.add_task("profiling", total=len(kv_lengths) * repeats, info="")
+        task = bar.add_task("profiling", total=len(kv_lengths) * repeats * (1 + len(batched)), info="")
         for kv in kv_lengths:
             cache = new_cache(model)
             forward(model, torch.randint(0, vocab, (1, kv), generator=gen).to(device), cache, logits_to_keep=1)
@@ -61,6 +68,9 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
             curves[kv] = {"median_ms": [round(float(t.median()), 3) for t in stats],
                           "p10_ms": [round(float(t.quantile(0.1)), 3) for t in stats],
                           "p90_ms": [round(float(t.quantile(0.9)), 3) for t in stats]}
+        batches = measure_batches(
+            target, batched, lambda b: sorted(set(batch_widths)) if batch_widths else default_widths(widths, b),
+            kv_lengths, repeats, warmup, lambda text: bar.update(task, advance=1, info=text))
     load = contention.between(before, contention.snapshot())  # what else ran while it was measured
     env = environment(device, target.dtype)
     identity = hardware_identity(device)
@@ -72,8 +82,10 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
         meta["nvml"] = gpu_facts(device.index or 0)
     meta["placement"] = target.placement  # a device map or --tp files its own profile (store.profile_name)
     meta["model_spec"] = target.spec  # `model` is its file-name key (model_slug), the one build-tree and run use
+    if batches:
+        meta["batch_engine"] = ENGINE
     return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(identity),
-                          "measured", list(widths), curves, meta)
+                          "measured", list(widths), curves, meta, batches)
 
 
 def default_path(profile: LatencyProfile, root: Path | None = None) -> Path:
@@ -96,22 +108,34 @@ def save(profile: LatencyProfile, out: Path | None = None) -> Path:
 
 
 def plot(profile: LatencyProfile, path: Path) -> None:
+    """L(w) per KV length; with batch sizes, a second panel: L(B, w) per batch size at the KV length nearest 512."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, axes = plt.subplots(1, 2 if profile.batches else 1, figsize=(11 if profile.batches else 6, 3.8),
+                             squeeze=False)
+    ax = axes[0][0]
     for kv, curve in sorted(profile.curves.items()):
         ax.plot(profile.widths, curve["median_ms"], marker="o", label=f"KV {kv}")
         ax.fill_between(profile.widths, curve["p10_ms"], curve["p90_ms"], alpha=0.2)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("input width n (tokens per forward)")
-    ax.set_ylabel("forward latency (ms)")
     label = "" if profile.source == "measured" else " (source: estimated)"
     ax.set_title(f"{profile.model} {profile.dtype} on {profile.hardware}{label}", fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    if profile.batches:
+        right = axes[0][1]
+        for size in profile.batch_sizes:
+            view = profile.at_batch(size)
+            kv = min(view.curves, key=lambda k: abs(k - 512))
+            right.plot(view.widths, view.curves[kv]["median_ms"], marker="o", label=f"B {size} (KV {kv})")
+        right.set_title("L(B, w): B rows of w new tokens each, one forward", fontsize=9)
+        right.set_xlabel("new tokens per row w")
+    for a in axes[0]:
+        a.set_xscale("log", base=2)
+        a.set_ylabel("forward latency (ms)")
+        a.legend(fontsize=8)
+        a.grid(alpha=0.3)
+    ax.set_xlabel("input width n (tokens per forward)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from . import batchbest, choicecheck, pareto  # noqa: E402
 from .markdown import markdown_table  # noqa: E402
 from .titles import set_title  # noqa: E402
 
@@ -106,13 +107,63 @@ def plot(frame: pd.DataFrame, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def section(summary: pd.DataFrame, run_dir: Path, title: str = "") -> list[str]:
-    """report.md's batching section, batching.csv and batch_speedup.png; [] for a run without batch > 1."""
+def section(summary: pd.DataFrame, run_dir: Path, title: str = "", chosen: dict | None = None,
+            trees: dict | None = None) -> list[str]:
+    """report.md's batching section, batching.csv and batch_speedup.png, then the sweep's throughput-latency plot
+    (pareto.csv, pareto.png), the fastest label per batch size (batch_fastest.csv) and, for a tree-size sweep with
+    `auto`, the tool's choice against it (choice_check.csv). `chosen`, `trees`: run.yaml's (what each method
+    chose, per batch size); [] for a run without batch > 1."""
     if not has_batches(summary):
         return []
     frame = table(summary)
     frame.to_csv(run_dir / "batching.csv", index=False)
     plot(frame, run_dir / "batch_speedup.png", title)
+    return _batching_text(frame) + sweep_section(summary, run_dir, title, chosen, trees)
+
+
+def sweep_section(summary: pd.DataFrame, run_dir: Path, title: str, chosen: dict | None,
+                  trees: dict | None = None) -> list[str]:
+    """Throughput against latency over the batch sizes (pareto.py), the fastest label per batch size
+    (batchbest.py) and the tool's choice against a size sweep (choicecheck.py)."""
+    points = pareto.points(summary)
+    points.to_csv(run_dir / "pareto.csv", index=False)
+    pareto.plot(points, run_dir / "pareto.png", title)
+    best = batchbest.fastest(points, summary, chosen)
+    best.to_csv(run_dir / "batch_fastest.csv", index=False)
+    fallback = (points.per_sample_from != "measured").any()
+    front = points[points.pareto].drop_duplicates(["dataset", "method", "B"])
+    on_front = "; ".join(f"{d}: " + ", ".join(f"{r.method} B={r.B}" + ("" if r.B == 1 else f" {r['mode']}")
+                                              for _, r in part.sort_values("tokens_per_s").iterrows())
+                         for d, part in front.groupby("dataset", sort=False))
+    return ["### Throughput against latency", "",
+            "Each line is a method in one batching mode through its batch sizes (points labelled B=...): x = "
+            "**throughput**, total tokens/s of all samples (the summary's `tokens_per_s`); y = **tokens/s per "
+            "sample**, what one request sees: each sample's new tokens over its own time in its batch (from joining "
+            "the batch to its last token, prefill and waiting for the batch's other rows included), pooled over the "
+            "samples (`sample_tokens_per_s`; at B = 1 it equals the throughput). A larger batch moves a line right "
+            "(more tokens in all) and down (each request slower). The Pareto front (ringed) holds the points no "
+            "other point beats on both: for a latency target, the best throughput that meets it."
+            + (" Rows from records without `latency_s` use throughput / B instead (`per_sample_from` in "
+               "pareto.csv)." if fallback else ""), "",
+            f"On the front: {on_front}.", "",
+            "![throughput against latency](pareto.png)", "", "Points: [pareto.csv](pareto.csv).", "",
+            "### Fastest at each batch size", "",
+            "The label with the most total tokens/s at each batch size, its speedup over `ar` at the same B, the "
+            "runner-up, and what the method chose for that batch size itself (`--tree auto` / `--gamma auto` "
+            "per batch size from this hardware's L(B, w), `specbench profile --batch-sizes`; `batch 1` when the "
+            "profile had no such B). `timing` is the noise guard's verdict on that row.", "",
+            markdown_table(batchbest.shown(best)), "", "[batch_fastest.csv](batch_fastest.csv)", ""] + \
+        _choice_lines(points, run_dir, chosen, trees)
+
+
+def _choice_lines(points: pd.DataFrame, run_dir: Path, chosen: dict | None, trees: dict | None) -> list[str]:
+    frame, lines = choicecheck.section(points, chosen, trees)
+    if lines:
+        frame.to_csv(run_dir / "choice_check.csv", index=False)
+    return lines
+
+
+def _batching_text(frame: pd.DataFrame) -> list[str]:
     return ["## Batching (EMS-SD)", "",
             "Prompts decoded B at a time. `padded` is the vanilla way (inputs padded to the widest sample, KV caches "
             "to the longest accepted length); `unpadded` is EMS-SD (each sample keeps its own KV length, all "

@@ -61,7 +61,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     floor = (meta.get("noise_guard") or {}).get("latency_floor", 1.0)
     md += category_section(single_records, single, run_dir, floor)
     md += context.section(single_records, run_dir, title, floor)  # tau and speedup by prompt length
-    md += batchreport.section(summary, run_dir, title)
+    md += batchreport.section(summary, run_dir, title, meta.get("chosen"), meta.get("trees"))
     md += noise_section(summary, meta, records)
     md += ["## Formulas", "", "```", FORMULAS, "```", ""]
     md += ["![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]

@@ -15,6 +15,9 @@ Speedup formulas (both from the same run, same prompts, same machine):
   padding_ratio        = sum padding_tokens / sum target_tokens   (ours: padding's share of the tokens fed, <= 100%)
   kv_padding_ratio     = sum kv_padding / sum new_tokens   (EMS-SD's: padded KV entries per accepted token, can pass
                          100%; Appendix B's E[P] / E[A])
+  sample_tokens_per_s  = sum new_tokens / sum latency_s   (tokens/s per sample, a request's view: each sample's tokens
+                         over its own time in its batch, from joining it to its last token, prefill included; pooled
+                         over samples; at batch 1 latency_s = wall_s, so it equals tokens_per_s)
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_
                    "acceptance_rate", "drafted", "draft_forwards", "draft_s", "draft_forwards_per_step", "lossless_rate", "lossless_explained_rate", "exactness",
                    "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_time",
                    "timing", "batch_size", "batching", "target_tokens", "padding_tokens", "padding_ratio", "kv_padding",
-                   "tau_batch_min", "tau_sample_mean", "decode_tokens_per_s", "decode_speedup", "kv_padding_ratio"]
+                   "tau_batch_min", "tau_sample_mean", "decode_tokens_per_s", "decode_speedup", "kv_padding_ratio",
+                   "sample_tokens_per_s"]
 
 
 def read_records(run_dir: Path) -> pd.DataFrame:
@@ -123,6 +127,7 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFra
             "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
             "forward_ms": round(fwd * 1e3, 3), "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
             **_draft_numbers(g), **_batch_numbers(g), **_decode_numbers(g, ar_d),
+            "sample_tokens_per_s": sample_rate(g),
         })
     summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS + ("batch_size",
                                                                                                  "batching")])
@@ -186,6 +191,17 @@ def decode_rate(g: pd.DataFrame) -> float:
     first = _total(g, "prefill_tokens")
     seconds = g.wall_s.sum() - prefill.sum()
     return (g.new_tokens.sum() - first) / seconds if seconds > 0 else math.nan
+
+
+def sample_rate(g: pd.DataFrame) -> float:
+    """Tokens/s per sample: new tokens over the samples' own times in their batches (latency_s), pooled. NaN for
+    records older than latency_s (or with a blank one)."""
+    if "latency_s" not in g:
+        return math.nan
+    latency = pd.to_numeric(g.latency_s, errors="coerce")
+    if g.empty or latency.isna().any() or latency.sum() <= 0:
+        return math.nan
+    return round(float(g.new_tokens.sum() / latency.sum()), 2)
 
 
 def _total(g: pd.DataFrame, column: str) -> float:

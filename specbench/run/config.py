@@ -35,7 +35,7 @@ class RunConfig:
     out: Path = Path("results/latest")
     resume: bool = False
     options: dict = field(default_factory=dict)  # method options by name (flat, as the CLI gives them)
-    tree_sizes: tuple[int, ...] = ()  # tree methods run once per size, labelled <method>@<size>
+    tree_sizes: tuple[int, ...] = ()  # tree methods run once per size, labelled <method>@<size>; 0: @auto
     batch_sizes: tuple[int, ...] = (1,)  # prompts decoded at once (EMS-SD); 1 = one at a time
     batching: str = "both"  # at batch > 1: unpadded (EMS-SD), padded (the vanilla way) or both
     refill: bool = False  # at batch > 1: a finished sample's slot takes the next prompt (continuous batching)

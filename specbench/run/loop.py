@@ -55,7 +55,8 @@ def run(cfg: RunConfig) -> Path:
         chosen = runner.chosen()
         for label, settings in chosen.items():
             said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
-            console.print(f"[dim]{label}: {escape(said)}[/]")
+            if said:  # per-batch-size choices (dicts) were said when they were made
+                console.print(f"[dim]{label}: {escape(said)}[/]")
         if cfg.resume:
             refuse_other_environment(out, runner.env)
     except BaseException:
@@ -70,7 +71,7 @@ def run(cfg: RunConfig) -> Path:
     history = retime.History.of_run(out)
     writer = RecordWriter(out)
     prompt_work = select(pending_prompts(loaded, single_labels(cfg, list(runner.methods)), done), loaded, cfg.shard)
-    labels = batch_schedule.batch_labels(cfg.methods, batch_schedule.modes_for(cfg.batching))
+    labels = batch_schedule.batch_labels(tuple(runner.methods), batch_schedule.modes_for(cfg.batching))
     jobs = batch_schedule.plan(loaded, list(cfg.batch_sizes), labels, cfg.refill)
     batch_work = pending_batches(jobs, done)
     say_batches(cfg, loaded)
@@ -80,7 +81,7 @@ def run(cfg: RunConfig) -> Path:
     try:
         runner.warm_up(loaded[0].prompts)
         if batch_work:
-            runner.warm_up_batches(loaded[0].prompts, labels)
+            runner.warm_up_batches(loaded[0].prompts, labels, sorted({w.job.batch_size for w in batch_work}))
         with progress_bar() as bar:
             task = bar.add_task("decoding", total=to_go, info="")
             for work in prompt_work:

@@ -16,10 +16,10 @@ from typing import TypeVar
 import torch
 from rich.markup import escape
 
-from ..core import contention, memory, store
+from ..core import contention, memory
 from ..core.forward import count_fed_tokens
 from ..core.hardware import environment
-from ..core.models import LoadedModel, dtype_name
+from ..core.models import LoadedModel
 from ..core.timing import wall
 from ..data import datasets as ds
 from ..methods import get_method
@@ -50,10 +50,15 @@ class Runner:
         for name in cfg.methods:
             cls = get_method(name)
             if cfg.tree_sizes and cls.kind == "tree":
-                for n in cfg.tree_sizes:
-                    self.methods[f"{name}@{n}"] = cls(target, {**options[name], "tree": f"size={n}"}, drafter)
+                for n in cfg.tree_sizes:  # 0: `auto`, the method's own choice (per batch size: batch_trees.py)
+                    self.methods[f"{name}@{n or 'auto'}"] = cls(target, {**options[name],
+                                                                       "tree": f"size={n}" if n else "auto"}, drafter)
             else:
                 self.methods[name] = cls(target, options[name], drafter)
+        batched = [b for b in cfg.batch_sizes if b > 1]
+        for method in self.methods.values():
+            if batched and method.batchable:
+                method.plan_batches(batched)  # each batch size's gamma / tree from L(B, w) (planning/batch_choice)
         self.env = environment(target.device, target.dtype)
         self.env["placement"] = target.placement  # core/placement.label: records, run.yaml and --resume name it
 
@@ -63,13 +68,9 @@ class Runner:
 
     def local_profile(self):
         """This hardware's measured latency profile of the target in its dtype (profiles/<slug>/), or None."""
-        from ..core.hardware import hardware_slug
-        from ..core.models import model_slug
-        from ..planning.profile import load_profile
+        from ..planning.batch_choice import local_profile
 
-        path = store.find(store.profile_file(hardware_slug(self.target.device), model_slug(self.target.spec),
-                                             dtype_name(self.target.dtype), self.target.placement))
-        return load_profile(path) if path else None
+        return local_profile(self.target)
 
     def tree_predictions(self) -> dict:
         """Per tree-method label: its tree's size, source and predicted tau / speedup on this hardware (from this
@@ -149,8 +150,10 @@ class Runner:
                     method.generate(ids, min(self.cfg.max_new_tokens, 32), self.cfg.sampling,
                                     torch.Generator(device=self.target.device).manual_seed(0))
 
-    def warm_up_batches(self, prompts: list[ds.Prompt], labels: list[BatchLabel]) -> None:
-        """One untimed batch of two prompts per (method, mode): the batched code paths' first-call costs."""
+    def warm_up_batches(self, prompts: list[ds.Prompt], labels: list[BatchLabel], sizes: list[int]) -> None:
+        """One untimed batch per (method, mode) at every batch size of the run (the first prompts, repeated to fill
+        it): the batched code paths' first-call costs at that size's shapes (and its own tree or gamma) land here,
+        not on whichever label happens to run first at that size."""
         from ..methods.batch_loop import generate_batch
 
         ids = [self.prompt_ids(ds.conversation(p, 0, []), p) for p in prompts[:2]]
@@ -158,9 +161,11 @@ class Runner:
         if not ids or self.cfg.warmup == 0:
             return
         with console.status("Warming up batches (not timed)"):
-            for label in labels:
-                generate_batch(self.methods[label.method], ids * (2 if len(ids) == 1 else 1), 2, label.mode, False,
-                               min(self.cfg.max_new_tokens, 16), self.cfg.sampling, [None, None])
+            for size in sorted({b for b in sizes if b > 1}):
+                batch = (ids * size)[:size]
+                for label in labels:
+                    generate_batch(self.methods[label.method], batch, size, label.mode, False,
+                                   min(self.cfg.max_new_tokens, 16), self.cfg.sampling, [None] * size)
 
     def run_prompt(self, prompt: ds.Prompt, index: int, label: str, order: int) -> list[TurnResult]:
         """All turns of one prompt with one method (a skipped turn ends the prompt), timed, with what else the

@@ -42,8 +42,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         get_method(name)
     for name in cfg.datasets:
         refuse_as_benchmark(name)
-    if any(n < 1 for n in cfg.tree_sizes):
-        raise SpecbenchError("--tree-sizes: sizes must be positive integers")
+    if any(n < 0 for n in cfg.tree_sizes):  # 0: `auto` (the method's own --tree auto choice, labelled @auto)
+        raise SpecbenchError("--tree-sizes: sizes must be positive integers or auto")
     validate_batching(cfg)
     if cfg.shard and max(cfg.batch_sizes) > 1:
         raise SpecbenchError(f"--shard {cfg.shard}: sharded runs decode one prompt at a time (a batch's prompts "
@@ -83,9 +83,6 @@ def validate_batching(cfg: RunConfig) -> None:
             raise SpecbenchError(f"{', '.join(unable)} cannot decode batches (--batch-size {max(cfg.batch_sizes)}; "
                                  f"{why}): methods that can: {able}. Run {', '.join(unable)} at --batch-size 1 in a "
                                  "separate run.")
-        if cfg.tree_sizes:
-            raise SpecbenchError("--tree-sizes sweeps run one prompt at a time: use --batch-size 1 for the sweep "
-                                 "(a batched ppd takes --tree auto, PATH or size=N)")
         tree = str(cfg.options.get("tree") or "")
         if tree.startswith("dynamic"):  # batched drafting (methods/tree/feature_batch.py) takes one static tree
             raise SpecbenchError(f"--tree {tree} runs one prompt at a time: EAGLE-2's dynamic tree gives every sample "

@@ -26,6 +26,7 @@ from ...progress import console
 from ..base import DecodeMethod, Generation
 from ..batch_loop import Batchable
 from ..options import ARTIFACT, TREE
+from . import batch_trees
 from .guesser import Guesser
 from .layout import TreeLayout
 from .resolution import per_rank_acceptance
@@ -62,14 +63,23 @@ class TreeMethod(Batchable, DecodeMethod):
         self.tree_file, self.tree_source = self.guesser.resolve_tree(build, model_name, rows, ept)
         self.guesser.check_tree(rows)
         self.m, self.ept = self.tree_file.prompt_tokens, ept
+        self.rows, self.table = rows, table  # what a batch size's own tree is checked and laid out with
         self.layouts: dict[int, TreeLayout] = self.guesser.layouts(table, ept, target.device)
+        # batch size -> its tree (batch_trees.py: --tree auto per batch size); batch 1's is the one just resolved
+        self.batch_trees = {1: batch_trees.BatchTree(self.tree_file, self.tree_source, self.layouts, "batch 1")}
         self.acceptance = acc  # per-rank probabilities (for predicted tau / speedup in reports)
         console.print(f"[dim]{self.name}: tree {escape(self.tree_source)} (size {self.tree_file.size}), "
                       f"{escape(artifact)}[/]")
         self.draft_ms = self.guesser.draft_cost(acc_path)  # the drafter's cost per step, for predicted speedups
 
     def chosen(self) -> dict:
-        return self.guesser.chosen()
+        return {**self.guesser.chosen(), **batch_trees.chosen(self)}
+
+    def plan_batches(self, sizes: list[int]) -> None:
+        batch_trees.plan(self, sizes)  # --tree auto: each batch size's tree from L(B, w)
+
+    def start_batch(self, mode: str, slots: int) -> None:
+        batch_trees.use(self, slots)
 
     # the two calls a step makes into the guesser that tests (and subclasses) may watch
 
@@ -98,6 +108,7 @@ class TreeMethod(Batchable, DecodeMethod):
 
     @torch.inference_mode()
     def generate(self, input_ids, max_new_tokens, sampling, generator):
+        batch_trees.use(self, 1)  # batch 1's tree (a batched job may have made another batch size's active)
         stop_ids = self.target.tokenizer.stop_ids
         gen = Generation()
         cache = new_cache(self.target.model)

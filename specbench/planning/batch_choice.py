@@ -1,0 +1,43 @@
+"""Per-batch-size choices at run time (`--tree auto`, `--gamma auto` at `run --batch-size B`): this hardware's latency
+profile of the target and its L(B, w), or the note that says batch 1's choice is used because the profile lacks B.
+
+At batch B every extra candidate costs B rows, so a draft length or tree that pays at B = 1 can be too large at
+B > 1: a step of B samples verifying w tokens each costs L(B, w) (`specbench profile --batch-sizes`), and the
+speedup over `ar` at that batch size is tau(w) L(B, 1) / L(B, w).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..core import store
+from ..core.hardware import hardware_slug
+from ..core.models import dtype_name, model_slug
+from ..core.profile_file import LatencyProfile, load_profile
+
+KV_LENGTH = 512  # the KV length whose curve the choices read (build-tree's default)
+
+
+def local_profile_path(target) -> Path | None:
+    """This hardware's measured profile of the target in its dtype and placement (profiles/<hardware>/), or None."""
+    return store.find(store.profile_file(hardware_slug(target.device), model_slug(target.spec),
+                                         dtype_name(target.dtype), target.placement))
+
+
+def local_profile(target) -> LatencyProfile | None:
+    path = local_profile_path(target)
+    return load_profile(path) if path else None
+
+
+def batch_view(target, batch_size: int) -> tuple[LatencyProfile | None, str]:
+    """(this hardware's L(B, w) as a profile, "") or (None, why not: the words of a note that says batch 1's choice
+    is used, with the command that measures B)."""
+    path = local_profile_path(target)
+    command = (f"`specbench profile --model {target.spec} --dtype {dtype_name(target.dtype)} --batch-sizes "
+               f"1,{batch_size}` measures it")
+    if path is None:
+        return None, f"no latency profile of this hardware ({command} and L(1, w))"
+    view = load_profile(path).at_batch(batch_size)
+    if view is None:
+        return None, f"{path} has no L(B={batch_size}, w) ({command})"
+    return view, ""
