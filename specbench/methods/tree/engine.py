@@ -78,9 +78,6 @@ class TreeMethod(Batchable, DecodeMethod):
     def plan_batches(self, sizes: list[int]) -> None:
         batch_trees.plan(self, sizes)  # --tree auto: each batch size's tree from L(B, w)
 
-    def start_batch(self, mode: str, slots: int) -> None:
-        batch_trees.use(self, slots)
-
     # the two calls a step makes into the guesser that tests (and subclasses) may watch
 
     def _forward(self, tokens: torch.Tensor, layout: TreeLayout, cache, prefix: int = 0) -> torch.Tensor:
@@ -133,7 +130,8 @@ class TreeMethod(Batchable, DecodeMethod):
 
     # batch > 1 (methods/batch_loop.py): the guesser's batch hooks (guesser.py), the one step (step.py)
 
-    def start_batch(self, mode, slots):
+    def start_batch(self, mode: str, slots: int) -> None:
+        batch_trees.use(self, slots)  # this batch size's own tree (--tree auto), before the guesser's batch state
         self.guesser.start_batch(mode, slots)
 
     def leave(self, sample):
