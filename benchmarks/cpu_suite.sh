@@ -71,6 +71,11 @@ step_offload() {  # issue 27: the target with half its decoder layers offloaded 
   done
   .venv/bin/python benchmarks/same_tokens.py "$OUT/offload-run-resident" "$OUT/offload-run-half-disk"
 }
+step_ems8() {  # issue 28: EMS-SD at B = 8 on CNN/DM, the fair padded baseline beside the unpadded engine
+  rm -rf "$OUT/ems-b8"
+  run $SB run --method pld --method ppd --method eagle --dataset cnn-dm --limit 8 --max-new-tokens 64 \
+    --batch-size 8 --batching both --dtype float32 --threads 2 --out "$OUT/ems-b8"
+}
 
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(default generate pld ppd gsm100 draft sd100 sweep bf16 estimate)
