@@ -56,3 +56,28 @@ def test_padded_route_gives_the_same_tokens(tiny):
     prompts = _prompts(5, seed=3)
     want = [_batch1(tiny.model, p, 8, set()) for p in prompts]
     assert padded_greedy(tiny.model, prompts, 8, [], slots=4) == want
+
+
+def test_training_data_is_cached_and_the_progress_says_tokens_per_second(tiny, tmp_path, monkeypatch):
+    import json
+
+    from specbench.progress import console
+    from specbench.train import selfdistill
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"Say {i} and {i + 1}."}) + "\n" for i in range(6)))
+    with console.capture() as captured:
+        first = selfdistill.training_data(tiny, str(data), 2, 4, 9)[0]
+    assert "tok/s" in captured.get() and "self-distilling" in captured.get()
+    assert first.span == "2..5" and len(first.prompts) == 4 and first.dropped == ()
+    files = list((tmp_path / "cache" / "selfdistill").glob("*.pt"))
+    assert len(files) == 1 and files[0].name.startswith(f"{selfdistill.CACHE_FORMAT}-")
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoded again instead of reading the cache")
+
+    monkeypatch.setattr(selfdistill, "ragged_greedy", no_decoding)
+    again = selfdistill.training_data(tiny, str(data), 2, 4, 9)[0]
+    assert again.sequences == first.sequences
+    assert selfdistill.pending_prompts(tiny, str(data), 2, 4, 9) == []
