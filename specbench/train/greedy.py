@@ -34,7 +34,9 @@ def ragged_greedy(model, prompts: list[list[int]], new_tokens: int, stop_ids, sl
     stop = set(stop_ids)
     slots = max(1, min(slots, len(prompts)))
     cache = RaggedCache(slots)
-    waiting = deque(range(len(prompts)))
+    # shortest prompts first: the active samples have similar lengths (attention reads every slot up to the longest
+    # one) and the cache, which grows to the longest sample and stays, reaches a long prompt's size only at the end
+    waiting = deque(sorted(range(len(prompts)), key=lambda i: len(prompts[i])))
     free = list(range(slots))  # a heap: the lowest free slot first, so active slots stay a prefix 0..S-1 (the
     # ragged attention then reads the cache as a view instead of gathering it)
     pending: dict[int, tuple[int, int]] = {}  # slot -> (prompt index, its last token, not yet in the cache)
