@@ -241,7 +241,8 @@ def test_train_data_follows_the_steps_and_the_time_is_said_first(model_dir, work
     plan = said[: said.index("Wrote")]
     assert re.search(r"self-distil 2 prompts x up to 12 tokens \(about \d+ s\), then 2 steps \(about \d+ s\)", plan)
     meta = yaml.safe_load((workdir / "artifacts" / "my-llama" / "ppd" / "ppd.yaml").read_text())
-    assert meta["data"]["prompts"] == "2..3" and meta["data"]["sequences"] == 2  # 2 steps use 2 sequences, not 300
+    assert meta["data"]["sources"]["prompts.jsonl"]["prompts"] == "2..3"  # 2 steps use 2 sequences, not 300
+    assert meta["data"]["sequences"] == 2 and len(meta["top1_heldout"]) == 3  # scored on prompts 0..1, held out
     again = sb("train", "ppd", "--model", str(model_dir), *FAST_TRAIN)
     assert "self-distilled data of 2 prompts per source cached" in again
 
@@ -251,8 +252,8 @@ def test_auto_prompts_and_the_generation_estimate():
     from specbench.train.ppd import auto_prompts, duration
 
     assert auto_prompts(20, 1) == 20 and auto_prompts(450, 1) == 300 and auto_prompts(20, 3) == 7
-    prompts = [[0] * 10] * 40  # two batches (32 + 8) of 10-token prompts, 5 new tokens each
+    prompts = [[0] * 10] * 40  # 40 10-token prompts, 5 new tokens each, 32 slots
     got = generation_seconds(None, prompts, 5, costs=(0.01, 0.001))
-    assert got == pytest.approx((0.01 + 32 * 10 * 0.001 + 5 * (0.01 + 32 * 0.001))
-                                + (0.01 + 8 * 10 * 0.001 + 5 * (0.01 + 8 * 0.001)))
+    # prefills: 2 forwards and 400 tokens; decoding: 200 tokens, 32 a step with refill (7 steps)
+    assert got == pytest.approx(2 * 0.01 + 400 * 0.001 + 7 * 0.01 + 200 * 0.001)
     assert duration(42) == "42 s" and duration(1800) == "30 min" and duration(4 * 3600) == "4.0 h"

@@ -2,5 +2,5 @@
 the stage that owns the work, and printing. Importing the modules registers their commands on `app` in the order
 `specbench --help` lists them."""
 
-from . import info, run, merge, trees, report, estimate, train, recommend  # noqa: F401  (registration order)
+from . import info, run, merge, trees, report, estimate, train, train_eval, recommend  # noqa: F401  (registration order)
 from .app import app, main  # noqa: F401

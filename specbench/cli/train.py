@@ -13,7 +13,8 @@ from ..progress import console
 from ..train.config import TRAINING_MIX
 from .app import train_app
 from .parse import int_list
-from .placement import DeviceMap, MaxMemory
+from .placement import DeviceMap, MaxMemory, target_placement
+from .train_eval import EvalPrompts, evaluate
 
 # ------------------------------------------------------------------ options every train command shares (same help)
 
@@ -80,18 +81,18 @@ def train_ppd(
     resume: Resume = False,
     seed: Annotated[int, typer.Option(help="Data order, insertion points, initial tokens.")] = 0,
     data_file: DataFile = None,
+    eval_prompts: EvalPrompts = 30,
 ):
     """Train PPD's prompt tokens (only their embeddings train; the model is frozen)."""
     from ..train.ppd import TrainConfig, train
 
-    path = train(_config(TrainConfig, locals()))
-    import yaml
-
-    meta = yaml.safe_load((path / "ppd.yaml").read_text())
+    options = dict(locals())
+    path = train(_config(TrainConfig, options))
+    meta = _heldout(path, "ppd.yaml", options)
     console.print(f"Wrote {escape(str(path))}/prompt_tokens.safetensors, ppd.yaml, loss.png: {meta['steps']} steps, "
                   "final loss "
-                  f"{meta['final_loss']} (from {meta['initial_loss']}), {meta['train_seconds']:.0f} s training + "
-                  f"{meta['data_seconds']:.0f} s data.")
+                  f"{meta['final_loss']} (from {meta['initial_loss']}), {_heldout_said(meta)}"
+                  f"{meta['train_seconds']:.0f} s training + {meta['data_seconds']:.0f} s data.")
 
 
 @train_app.command("drafter")
@@ -159,11 +160,13 @@ def train_medusa(
     resume: Resume = False,
     seed: _seed("Data order.") = 0,
     data_file: DataFile = None,
+    eval_prompts: EvalPrompts = 30,
 ):
     """Train Medusa-1 heads for `medusa` / `medusa-typical` (the target stays frozen; its LM head is shared)."""
     from ..train.medusa import MedusaConfig, train
 
-    _said_trained(train(_config(MedusaConfig, locals())), "medusa.yaml", "heads.safetensors")
+    options = dict(locals())
+    _said_trained(train(_config(MedusaConfig, options)), "medusa.yaml", "heads.safetensors", options)
 
 
 @train_app.command("hidden-transfer")
@@ -196,6 +199,7 @@ def train_hidden_transfer(
                                                           "see each other. For accuracy comparisons (estimate, "
                                                           "benchmarks/accuracy_comparison.py); not decodable.")]
     = False,
+    eval_prompts: EvalPrompts = 30,
 ):
     """Train Hidden Transfer's projections for `hidden-transfer` (only the k linear maps train)."""
     options = dict(locals())  # the command's options only
@@ -203,14 +207,14 @@ def train_hidden_transfer(
 
     layers = tuple(int_list(transfer_layers, "--transfer-layers")) if transfer_layers else None
     _said_trained(train(_config(TransferConfig, options, transfer_layers=layers)), "hidden-transfer.yaml",
-                  "projections.safetensors")
+                  "projections.safetensors", options)
 
 
 def _train_feature(method: str, options: dict) -> None:
     from ..train.feature import FeatureConfig, train
 
     cfg = _config(FeatureConfig, options, method=method, vocab_top=options["vocab_top"] or None)
-    _said_trained(train(cfg), f"{method}.yaml", "feature-drafter.safetensors")
+    _said_trained(train(cfg), f"{method}.yaml", "feature-drafter.safetensors", options)
 
 
 VocabTop = Annotated[int, typer.Option(help="Restrict the drafter's head to the K most frequent tokens of the data "
@@ -240,6 +244,7 @@ def train_eagle(
     resume: Resume = False,
     seed: _seed("Data order and noise.") = 0,
     data_file: DataFile = None,
+    eval_prompts: EvalPrompts = 30,
 ):
     """Train the EAGLE-style feature drafter for `eagle` (one decoder layer over the target's hidden states and the
     next token's embedding; the target's embeddings and LM head are shared, frozen)."""
@@ -272,18 +277,33 @@ def train_parallelspec(
     resume: Resume = False,
     seed: _seed("Data order, groups and noise.") = 0,
     data_file: DataFile = None,
+    eval_prompts: EvalPrompts = 30,
 ):
     """Train the ParallelSpec drafter for `parallelspec`: the feature drafter with k trained [MASK] inputs, by
     group-wise parallel training (ParallelSpec §4.1, Figure 3)."""
     _train_feature("parallelspec", locals())
 
 
-def _said_trained(path: Path, meta_file: str, weights: str) -> None:
+def _heldout(path: Path, meta_file: str, options: dict) -> dict:
+    """Score the new artefact on held-out prompts of its sources (at most those held out) unless
+    --eval-prompts 0; returns its metadata, top1_heldout included."""
     import yaml
 
-    meta = yaml.safe_load((path / meta_file).read_text())
+    prompts = min(options["eval_prompts"], options["held_out"])
+    if prompts > 0:
+        evaluate(path, options["model"], options["dtype"], options["device"], prompts,
+                 placement=target_placement(options["device_map"], options["max_memory"]))
+    return yaml.safe_load((path / meta_file).read_text())
+
+
+def _heldout_said(meta: dict) -> str:
+    return f"held-out top-1 per draft position {meta['top1_heldout']}, " if "top1_heldout" in meta else ""
+
+
+def _said_trained(path: Path, meta_file: str, weights: str, options: dict) -> None:
+    meta = _heldout(path, meta_file, options)
     console.print(f"Wrote {escape(str(path))}/{weights}, {meta_file}, loss.png: {meta['parameters'] / 1e6:.2f} M "
-                  f"parameters, top-1 agreement per distance {meta['top1_agreement_train_sample']} (untrained "
-                  f"{meta['top1_agreement_untrained']}), final loss {meta['final_loss']} (from "
-                  f"{meta['initial_loss']}), {meta['train_seconds']:.0f} s training + {meta['data_seconds']:.0f} s "
-                  "data.")
+                  f"parameters, {_heldout_said(meta)}top-1 agreement on a training sample "
+                  f"{meta['top1_agreement_train_sample']} (untrained {meta['top1_agreement_untrained']}), final "
+                  f"loss {meta['final_loss']} (from {meta['initial_loss']}), {meta['train_seconds']:.0f} s training "
+                  f"+ {meta['data_seconds']:.0f} s data.")

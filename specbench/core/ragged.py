@@ -35,6 +35,10 @@ from .placement import input_device, is_dispatched
 NAME = "specbench_ragged"
 
 
+class UnsupportedAttention(SpecbenchError):
+    """A layer's attention needs what the ragged attention does not do (softcapping, sinks, linear attention)."""
+
+
 @dataclass
 class Segment:
     """One sample's new tokens in a packed forward."""
@@ -155,7 +159,7 @@ def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0
         raise SpecbenchError("specbench_ragged attention was called outside a ragged forward")
     unsupported = [k for k in ("softcap", "s_aux", "sinks") if kwargs.get(k) is not None]
     if unsupported or getattr(module, "attention_type", None) == "linear_attention":
-        raise SpecbenchError(f"{type(module).__name__}: unpadded batching does not support {', '.join(unsupported)}"
+        raise UnsupportedAttention(f"{type(module).__name__}: unpadded batching does not support {', '.join(unsupported)}"
                              " attention; use --batching padded")
     step, layer = ragged.on(key.device), module.layer_idx  # indices where this layer's keys live
     k_store, v_store = step.cache.storage(layer, key, value, step.need)

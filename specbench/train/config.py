@@ -10,7 +10,8 @@ from ..core import store
 from ..core.models import model_slug
 from ..errors import SpecbenchError
 
-TRAINING_MIX = "alpaca-eval,stdlib-code,word-problems"  # chat, code, maths: the offline mix the trainers default to
+TRAINING_MIX = "alpaca-eval,stdlib-code,word-problems,stdlib-docs,chat-tasks"  # chat, code, maths, summaries: the
+# offline mix the trainers default to (no benchmark prompt: data/disjoint.py)
 
 # fields that may change between a run and its --resume (they never change what a step computes)
 RESUMABLE = ("steps", "resume", "out", "save_every")

@@ -127,7 +127,7 @@ def train(cfg: DrafterConfig) -> Path:
     layer_ids = init_layer_ids(n_target, cfg.layers)
     out = cfg.out_dir
     settings = cfg.settings()
-    seqs = self_distilled(cfg, target, min_reply=2)
+    seqs, data = self_distilled(cfg, target, min_reply=2)
     start = reply_start(seqs)  # positions shared by every sequence (the system prefix) teach nothing
     vocab_ids = col = None
     if cfg.vocab_top:
@@ -160,11 +160,11 @@ def train(cfg: DrafterConfig) -> Path:
 
     losses, train_s = fit(cfg, module, step_loss, out, f"training a {cfg.layers}-layer drafter", settings)
     module.eval().requires_grad_(False)
-    return finish(cfg, target, module, layer_ids, losses, seqs, train_s, data_s)
+    return finish(cfg, target, module, layer_ids, losses, data, train_s, data_s)
 
 
 def finish(cfg: DrafterConfig, target: LoadedModel, module: SharedHeadDrafter, layer_ids: list[int],
-           losses: list[float], seqs, train_s: float, data_s: float) -> Path:
+           losses: list[float], data: dict, train_s: float, data_s: float) -> Path:
     """Measure agreement and the speed ratio c on held-out prompts, then save the artefact and its loss curve."""
     out = cfg.out_dir
     n_eval = min(cfg.eval_prompts, cfg.held_out)
@@ -189,8 +189,7 @@ def finish(cfg: DrafterConfig, target: LoadedModel, module: SharedHeadDrafter, l
         "speed_ratio_c": round(costs["c"], 3), "target_forward_ms": round(costs["target_s"][1] * 1e3, 2),
         "drafter_forward_ms": round(costs["draft_s"] * 1e3, 2),
         "steps": cfg.steps, "batch": cfg.batch, "lr": cfg.lr, "teacher_topk": cfg.topk,
-        "data": {"name": cfg.data_file or cfg.data, "prompts": f"{cfg.held_out}..{cfg.held_out + cfg.prompts - 1}",
-                 "sequences": len(seqs), "continuation": f"greedy, up to {cfg.new_tokens} new tokens"},
+        "data": data,
         "loss": "soft cross-entropy against the target's top-k next-token distribution",
         **insert_after(run_facts(target, losses, train_s, data_s, cfg.seed), "dtype", {"stored_dtype": "bfloat16"}),
     }

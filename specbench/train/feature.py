@@ -28,7 +28,7 @@ from ..errors import SpecbenchError
 from ..progress import console, progress_bar
 from .config import TrainSettings
 from .selfdistill import check_sources
-from .steps import data_facts, fit, frequent_tokens, load_target, reply_start, run_facts, \
+from .steps import fit, frequent_tokens, load_target, reply_start, run_facts, \
     self_distilled, write_loss_curve
 
 
@@ -190,7 +190,7 @@ def train(cfg: FeatureConfig) -> Path:
     check(cfg)
     t0 = now()
     target = load_target(cfg)
-    seqs = self_distilled(cfg, target, min_reply=cfg.k + 3)
+    seqs, data = self_distilled(cfg, target, min_reply=cfg.k + 3)
     start = reply_start(seqs)
     vocab_ids = None
     if cfg.vocab_top:
@@ -220,7 +220,7 @@ def train(cfg: FeatureConfig) -> Path:
         "top1_agreement_train_sample": after, "top1_agreement_untrained": before,
         "steps": cfg.steps, "sequences_per_step": cfg.sequences, "groups_per_sequence": cfg.groups if cfg.k else None,
         "lr": cfg.lr, "noise": cfg.noise,
-        "data": data_facts(cfg, seqs), "loss": "KL(target || drafter) + SmoothL1(predicted feature, target feature)",
+        "data": data, "loss": "KL(target || drafter) + SmoothL1(predicted feature, target feature)",
         **run_facts(target, losses, train_s, data_s, cfg.seed),
     }
     fd.save(drafter, out, meta, cfg.method)

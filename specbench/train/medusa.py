@@ -26,7 +26,7 @@ from ..errors import SpecbenchError
 from ..progress import progress_bar
 from .config import TrainSettings
 from .selfdistill import check_sources
-from .steps import check_vocab_top, data_facts, fit, frequent_tokens, load_target, reply_start, \
+from .steps import check_vocab_top, fit, frequent_tokens, load_target, reply_start, \
     run_facts, self_distilled, write_loss_curve
 
 
@@ -117,7 +117,7 @@ def train(cfg: MedusaConfig) -> Path:
     if not 1 <= layer <= layers:
         raise SpecbenchError(f"--layer {layer}: {target.spec} has layers 1..{layers} (the heads read the state "
                              f"after that many layers; {layers} = the last, Medusa)")
-    seqs = self_distilled(cfg, target, min_reply=cfg.heads + 2)
+    seqs, data = self_distilled(cfg, target, min_reply=cfg.heads + 2)
     start = reply_start(seqs)
     vocab_ids = None
     if cfg.vocab_top:
@@ -142,7 +142,7 @@ def train(cfg: MedusaConfig) -> Path:
         "shares": "the target's LM head (frozen, not stored)",
         "top1_agreement_train_sample": after, "top1_agreement_untrained": before,
         "steps": cfg.steps, "positions_per_step": cfg.positions, "lr": cfg.lr,
-        "data": data_facts(cfg, seqs), "loss": "sum_k KL(target at i+k || head k at i)",
+        "data": data, "loss": "sum_k KL(target at i+k || head k at i)",
         **run_facts(target, losses, train_s, data_s, cfg.seed),
     }
     mh.save(heads, out, meta)

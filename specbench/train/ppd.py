@@ -116,7 +116,7 @@ def train(cfg: TrainConfig) -> Path:
     prompts = cfg.prompts or (saved or {}).get("settings", {}).get("prompts") or auto_prompts(cfg.steps, len(sources))
     settings = cfg.settings() | {"prompts": prompts}
     announce_plan(target, cfg, prompts, len(sources), cfg.steps - (saved["step"] if saved else 0))
-    seqs = self_distilled(cfg, target, min_reply=cfg.prompt_tokens + 3, prompts=prompts)
+    seqs, data = self_distilled(cfg, target, min_reply=cfg.prompt_tokens + 3, prompts=prompts)
     data_s = since(t_start)
     # initial prompt tokens: embeddings of reply tokens drawn by frequency (PPD §5: initialised with text tokens)
     counts = token_counts(seqs, target.vocab_size).float()  # [V]
@@ -149,9 +149,7 @@ def train(cfg: TrainConfig) -> Path:
     meta = {
         "method": "ppd", "model": target.spec, "model_key": pt.model_key(target),
         "model_fingerprint": target.fingerprint(), "prompt_tokens": cfg.prompt_tokens, "ept": cfg.ept,
-        "steps": cfg.steps, "data": {"name": cfg.data, "prompts": f"{cfg.held_out}..{cfg.held_out + prompts - 1}",
-                                     "sequences": len(seqs), "tokens": sum(len(s) for s, _ in seqs),
-                                     "continuation": f"greedy, up to {cfg.new_tokens} new tokens"},
+        "steps": cfg.steps, "data": data,
         "loss": "sum_j alpha^j KL(teacher || student)", "alpha": cfg.alpha, "lr": cfg.lr, "schedule": "cosine",
         "insertions_per_step": cfg.insertions,
         **insert_after(run_facts(target, losses, train_s, data_s, cfg.seed), "threads",

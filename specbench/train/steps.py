@@ -16,7 +16,7 @@ from ..errors import SpecbenchError
 from .config import TrainSettings
 from .loop import optimise
 from .plot import plot_losses
-from .selfdistill import training_sequences
+from .selfdistill import SLOTS, SourceData, training_data
 
 Sequences = list[tuple[list[int], int]]  # (prompt + greedy reply token ids, prompt length) per sequence
 
@@ -34,10 +34,13 @@ def load_target(cfg: TrainSettings) -> LoadedModel:
     return target
 
 
-def self_distilled(cfg: TrainSettings, target: LoadedModel, min_reply: int, prompts: int | None = None) -> Sequences:
-    """The target's greedy replies to prompts held_out.. of each --data source (cached per source)."""
-    return training_sequences(target, cfg.data, cfg.held_out, cfg.prompts if prompts is None else prompts,
-                              cfg.new_tokens, cfg.data_file, min_reply=min_reply)
+def self_distilled(cfg: TrainSettings, target: LoadedModel, min_reply: int,
+                   prompts: int | None = None) -> tuple[Sequences, dict]:
+    """(the target's greedy replies to prompts held_out.. of each --data source (cached per source), the metadata's
+    `data` entry describing them: data_facts)."""
+    sources = training_data(target, cfg.data, cfg.held_out, cfg.prompts if prompts is None else prompts,
+                            cfg.new_tokens, cfg.data_file, min_reply=min_reply)
+    return [seq for s in sources for seq in s.sequences], data_facts(cfg, sources)
 
 
 def reply_start(seqs: Sequences) -> int:
@@ -77,10 +80,27 @@ def fit(cfg: TrainSettings, module: torch.nn.Module, step_loss, out: Path, label
 # ----------------------------------------------------------------------------------------------- after training
 
 
-def data_facts(cfg: TrainSettings, seqs: Sequences) -> dict:
-    """The metadata's `data` entry for a per-source mix of self-distilled replies."""
-    return {"name": cfg.data_file or cfg.data, "prompts": f"{cfg.held_out}..{cfg.held_out + cfg.prompts - 1} "
-            "of each source", "sequences": len(seqs), "continuation": f"greedy, up to {cfg.new_tokens} tokens"}
+def data_facts(cfg: TrainSettings, sources: list[SourceData]) -> dict:
+    """The metadata's `data` entry: the mix, each source's prompt range (less prompts dropped for holding a
+    benchmark prompt) and sequences, what was held out, and whether the prompts are disjoint from every benchmark
+    set (data/disjoint.py, checked here on the prompts trained on)."""
+    from ..data import disjoint
+
+    seqs = [seq for s in sources for seq in s.sequences]
+    per_source = {}
+    for s in sources:
+        entry = {"prompts": s.span, "sequences": len(s.sequences)}
+        if s.dropped:
+            entry["dropped"] = {"prompts": list(s.dropped), "why": "they contain a benchmark prompt"}
+        per_source[s.name] = entry
+    return {
+        "name": cfg.data_file or cfg.data, "sources": per_source,
+        "held_out": f"prompts 0..{cfg.held_out - 1} of each source (top1_heldout reads the first of them)"
+        if cfg.held_out else "none",
+        "sequences": len(seqs), "tokens": sum(len(s) for s, _ in seqs),
+        "continuation": f"greedy, up to {cfg.new_tokens} tokens (unpadded batch engine, {SLOTS} slots, refill)",
+        "disjoint": disjoint.check({s.name: s.prompts for s in sources}).statement(),
+    }
 
 
 def hardware(target: LoadedModel) -> str:

@@ -34,7 +34,7 @@ from ..core.timing import now, since
 from ..errors import SpecbenchError
 from .config import TrainSettings
 from .selfdistill import check_sources
-from .steps import data_facts, fit, load_target, run_facts, self_distilled, write_loss_curve
+from .steps import fit, load_target, run_facts, self_distilled, write_loss_curve
 
 
 # Transfer layers measured per model. smollm2-135m: `python benchmarks/transfer_layers.py` (Figures 5-6's
@@ -158,7 +158,7 @@ def train(cfg: TransferConfig) -> Path:
         layers, chosen = default_layers(num_layers, model=cfg.model)
         chosen = f"default: {chosen}"
     k = len(layers)
-    seqs = self_distilled(cfg, target, min_reply=k + 2)
+    seqs, data = self_distilled(cfg, target, min_reply=k + 2)
     data_s = since(t0)
     proj = tp.TransferProjections(target.model.config.hidden_size, layers, cfg.masked).to(target.device)
     out = cfg.out_dir
@@ -179,7 +179,7 @@ def train(cfg: TransferConfig) -> Path:
                    "pseudo position j sees the context and pseudo positions 1..j-1 of its insertion (No masked)"),
         "parameters": int(proj.weight.numel()), "top1_agreement_train_sample": after,
         "top1_agreement_untrained": before, "steps": cfg.steps, "insertions_per_step": cfg.insertions,
-        "lr": cfg.lr, "data": data_facts(cfg, seqs), "loss": "sum_j KL(target at i+j || pseudo state j)",
+        "lr": cfg.lr, "data": data, "loss": "sum_j KL(target at i+j || pseudo state j)",
         **run_facts(target, losses, train_s, data_s, cfg.seed),
     }
     tp.save(proj, out, meta)
