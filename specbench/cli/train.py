@@ -61,7 +61,7 @@ def train_ppd(
     prompt_tokens: Annotated[int, typer.Option(help="S: prompt tokens (token distances predicted).")] = 3,
     ept: Annotated[int, typer.Option(help="Ensemble prompt tokens per prompt token.")] = 1,
     data: Annotated[str, typer.Option(help="Prompts to self-distill, comma-separated: datasets, files, or the "
-                                           "training-only sources stdlib-code and word-problems.")] = "alpaca-eval",
+                                           "training-only sources (`specbench list datasets`).")] = "alpaca-eval",
     steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 450,
     out: PPDOut = None,
     dtype: Annotated[str, typer.Option(help="auto (float32 on CPU: bf16 backward is slow there), float32, "
@@ -103,7 +103,7 @@ def train_drafter(
     vocab_top: Annotated[Optional[int], typer.Option(help="K: score only the K most frequent tokens of the "
                                                           "data (cheaper drafts; verification stays exact).")] = None,
     data: Annotated[str, typer.Option(help="Prompts to self-distill, comma-separated: datasets, files, or the "
-                                           "training-only sources stdlib-code and word-problems.")] = TRAINING_MIX,
+                                           "training-only sources (`specbench list datasets`).")] = TRAINING_MIX,
     steps: Steps = 1500,
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
     out: _out("drafter") = None,

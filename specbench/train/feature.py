@@ -197,9 +197,9 @@ def train(cfg: FeatureConfig) -> Path:
         if cfg.vocab_top > target.vocab_size:
             raise SpecbenchError(f"--vocab-top must be at most the vocabulary size {target.vocab_size}")
         vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top).to(target.device)
+    drafter, init_from = _starting_drafter(cfg, target, vocab_ids)  # before the features: a refused --init is quick
     feats = target_features(target, seqs)
     data_s = since(t0)
-    drafter, init_from = _starting_drafter(cfg, target, vocab_ids)
     drafter.requires_grad_(True)
     out = cfg.out_dir()
     held = max(1, len(seqs) // 10)  # agreement on a tenth of the data (before and after)
