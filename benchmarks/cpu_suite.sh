@@ -73,8 +73,14 @@ step_offload() {  # issue 27: the target with half its decoder layers offloaded 
 }
 step_ems8() {  # issue 28: EMS-SD at B = 8 on CNN/DM, the fair padded baseline beside the unpadded engine
   rm -rf "$OUT/ems-b8"
-  run $SB run --method pld --method ppd --method eagle --dataset cnn-dm --limit 8 --max-new-tokens 64 \
+  run $SB run --method pld --method sd --method eagle --dataset cnn-dm --limit 16 --max-new-tokens 64 \
     --batch-size 8 --batching both --dtype float32 --threads 2 --out "$OUT/ems-b8"
+}
+step_perb() {  # issue 28: L(B, w) for this CPU, then ppd's per-B tree choice (auto) beside the sizes it could choose
+  run $SB profile --dtype float32 --threads 2 --batch-sizes 1,2,4,8
+  rm -rf "$OUT/perb-ppd"
+  run $SB run --method ppd --tree-sizes auto,2,4,8,16 --batch-size 1,2,4 --dataset gsm8k --limit 8 \
+    --max-new-tokens 64 --dtype float32 --threads 2 --out "$OUT/perb-ppd"
 }
 
 steps=("$@")
