@@ -91,6 +91,25 @@ def test_the_tools_choice_against_a_size_sweep():
     assert choicecheck.section(pareto.points(SUMMARY), {}, {})[1] == []  # no @auto: no section
 
 
+def test_the_choice_is_judged_by_size_when_the_chosen_size_also_ran():
+    # ppd@auto and ppd@4 decode the same tree: two measurements of size 4 (144 and 160), averaged against the
+    # other sizes; the raw auto label (144) alone would look 10% slower than the best label (ppd@4 itself).
+    rows = [(f"ppd@{label}", "d", b, "unpadded", float(v), float(v) / b, 1.0, "ok")
+            for b, tps in ((4, {"auto": 144, "4": 160, "2": 155}), (8, {"auto": 150, "4": 170, "2": 155}),
+                           (16, {"auto": 100, "4": 110, "2": 150}))
+            for label, v in tps.items()]
+    chosen = {"ppd@auto": {"tree_per_batch_size": {4: {"size": 4}, 8: {"size": 4}, 16: {"size": 4}}}}
+    table = choicecheck.check(pareto.points(summary_rows(rows)), chosen, {})
+    four, eight, sixteen = (table[table.B == b].iloc[0] for b in (4, 8, 16))
+    assert four["auto / best"] == pytest.approx(144 / 160) and four["same size tok/s"] == 160
+    assert four["best size"] == 2 and four["chosen size / best size"] == pytest.approx(152 / 155)
+    assert four.verdict == "within 5%"
+    assert eight["best size"] == 4 and eight.verdict == "best size"  # (150 + 170) / 2 > 155
+    assert sixteen["best size"] == 2 and sixteen.verdict == "30% slower"  # 105 / 150
+    lines = "\n".join(choicecheck.section(pareto.points(summary_rows(rows)), chosen, {})[1])
+    assert "**1 of 3** choices" in lines and "differed by up to 12%" in lines
+
+
 def test_sample_rate_pools_each_samples_own_time():
     g = pd.DataFrame({"new_tokens": [10, 30], "latency_s": [1.0, 2.0]})
     assert sample_rate(g) == round(40 / 3, 2)
