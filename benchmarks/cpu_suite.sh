@@ -81,6 +81,9 @@ step_perb() {  # issue 28: L(B, w) for this CPU, then ppd's per-B tree choice (a
   rm -rf "$OUT/perb-ppd"
   run $SB run --method ppd --tree-sizes auto,2,4,8,16 --batch-size 1,2,4 --dataset gsm8k --limit 8 \
     --max-new-tokens 64 --dtype float32 --threads 2 --out "$OUT/perb-ppd"
+  rm -rf "$OUT/perb-b2"  # B = 2 with three times the prompts: the first run's noise was larger than 5%
+  run $SB run --method ppd --tree-sizes auto,2,4 --batch-size 2 --dataset gsm8k --limit 24 --max-new-tokens 64 \
+    --dtype float32 --threads 2 --out "$OUT/perb-b2"
 }
 
 steps=("$@")
