@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.store import relative_to_cwd
 from ..errors import SpecbenchError
 from .gate import Check, verdict
 from ..report.markdown import markdown_table
@@ -29,10 +30,7 @@ def target(option: Path | None) -> Path | None:
 
 def link(path: Path, artifact_url: str | None) -> str:
     """Markdown link to a plot the job uploaded."""
-    try:
-        rel = Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        rel = Path(path).as_posix()
+    rel = relative_to_cwd(path)
     if artifact_url:
         return f"[{Path(path).name}]({artifact_url.rstrip('/')}/{rel})"
     server, repo, run = (os.environ.get(k) for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))

@@ -36,6 +36,15 @@ def find(relative: str | Path) -> Path | None:
     return None
 
 
+def relative_to_cwd(path: str | Path) -> str:
+    """`path` relative to the working directory when it lies below it (POSIX separators), else as given: what files
+    meant to be shipped or linked record, rather than the absolute path of one checkout."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except (ValueError, OSError):
+        return Path(path).as_posix()
+
+
 # ------------------------------------------------------------------------------------- relative paths by kind
 
 

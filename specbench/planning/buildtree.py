@@ -86,15 +86,6 @@ def size_curve(acc, m: int, profile: LatencyProfile, max_size: int, kv_length: i
     return curve
 
 
-def _shown(source: str) -> str:
-    """An acceptance file's path as the tree file records it: relative to the working directory when it lies
-    below it (a shipped tree then names `acceptance/<model>/<method>.yaml`, not the builder's checkout)."""
-    try:
-        return str(Path(source).resolve().relative_to(Path.cwd().resolve()))
-    except (ValueError, OSError, TypeError):
-        return source
-
-
 def tree_file(curve: SizeCurve, m: int, model: str, profile: LatencyProfile, acceptance_source: str,
               kv_length: int, method: str = "ppd") -> TreeFile:
     best = curve.best
@@ -105,7 +96,7 @@ def tree_file(curve: SizeCurve, m: int, model: str, profile: LatencyProfile, acc
         "stationary_distribution": [round(p, 4) for p in best.pi],
         "latency_profile": {"hardware": profile.hardware, "source": profile.source, "dtype": profile.dtype,
                             "kv_length": kv_length, "identity": profile.identity},
-        "acceptance": _shown(acceptance_source),
+        "acceptance": store.relative_to_cwd(acceptance_source),  # a shipped tree names the repo's file
         "curves": {"size": curve.sizes, "tau": curve.tau, "latency_ms": curve.latency_ms,
                    "speedup": curve.speedup, "static_tau": curve.static_tau, "random_tau": curve.random_tau},
     }
@@ -214,7 +205,7 @@ def candidate_tree_file(curve: CandidateCurve, method: str, model: str, profile:
         "predicted_speedup": curve.speedup[i],
         "latency_profile": {"hardware": profile.hardware, "source": profile.source, "dtype": profile.dtype,
                             "kv_length": kv_length, "identity": profile.identity},
-        "acceptance": _shown(acceptance_source),
+        "acceptance": store.relative_to_cwd(acceptance_source),  # a shipped tree names the repo's file
         "curves": {"size": curve.sizes, "tau": curve.tau, "latency_ms": curve.latency_ms, "speedup": curve.speedup},
     }
     return TreeFile({0: [(p, 0) for p in curve.best.paths]}, 0, model=model, hardware=profile.hardware,

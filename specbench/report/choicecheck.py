@@ -30,6 +30,10 @@ def _auto_size(chosen: dict, trees: dict, label: str, size: int):
     return ((trees or {}).get(label) or {}).get("size")  # batch 1 (or every B when it chose one tree)
 
 
+def _verdict(is_best: bool, ratio: float, best_word: str) -> str:
+    return best_word if is_best else f"within {TOLERANCE:.0%}" if ratio >= 1 - TOLERANCE else f"{1 - ratio:.0%} slower"
+
+
 def _by_size(part: pd.DataFrame, auto: str, chosen_size) -> dict:
     """Tree size -> mean tokens/s of its labels in one dataset x B x mode group (<method>@auto counts as the size it
     chose; labels whose suffix is not a size are left out)."""
@@ -65,12 +69,10 @@ def check(points: pd.DataFrame, chosen: dict | None = None, trees: dict | None =
             if chosen_size in by_size:
                 best_size = max(by_size, key=lambda k: (by_size[k], k == chosen_size))
                 size_ratio = by_size[chosen_size] / by_size[best_size] if by_size[best_size] > 0 else math.nan
-                verdict = ("best size" if best_size == chosen_size else
-                           f"within {TOLERANCE:.0%}" if size_ratio >= 1 - TOLERANCE else f"{1 - size_ratio:.0%} slower")
+                verdict = _verdict(best_size == chosen_size, size_ratio, "best size")
             else:  # the chosen size is unknown (older run.yaml): judge the auto label alone
                 best_size, size_ratio = None, ratio
-                verdict = ("best" if best.method == auto else
-                           f"within {TOLERANCE:.0%}" if ratio >= 1 - TOLERANCE else f"{1 - ratio:.0%} slower")
+                verdict = _verdict(best.method == auto, ratio, "best")
             rows.append({"dataset": dataset, "method": base, "B": int(size), "mode": "-" if size == 1 else mode,
                          "auto size": chosen_size, "auto tok/s": mine_tps, "best measured": best.method,
                          "best tok/s": best.tokens_per_s, "auto / best": ratio,
