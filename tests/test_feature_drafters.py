@@ -208,3 +208,21 @@ def test_gamma_beside_tree_methods_is_noted(capsys):
         validate(RunConfig(methods=("sd", "parallelspec"), options={"gamma": 3}))
     text = " ".join(captured.get().split())
     assert "--gamma applies to sd; it is ignored by parallelspec" in text
+
+
+def test_parallelspec_keeps_its_init_vocabulary(deep, tmp_path, monkeypatch):
+    """parallelspec started from an eagle drafter takes that drafter's restricted head vocabulary (its own count
+    drops replies shorter than k + 3 and may break a tie differently); a head of another size is refused."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"List {i} and {i * 7} please."}) + "\n" for i in range(5)))
+    common = dict(model=deep.spec, data=str(data), prompts=4, held_out=1, new_tokens=10, dtype="float32",
+                  device="cpu", sequences=2, kl_rows=8, steps=1)
+    eagle = fd.load(train(FeatureConfig(method="eagle", **common, vocab_top=16, out=tmp_path / "e")), deep, "eagle")
+    out = train(FeatureConfig(method="parallelspec", **common, vocab_top=16, mask_tokens=2, groups=2,
+                              init=str(tmp_path / "e"), out=tmp_path / "p"))
+    ps = fd.load(out, deep, "parallelspec")
+    assert torch.equal(ps.drafter.vocab_ids.cpu(), eagle.drafter.vocab_ids.cpu())
+    with pytest.raises(SpecbenchError, match="covers 16 tokens.*asks for 8 tokens"):
+        train(FeatureConfig(method="parallelspec", **common, vocab_top=8, mask_tokens=2, groups=2,
+                            init=str(tmp_path / "e"), out=tmp_path / "p8"))

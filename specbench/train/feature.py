@@ -150,23 +150,26 @@ def position_agreement(drafter: fd.FeatureDrafter, seqs, feats, start: int) -> l
 
 def _starting_drafter(cfg: FeatureConfig, target: LoadedModel, vocab_ids) -> tuple[fd.FeatureDrafter, str]:
     """A fresh drafter (the target's last layer, fc = [I I]); for parallelspec the trained eagle drafter's weights
-    when --init names one (auto: the model's own, if trained), its masks at zero."""
-    drafter = fd.FeatureDrafter(target.model, cfg.k, vocab_ids)
+    when --init names one (auto: the model's own, if trained), its masks at zero. A started drafter keeps the eagle
+    drafter's head vocabulary when it has --vocab-top tokens too: parallelspec keeps only replies of at least k + 3
+    tokens, so its own count of the same data can break a frequency tie the other way."""
     if cfg.method != "parallelspec" or cfg.init in (None, "none"):
-        return drafter, "the target's last layer"
+        return fd.FeatureDrafter(target.model, cfg.k, vocab_ids), "the target's last layer"
     spec = None if cfg.init == "auto" else cfg.init
     try:
         art = fd.resolve(spec, target, "eagle")
     except SpecbenchError:
         if spec:
             raise
-        return drafter, "the target's last layer (no trained eagle drafter to start from)"
+        return (fd.FeatureDrafter(target.model, cfg.k, vocab_ids),
+                "the target's last layer (no trained eagle drafter to start from)")
     theirs = art.drafter.vocab_ids
-    same_vocab = (theirs is None and vocab_ids is None) or (
-        theirs is not None and vocab_ids is not None and torch.equal(theirs.cpu(), vocab_ids.cpu()))
-    if not same_vocab:
-        raise SpecbenchError(f"--init {art.source}: its head's vocabulary (--vocab-top) differs from this run's; "
+    if (theirs is None) != (vocab_ids is None) or (theirs is not None and len(theirs) != len(vocab_ids)):
+        mine = "the full vocabulary" if vocab_ids is None else f"{len(vocab_ids)} tokens"
+        its = "the full vocabulary" if theirs is None else f"{len(theirs)} tokens"
+        raise SpecbenchError(f"--init {art.source}: its head covers {its}, this run's --vocab-top asks for {mine}; "
                              "train with the same --vocab-top or pass --init none")
+    drafter = fd.FeatureDrafter(target.model, cfg.k, None if theirs is None else theirs.to(target.device))
     state = {n: t for n, t in art.drafter.state_dict().items() if n != "masks"}
     drafter.load_state_dict(state, strict=False)
     return drafter, art.source
