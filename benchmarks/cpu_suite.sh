@@ -86,6 +86,23 @@ step_perb() {  # issue 28: L(B, w) for this CPU, then ppd's per-B tree choice (a
     --dtype float32 --threads 2 --out "$OUT/perb-b2"
 }
 
+step_learned() {  # issue 29: the methods beside ar on 20 GSM8K + 20 HumanEval prompts (the retrained drafters' goal,
+  # and the full run `recommend`'s pick is checked against; pearl, ~sd here, left out for time), then EAGLE-2's
+  # dynamic tree in a run of its own (as deep as this hardware's static tree; RESULTS has depth 6's run too)
+  rm -rf "$OUT/all-methods" "$OUT/dynamic"
+  run $SB run --method pld --method sd --method ppd --method medusa --method hidden-transfer \
+    --method eagle --method parallelspec --dataset gsm8k --dataset humaneval --limit 20 --max-new-tokens 128 \
+    --dtype float32 --threads 2 --out "$OUT/all-methods"
+  run $SB run --method eagle --tree dynamic --dataset gsm8k --dataset humaneval --limit 20 \
+    --max-new-tokens 128 --dtype float32 --threads 2 --out "$OUT/dynamic"
+}
+step_recommend() {  # issue 29: recommend's pick on the first 20 GSM8K prompts (compare with all-methods' GSM8K rows)
+  rm -rf "$OUT/recommend"
+  run $SB recommend --dtype float32 --dataset gsm8k --limit 20 --max-new-tokens 128 --confirm 3 --threads 2 \
+    --out "$OUT/recommend"
+  .venv/bin/python benchmarks/recommend_check.py "$OUT/recommend/recommendation.yaml" "$OUT/all-methods"
+}
+
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(default generate pld ppd gsm100 draft sd100 sweep bf16 estimate)
 for s in "${steps[@]}"; do "step_$s"; done

@@ -55,6 +55,13 @@ class EagleDrafts(Guesser):
     def depths(self) -> int:
         return EAGLE_DEPTH
 
+    def dynamic_depth(self, tf) -> int:
+        """--tree dynamic's depth: every depth costs eagle a drafter forward, so no deeper than the static tree of
+        the same size, whose depths build-tree priced with this hardware's L(n) and the drafter's measured cost
+        (EAGLE-2's fixed 6, chosen for GPUs where a drafter forward is nearly free, lost to the static tree on a
+        2-core CPU: RESULTS-cpu.md); EAGLE_DEPTH at most."""
+        return max(1, min(self.depths(), tf.tree(0).depth))
+
     @classmethod
     def scored_depths(cls, drafter) -> int:
         """Rows of the acceptance file: ranks at each depth along the true path (eagle), per drafted position
@@ -91,14 +98,14 @@ class EagleDrafts(Guesser):
 
     def _dynamic_tree(self, spec: str, build, model_name, rows, ept):
         """--tree dynamic[=M]: M candidates per step (default: the size of the tree `--tree auto` picks, this
-        hardware's choice from its latency profile), at most EAGLE_DEPTH deep, the k <= 8 best nodes expanded per
-        depth. The static tree of that size stays the method's tree file (the prefill, predictions, check_tree)."""
+        hardware's choice from its latency profile), dynamic_depth deep, the k <= 8 best nodes expanded per depth.
+        The static tree of that size stays the method's tree file (the prefill, predictions, check_tree)."""
         size = spec.removeprefix("dynamic").removeprefix("=")
         if spec != "dynamic" and (not spec.startswith("dynamic=") or not size.isdigit() or int(size) < 1):
             raise SpecbenchError(f"--tree {spec}: use dynamic or dynamic=M with M a positive number of candidates")
         tf, source = resolve(self.method, build, model_name, rows, ept, "auto" if spec == "dynamic" else f"size={size}")
         m = tf.size
-        self.dynamic = (m, min(self.depths(), m), min(DEFAULT_TOP_K, m))
+        self.dynamic = (m, min(self.dynamic_depth(tf), m), min(DEFAULT_TOP_K, m))
         return tf, f"EAGLE-2 dynamic tree, {m} candidates per step (the size of {source})"
 
     def check_tree(self, rows: int) -> None:
@@ -196,6 +203,9 @@ class ParallelDrafts(EagleDrafts):
 
     def depths(self) -> int:
         return self.scored_depths(self.art.drafter)
+
+    def dynamic_depth(self, tf) -> int:
+        return self.depths()  # one forward drafts every depth: depth costs nothing more
 
     @classmethod
     def scored_depths(cls, drafter) -> int:
