@@ -52,6 +52,8 @@ def test_prediction_only(store):
     assert predicted["eagle"] and predicted["medusa"] and predicted["ar"] == 1.0 and predicted["ppd"] is None
     assert rec["predicted"] == max(v for v in predicted.values() if v)
     assert (store / "trees" / "tiny" / f"eagle-{HW}-float32.yaml").is_file()  # built as --tree auto would
+    trees = {m["method"]: m.get("tree") for m in rec["methods"]}
+    assert trees["eagle"] == f"trees/tiny/eagle-{HW}-float32.yaml"  # relative: the file can be shipped
     assert yaml.safe_load((store / "recommendations" / "tiny" / f"{HW}.yaml").read_text()) == rec
     assert not (store / "rec" / "run").exists()
 
@@ -67,6 +69,7 @@ def test_a_confirmed_recommendation_is_what_run_auto_runs(store):
               "--max-new-tokens", 8, "--out", "rec")
     rec = yaml.safe_load((store / "rec" / "recommendation.yaml").read_text())
     assert rec["run"] == "rec/run" and (store / "rec" / "run" / "records.csv").is_file()
+    assert (store / "rec" / "run" / "summary.csv").is_file() and (store / "rec" / "run" / "report.md").is_file()
     measured = {m["method"]: m.get("measured") for m in rec["methods"]}
     assert measured["ar"] == 1.0 and measured["pld"] is not None  # pld: measured beside the best predicted
     assert sum(v is not None for v in measured.values()) == 3
@@ -87,3 +90,20 @@ def test_without_a_profile_each_method_says_what_makes_it_and_ar_is_the_pick(sto
     for method in ("eagle", "medusa"):
         assert "`specbench profile --model random:tiny --dtype float32 --device cpu`" in why[method]
         assert "estimate" not in why[method]  # its acceptance file exists
+
+
+def test_recorded_tree_paths_are_relative_and_found_from_the_checkout(tmp_path, monkeypatch):
+    from specbench.core import store as data_store
+
+    shipped = tmp_path / "checkout"
+    (shipped / "trees" / "tiny").mkdir(parents=True)
+    tree = shipped / "trees" / "tiny" / "eagle-x-float32.yaml"
+    tree.write_text("method: eagle\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setattr(data_store, "checkout", lambda: shipped)
+    monkeypatch.chdir(elsewhere)
+    assert data_store.data_relative(tree) == "trees/tiny/eagle-x-float32.yaml"  # below the checkout
+    assert data_store.data_relative(tmp_path / "t.yaml") == str(tmp_path / "t.yaml")  # below neither: as given
+    assert data_store.resolve_data_path("trees/tiny/eagle-x-float32.yaml") == str(tree)
+    assert data_store.resolve_data_path("trees/tiny/none.yaml") == "trees/tiny/none.yaml"  # missing: as recorded

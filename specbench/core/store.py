@@ -45,6 +45,27 @@ def relative_to_cwd(path: str | Path) -> str:
         return Path(path).as_posix()
 
 
+def data_relative(path: str | Path) -> str:
+    """`path` relative to the first root (working directory, then checkout) it lies below, as `find` takes it back
+    (trees/<model>/....yaml), else as given: what a file meant to be shipped records instead of one checkout's
+    absolute path."""
+    for root in roots():
+        try:
+            return Path(path).resolve().relative_to(root.resolve()).as_posix()
+        except (ValueError, OSError):
+            continue
+    return Path(path).as_posix()
+
+
+def resolve_data_path(recorded: str) -> str:
+    """A path a shipped file recorded (data_relative): as given when it exists from here, else found in the working
+    directory or the checkout; as given when neither has it (the caller's missing-file error names it)."""
+    if Path(recorded).exists():
+        return recorded
+    found = find(recorded)
+    return str(found) if found is not None else recorded
+
+
 # ------------------------------------------------------------------------------------- relative paths by kind
 
 

@@ -133,7 +133,11 @@ def _confirm(req: RecommendRequest, methods: list[str], dtype: str, out: Path) -
     cfg = RunConfig(methods=("ar", *methods), datasets=(req.dataset,), model=req.model, dtype=dtype,
                     device=req.device, limit=req.limit, max_new_tokens=req.max_new_tokens, warmup=1,
                     threads=req.threads, data_file=req.data_file, out=out)
-    return run(cfg)
+    run_dir = run(cfg)
+    from ..report.report import write_run_report
+
+    write_run_report(run_dir)  # summary.csv, report.md and plots beside the records, as `specbench run` writes
+    return run_dir
 
 
 def measured_ratios(run_dir: Path) -> dict[str, tuple[float, float | None]]:
@@ -168,15 +172,23 @@ def choose(rows: list[Row], dtype: str, measured: bool) -> Row:
 def as_dict(result: Result, req: RecommendRequest) -> dict:
     pick = result.pick
     return {
-        "method": pick.method, "tree": pick.tree or None, "gamma": None, "dtype": result.dtype,
+        "method": pick.method, "tree": store.data_relative(pick.tree) if pick.tree else None, "gamma": None, "dtype": result.dtype,
         "predicted": pick.predicted, "measured": pick.measured, "hardware": result.hardware,
         "device": result.device, "model": req.model, "model_key": model_slug(req.model),
-        "run": str(result.run) if result.run else None,
+        "run": store.relative_to_cwd(result.run) if result.run else None,
         "confirmed_on": {"dataset": req.dataset, "prompts": req.limit, "max_new_tokens": req.max_new_tokens}
         if result.run else None,
-        "methods": [{k: v for k, v in vars(r).items() if v not in (None, "")} for r in result.rows],
+        "methods": [_row_dict(r) for r in result.rows],
         "notes": result.notes or None,
     }
+
+
+def _row_dict(row: Row) -> dict:
+    """A table row as the recommendation records it: set fields only, its tree path relative (data_relative)."""
+    data = {k: v for k, v in vars(row).items() if v not in (None, "")}
+    if row.tree:
+        data["tree"] = store.data_relative(row.tree)
+    return data
 
 
 def write(result: Result, req: RecommendRequest) -> None:
@@ -219,7 +231,8 @@ def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto")
     if not isinstance(data, dict) or data.get("method") not in (*REGISTRY, "ar"):
         raise SpecbenchError(f"recommendation {where}: `method` must name a registered method")
     method = data["method"]
-    options = {"tree": data["tree"]} if data.get("tree") and REGISTRY[method].kind == "tree" else {}
+    tree = data.get("tree") if method != "ar" and REGISTRY[method].kind == "tree" else None
+    options = {"tree": store.resolve_data_path(str(tree))} if tree else {}
     if data.get("gamma"):
         options["gamma"] = data["gamma"]
     other = "" if data.get("hardware") == hardware else f" [made on {data.get('hardware')}, not this hardware]"
