@@ -161,6 +161,39 @@ def test_training_runs_and_resumes(deep, tmp_path, monkeypatch):
     ps = fd.load(out, deep, "parallelspec")
     assert ps.drafter.mask_tokens == 2 and ps.drafter.masks.abs().sum() > 0
     assert ps.meta["init_from"] == str(tmp_path / "e") and len(ps.meta["top1_agreement_train_sample"]) == 3
+    assert ps.meta["steps_total"] == 6 + 3  # the eagle drafter's steps, then its own
+
+
+def test_a_drafter_goes_on_training_from_its_own_artefact(deep, tmp_path, monkeypatch):
+    """--init of eagle (an eagle drafter) and of parallelspec (a parallelspec drafter with the same k: masks kept)
+    starts a second sitting from those weights and counts the steps of both; another k is refused."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"Name {i} and {i + 3} twice."}) + "\n" for i in range(5)))
+    common = dict(model=deep.spec, data=str(data), prompts=4, held_out=1, new_tokens=10, dtype="float32",
+                  device="cpu", sequences=2, kl_rows=8, vocab_top=None)
+    first = fd.load(train(FeatureConfig(method="eagle", **common, steps=2, lr=0.05, out=tmp_path / "e")), deep,
+                    "eagle")  # a large step: its weights lie far from a fresh drafter's
+    assert first.meta["init_from"] == "the target's last layer" and first.meta["steps_total"] == 2
+    more = fd.load(train(FeatureConfig(method="eagle", **common, steps=1, lr=1e-9, init=str(tmp_path / "e"),
+                                       out=tmp_path / "e2")), deep, "eagle")
+    assert more.meta["init_from"] == str(tmp_path / "e") and more.meta["steps_total"] == 3
+
+    def same(a, b):
+        return torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-4)  # bfloat16 storage rounds
+
+    assert same(more.drafter.fc.weight, first.drafter.fc.weight)
+    fresh = fd.FeatureDrafter(deep.model, 0, None)
+    assert not same(fresh.fc.weight, first.drafter.fc.weight)
+    ps = dict(common, method="parallelspec", mask_tokens=2, groups=2)
+    one = fd.load(train(FeatureConfig(**ps, steps=2, lr=0.05, init=str(tmp_path / "e"), out=tmp_path / "p")), deep,
+                  "parallelspec")
+    two = fd.load(train(FeatureConfig(**ps, steps=1, init=str(tmp_path / "p"), out=tmp_path / "p2", lr=1e-9)),
+                  deep, "parallelspec")
+    assert two.meta["steps_total"] == 2 + 2 + 1 and one.drafter.masks.abs().max() > 1e-2
+    assert same(two.drafter.masks, one.drafter.masks)  # kept, not zeroed
+    with pytest.raises(SpecbenchError, match="2 masks.*--mask-tokens 3"):
+        train(FeatureConfig(**dict(ps, mask_tokens=3), steps=1, init=str(tmp_path / "p"), out=tmp_path / "p3"))
 
 
 def test_cli_estimate_build_tree_and_run(tmp_path, monkeypatch):

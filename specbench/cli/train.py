@@ -226,6 +226,9 @@ Noise = Annotated[float, typer.Option(help="Uniform noise on the input features 
 @train_app.command("eagle")
 def train_eagle(
     model: DrafterModel = "smollm2-135m",
+    init: Annotated[str, typer.Option(help="Go on training this eagle drafter folder (a second sitting: a new "
+                                           "warm-up and cosine over --steps); none: start from the target's last "
+                                           "layer.")] = "none",
     vocab_top: VocabTop = 8192,
     data: Mix = TRAINING_MIX,
     steps: Steps = 1500,
@@ -256,7 +259,8 @@ def train_parallelspec(
     model: DrafterModel = "smollm2-135m",
     mask_tokens: Annotated[int, typer.Option(help="k: [MASK] inputs; one drafter forward drafts k + 1 tokens.")] = 4,
     init: Annotated[str, typer.Option(help="Start from this eagle drafter folder (auto: the model's trained "
-                                           "`eagle` drafter when there is one; none: the target's last layer).")]
+                                           "`eagle` drafter when there is one; none: the target's last layer), or "
+                                           "go on training a parallelspec drafter folder with the same k.")]
     = "auto",
     vocab_top: VocabTop = 8192,
     data: Mix = TRAINING_MIX,

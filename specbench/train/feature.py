@@ -42,7 +42,8 @@ class FeatureConfig(TrainSettings):
     kl_rows: int = 192  # predicted positions per sequence the KL term reads (the head is the costly part)
     noise: float = 0.1
     lr: float = 5e-4
-    init: str | None = "auto"  # parallelspec: an eagle artefact to start from (auto: the model's, if any)
+    init: str | None = "auto"  # a trained drafter to go on from (_starting_drafter; auto: parallelspec from the
+    # model's eagle drafter, eagle fresh)
     prompts: int = 120
 
     @property
@@ -148,31 +149,46 @@ def position_agreement(drafter: fd.FeatureDrafter, seqs, feats, start: int) -> l
     return [round(h / max(t, 1), 4) for h, t in zip(hits, total)]
 
 
-def _starting_drafter(cfg: FeatureConfig, target: LoadedModel, vocab_ids) -> tuple[fd.FeatureDrafter, str]:
-    """A fresh drafter (the target's last layer, fc = [I I]); for parallelspec the trained eagle drafter's weights
-    when --init names one (auto: the model's own, if trained), its masks at zero. A started drafter keeps the eagle
-    drafter's head vocabulary when it has --vocab-top tokens too: parallelspec keeps only replies of at least k + 3
-    tokens, so its own count of the same data can break a frequency tie the other way."""
-    if cfg.method != "parallelspec" or cfg.init in (None, "none"):
-        return fd.FeatureDrafter(target.model, cfg.k, vocab_ids), "the target's last layer"
+def _starting_drafter(cfg: FeatureConfig, target: LoadedModel, vocab_ids) -> tuple[fd.FeatureDrafter, str, int]:
+    """(drafter, where it started from, steps it was trained before). Fresh: the target's last layer, fc = [I I].
+    --init names a trained drafter to go on from: eagle from an eagle drafter; parallelspec from an eagle drafter
+    (auto: the model's own, if trained), masks at zero, or from a parallelspec drafter with the same k, masks kept
+    (longer training in a second sitting). A started drafter keeps its head vocabulary when it has --vocab-top tokens
+    too: parallelspec keeps only replies of at least k + 3 tokens, so its own count of the same data can break a
+    frequency tie the other way."""
+    fresh = cfg.init in (None, "none") or (cfg.method == "eagle" and cfg.init == "auto")
+    if fresh:
+        return fd.FeatureDrafter(target.model, cfg.k, vocab_ids), "the target's last layer", 0
     spec = None if cfg.init == "auto" else cfg.init
     try:
-        art = fd.resolve(spec, target, "eagle")
+        art = fd.resolve(spec, target, _init_kind(cfg.method, spec))
     except SpecbenchError:
         if spec:
             raise
         return (fd.FeatureDrafter(target.model, cfg.k, vocab_ids),
-                "the target's last layer (no trained eagle drafter to start from)")
+                "the target's last layer (no trained eagle drafter to start from)", 0)
     theirs = art.drafter.vocab_ids
     if (theirs is None) != (vocab_ids is None) or (theirs is not None and len(theirs) != len(vocab_ids)):
         mine = "the full vocabulary" if vocab_ids is None else f"{len(vocab_ids)} tokens"
         its = "the full vocabulary" if theirs is None else f"{len(theirs)} tokens"
         raise SpecbenchError(f"--init {art.source}: its head covers {its}, this run's --vocab-top asks for {mine}; "
                              "train with the same --vocab-top or pass --init none")
+    theirs_k = art.drafter.mask_tokens
+    if theirs_k and theirs_k != cfg.k:
+        raise SpecbenchError(f"--init {art.source}: a parallelspec drafter with {theirs_k} masks, this run asks "
+                             f"for --mask-tokens {cfg.k}; use the same k, or start from an eagle drafter")
     drafter = fd.FeatureDrafter(target.model, cfg.k, None if theirs is None else theirs.to(target.device))
-    state = {n: t for n, t in art.drafter.state_dict().items() if n != "masks"}
+    state = {n: t for n, t in art.drafter.state_dict().items() if n != "masks" or theirs_k}
     drafter.load_state_dict(state, strict=False)
-    return drafter, art.source
+    before = art.meta.get("steps_total", art.meta.get("steps", 0))
+    return drafter, art.source, before if isinstance(before, int) else 0
+
+
+def _init_kind(method: str, spec: str | None) -> str:
+    """The artefact kind --init reads: eagle, or parallelspec when training parallelspec from a folder holding one."""
+    if method == "parallelspec" and spec and (Path(spec) / fd.META_FILES["parallelspec"]).is_file():
+        return "parallelspec"
+    return "eagle"
 
 
 def check(cfg: FeatureConfig) -> None:
@@ -200,7 +216,7 @@ def train(cfg: FeatureConfig) -> Path:
         if cfg.vocab_top > target.vocab_size:
             raise SpecbenchError(f"--vocab-top must be at most the vocabulary size {target.vocab_size}")
         vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top).to(target.device)
-    drafter, init_from = _starting_drafter(cfg, target, vocab_ids)  # before the features: a refused --init is quick
+    drafter, init_from, steps_before = _starting_drafter(cfg, target, vocab_ids)  # before the features: a refused --init is quick
     feats = target_features(target, seqs)
     data_s = since(t0)
     drafter.requires_grad_(True)
@@ -221,7 +237,7 @@ def train(cfg: FeatureConfig) -> Path:
                         + (f", {cfg.k} mask inputs" if cfg.k else ""),
         "init_from": init_from, "shares": "the target's embeddings and LM head (frozen, not stored)",
         "top1_agreement_train_sample": after, "top1_agreement_untrained": before,
-        "steps": cfg.steps, "sequences_per_step": cfg.sequences, "groups_per_sequence": cfg.groups if cfg.k else None,
+        "steps": cfg.steps, "steps_total": steps_before + cfg.steps, "sequences_per_step": cfg.sequences, "groups_per_sequence": cfg.groups if cfg.k else None,
         "lr": cfg.lr, "noise": cfg.noise,
         "data": data, "loss": "KL(target || drafter) + SmoothL1(predicted feature, target feature)",
         **run_facts(target, losses, train_s, data_s, cfg.seed),
