@@ -172,7 +172,8 @@ def choose(rows: list[Row], dtype: str, measured: bool) -> Row:
 def as_dict(result: Result, req: RecommendRequest) -> dict:
     pick = result.pick
     return {
-        "method": pick.method, "tree": store.data_relative(pick.tree) if pick.tree else None, "gamma": None, "dtype": result.dtype,
+        "method": pick.method, "tree": store.data_relative(pick.tree) if pick.tree else None, "gamma": None,
+        "dtype": result.dtype,
         "predicted": pick.predicted, "measured": pick.measured, "hardware": result.hardware,
         "device": result.device, "model": req.model, "model_key": model_slug(req.model),
         "run": store.relative_to_cwd(result.run) if result.run else None,

@@ -216,7 +216,8 @@ def train(cfg: FeatureConfig) -> Path:
         if cfg.vocab_top > target.vocab_size:
             raise SpecbenchError(f"--vocab-top must be at most the vocabulary size {target.vocab_size}")
         vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top).to(target.device)
-    drafter, init_from, steps_before = _starting_drafter(cfg, target, vocab_ids)  # before the features: a refused --init is quick
+    # before the features: a refused --init is quick
+    drafter, init_from, steps_before = _starting_drafter(cfg, target, vocab_ids)
     feats = target_features(target, seqs)
     data_s = since(t0)
     drafter.requires_grad_(True)
@@ -237,7 +238,8 @@ def train(cfg: FeatureConfig) -> Path:
                         + (f", {cfg.k} mask inputs" if cfg.k else ""),
         "init_from": init_from, "shares": "the target's embeddings and LM head (frozen, not stored)",
         "top1_agreement_train_sample": after, "top1_agreement_untrained": before,
-        "steps": cfg.steps, "steps_total": steps_before + cfg.steps, "sequences_per_step": cfg.sequences, "groups_per_sequence": cfg.groups if cfg.k else None,
+        "steps": cfg.steps, "steps_total": steps_before + cfg.steps, "sequences_per_step": cfg.sequences,
+        "groups_per_sequence": cfg.groups if cfg.k else None,
         "lr": cfg.lr, "noise": cfg.noise,
         "data": data, "loss": "KL(target || drafter) + SmoothL1(predicted feature, target feature)",
         **run_facts(target, losses, train_s, data_s, cfg.seed),
