@@ -38,8 +38,12 @@ def recommend(
     from ..run.recommend import RecommendRequest
     from ..run.recommend import recommend as run_recommend
 
+    from ..report.report import write_run_report
+
     result = run_recommend(RecommendRequest(model, dtype, device, dataset, confirm, limit, max_new_tokens, out_dir,
                                             data_file, threads))
+    if result.run:
+        write_run_report(result.run)  # summary.csv, report.md and plots beside the records, as `specbench run` writes
     table = Table(title=f"{model} on {result.hardware} ({result.dtype}): predicted and measured speedup over ar")
     for col in ("method", "tree / gamma", "dtype", "predicted", "measured", "lossless", "why not available"):
         table.add_column(col, justify="right" if col in ("predicted", "measured", "lossless") else "left")

@@ -133,11 +133,7 @@ def _confirm(req: RecommendRequest, methods: list[str], dtype: str, out: Path) -
     cfg = RunConfig(methods=("ar", *methods), datasets=(req.dataset,), model=req.model, dtype=dtype,
                     device=req.device, limit=req.limit, max_new_tokens=req.max_new_tokens, warmup=1,
                     threads=req.threads, data_file=req.data_file, out=out)
-    run_dir = run(cfg)
-    from ..report.report import write_run_report
-
-    write_run_report(run_dir)  # summary.csv, report.md and plots beside the records, as `specbench run` writes
-    return run_dir
+    return run(cfg)  # records only: the command writes the report (cli/recommend.py), as `specbench run` does
 
 
 def measured_ratios(run_dir: Path) -> dict[str, tuple[float, float | None]]:
