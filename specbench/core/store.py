@@ -36,13 +36,19 @@ def find(relative: str | Path) -> Path | None:
     return None
 
 
+def _below(path: str | Path, root: Path) -> str | None:
+    """`path` relative to `root` (POSIX separators) when it lies below it, else None."""
+    try:
+        return Path(path).resolve().relative_to(root.resolve()).as_posix()
+    except (ValueError, OSError):
+        return None
+
+
 def relative_to_cwd(path: str | Path) -> str:
     """`path` relative to the working directory when it lies below it (POSIX separators), else as given: what files
     meant to be shipped or linked record, rather than the absolute path of one checkout."""
-    try:
-        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except (ValueError, OSError):
-        return Path(path).as_posix()
+    rel = _below(path, Path.cwd())
+    return Path(path).as_posix() if rel is None else rel
 
 
 def data_relative(path: str | Path) -> str:
@@ -50,10 +56,9 @@ def data_relative(path: str | Path) -> str:
     (trees/<model>/....yaml), else as given: what a file meant to be shipped records instead of one checkout's
     absolute path."""
     for root in roots():
-        try:
-            return Path(path).resolve().relative_to(root.resolve()).as_posix()
-        except (ValueError, OSError):
-            continue
+        rel = _below(path, root)
+        if rel is not None:
+            return rel
     return Path(path).as_posix()
 
 
