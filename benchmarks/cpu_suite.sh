@@ -97,10 +97,10 @@ step_learned() {  # issue 29: the methods beside ar on 20 GSM8K + 20 HumanEval p
     --max-new-tokens 128 --dtype float32 --threads 2 --out "$OUT/dynamic"
 }
 
-step_drafters() {  # issue 29: the learned drafters alone beside ar (and pld) on the same 20 + 20 prompts as `learned`,
-  # after retraining one of them (a shorter run than `learned`: no sd, ppd or dynamic tree)
+step_drafters() {  # issue 29: the learned drafters and ppd alone beside ar (and pld) on the same 20 + 20 prompts as `learned`,
+  # after retraining one of them (a shorter run than `learned`: no sd or dynamic tree)
   rm -rf "$OUT/drafters"
-  run $SB run --method pld --method medusa --method hidden-transfer --method eagle --method parallelspec \
+  run $SB run --method pld --method ppd --method medusa --method hidden-transfer --method eagle --method parallelspec \
     --dataset gsm8k --dataset humaneval --limit 20 --max-new-tokens 128 --dtype float32 --threads 2 \
     --out "$OUT/drafters"
 }

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.core.cache import new_cache
+from specbench.core.hardware import hardware_slug
 from specbench.core.models import load_model
 from specbench.core.verify import Sampling
 from specbench.artifacts import feature_drafter as fd
@@ -154,6 +155,7 @@ def test_training_runs_and_resumes(deep, tmp_path, monkeypatch):
     out = train(FeatureConfig(method="eagle", **common, steps=4, save_every=2, out=tmp_path / "e"))
     art = fd.load(out, deep, "eagle")
     assert art.meta["steps"] == 4 and (out / "loss.png").is_file() and art.drafter.mask_tokens == 0
+    assert art.meta["hardware_key"] == hardware_slug(torch.device("cpu"))  # whose times train_seconds are
     out = train(FeatureConfig(method="eagle", **common, steps=6, save_every=2, out=tmp_path / "e", resume=True))
     assert fd.load(out, deep, "eagle").meta["steps"] == 6
     out = train(FeatureConfig(method="parallelspec", **common, mask_tokens=2, groups=3, steps=3, save_every=3,
@@ -175,9 +177,11 @@ def test_a_drafter_goes_on_training_from_its_own_artefact(deep, tmp_path, monkey
     first = fd.load(train(FeatureConfig(method="eagle", **common, steps=2, lr=0.05, out=tmp_path / "e")), deep,
                     "eagle")  # a large step: its weights lie far from a fresh drafter's
     assert first.meta["init_from"] == "the target's last layer" and first.meta["steps_total"] == 2
+    assert "top1_agreement_untrained" in first.meta  # fresh: its start was untrained
     more = fd.load(train(FeatureConfig(method="eagle", **common, steps=1, lr=1e-9, init=str(tmp_path / "e"),
                                        out=tmp_path / "e2")), deep, "eagle")
     assert more.meta["init_from"] == str(tmp_path / "e") and more.meta["steps_total"] == 3
+    assert "top1_agreement_untrained" not in more.meta and len(more.meta["top1_agreement_at_start"]) == 1
 
     def same(a, b):
         return torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-4)  # bfloat16 storage rounds

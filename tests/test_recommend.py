@@ -11,6 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from specbench.cli import app
+from specbench.errors import SpecbenchError
 
 from .conftest import feature_artifact, heads_artifact
 from .test_auto_tree import HW, write_acceptance, write_profile
@@ -107,3 +108,22 @@ def test_recorded_tree_paths_are_relative_and_found_from_the_checkout(tmp_path, 
     assert data_store.data_relative(tmp_path / "t.yaml") == str(tmp_path / "t.yaml")  # below neither: as given
     assert data_store.resolve_data_path("trees/tiny/eagle-x-float32.yaml") == str(tree)
     assert data_store.resolve_data_path("trees/tiny/none.yaml") == "trees/tiny/none.yaml"  # missing: as recorded
+
+
+def test_a_relative_tree_path_is_found_in_the_checkout_from_any_directory(tmp_path, monkeypatch):
+    """--tree trees/<model>/x.yaml reads the checkout's file when the working directory has none (what a shipped
+    recommendation records); a path in neither is refused with the path as typed."""
+    from specbench.core import store as data_store
+    from specbench.core.tree import TreeFile, resolve_tree
+
+    shipped = tmp_path / "checkout"
+    TreeFile({1: [((0,), 1)]}, 1, model="m", hardware="hw", dtype="float32").write(
+        shipped / "trees" / "m" / "hw-float32.yaml")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setattr(data_store, "checkout", lambda: shipped)
+    monkeypatch.chdir(elsewhere)
+    tree, source = resolve_tree("trees/m/hw-float32.yaml", "m", "ppd", "hw", "float32", None, 16)
+    assert tree.hardware == "hw" and source == "trees/m/hw-float32.yaml"
+    with pytest.raises(SpecbenchError, match="--tree trees/m/none.yaml: no such file"):
+        resolve_tree("trees/m/none.yaml", "m", "ppd", "hw", "float32", None, 16)

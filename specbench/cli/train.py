@@ -304,10 +304,17 @@ def _heldout_said(meta: dict) -> str:
     return f"held-out top-1 per draft position {meta['top1_heldout']}, " if "top1_heldout" in meta else ""
 
 
+def _before_said(meta: dict) -> str:
+    """The agreement before training: untrained, or at the start of a sitting that went on from a trained drafter."""
+    if "top1_agreement_at_start" in meta:
+        return f"at the start {meta['top1_agreement_at_start']}"
+    return f"untrained {meta['top1_agreement_untrained']}"
+
+
 def _said_trained(path: Path, meta_file: str, weights: str, options: dict) -> None:
     meta = _heldout(path, meta_file, options)
     console.print(f"Wrote {escape(str(path))}/{weights}, {meta_file}, loss.png: {meta['parameters'] / 1e6:.2f} M "
                   f"parameters, {_heldout_said(meta)}top-1 agreement on a training sample "
-                  f"{meta['top1_agreement_train_sample']} (untrained {meta['top1_agreement_untrained']}), final "
+                  f"{meta['top1_agreement_train_sample']} ({_before_said(meta)}), final "
                   f"loss {meta['final_loss']} (from {meta['initial_loss']}), {meta['train_seconds']:.0f} s training "
                   f"+ {meta['data_seconds']:.0f} s data.")

@@ -342,7 +342,8 @@ def resolve_tree(spec: str, model: str, method: str, hardware: str, dtype: str,
     the model's file-name key (trees/<model>/), `model_spec` the model as the user named it (for the advice).
     `missing()` answers `--tree auto` when this hardware has no tree file (the tree methods build one from this
     hardware's profile and the method's acceptance file, methods/tree/resolution.py); without it, a size
-    `default_size` tree and a note naming the commands that make this hardware's."""
+    `default_size` tree and a note naming the commands that make this hardware's. A PATH is read from the working
+    directory, else from the checkout (a relative path a shipped recommendation records)."""
     if spec.startswith("size="):
         size = spec.removeprefix("size=")
         if not size.isdigit() or int(size) < 1:
@@ -362,9 +363,10 @@ def resolve_tree(spec: str, model: str, method: str, hardware: str, dtype: str,
                                      f"{dtype}{seen}: `specbench profile{named} --dtype {dtype}` then "
                                      f"`specbench build-tree{named}{flag} --gpu cpu --dtype {dtype}` makes "
                                      "this hardware's)")
-    if not FsPath(spec).is_file():
+    path = store.resolve_data_path(spec)  # trees/<model>/... is also found in the checkout from any directory
+    if not FsPath(path).is_file():
         raise SpecbenchError(f"--tree {spec}: no such file; use auto, size=N or a trees/*.yaml path")
-    tf = read_tree_file(spec)
+    tf = read_tree_file(path)
     return tf, spec + _borrowed(tf, hardware)
 
 

@@ -107,7 +107,8 @@ def record(folder: Path, result: dict) -> Path:
     """Write the result into the artefact's metadata, after its training-sample agreement (or at the end)."""
     path = meta_file(folder)
     meta = {k: v for k, v in read(folder).items() if k not in result}
-    anchor = next((k for k in ("top1_agreement_untrained", "top1_agreement_train_sample") if k in meta), None)
+    anchor = next((k for k in ("top1_agreement_untrained", "top1_agreement_at_start",
+                                   "top1_agreement_train_sample") if k in meta), None)
     out = {}
     for k, v in meta.items():
         out[k] = v

@@ -229,7 +229,7 @@ def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto")
         raise SpecbenchError(f"recommendation {where}: `method` must name a registered method")
     method = data["method"]
     tree = data.get("tree") if method != "ar" and REGISTRY[method].kind == "tree" else None
-    options = {"tree": store.resolve_data_path(str(tree))} if tree else {}
+    options = {"tree": str(tree)} if tree else {}  # relative: core.tree.resolve_tree finds it in the checkout
     if data.get("gamma"):
         options["gamma"] = data["gamma"]
     other = "" if data.get("hardware") == hardware else f" [made on {data.get('hardware')}, not this hardware]"

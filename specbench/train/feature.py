@@ -184,6 +184,12 @@ def _starting_drafter(cfg: FeatureConfig, target: LoadedModel, vocab_ids) -> tup
     return drafter, art.source, before if isinstance(before, int) else 0
 
 
+def start_key(steps_before: int) -> str:
+    """The metadata key of the agreement before this sitting: untrained for a fresh drafter, at_start for one that
+    goes on from a trained artefact (--init)."""
+    return "top1_agreement_untrained" if steps_before == 0 else "top1_agreement_at_start"
+
+
 def _init_kind(method: str, spec: str | None) -> str:
     """The artefact kind --init reads: eagle, or parallelspec when training parallelspec from a folder holding one."""
     if method == "parallelspec" and spec and (Path(spec) / fd.META_FILES["parallelspec"]).is_file():
@@ -237,7 +243,7 @@ def train(cfg: FeatureConfig) -> Path:
         "architecture": "fc [H, 2H] over (feature, next-token embedding), one decoder layer, final norm"
                         + (f", {cfg.k} mask inputs" if cfg.k else ""),
         "init_from": init_from, "shares": "the target's embeddings and LM head (frozen, not stored)",
-        "top1_agreement_train_sample": after, "top1_agreement_untrained": before,
+        "top1_agreement_train_sample": after, start_key(steps_before): before,
         "steps": cfg.steps, "steps_total": steps_before + cfg.steps, "sequences_per_step": cfg.sequences,
         "groups_per_sequence": cfg.groups if cfg.k else None,
         "lr": cfg.lr, "noise": cfg.noise,

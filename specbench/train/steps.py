@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.hardware import cpu_model, device_name
+from ..core.hardware import cpu_model, device_name, hardware_slug
 from ..core.models import LoadedModel, dtype_name, load_model
 from ..errors import SpecbenchError
 from .config import TrainSettings
@@ -114,11 +114,13 @@ def final_loss(losses: list[float]) -> float:
 
 
 def run_facts(target: LoadedModel, losses: list[float], train_s: float, data_s: float, seed: int) -> dict:
-    """The metadata every artefact ends with: losses, times, dtype, machine, seed, date (in this order)."""
+    """The metadata every artefact ends with: losses, times, dtype, machine (its name and hardware key: the times are
+    this machine's), seed, date (in this order)."""
     return {
         "initial_loss": losses[0] if losses else None, "final_loss": final_loss(losses),
         "train_seconds": round(train_s, 1), "data_seconds": round(data_s, 1), "dtype": dtype_name(target.dtype),
-        "hardware": hardware(target), "threads": torch.get_num_threads(), "seed": seed,
+        "hardware": hardware(target), "hardware_key": hardware_slug(target.device),  # profiles/ and trees/ key
+        "threads": torch.get_num_threads(), "seed": seed,
         "date": time.strftime("%Y-%m-%d"),
     }
 
