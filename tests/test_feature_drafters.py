@@ -219,11 +219,13 @@ def test_cli_estimate_build_tree_and_run(tmp_path, monkeypatch):
         assert res.exit_code == 0, res.output
         acc = yaml.safe_load((tmp_path / "acceptance" / "four" / f"{method}.yaml").read_text())
         assert len(acc["per_rank"]) == rows and acc["draft_forward_ms"] > 0
+        assert acc["draft_forward_hardware"] == hardware_slug(torch.device("cpu"))  # where it was timed
         res = runner.invoke(app, ["build-tree", "--method", method, "--model", spec, "--gpu", "a100",
                                   "--max-size", "20"])
         assert res.exit_code == 0, res.output
         tree = yaml.safe_load((tmp_path / "trees" / "four" / f"{method}-a100-bfloat16.yaml").read_text())
         assert tree["method"] == method and list(tree["states"]) == [0]
+        assert "no four profile to scale it by" in tree["draft_cost"]  # timed on this CPU, priced on an A100
     res = runner.invoke(app, ["run", "--method", "eagle", "--method", "parallelspec", "--model", spec,
                               "--dataset", str(data), "--limit", "2", "--max-new-tokens", "12", "--warmup", "0",
                               "--out", str(tmp_path / "run")])
@@ -234,6 +236,43 @@ def test_cli_estimate_build_tree_and_run(tmp_path, monkeypatch):
                               "--out", str(tmp_path / "run2")])
     assert res.exit_code == 0, res.output
     assert "--gamma" in res.output and "ignored" in res.output
+
+
+def test_the_drafters_time_moves_to_the_machine_a_tree_is_built_for(tmp_path, monkeypatch):
+    """The drafter's forward time `estimate` measured on one machine is scaled by the target's 1-token forward on
+    the other (their profiles) when another machine's or dtype's tree is priced; kept as is on its own machine, for
+    a file that does not say where it was timed, or when that machine has no profile."""
+    from specbench.planning.acceptance import draft_cost, draft_scale
+    from specbench.planning.profile import LatencyProfile
+
+    monkeypatch.chdir(tmp_path)
+
+    def profile(hw, ms):
+        prof = LatencyProfile("m", "float32", hw, "measured", [1, 8], {512: {"median_ms": [ms, 2 * ms]}})
+        (tmp_path / "profiles" / hw).mkdir(parents=True)
+        (tmp_path / "profiles" / hw / "m-float32.yaml").write_text(prof.to_yaml())
+        return prof
+
+    here, there = profile("cpu-here", 10.0), profile("cpu-there", 25.0)
+    acc = tmp_path / "parallelspec.yaml"
+    acc.write_text(yaml.safe_dump({"method": "parallelspec", "dtype": "float32", "draft_forward_ms": 2.0,
+                                   "draft_forward_hardware": "cpu-here"}))
+    assert draft_cost("parallelspec", acc, here)(1) == pytest.approx(2.0)
+    assert draft_cost("parallelspec", acc, there)(1) == pytest.approx(5.0)  # 2 ms x 25 / 10
+    assert draft_cost("eagle", acc, there)(3) == pytest.approx(15.0)  # one forward per depth
+    assert draft_cost("medusa", acc, there)(3) == pytest.approx(5.0)  # medusa's heads: once a step
+    assert draft_cost("hidden-transfer", acc, there) is None  # its guesses ride in the target's forward
+    factor, said = draft_scale(yaml.safe_load(acc.read_text()), there)
+    assert factor == pytest.approx(2.5) and "measured on cpu-here float32: scaled x2.50 to cpu-there" in said
+    elsewhere = LatencyProfile("m", "bfloat16", "cpu-there", "measured", [1], {512: {"median_ms": [7.0]}})
+    assert draft_cost("parallelspec", acc, elsewhere)(1) == pytest.approx(1.4)  # dtype too: 2 x 7 / 10
+    acc.write_text(yaml.safe_dump({"method": "parallelspec", "dtype": "float32", "draft_forward_ms": 2.0,
+                                   "draft_forward_hardware": "cpu-unprofiled"}))
+    assert draft_cost("parallelspec", acc, there)(1) == pytest.approx(2.0)
+    assert "no m profile to scale it by" in draft_scale(yaml.safe_load(acc.read_text()), there)[1]
+    acc.write_text(yaml.safe_dump({"method": "parallelspec", "draft_forward_ms": 2.0}))  # an older file
+    assert draft_cost("parallelspec", acc, there)(1) == pytest.approx(2.0)
+    assert draft_scale(yaml.safe_load(acc.read_text()), there) == (1.0, None)
 
 
 def test_gamma_beside_tree_methods_is_noted(capsys):

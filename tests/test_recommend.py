@@ -80,6 +80,12 @@ def test_a_confirmed_recommendation_is_what_run_auto_runs(store):
     assert f"--method auto: {rec['method']}" in said
     meta = yaml.safe_load((store / "again" / "run.yaml").read_text())
     assert meta["settings"]["methods"] == (["ar"] if rec["method"] == "ar" else ["ar", rec["method"]])
+    filed = store / "recommendations" / "tiny" / f"{HW}.yaml"
+    before = filed.read_text()
+    said = sb("recommend", "--model", "random:tiny", "--confirm", 0, "--out", "rec0")
+    assert filed.read_text() == before  # a prediction does not replace a measured recommendation
+    assert f"kept recommendations/tiny/{HW}.yaml" in said and "--recommendation rec0/recommendation.yaml" in said
+    assert (store / "rec0" / "recommendation.yaml").is_file()
 
 
 def test_without_a_profile_each_method_says_what_makes_it_and_ar_is_the_pick(store):

@@ -172,12 +172,15 @@ def test_cli_estimate_build_tree_and_run(deep, tmp_path, monkeypatch):
         assert res.exit_code == 0, res.output
         acc = yaml.safe_load((tmp_path / "acceptance" / "four" / f"{method}.yaml").read_text())
         assert len(acc["per_rank"]) == 3 and acc["method"] == method
+        # medusa's heads cost time beside the target's forward; hidden-transfer's pseudo positions ride in it
+        assert (acc.get("draft_forward_ms", 0) > 0) == (method == "medusa")
         assert all(a <= b for a, b in zip(acc["topk_accuracy"][0], acc["topk_accuracy"][0][1:]))
         res = runner.invoke(app, ["build-tree", "--method", method, "--model", spec, "--gpu", "a100",
                                   "--max-size", "20"])
         assert res.exit_code == 0, res.output
     tree = yaml.safe_load((tmp_path / "trees" / "four" / "medusa-a100-bfloat16.yaml").read_text())
     assert tree["method"] == "medusa" and tree["prompt_tokens"] == 0 and list(tree["states"]) == [0]
+    assert "measured on" in tree["draft_cost"]  # the heads' time, taken from this CPU to the A100's prediction
     tree = yaml.safe_load((tmp_path / "trees" / "four" / "hidden-transfer-a100-bfloat16.yaml").read_text())
     assert tree["method"] == "hidden-transfer" and sorted(tree["states"]) == [1, 2, 3]
     ht_tree = tmp_path / "trees" / "four" / "hidden-transfer-a100-bfloat16.yaml"

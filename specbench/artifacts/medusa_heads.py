@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.models import LoadedModel
+from ..core.timing import call_ms
 from ..errors import SpecbenchError
 from . import files as af
 
@@ -57,6 +58,15 @@ class MedusaHeads(torch.nn.Module):
         small = s.to(head.device) @ head[self.vocab_ids.to(head.device)].T  # [K, n, V']
         full = small.new_full((*small.shape[:2], head.shape[0]), float("-inf"))
         return full.index_copy(2, self.vocab_ids, small).float()
+
+
+def heads_ms(heads: MedusaHeads, lm_head: torch.nn.Module, dtype: torch.dtype, repeats: int = 20) -> float:
+    """Median milliseconds of the heads and their logits [K, 1, V] on one hidden state: what a medusa step costs
+    beside the target's forward (build-tree adds it per step; the profile's L(n) does not have it)."""
+    device = heads.weight.device
+    h = torch.randn(1, heads.weight.shape[-1], device=device, dtype=dtype)
+    times = [call_ms(lambda: heads.logits(lm_head, h), device) for _ in range(repeats + 3)]
+    return round(sorted(times[3:])[len(times[3:]) // 2], 3)
 
 
 def head_states(model, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

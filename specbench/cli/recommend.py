@@ -62,5 +62,9 @@ def recommend(
     console.print(f"[bold]Use {pick.method}[/] ({result.dtype}{tree}): {numbers}.")
     where = escape(str(result.out / "recommendation.yaml"))
     run = f"; confirming run {escape(str(result.run))}" if result.run else ""
+    if result.filed is None:  # a measured recommendation was kept (the note says so)
+        console.print(f"Wrote {where}{run}. `specbench run --method auto --model {escape(model)} --recommendation "
+                      f"{where}` runs it.")
+        return
     console.print(f"Wrote {where} and {escape(str(result.filed))}{run}. `specbench run --method auto --model "
                   f"{escape(model)}` runs it.")

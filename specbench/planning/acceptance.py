@@ -20,6 +20,7 @@ import yaml
 from ..core import store
 from ..core.cache import crop_to, new_cache
 from ..core.models import LoadedModel, dtype_name, model_slug
+from ..core.profile_file import LatencyProfile, load_profile
 from ..core.timing import now, since
 from ..data import datasets as ds
 from ..data.trainsets import refuse_as_benchmark
@@ -134,16 +135,48 @@ def write(result: dict, path: Path) -> None:
         raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
-def draft_cost(method: str, path: Path | None):
-    """depth -> the drafter's milliseconds per step of a feature-drafter method (eagle: the pending pairs, then one
-    forward per inner depth; parallelspec: one forward), from the forward time `estimate` wrote into its acceptance
-    file; None for other methods, no file, or an older file without `draft_forward_ms`."""
-    if method not in ("eagle", "parallelspec") or path is None:
+DRAFT_COST_METHODS = ("eagle", "parallelspec", "medusa")  # a step costs more than the target's forward
+
+
+def draft_cost(method: str, path: Path | None, profile: LatencyProfile | None = None, kv_length: int = 512):
+    """depth -> the drafting milliseconds per step of a method whose guesses cost more than the target's forward
+    (eagle: the pending pairs, then one drafter forward per inner depth; parallelspec: one forward; medusa: its heads
+    and their logits on the accepted node), from the time `estimate` wrote into its acceptance file, moved to
+    `profile`'s machine and dtype (draft_scale); None for other methods, no file, or an older file without
+    `draft_forward_ms`."""
+    if method not in DRAFT_COST_METHODS or path is None:
         return None
-    try:
-        ms = (yaml.safe_load(Path(path).read_text()) or {}).get("draft_forward_ms")
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecbenchError(f"{path}: cannot read it ({exc})") from exc
+    data = _read(path)
+    ms = data.get("draft_forward_ms")
     if not isinstance(ms, (int, float)):
         return None
+    ms *= draft_scale(data, profile, kv_length)[0] if profile is not None else 1.0
     return (lambda depth: ms * max(depth, 1)) if method == "eagle" else (lambda depth: ms)
+
+
+def draft_scale(data: dict, profile: LatencyProfile, kv_length: int = 512) -> tuple[float, str | None]:
+    """(factor, what was done) taking the drafter's forward time from the machine and dtype `estimate` timed it on
+    (`draft_forward_hardware`, `dtype`) to `profile`'s: the ratio of the target's 1-token forwards on the two (their
+    profiles), since the drafter is a slice of the same kind of network (a decoder layer or heads, and the LM head).
+    (1, None) when both are the same or the file does not say where it was timed (older files); (1, a note) when
+    that machine has no profile of the model and dtype to scale by."""
+    hardware, dtype = data.get("draft_forward_hardware"), data.get("dtype")
+    if not hardware or (hardware, dtype) == (profile.hardware, profile.dtype):
+        return 1.0, None
+    there = store.find(store.profile_file(hardware, profile.model, dtype))
+    if there is None:
+        return 1.0, (f"the drafter's forward time was measured on {hardware} {dtype}, which has no {profile.model} "
+                     f"profile to scale it by: used as measured on {profile.hardware} {profile.dtype}")
+    factor = profile.latency_ms(1, kv_length) / load_profile(there).latency_ms(1, kv_length)
+    return factor, (f"the drafter's forward time was measured on {hardware} {dtype}: scaled x{factor:.2f} to "
+                    f"{profile.hardware} {profile.dtype} (the target's 1-token forward on each, their profiles)")
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SpecbenchError(f"{path}: cannot read it ({exc})") from exc
+    if not isinstance(data, dict):
+        raise SpecbenchError(f"{path}: not an acceptance file (a YAML mapping)")
+    return data

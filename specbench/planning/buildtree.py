@@ -22,7 +22,7 @@ from ..core.models import auto_cpu_dtype, model_config, model_slug
 from ..core.tree import TreeFile
 from ..errors import SpecbenchError
 from ..progress import console, status
-from .acceptance import draft_cost, read_per_rank
+from .acceptance import DRAFT_COST_METHODS, draft_cost, draft_scale, read_per_rank
 from .latency_estimate import GPU_CHOICES, resolve_profile
 from .profile import LatencyProfile
 from .treesearch import (
@@ -286,7 +286,7 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
     path = req.out or store.tree_file(slug, stem)
     if req.one_state:
         acc = read_per_rank(acc_path, _acceptance_rows(acc_path))  # every depth the estimate measured
-        draft_ms = _draft_cost(req.family, acc_path)
+        draft_ms, moved = _draft_cost(req.family, acc_path, full, req.kv_length)
         if draft_ms is not None and req.batch_size > 1:
             # the drafter's per-step cost at batch B: assumed to grow with B as the target's 1-token forward does
             grow = profile.latency_ms(1, req.kv_length) / full.latency_ms(1, req.kv_length)
@@ -294,6 +294,8 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
         with status(f"Choosing the best candidate tree of sizes 1..{req.max_size}"):
             curve = candidate_curve(acc, profile, req.max_size, req.kv_length, draft_ms)
         result = candidate_tree_file(curve, req.family, slug, profile, str(acc_path), req.kv_length)
+        if moved:
+            result.extra["draft_cost"] = moved  # the drafter was timed on another machine or dtype
     else:
         with status(f"Searching dynamic sparse trees of sizes 2..{req.max_size}"):
             curve = size_curve(acc, m, profile, req.max_size, req.kv_length, req.ept)
@@ -345,10 +347,16 @@ def _scaled(cost: Callable[[int], float], factor: float) -> Callable[[int], floa
     return lambda depth: cost(depth) * factor
 
 
-def _draft_cost(family: str, path: Path):
-    """acceptance.draft_cost, with a note when a feature-drafter method's file lacks the drafter's forward time."""
-    cost = draft_cost(family, path)
-    if cost is None and family in ("eagle", "parallelspec"):
-        console.print(f"[yellow]note[/] {escape(str(path))} has no draft_forward_ms: the drafter's cost is left "
-                      f"out of the prediction (re-run `specbench estimate --method {family}`)")
-    return cost
+def _draft_cost(family: str, path: Path, profile: LatencyProfile, kv_length: int):
+    """(acceptance.draft_cost on the profile's machine, what draft_scale did to get there or None), with a note when a
+    feature-drafter method's file lacks the drafter's forward time or it was timed elsewhere."""
+    cost = draft_cost(family, path, profile, kv_length)
+    if cost is None:
+        if family in DRAFT_COST_METHODS:
+            console.print(f"[yellow]note[/] {escape(str(path))} has no draft_forward_ms: the drafter's cost is left "
+                          f"out of the prediction (re-run `specbench estimate --method {family}`)")
+        return None, None
+    _, moved = draft_scale(yaml.safe_load(Path(path).read_text()), profile, kv_length)
+    if moved:
+        console.print(f"[dim]{escape(moved)}[/]")
+    return cost, moved

@@ -81,8 +81,9 @@ def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, dev
         tree, source = hit
         rows = _rows(found.acceptance) if tree.prompt_tokens == 0 else tree.prompt_tokens
         acc = read_per_rank(found.acceptance, rows)
-        said = predict(tree, acc, load_profile(found.profile), KV_LENGTH, _ept(meta),
-                       draft_cost(cand.family, found.acceptance))
+        profile = load_profile(found.profile)
+        said = predict(tree, acc, profile, KV_LENGTH, _ept(meta),
+                       draft_cost(cand.family, found.acceptance, profile, KV_LENGTH))
     except SpecbenchError as exc:
         out.why_not = str(exc)
         return out

@@ -68,7 +68,7 @@ class Result:
     device: str
     out: Path
     run: Path | None
-    filed: Path
+    filed: Path | None  # None: a measured recommendation was kept (write)
     notes: list[str] = field(default_factory=list)
 
 
@@ -189,14 +189,32 @@ def _row_dict(row: Row) -> dict:
 
 
 def write(result: Result, req: RecommendRequest) -> None:
+    """DIR/recommendation.yaml, and the filed copy `run --method auto` reads, unless this run only predicted and the
+    filed one was measured (a prediction does not replace a measurement; result.filed becomes None, with a note)."""
     text = ("# specbench recommend: the method to use for this model on this hardware (`specbench run --method "
             "auto` runs it)\n" + yaml.safe_dump(as_dict(result, req), sort_keys=False, width=120))
+    if not req.confirm and _measured(result.filed):
+        result.notes.append(f"kept {store.relative_to_cwd(result.filed)}: it was measured, and this run only "
+                            f"predicted (--confirm 0); `specbench run --method auto --recommendation "
+                            f"{store.relative_to_cwd(result.out / 'recommendation.yaml')}` follows this one")
+        result.filed = None
     for path in (result.out / "recommendation.yaml", result.filed):
+        if path is None:
+            continue
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
         except OSError as exc:
             raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def _measured(path: Path) -> bool:
+    """Whether a filed recommendation holds a measured ratio (a confirming run's)."""
+    try:
+        data = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return False  # unreadable: replaced
+    return isinstance(data, dict) and isinstance(data.get("measured"), (int, float))
 
 
 # ------------------------------------------------------------------------------------- `run --method auto`

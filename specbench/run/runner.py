@@ -87,9 +87,10 @@ class Runner:
         for label, method in self.methods.items():
             tree = getattr(method, "tree_file", None)
             if tree is not None and getattr(method, "acceptance", None) is not None:
+                cost = method.draft_cost(profile) if profile and hasattr(method, "draft_cost") else None
                 out[label] = {"tree": getattr(method, "tree_source", ""),
                               **predict(tree, method.acceptance, profile, ept=getattr(method, "ept", 1),
-                                         draft_ms=getattr(method, "draft_ms", None)),
+                                         draft_ms=cost),
                               "acceptance": getattr(method, "acceptance_source", None),
                               "profile_provenance": origin}
         return out

@@ -70,10 +70,14 @@ class TreeMethod(Batchable, DecodeMethod):
         self.acceptance = acc  # per-rank probabilities (for predicted tau / speedup in reports)
         console.print(f"[dim]{self.name}: tree {escape(self.tree_source)} (size {self.tree_file.size}), "
                       f"{escape(artifact)}[/]")
-        self.draft_ms = self.guesser.draft_cost(acc_path)  # the drafter's cost per step, for predicted speedups
+        self.acceptance_file = acc_path  # draft_cost(profile) reads the drafter's cost from it
 
     def chosen(self) -> dict:
         return {**self.guesser.chosen(), **batch_trees.chosen(self)}
+
+    def draft_cost(self, profile):
+        """depth -> the drafter's ms per step on `profile`'s machine, for predicted speedups (None: no drafter)."""
+        return self.guesser.draft_cost(self.acceptance_file, profile)
 
     def plan_batches(self, sizes: list[int]) -> None:
         batch_trees.plan(self, sizes)  # --tree auto: each batch size's tree from L(B, w)

@@ -94,9 +94,9 @@ class Guesser:
     def chosen(self) -> dict:
         return {}
 
-    def draft_cost(self, acceptance_file):
-        """depth -> drafter milliseconds per step, read from the method's acceptance file (for predicted speedups;
-        None: no drafter)."""
+    def draft_cost(self, acceptance_file, profile=None):
+        """depth -> drafter milliseconds per step, read from the method's acceptance file and moved to `profile`'s
+        machine (for predicted speedups; None: no drafter)."""
 
     # ---------------------------------------------------------------- the step
 
