@@ -146,7 +146,7 @@ def draft_cost(method: str, path: Path | None, profile: LatencyProfile | None = 
     `draft_forward_ms`."""
     if method not in DRAFT_COST_METHODS or path is None:
         return None
-    data = _read(path)
+    data = read_fields(path)
     ms = data.get("draft_forward_ms")
     if not isinstance(ms, (int, float)):
         return None
@@ -172,7 +172,8 @@ def draft_scale(data: dict, profile: LatencyProfile, kv_length: int = 512) -> tu
                     f"{profile.hardware} {profile.dtype} (the target's 1-token forward on each, their profiles)")
 
 
-def _read(path: Path) -> dict:
+def read_fields(path: Path) -> dict:
+    """An acceptance file's fields (a clear error for an unreadable file or one that is not a mapping)."""
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:

@@ -22,7 +22,7 @@ from ..core.models import auto_cpu_dtype, model_config, model_slug
 from ..core.tree import TreeFile
 from ..errors import SpecbenchError
 from ..progress import console, status
-from .acceptance import DRAFT_COST_METHODS, draft_cost, draft_scale, read_per_rank
+from .acceptance import DRAFT_COST_METHODS, draft_cost, draft_scale, read_fields, read_per_rank
 from .latency_estimate import GPU_CHOICES, resolve_profile
 from .profile import LatencyProfile
 from .treesearch import (
@@ -356,7 +356,7 @@ def _draft_cost(family: str, path: Path, profile: LatencyProfile, kv_length: int
             console.print(f"[yellow]note[/] {escape(str(path))} has no draft_forward_ms: the drafter's cost is left "
                           f"out of the prediction (re-run `specbench estimate --method {family}`)")
         return None, None
-    _, moved = draft_scale(yaml.safe_load(Path(path).read_text()), profile, kv_length)
+    _, moved = draft_scale(read_fields(path), profile, kv_length)
     if moved:
         console.print(f"[dim]{escape(moved)}[/]")
     return cost, moved
