@@ -28,7 +28,7 @@ import yaml
 from ..core.cache import crop_to, new_cache
 from ..core.cpu_kernels import prepack
 from ..core.forward import CACHE_KEYWORD, with_cache
-from ..core.timing import call_ms
+from ..core.timing import median_call_ms
 from ..core.models import LoadedModel
 from ..errors import SpecbenchError
 from . import files as af
@@ -199,8 +199,5 @@ def forward_ms(drafter: FeatureDrafter, rows: int, context: int = 256, repeats: 
     drafter.run(x, torch.arange(context, device=weight.device)[None], cache)
     new = torch.randn(1, rows, weight.shape[0], device=weight.device, dtype=weight.dtype)
     pos = torch.arange(context, context + rows, device=weight.device)[None]
-    times = []
-    for _ in range(repeats + 3):
-        times.append(call_ms(lambda: drafter.logits(drafter.run(new, pos, cache)), weight.device) / 1000)
-        crop_to(cache, context)
-    return round(1000 * sorted(times[3:])[len(times[3:]) // 2], 3)
+    return median_call_ms(lambda: drafter.logits(drafter.run(new, pos, cache)), weight.device, repeats,
+                          reset=lambda: crop_to(cache, context))

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.models import LoadedModel
-from ..core.timing import call_ms
+from ..core.timing import median_call_ms
 from ..errors import SpecbenchError
 from . import files as af
 
@@ -65,8 +65,7 @@ def heads_ms(heads: MedusaHeads, lm_head: torch.nn.Module, dtype: torch.dtype, r
     beside the target's forward (build-tree adds it per step; the profile's L(n) does not have it)."""
     device = heads.weight.device
     h = torch.randn(1, heads.weight.shape[-1], device=device, dtype=dtype)
-    times = [call_ms(lambda: heads.logits(lm_head, h), device) for _ in range(repeats + 3)]
-    return round(sorted(times[3:])[len(times[3:]) // 2], 3)
+    return median_call_ms(lambda: heads.logits(lm_head, h), device, repeats)
 
 
 def head_states(model, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

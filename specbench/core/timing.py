@@ -60,3 +60,16 @@ def call_ms(fn: Callable[[], object], device: torch.device | str) -> float:
     start = time.perf_counter()
     fn()
     return (time.perf_counter() - start) * 1000
+
+
+def median_call_ms(fn: Callable[[], object], device: torch.device | str, repeats: int = 20, warmup: int = 3,
+                   reset: Callable[[], object] | None = None) -> float:
+    """Median milliseconds of `repeats` calls of `fn` after `warmup` untimed ones (first-use costs); `reset` runs
+    untimed after each call (e.g. crop a cache back)."""
+    times = []
+    for _ in range(warmup + repeats):
+        times.append(call_ms(fn, device))
+        if reset is not None:
+            reset()
+    timed = sorted(times[warmup:])
+    return round(timed[len(timed) // 2], 3)

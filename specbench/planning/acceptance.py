@@ -19,6 +19,7 @@ import yaml
 
 from ..core import store
 from ..core.cache import crop_to, new_cache
+from ..core.hardware import hardware_slug
 from ..core.models import LoadedModel, dtype_name, model_slug
 from ..core.profile_file import LatencyProfile, load_profile
 from ..core.timing import now, since
@@ -108,9 +109,12 @@ def estimate_with(target: LoadedModel, score, rows: int, data: str, limit: int, 
     if not ranks:
         raise SpecbenchError(f"{data}: no continuation was long enough to score; raise --new-tokens")
     topk, per_rank, counted = tabulate(torch.cat(ranks), rows)
+    extra = dict(extra or {})
+    if "draft_forward_ms" in extra:  # where it was timed: draft_scale moves it to another machine's prediction
+        extra["draft_forward_hardware"] = hardware_slug(target.device)
     return {
         "method": method, "model": target.spec, "dtype": dtype_name(target.dtype), "artifact": artifact,
-        **(extra or {}), "data": data, "prompts": len(prompts), "new_tokens": new_tokens, "positions": counted,
+        **extra, "data": data, "prompts": len(prompts), "new_tokens": new_tokens, "positions": counted,
         "seconds": round(since(t0), 1), "topk_accuracy": topk, "per_rank": per_rank,
     }
 

@@ -18,12 +18,10 @@ import torch
 
 from ...artifacts import feature_drafter as fd
 from ...artifacts import prompt_tokens as pt
-from ...core.hardware import hardware_slug
 from ...core.ragged import Segment
 from ...core.tree import Tree, attention_mask, position_ids
 from ...core.verify import next_token, tree_greedy_accept, tree_sampled_accept
 from ...errors import SpecbenchError
-from ...planning.acceptance import draft_cost
 from ...planning.head_accuracy import drafter_ranks
 from .._drafting import GAMMA
 from ..base import register
@@ -78,8 +76,7 @@ class EagleDrafts(Guesser):
         ms = fd.forward_ms(drafter, 1 + drafter.mask_tokens)
         return GuessScorer(lambda ids, start: drafter_ranks(target, drafter, ids, start, depths), depths, art.source,
                            {"mask_tokens": drafter.mask_tokens, "draft_forward_ms": ms,
-                            "draft_forward_rows": 1 + drafter.mask_tokens,
-                            "draft_forward_hardware": hardware_slug(target.device)})
+                            "draft_forward_rows": 1 + drafter.mask_tokens})
 
     def searched_tree(self, acc, rows, size, model_name, source):
         return candidate_tree(acc, rows, size, model_name, source, self.method.family)
@@ -125,11 +122,6 @@ class EagleDrafts(Guesser):
 
     def chosen(self) -> dict:
         return {"tree": self.method.tree_source, "drafter": self.art.source}
-
-    def draft_cost(self, acceptance_file, profile=None):
-        # the drafter's cost per step for predicted speedups: the forward time `estimate` measured (on profile's
-        # machine: acceptance.draft_scale)
-        return draft_cost(self.method.family, acceptance_file, profile)
 
     def prefill(self, ids, cache, sampling, generator):
         """The target's features of every prompt position [T, H] and its first token; the drafter's first pairs

@@ -21,6 +21,7 @@ from ...core.ragged import Segment
 from ...core.tree import Tree, TreeFile, attention_mask, position_ids, visibility
 from ...core.verify import next_token, tree_speculative_accept, tree_typical_accept
 from ...errors import SpecbenchError
+from ...planning.acceptance import draft_cost
 from .layout import TreeLayout
 from .resolution import resolve, searched_tree
 
@@ -95,8 +96,9 @@ class Guesser:
         return {}
 
     def draft_cost(self, acceptance_file, profile=None):
-        """depth -> drafter milliseconds per step, read from the method's acceptance file and moved to `profile`'s
-        machine (for predicted speedups; None: no drafter)."""
+        """depth -> drafting milliseconds per step, read from the method's acceptance file and moved to `profile`'s
+        machine (for predicted speedups; None when the family's guesses ride in the target's forward)."""
+        return draft_cost(self.method.family, acceptance_file, profile)
 
     # ---------------------------------------------------------------- the step
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 import torch
 
 from ...artifacts import medusa_heads as mh
-from ...core.hardware import hardware_slug
 from ...core.tree import Tree
 from ...errors import SpecbenchError
-from ...planning.acceptance import draft_cost
 from ...planning.head_accuracy import medusa_ranks
 from ..base import register
 from .engine import TreeMethod
@@ -40,7 +38,7 @@ class MedusaHeads(Guesser):
         ms = mh.heads_ms(heads, target.model.get_output_embeddings(), target.dtype)
         return GuessScorer(lambda ids, start: medusa_ranks(target, heads, ids, start), heads.heads, art.source,
                            {"heads": heads.heads, "layer": heads.layer, "draft_forward_ms": ms,
-                            "draft_forward_rows": 1, "draft_forward_hardware": hardware_slug(target.device)})
+                            "draft_forward_rows": 1})
 
     def load(self):
         self.heads = mh.resolve(self.method.options.artifact, self.target)
@@ -49,10 +47,6 @@ class MedusaHeads(Guesser):
 
     def searched_tree(self, acc, rows, size, model_name, source):
         return candidate_tree(acc, rows, size, model_name, source, self.method.family)
-
-    def draft_cost(self, acceptance_file, profile=None):
-        # the heads' cost per step for predicted speedups: the time `estimate` measured (on profile's machine)
-        return draft_cost(self.method.family, acceptance_file, profile)
 
     def check_tree(self, rows: int) -> None:
         tf, source = self.method.tree_file, self.method.tree_source
