@@ -16,7 +16,7 @@ import torch
 from specbench.core.models import dtype_name, load_model
 from specbench.core.verify import Sampling
 from specbench.data.datasets import load_prompts
-from specbench.methods import MethodOptions, get_method
+from specbench.methods import get_method
 
 
 def main() -> None:
@@ -26,10 +26,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:<i>")
     args = parser.parse_args()
 
-    target = load_model(args.model, args.dtype)
-    ar = get_method("ar")(target, MethodOptions())
+    target = load_model(args.model, args.dtype, args.device)
+    ar = get_method("ar")(target)
     _, prompts = load_prompts(args.dataset, args.limit)
     stop = list(target.tokenizer.stop_ids)
 
@@ -38,7 +39,7 @@ def main() -> None:
                                     eos_token_id=stop, pad_token_id=stop[0])
         return out[0, ids.shape[1]:].tolist()
 
-    first = torch.tensor([target.tokenizer.render([{"role": "user", "content": prompts[0].turns[0]}])])
+    first = torch.tensor([target.tokenizer.render([{"role": "user", "content": prompts[0].turns[0]}])], device=target.device)
     ar.generate(first, 16, Sampling(), None)  # warm-up, untimed
     hf_generate(first, 16)
 
@@ -53,7 +54,7 @@ def main() -> None:
     run_ar = lambda ids: ar.generate(ids, args.max_new_tokens, Sampling(), None).tokens  # noqa: E731
     run_hf = lambda ids: hf_generate(ids, args.max_new_tokens)  # noqa: E731
     for i, prompt in enumerate(prompts):
-        ids = torch.tensor([target.tokenizer.render([{"role": "user", "content": prompt.turns[0]}])])
+        ids = torch.tensor([target.tokenizer.render([{"role": "user", "content": prompt.turns[0]}])], device=target.device)
         # alternate which goes first, so drifting machine load does not favour one side
         if i % 2 == 0:
             (ours, t_ar), (theirs, t_hf) = timed(run_ar, ids), timed(run_hf, ids)
