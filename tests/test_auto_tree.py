@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from specbench.core.hardware import hardware_slug
+from specbench.core.profile_file import load_profile
 from specbench.planning.profile import LatencyProfile
 from specbench.progress import console
 
@@ -97,3 +98,44 @@ def test_gamma_auto_means_the_method_chooses():
     from specbench.methods._drafting import GAMMA
 
     assert GAMMA.check("auto") is None and GAMMA.check("3") == 3
+
+
+@pytest.mark.parametrize("name", ["eagle", "medusa"])
+def test_a_tree_built_by_a_run_is_priced_with_the_drafter_timed_there(name, tiny, store_dir, monkeypatch):
+    """A drafting method's tree that `--tree auto` builds is priced with one drafting forward timed on the run's own
+    device and dtype (Guesser.draft_ms_here), not the acceptance file's time moved from the machine `estimate` ran
+    on: the tree file says which time it used, and the run's predicted
+    speedup uses the same time for this machine's profile (another machine's is still priced from the file): the
+    time chosen changes the tree."""
+    from specbench.methods import get_method
+
+    guesser = get_method(name).guesser_type
+    prof = write_profile(store_dir)
+    acc = write_acceptance(store_dir, guesser.family)
+    data = yaml.safe_load(acc.read_text())
+    rows = data["per_rank"][:3] if name == "medusa" else data["per_rank"]  # medusa: one row per head (3 here)
+    acc.write_text(yaml.safe_dump({**data, "per_rank": rows, "dtype": "float32", "draft_forward_ms": 0.001,
+                                   "draft_forward_hardware": "cpu-elsewhere-2c"}))
+    tree = store_dir / "trees" / "tiny" / f"{guesser.family}-{HW}-float32.yaml"
+    sizes = {}
+    for ms in (0.001, 40.0):  # nearly free, then dearer than four target forwards
+        monkeypatch.setattr(guesser, "time_drafting", lambda self, ms=ms: ms)
+        tree.unlink(missing_ok=True)
+        method, said = make(name, tiny)
+        sizes[ms] = method.tree_file.size
+        assert f"timed on {HW} float32 as the tree was built: {ms:.2f} ms" in said
+        assert f"{ms:.2f} ms" in yaml.safe_load(tree.read_text())["draft_cost"]
+        assert method.draft_cost(load_profile(prof))(1) == pytest.approx(ms)  # the run's predicted speedup
+    # eagle pays per depth, so a dearer drafter keeps its tree shallow; medusa pays once a step, so a dearer step
+    # makes a wider verify relatively cheaper and its tree grows
+    assert sizes[40.0] < sizes[0.001] if name == "eagle" else sizes[40.0] > sizes[0.001]
+    elsewhere = LatencyProfile("tiny", "float32", "cpu-elsewhere-2c", "measured", [1, 2], {512: {"median_ms": [10.0, 11.0]}})
+    assert method.draft_cost(elsewhere)(1) == pytest.approx(0.001)  # another machine: the file's time
+
+
+def test_the_drafter_is_timed_once_and_not_at_all_where_guesses_ride_in_the_forward(tiny, store_dir):
+    eagle, _ = make("eagle", tiny)
+    first = eagle.guesser.draft_ms_here()
+    assert first > 0 and eagle.guesser.draft_ms_here() == first  # one measurement per method
+    ppd, _ = make("ppd", tiny)
+    assert ppd.guesser.draft_ms_here() is None

@@ -155,6 +155,12 @@ def draft_cost(method: str, path: Path | None, profile: LatencyProfile | None = 
     if not isinstance(ms, (int, float)):
         return None
     ms *= draft_scale(data, profile, kv_length)[0] if profile is not None else 1.0
+    return cost_law(method, ms)
+
+
+def cost_law(method: str, ms: float):
+    """depth -> drafting milliseconds per step from one drafting forward's `ms`: eagle runs its drafter once per inner
+    depth, parallelspec once a step, medusa its heads once a step."""
     return (lambda depth: ms * max(depth, 1)) if method == "eagle" else (lambda depth: ms)
 
 

@@ -46,10 +46,11 @@ def tree_path(model_spec: str, family: str, hardware: str, dtype: str, batch_siz
 
 
 def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dtype: str, rows: int,
-               ept: int = 1, batch_size: int = 1) -> BuiltTree:
+               ept: int = 1, batch_size: int = 1, draft_ms: float | None = None) -> BuiltTree:
     """build-tree for this hardware (its measured profile, passed as a path so a GPU's works too) and the method's
     acceptance file, at batch size B from the profile's L(B, w); writes the tree where build-tree would. Needs
-    inputs(...).ready (and, at B > 1, a profile with that batch size)."""
+    inputs(...).ready (and, at B > 1, a profile with that batch size). `draft_ms`: one drafting forward timed here
+    (Guesser.draft_ms_here), which prices the drafting instead of the acceptance file's time."""
     found = inputs(model_spec, family, hardware, dtype)
     if not found.ready:
         raise SpecbenchError(f"cannot build the {family} tree here: " + "; ".join(
@@ -57,7 +58,7 @@ def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dty
     req = BuildTreeRequest(model_spec, family, one_state, (family,), str(found.profile), dtype,
                            1 if one_state else max(rows, 1),
                            MAX_SIZE, KV_LENGTH, ept, found.acceptance,
-                           tree_path(model_spec, family, hardware, dtype, batch_size), batch_size)
+                           tree_path(model_spec, family, hardware, dtype, batch_size), batch_size, draft_ms)
     return build_tree(req)
 
 

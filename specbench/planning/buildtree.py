@@ -22,7 +22,7 @@ from ..core.models import auto_cpu_dtype, model_config, model_slug
 from ..core.tree import TreeFile
 from ..errors import SpecbenchError
 from ..progress import console, status
-from .acceptance import DRAFT_COST_METHODS, draft_cost, draft_scale, read_fields, read_per_rank
+from .acceptance import DRAFT_COST_METHODS, cost_law, draft_cost, draft_scale, read_fields, read_per_rank
 from .latency_estimate import GPU_CHOICES, resolve_profile
 from .profile import LatencyProfile
 from .treesearch import (
@@ -237,6 +237,7 @@ class BuildTreeRequest:
     acceptance: Path | None  # None: the model's acceptance file in the store
     out: Path | None  # None: trees/<model>/<stem>.yaml
     batch_size: int = 1  # B: the tree is chosen from L(B, w) (the profile's batch curve) and filed as <stem>-b<B>
+    draft_forward_ms: float | None = None  # one drafting forward timed here by the run building it (--tree auto)
 
 
 @dataclass
@@ -286,7 +287,7 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
     path = req.out or store.tree_file(slug, stem)
     if req.one_state:
         acc = read_per_rank(acc_path, _acceptance_rows(acc_path))  # every depth the estimate measured
-        draft_ms, moved = _draft_cost(req.family, acc_path, full, req.kv_length)
+        draft_ms, moved = _draft_cost(req.family, acc_path, full, req.kv_length, req.draft_forward_ms)
         if draft_ms is not None and req.batch_size > 1:
             # the drafter's per-step cost at batch B: assumed to grow with B as the target's 1-token forward does
             grow = profile.latency_ms(1, req.kv_length) / full.latency_ms(1, req.kv_length)
@@ -347,10 +348,18 @@ def _scaled(cost: Callable[[int], float], factor: float) -> Callable[[int], floa
     return lambda depth: cost(depth) * factor
 
 
-def _draft_cost(family: str, path: Path, profile: LatencyProfile, kv_length: int):
-    """(acceptance.draft_cost on the profile's machine, what draft_scale did to get there or None), with a note when a
-    feature-drafter method's file lacks the drafter's forward time or it was timed elsewhere."""
+def _draft_cost(family: str, path: Path, profile: LatencyProfile, kv_length: int, here_ms: float | None = None):
+    """(depth -> drafting ms per step, a note for the tree file or None): `here_ms` (a drafting forward timed by the
+    run building the tree) when given, else acceptance.draft_cost on the profile's machine with what draft_scale did
+    to get there; with a console note when a drafting method's file lacks the drafter's forward time or it was timed
+    elsewhere."""
     cost = draft_cost(family, path, profile, kv_length)
+    if here_ms is not None and family in DRAFT_COST_METHODS:
+        moved = f"; the acceptance file's, moved here: {cost(1):.2f} ms" if cost is not None else ""
+        note = (f"a drafting forward timed on {profile.hardware} {profile.dtype} as the tree was built: "
+                f"{here_ms:.2f} ms{moved}")
+        console.print(f"[dim]{escape(note)}[/]")
+        return cost_law(family, here_ms), note
     if cost is None:
         if family in DRAFT_COST_METHODS:
             console.print(f"[yellow]note[/] {escape(str(path))} has no draft_forward_ms: the drafter's cost is left "

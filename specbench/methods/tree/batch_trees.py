@@ -90,7 +90,7 @@ def _choose(method, size: int) -> tuple[TreeFile, str] | None:
     if view is not None and found.ready:
         try:
             built = autotree.build_here(target.spec, family, method.one_state, hardware, dtype, method.rows,
-                                        method.ept, batch_size=size)
+                                        method.ept, batch_size=size, draft_ms=method.guesser.draft_ms_here())
         except SpecbenchError as exc:
             why = f"building it from {found.profile} failed: {exc}"
         else:

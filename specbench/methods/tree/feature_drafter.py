@@ -54,6 +54,9 @@ class EagleDrafts(Guesser):
     def depths(self) -> int:
         return EAGLE_DEPTH
 
+    def time_drafting(self) -> float:
+        return fd.forward_ms(self.art.drafter, 1 + self.art.drafter.mask_tokens)  # rows as the scorer times
+
     def dynamic_depth(self, tf) -> int:
         """--tree dynamic's depth: every depth costs eagle a drafter forward, so no deeper than the static tree of
         the same size, whose depths build-tree priced with this hardware's L(n) and the drafter's measured cost

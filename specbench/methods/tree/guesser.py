@@ -21,7 +21,9 @@ from ...core.ragged import Segment
 from ...core.tree import Tree, TreeFile, attention_mask, position_ids, visibility
 from ...core.verify import next_token, tree_speculative_accept, tree_typical_accept
 from ...errors import SpecbenchError
-from ...planning.acceptance import draft_cost
+from ...core.hardware import hardware_slug
+from ...core.models import dtype_name
+from ...planning.acceptance import cost_law, draft_cost
 from .layout import TreeLayout
 from .resolution import resolve, searched_tree
 
@@ -51,6 +53,7 @@ class Guesser:
     def __init__(self, method):
         self.method = method
         self.target = method.target
+        self._timed: list[float | None] = []  # draft_ms_here's one measurement, once taken
 
     # ---------------------------------------------------------------- the artefact and the trees it accepts
 
@@ -96,9 +99,32 @@ class Guesser:
         return {}
 
     def draft_cost(self, acceptance_file, profile=None):
-        """depth -> drafting milliseconds per step, read from the method's acceptance file and moved to `profile`'s
-        machine (for predicted speedups; None when the family's guesses ride in the target's forward)."""
+        """depth -> drafting milliseconds per step, for predicted speedups (None when the family's guesses ride in
+        the target's forward): timed here (draft_ms_here) when `profile` is this machine's in the run's dtype, else
+        the method's acceptance file's time moved to `profile`'s machine."""
+        if profile is not None and self.profiles_here(profile) and (ms := self.draft_ms_here()) is not None:
+            return cost_law(self.method.family, ms)
         return draft_cost(self.method.family, acceptance_file, profile)
+
+    def profiles_here(self, profile) -> bool:
+        """`profile` is of the machine and dtype this method decodes on."""
+        return (profile.hardware, profile.dtype) == (hardware_slug(self.target.device), dtype_name(self.target.dtype))
+
+    def draft_ms_here(self) -> float | None:
+        """Milliseconds of one drafting forward (the drafter, or medusa's heads) timed on the target's device and
+        dtype, once per method: the drafting cost of a tree a run builds (`--tree auto`) and of its predicted
+        speedup. The acceptance file's time, moved from the machine `estimate` ran on by the target's forward there
+        and here, misses how the drafter's share changes between machines: on the H200 the eagle drafter took
+        2.38 ms a forward against the 0.95 ms moved from a CPU (benchmarks/RESULTS-gpu.md). None where the guesses
+        ride in the target's forward."""
+        if not self._timed:
+            with torch.inference_mode():
+                self._timed.append(self.time_drafting())
+        return self._timed[0]
+
+    def time_drafting(self) -> float | None:
+        """One drafting forward's median milliseconds, as `estimate` times it (its scorer); None: nothing drafts."""
+        return None
 
     # ---------------------------------------------------------------- the step
 

@@ -45,6 +45,9 @@ class MedusaHeads(Guesser):
         k = self.heads.heads.heads
         return k, 1, None, f"{k} Medusa heads {self.heads.source}"
 
+    def time_drafting(self) -> float:
+        return mh.heads_ms(self.heads.heads, self.target.model.get_output_embeddings(), self.target.dtype)
+
     def searched_tree(self, acc, rows, size, model_name, source):
         return candidate_tree(acc, rows, size, model_name, source, self.method.family)
 

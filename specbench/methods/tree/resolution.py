@@ -90,7 +90,8 @@ def auto_tree(method, build, hardware: str, dtype: str, rows: int, ept: int) -> 
     found = autotree.inputs(target.spec, family, hardware, dtype)
     if found.ready:
         try:
-            built = autotree.build_here(target.spec, family, method.one_state, hardware, dtype, rows, ept)
+            built = autotree.build_here(target.spec, family, method.one_state, hardware, dtype, rows, ept,
+                                        draft_ms=method.guesser.draft_ms_here())
         except SpecbenchError as exc:
             reason = f"building it from {found.profile} and {found.acceptance} failed: {exc}"
         else:
