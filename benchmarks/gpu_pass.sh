@@ -1,0 +1,59 @@
+#!/bin/bash
+# specbench's pass on a lent GPU, prepared to run unattended inside one call (benchmarks/gpu_payload.sh packs it and
+# says how to start it). Every step has a time cap, trimmed to what is left before DEADLINE seconds, and is stopped
+# with SIGINT (a run keeps its finished prompts); after each step the files it made (profiles, trees, run folders,
+# each step's log under results/gpu-logs/) are packed into $OUT/results.tgz, so a cut-off pass still brings back
+# what it measured. Steps, most wanted first: the attention-kernel check (bfloat16 ran 1.7x slower than float32
+# on the H200), both dtypes' profiles, every method in float32 beside ar, ar vs HF generate, sd batched, then
+# every method in bfloat16.
+#   DEADLINE=520 LIMIT=5 TOK=128 bash .gpu2/gpu_pass.sh        (STASH: where the first call left p1)
+set -u
+DEADLINE=${DEADLINE:-520}
+DEV=${DEV:-cuda}
+LIMIT=${LIMIT:-5}
+TOK=${TOK:-128}
+export PYTHONUNBUFFERED=1 SPECBENCH_CACHE=/tmp/sbcache SPECBENCH_OFFLINE=1 HF_HUB_OFFLINE=1 COLUMNS=200
+export SPECBENCH_DATA_DIR=/tmp/sbdata
+LOGS=results/gpu-logs
+
+cap() { local c=$1 l=$(( DEADLINE - SECONDS - 15 )); (( l < c )) && c=$l; (( c < 5 )) && c=5; echo $c; }
+pack() { find profiles trees results -newer /tmp/sbstamp -type f 2>/dev/null | tar czf "$OUT/results.tgz" -T - ; }
+step() {
+  local name=$1 c; c=$(cap "$2"); shift 2
+  if (( DEADLINE - SECONDS < 25 )); then echo "== $name skipped (t=${SECONDS}s)"; return; fi
+  echo "== $name (cap ${c}s, t=${SECONDS}s): $*"
+  timeout -s INT -k 15 "$c" "$@" > "$LOGS/$name.log" 2>&1
+  echo "rc=$? t=${SECONDS}s" >> "$LOGS/$name.log"
+  tail -n 16 "$LOGS/$name.log" | cut -c1-180
+  pack
+}
+
+# --- setup: the payload's two halves (the first call left p1 in $STASH) ---
+mkdir -p /tmp/payload "$SPECBENCH_CACHE/gguf" "$SPECBENCH_DATA_DIR"
+cat "${STASH:-/tmp/stash}/p1" .gpu2/p2 | tar x -C /tmp/payload || { echo "payload broken"; exit 3; }
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site /tmp/payload/gguf-*.whl
+export PYTHONPATH=/tmp/site:$PWD
+python3 - <<'PY' || { echo "unpacking failed"; exit 3; }
+import lzma, os, shutil, tarfile
+with lzma.open("/tmp/payload/model.gguf.xz") as src, \
+        open(os.environ["SPECBENCH_CACHE"] + "/gguf/SmolLM2-135M-Instruct.Q4_1.gguf", "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 22)
+tarfile.open("/tmp/payload/artifacts.tar.xz").extractall(".", filter="data")
+tarfile.open("/tmp/payload/datasets.tar.xz").extractall(os.environ["SPECBENCH_DATA_DIR"], filter="data")
+PY
+touch /tmp/sbstamp; mkdir -p "$LOGS"
+echo "setup done t=${SECONDS}s"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1
+python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)"
+
+S="python3 -m specbench"
+M="-m pld -m sd -m pearl -m ppd -m eagle -m parallelspec -m medusa -m hidden-transfer"
+step env 40 $S env
+step sdpa-bf16 70 python3 benchmarks/sdpa_backends.py --dtype bfloat16 --device "$DEV" --limit 3 --max-new-tokens 64
+step profile-fp32 40 $S profile --device "$DEV" --dtype float32
+step profile-bf16 40 $S profile --device "$DEV" --dtype bfloat16
+step run-fp32 200 $S run --device "$DEV" --dtype float32 $M -d gsm8k -d humaneval --limit "$LIMIT" --max-new-tokens "$TOK" --out results/gpu-fp32
+step hf-generate 45 python3 benchmarks/ar_vs_hf_generate.py --dataset gsm8k --limit 4 --max-new-tokens 64 --dtype float32 --device "$DEV"
+step run-batch 80 $S run --device "$DEV" --dtype float32 -m sd -b 1,4,16 -d gsm8k --limit 16 --max-new-tokens 64 --out results/gpu-batch
+step run-bf16 200 $S run --device "$DEV" --dtype bfloat16 $M -d gsm8k --limit "$LIMIT" --max-new-tokens "$TOK" --out results/gpu-bf16
+echo "all done t=${SECONDS}s"
