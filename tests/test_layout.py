@@ -77,3 +77,16 @@ def test_no_import_cycles():
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+
+
+def test_every_benchmark_script_imports():
+    """benchmarks/*.py import what the package has (ar_vs_hf_generate.py went on importing a class removed from
+    specbench.methods, unnoticed until it was wanted on a GPU): each loads as a module (their work runs under
+    `if __name__ == "__main__"`)."""
+    import importlib.util
+
+    scripts = sorted((PACKAGE.parent / "benchmarks").glob("*.py"))
+    assert scripts
+    for script in scripts:
+        spec = importlib.util.spec_from_file_location(f"benchmark_{script.stem}", script)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))

@@ -49,8 +49,9 @@ def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dty
                ept: int = 1, batch_size: int = 1, draft_ms: float | None = None) -> BuiltTree:
     """build-tree for this hardware (its measured profile, passed as a path so a GPU's works too) and the method's
     acceptance file, at batch size B from the profile's L(B, w); writes the tree where build-tree would. Needs
-    inputs(...).ready (and, at B > 1, a profile with that batch size). `draft_ms`: one drafting forward timed here
-    (Guesser.draft_ms_here), which prices the drafting instead of the acceptance file's time."""
+    inputs(...).ready (and, at B > 1, a profile with that batch size). `rows`: the depths the method's artefact
+    drafts, which bound a one-state tree (an acceptance file of 3 heads' medusa read by 2 heads). `draft_ms`: one
+    drafting forward timed here (Guesser.draft_ms_here), which prices the drafting instead of the acceptance file's."""
     found = inputs(model_spec, family, hardware, dtype)
     if not found.ready:
         raise SpecbenchError(f"cannot build the {family} tree here: " + "; ".join(
@@ -58,7 +59,8 @@ def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dty
     req = BuildTreeRequest(model_spec, family, one_state, (family,), str(found.profile), dtype,
                            1 if one_state else max(rows, 1),
                            MAX_SIZE, KV_LENGTH, ept, found.acceptance,
-                           tree_path(model_spec, family, hardware, dtype, batch_size), batch_size, draft_ms)
+                           tree_path(model_spec, family, hardware, dtype, batch_size), batch_size, draft_ms,
+                           rows if one_state and rows > 0 else None)
     return build_tree(req)
 
 

@@ -238,6 +238,7 @@ class BuildTreeRequest:
     out: Path | None  # None: trees/<model>/<stem>.yaml
     batch_size: int = 1  # B: the tree is chosen from L(B, w) (the profile's batch curve) and filed as <stem>-b<B>
     draft_forward_ms: float | None = None  # one drafting forward timed here by the run building it (--tree auto)
+    max_depth: int | None = None  # one-state trees: the depths the run's artefact drafts (None: the file's rows)
 
 
 @dataclass
@@ -286,7 +287,8 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
     stem = store.batch_stem(stem if req.family == "ppd" else f"{req.family}-{stem}", req.batch_size)
     path = req.out or store.tree_file(slug, stem)
     if req.one_state:
-        acc = read_per_rank(acc_path, _acceptance_rows(acc_path))  # every depth the estimate measured
+        # every depth the estimate measured, but no deeper than the run's artefact drafts (its heads, masks + 1)
+        acc = read_per_rank(acc_path, min(_acceptance_rows(acc_path), req.max_depth or 10 ** 6))
         draft_ms, moved = _draft_cost(req.family, acc_path, full, req.kv_length, req.draft_forward_ms)
         if draft_ms is not None and req.batch_size > 1:
             # the drafter's per-step cost at batch B: assumed to grow with B as the target's 1-token forward does
