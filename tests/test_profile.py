@@ -23,6 +23,25 @@ def test_measure_and_round_trip(tiny, tmp_path):
     assert back.curves == prof.curves and back.widths == prof.widths and back.source == "measured"
 
 
+def test_every_round_meets_a_new_kv_length(tiny, monkeypatch):
+    """Decoding never repeats a KV length, so neither do the profile's rounds: a cost paid per new shape (an
+    attention plan) is measured, not hidden. The widths of one round share a length; the next round's is one more."""
+    import specbench.planning.profile as profile
+
+    seen = []
+    real = profile.timed_forward
+
+    def recording(model, ids, cache, device):
+        seen.append((ids.shape[1], cache.get_seq_length()))
+        return real(model, ids, cache, device)
+
+    monkeypatch.setattr(profile, "timed_forward", recording)
+    prof = measure(tiny, widths=[2, 4], kv_lengths=[16], repeats=3, warmup=1)
+    timed = seen[2:]  # after the warm-up round (two widths at KV 16)
+    assert [kv for _, kv in timed] == [16, 16, 17, 17, 18, 18]
+    assert {n for n, _ in timed} == {2, 4} and prof.meta["kv_growth"].startswith("one token a round")
+
+
 def test_latency_interpolates_and_extrapolates():
     prof = LatencyProfile("m", "float32", "cpu-x", "measured", [1, 2, 4],
                           {128: {"median_ms": [10.0, 12.0, 20.0], "p10_ms": [], "p90_ms": []}})
@@ -163,3 +182,18 @@ def test_bad_batch_sizes_are_refused_before_loading(tmp_path, value, message):
                                       "--out", str(tmp_path / "p.yaml")])
     assert result.exit_code != 0 and message in " ".join(result.output.split())
     assert "Traceback" not in result.output and not (tmp_path / "p.yaml").exists()
+
+
+def test_batch_rounds_also_meet_new_kv_lengths(tiny, monkeypatch):
+    import specbench.planning.batch_profile as bp
+
+    seen = []
+    real = bp._step_ms
+
+    def recording(batch, rows, kv, device):
+        seen.append(sorted(set(batch.lengths.values())))
+        return real(batch, rows, kv, device)
+
+    monkeypatch.setattr(bp, "_step_ms", recording)
+    measure(tiny, widths=[1, 2], kv_lengths=[16], repeats=3, warmup=1, batch_sizes=(1, 2), batch_widths=[1])
+    assert seen == [[16], [16], [17], [18]]  # warm-up, then rounds 1-3: every slot one token deeper each round

@@ -61,7 +61,8 @@ def _step_ms(batch: RaggedBatch, rows: list[list[int]], kv: int, device) -> floa
 def measure_batches(target, batch_sizes: list[int], widths_of, kv_lengths: list[int], repeats: int, warmup: int,
                     advance) -> dict[int, BatchCurve]:
     """{B: BatchCurve} for every B > 1 in batch_sizes: the median (p10, p90) of `repeats` timed forwards per (kv, w)
-    after `warmup` rounds, widths timed round-robin, alternating direction (as profile.measure does at batch 1).
+    after `warmup` rounds, widths timed round-robin, alternating direction, each round one token deeper in every
+    slot's cache (as profile.measure does at batch 1).
     widths_of(B) -> the widths of B; advance(text) is called once per round (the progress bar)."""
     model, device = target.model, target.device
     gen = torch.Generator().manual_seed(1)
@@ -69,7 +70,7 @@ def measure_batches(target, batch_sizes: list[int], widths_of, kv_lengths: list[
     out: dict[int, BatchCurve] = {}
     for size in (b for b in batch_sizes if b > 1):
         widths = widths_of(size)
-        if kv_lengths[-1] + widths[-1] > target.context_length:
+        if kv_lengths[-1] + repeats + widths[-1] > target.context_length:
             raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + width {widths[-1]} exceeds the model's "
                                  f"context ({target.context_length}); lower --kv-lengths or --batch-widths")
         curve = BatchCurve(list(widths), {})
@@ -82,7 +83,9 @@ def measure_batches(target, batch_sizes: list[int], widths_of, kv_lengths: list[
             times: dict[int, list[float]] = {w: [] for w in widths}
             for r in range(repeats):
                 for w in (widths if r % 2 == 0 else widths[::-1]):
-                    times[w].append(_step_ms(batch, rows[w], kv, device))
+                    times[w].append(_step_ms(batch, rows[w], kv + r, device))
+                # next round: every slot one token longer, a new shape (profile.py)
+                batch.forward([], [Segment(slot, rows[widths[0]][slot][:1], keep=1) for slot in range(size)])
                 advance(f"B {size} kv {kv} round {r + 1}/{repeats}")
             stats = [torch.tensor(times[w]) for w in widths]
             curve.curves[kv] = {"median_ms": [round(float(t.median()), 3) for t in stats],

@@ -2,7 +2,11 @@
 
 PPD §4 chooses the tree size that maximises tau(n) / L_fp(n); this module measures L_fp. Each point is the
 median of `repeats` timed forwards after warm-up (CUDA events on GPU, perf_counter on CPU), with the p10 / p90
-spread; the widths are timed round-robin so that a machine whose speed drifts keeps the curve's shape.
+spread; the widths are timed round-robin so that a machine whose speed drifts keeps the curve's shape, and the
+cache grows by one token after every round, so each round meets a new KV length as every decoding step does: a
+cost paid once per new shape (an attention kernel's plan, an allocation) is in the median, not hidden by repeating
+one shape (on the H200 bfloat16 decoding ran 1.7x slower than float32 while same-shape forwards were equal:
+benchmarks/RESULTS-gpu.md).
 Latency needs no trained weights: `random:<preset>` models give the same curve as the real ones.
 With batch sizes (`--batch-sizes 1,2,4,8`) the same file also gets L(B, w) for every B > 1 (batch_profile.py).
 """
@@ -40,9 +44,9 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
         raise SpecbenchError("profile: --batch-widths must be positive integers")
     if repeats < 1 or warmup < 0 or widths[0] < 1 or kv_lengths[0] < 1:
         raise SpecbenchError("profile: widths and KV lengths must be positive, --repeats at least 1")
-    if kv_lengths[-1] + widths[-1] > target.context_length:
-        raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + width {widths[-1]} exceeds the model's "
-                             f"context ({target.context_length}); lower --kv-lengths or --widths")
+    if kv_lengths[-1] + repeats + widths[-1] > target.context_length:
+        raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + {repeats} repeats + width {widths[-1]} exceeds "
+                             f"the model's context ({target.context_length}); lower --kv-lengths or --widths")
     model, device = target.model, target.device
     gen = torch.Generator().manual_seed(0)
     vocab = min(target.vocab_size, 32000)
@@ -63,6 +67,7 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
             for r in range(repeats):
                 for n in (widths if r % 2 == 0 else widths[::-1]):
                     times[n].append(timed_forward(model, inputs[n], cache, device))
+                forward(model, inputs[widths[0]][:, :1], cache, logits_to_keep=1)  # next round: KV kv + r + 1
                 bar.update(task, advance=1, info=f"kv {kv} round {r + 1}/{repeats}")
             stats = [torch.tensor(times[n]) for n in widths]
             curves[kv] = {"median_ms": [round(float(t.median()), 3) for t in stats],
@@ -75,7 +80,7 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
     env = environment(device, target.dtype)
     identity = hardware_identity(device)
     meta = {"device_name": env["device"], "identity": identity, "threads": env["threads"], "repeats": repeats,
-            "warmup": warmup, "contention": {**load, "disturbed": contention.disturbed(load)},
+            "warmup": warmup, "kv_growth": "one token a round (round r at KV kv + r)", "contention": {**load, "disturbed": contention.disturbed(load)},
             "versions": {"torch": env["torch"], "transformers": env["transformers"], "specbench": __version__,
                          "git": env["git"]}}
     if device.type == "cuda":
