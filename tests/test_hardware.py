@@ -70,6 +70,9 @@ def test_gpu_cpu_never_takes_another_cpus_profile(tmp_path):
     assert got.identity == AVX2_EPYC
 
 
+CPU = torch.device("cpu")
+
+
 def test_auto_dtype_on_cpu_follows_this_cpus_profiles(tmp_path, monkeypatch):
     """bf16 where its measured curve is lower (AMX / AVX512-BF16), float32 where bf16 grows with width (AVX2)."""
     monkeypatch.chdir(tmp_path)
@@ -82,12 +85,32 @@ def test_auto_dtype_on_cpu_follows_this_cpus_profiles(tmp_path, monkeypatch):
             (folder / f"mymodel-{dt}.yaml").write_text(_profile(here, {}, dt, ms).to_yaml())
 
     write([38.0, 43.4, 36.8, 42.8, 51.4], [35.1, 35.3, 37.7, 41.2, 48.1])  # Zen 4 EPYC (DESIGN.md §5)
-    dtype, why = models.auto_cpu_dtype("mymodel")
+    dtype, why = models.auto_dtype("mymodel", CPU)
     assert dtype == torch.bfloat16 and "measured on" in why
     write([48.7, 56.8, 61.4, 68.6, 87.3], [36.4, 55.2, 89.8, 148.0, 263.0])  # AVX2 EPYC
-    assert models.auto_cpu_dtype("mymodel")[0] == torch.float32
-    assert models.auto_cpu_dtype("other-model") == (torch.float32, models.auto_cpu_dtype("other-model")[1])
-    assert "no float32 + bfloat16 profiles" in models.auto_cpu_dtype("other-model")[1]
+    assert models.auto_dtype("mymodel", CPU)[0] == torch.float32
+    assert models.auto_dtype("other-model", CPU) == (torch.float32, models.auto_dtype("other-model", CPU)[1])
+    assert "no float32 + bfloat16 profiles" in models.auto_dtype("other-model", CPU)[1]
+
+
+def test_auto_dtype_on_a_gpu_follows_its_profiles_too(tmp_path, monkeypatch):
+    """On a GPU --dtype auto is bfloat16 until this GPU has both profiles; then the faster one, as on a CPU (the
+    H200's made it float32: its bf16 decoding ran 1.7x slower, benchmarks/RESULTS-gpu.md). Only the CUDA facts are
+    faked: the hardware key and bf16 support."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(hardware, "hardware_slug", lambda device: "nvidia-fake")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    gpu = torch.device("cuda", 0)
+    dtype, why = models.auto_dtype("mymodel", gpu)
+    assert dtype == torch.bfloat16 and "no float32 + bfloat16 profiles of mymodel for nvidia-fake" in why
+    folder = tmp_path / "profiles" / "nvidia-fake"
+    folder.mkdir(parents=True)
+    for dt, ms in (("float32", [18.4, 19.2, 19.3, 18.6, 19.4]), ("bfloat16", [18.8, 23.0, 29.6, 39.7, 38.0])):
+        (folder / f"mymodel-{dt}.yaml").write_text(_profile("nvidia-fake", {}, dt, ms).to_yaml())
+    dtype, why = models.auto_dtype("mymodel", gpu)
+    assert dtype == torch.float32 and "measured on nvidia-fake" in why
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # an older GPU: float16
+    assert models.auto_dtype("mymodel", gpu)[0] == torch.float16  # no float16 profile: its fallback
 
 
 def test_shipped_profiles_and_trees_carry_their_identity():

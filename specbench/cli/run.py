@@ -48,8 +48,9 @@ def run(
     model: Annotated[str, typer.Option(help="smollm2-135m, HF id, local dir, .gguf file, random:<preset>")]
     = "smollm2-135m",
     drafter: Annotated[Optional[str], typer.Option(help="Draft model, for methods that need one.")] = None,
-    dtype: Annotated[str, typer.Option(help="auto (bfloat16 on GPU; on CPU the faster dtype by this CPU's "
-                                            "profiles, float32 without them), float32, bfloat16, float16")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto (the faster dtype by this hardware's float32 and bfloat16 "
+                                            "profiles; without both, float32 on CPU and bfloat16 on GPU), float32, "
+                                            "bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
     limit: Annotated[int, typer.Option(help="Prompts per dataset (the first N).")] = 6,
     per_category: Annotated[bool, typer.Option(help="--limit takes the first N of every category (files with a "

@@ -55,7 +55,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """'auto' is bfloat16 on GPU (float16 where bf16 is unsupported) and float32 on CPU (exact lossless checks; never
-    slow at width > 1); a decoding benchmark on CPU takes auto_cpu_dtype instead (load_model's measured_auto)."""
+    slow at width > 1); a decoding benchmark takes models.auto_dtype instead (load_model's measured_auto)."""
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

@@ -158,20 +158,26 @@ def _in_hub_cache(repo_id: str) -> bool:
         return False
 
 
-# Widths that decide --dtype auto on CPU: ar's 1 token and the verify widths speculative methods use (trees to 16).
+# Widths that decide a decoding run's --dtype auto: ar's 1 token and the verify widths speculative methods use.
 AUTO_DTYPE_WIDTHS = (1, 2, 4, 8, 16)
 
 
-def auto_cpu_dtype(model: str) -> tuple[torch.dtype, str]:
-    """float32 or bfloat16 for `model` on this CPU, by measurement: the dtype whose profile (profiles/<this
-    hardware>/<model>-<dtype>.yaml, KV 512) has the lower geometric-mean latency over AUTO_DTYPE_WIDTHS. Without
-    both profiles: float32. Returns the dtype and the reason, for the console and run.yaml."""
+def auto_dtype(model: str, device: torch.device) -> tuple[torch.dtype, str]:
+    """The dtype a decoding run takes for `model` on `device` by measurement: float32 or the 16-bit dtype of
+    resolve_dtype("auto") (bfloat16; float16 on a GPU without bf16), whichever profile (profiles/<this
+    hardware>/<model>-<dtype>.yaml, KV 512) has the lower geometric-mean latency over AUTO_DTYPE_WIDTHS. Without both
+    profiles: float32 on a CPU (exact lossless checks), the 16-bit dtype on a GPU. On the H200 the profiles chose
+    float32, and float32 decoded 1.7x faster there (benchmarks/RESULTS-gpu.md). Returns the dtype and the reason,
+    for the console and run.yaml."""
     from .hardware import hardware_slug
     from .profile_file import load_profile
 
-    slug, name = hardware_slug(torch.device("cpu")), model_slug(model)
+    gpu = device.type == "cuda"
+    half = dtype_name(resolve_dtype("auto", device)) if gpu else "bfloat16"
+    fallback = half if gpu else "float32"
+    slug, name = hardware_slug(device), model_slug(model)
     means = {}
-    for dt in ("float32", "bfloat16"):
+    for dt in ("float32", half):
         path = store.find(store.profile_file(slug, name, dt))
         try:
             profile = load_profile(path)
@@ -181,8 +187,9 @@ def auto_cpu_dtype(model: str) -> tuple[torch.dtype, str]:
         except (OSError, TypeError, KeyError, ValueError, SpecbenchError):
             means[dt] = None  # no usable profile of this dtype (none, malformed, or without these widths)
     if None in means.values():
-        return torch.float32, (f"float32 (no float32 + bfloat16 profiles of {name} for {slug}; `specbench profile "
-                               f"--model {model} --dtype D` for both lets --dtype auto choose by measurement)")
+        return DTYPES[fallback], (f"{fallback} (no float32 + {half} profiles of {name} for {slug}; `specbench "
+                                  f"profile --model {model} --dtype D` for both lets --dtype auto choose by "
+                                  "measurement)")
     best = min(means, key=means.get)
     said = ", ".join(f"{dt} {ms:.1f} ms" for dt, ms in means.items())
     return DTYPES[best], (f"{best} (measured on {slug}: mean forward latency over widths "
@@ -191,8 +198,9 @@ def auto_cpu_dtype(model: str) -> tuple[torch.dtype, str]:
 
 def load_model(spec: str, dtype: str = "auto", device: str = "auto", measured_auto: bool = False,
                placement: Placement | None = None) -> LoadedModel:
-    """Load a model from any supported spec (see the module docstring). `measured_auto`: --dtype auto on CPU follows
-    this CPU's profiles (decoding benchmarks); otherwise it is float32 there (training, profiling, estimates).
+    """Load a model from any supported spec (see the module docstring). `measured_auto`: --dtype auto follows this
+    hardware's profiles (decoding benchmarks: auto_dtype); otherwise it is float32 on a CPU (training, profiling,
+    estimates) and bfloat16 on a GPU.
     The model keeps the spec exactly as given (a .gguf file is the file, not its folder): run.yaml, records and
     every suggested command name it so; model_slug(spec) is its file-name key. `placement`: a device map or
     tensor parallelism (core/placement.py); default: the whole model on `device`."""
@@ -204,8 +212,8 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto", measured_au
 
 def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool, placement: Placement) -> LoadedModel:
     dev = resolve_device(device)
-    if measured_auto and dtype == "auto" and dev.type == "cpu":
-        dt, why = auto_cpu_dtype(spec)
+    if measured_auto and dtype == "auto" and dev.type in ("cpu", "cuda"):
+        dt, why = auto_dtype(spec, dev)
         if "measured" in why:
             console.print(f"[dim]--dtype auto: {escape(why)}[/]")
     else:

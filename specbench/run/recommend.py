@@ -18,7 +18,7 @@ import yaml
 from ..core import store
 from ..core.hardware import hardware_slug
 from ..core.model_specs import resolve_device, resolve_dtype
-from ..core.models import auto_cpu_dtype, dtype_name, model_slug
+from ..core.models import auto_dtype, dtype_name, model_slug
 from ..errors import SpecbenchError
 from ..methods import REGISTRY
 from ..planning.recommend import Candidate, Prediction, predict_all
@@ -73,9 +73,9 @@ class Result:
 
 
 def here(model: str, dtype: str, device: str) -> tuple[torch.device, str, str]:
-    """(device, hardware key, dtype name) as `run` would choose them (--dtype auto on CPU: auto_cpu_dtype)."""
+    """(device, hardware key, dtype name) as `run` would choose them (--dtype auto: auto_dtype)."""
     dev = resolve_device(device)
-    dt = auto_cpu_dtype(model)[0] if dtype == "auto" and dev.type == "cpu" else resolve_dtype(dtype, dev)
+    dt = auto_dtype(model, dev)[0] if dtype == "auto" and dev.type in ("cpu", "cuda") else resolve_dtype(dtype, dev)
     return dev, hardware_slug(dev), dtype_name(dt)
 
 
