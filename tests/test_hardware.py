@@ -11,6 +11,8 @@ from specbench.core.hardware import isa_tier, provenance, slug_of
 from specbench.planning.latency_estimate import resolve_profile
 from specbench.planning.profile import LatencyProfile
 
+CPU = torch.device("cpu")
+
 AVX2_EPYC = {"kind": "cpu", "vendor": "amd", "name": "AMD EPYC", "family": 23, "model": 49, "isa": ["avx2"],
              "cores": 2}
 ZEN4_EPYC = {**AVX2_EPYC, "family": 25, "model": 17,
@@ -68,9 +70,6 @@ def test_gpu_cpu_never_takes_another_cpus_profile(tmp_path):
         resolve_profile("cpu", "m", None, "float32", slug_of(ZEN4_EPYC), [1], root=tmp_path)
     got = resolve_profile("cpu", "m", None, "float32", slug_of(AVX2_EPYC), [1], root=tmp_path)
     assert got.identity == AVX2_EPYC
-
-
-CPU = torch.device("cpu")
 
 
 def test_auto_dtype_on_cpu_follows_this_cpus_profiles(tmp_path, monkeypatch):

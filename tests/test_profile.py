@@ -185,6 +185,7 @@ def test_bad_batch_sizes_are_refused_before_loading(tmp_path, value, message):
 
 
 def test_batch_rounds_also_meet_new_kv_lengths(tiny, monkeypatch):
+    """L(B, w) too: every slot of the batch is one token deeper each round."""
     import specbench.planning.batch_profile as bp
 
     seen = []

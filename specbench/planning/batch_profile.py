@@ -71,8 +71,9 @@ def measure_batches(target, batch_sizes: list[int], widths_of, kv_lengths: list[
     for size in (b for b in batch_sizes if b > 1):
         widths = widths_of(size)
         if kv_lengths[-1] + repeats + widths[-1] > target.context_length:
-            raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + width {widths[-1]} exceeds the model's "
-                                 f"context ({target.context_length}); lower --kv-lengths or --batch-widths")
+            raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + {repeats} repeats + width {widths[-1]} "
+                                 f"exceeds the model's context ({target.context_length}); lower --kv-lengths or "
+                                 "--batch-widths")
         curve = BatchCurve(list(widths), {})
         for kv in kv_lengths:
             batch = _prefilled(model, size, kv, vocab, gen, device)

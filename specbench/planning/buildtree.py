@@ -259,7 +259,8 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
     if req.gpu not in GPU_CHOICES and not req.gpu.endswith((".yaml", ".yml")):
         raise SpecbenchError(f"unknown --gpu {req.gpu!r}: use one of {', '.join(GPU_CHOICES)} or a profile .yaml "
                              "path")
-    dtype = build_dtype(req.dtype, req.gpu, lambda: str(auto_dtype(req.model, torch.device("cpu"))[0]).removeprefix("torch."))
+    dtype = build_dtype(req.dtype, req.gpu,
+                        lambda: str(auto_dtype(req.model, torch.device("cpu"))[0]).removeprefix("torch."))
     slug = model_slug(req.model)  # the model's file-name key: acceptance/, profiles/ and trees/ all use it
     if req.family not in req.families:
         raise SpecbenchError(f"build-tree --method {req.family}: choose one of {', '.join(req.families)}")

@@ -17,12 +17,12 @@ import torch
 
 from ...artifacts import prompt_tokens as pt
 from ...core.cache import cache_length, keep_positions
+from ...core.hardware import hardware_slug
+from ...core.models import dtype_name
 from ...core.ragged import Segment
 from ...core.tree import Tree, TreeFile, attention_mask, position_ids, visibility
 from ...core.verify import next_token, tree_speculative_accept, tree_typical_accept
 from ...errors import SpecbenchError
-from ...core.hardware import hardware_slug
-from ...core.models import dtype_name
 from ...planning.acceptance import cost_law, draft_cost
 from .layout import TreeLayout
 from .resolution import resolve, searched_tree
