@@ -41,3 +41,10 @@ head -c "$half" "$work/blob" > .gpu1/p1
 tail -c +"$((half + 1))" "$work/blob" > .gpu2/p2
 cp benchmarks/gpu_pass.sh .gpu2/
 echo "payload $total bytes: .gpu1/p1 $(stat -c %s .gpu1/p1), .gpu2/p2 $(stat -c %s .gpu2/p2); tree $tree bytes"
+cat <<'STEPS'
+next, from the device tool:
+  1. git ls-files '*.safetensors' | xargs rm
+  2. run  command: mkdir -p /tmp/stash && cp .gpu1/p1 /tmp/stash/      carry: [".gpu1"]
+  3. at once: run  command: DEADLINE=520 bash .gpu2/gpu_pass.sh 2>&1   carry: [".gpu2"]   timeout_s: 580
+  4. give_back; git checkout -- artifacts; rm -rf .gpu1 .gpu2; tar xzf the returned results.tgz somewhere
+STEPS

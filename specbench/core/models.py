@@ -212,7 +212,7 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto", measured_au
 
 def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool, placement: Placement) -> LoadedModel:
     dev = resolve_device(device)
-    if measured_auto and dtype == "auto" and dev.type in ("cpu", "cuda"):
+    if measured_auto and dtype == "auto":
         dt, why = auto_dtype(spec, dev)
         if "measured" in why:
             console.print(f"[dim]--dtype auto: {escape(why)}[/]")

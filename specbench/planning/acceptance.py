@@ -150,12 +150,20 @@ def draft_cost(method: str, path: Path | None, profile: LatencyProfile | None = 
     `draft_forward_ms`."""
     if method not in DRAFT_COST_METHODS or path is None:
         return None
-    data = read_fields(path)
+    ms, _ = moved_draft_ms(method, read_fields(path), profile, kv_length)
+    return None if ms is None else cost_law(method, ms)
+
+
+def moved_draft_ms(method: str, data: dict, profile: LatencyProfile | None, kv_length: int = 512
+                   ) -> tuple[float | None, str | None]:
+    """(one drafting forward's ms on `profile`'s machine and dtype, what draft_scale did to get it there or None)
+    from an acceptance file's fields; (None, None) for a method that drafts nothing or a file without
+    `draft_forward_ms`."""
     ms = data.get("draft_forward_ms")
-    if not isinstance(ms, (int, float)):
-        return None
-    ms *= draft_scale(data, profile, kv_length)[0] if profile is not None else 1.0
-    return cost_law(method, ms)
+    if method not in DRAFT_COST_METHODS or not isinstance(ms, (int, float)):
+        return None, None
+    factor, moved = draft_scale(data, profile, kv_length) if profile is not None else (1.0, None)
+    return ms * factor, moved
 
 
 def cost_law(method: str, ms: float):

@@ -22,7 +22,7 @@ from ..core.models import auto_dtype, model_config, model_slug
 from ..core.tree import TreeFile
 from ..errors import SpecbenchError
 from ..progress import console, status
-from .acceptance import DRAFT_COST_METHODS, cost_law, draft_cost, draft_scale, read_fields, read_per_rank
+from .acceptance import DRAFT_COST_METHODS, cost_law, moved_draft_ms, read_fields, read_per_rank
 from .latency_estimate import GPU_CHOICES, resolve_profile
 from .profile import LatencyProfile
 from .treesearch import (
@@ -288,8 +288,10 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
     stem = store.batch_stem(stem if req.family == "ppd" else f"{req.family}-{stem}", req.batch_size)
     path = req.out or store.tree_file(slug, stem)
     if req.one_state:
-        # every depth the estimate measured, but no deeper than the run's artefact drafts (its heads, masks + 1)
-        acc = read_per_rank(acc_path, min(_acceptance_rows(acc_path), req.max_depth or 10 ** 6))
+        rows = _acceptance_rows(acc_path)  # every depth the estimate measured,
+        if req.max_depth:  # but no deeper than the run's artefact drafts (its heads, masks + 1)
+            rows = min(rows, req.max_depth)
+        acc = read_per_rank(acc_path, rows)
         draft_ms, moved = _draft_cost(req.family, acc_path, full, req.kv_length, req.draft_forward_ms)
         if draft_ms is not None and req.batch_size > 1:
             # the drafter's per-step cost at batch B: assumed to grow with B as the target's 1-token forward does
@@ -353,22 +355,21 @@ def _scaled(cost: Callable[[int], float], factor: float) -> Callable[[int], floa
 
 def _draft_cost(family: str, path: Path, profile: LatencyProfile, kv_length: int, here_ms: float | None = None):
     """(depth -> drafting ms per step, a note for the tree file or None): `here_ms` (a drafting forward timed by the
-    run building the tree) when given, else acceptance.draft_cost on the profile's machine with what draft_scale did
-    to get there; with a console note when a drafting method's file lacks the drafter's forward time or it was timed
-    elsewhere."""
-    cost = draft_cost(family, path, profile, kv_length)
+    run building the tree) when given, else the acceptance file's moved to the profile's machine (moved_draft_ms)
+    with what draft_scale did to get there; with a console note when a drafting method's file lacks the drafter's
+    forward time or it was timed elsewhere."""
+    file_ms, moved = moved_draft_ms(family, read_fields(path), profile, kv_length)
     if here_ms is not None and family in DRAFT_COST_METHODS:
-        moved = f"; the acceptance file's, moved here: {cost(1):.2f} ms" if cost is not None else ""
+        was = f"; the acceptance file's, moved here: {file_ms:.2f} ms" if file_ms is not None else ""
         note = (f"a drafting forward timed on {profile.hardware} {profile.dtype} as the tree was built: "
-                f"{here_ms:.2f} ms{moved}")
+                f"{here_ms:.2f} ms{was}")
         console.print(f"[dim]{escape(note)}[/]")
         return cost_law(family, here_ms), note
-    if cost is None:
+    if file_ms is None:
         if family in DRAFT_COST_METHODS:
             console.print(f"[yellow]note[/] {escape(str(path))} has no draft_forward_ms: the drafter's cost is left "
                           f"out of the prediction (re-run `specbench estimate --method {family}`)")
         return None, None
-    _, moved = draft_scale(read_fields(path), profile, kv_length)
     if moved:
         console.print(f"[dim]{escape(moved)}[/]")
-    return cost, moved
+    return cost_law(family, file_ms), moved

@@ -75,7 +75,7 @@ class Result:
 def here(model: str, dtype: str, device: str) -> tuple[torch.device, str, str]:
     """(device, hardware key, dtype name) as `run` would choose them (--dtype auto: auto_dtype)."""
     dev = resolve_device(device)
-    dt = auto_dtype(model, dev)[0] if dtype == "auto" and dev.type in ("cpu", "cuda") else resolve_dtype(dtype, dev)
+    dt = auto_dtype(model, dev)[0] if dtype == "auto" else resolve_dtype(dtype, dev)
     return dev, hardware_slug(dev), dtype_name(dt)
 
 
