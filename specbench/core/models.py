@@ -172,6 +172,8 @@ def auto_dtype(model: str, device: torch.device) -> tuple[torch.dtype, str]:
     from .hardware import hardware_slug
     from .profile_file import load_profile
 
+    if device.type not in ("cpu", "cuda"):  # a device profiles are not keyed for (hardware_slug): its default
+        return resolve_dtype("auto", device), f"the default on {device.type}"
     gpu = device.type == "cuda"
     half = dtype_name(resolve_dtype("auto", device)) if gpu else "bfloat16"
     fallback = half if gpu else "float32"
