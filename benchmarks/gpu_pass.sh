@@ -4,20 +4,22 @@
 # with SIGINT (a run keeps its finished prompts); after each step the files it made (profiles, trees, run folders,
 # each step's log under results/gpu-logs/) are packed into $OUT/results.tgz, so a cut-off pass still brings back
 # what it measured. Steps, most wanted first: the attention-kernel check (bfloat16 ran 1.7x slower than float32
-# on the H200), both dtypes' profiles, every method in float32 beside ar, ar vs HF generate, sd batched, then
-# every method in bfloat16.
-#   DEADLINE=520 LIMIT=5 TOK=128 bash .gpu2/gpu_pass.sh        (STASH: where the first call left p1)
+# on the H200's first lease), the float32 profile, every method in float32 beside ar on GSM8K and HumanEval (its
+# trees built on the spot, the drafters timed there), `recommend` on the same GSM8K prompts, sd batched (EMS-SD),
+# the bfloat16 profile and every method in bfloat16 (cuDNN attention left out: core/attention_kernels.py), then ar
+# against HF generate in float32.
+#   DEADLINE=575 LIMIT=10 TOK=64 bash .gpu2/gpu_pass.sh        (STASH: where the first call left p1)
 set -u
-DEADLINE=${DEADLINE:-520}
+DEADLINE=${DEADLINE:-575}
 DEV=${DEV:-cuda}
-LIMIT=${LIMIT:-5}
-TOK=${TOK:-128}
+LIMIT=${LIMIT:-10}
+TOK=${TOK:-64}
 export PYTHONUNBUFFERED=1 SPECBENCH_CACHE=/tmp/sbcache SPECBENCH_OFFLINE=1 HF_HUB_OFFLINE=1 COLUMNS=200
 export SPECBENCH_DATA_DIR=/tmp/sbdata
 LOGS=results/gpu-logs
 
 cap() { local c=$1 l=$(( DEADLINE - SECONDS - 15 )); (( l < c )) && c=$l; (( c < 5 )) && c=5; echo $c; }
-pack() { find profiles trees results -newer /tmp/sbstamp -type f 2>/dev/null | tar czf "$OUT/results.tgz" -T - ; }
+pack() { find profiles trees recommendations results -newer /tmp/sbstamp -type f 2>/dev/null | tar czf "$OUT/results.tgz" -T - ; }
 step() {
   local name=$1 c; c=$(cap "$2"); shift 2
   if (( DEADLINE - SECONDS < 25 )); then echo "== $name skipped (t=${SECONDS}s)"; return; fi
@@ -47,13 +49,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)"
 
 S="python3 -m specbench"
-M="-m pld -m sd -m pearl -m ppd -m eagle -m parallelspec -m medusa -m hidden-transfer"
-step env 40 $S env
+M="-m pld -m sd -m ppd -m eagle -m parallelspec -m medusa -m hidden-transfer"
+step env 30 $S env
 step sdpa-bf16 70 python3 benchmarks/sdpa_backends.py --dtype bfloat16 --device "$DEV" --limit 3 --max-new-tokens 64
-step profile-fp32 40 $S profile --device "$DEV" --dtype float32
-step profile-bf16 40 $S profile --device "$DEV" --dtype bfloat16
+step profile-fp32 45 $S profile --device "$DEV" --dtype float32
 step run-fp32 200 $S run --device "$DEV" --dtype float32 $M -d gsm8k -d humaneval --limit "$LIMIT" --max-new-tokens "$TOK" --out results/gpu-fp32
+step recommend 90 $S recommend --device "$DEV" --dtype float32 --dataset gsm8k --limit "$LIMIT" --max-new-tokens "$TOK" --confirm 3 --out results/gpu-recommend
+step run-batch 100 $S run --device "$DEV" --dtype float32 -m sd -b 1,4,16 -d gsm8k --limit 16 --max-new-tokens 64 --out results/gpu-batch
+step profile-bf16 45 $S profile --device "$DEV" --dtype bfloat16
+step run-bf16 90 $S run --device "$DEV" --dtype bfloat16 $M -m pearl -d gsm8k --limit 5 --max-new-tokens 64 --out results/gpu-bf16
 step hf-generate 45 python3 benchmarks/ar_vs_hf_generate.py --dataset gsm8k --limit 4 --max-new-tokens 64 --dtype float32 --device "$DEV"
-step run-batch 80 $S run --device "$DEV" --dtype float32 -m sd -b 1,4,16 -d gsm8k --limit 16 --max-new-tokens 64 --out results/gpu-batch
-step run-bf16 200 $S run --device "$DEV" --dtype bfloat16 $M -d gsm8k --limit "$LIMIT" --max-new-tokens "$TOK" --out results/gpu-bf16
 echo "all done t=${SECONDS}s"

@@ -10,7 +10,7 @@
 #   1. git ls-files '*.safetensors' | xargs rm
 #   2. run  command: mkdir -p /tmp/stash && cp .gpu1/p1 /tmp/stash/      carry: [".gpu1"]
 #   3. at once (a machine stays 30 s after a call):
-#      run  command: DEADLINE=520 bash .gpu2/gpu_pass.sh 2>&1            carry: [".gpu2"]   timeout_s: 580
+#      run  command: DEADLINE=575 bash .gpu2/gpu_pass.sh 2>&1            carry: [".gpu2"]   timeout_s: 595
 #   4. give_back; git checkout -- artifacts; rm -rf .gpu1 .gpu2; tar xzf the returned results.tgz somewhere
 #
 #   benchmarks/gpu_payload.sh        (from the checkout; needs .venv and SPECBENCH_DATA_DIR)
@@ -45,6 +45,6 @@ cat <<'STEPS'
 next, from the device tool:
   1. git ls-files '*.safetensors' | xargs rm
   2. run  command: mkdir -p /tmp/stash && cp .gpu1/p1 /tmp/stash/      carry: [".gpu1"]
-  3. at once: run  command: DEADLINE=520 bash .gpu2/gpu_pass.sh 2>&1   carry: [".gpu2"]   timeout_s: 580
+  3. at once: run  command: DEADLINE=575 bash .gpu2/gpu_pass.sh 2>&1   carry: [".gpu2"]   timeout_s: 595
   4. give_back; git checkout -- artifacts; rm -rf .gpu1 .gpu2; tar xzf the returned results.tgz somewhere
 STEPS

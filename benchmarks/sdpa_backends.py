@@ -4,8 +4,9 @@ On the H200 (benchmarks/RESULTS-gpu.md) a bfloat16 `ar` step took about 31 ms ag
 Hugging Face `generate` was as slow in bfloat16, while the latency profile's forwards (the same shapes repeated)
 were equal in the two dtypes. A per-new-shape cost fits that; one suspect is cuDNN attention, which PyTorch may pick
 for 16-bit inputs on Hopper and which plans each new shape (every decoding step has a new KV length). This times
-`ar` with PyTorch's own choice, with cuDNN attention excluded, and with the math kernel alone, and checks that the
-tokens are the same. On a CPU it runs too (no cuDNN there: the first two sets should tie).
+`ar` with PyTorch's own choice among every kernel, with cuDNN attention excluded (specbench's default on CUDA since,
+core/attention_kernels.py), and with the math kernel alone, and checks that the tokens are the same. On a CPU it runs
+too (no cuDNN there: the first two sets should tie).
 
     python benchmarks/sdpa_backends.py [--dtype bfloat16] [--device cuda] [--dataset gsm8k] [--limit 4] [--max-new-tokens 64]
 """
@@ -13,8 +14,6 @@ tokens are the same. On a CPU it runs too (no cuDNN there: the first two sets sh
 from __future__ import annotations
 
 import argparse
-from contextlib import nullcontext
-
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -24,9 +23,10 @@ from specbench.core.verify import Sampling
 from specbench.data.datasets import load_prompts
 from specbench.methods import get_method
 
-# name -> the SDPA kernels allowed (None: PyTorch's own choice)
+# name -> the SDPA kernels allowed; "all" is PyTorch's own choice among every kernel, cuDNN's included (specbench
+# itself leaves cuDNN out on CUDA: core/attention_kernels.py)
 BACKEND_SETS = {
-    "default": None,
+    "all": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
     "no-cudnn": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
     "math": [SDPBackend.MATH],
 }
@@ -51,9 +51,8 @@ def main() -> None:
         return torch.tensor([ids], device=target.device)
 
     def decode(name: str, ids: torch.Tensor, n: int) -> tuple[list[int], float]:
-        allowed = BACKEND_SETS[name]
         out: dict = {}
-        with sdpa_kernel(allowed) if allowed else nullcontext(), wall(target.device, out):
+        with sdpa_kernel(BACKEND_SETS[name]), wall(target.device, out):
             tokens = ar.generate(ids, n, Sampling(), None).tokens
         return tokens, out["s"]
 
@@ -71,14 +70,14 @@ def main() -> None:
         for name, (tokens, seconds) in runs.items():
             totals[name][0] += len(tokens)
             totals[name][1] += seconds
-            same[name] += tokens == runs["default"][0]
+            same[name] += tokens == runs["all"][0]
         print(f"{prompt.id:>14} " + " ".join(f"{len(runs[n][0]) / runs[n][1]:16.1f}" for n in names))
     tps = {name: n / s for name, (n, s) in totals.items()}
     print(f"\nmodel {target.name}, dtype {dtype_name(target.dtype)}, device {target.device}, {len(prompts)} "
           f"{args.dataset} prompts, {args.max_new_tokens} new tokens max")
     for name in names:
-        print(f"{name:>9}: {tps[name]:7.2f} tok/s, {tps[name] / tps['default']:.3f}x default; tokens identical to "
-              f"default's on {same[name]}/{len(prompts)} prompts")
+        print(f"{name:>9}: {tps[name]:7.2f} tok/s, {tps[name] / tps['all']:.3f}x all; tokens identical to "
+              f"all's on {same[name]}/{len(prompts)} prompts")
 
 
 if __name__ == "__main__":

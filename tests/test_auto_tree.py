@@ -125,7 +125,8 @@ def test_a_tree_built_by_a_run_is_priced_with_the_drafter_timed_there(name, tiny
         sizes[ms] = method.tree_file.size
         assert method.tree_file.tree(0).depth <= method.rows
         assert f"timed on {HW} float32 as the tree was built: {ms:.2f} ms" in said
-        assert f"{ms:.2f} ms" in yaml.safe_load(tree.read_text())["draft_cost"]
+        filed = yaml.safe_load(tree.read_text())
+        assert f"{ms:.2f} ms" in filed["draft_cost"] and filed["draft_forward_ms"] == pytest.approx(ms)
         assert method.draft_cost(load_profile(prof))(1) == pytest.approx(ms)  # the run's predicted speedup
     # eagle pays per depth, so a dearer drafter keeps its tree shallow; medusa pays once a step, so a dearer step
     # makes a wider verify relatively cheaper and its tree grows

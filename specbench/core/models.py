@@ -20,6 +20,7 @@ from rich.markup import escape
 from ..errors import SpecbenchError
 from ..progress import console, status
 from . import store
+from .attention_kernels import choose_attention_kernels
 from .fit_devices import check_fit
 from .gguf import _embedded_dir, _gguf_config, _load_embedded, _load_gguf, gguf_content_key  # noqa: F401
 from .loaded_model import ByteTokenizer, LoadedModel, Tokenizer, _finish, _with_attention  # noqa: F401
@@ -214,6 +215,7 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto", measured_au
 
 def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool, placement: Placement) -> LoadedModel:
     dev = resolve_device(device)
+    choose_attention_kernels(dev)
     if measured_auto and dtype == "auto":
         dt, why = auto_dtype(spec, dev)
         if "measured" in why:

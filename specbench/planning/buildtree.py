@@ -301,7 +301,10 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
             curve = candidate_curve(acc, profile, req.max_size, req.kv_length, draft_ms)
         result = candidate_tree_file(curve, req.family, slug, profile, str(acc_path), req.kv_length)
         if moved:
-            result.extra["draft_cost"] = moved  # the drafter was timed on another machine or dtype
+            result.extra["draft_cost"] = moved  # the drafter was timed on another machine or dtype, or as built
+        if req.draft_forward_ms is not None and draft_ms is not None:
+            # the timed forward itself: recommend prices this hardware's tree with it (planning/recommend.py)
+            result.extra["draft_forward_ms"] = round(req.draft_forward_ms, 4)
     else:
         with status(f"Searching dynamic sparse trees of sizes 2..{req.max_size}"):
             curve = size_curve(acc, m, profile, req.max_size, req.kv_length, req.ept)

@@ -2,7 +2,8 @@
 only (no decoding). For each method: its artefact, this hardware's latency profile, its acceptance file and the
 tree `--tree auto` would take (built now as build-tree would when the profile and acceptance file exist:
 autotree.py), then buildtree.predict: tau = 1 + R(T) from the acceptance file, speedup = tau L(1) /
-(expected verify latency + the drafter's cost per step), as in run.yaml's predicted column. A method that lacks a
+(expected verify latency + the drafter's cost per step: timed here when a run built the tree, else the acceptance
+file's, moved here), as in run.yaml's predicted column. A method that lacks a
 file says which and the command that makes it.
 """
 
@@ -18,7 +19,7 @@ from ..core.models import model_slug
 from ..core.tree import find_auto_tree
 from ..errors import SpecbenchError
 from . import autotree
-from .acceptance import draft_cost, read_per_rank
+from .acceptance import DRAFT_COST_METHODS, cost_law, draft_cost, read_per_rank
 from .buildtree import predict
 from .profile import load_profile
 
@@ -82,14 +83,22 @@ def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, dev
         rows = _rows(found.acceptance) if tree.prompt_tokens == 0 else tree.prompt_tokens
         acc = read_per_rank(found.acceptance, rows)
         profile = load_profile(found.profile)
-        said = predict(tree, acc, profile, KV_LENGTH, _ept(meta),
-                       draft_cost(cand.family, found.acceptance, profile, KV_LENGTH))
+        said = predict(tree, acc, profile, KV_LENGTH, _ept(meta), tree_draft_cost(cand.family, tree)
+                       or draft_cost(cand.family, found.acceptance, profile, KV_LENGTH))
     except SpecbenchError as exc:
         out.why_not = str(exc)
         return out
     out.tree, out.size = source.split(" (built for ")[0], said["size"]  # the path (`run --tree` takes it)
     out.predicted_tau, out.predicted_speedup = said["predicted_tau"], said["predicted_speedup"]
     return out
+
+
+def tree_draft_cost(family: str, tree):
+    """depth -> drafting ms per step from the drafting forward a run timed on this hardware and dtype as it built
+    `tree` (its `draft_forward_ms`), or None: a tree built from files only is priced by the acceptance file's time,
+    moved here (draft_cost). On the H200 the two differed 2.5x (eagle: 2.38 ms timed, 0.95 ms moved)."""
+    ms = tree.extra.get("draft_forward_ms")
+    return cost_law(family, ms) if family in DRAFT_COST_METHODS and isinstance(ms, (int, float)) else None
 
 
 def predict_all(cands: list[Candidate], model_spec: str, hardware: str, dtype: str, device: str) -> list[Prediction]:
