@@ -8,7 +8,10 @@
 # trees built on the spot, the drafters timed there), `recommend` on the same GSM8K prompts, sd batched (EMS-SD),
 # the bfloat16 profile and every method in bfloat16 (cuDNN attention left out: core/attention_kernels.py), then ar
 # against HF generate in float32.
+# STEPS="a b" runs only the steps named (a second, shorter lease); run-dynamic / run-static (EAGLE-2's dynamic tree
+# against the static one) and run-batch-large run only when named.
 #   DEADLINE=575 LIMIT=10 TOK=64 bash .gpu2/gpu_pass.sh        (STASH: where the first call left p1)
+#   STEPS="run-dynamic run-static run-batch-large" DEADLINE=250 bash .gpu2/gpu_pass.sh
 set -u
 DEADLINE=${DEADLINE:-575}
 DEV=${DEV:-cuda}
@@ -17,11 +20,13 @@ TOK=${TOK:-64}
 export PYTHONUNBUFFERED=1 SPECBENCH_CACHE=/tmp/sbcache SPECBENCH_OFFLINE=1 HF_HUB_OFFLINE=1 COLUMNS=200
 export SPECBENCH_DATA_DIR=/tmp/sbdata
 LOGS=results/gpu-logs
+STEPS=${STEPS:-env sdpa-bf16 profile-fp32 run-fp32 recommend run-batch profile-bf16 run-bf16 hf-generate}
 
 cap() { local c=$1 l=$(( DEADLINE - SECONDS - 15 )); (( l < c )) && c=$l; (( c < 5 )) && c=5; echo $c; }
 pack() { find profiles trees recommendations results -newer /tmp/sbstamp -type f 2>/dev/null | tar czf "$OUT/results.tgz" -T - ; }
 step() {
   local name=$1 c; c=$(cap "$2"); shift 2
+  [[ " $STEPS " == *" $name "* ]] || return 0
   if (( DEADLINE - SECONDS < 25 )); then echo "== $name skipped (t=${SECONDS}s)"; return; fi
   echo "== $name (cap ${c}s, t=${SECONDS}s): $*"
   timeout -s INT -k 15 "$c" "$@" > "$LOGS/$name.log" 2>&1
@@ -58,5 +63,8 @@ step recommend 90 $S recommend --device "$DEV" --dtype float32 --dataset gsm8k -
 step run-batch 100 $S run --device "$DEV" --dtype float32 -m sd -b 1,4,16 -d gsm8k --limit 16 --max-new-tokens 64 --out results/gpu-batch
 step profile-bf16 45 $S profile --device "$DEV" --dtype bfloat16
 step run-bf16 90 $S run --device "$DEV" --dtype bfloat16 $M -m pearl -d gsm8k --limit 5 --max-new-tokens 64 --out results/gpu-bf16
+step run-dynamic 60 $S run --device "$DEV" --dtype float32 -m eagle -m parallelspec --tree dynamic -d gsm8k --limit "$LIMIT" --max-new-tokens "$TOK" --out results/gpu-dynamic
+step run-static 50 $S run --device "$DEV" --dtype float32 -m eagle -m parallelspec -d gsm8k --limit "$LIMIT" --max-new-tokens "$TOK" --out results/gpu-static
+step run-batch-large 110 $S run --device "$DEV" --dtype float32 -m sd -b 4,16,32 -d gsm8k --limit 32 --max-new-tokens 64 --out results/gpu-batch-large
 step hf-generate 45 python3 benchmarks/ar_vs_hf_generate.py --dataset gsm8k --limit 4 --max-new-tokens 64 --dtype float32 --device "$DEV"
 echo "all done t=${SECONDS}s"
