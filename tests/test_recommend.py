@@ -60,20 +60,22 @@ def test_prediction_only(store):
 
 
 def test_a_tree_built_with_a_timed_drafter_is_predicted_with_that_time(store):
-    """A tree a run built (`--tree auto`) records the drafting forward it timed there (draft_forward_ms); recommend
-    prices that tree with it rather than the acceptance file's time moved here: a dear drafter lowers eagle's
-    prediction, a tree without the field keeps the file's."""
+    """recommend builds a drafting method's missing tree as `run --tree auto` does, timing the drafter here and
+    recording it in the tree (draft_forward_ms), and prices the tree with that time rather than the acceptance
+    file's moved here: a dearer drafter lowers eagle's prediction."""
     def eagle_predicted() -> float:
         sb("recommend", "--model", "random:tiny", "--confirm", 0, "--out", "rec")
         rec = yaml.safe_load((store / "rec" / "recommendation.yaml").read_text())
         return next(m["predicted"] for m in rec["methods"] if m["method"] == "eagle")
 
-    from_file = eagle_predicted()
+    timed = eagle_predicted()
+    for family in ("eagle", "medusa"):
+        data = yaml.safe_load((store / "trees" / "tiny" / f"{family}-{HW}-float32.yaml").read_text())
+        assert data["draft_forward_ms"] > 0 and f"timed on {HW} float32" in data["draft_cost"]
     tree = store / "trees" / "tiny" / f"eagle-{HW}-float32.yaml"
     data = yaml.safe_load(tree.read_text())
-    assert "draft_forward_ms" not in data  # built from files only
     tree.write_text(yaml.safe_dump({**data, "draft_forward_ms": 1000.0}, sort_keys=False))
-    assert eagle_predicted() < from_file / 2
+    assert eagle_predicted() < timed / 2
 
 
 def test_run_auto_without_a_recommendation_says_what_to_run(store):

@@ -1,5 +1,6 @@
 """`specbench recommend`: which method to use for a model on this machine. Every lossless tree method's speedup is
-predicted from files (planning/recommend.py: no decoding), the best `confirm` of them (and `pld`, which needs
+predicted from files (planning/recommend.py: no decoding; a drafting method's missing tree is first built as `run
+--tree auto` builds it, its drafter timed here: build_drafting_trees), the best `confirm` of them (and `pld`, which needs
 nothing and no model predicts) are measured beside `ar` in one short run (run/loop.py), and the pick is the best
 measured (the best predicted with `confirm` 0; `ar` itself when nothing beats it). The pick is written to
 DIR/recommendation.yaml and filed at recommendations/<model>/<hardware>.yaml, which `run --method auto` reads.
@@ -89,6 +90,7 @@ def recommend(req: RecommendRequest) -> Result:
     if req.confirm < 0 or req.limit < 1 or req.max_new_tokens < 1:
         raise SpecbenchError("--confirm must be >= 0, --limit and --max-new-tokens >= 1")
     dev, hardware, dtype = here(req.model, req.dtype, req.device)
+    build_drafting_trees(req, candidates(), hardware, dtype)
     preds = predict_all(candidates(), req.model, hardware, dtype, dev.type)
     rows = [Row("ar", predicted=1.0)] + [_row(p) for p in preds]
     rows += [Row(m, why_not=why) for m, why in NOT_PREDICTED.items() if m in REGISTRY]
@@ -107,6 +109,35 @@ def recommend(req: RecommendRequest) -> Result:
     result.notes += profile_notes(req.model, hardware, dtype)
     write(result, req)
     return result
+
+
+def build_drafting_trees(req: RecommendRequest, cands: list[Candidate], hardware: str, dtype: str) -> None:
+    """The trees this hardware lacks for the methods that draft with a network (eagle, parallelspec, medusa), built as
+    `run --tree auto` builds them: by the method itself on the loaded target, its drafting forward timed here and
+    recorded in the tree (draft_forward_ms), which the prediction then uses. Built from files alone they would be
+    priced with the acceptance file's time moved from the machine `estimate` ran on, and a drafter's share of a step
+    does not move with the target's: on the H200 medusa's heads took 0.12 ms against 1.24 ms moved from a CPU
+    (benchmarks/RESULTS-gpu.md). The confirming run then takes the same trees. Loads the target only when a tree is
+    missing and could be built; a method that cannot be set up is left to the prediction, which says why."""
+    from ..core.models import load_model
+    from ..core.tree import find_auto_tree
+    from ..planning import autotree
+    from ..planning.acceptance import DRAFT_COST_METHODS
+    from ..planning.recommend import artifact_meta
+
+    key = model_slug(req.model)
+    todo = [c for c in cands if c.family in DRAFT_COST_METHODS and find_auto_tree(key, c.family, hardware, dtype) is None
+            and artifact_meta(key, c.family) is not None and autotree.inputs(req.model, c.family, hardware, dtype).ready]
+    if not todo:
+        return
+    if req.threads:
+        torch.set_num_threads(req.threads)
+    target = load_model(req.model, dtype, req.device)
+    for cand in todo:
+        try:
+            REGISTRY[cand.method](target)  # --tree auto: builds and files this hardware's tree, drafter timed here
+        except SpecbenchError:
+            pass
 
 
 def profile_notes(model: str, hardware: str, dtype: str) -> list[str]:
