@@ -33,3 +33,24 @@ def test_cpu_is_left_alone(cudnn_switch, monkeypatch):
     monkeypatch.delenv(KEEP_CUDNN, raising=False)
     assert choose_attention_kernels(torch.device("cpu")) is False
     assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_records_say_which_attention_kernels_ran(cudnn_switch, tmp_path):
+    """A CUDA run's environment says whether cuDNN attention was left out, and `--resume` refuses a run folder
+    measured with the other choice (its numbers would mix two kernels)."""
+    import yaml
+
+    from specbench.core.attention_kernels import attention_in_use
+    from specbench.errors import SpecbenchError
+    from specbench.run.resume import refuse_other_environment
+
+    assert attention_in_use(torch.device("cpu")) is None
+    assert attention_in_use(torch.device("cuda")) == "sdpa, cuDNN allowed"
+    choose_attention_kernels(torch.device("cuda"))
+    assert attention_in_use(torch.device("cuda")) == "sdpa, cuDNN left out"
+    env = {"device": "NVIDIA H200", "device_type": "cuda", "hardware": "nvidia-h200", "dtype": "bfloat16",
+           "attention": "sdpa, cuDNN allowed", "torch": "2.11.0", "transformers": "5.17.0", "threads": 16, "git": "x"}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({"environment": env}))
+    refuse_other_environment(tmp_path, env)  # the same: accepted
+    with pytest.raises(SpecbenchError, match="another environment: attention"):
+        refuse_other_environment(tmp_path, {**env, "attention": "sdpa, cuDNN left out"})

@@ -136,7 +136,7 @@ def differences(new: Side, old: Side) -> list[str]:
             differ(f"hardware {key}", new.identity.get(key), old.identity.get(key))
     differ("model", new.model, old.model)
     differ("dtype", new.dtype, old.dtype)
-    for key in ("cpu_linear", "threads", "device_type"):
+    for key in ("cpu_linear", "attention", "threads", "device_type"):
         differ(key, new.environment.get(key), old.environment.get(key))
     if new.settings is not None and old.settings is not None:
         for key in sorted((set(new.settings) | set(old.settings)) - NOT_COMPARED, key=str):

@@ -24,3 +24,10 @@ def choose_attention_kernels(device: torch.device) -> bool:
         return False
     torch.backends.cuda.enable_cudnn_sdp(False)
     return True
+
+
+def attention_in_use(device: torch.device) -> str | None:
+    """What a record says of the attention kernels on a CUDA device (None on a CPU): whether cuDNN's was left out."""
+    if device.type != "cuda":
+        return None
+    return "sdpa, cuDNN allowed" if torch.backends.cuda.cudnn_sdp_enabled() else "sdpa, cuDNN left out"

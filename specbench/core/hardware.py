@@ -231,6 +231,10 @@ def environment(device: torch.device, dtype: torch.dtype | None = None) -> dict:
         from .cpu_kernels import backend
 
         env["cpu_linear"] = backend()  # float32 linear kernels (cpu_kernels.py)
+    elif device.type == "cuda":
+        from .attention_kernels import attention_in_use
+
+        env["attention"] = attention_in_use(device)  # cuDNN attention left out or not (attention_kernels.py)
     return env
 
 

@@ -26,7 +26,7 @@ from .results import TIMELINE_FILE, read_meta
 
 # environment keys that must agree within one hardware key (the numbers depend on them); device names, identity,
 # threads and git may differ between machines of one key and are listed per shard instead
-SAME_ENVIRONMENT = ("device_type", "dtype", "cpu_linear", "torch", "transformers")
+SAME_ENVIRONMENT = ("device_type", "dtype", "cpu_linear", "attention", "torch", "transformers")
 ROW_KEY = ["method", "dataset", "prompt_id", "turn", "batch_size", "batching"]
 
 

@@ -59,8 +59,8 @@ def remove_if_empty(folders: list[Path]) -> None:
 
 
 # What the numbers depend on besides the options: a resumed run must match the interrupted one in all of them.
-ENVIRONMENT_KEYS = ("device", "device_type", "hardware", "identity", "dtype", "cpu_linear", "torch", "transformers",
-                    "threads")
+ENVIRONMENT_KEYS = ("device", "device_type", "hardware", "identity", "dtype", "cpu_linear", "attention", "torch",
+                    "transformers", "threads")
 
 
 def refuse_other_environment(out: Path, env: dict) -> None:
