@@ -172,3 +172,24 @@ def test_auto_exec_calibration_times_every_mode_at_the_gamma_the_run_uses(tiny, 
     assert chosen["gamma"] == 4 and chosen["gamma_from"] == "round(c) of sequential"
     assert chosen["step_ms_by_exec"]["threads"] == {2: 6000.0, 4: 12000.0}
     assert "same gamma" in chosen["exec_from"] and "streams" in chosen["exec_not_compared"]
+
+
+@pytest.mark.parametrize("mode,steps,expect", [
+    ("streams", {"sequential": {9: 0.0349}, "streams": {9: 0.0338}}, "hardly overlapped here (streams 33.8 ms against "
+                                                                    "34.9 ms sequential a step, 3% saved) at gamma 9"),
+    ("sequential", {"sequential": {9: 0.030}, "threads": {9: 0.036}}, "no concurrent mode beat sequential here "
+                                                                     "(threads 36.0 ms against 30.0 ms a step) at gamma 9"),
+    ("threads", {"sequential": {9: 0.040}, "threads": {9: 0.025}}, None),  # real overlap: nothing to say
+    ("streams", {"streams": {9: 0.030}}, None),  # --pearl-exec streams: nothing was compared
+])
+def test_a_run_is_told_when_drafting_and_verifying_hardly_overlap(mode, steps, expect):
+    """PEARL's gain needs the drafter beside the target; when calibration measured the chosen mode's step within
+    10% of the sequential one (one GPU's streams on the H200) or no concurrent mode beat sequential, the run says so
+    and what PEARL is built for."""
+    from specbench.core.concurrency import Calibration, overlap_note
+
+    note = overlap_note(Calibration(mode, "", 9, 8.5, steps, {}, {}))
+    if expect is None:
+        assert note is None
+    else:
+        assert expect in note and "--draft-device" in note

@@ -244,6 +244,32 @@ def choose_mode(step_s: dict[str, dict[int, float]], gamma_by_mode: dict[str, in
     return best, f"fastest step per drafted token at each mode's own gamma ({own}); no mode was fastest at {at}"
 
 
+LITTLE_OVERLAP = 0.10  # a concurrent step saving less than this share of the sequential one: PEARL's premise fails
+
+
+def overlap_note(cal: Calibration) -> str | None:
+    """What to tell a user when drafting and verifying hardly ran at once here: the chosen mode's PEARL step at the
+    run's gamma saved under LITTLE_OVERLAP of the sequential step (both measured by calibrate). On the H200 CUDA
+    streams gave 33.8 ms against 34.9 ms sequential at gamma 9: both models' kernels are launched by one Python
+    thread, so the window of 9 drafts costs what it would in sd, and PEARL ran 0.71-0.83x ar
+    (benchmarks/RESULTS-gpu.md). None when there was no sequential step to compare or the overlap was real."""
+    seq = cal.step_s.get("sequential", {}).get(cal.gamma)
+    if seq is None or len(cal.step_s) < 2:
+        return None
+    if cal.mode == "sequential":
+        others = ", ".join(f"{m} {by[cal.gamma] * 1e3:.1f} ms" for m, by in cal.step_s.items() if m != "sequential")
+        said = f"no concurrent mode beat sequential here ({others} against {seq * 1e3:.1f} ms a step)"
+    else:
+        saved = 1 - cal.step_s[cal.mode][cal.gamma] / seq
+        if saved >= LITTLE_OVERLAP:
+            return None
+        said = (f"drafting and verifying hardly overlapped here ({cal.mode} {cal.step_s[cal.mode][cal.gamma] * 1e3:.1f} "
+                f"ms against {seq * 1e3:.1f} ms sequential a step, {saved:.0%} saved)")
+    return (f"pearl: {said} at gamma {cal.gamma}: PEARL's gain rests on the drafter running beside the target, so expect "
+            "about sd's speed or less; a second device for the drafter (--draft-device, --pearl-exec devices) is what "
+            "PEARL is built for")
+
+
 def _measure_c(executor: Executor, target, drafter_model) -> float:
     """c = target forward time / drafter forward time (1 token each), as this mode runs the two models."""
     with executor.session():
