@@ -14,6 +14,7 @@ too (no cuDNN there: the first two sets should tie).
 from __future__ import annotations
 
 import argparse
+
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 

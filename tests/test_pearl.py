@@ -175,10 +175,10 @@ def test_auto_exec_calibration_times_every_mode_at_the_gamma_the_run_uses(tiny, 
 
 
 @pytest.mark.parametrize("mode,steps,expect", [
-    ("streams", {"sequential": {9: 0.0349}, "streams": {9: 0.0338}}, "hardly overlapped here (streams 33.8 ms against "
-                                                                    "34.9 ms sequential a step, 3% saved) at gamma 9"),
-    ("sequential", {"sequential": {9: 0.030}, "threads": {9: 0.036}}, "no concurrent mode beat sequential here "
-                                                                     "(threads 36.0 ms against 30.0 ms a step) at gamma 9"),
+    ("streams", {"sequential": {9: 0.0349}, "streams": {9: 0.0338}},
+     "hardly overlapped here (streams 33.8 ms against 34.9 ms sequential a step, 3% saved) at gamma 9"),
+    ("sequential", {"sequential": {9: 0.030}, "threads": {9: 0.036}},
+     "no concurrent mode beat sequential here (threads 36.0 ms against 30.0 ms a step) at gamma 9"),
     ("threads", {"sequential": {9: 0.040}, "threads": {9: 0.025}}, None),  # real overlap: nothing to say
     ("streams", {"streams": {9: 0.030}}, None),  # --pearl-exec streams: nothing was compared
 ])

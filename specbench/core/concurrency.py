@@ -263,11 +263,12 @@ def overlap_note(cal: Calibration) -> str | None:
         saved = 1 - cal.step_s[cal.mode][cal.gamma] / seq
         if saved >= LITTLE_OVERLAP:
             return None
-        said = (f"drafting and verifying hardly overlapped here ({cal.mode} {cal.step_s[cal.mode][cal.gamma] * 1e3:.1f} "
-                f"ms against {seq * 1e3:.1f} ms sequential a step, {saved:.0%} saved)")
-    return (f"pearl: {said} at gamma {cal.gamma}: PEARL's gain rests on the drafter running beside the target, so expect "
-            "about sd's speed or less; a second device for the drafter (--draft-device, --pearl-exec devices) is what "
-            "PEARL is built for")
+        ms = cal.step_s[cal.mode][cal.gamma] * 1e3
+        said = (f"drafting and verifying hardly overlapped here ({cal.mode} {ms:.1f} ms against {seq * 1e3:.1f} ms "
+                f"sequential a step, {saved:.0%} saved)")
+    return (f"pearl: {said} at gamma {cal.gamma}: PEARL's gain rests on the drafter running beside the target, so "
+            "expect about sd's speed or less; a second device for the drafter (--draft-device, --pearl-exec devices) "
+            "is what PEARL is built for")
 
 
 def _measure_c(executor: Executor, target, drafter_model) -> float:

@@ -2,8 +2,8 @@
 only (no decoding). For each method: its artefact, this hardware's latency profile, its acceptance file and the
 tree `--tree auto` would take (built now as build-tree would when the profile and acceptance file exist:
 autotree.py), then buildtree.predict: tau = 1 + R(T) from the acceptance file, speedup = tau L(1) /
-(expected verify latency + the drafter's cost per step: timed here when a run built the tree, else the acceptance
-file's, moved here), as in run.yaml's predicted column. A method that lacks a
+(expected verify latency + the drafter's cost per step: timed here when a run or recommend built the tree, else the
+acceptance file's, moved here), as in run.yaml's predicted column. A method that lacks a
 file says which and the command that makes it.
 """
 
@@ -96,7 +96,7 @@ def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, dev
 def tree_draft_cost(family: str, tree):
     """depth -> drafting ms per step from the drafting forward a run timed on this hardware and dtype as it built
     `tree` (its `draft_forward_ms`), or None: a tree built from files only is priced by the acceptance file's time,
-    moved here (draft_cost). On the H200 the two differed 2.5x (eagle: 2.38 ms timed, 0.95 ms moved)."""
+    moved here (draft_cost). On the H200 they differed up to 10x (medusa's heads: 0.12 ms timed, 1.24 ms moved)."""
     ms = tree.extra.get("draft_forward_ms")
     return cost_law(family, ms) if family in DRAFT_COST_METHODS and isinstance(ms, (int, float)) else None
 

@@ -1,7 +1,7 @@
 """`specbench recommend`: which method to use for a model on this machine. Every lossless tree method's speedup is
-predicted from files (planning/recommend.py: no decoding; a drafting method's missing tree is first built as `run
---tree auto` builds it, its drafter timed here: build_drafting_trees), the best `confirm` of them (and `pld`, which needs
-nothing and no model predicts) are measured beside `ar` in one short run (run/loop.py), and the pick is the best
+predicted from files (planning/recommend.py: no decoding; a drafting method's missing tree is first built as
+`run --tree auto` builds it, its drafter timed here: build_drafting_trees), the best `confirm` of them (and `pld`,
+which needs nothing and no model predicts) are measured beside `ar` in one short run (run/loop.py), and the pick is the best
 measured (the best predicted with `confirm` 0; `ar` itself when nothing beats it). The pick is written to
 DIR/recommendation.yaml and filed at recommendations/<model>/<hardware>.yaml, which `run --method auto` reads.
 """
@@ -126,8 +126,9 @@ def build_drafting_trees(req: RecommendRequest, cands: list[Candidate], hardware
     from ..planning.recommend import artifact_meta
 
     key = model_slug(req.model)
-    todo = [c for c in cands if c.family in DRAFT_COST_METHODS and find_auto_tree(key, c.family, hardware, dtype) is None
-            and artifact_meta(key, c.family) is not None and autotree.inputs(req.model, c.family, hardware, dtype).ready]
+    todo = [c for c in cands if c.family in DRAFT_COST_METHODS
+            and find_auto_tree(key, c.family, hardware, dtype) is None and artifact_meta(key, c.family) is not None
+            and autotree.inputs(req.model, c.family, hardware, dtype).ready]
     if not todo:
         return
     if req.threads:
