@@ -78,6 +78,12 @@ def test_a_tree_built_with_a_timed_drafter_is_predicted_with_that_time(store):
     assert eagle_predicted() < timed / 2
 
 
+def test_an_unknown_model_is_refused_and_nothing_is_filed(store):
+    said = sb("recommend", "--model", "./no-such-model", "--confirm", 0, "--out", "rec", code=2)
+    assert "model path not found: ./no-such-model" in said
+    assert not (store / "rec").exists() and not (store / "recommendations").exists()
+
+
 def test_run_auto_without_a_recommendation_says_what_to_run(store):
     said = sb("run", "--method", "auto", "--model", "random:tiny", "--dataset", "prompts.jsonl", code=2)
     assert "`specbench recommend --model random:tiny`" in said

@@ -257,6 +257,8 @@ def model_config(spec: str):
         if not Path(spec).expanduser().is_file():
             raise SpecbenchError(f"GGUF file not found: {spec}")
         return _gguf_config(Path(spec).expanduser())
+    if spec.startswith(("/", "./", "../", "~")) and not Path(spec).expanduser().exists():
+        raise SpecbenchError(f"model path not found: {spec} (no such file or directory)")
     try:
         return AutoConfig.from_pretrained(spec)
     except (OSError, ValueError) as exc:

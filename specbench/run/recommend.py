@@ -19,7 +19,7 @@ import yaml
 from ..core import store
 from ..core.hardware import hardware_slug
 from ..core.model_specs import resolve_device, resolve_dtype
-from ..core.models import auto_dtype, dtype_name, model_slug
+from ..core.models import auto_dtype, dtype_name, model_config, model_slug
 from ..errors import SpecbenchError
 from ..methods import REGISTRY
 from ..planning.recommend import Candidate, Prediction, predict_all
@@ -89,6 +89,7 @@ def candidates() -> list[Candidate]:
 def recommend(req: RecommendRequest) -> Result:
     if req.confirm < 0 or req.limit < 1 or req.max_new_tokens < 1:
         raise SpecbenchError("--confirm must be >= 0, --limit and --max-new-tokens >= 1")
+    model_config(req.model)  # an unknown model is refused here (its config; no weights), not filed as "use ar"
     dev, hardware, dtype = here(req.model, req.dtype, req.device)
     build_drafting_trees(req, candidates(), hardware, dtype)
     preds = predict_all(candidates(), req.model, hardware, dtype, dev.type)
