@@ -17,6 +17,7 @@ from specbench.core.models import dtype_name, load_model
 from specbench.core.verify import Sampling
 from specbench.data.datasets import load_prompts
 from specbench.methods import get_method
+from specbench.train.selfdistill import render
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
                                     eos_token_id=stop, pad_token_id=stop[0])
         return out[0, ids.shape[1]:].tolist()
 
-    first = torch.tensor([target.tokenizer.render([{"role": "user", "content": prompts[0].turns[0]}])], device=target.device)
+    first = torch.tensor([render(target, prompts[0])], device=target.device)
     ar.generate(first, 16, Sampling(), None)  # warm-up, untimed
     hf_generate(first, 16)
 
@@ -54,7 +55,7 @@ def main() -> None:
     run_ar = lambda ids: ar.generate(ids, args.max_new_tokens, Sampling(), None).tokens  # noqa: E731
     run_hf = lambda ids: hf_generate(ids, args.max_new_tokens)  # noqa: E731
     for i, prompt in enumerate(prompts):
-        ids = torch.tensor([target.tokenizer.render([{"role": "user", "content": prompt.turns[0]}])], device=target.device)
+        ids = torch.tensor([render(target, prompt)], device=target.device)
         # alternate which goes first, so drifting machine load does not favour one side
         if i % 2 == 0:
             (ours, t_ar), (theirs, t_hf) = timed(run_ar, ids), timed(run_hf, ids)

@@ -23,6 +23,7 @@ from specbench.core.timing import wall
 from specbench.core.verify import Sampling
 from specbench.data.datasets import load_prompts
 from specbench.methods import get_method
+from specbench.train.selfdistill import render
 
 # name -> the SDPA kernels allowed; "all" is PyTorch's own choice among every kernel, cuDNN's included (specbench
 # itself leaves cuDNN out on CUDA: core/attention_kernels.py)
@@ -47,9 +48,8 @@ def main() -> None:
     ar = get_method("ar")(target)
     _, prompts = load_prompts(args.dataset, args.limit)
 
-    def render(prompt) -> torch.Tensor:
-        ids = target.tokenizer.render([{"role": "user", "content": prompt.turns[0]}])
-        return torch.tensor([ids], device=target.device)
+    def first_turn(prompt) -> torch.Tensor:
+        return torch.tensor([render(target, prompt)], device=target.device)
 
     def decode(name: str, ids: torch.Tensor, n: int) -> tuple[list[int], float]:
         out: dict = {}
@@ -58,14 +58,14 @@ def main() -> None:
         return tokens, out["s"]
 
     for name in BACKEND_SETS:  # warm-up, untimed: each set's first-use costs
-        decode(name, render(prompts[0]), 16)
+        decode(name, first_turn(prompts[0]), 16)
 
     names = list(BACKEND_SETS)
     totals = {name: [0, 0.0] for name in names}
     same = {name: 0 for name in names}
     print(f"{'prompt':>14} " + " ".join(f"{name + ' tok/s':>16}" for name in names))
     for i, prompt in enumerate(prompts):
-        ids = render(prompt)
+        ids = first_turn(prompt)
         order = names[i % len(names):] + names[:i % len(names)]  # rotate who goes first: drift favours no one
         runs = {name: decode(name, ids, args.max_new_tokens) for name in order}
         for name, (tokens, seconds) in runs.items():

@@ -22,8 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from rich.markup import escape
 
 from ..errors import SpecbenchError
+from ..progress import console
 from .cache import crop_to, new_cache
 from .forward import forward, timed_forward
 from .timing import now, since
@@ -310,4 +312,6 @@ def calibrate(target, model_for, requested: str, draft_device: torch.device | No
     skipped = unsupported if requested == "auto" else {}
     result = Calibration(best, reason, gamma_by_mode[best], c_by_mode[best], step_s, c_by_mode, skipped)
     target.extras[key] = result
+    if note := overlap_note(result):  # said once, as the calibration is measured once per pair
+        console.print(f"[yellow]note[/] {escape(note)}")
     return result

@@ -19,13 +19,11 @@ verified prefix, or a sample of the residual: the output is distributed exactly 
 from __future__ import annotations
 
 import torch
-from rich.markup import escape
 
-from ..core.concurrency import MODES, Executor, calibrate, drafter_on, overlap_note, step
+from ..core.concurrency import MODES, Executor, calibrate, drafter_on, step
 from ..core.timing import now
 from ..core.models import resolve_device
 from ..core.verify import accept
-from ..progress import console
 from ._drafting import DraftModelMethod, ModelState, child_generator, draft_tokens
 from .base import Generation, register
 from .options import Option
@@ -61,11 +59,6 @@ class Pearl(DraftModelMethod):
         # default window size: round(c), c = target forward time / drafter forward time (PEARL §4.4.1)
         self.gamma = self.calibration.gamma
         self.executor = Executor(self.mode, target.device, self.draft_device)
-        note = overlap_note(self.calibration)
-        said = ("pearl_overlap_said", id(self.calibration))
-        if note and not target.extras.get(said):  # once per calibration (tree sweeps, batch sizes, datasets)
-            target.extras[said] = True
-            console.print(f"[yellow]note[/] {escape(note)}")
 
     def chosen(self) -> dict:
         cal = self.calibration

@@ -80,7 +80,8 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
     env = environment(device, target.dtype)
     identity = hardware_identity(device)
     meta = {"device_name": env["device"], "identity": identity, "threads": env["threads"], "repeats": repeats,
-            "warmup": warmup, "kv_growth": "one token a round (round r at KV kv + r)", "contention": {**load, "disturbed": contention.disturbed(load)},
+            "warmup": warmup, "kv_growth": "one token a round (round r at KV kv + r)",
+            "contention": {**load, "disturbed": contention.disturbed(load)},
             "versions": {"torch": env["torch"], "transformers": env["transformers"], "specbench": __version__,
                          "git": env["git"]}}
     if device.type == "cuda":

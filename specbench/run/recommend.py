@@ -1,8 +1,8 @@
 """`specbench recommend`: which method to use for a model on this machine. Every lossless tree method's speedup is
 predicted from files (planning/recommend.py: no decoding; a drafting method's missing tree is first built as
 `run --tree auto` builds it, its drafter timed here: build_drafting_trees), the best `confirm` of them (and `pld`,
-which needs nothing and no model predicts) are measured beside `ar` in one short run (run/loop.py), and the pick is the best
-measured (the best predicted with `confirm` 0; `ar` itself when nothing beats it). The pick is written to
+which needs nothing and no model predicts) are measured beside `ar` in one short run (run/loop.py), and the pick is
+the best measured (the best predicted with `confirm` 0; `ar` itself when nothing beats it). The pick is written to
 DIR/recommendation.yaml and filed at recommendations/<model>/<hardware>.yaml, which `run --method auto` reads.
 """
 
