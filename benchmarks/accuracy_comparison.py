@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from specbench.core.models import load_model
+from specbench.core.model.load import load_model
 from specbench.data import datasets as ds
-from specbench.artifacts import medusa_heads as mh
-from specbench.artifacts import prompt_tokens as pt
-from specbench.artifacts import transfer_projections as tp
+from specbench.methods.medusa import artifact as mh
+from specbench.methods.ppd import artifact as pt
+from specbench.methods.hidden_transfer import artifact as tp
 from specbench.train.selfdistill import greedy_continuations, render
 from specbench.planning.acceptance import score_sequence
 from specbench.planning.head_accuracy import medusa_ranks, transfer_ranks

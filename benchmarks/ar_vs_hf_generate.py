@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from specbench.core.models import dtype_name, load_model
+from specbench.core.model.load import dtype_name, load_model
 from specbench.core.verify import Sampling
 from specbench.data.datasets import load_prompts
 from specbench.methods import get_method

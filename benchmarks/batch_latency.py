@@ -2,8 +2,8 @@
 
 EMS-SD §4.4 names the first reason speculative decoding loses ground as the batch grows: a B x w forward costs far
 more than a B x 1 forward once the batch fills the hardware. This prints L(B, w) and L(B, w) / L(B, 1) for the
-unpadded engine (core/ragged.py), so a speedup at batch B can be set against its ceiling: speedup <= tau /
-(L(B, w) / L(B, 1)), w = the verified width (sd: gamma + 1). `--mode padded` times core/padded.py on the same
+unpadded engine (core/batch/ragged.py), so a speedup at batch B can be set against its ceiling: speedup <= tau /
+(L(B, w) / L(B, 1)), w = the verified width (sd: gamma + 1). `--mode padded` times core/batch/padded.py on the same
 shapes (equal widths and KV lengths: no padding at all), which isolates what the engines themselves cost.
 
     python benchmarks/batch_latency.py --dtype float32 --batch-sizes 1,2,4,8,16 --widths 1,2,3,4,6,11
@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from specbench.core.models import load_model
-from specbench.core.ragged import Segment
+from specbench.core.model.load import load_model
+from specbench.core.batch.ragged import Segment
 from specbench.methods.batch_loop import engine as batch_engine
 
 

@@ -6,7 +6,7 @@
 # what it measured. Steps, most wanted first: the attention-kernel check (bfloat16 ran 1.7x slower than float32
 # on the H200's first lease), the float32 profile, every method in float32 beside ar on GSM8K and HumanEval (its
 # trees built on the spot, the drafters timed there), `recommend` on the same GSM8K prompts, sd batched (EMS-SD),
-# the bfloat16 profile and every method in bfloat16 (cuDNN attention left out: core/attention_kernels.py), then ar
+# the bfloat16 profile and every method in bfloat16 (cuDNN attention left out: core/model/attention_kernels.py), then ar
 # against HF generate in float32.
 # STEPS="a b" runs only the steps named (a second, shorter lease); run-dynamic / run-static (EAGLE-2's dynamic tree
 # against the static one), run-batch-large and amx-cpu-bf16 (the host's CPU) run only when named.

@@ -22,7 +22,7 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/payload" .git/info
 for d in /.gpu1/ /.gpu2/; do grep -qxF "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
 
-gguf=$(.venv/bin/python -c "from specbench.core.gguf import embedded_gguf_path; print(embedded_gguf_path())")
+gguf=$(.venv/bin/python -c "from specbench.core.model.gguf import embedded_gguf_path; print(embedded_gguf_path())")
 echo "model: $gguf"
 xz -9 -T2 -c "$gguf" > "$work/payload/model.gguf.xz"
 git ls-files '*.safetensors' | tar cf - -T - | xz -9 -T2 > "$work/payload/artifacts.tar.xz"

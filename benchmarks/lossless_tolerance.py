@@ -18,9 +18,9 @@ import argparse
 
 import torch
 
-from specbench.core.cache import new_cache
-from specbench.core.forward import forward
-from specbench.core.models import load_model
+from specbench.core.batch.cache import new_cache
+from specbench.core.batch.forward import forward
+from specbench.core.model.load import load_model
 
 PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.",
            "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many "

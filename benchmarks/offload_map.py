@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from specbench.core.models import model_config
+from specbench.core.model.load import model_config
 
 
 def device_map(layers: int, disk_from: int) -> dict[str, str]:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from specbench.planning import padding_model as pm
 from specbench.report.markdown import markdown_table
-from specbench.report.report import read_records
+from specbench.report.run_report import read_records
 
 ACCURACIES = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)  # Figure 7's range of p
 BATCHES = (1, 2, 4, 8, 12, 16, 20, 24)  # Figure 7 runs B from 1 to 24; these columns keep the table readable

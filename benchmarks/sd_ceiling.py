@@ -20,10 +20,10 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from specbench.core.concurrency import measure_forward_times
-from specbench.core.models import load_model
+from specbench.methods.pearl.scheduler import measure_forward_times
+from specbench.core.model.load import load_model
 from specbench.train.selfdistill import training_sequences
-from specbench.artifacts.token_drafter import default_drafter, resolve_drafter
+from specbench.methods.sd.drafter import default_drafter, resolve_drafter
 
 GAMMAS = (1, 2, 3, 4, 6, 8)
 THRESHOLDS = (None, 0.3, 0.5, 0.7)  # None: always draft gamma tokens (plain sd)

@@ -5,7 +5,7 @@ Hugging Face `generate` was as slow in bfloat16, while the latency profile's for
 were equal in the two dtypes. A per-new-shape cost fits that; one suspect is cuDNN attention, which PyTorch may pick
 for 16-bit inputs on Hopper and which plans each new shape (every decoding step has a new KV length). This times
 `ar` with PyTorch's own choice among every kernel, with cuDNN attention excluded (specbench's default on CUDA since,
-core/attention_kernels.py), and with the math kernel alone, and checks that the tokens are the same. On a CPU it runs
+core/model/attention_kernels.py), and with the math kernel alone, and checks that the tokens are the same. On a CPU it runs
 too (no cuDNN there: the first two sets should tie).
 
     python benchmarks/sdpa_backends.py [--dtype bfloat16] [--device cuda] [--dataset gsm8k] [--limit 4] [--max-new-tokens 64]
@@ -18,15 +18,15 @@ import argparse
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from specbench.core.models import dtype_name, load_model
-from specbench.core.timing import wall
+from specbench.core.model.load import dtype_name, load_model
+from specbench.core.machine.timing import wall
 from specbench.core.verify import Sampling
 from specbench.data.datasets import load_prompts
 from specbench.methods import get_method
 from specbench.train.selfdistill import render
 
 # name -> the SDPA kernels allowed; "all" is PyTorch's own choice among every kernel, cuDNN's included (specbench
-# itself leaves cuDNN out on CUDA: core/attention_kernels.py)
+# itself leaves cuDNN out on CUDA: core/model/attention_kernels.py)
 BACKEND_SETS = {
     "all": [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],
     "no-cudnn": [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH],

@@ -13,9 +13,9 @@ import os
 
 import torch
 
-from specbench.core.models import load_model
-from specbench.core.timing import now, since
-from specbench.train.config import TRAINING_MIX
+from specbench.core.model.load import load_model
+from specbench.core.machine.timing import now, since
+from specbench.train.settings import TRAINING_MIX
 from specbench.train.greedy import padded_greedy, ragged_greedy
 from specbench.train.selfdistill import load_source, render, source_names
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from specbench.core.models import load_model
+from specbench.core.model.load import load_model
 from specbench.data import datasets as ds
-from specbench.artifacts import transfer_projections as tp
+from specbench.methods.hidden_transfer import artifact as tp
 from specbench.train.selfdistill import greedy_continuations, render, training_sequences
-from specbench.train.config import TRAINING_MIX
-from specbench.train.transfer import make_step_loss
-from specbench.train.loop import optimise
+from specbench.train.settings import TRAINING_MIX
+from specbench.methods.hidden_transfer.training import make_step_loss
+from specbench.train.recipe import optimise
 from specbench.planning.head_accuracy import transfer_ranks
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench.core.models import load_model
+from specbench.core.model.load import load_model
 
 # `run` re-times a disturbed prompt turn (--retime, default 2). The suite runs on every core (make test), so the
 # other workers' tests always look like a neighbour: re-timing would triple every run for nothing. Tests of the
@@ -56,14 +56,14 @@ def prompts_file(tmp_path):
 # random artefacts of the single-model methods (medusa heads, hidden-transfer projections) for tiny test models
 
 def _meta(target) -> dict:
-    from specbench.artifacts.prompt_tokens import model_key
+    from specbench.methods.ppd.artifact import model_key
 
     return {"model": target.spec, "model_key": model_key(target), "hidden_size": target.model.config.hidden_size,
             "vocab_size": target.vocab_size}
 
 
 def heads_artifact(target, folder, heads=3, scale=0.05, seed=0):
-    from specbench.artifacts import medusa_heads as mh
+    from specbench.methods.medusa import artifact as mh
 
     torch.manual_seed(seed)
     h = mh.MedusaHeads(target.model.config.hidden_size, heads, target.model.config.num_hidden_layers)
@@ -73,7 +73,7 @@ def heads_artifact(target, folder, heads=3, scale=0.05, seed=0):
 
 
 def projections_artifact(target, folder, layers=None, scale=0.05, seed=0):
-    from specbench.artifacts import transfer_projections as tp
+    from specbench.methods.hidden_transfer import artifact as tp
 
     torch.manual_seed(seed)
     layers = layers or list(range(1, min(4, target.model.config.num_hidden_layers)))
@@ -86,7 +86,7 @@ def projections_artifact(target, folder, layers=None, scale=0.05, seed=0):
 def feature_artifact(target, folder, method="eagle", mask_tokens=0, scale=0.05, seed=0, vocab_ids=None):
     """A random feature drafter (eagle: no masks; parallelspec: mask_tokens masks): the target's last layer plus
     noise, so it agrees with the target only partly."""
-    from specbench.artifacts import feature_drafter as fd
+    from specbench.methods.eagle import artifact as fd
 
     torch.manual_seed(seed)
     d = fd.FeatureDrafter(target.model, mask_tokens, vocab_ids)

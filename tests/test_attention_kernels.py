@@ -1,11 +1,11 @@
-"""core/attention_kernels.py: cuDNN attention is left out of SDPA's choices on CUDA (its per-shape plans cost every
+"""core/model/attention_kernels.py: cuDNN attention is left out of SDPA's choices on CUDA (its per-shape plans cost every
 decoding step there), kept with SPECBENCH_CUDNN_ATTENTION=1, and a CPU run is left alone. The CUDA branch only sets
 PyTorch's process-wide switch, so it is checked here on CPU with a CUDA device object."""
 
 import pytest
 import torch
 
-from specbench.core.attention_kernels import KEEP_CUDNN, choose_attention_kernels
+from specbench.core.model.attention_kernels import KEEP_CUDNN, choose_attention_kernels
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_records_say_which_attention_kernels_ran(cudnn_switch, tmp_path):
     measured with the other choice (its numbers would mix two kernels)."""
     import yaml
 
-    from specbench.core.attention_kernels import attention_in_use
+    from specbench.core.model.attention_kernels import attention_in_use
     from specbench.errors import SpecbenchError
     from specbench.run.resume import refuse_other_environment
 

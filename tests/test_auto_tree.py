@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from specbench.core.hardware import hardware_slug
+from specbench.core.machine.hardware import hardware_slug
 from specbench.core.profile_file import load_profile
 from specbench.planning.profile import LatencyProfile
 from specbench.progress import console
@@ -95,7 +95,7 @@ def test_without_a_profile_the_note_names_this_methods_commands(tiny, store_dir)
 
 
 def test_gamma_auto_means_the_method_chooses():
-    from specbench.methods._drafting import GAMMA
+    from specbench.methods.sd.drafting import GAMMA
 
     assert GAMMA.check("auto") is None and GAMMA.check("3") == 3
 

@@ -9,9 +9,9 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from specbench.artifacts.token_drafter import layer_drafter
+from specbench.methods.sd.drafter import layer_drafter
 from specbench.cli import app
-from specbench.core.hardware import hardware_slug
+from specbench.core.machine.hardware import hardware_slug
 from specbench.core.profile_file import BatchCurve, LatencyProfile
 from specbench.core.tree import other_trees, read_tree_file
 from specbench.core.verify import Sampling

@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 
 from specbench.run import resume as runner_module
 from specbench.cli import app
-from specbench.core.cache import new_cache
-from specbench.core.forward import forward
-from specbench.core.padded import PaddedBatch
-from specbench.core.ragged import RaggedCache, Segment, ragged_forward
+from specbench.core.batch.cache import new_cache
+from specbench.core.batch.forward import forward
+from specbench.core.batch.padded import PaddedBatch
+from specbench.core.batch.ragged import RaggedCache, Segment, ragged_forward
 from specbench.core.verify import Sampling
-from specbench.artifacts.token_drafter import layer_drafter
+from specbench.methods.sd.drafter import layer_drafter
 from specbench.methods import REGISTRY, get_method
 from specbench.methods.batch_loop import generate_batch
 

@@ -8,7 +8,8 @@ import math
 import pandas as pd
 import yaml
 
-from specbench.report import context, report
+from specbench.report import run_report as report
+from specbench.report import context
 
 # prompt id -> (ar's prompt tokens, pld wall_s, pld target forwards); every turn emits 30 tokens, ar at 10 tok/s
 TURNS = {"a": (100, 1.0, 10), "b": (150, 1.5, 15), "c": (200, 2.0, 20),        # <256: 90 tokens in 4.5 s, 45 fwd

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specbench.core.cache import new_cache
-from specbench.core.concurrency import Executor, now
-from specbench.core.forward import forward, timed_forward
-from specbench.core.hardware import device_name, gpu_facts
-from specbench.core.timing import wall
+from specbench.core.batch.cache import new_cache
+from specbench.methods.pearl.scheduler import Executor, now
+from specbench.core.batch.forward import forward, timed_forward
+from specbench.core.machine.hardware import device_name, gpu_facts
+from specbench.core.machine.timing import wall
 from specbench.core.verify import Sampling
-from specbench.artifacts.token_drafter import layer_drafter
+from specbench.methods.sd.drafter import layer_drafter
 from specbench.methods import get_method
 
 from .conftest import prompt_ids

@@ -259,8 +259,8 @@ def test_cnn_dm_long_offline_prompts_are_1k_to_4k_tokens():
     long for the embedded model's tokenizer (chat template included), skipping no article of cnn-dm's first 480."""
     from transformers import AutoTokenizer
 
-    from specbench.core.gguf import _embedded_dir
-    from specbench.core.loaded_model import Tokenizer
+    from specbench.core.model.gguf import _embedded_dir
+    from specbench.core.model.loaded import Tokenizer
 
     spec, prompts = ds.load_prompts("cnn-dm-long")
     assert spec.default_limit == 40 and len(prompts) == 40 and prompts[0].id == "480"

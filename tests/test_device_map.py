@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from specbench.core import placement as pl
-from specbench.core.models import load_model
+from specbench.core.model import placement as pl
+from specbench.core.model.load import load_model
 from specbench.core.verify import Sampling
 from specbench.errors import SpecbenchError
 from specbench.methods import REGISTRY
@@ -120,7 +120,7 @@ def test_missing_gpu_is_refused_before_loading(config_path, tmp_path):
 
 
 def test_a_map_that_overfills_a_device_shows_the_table(monkeypatch, config_path):
-    from specbench.core import fit_devices
+    from specbench.core.model import fit_devices
 
     monkeypatch.setattr(fit_devices, "free_bytes", lambda dev, folder: 1000 if dev == "cpu" else 10**12)
     with pytest.raises(SpecbenchError) as err:
@@ -134,7 +134,7 @@ def test_a_map_that_overfills_a_device_shows_the_table(monkeypatch, config_path)
 # ---- tensor parallelism: what CPU allows without torchrun (the launch check, which rank writes) ---------------------
 
 def test_tp_outside_torchrun_is_refused(monkeypatch):
-    from specbench.core import tensor_parallel as tp
+    from specbench.core.model import tensor_parallel as tp
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(SpecbenchError, match="torchrun --nproc-per-node 2"):
@@ -148,7 +148,7 @@ def test_tp_outside_torchrun_is_refused(monkeypatch):
 
 
 def test_only_rank_zero_writes_the_run_folder(monkeypatch, tmp_path):
-    from specbench.core import tensor_parallel as tp
+    from specbench.core.model import tensor_parallel as tp
 
     monkeypatch.setenv("RANK", "0")
     assert tp.is_writer() and tp.rank_out(tmp_path) == tmp_path

@@ -12,7 +12,7 @@ import yaml
 
 from specbench.data import disjoint
 from specbench.data.specs import Prompt
-from specbench.train.config import TRAINING_MIX
+from specbench.train.settings import TRAINING_MIX
 from specbench.train.selfdistill import load_source, source_names, without_benchmark_prompts
 
 needs_data = pytest.mark.skipif(not os.environ.get("SPECBENCH_DATA_DIR"),
@@ -70,7 +70,7 @@ def test_the_training_mix_holds_no_benchmark_prompt():
 @needs_data
 def test_training_leaves_out_a_benchmark_prompt_and_says_so(deep, tmp_path, monkeypatch):
     from specbench.data import datasets as ds
-    from specbench.train.medusa import MedusaConfig, train
+    from specbench.methods.medusa.training import MedusaConfig, train
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     question = ds.load_prompts("gsm8k", 1)[1][0].turns[0].split("\n\n", 1)[1]  # GSM8K's first question, raw

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from specbench.report import report
+from specbench.report import run_report as report
 from specbench.core.verify import Sampling
-from specbench.artifacts.token_drafter import layer_drafter
+from specbench.methods.sd.drafter import layer_drafter
 from specbench.methods import get_method
 from specbench.methods.batch_loop import generate_batch
 

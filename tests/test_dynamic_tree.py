@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from specbench.artifacts import feature_drafter as fd
-from specbench.core.cache import cache_length, new_cache
+from specbench.methods.eagle import artifact as fd
+from specbench.core.batch.cache import cache_length, new_cache
 from specbench.core.verify import Sampling
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
-from specbench.methods.tree.dynamic_tree import _Node, draft_dynamic, select, shape_of
-from specbench.methods.tree.feature_drafting import DrafterState
+from specbench.methods.eagle.dynamic_tree import _Node, draft_dynamic, select, shape_of
+from specbench.methods.eagle.drafting import DrafterState
 
 from .conftest import feature_artifact, prompt_ids
 

@@ -13,12 +13,12 @@ import yaml
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.core.cache import new_cache
-from specbench.core.hardware import hardware_slug
-from specbench.core.models import load_model
+from specbench.core.batch.cache import new_cache
+from specbench.core.machine.hardware import hardware_slug
+from specbench.core.model.load import load_model
 from specbench.core.verify import Sampling
-from specbench.artifacts import feature_drafter as fd
-from specbench.train.feature import FeatureConfig, group_forward, train
+from specbench.methods.eagle import artifact as fd
+from specbench.methods.eagle.training import FeatureConfig, group_forward, train
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 

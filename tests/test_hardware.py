@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 import yaml
 
-from specbench.core import hardware, models
-from specbench.core.hardware import isa_tier, provenance, slug_of
+from specbench.core.machine import hardware
+from specbench.core.model import load as models
+from specbench.core.machine.hardware import isa_tier, provenance, slug_of
 from specbench.planning.latency_estimate import resolve_profile
 from specbench.planning.profile import LatencyProfile
 
@@ -83,7 +84,7 @@ def test_auto_dtype_on_cpu_follows_this_cpus_profiles(tmp_path, monkeypatch):
         for dt, ms in (("float32", fp32), ("bfloat16", bf16)):
             (folder / f"mymodel-{dt}.yaml").write_text(_profile(here, {}, dt, ms).to_yaml())
 
-    write([38.0, 43.4, 36.8, 42.8, 51.4], [35.1, 35.3, 37.7, 41.2, 48.1])  # Zen 4 EPYC (DESIGN.md §5)
+    write([38.0, 43.4, 36.8, 42.8, 51.4], [35.1, 35.3, 37.7, 41.2, 48.1])  # Zen 4 EPYC (benchmarks/RESULTS-cpu.md)
     dtype, why = models.auto_dtype("mymodel", CPU)
     assert dtype == torch.bfloat16 and "measured on" in why
     write([48.7, 56.8, 61.4, 68.6, 87.3], [36.4, 55.2, 89.8, 148.0, 263.0])  # AVX2 EPYC

@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 import torch
 
-from specbench.report import report
+from specbench.report import run_report as report
 from specbench.run.lossless import NEAR_TIE, UNEXPLAINED, effective_eps, explain_mismatch, near_tie_tolerance, verdict
-from specbench.core.cache import new_cache
-from specbench.core.cpu_kernels import prepack
-from specbench.core.forward import forward
-from specbench.core.models import load_model
+from specbench.core.batch.cache import new_cache
+from specbench.core.model.cpu_kernels import prepack
+from specbench.core.batch.forward import forward
+from specbench.core.model.load import load_model
 from specbench.core.verify import Sampling
 from specbench.methods import get_method
 

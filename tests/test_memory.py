@@ -1,4 +1,4 @@
-"""Peak memory per generation (core/memory.py, Runner.generate): one generation's peak never leaks into the next."""
+"""Peak memory per generation (core/machine/memory.py, Runner.generate): one generation's peak never leaks into the next."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specbench.run.runner import RunConfig, Runner, peak_memory_mb
-from specbench.core import memory
+from specbench.core.machine import memory
 from specbench.methods.base import Generation
 
 BIG_MB = 256

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specbench.core.verify import Sampling
-from specbench.artifacts.token_drafter import layer_drafter
+from specbench.methods.sd.drafter import layer_drafter
 from specbench.methods import REGISTRY, get_method
 from specbench.methods.pld import lookup_draft
 

@@ -15,9 +15,9 @@ import yaml
 from typer.testing import CliRunner
 
 from specbench.run import noise
-from specbench.report.report import summarize
+from specbench.report.run_report import summarize
 from specbench.cli import app
-from specbench.core import contention
+from specbench.core.machine import contention
 from specbench.planning.profile import LatencyProfile
 
 
@@ -128,7 +128,7 @@ def test_report_gate_refuses_to_judge_disturbed_numbers(tmp_path):
 
 
 def test_report_has_a_per_category_table_with_an_overall_row(tmp_path):
-    from specbench.report.report import by_category
+    from specbench.report.run_report import by_category
 
     recs = records(ar_wall=10, method_wall=8)
     recs["category"] = ["math", "math", "math", "math", "code", "code", "code", "code"]

@@ -14,9 +14,10 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.core import fit, models
-from specbench.core.cache import drop_last, new_cache, window_mask
-from specbench.core.models import load_model
+from specbench.core.model import fit
+from specbench.core.model import load as models
+from specbench.core.batch.cache import drop_last, new_cache, window_mask
+from specbench.core.model.load import load_model
 from specbench.core.verify import Sampling
 from specbench.errors import SpecbenchError
 from specbench.planning.profile import measure

@@ -128,7 +128,7 @@ def test_measured_of_an_old_run_is_empty():
 
 
 def test_cli_prints_the_model_table_without_loading_a_model(monkeypatch, tmp_path):
-    import specbench.core.models as models
+    import specbench.core.model.load as models
 
     def no_model(*a, **k):
         raise AssertionError("estimate --padding loaded a model")

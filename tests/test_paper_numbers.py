@@ -14,8 +14,8 @@ import torch
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.core.padded import PaddedBatch
-from specbench.core.ragged import Segment
+from specbench.core.batch.padded import PaddedBatch
+from specbench.core.batch.ragged import Segment
 from specbench.core.verify import Sampling
 from specbench.methods import get_method
 from specbench.methods.batch_loop import generate_batch

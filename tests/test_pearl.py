@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from specbench.core.verify import Sampling
-from specbench.artifacts.token_drafter import layer_drafter
+from specbench.methods.sd.drafter import layer_drafter
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 
@@ -57,10 +57,10 @@ def test_run_saves_timeline_and_report_section(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from specbench.cli import app
-    from specbench.artifacts.token_drafter import save_artifact
+    from specbench.methods.sd.drafter import save_artifact
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    from specbench.core.models import load_model
+    from specbench.core.model.load import load_model
 
     tiny = load_model("random:tiny", "float32", "cpu")
     drafter = layer_drafter(tiny, [0])
@@ -122,7 +122,7 @@ def test_timeline_emitted_tokens_add_up_under_every_cap(tiny, name):
 def test_auto_exec_compares_modes_at_the_same_gamma():
     """sequential is faster than threads at gamma 2 and at gamma 4; only threads's own gamma (2, from its c) gives it
     a cheaper step than sequential's own (4): raw steps of different gammas would pick threads."""
-    from specbench.core.concurrency import choose_mode
+    from specbench.methods.pearl.scheduler import choose_mode
 
     mode, reason = choose_mode({"sequential": {2: 5.0, 4: 10.0}, "threads": {2: 6.0, 4: 12.0}},
                                {"sequential": 4, "threads": 2})
@@ -135,7 +135,7 @@ def test_auto_exec_compares_modes_at_the_same_gamma():
 def test_auto_exec_scores_per_drafted_token_when_the_ranking_depends_on_gamma(threads_at_2, expected):
     """threads is faster at gamma 2, sequential at gamma 4: each is scored at its own gamma per drafted token
     (sequential 7 / 4 = 1.75 against threads 4 / 2 = 2, or 3 / 2 = 1.5)."""
-    from specbench.core.concurrency import choose_mode
+    from specbench.methods.pearl.scheduler import choose_mode
 
     mode, reason = choose_mode({"sequential": {2: 5.0, 4: 7.0}, "threads": {2: threads_at_2, 4: 9.0}},
                                {"sequential": 4, "threads": 2})
@@ -148,7 +148,7 @@ def test_auto_exec_calibration_times_every_mode_at_the_gamma_the_run_uses(tiny, 
     import dataclasses
     import threading
 
-    import specbench.core.concurrency as concurrency
+    import specbench.methods.pearl.scheduler as concurrency
 
     def forward_times(model, device, widths=(1,), context=64, rounds=7):
         in_worker = threading.current_thread().name.startswith("specbench-draft")
@@ -186,7 +186,7 @@ def test_a_run_is_told_when_drafting_and_verifying_hardly_overlap(mode, steps, e
     """PEARL's gain needs the drafter beside the target; when calibration measured the chosen mode's step within
     10% of the sequential one (one GPU's streams on the H200) or no concurrent mode beat sequential, the run says so
     and what PEARL is built for."""
-    from specbench.core.concurrency import Calibration, overlap_note
+    from specbench.methods.pearl.scheduler import Calibration, overlap_note
 
     note = overlap_note(Calibration(mode, "", 9, 8.5, steps, {}, {}))
     if expect is None:

@@ -16,8 +16,8 @@ import yaml
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.core.hardware import hardware_slug
-from specbench.core.models import load_model, model_slug
+from specbench.core.machine.hardware import hardware_slug
+from specbench.core.model.load import load_model, model_slug
 
 HW = hardware_slug(torch.device("cpu"))
 FAST_PROFILE = ["--widths", "1,2,4,8", "--kv-lengths", "32", "--repeats", "1"]
@@ -159,9 +159,9 @@ def test_one_file_name_key_per_model(tmp_path, monkeypatch):
 
 
 def test_every_command_reads_and_writes_under_the_same_key(model_dir, workdir):
-    from specbench.artifacts import prompt_tokens as pt
-    from specbench.train.drafter import DrafterConfig
-    from specbench.train.ppd import TrainConfig
+    from specbench.methods.ppd import artifact as pt
+    from specbench.methods.sd.training import DrafterConfig
+    from specbench.methods.ppd.training import TrainConfig
     from specbench.planning import acceptance, profile
 
     spec = str(model_dir)
@@ -179,7 +179,7 @@ def test_every_command_reads_and_writes_under_the_same_key(model_dir, workdir):
 
 
 def test_a_drafter_trained_here_is_found_by_itself(model_dir, workdir):
-    from specbench.artifacts.token_drafter import default_artifact, layer_drafter, save_artifact
+    from specbench.methods.sd.drafter import default_artifact, layer_drafter, save_artifact
 
     target = load_model(str(model_dir), "float32", "cpu")
     assert default_artifact(target) is None
@@ -249,7 +249,7 @@ def test_train_data_follows_the_steps_and_the_time_is_said_first(model_dir, work
 
 def test_auto_prompts_and_the_generation_estimate():
     from specbench.train.selfdistill import generation_seconds
-    from specbench.train.ppd import auto_prompts, duration
+    from specbench.methods.ppd.training import auto_prompts, duration
 
     assert auto_prompts(20, 1) == 20 and auto_prompts(450, 1) == 300 and auto_prompts(20, 3) == 7
     prompts = [[0] * 10] * 40  # 40 10-token prompts, 5 new tokens each, 32 slots

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench.core.cache import cache_length
+from specbench.core.batch.cache import cache_length
 from specbench.core.tree import TreeFile
 from specbench.core.verify import Sampling
-from specbench.artifacts import prompt_tokens as pt
+from specbench.methods.ppd import artifact as pt
 from specbench.errors import SpecbenchError
 from specbench.planning.acceptance import read_per_rank, score_sequence
 from specbench.methods import get_method
-from specbench.methods.tree.prompt_tokens import ParallelPromptDecoding
+from specbench.methods.ppd.guesser import ParallelPromptDecoding
 
 from .conftest import prompt_ids
 

@@ -80,7 +80,7 @@ def test_profile_command_writes_yaml_and_plot(tmp_path):
 def _config(preset):
     from transformers import AutoConfig
 
-    from specbench.core.models import RANDOM_PRESETS
+    from specbench.core.model.load import RANDOM_PRESETS
 
     d = dict(RANDOM_PRESETS[preset])
     return AutoConfig.for_model(d.pop("model_type"), **d)

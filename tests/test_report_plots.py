@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import yaml
 
-from specbench.report import report
+from specbench.report import run_report as report
 from specbench.report import timeline
 from specbench.run.results import append_timeline
 

@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.core import contention
+from specbench.core.machine import contention
 from specbench.run import runner as runner_module
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -191,7 +191,7 @@ def test_an_outlier_against_the_methods_earlier_turns_is_retimed_without_proc():
     retime.heal_prompt(again, "d", results, ["ar", "pld"], history, retime=2)
     assert calls == [("pld", 0), ("ar", 1)]  # every method of the turn, the order rotated
     assert results["ar"][0].seconds == 1.0 and results["ar"][0].tries == 2 and not results["ar"][0].disturbed
-    assert results["pld"][0].tries == 2 and history.forward_ms[("d", "ar")][-1] == 100.0
+    assert results["pld"][0].tries == 2 and history.forward_ms[("d", "ar")][-1] == (100.0, 1.0)
 
 
 def test_a_machine_busy_throughout_stops_being_retimed_until_a_turn_is_quiet():
@@ -227,7 +227,7 @@ def test_a_resumed_run_takes_its_outlier_reference_from_the_kept_records(tmp_pat
             for v, d, b in ((80.0, False, 1), (82.0, False, 1), (250.0, True, 1), (40.0, False, 4))]
     pd.DataFrame(rows).to_csv(tmp_path / "records.csv", index=False)
     history = retime.History.of_run(tmp_path)
-    assert history.forward_ms[("d", "ar")] == [80.0, 82.0]  # the disturbed row and the batched one left out
+    assert history.forward_ms[("d", "ar")] == [(80.0, 1.0), (82.0, 1.0)]  # the disturbed and the batched left out
     assert not retime.History.of_run(tmp_path / "new").forward_ms
 
 

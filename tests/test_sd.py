@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specbench.core.models import Tokenizer
+from specbench.core.model.load import Tokenizer
 from specbench.core.verify import Sampling, warp_probs
-from specbench.artifacts.token_drafter import layer_drafter
+from specbench.methods.sd.drafter import layer_drafter
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
-from specbench.methods.sd import expected_speedup
+from specbench.methods.sd.method import expected_speedup
 
 from .conftest import prompt_ids
 
@@ -64,7 +64,7 @@ def test_sd_sampling_preserves_target_distribution(tiny):
 
 def test_sd_negative_control_accepting_every_draft_fails(tiny, monkeypatch):
     """Accepting drafts without the p/q test yields the drafter's distribution: the check must catch it."""
-    import specbench.methods.sd as sd_module
+    import specbench.methods.sd.method as sd_module
 
     monkeypatch.setattr(sd_module, "accept", lambda draft, logits, sampling, q, g: (
         len(draft), int(torch.multinomial(warp_probs(logits[-1], sampling), 1, generator=g))))
@@ -118,7 +118,7 @@ def test_gamma_grows_with_acceptance_and_cheap_drafts():
 
 
 def test_measured_forward_times_are_per_width_and_never_fall_with_width(tiny):
-    from specbench.core.concurrency import measure_forward_times
+    from specbench.methods.pearl.scheduler import measure_forward_times
 
     costs = measure_forward_times(tiny.model, tiny.device, (1, 2, 4, 9), rounds=3)
     assert list(costs) == [1, 2, 4, 9]

@@ -11,11 +11,11 @@ import yaml
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.core.models import load_model
-from specbench.core.transfer import TransferStep, capture, check_transfer_layers, transferred
+from specbench.core.model.load import load_model
+from specbench.methods.hidden_transfer.layers import TransferStep, capture, check_transfer_layers, transferred
 from specbench.core.verify import Sampling
-from specbench.artifacts import medusa_heads as mh
-from specbench.artifacts import transfer_projections as tp
+from specbench.methods.medusa import artifact as mh
+from specbench.methods.hidden_transfer import artifact as tp
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 
@@ -49,7 +49,7 @@ class TransferOracle(get_method("hidden-transfer")):
     prompt_len = 0
 
     def _forward(self, tokens, layout, cache, prefix=0):
-        from specbench.core.cache import cache_length
+        from specbench.core.batch.cache import cache_length
 
         self.past = cache_length(cache) + prefix
         return super()._forward(tokens, layout, cache, prefix)
@@ -118,7 +118,7 @@ def test_transfer_layers_checked():
 
 def test_default_transfer_layers():
     """The measured choice for the embedded model; the paper's choice scaled to the depth for any other."""
-    from specbench.train.transfer import default_layers
+    from specbench.methods.hidden_transfer.training import default_layers
 
     assert default_layers(30, model="smollm2-135m") == ([12, 17, 22], "measured for this model (MEASURED_LAYERS)")
     layers, why = default_layers(30, model="random:smollm2-135m")
@@ -201,10 +201,10 @@ def test_cli_estimate_build_tree_and_run(deep, tmp_path, monkeypatch):
 
 def test_training_runs_and_resumes(deep, tmp_path, monkeypatch):
     """Both trainers: a few steps on self-distilled data, an artefact that loads, --resume continues."""
-    from specbench.train.medusa import MedusaConfig
-    from specbench.train.medusa import train as train_medusa
-    from specbench.train.transfer import TransferConfig
-    from specbench.train.transfer import train as train_transfer
+    from specbench.methods.medusa.training import MedusaConfig
+    from specbench.methods.medusa.training import train as train_medusa
+    from specbench.methods.hidden_transfer.training import TransferConfig
+    from specbench.methods.hidden_transfer.training import train as train_transfer
 
     monkeypatch.setenv("HOME", str(tmp_path))  # the self-distillation cache
     data = tmp_path / "p.jsonl"
@@ -231,8 +231,8 @@ def test_training_runs_and_resumes(deep, tmp_path, monkeypatch):
 def test_masked_ablation_layout(deep, tmp_path):
     """--masked (the paper's Masked ablation): a pseudo position sees the context and itself, not the earlier pseudo
     positions, so its guess no longer depends on them; such projections load for estimates but do not decode."""
-    from specbench.artifacts import prompt_tokens as pt
-    from specbench.train.transfer import pseudo_forward, real_forward
+    from specbench.methods.ppd import artifact as pt
+    from specbench.methods.hidden_transfer.training import pseudo_forward, real_forward
 
     mask = pt.insertion_inputs([4, 9], 3, 1, 12, torch.float32, "cpu", see_earlier=False)[0]
     own = mask[0, 0, :, 12:] == 0  # [6, 6]: which pseudo inputs see which

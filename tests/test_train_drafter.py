@@ -11,8 +11,8 @@ import torch
 import yaml
 
 from specbench.core.verify import Sampling
-from specbench.artifacts.token_drafter import META_FILE, WEIGHTS_FILE, load_artifact
-from specbench.train.drafter import DrafterConfig, train
+from specbench.methods.sd.drafter import META_FILE, WEIGHTS_FILE, load_artifact
+from specbench.methods.sd.training import DrafterConfig, train
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 import yaml
 
-from specbench.core.cache import new_cache
-from specbench.artifacts import prompt_tokens as pt
-from specbench.train.ppd import TrainConfig, step_loss, train
+from specbench.core.batch.cache import new_cache
+from specbench.methods.ppd import artifact as pt
+from specbench.methods.ppd.training import TrainConfig, step_loss, train
 
 
 def _causal(n):

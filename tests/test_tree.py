@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from specbench.core.cache import cache_length, keep_positions, new_cache
+from specbench.core.batch.cache import cache_length, keep_positions, new_cache
 from specbench.core.tree import (
     Tree,
     TreeFile,
@@ -23,7 +23,7 @@ from specbench.core.verify import (
     tree_speculative_accept,
     tree_typical_accept,
 )
-from specbench.artifacts.prompt_tokens import embed, hidden
+from specbench.methods.ppd.artifact import embed, hidden
 from specbench.errors import SpecbenchError
 
 PATHS = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0))

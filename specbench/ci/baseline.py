@@ -14,16 +14,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.hardware import IDENTITY_FIELDS, brief
 from ..errors import SpecbenchError
-from ..report import csvcheck
+from ..report import csvcheck, settings_diff
 from ..run.results import read_meta
 
 SUMMARY_NUMBERS = ("speedup", "tau", "acceptance_rate", "lossless_rate", "lossless_explained_rate", "tokens_per_s")
-# settings that pick which rows exist (rows are matched by method x dataset), or that run.yaml records resolved
-# elsewhere (dtype, device, threads: in environment), are not compared as settings; --retime changes which timings
-# are kept (quiet ones), not what is measured, so a run may compare with a baseline from before it
-NOT_COMPARED = {"methods", "datasets", "model", "dtype", "device", "threads", "options", "retime"}
+NOT_COMPARED = settings_diff.NOT_COMPARED  # settings a comparison leaves out (report/settings_diff.py)
 
 
 @dataclass
@@ -39,6 +35,7 @@ class Side:
     settings: dict | None = None  # run.yaml settings, options per method included
     environment: dict = field(default_factory=dict)
     source: str = "identity from run.yaml"  # where the identity came from
+    records: pd.DataFrame | None = None  # the run's records.csv when the side is a run folder (paired comparison)
 
 
 def load_side(path: Path, role: str = "baseline") -> Side:
@@ -48,6 +45,7 @@ def load_side(path: Path, role: str = "baseline") -> Side:
         folder, summary_csv = path, path / "summary.csv"
         if (folder / "records.csv").exists():
             summary = summary_of(folder)  # recomputed in memory: same formulas on both sides, nothing written
+            return identify(Side(path, summary, records=records_of(folder)), folder)
         elif summary_csv.exists():
             summary = read_summary(summary_csv)
         else:
@@ -69,7 +67,7 @@ def read_summary(path: Path) -> pd.DataFrame:
     csvcheck.require_columns(df, path, {"method", "dataset", "speedup", "tau"}, "summary.csv")
     df = csvcheck.numeric(df, path, SUMMARY_NUMBERS)
     df["method"], df["dataset"] = df.method.astype(str), df.dataset.astype(str)
-    from ..report.report import named
+    from ..report.run_report import named
 
     df = named(df)  # batched rows: "sd B=8 unpadded"
     twice = df[df.duplicated(["method", "dataset"], keep=False)]
@@ -83,13 +81,20 @@ def read_summary(path: Path) -> pd.DataFrame:
 
 def summary_of(run_dir: Path) -> pd.DataFrame:
     """The summary of a run folder from its records, in memory (a downloaded baseline may be read-only)."""
-    from ..report.report import named, read_records, summarize
+    from ..report.run_report import named, read_records, summarize
 
     records = read_records(run_dir)
     if records.empty:
         raise SpecbenchError(f"{run_dir}: records.csv has no results")
     meta = read_meta(run_dir)
     return named(summarize(records, latency_floor=(meta.get("noise_guard") or {}).get("latency_floor", 1.0)))
+
+
+def records_of(run_dir: Path) -> pd.DataFrame:
+    """A run folder's records (read and checked as the report reads them)."""
+    from ..report.summary import read_records
+
+    return read_records(run_dir)
 
 
 def identify(side: Side, folder: Path) -> Side:
@@ -123,29 +128,9 @@ def identify(side: Side, folder: Path) -> Side:
 
 def differences(new: Side, old: Side) -> list[str]:
     """What the two runs' numbers depend on and differ in, naming both values: 'hardware: X (this run) vs Y
-    (baseline)'. Only what both sides state is compared (unknown() says what is not)."""
-    out = []
-
-    def differ(label: str, a, b) -> None:
-        if a is not None and b is not None and a != b:
-            out.append(f"{label}: {brief(a)} (this run) vs {brief(b)} (baseline)")
-
-    differ("hardware", new.hardware, old.hardware)
-    if new.identity and old.identity and new.hardware == old.hardware:  # same key, another chip underneath
-        for key in IDENTITY_FIELDS:
-            differ(f"hardware {key}", new.identity.get(key), old.identity.get(key))
-    differ("model", new.model, old.model)
-    differ("dtype", new.dtype, old.dtype)
-    for key in ("cpu_linear", "attention", "threads", "device_type"):
-        differ(key, new.environment.get(key), old.environment.get(key))
-    if new.settings is not None and old.settings is not None:
-        for key in sorted((set(new.settings) | set(old.settings)) - NOT_COMPARED, key=str):
-            differ(f"--{key.replace('_', '-')}", new.settings.get(key), old.settings.get(key))
-        a, b = new.settings.get("options") or {}, old.settings.get("options") or {}
-        for method in sorted(set(a) & set(b)):  # a method only one run has is a new or gone row, not a difference
-            for key in sorted(set(a[method] or {}) | set(b[method] or {})):
-                differ(f"{method} --{key.replace('_', '-')}", (a[method] or {}).get(key), (b[method] or {}).get(key))
-    return out
+    (baseline)'. Only what both sides state is compared (unknown() says what is not); `report A B` warns on the
+    same comparison (report/settings_diff.py)."""
+    return settings_diff.differences(vars(new), vars(old))
 
 
 def unknown(old: Side) -> list[str]:

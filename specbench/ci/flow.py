@@ -15,7 +15,7 @@ from rich.table import Table
 from ..errors import SpecbenchError
 from ..progress import console, out
 from . import baseline as bl
-from . import gate, jobsummary, junit, regress
+from . import gate, jobsummary, junit, paired, regress
 from ..run.results import read_meta
 from ..report.titles import comparison_title, plot_title
 
@@ -94,12 +94,12 @@ def prepare(opts: CiOptions, runs: list[Path], history: bool) -> Baseline | None
 def judge(summary: pd.DataFrame, runs: list[Path], out_dir: Path, opts: CiOptions, base: Baseline | None) -> int:
     """Compare, check, print, write JUnit / job summary; returns the exit code (0 without a gate)."""
     notes, comparison, delta, written, old = [], [], None, [], None
-    from ..report.report import named
+    from ..report.run_report import named
 
     summary = named(summary)  # batched rows keyed "sd B=8 unpadded"
     if base is not None:
         old, new, notes = base.old, base.new, base.notes
-        delta = regress.compare(summary, old.summary)
+        delta = regress.compare(summary, old.summary, _paired(runs[0], old))
     checks = gate.lossless_checks(summary)
     if opts.fail_below is not None:
         checks += gate.floor_checks(summary, opts.fail_below, opts.judge_disturbed)
@@ -128,6 +128,13 @@ def judge(summary: pd.DataFrame, runs: list[Path], out_dir: Path, opts: CiOption
     return code
 
 
+def _paired(run: Path, old: bl.Side) -> pd.DataFrame | None:
+    """The turn-by-turn changes against the baseline (paired.py) when both runs' records are at hand, else None."""
+    if old.records is None or not (Path(run) / "records.csv").exists():
+        return None
+    return paired.changes(bl.records_of(run), old.records)
+
+
 def _identity_properties(runs: list[Path]) -> dict:
     env = read_meta(runs[0]).get("environment") or {}
     model = (read_meta(runs[0]).get("model") or {}).get("spec")
@@ -135,7 +142,7 @@ def _identity_properties(runs: list[Path]) -> dict:
 
 
 def _title(runs: list[Path]) -> str:
-    from ..report.report import read_records
+    from ..report.run_report import read_records
 
     if len(runs) == 1:
         return plot_title(read_meta(runs[0]), read_records(runs[0]))
@@ -162,10 +169,12 @@ def _header(new: bl.Side, old: bl.Side, notes: list[str], opts: CiOptions) -> li
         md += [f"Same hardware, model, dtype and settings{' as far as known' if notes else ''}: {same}; {revs}."
                + (f" Note: {'; '.join(notes)}." if notes else "")]
     if opts.fail_regression is not None:
-        md += ["", f"Gate (--fail-regression {opts.fail_regression:g}%): a speedup more than "
-               f"{opts.fail_regression:g}% below the baseline's and beyond the noise (this run's 95% interval wholly "
-               f"below the baseline's), a tau more than {opts.fail_regression:g}% below, or a fall in exactness, "
-               "fails."]
+        pct = f"{opts.fail_regression:g}%"
+        md += ["", f"Gate (--fail-regression {pct}): a speedup more than {pct} below the baseline's and beyond the "
+               "noise (compared turn by turn on the prompts both runs ran, its 95% paired interval wholly below no "
+               f"change; without the baseline's records, this run's 95% interval wholly below the baseline's), a tau "
+               f"more than {pct} below, or a fall in exactness, fails; a speedup whose interval reaches more than "
+               f"{pct} down without ruling out the opposite is within the noise (exit 4)."]
     return md
 
 
@@ -175,7 +184,7 @@ def _verdicts(checks: list[gate.Check]) -> dict:
     for c in checks:
         if c.name == "regression":
             out[(c.method, c.dataset)] = {"failed": "REGRESSION", "passed": "ok"}.get(
-                c.status, "not judged" if c.not_judged else "-")
+                c.status, "not judged" if c.not_judged else "within the noise" if c.within_noise else "-")
     return out
 
 
@@ -192,7 +201,8 @@ def _print_comparison(delta, checks, old, notes, opts) -> None:
         c = regress.cells(r)
         lossless = c["lossless"] + ("" if c["explained"] == c["lossless"] else f"; explained {c['explained']}")
         v = verdicts.get((r.method, r.dataset), "") if r.status == "compared" else r.status
-        v = {"REGRESSION": "[bold red]REGRESSION[/]", "not judged": "[yellow]not judged[/]"}.get(v, v)
+        v = {"REGRESSION": "[bold red]REGRESSION[/]", "not judged": "[yellow]not judged[/]",
+             "within the noise": "[yellow]within the noise[/]"}.get(v, v)
         timing = "[bold red]" + c["timing"] + "[/]" if "disturbed" in c["timing"] else c["timing"]
         table.add_row(escape(r.method), escape(r.dataset), c["speedup"], c["tau"], c["acceptance"], lossless,
                       timing, v)
@@ -216,12 +226,19 @@ def _print_checks(checks: list[gate.Check], opts: CiOptions, old: bl.Side | None
         rows = len({(c.method, c.dataset) for c in shaky})
         console.print(f"[bold red]NOT JUDGED[/]: {gates} {'is' if ' and ' not in gates else 'are'} not applied to "
                       f"disturbed timings ({rows} row(s) above); re-run them quietly, or pass --judge-disturbed.")
-    if any(c.status == "failed" for c in checks) or shaky:
+    noisy = [c for c in checks if c.within_noise]
+    for c in noisy:
+        console.print(f"[yellow]WITHIN THE NOISE[/] {escape(c.method)} on {escape(c.dataset)} ({c.name}): "
+                      f"{escape(c.message.removeprefix('within the noise: '))}")
+    if noisy and not shaky and not any(c.status == "failed" for c in checks):
+        console.print(f"[bold yellow]WITHIN THE NOISE[/]: {len(noisy)} check(s) cannot tell (exit "
+                      f"{gate.NOISE_EXIT}); more prompts, --repeats 3 or a quieter machine narrow the interval.")
+    if any(c.status == "failed" for c in checks) or shaky or noisy:
         return
     judged_anyway = any("judged anyway" in c.message for c in checks)
     if opts.fail_below is not None:
-        console.print(f"[green]OK[/] no method's speedup is below {opts.fail_below} beyond the noise (its 95% "
-                      "interval reaches it)"
+        console.print(f"[green]OK[/] every method's speedup clears {opts.fail_below} (the lower end of its 95% "
+                      "interval)"
                       + (" (some timings disturbed: judged anyway, --judge-disturbed)" if judged_anyway else ""))
     if opts.fail_regression is not None and old is not None:
         console.print(f"[green]OK[/] no speedup or tau more than {opts.fail_regression:g}% below "

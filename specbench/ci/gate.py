@@ -1,17 +1,28 @@
 """CI checks per method x dataset (ar excluded): lossless, floor (--fail-below), regression (--fail-regression).
 
-Speedups are judged by their 95% bootstrap interval (report/robust.py), not the point, so that one slow prompt
-cannot fail (or pass) a gate: --fail-below fails only when the interval's upper end is below the threshold; a
-regression is a drop of more than PCT percent (the point) that the intervals say is real, i.e. this run's upper end
-is below the baseline's lower end. Summaries without intervals (older summary.csv files) are judged on the point.
+Speedups are judged by their 95% interval (report/robust.py), not the point, so that one slow prompt cannot fail
+(or pass) a gate. Each timing gate has three outcomes, by where the interval lies against its threshold:
+- --fail-below X: passes when the interval's lower end clears X, fails when its upper end is below X, and is
+  "within the noise" when the interval straddles X (the run cannot tell; more prompts or repeats can).
+- --fail-regression PCT against a baseline whose records share prompt turns with this run: the change of the speedup
+  is measured turn by turn with a paired interval (paired.py). It fails when the change is more than PCT% down and
+  the whole interval is below 0 (a fall beyond the noise), passes when the interval's lower end is above -PCT% (any
+  fall is under PCT%), and is within the noise otherwise. Without both runs' records (a bare summary.csv baseline)
+  the two summaries' own intervals are compared, unpaired: a fall of more than PCT% fails when this run's interval
+  lies wholly below the baseline's, and is within the noise when they overlap; a smaller fall passes.
+Summaries without intervals (older summary.csv files) are judged on the point.
 
-Each check passes, fails, or is skipped with a reason. A speedup judged on disturbed timings (the noise guard,
-noise.py; this run's or the baseline's row) is skipped as "not judged" unless --judge-disturbed: a gate never
-passes or fails on numbers the noise guard distrusts, and says so (exit 3). Tau and exactness do not depend on
-timing and are judged either way.
+Each check passes, fails, is within the noise, or is skipped with a reason. A speedup judged on disturbed timings
+(the noise guard, noise.py; this run's or the baseline's row) is skipped as "not judged" unless --judge-disturbed: a
+gate never passes or fails on numbers the noise guard distrusts, and says so. Tau and exactness do not depend on
+timing and are judged on the point either way.
 
-Exit codes of a gated report (--fail-below or --fail-regression given): 1 when any check failed (a lossless check
-included), else 3 when a check was not judged on disturbed timings, else 0. Without a gate the report exits 0.
+Exit codes of a gated report (--fail-below or --fail-regression given), the first that applies:
+  1  a check failed (a lossless check included)
+  3  not judged: a check's timing was disturbed (re-run quietly, or --judge-disturbed)
+  4  within the noise: a speedup's interval straddles its threshold (more prompts, --repeats, a quieter machine)
+  0  every check passed
+Without a gate the report exits 0 (2: bad input, as every command).
 """
 
 from __future__ import annotations
@@ -24,7 +35,9 @@ import pandas as pd
 from ..report.robust import bounds
 from ..run.noise import is_disturbed
 
-NOT_JUDGED_EXIT, FAILED_EXIT = 3, 1
+NOT_JUDGED_EXIT, FAILED_EXIT, NOISE_EXIT = 3, 1, 4
+EXIT_CODES = ("exit codes with a gate: 1 a check failed; 3 not judged (timing disturbed); 4 within the noise (a "
+              "speedup's 95% interval straddles its threshold); 0 passed")
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,7 @@ class Check:
     status: str  # passed | failed | skipped
     message: str
     not_judged: bool = False  # skipped because its timing is disturbed (exit 3 unless something failed)
+    within_noise: bool = False  # skipped because the interval straddles the threshold (exit 4: cannot tell)
 
 
 def _nan(v) -> bool:
@@ -70,8 +84,8 @@ def lossless_checks(summary: pd.DataFrame) -> list[Check]:
 
 
 def floor_checks(summary: pd.DataFrame, threshold: float, judge_disturbed: bool) -> list[Check]:
-    """--fail-below: fails when a method's speedup interval lies wholly below `threshold` (its upper end is below
-    it); an interval that reaches the threshold passes, with a note when the point itself is below."""
+    """--fail-below: passes when a method's speedup interval lies wholly at or above `threshold` (its lower end
+    clears it), fails when it lies wholly below, and is within the noise when it straddles the threshold."""
     checks = []
     for r in methods_only(summary).itertuples(index=False):
         shaky = is_disturbed(getattr(r, "timing", ""))
@@ -82,36 +96,35 @@ def floor_checks(summary: pd.DataFrame, threshold: float, judge_disturbed: bool)
             checks.append(Check(r.method, r.dataset, "floor", "skipped", f"not judged: timing {r.timing}", True))
         elif _nan(r.speedup) or _nan(high) or high < threshold:
             checks.append(Check(r.method, r.dataset, "floor", "failed", f"{text} < {threshold}"))
-        elif r.speedup < threshold:
-            checks.append(Check(r.method, r.dataset, "floor", "passed", f"{text}: below {threshold} but within the "
-                                "noise (the interval's upper end reaches it)" + anyway))
+        elif low < threshold:
+            checks.append(Check(r.method, r.dataset, "floor", "skipped", f"within the noise: {text} straddles "
+                                f"{threshold}; more prompts or --repeats would tell" + anyway, within_noise=True))
         else:
             checks.append(Check(r.method, r.dataset, "floor", "passed", f"{text} >= {threshold}" + anyway))
     return checks
 
 
 def regression_checks(delta: pd.DataFrame, pct: float, judge_disturbed: bool) -> list[Check]:
-    """--fail-regression PCT: speedup fell by more than PCT percent of the baseline and beyond the noise (this run's
-    interval wholly below the baseline's), tau fell by more than PCT percent, or exactness fell: the
-    exact-or-explained rate fell, or the exact rate fell while some difference is unexplained (an exact-rate fall
-    made only of near-ties within the dtype's rounding is noted, not failed: bf16 batching flips them)."""
+    """--fail-regression PCT: the speedup's change judged by its paired interval where both runs' records share
+    prompt turns, else by the two runs' intervals (the module's note); tau fell by more than PCT percent; or
+    exactness fell: the exact-or-explained rate fell, or the exact rate fell while some difference is unexplained
+    (an exact-rate fall made only of near-ties within the dtype's rounding is noted, not failed: bf16 batching
+    flips them)."""
     checks = []
     for r in methods_only(delta[delta.status != "gone"]).itertuples(index=False):
         if r.status == "new":
             checks.append(Check(r.method, r.dataset, "regression", "skipped",
                                 "no baseline row (a new method or dataset)"))
             continue
-        failed, notes = [], []
+        failed, notes, noisy = [], [], False
         shaky = is_disturbed(r.timing) or is_disturbed(r.timing_base)
-        speedup_fell = not _nan(r.speedup_change) and r.speedup_change < -pct
-        speedup_text = f"speedup {r.speedup_base:.3f} -> {r.speedup:.3f} ({r.speedup_change:+.1f}%)"
         if shaky and not judge_disturbed:
-            notes.append(f"{speedup_text} not judged: timing disturbed "
-                         f"({'this run' if is_disturbed(r.timing) else 'baseline'})")
-        elif speedup_fell and _beyond_noise(r):
-            failed.append(f"{speedup_text}, more than {pct:g}% down and beyond the noise ({_intervals(r)})")
-        elif speedup_fell:
-            notes.append(f"the drop is within the noise ({_intervals(r)} overlap)")
+            notes.append(f"speedup {r.speedup_base:.3f} -> {r.speedup:.3f} ({r.speedup_change:+.1f}%) not judged: "
+                         f"timing disturbed ({'this run' if is_disturbed(r.timing) else 'baseline'})")
+        else:
+            verdict, said = _speedup_verdict(r, pct)
+            (failed if verdict == "failed" else notes).append(said)
+            noisy = verdict == "noise"
         if shaky and judge_disturbed:
             notes.append("timing disturbed, judged anyway")
         if not _nan(r.tau_change) and r.tau_change < -pct:
@@ -122,10 +135,34 @@ def regression_checks(delta: pd.DataFrame, pct: float, judge_disturbed: bool) ->
             checks.append(Check(r.method, r.dataset, "regression", "failed", "; ".join(failed + notes)))
         elif shaky and not judge_disturbed:
             checks.append(Check(r.method, r.dataset, "regression", "skipped", "; ".join(notes), True))
+        elif noisy:
+            checks.append(Check(r.method, r.dataset, "regression", "skipped", "within the noise: " + "; ".join(notes),
+                                within_noise=True))
         else:
-            ok = f"{speedup_text}, tau {r.tau_base:.3f} -> {r.tau:.3f}: within {pct:g}%"
-            checks.append(Check(r.method, r.dataset, "regression", "passed", "; ".join([ok] + notes)))
+            tau = f"tau {r.tau_base:.3f} -> {r.tau:.3f}: within {pct:g}%"
+            checks.append(Check(r.method, r.dataset, "regression", "passed", "; ".join(notes + [tau])))
     return checks
+
+
+def _speedup_verdict(r, pct: float) -> tuple[str, str]:
+    """("failed" | "noise" | "passed", what to say) for one comparison row's speedup."""
+    text = f"speedup {r.speedup_base:.3f} -> {r.speedup:.3f} ({r.speedup_change:+.1f}%)"
+    change = getattr(r, "paired_change", math.nan)
+    if not _nan(change):  # paired, turn by turn on the prompts both runs ran
+        low, high = getattr(r, "paired_change_lo", math.nan), getattr(r, "paired_change_hi", math.nan)
+        low, high = (change, change) if _nan(low) or _nan(high) else (low, high)
+        turns = f"paired on {int(r.paired_turns)} turns: {change:+.1f}%, 95% interval {low:+.1f}% .. {high:+.1f}%"
+        if change < -pct and high < 0:
+            return "failed", f"{text}, more than {pct:g}% down and beyond the noise ({turns})"
+        if low >= -pct:
+            return "passed", f"{text}, within {pct:g}% ({turns})"
+        return "noise", (f"{text}: the interval reaches more than {pct:g}% down and does not rule out "
+                         f"{'no change' if change < -pct else f'a fall of more than {pct:g}%'} ({turns})")
+    if _nan(r.speedup_change) or r.speedup_change >= -pct:  # unpaired: the baseline's records are not at hand
+        return "passed", f"{text}, within {pct:g}% (unpaired: no baseline records)"
+    if _beyond_noise(r):
+        return "failed", f"{text}, more than {pct:g}% down and beyond the noise ({_intervals(r)}; unpaired)"
+    return "noise", f"{text}: the drop is within the noise ({_intervals(r)} overlap; unpaired)"
 
 
 def _beyond_noise(r) -> bool:
@@ -163,14 +200,17 @@ def _exactness_fell(r, notes: list[str]) -> list[str]:
 
 
 def exit_code(checks: list[Check], gated: bool) -> int:
+    """The module's exit codes: failed 1, then not judged 3, then within the noise 4, else 0."""
     if not gated:
         return 0
     if any(c.status == "failed" for c in checks):
         return FAILED_EXIT
-    return NOT_JUDGED_EXIT if any(c.not_judged for c in checks) else 0
+    if any(c.not_judged for c in checks):
+        return NOT_JUDGED_EXIT
+    return NOISE_EXIT if any(c.within_noise for c in checks) else 0
 
 
 def verdict(checks: list[Check], gated: bool) -> str:
-    """PASSED, FAILED, NOT JUDGED (gated), or REPORT (no gate asked)."""
-    return {0: "PASSED" if gated else "REPORT", FAILED_EXIT: "FAILED", NOT_JUDGED_EXIT: "NOT JUDGED"}[
-        exit_code(checks, gated)]
+    """PASSED, FAILED, NOT JUDGED, WITHIN THE NOISE (gated), or REPORT (no gate asked)."""
+    return {0: "PASSED" if gated else "REPORT", FAILED_EXIT: "FAILED", NOT_JUDGED_EXIT: "NOT JUDGED",
+            NOISE_EXIT: "WITHIN THE NOISE"}[exit_code(checks, gated)]

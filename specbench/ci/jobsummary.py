@@ -17,7 +17,7 @@ from ..report.markdown import markdown_table
 
 RESULT_COLUMNS = ["method", "dataset", "prompts", "tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "tau",
                   "acceptance_rate", "lossless_rate", "lossless_explained_rate", "timing"]
-ICONS = {"PASSED": "✅", "FAILED": "❌", "NOT JUDGED": "⚠️", "REPORT": "📊"}
+ICONS = {"PASSED": "✅", "FAILED": "❌", "NOT JUDGED": "⚠️", "WITHIN THE NOISE": "❔", "REPORT": "📊"}
 
 
 def target(option: Path | None) -> Path | None:
@@ -49,15 +49,18 @@ def render(name: str, title: str, summary: pd.DataFrame, checks: list[Check], ga
         md += [f"Checks: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
                + (f" ({sum(c.not_judged for c in checks)} not judged: timing disturbed; re-run on a quiet machine "
                   "with --repeats 3, or pass --judge-disturbed)" if any(c.not_judged for c in checks) else "")
+               + (f" ({sum(c.within_noise for c in checks)} within the noise: the 95% interval straddles the "
+                  "threshold; more prompts or --repeats would tell)" if any(c.within_noise for c in checks) else "")
                + "." + (" **Some timings disturbed: judged anyway (--judge-disturbed).**"
                         if any("judged anyway" in c.message for c in checks) else ""), ""]
     md += [f"- {n}" for n in notes] + ([""] if notes else [])
-    shown = [c for c in checks if c.status == "failed" or c.not_judged]
+    shown = [c for c in checks if c.status == "failed" or c.not_judged or c.within_noise]
     if shown:
         table = pd.DataFrame([{"check": c.name, "method": c.method, "dataset": c.dataset,
-                               "result": "FAILED" if c.status == "failed" else "not judged", "why": c.message}
-                              for c in shown])
-        md += ["### Failed or not judged", "", markdown_table(table), ""]
+                               "result": "FAILED" if c.status == "failed" else "not judged" if c.not_judged
+                               else "within the noise", "why": c.message} for c in shown])
+        md += ["### Failed or not judged" + (" or within the noise" if any(c.within_noise for c in shown) else ""),
+               "", markdown_table(table), ""]
     md += ["### Results", "", markdown_table(summary[[c for c in RESULT_COLUMNS if c in summary]]), ""]
     md += comparison
     if plots:

@@ -2,7 +2,9 @@
 
 Changes: speedup and tau relative (percent of the baseline's value), acceptance and lossless rates in percentage
 points (they are shares already). Rows are matched by method x dataset; a row only this run has is `new`, one only
-the baseline has is `gone`. Written as vs_baseline.csv, vs_baseline.md and vs_baseline.png.
+the baseline has is `gone`. When both runs' records are at hand, the speedup's change is also compared turn by turn
+on the prompts both ran, with its paired interval (paired.py: paired_change, paired_change_lo/_hi, in percent),
+which is what the regression gate judges. Written as vs_baseline.csv, vs_baseline.md and vs_baseline.png.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pandas as pd
 from ..errors import SpecbenchError
 from ..report.markdown import markdown_table
 from ..run.noise import is_disturbed
+from . import paired
 
 # summary column -> (short name in the comparison, relative change?)
 MEASURES = {"speedup": ("speedup", True), "tau": ("tau", True), "acceptance_rate": ("acceptance", False),
@@ -23,10 +26,11 @@ KEY = ["method", "dataset"]
 INTERVAL = ("speedup_lo", "speedup_hi")  # report/robust.py; NaN for summaries from before the interval
 
 
-def compare(new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
+def compare(new: pd.DataFrame, old: pd.DataFrame, paired: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per method x dataset of either run: <measure>_base, <measure>, <measure>_change, each side's speedup
     interval (speedup_lo/_hi[_base]; NaN where a summary has none), timing of each side, exactness and status
-    (compared / new / gone)."""
+    (compared / new / gone), and the paired change of the speedup (paired.changes; NaN without both runs'
+    records)."""
     def side(s: pd.DataFrame) -> pd.DataFrame:
         cols = {c: MEASURES[c][0] for c in MEASURES}
         frame = pd.DataFrame({k: s[k].astype(str) for k in KEY})
@@ -48,6 +52,12 @@ def compare(new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
         merged[f"{name}_change"] = ((a / b - 1) * 100 if relative else (a - b) * 100).round(2)
         columns += [f"{name}_base", name, f"{name}_change"]
     columns += [f"{c}{side}" for side in ("_base", "") for c in INTERVAL] + ["timing_base", "timing", "exactness"]
+    pairs = paired.COLUMNS[2:]
+    if paired is not None and len(paired):
+        merged = merged.merge(paired.astype({"method": str, "dataset": str}), on=KEY, how="left")
+    else:
+        merged = merged.assign(**dict.fromkeys(pairs, math.nan))
+    columns += pairs
     return merged[columns].fillna({"timing": "", "timing_base": "", "exactness": ""}).reset_index(drop=True)
 
 
@@ -73,11 +83,24 @@ def cells(r) -> dict[str, str]:
             else f"{_num(base, spec)} -> {_num(new, spec)}"
         if not (isinstance(change, float) and math.isnan(change)):
             text += f" ({change:+.1f}%)" if relative else f" ({change:+.0f} pt)"
+        if name == "speedup":
+            text += paired_text(r)
         out[name] = text
     marks = [f"disturbed ({who})" for who, t in (("this run", r.timing), ("baseline", r.timing_base))
              if is_disturbed(t)]
     out["timing"] = ", ".join(marks) or ("ok" if r.status == "compared" else "")
     return out
+
+
+def paired_text(r) -> str:
+    """' paired -10.2% [-12.0% .. -8.1%] on 20 turns' for a row with a paired change (nothing without one)."""
+    change = getattr(r, "paired_change", math.nan)
+    if change is None or (isinstance(change, float) and math.isnan(change)):
+        return ""
+    low, high = getattr(r, "paired_change_lo", math.nan), getattr(r, "paired_change_hi", math.nan)
+    span = "" if any(isinstance(v, float) and math.isnan(v) for v in (low, high)) else \
+        f" [{low:+.1f}% .. {high:+.1f}%]"
+    return f" paired {change:+.1f}%{span} on {int(r.paired_turns)} turns"
 
 
 def markdown(delta: pd.DataFrame, verdicts: dict, header: list[str]) -> list[str]:
@@ -94,13 +117,14 @@ def markdown(delta: pd.DataFrame, verdicts: dict, header: list[str]) -> list[str
                                         "lossless (exact)", "exact or explained", "timing", "verdict"])
     return header + ["", markdown_table(table), "",
                      "Speedup and tau: baseline -> this run (relative change), speedups with their 95% bootstrap "
-                     "interval [low-high]; acceptance and lossless rates in "
+                     "interval [low-high] and, where both runs' records share prompt turns, the change measured turn "
+                     "by turn with its 95% paired interval; acceptance and lossless rates in "
                      "percentage points. `new`: no baseline row; `gone`: only the baseline has it.", ""]
 
 
 def write(delta: pd.DataFrame, md: list[str], out: Path, title: str = "") -> list[Path]:
     """vs_baseline.csv, vs_baseline.md and vs_baseline.png (speedup, baseline vs this run) in `out`."""
-    from ..report.report import plot_bars
+    from ..report.run_report import plot_bars
 
     try:
         out.mkdir(parents=True, exist_ok=True)

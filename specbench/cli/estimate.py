@@ -13,7 +13,7 @@ from rich.table import Table
 from ..errors import SpecbenchError
 from ..progress import console, out
 from .app import app
-from .placement import DeviceMap, MaxMemory, target_placement
+from .placement_options import DeviceMap, MaxMemory, target_placement
 from .parse import float_list, int_list
 
 
@@ -54,7 +54,7 @@ def estimate(
     if padding:
         _estimate_padding(accuracy, batch_sizes, max_accept, run, out_path)
         return
-    from ..core.models import load_model
+    from ..core.model.load import load_model
     from ..methods.base import tree_families
     from ..planning import acceptance
 
@@ -91,7 +91,7 @@ def _estimate_padding(accuracy: str, batch_sizes: str, max_accept: int, run: Opt
     import pandas as pd
 
     from ..planning import padding_model as pm
-    from ..report.report import read_records
+    from ..report.run_report import read_records
 
     ps, batches = float_list(accuracy, "--accuracy"), int_list(batch_sizes, "--batch-sizes")
     # p = 0 or 1 is a batch that never or always accepts everything: no padding to model

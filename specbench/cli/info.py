@@ -17,8 +17,8 @@ def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")]
                                                         "are keyed by (for scripts: e.g. a CI artefact name).")]
         = False):
     """Print the hardware and software that results will be recorded with."""
-    from ..core.hardware import describe, hardware_slug
-    from ..core.models import resolve_device
+    from ..core.machine.hardware import describe, hardware_slug
+    from ..core.model.load import resolve_device
 
     if key:
         print(hardware_slug(resolve_device(device)))  # plain stdout: no table, no colour, for $(specbench env --key)

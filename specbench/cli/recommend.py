@@ -38,7 +38,7 @@ def recommend(
     from ..run.recommend import RecommendRequest
     from ..run.recommend import recommend as run_recommend
 
-    from ..report.report import write_run_report
+    from ..report.run_report import write_run_report
 
     result = run_recommend(RecommendRequest(model, dtype, device, dataset, confirm, limit, max_new_tokens, out_dir,
                                             data_file, threads))

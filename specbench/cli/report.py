@@ -53,7 +53,7 @@ def report(
 ):
     """Re-draw tables and plots from result CSVs, compare runs, compare with a baseline, and gate CI."""
     from ..ci import flow as ci
-    from ..report.report import compare_runs, write_run_report
+    from ..report.run_report import compare_runs, write_run_report
 
     opts = ci.CiOptions(baseline=baseline, fail_below=fail_below, fail_regression=ci.parse_percent(fail_regression),
                         judge_disturbed=judge_disturbed, allow_different=allow_different, junit=junit,

@@ -12,7 +12,7 @@ from ..errors import SpecbenchError
 from ..progress import console
 from .app import app
 from .parse import int_list, tree_size_list
-from .placement import DeviceMap, DrafterDeviceMap, DrafterMaxMemory, MaxMemory, TensorParallel
+from .placement_options import DeviceMap, DrafterDeviceMap, DrafterMaxMemory, MaxMemory, TensorParallel
 from .show import print_summary, warn_unexplained
 
 
@@ -109,9 +109,9 @@ def run(
     **method_options,  # one option per method option (methods/options.py), added by _with_method_options
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
-    from ..report.report import write_run_report
+    from ..report.run_report import write_run_report
     from ..run.config import RunConfig, default_out
-    from ..run.loop import run as run_benchmark
+    from ..run.benchmark import run as run_benchmark
     from ..run.shard import Shard
 
     if shards is None and (gpus_per_shard or ray_address):
@@ -126,7 +126,7 @@ def run(
         methods, dtype = _auto_method(methods, model, device, dtype, recommendation, method_options)
     elif recommendation is not None:
         raise SpecbenchError("--recommendation is read by --method auto only")
-    from ..core.tensor_parallel import is_writer, rank_out
+    from ..core.model.tensor_parallel import is_writer, rank_out
 
     if out_dir is None:
         out_dir = _newest_run() if resume else default_out()

@@ -10,10 +10,10 @@ import typer
 from rich.markup import escape
 
 from ..progress import console
-from ..train.config import TRAINING_MIX
+from ..train.settings import TRAINING_MIX
 from .app import train_app
 from .parse import int_list
-from .placement import DeviceMap, MaxMemory, target_placement
+from .placement_options import DeviceMap, MaxMemory, target_placement
 from .train_eval import EvalPrompts, evaluate
 
 # ------------------------------------------------------------------ options every train command shares (same help)
@@ -84,7 +84,7 @@ def train_ppd(
     eval_prompts: EvalPrompts = 30,
 ):
     """Train PPD's prompt tokens (only their embeddings train; the model is frozen)."""
-    from ..train.ppd import TrainConfig, train
+    from ..methods.ppd.training import TrainConfig, train
 
     options = dict(locals())
     path = train(_config(TrainConfig, options))
@@ -122,7 +122,7 @@ def train_drafter(
     data_file: DataFile = None,
 ):
     """Train a small drafter for sd / pearl that shares the target's tokenizer, embeddings and LM head."""
-    from ..train.drafter import DrafterConfig, train
+    from ..methods.sd.training import DrafterConfig, train
 
     path = train(_config(DrafterConfig, locals()))
     import yaml
@@ -163,7 +163,7 @@ def train_medusa(
     eval_prompts: EvalPrompts = 30,
 ):
     """Train Medusa-1 heads for `medusa` / `medusa-typical` (the target stays frozen; its LM head is shared)."""
-    from ..train.medusa import MedusaConfig, train
+    from ..methods.medusa.training import MedusaConfig, train
 
     options = dict(locals())
     _said_trained(train(_config(MedusaConfig, options)), "medusa.yaml", "heads.safetensors", options)
@@ -203,7 +203,7 @@ def train_hidden_transfer(
 ):
     """Train Hidden Transfer's projections for `hidden-transfer` (only the k linear maps train)."""
     options = dict(locals())  # the command's options only
-    from ..train.transfer import TransferConfig, train
+    from ..methods.hidden_transfer.training import TransferConfig, train
 
     layers = tuple(int_list(transfer_layers, "--transfer-layers")) if transfer_layers else None
     _said_trained(train(_config(TransferConfig, options, transfer_layers=layers)), "hidden-transfer.yaml",
@@ -211,7 +211,7 @@ def train_hidden_transfer(
 
 
 def _train_feature(method: str, options: dict) -> None:
-    from ..train.feature import FeatureConfig, train
+    from ..methods.eagle.training import FeatureConfig, train
 
     cfg = _config(FeatureConfig, options, method=method, vocab_top=options["vocab_top"] or None)
     _said_trained(train(cfg), f"{method}.yaml", "feature-drafter.safetensors", options)

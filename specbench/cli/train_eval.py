@@ -12,7 +12,7 @@ from rich.markup import escape
 from ..errors import SpecbenchError
 from ..progress import console
 from .app import train_app
-from .placement import DeviceMap, MaxMemory, target_placement
+from .placement_options import DeviceMap, MaxMemory, target_placement
 
 EvalPrompts = Annotated[int, typer.Option(help="Held-out prompts per training source scored when training ends "
                                                "(top1_heldout in the metadata); 0: none.")]
@@ -23,7 +23,7 @@ def evaluate(folder: Path, model: str | None = None, dtype: str = "auto", device
              write: bool = True) -> dict:
     """Score the artefact in `folder` on held-out prompts of its training sources (or `data`) and, with `write`,
     record the result in its metadata; returns the result. model: default the one its metadata names."""
-    from ..core.models import load_model
+    from ..core.model.load import load_model
     from ..methods.base import tree_families
     from ..planning import heldout
     from ..train.selfdistill import check_sources

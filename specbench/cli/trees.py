@@ -9,12 +9,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.timing import now, since
+from ..core.machine.timing import now, since
 from ..errors import SpecbenchError
 from ..progress import console, out
 from .app import app
 from .parse import int_list
-from .placement import DeviceMap, MaxMemory, TensorParallel, target_placement
+from .placement_options import DeviceMap, MaxMemory, TensorParallel, target_placement
 
 
 @app.command()
@@ -45,7 +45,7 @@ def profile(
     L(B, w) per batch size."""
     import torch
 
-    from ..core.models import load_model
+    from ..core.model.load import load_model
     from ..planning.batch_profile import check_batch_sizes
     from ..planning.profile import measure, save
 
@@ -58,7 +58,7 @@ def profile(
         torch.set_num_threads(threads)
     target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory, tp))
     result = measure(target, width_list, kv_list, repeats, batch_sizes=sizes, batch_widths=row_widths)
-    from ..core.tensor_parallel import is_writer
+    from ..core.model.tensor_parallel import is_writer
 
     if not is_writer():
         return  # --tp: every rank measured (the forwards are collective); rank 0 writes

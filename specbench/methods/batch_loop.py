@@ -6,7 +6,7 @@ slot takes the next waiting prompt at once (continuous batching, which EMS-SD §
 samples), else the next B prompts start when the whole batch is done.
 
 Each step, per active sample: 1. draft (the method's propose); 2. verify: the last emitted token plus the drafts,
-every sample in one target forward (core/ragged.py packs them, core/padded.py pads them); 3. accept, per sample, with
+every sample in one target forward (core/batch/ragged.py packs them, core/batch/padded.py pads them); 3. accept, per sample, with
 the same rule and the same random stream as batch 1 (so each sample keeps its distribution, and greedy tokens equal
 batch-1 ar's); 4. roll back each sample's rejected drafts. The target's cache holds a sample's tokens but the last.
 """
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.padded import PaddedBatch
-from ..core.ragged import RaggedBatch, Segment
+from ..core.batch.padded import PaddedBatch
+from ..core.batch.ragged import RaggedBatch, Segment
 from ..core.verify import Sampling, accept, next_token
-from ..core.timing import now, since
+from ..core.machine.timing import now, since
 from ..errors import SpecbenchError
 from .base import Generation
 

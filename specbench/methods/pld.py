@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.cache import drop_last, new_cache
-from ..core.forward import forward
+from ..core.batch.cache import drop_last, new_cache
+from ..core.batch.forward import forward
 from ..core.verify import accept, next_token
 from .base import DecodeMethod, Generation, register
 from .batch_loop import Batchable

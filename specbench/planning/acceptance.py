@@ -18,14 +18,14 @@ import torch
 import yaml
 
 from ..core import store
-from ..core.cache import crop_to, new_cache
-from ..core.hardware import hardware_slug
-from ..core.models import LoadedModel, dtype_name, model_slug
+from ..core.batch.cache import crop_to, new_cache
+from ..core.machine.hardware import hardware_slug
+from ..core.model.load import LoadedModel, dtype_name, model_slug
 from ..core.profile_file import LatencyProfile, load_profile
-from ..core.timing import now, since
+from ..core.machine.timing import now, since
 from ..data import datasets as ds
 from ..data.trainsets import refuse_as_benchmark
-from ..artifacts.prompt_tokens import PromptTokens, hidden, insertion_inputs
+from ..methods.ppd.artifact import PromptTokens, hidden, insertion_inputs
 from ..train.selfdistill import greedy_continuations, render
 from ..errors import SpecbenchError
 from ..progress import progress_bar

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import store
-from ..core.models import model_slug
+from ..core.model.load import model_slug
 from ..errors import SpecbenchError
 from .buildtree import BuildTreeRequest, BuiltTree, build_tree
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core import store
-from ..core.hardware import hardware_slug
-from ..core.models import dtype_name, model_slug
+from ..core.machine.hardware import hardware_slug
+from ..core.model.load import dtype_name, model_slug
 from ..core.profile_file import LatencyProfile, load_profile
 
 KV_LENGTH = 512  # the KV length whose curve the choices read (build-tree's default)

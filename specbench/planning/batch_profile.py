@@ -1,5 +1,5 @@
 """L(B, w) for `specbench profile --batch-sizes`: one forward of B rows of w new tokens each, every row on top of its
-own KV cache of kv tokens, timed on the engine of `run --batching unpadded` (core/ragged.py, EMS-SD's unpad KV cache
+own KV cache of kv tokens, timed on the engine of `run --batching unpadded` (core/batch/ragged.py, EMS-SD's unpad KV cache
 and packed inputs: the B x w tokens enter every linear layer as one packed row, no padding).
 
 What it is for: at batch B every extra candidate costs B rows, so the draft length or tree size that pays at B = 1
@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 
 from ..core.profile_file import BatchCurve
-from ..core.ragged import RaggedBatch, Segment
-from ..core.timing import call_ms
+from ..core.batch.ragged import RaggedBatch, Segment
+from ..core.machine.timing import call_ms
 from ..errors import SpecbenchError
 
-ENGINE = "unpadded (core/ragged.py: per-row KV caches, the rows' new tokens packed into one forward)"
+ENGINE = "unpadded (core/batch/ragged.py: per-row KV caches, the rows' new tokens packed into one forward)"
 
 
 def default_widths(widths: list[int], batch_size: int) -> list[int]:

@@ -17,8 +17,8 @@ import yaml
 from rich.markup import escape
 
 from ..core import store
-from ..core.hardware import hardware_slug
-from ..core.models import auto_dtype, model_config, model_slug
+from ..core.machine.hardware import hardware_slug
+from ..core.model.load import auto_dtype, model_config, model_slug
 from ..core.tree import TreeFile
 from ..errors import SpecbenchError
 from ..progress import console, status
@@ -303,7 +303,7 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
         if moved:
             result.extra["draft_cost"] = moved  # the drafter was timed on another machine or dtype, or as built
         if req.draft_forward_ms is not None and draft_ms is not None:
-            # the timed forward itself: recommend prices this hardware's tree with it (planning/recommend.py)
+            # the timed forward itself: recommend prices this hardware's tree with it (planning/predict.py)
             result.extra["draft_forward_ms"] = round(req.draft_forward_ms, 4)
     else:
         with status(f"Searching dynamic sparse trees of sizes 2..{req.max_size}"):

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from ..core.models import LoadedModel
-from ..artifacts import medusa_heads as mh
-from ..artifacts import transfer_projections as tp
-from ..train.transfer import pseudo_forward, real_forward
+from ..core.model.load import LoadedModel
+from ..methods.medusa import artifact as mh
+from ..methods.hidden_transfer import artifact as tp
+from ..methods.hidden_transfer.training import pseudo_forward, real_forward
 
 TOP_K = 10
 
@@ -62,7 +62,7 @@ def drafter_ranks(target: LoadedModel, drafter, ids: list[int], start: int, dept
     drafted as `eagle` / `parallelspec` would along the true path: position i's pair (f_i, x_{i+1}) with the
     target's true features, then per depth either a mask input (parallelspec: depths = k + 1) or the pair of the
     drafter's own predicted feature and the true next token (eagle: the rank at depth d given the path so far)."""
-    from ..train.feature import group_forward
+    from ..methods.eagle.training import group_forward
 
     model = target.model
     seq = torch.tensor([ids], device=target.device)

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..core.models import LoadedModel
+from ..core.model.load import LoadedModel
 from ..core.structured import read_structured
-from ..core.timing import now, since
+from ..core.machine.timing import now, since
 from ..errors import SpecbenchError
 from ..progress import progress_bar
 from ..train.selfdistill import source_names, training_data

@@ -5,7 +5,7 @@ median of `repeats` timed forwards after warm-up (CUDA events on GPU, perf_count
 spread; the widths are timed round-robin so that a machine whose speed drifts keeps the curve's shape, and the
 cache grows by one token after every round, so each round meets a new KV length as every decoding step does: a
 cost paid once per new shape (an attention kernel's plan, an allocation) is in the median, not hidden by repeating
-one shape (on the H200 bfloat16 decoding ran 1.7x slower than float32 while same-shape forwards were equal:
+one shape (on a GPU a per-shape plan made bfloat16 decoding slower than same-shape forwards showed:
 benchmarks/RESULTS-gpu.md).
 Latency needs no trained weights: `random:<preset>` models give the same curve as the real ones.
 With batch sizes (`--batch-sizes 1,2,4,8`) the same file also gets L(B, w) for every B > 1 (batch_profile.py).
@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..core import contention, store
-from ..core.cache import new_cache
-from ..core.forward import forward, timed_forward
-from ..core.hardware import environment, gpu_facts, hardware_identity, slug_of
-from ..core.models import LoadedModel, dtype_name, model_slug
+from ..core.machine import contention
+from ..core import store
+from ..core.batch.cache import new_cache
+from ..core.batch.forward import forward, timed_forward
+from ..core.machine.hardware import environment, gpu_facts, hardware_identity, slug_of
+from ..core.model.load import LoadedModel, dtype_name, model_slug
 from ..core.profile_file import LatencyProfile, load_profile  # noqa: F401  (load_profile: re-exported)
 from ..errors import SpecbenchError
 from ..progress import progress_bar

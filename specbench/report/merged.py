@@ -9,7 +9,7 @@ import pandas as pd
 import yaml
 
 from .markdown import markdown_table
-from .report import write_run_report
+from .run_report import write_run_report
 from .shards import shard_section
 
 

@@ -27,7 +27,7 @@ def noise_section(summary: pd.DataFrame, meta: dict, records: pd.DataFrame | Non
           f"{guard.get('latency_floor', 1.0)} "
           f"({'profile ' + guard['profile'] if guard.get('profile') else 'no profile of this hardware: 1.0'}). "
           "Methods run in an order rotated per prompt, so a burst of load does not land on one method only. "
-          "`speedup_lo` - `speedup_hi` is a 95% bootstrap interval of the speedup over prompt turns (seeded), "
+          "`speedup_lo` - `speedup_hi` is a 95% bootstrap interval of the speedup (prompts resampled, batches at B > 1; seeded), "
           "`speedup_median` the median per-turn ratio: how much single turns move the number.", ""]
     md += retime_lines(records, (meta.get("settings") or {}).get("retime"))
     bad = disturbed(summary)

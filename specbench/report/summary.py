@@ -5,7 +5,8 @@ Speedup formulas (both from the same run, same prompts, same machine):
   speedup       = (sum new_tokens / sum wall_s)_method / (sum new_tokens / sum wall_s)_ar   (headline)
   speedup_mean  = mean over prompt turns of tokens_per_s_method / tokens_per_s_ar
   speedup_median = median over prompt turns of tokens_per_s_method / tokens_per_s_ar
-  speedup_lo, speedup_hi = 95% bootstrap interval of speedup (prompt turns resampled, seeded: report/robust.py)
+  speedup_lo, speedup_hi = 95% bootstrap interval of speedup (prompts resampled, batch groups at B > 1, seeded:
+                         report/robust.py)
   tau           = sum new_tokens / sum target_forwards   (bonus token included; ar = 1.00)
   acceptance    = sum accepted_drafts / sum drafted
   draft_ms_per_token   = 1000 * sum draft_s / sum new_tokens   (drafting ms per emitted token; draft-model methods)

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from ..run.results import read_meta
-    from ..report.titles import plot_title
+    from .titles import plot_title
 
     ap = argparse.ArgumentParser(prog="python -m specbench.report.timeline",
                                  description="Draw the draft / target Gantt chart of each sd / pearl prompt of a run "

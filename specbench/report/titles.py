@@ -25,7 +25,7 @@ def _title_parts(meta: dict, records: pd.DataFrame | None) -> dict[str, str]:
         prompts = f"{total} prompt{'s' if total != 1 else ''} ({names})"
     device = str(env.get("device") or from_records("device") or "device ?")
     placement = str(env.get("placement") or from_records("placement") or "")
-    if placement and not placement.startswith("single:"):  # a device map or tensor parallelism (core/placement.py)
+    if placement and not placement.startswith("single:"):  # a device map or tensor parallelism (core/model/placement.py)
         device += f" [{placement}]"
     return {"model": str(model_meta.get("name") or model_meta.get("spec") or from_records("model") or "model ?"),
             "device": device,

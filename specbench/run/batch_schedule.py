@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core import contention
+from ..core.machine import contention
 from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..methods.batch_loop import MODES, generate_batch

@@ -40,7 +40,7 @@ class RunConfig:
     batching: str = "both"  # at batch > 1: unpadded (EMS-SD), padded (the vanilla way) or both
     refill: bool = False  # at batch > 1: a finished sample's slot takes the next prompt (continuous batching)
     shard: Shard | None = None  # --shard I/N: only this slice of the prompts (run/shard.py)
-    # placement (core/placement.py): a device map for the target / a separate drafter, or tensor parallelism
+    # placement (core/model/placement.py): a device map for the target / a separate drafter, or tensor parallelism
     device_map: str | None = None
     max_memory: str | None = None
     drafter_device_map: str | None = None

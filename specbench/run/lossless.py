@@ -22,9 +22,9 @@ import math
 
 import torch
 
-from ..core.cache import new_cache
-from ..core.forward import forward
-from ..core.models import LoadedModel
+from ..core.batch.cache import new_cache
+from ..core.batch.forward import forward
+from ..core.model.load import LoadedModel
 
 NEAR_TIE = "near-tie"
 UNEXPLAINED = "unexplained"

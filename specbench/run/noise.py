@@ -6,8 +6,12 @@ Three defences, all written into records.csv / summary.csv and the report:
    before and after. A row is *disturbed* when others used more than FOREIGN_CPU_LIMIT cores or steal exceeded
    STEAL_LIMIT.
 2. Per row, an outlier test that needs no /proc (a cloud VM's counters may not show other tenants): a row whose
-   forward_ms is far above its method's median (same dataset, batch size and batching, in this run), and slower
-   than the other methods of the same prompt turn are, is disturbed too (`outliers`).
+   forward time is far above its method's median (same dataset, batch size and batching, in this run), and slower
+   than the other labels of the same prompt turn are (every label of the turn: ar and both batching modes), is
+   disturbed too (`outliers`). A forward's time follows its width (a `pld` forward verifies its draft, 1 to 11
+   tokens), so a row is judged both per forward and per token verified and counts as slow only when it is slow
+   both ways (`slowness`): the two bracket any latency curve that rises with width no faster than linearly, so a
+   genuinely wide, fast row is not flagged while a disturbed one (slow both ways) still is.
 3. Per method x dataset, a plausibility bound. speedup = tau x (ar's time per forward / the method's time per
    forward), and a method's forward is at least as wide as ar's one-token forward, so its time per forward cannot
    be below ar's by more than the latency curve allows: floor = min_n L(n) / L(1) from this hardware's profile
@@ -27,7 +31,7 @@ import statistics
 
 import pandas as pd
 
-from ..core.contention import FOREIGN_CPU_LIMIT, STEAL_LIMIT  # per-row readings: core/contention.py
+from ..core.machine.contention import FOREIGN_CPU_LIMIT, STEAL_LIMIT  # per-row readings: core/machine/contention.py
 
 DISTURBED_SHARE = 0.10  # a method x dataset is disturbed when more of its (or ar's) timed seconds than this are
 BOUND_TOLERANCE = 0.10  # timing noise allowed on top of the plausibility bound
@@ -40,7 +44,9 @@ OUTLIER_FACTOR = 1.5
 OUTLIER_MIN_ROWS = 3
 ADVICE = ("re-run on a quiet machine (stop other jobs; `uptime` load near 0) with --repeats 3 and --retime 2, which "
           "keep the median of 3 timings per prompt turn and re-time turns that ran beside other work")
-TURN_KEY = ["dataset", "prompt_id", "turn", "batch_size", "batching"]
+# A turn is every label that decoded it, batching modes together: with --batching both, `ar` runs in one mode only,
+# and a padded row keyed apart from it would lose the "every label was slow on this turn" exemption.
+TURN_KEY = ["dataset", "prompt_id", "turn", "batch_size"]
 GROUP_KEY = ["method", "dataset", "batch_size", "batching"]  # "same method at that width / batch in this run"
 
 
@@ -52,13 +58,30 @@ def latency_floor(profile) -> float:
     return round(min(ratios + [1.0]), 4)
 
 
-def slowness(forward_ms: float, reference) -> float:
-    """forward_ms / the median of `reference` (the method's forward_ms at the same width); NaN with fewer than
+def width(drafted, target_forwards) -> float:
+    """Tokens one target forward verified, on average: 1 + drafted / forwards (ar and a method that drafted nothing:
+    1; a tree method: its tree's size, the same every forward)."""
+    try:
+        value = 1.0 + float(drafted) / max(float(target_forwards), 1.0)
+    except (TypeError, ValueError):
+        return 1.0
+    return value if math.isfinite(value) and value >= 1 else 1.0
+
+
+def slowness(forward_ms: float, reference, wide: float = 1.0) -> float:
+    """How slow one forward was against its method's other rows `reference` ((forward_ms, width) pairs, or bare
+    forward_ms at width 1): the smaller of forward_ms / their median forward_ms and (forward_ms / wide) / their
+    median per token verified. A width costs between nothing (memory-bound) and its tokens (compute-bound), so the
+    smaller ratio is the slowness that no latency curve between the two explains. NaN with fewer than
     OUTLIER_MIN_ROWS reference rows or an unknown forward."""
-    ref = [float(x) for x in reference if x is not None and math.isfinite(float(x)) and float(x) > 0]
-    if len(ref) < OUTLIER_MIN_ROWS or forward_ms is None or not math.isfinite(forward_ms):
+    pairs = [(float(x[0]), float(x[1])) if isinstance(x, (tuple, list)) else (float(x), 1.0)
+             for x in reference if x is not None]
+    pairs = [(f, w) for f, w in pairs if math.isfinite(f) and f > 0 and math.isfinite(w) and w >= 1]
+    if len(pairs) < OUTLIER_MIN_ROWS or forward_ms is None or not math.isfinite(forward_ms):
         return math.nan
-    return forward_ms / statistics.median(ref)
+    per_forward = forward_ms / statistics.median(f for f, _ in pairs)
+    per_token = (forward_ms / max(wide, 1.0)) / statistics.median(f / w for f, w in pairs)
+    return min(per_forward, per_token)
 
 
 def outliers(slow: dict) -> set:
@@ -141,18 +164,25 @@ def _busy_rows(records: pd.DataFrame) -> pd.Series:
 
 
 def _outlier_rows(records: pd.DataFrame) -> pd.Series:
-    """Per record: the outlier test against its method's median forward_ms over the whole run (all its rows at
-    that dataset, batch size and batching). Records without forward_ms take wall_s / target_forwards."""
+    """Per record: the outlier test against its method's medians over the whole run (all its rows at that dataset,
+    batch size and batching), per forward and per token verified (slowness). Records without forward_ms take
+    wall_s / target_forwards; without drafted, width 1."""
     frame = records.assign(batch_size=records.get("batch_size", 1), batching=records.get("batching", "-"))
     for col in ("batch_size", "batching"):  # older runs: blank cells
         frame[col] = frame[col].astype(str).replace({"": "1" if col == "batch_size" else "-", "nan": "-"})
     fwd = pd.to_numeric(frame.get("forward_ms", pd.Series(math.nan, index=frame.index)), errors="coerce")
-    fallback = 1e3 * pd.to_numeric(frame.wall_s, errors="coerce") / pd.to_numeric(
-        frame.target_forwards, errors="coerce").clip(lower=1)
+    forwards = pd.to_numeric(frame.target_forwards, errors="coerce").clip(lower=1)
+    fallback = 1e3 * pd.to_numeric(frame.wall_s, errors="coerce") / forwards
     frame["fwd"] = fwd.fillna(fallback)
-    medians = frame.groupby(GROUP_KEY, sort=False).fwd.transform(
-        lambda s: s.median() if s.notna().sum() >= OUTLIER_MIN_ROWS else math.nan)
-    frame["slow"] = frame.fwd / medians
+    drafted = pd.to_numeric(frame.get("drafted", pd.Series(0, index=frame.index)), errors="coerce").fillna(0)
+    frame["tok"] = frame.fwd / (1 + drafted.clip(lower=0) / forwards.fillna(1))  # ms per token verified
+
+    def median(s: pd.Series) -> pd.Series:
+        return s.groupby([frame[k] for k in GROUP_KEY], sort=False).transform(
+            lambda g: g.median() if g.notna().sum() >= OUTLIER_MIN_ROWS else math.nan)
+
+    frame["slow"] = pd.concat([frame.fwd / median(frame.fwd), frame.tok / median(frame.tok)], axis=1).min(
+        axis=1, skipna=False)
     flagged = pd.Series(False, index=records.index)
     for _, turn in frame.groupby(TURN_KEY, sort=False):
         for index in outliers(dict(zip(turn.index, turn.slow))):

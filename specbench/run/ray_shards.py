@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..core import contention
+from ..core.machine import contention
 from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..methods import get_method
@@ -91,7 +91,7 @@ def run_sharded(cfg: RunConfig, count: int, gpus_per_shard: float = 0, address: 
         with contention.watching_run(out / "shards", "driver"):  # shards count the driver (its bars) as their run's
             run_tasks(ray, todo, plans, cpus, gpus_per_shard)
     except KeyboardInterrupt:
-        from .loop import Interrupted
+        from .benchmark import Interrupted
 
         stopped = Interrupted(out, sum(p.written() for p in plans))
         stopped.runs = _partial_merge(plans, out)  # the CLI reports them (marked partial)
@@ -236,7 +236,7 @@ def shard_task(cfg: RunConfig, kill: str = "") -> str:
     """One shard, in a Ray worker: `run --shard I/N` into its folder, continuing its records on a retry. Console
     output goes to RUN/shards/<I-of-N>.log (the driver draws the bars)."""
     from .. import progress
-    from .loop import run
+    from .benchmark import run
 
     progress.quiet_libraries()
     progress.console.file = open(_log_path(cfg), "a")  # noqa: SIM115 (the worker's console, for its lifetime)

@@ -1,7 +1,7 @@
 """`specbench recommend`: which method to use for a model on this machine. Every lossless tree method's speedup is
-predicted from files (planning/recommend.py: no decoding; a drafting method's missing tree is first built as
+predicted from files (planning/predict.py: no decoding; a drafting method's missing tree is first built as
 `run --tree auto` builds it, its drafter timed here: build_drafting_trees), the best `confirm` of them (and `pld`,
-which needs nothing and no model predicts) are measured beside `ar` in one short run (run/loop.py), and the pick is
+which needs nothing and no model predicts) are measured beside `ar` in one short run (run/benchmark.py), and the pick is
 the best measured (the best predicted with `confirm` 0; `ar` itself when nothing beats it). The pick is written to
 DIR/recommendation.yaml and filed at recommendations/<model>/<hardware>.yaml, which `run --method auto` reads.
 """
@@ -17,12 +17,12 @@ import torch
 import yaml
 
 from ..core import store
-from ..core.hardware import hardware_slug
-from ..core.model_specs import resolve_device, resolve_dtype
-from ..core.models import auto_dtype, dtype_name, model_config, model_slug
+from ..core.machine.hardware import hardware_slug
+from ..core.model.specs import resolve_device, resolve_dtype
+from ..core.model.load import auto_dtype, dtype_name, model_config, model_slug
 from ..errors import SpecbenchError
 from ..methods import REGISTRY
-from ..planning.recommend import Candidate, Prediction, predict_all
+from ..planning.predict import Candidate, Prediction, predict_all
 from .config import RunConfig, results_root
 from .results import with_batch_columns
 
@@ -117,14 +117,14 @@ def build_drafting_trees(req: RecommendRequest, cands: list[Candidate], hardware
     `run --tree auto` builds them: by the method itself on the loaded target, its drafting forward timed here and
     recorded in the tree (draft_forward_ms), which the prediction then uses. Built from files alone they would be
     priced with the acceptance file's time moved from the machine `estimate` ran on, and a drafter's share of a step
-    does not move with the target's: on the H200 medusa's heads took 0.12 ms against 1.24 ms moved from a CPU
+    does not move with the target's: a time moved from a CPU can miss a GPU's by many times
     (benchmarks/RESULTS-gpu.md). The confirming run then takes the same trees. Loads the target only when a tree is
     missing and could be built; a method that cannot be set up is left to the prediction, which says why."""
-    from ..core.models import load_model
+    from ..core.model.load import load_model
     from ..core.tree import find_auto_tree
     from ..planning import autotree
     from ..planning.acceptance import DRAFT_COST_METHODS
-    from ..planning.recommend import artifact_meta
+    from ..planning.predict import artifact_meta
 
     key = model_slug(req.model)
     todo = [c for c in cands if c.family in DRAFT_COST_METHODS
@@ -161,7 +161,7 @@ def _row(p: Prediction) -> Row:
 
 
 def _confirm(req: RecommendRequest, methods: list[str], dtype: str, out: Path) -> Path:
-    from .loop import run
+    from .benchmark import run
 
     cfg = RunConfig(methods=("ar", *methods), datasets=(req.dataset,), model=req.model, dtype=dtype,
                     device=req.device, limit=req.limit, max_new_tokens=req.max_new_tokens, warmup=1,

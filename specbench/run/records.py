@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.models import LoadedModel, dtype_name
+from ..core.model.load import LoadedModel, dtype_name
 from ..data import datasets as ds
 from ..methods.base import Generation
 from .config import RunConfig

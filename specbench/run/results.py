@@ -47,7 +47,7 @@ class Record:
     model: str
     dtype: str
     device: str
-    hardware: str  # slug of the hardware identity (core/hardware.py)
+    hardware: str  # slug of the hardware identity (core/machine/hardware.py)
     threads: int
     torch: str
     transformers: str

@@ -2,9 +2,9 @@
 the context, timing (the median of --repeats, peak memory), the lossless check against ar's tokens (lossless.py
 explains a mismatch) and writing its record (records.py).
 
-Measurement rules (DESIGN.md §3): each turn is timed from prefill to the last token, after warm-up, with device
+Measurement rules (docs/measurement.md): each turn is timed from prefill to the last token, after warm-up, with device
 synchronisation at both ends; tokenisation is outside the timed region; new tokens are counted the same way for
-every method. Each timed turn records what else the machine did meanwhile (core/contention.py).
+every method. Each timed turn records what else the machine did meanwhile (core/machine/contention.py).
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from typing import TypeVar
 import torch
 from rich.markup import escape
 
-from ..core import contention, memory
-from ..core.forward import count_fed_tokens
-from ..core.hardware import environment
-from ..core.models import LoadedModel
-from ..core.timing import wall
+from ..core.machine import contention
+from ..core.machine import memory
+from ..core.batch.forward import count_fed_tokens
+from ..core.machine.hardware import environment
+from ..core.model.load import LoadedModel
+from ..core.machine.timing import wall
 from ..data import datasets as ds
 from ..methods import get_method
 from ..methods.base import DecodeMethod, Generation
@@ -76,7 +77,7 @@ class Runner:
         """Per tree-method label: its tree's size, source and predicted tau / speedup on this hardware (from this
         hardware's measured profile, when there is one; never another machine's), for the report's
         measured-vs-predicted table; `profile_provenance` says how the profile relates to this machine."""
-        from ..core.hardware import hardware_identity, provenance
+        from ..core.machine.hardware import hardware_identity, provenance
         from ..planning.buildtree import predict
 
         profile = self.local_profile()
@@ -170,7 +171,7 @@ class Runner:
 
     def run_prompt(self, prompt: ds.Prompt, index: int, label: str, order: int) -> list[TurnResult]:
         """All turns of one prompt with one method (a skipped turn ends the prompt), timed, with what else the
-        machine did meanwhile (core/contention.py)."""
+        machine did meanwhile (core/machine/contention.py)."""
         answers: list[str] = []
         results = []
         for turn in range(len(prompt.turns)):

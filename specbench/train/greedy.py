@@ -1,6 +1,6 @@
 """Greedy continuations of many prompts at once, for self-distillation data and estimate's references.
 
-`ragged_greedy` (the default) decodes on the unpadded batch engine (core/ragged.py, EMS-SD's unpad KV cache and
+`ragged_greedy` (the default) decodes on the unpadded batch engine (core/batch/ragged.py, EMS-SD's unpad KV cache and
 unpad input tokens): `slots` samples side by side, each with its own KV length, no padding token in any linear layer;
 a sample that finishes (stop token or cap) leaves at once and its slot takes the next waiting prompt at the next step
 (continuous batching: no slot idles while the longest reply of a group finishes, as it does in a padded batch).
@@ -20,8 +20,8 @@ from collections import deque
 
 import torch
 
-from ..core.ragged import RaggedCache, Segment, ragged_forward
-from ..core.timing import now, since
+from ..core.batch.ragged import RaggedCache, Segment, ragged_forward
+from ..core.machine.timing import now, since
 from ..progress import progress_bar
 
 PREFILL_TOKENS = 4096  # prompt tokens per prefill forward: the attention of a packed prefill is [S, heads, w, w]

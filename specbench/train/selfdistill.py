@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from ..core import store
-from ..core.models import LoadedModel
-from ..core.ragged import UnsupportedAttention
+from ..core.model.load import LoadedModel
+from ..core.batch.ragged import UnsupportedAttention
 from ..data import datasets as ds
 from ..data import disjoint, trainsets
 from ..errors import SpecbenchError
@@ -123,7 +123,7 @@ def _cached(target: LoadedModel, source: str, held_out: int, prompts: int, new_t
             data_file: str | None, dropped: tuple[int, ...] = ()) -> tuple[dict, Path, list | None]:
     """(cache key, cache file, the cached sequences or None) of one source's self-distilled data (dropped: the
     prompts left out, which the file name does not show: a file with other ones is regenerated)."""
-    from ..artifacts.prompt_tokens import model_key
+    from ..methods.ppd.artifact import model_key
 
     key = {"format": CACHE_FORMAT, "model_key": model_key(target), "data": data_file or trainsets.cache_tag(source),
            "prompts": prompts, "held_out": held_out, "new_tokens": new_tokens}
@@ -160,7 +160,7 @@ def pending_prompts(target: LoadedModel, data: str, held_out: int, prompts: int,
 def forward_costs(target: LoadedModel) -> tuple[float, float]:
     """(seconds per forward call, seconds per token) of this model here, from forwards of 1 and 129 tokens timed as
     the methods time theirs (core.concurrency.measure_forward_times), for estimates made before slow work starts."""
-    from ..core.concurrency import measure_forward_times
+    from ..methods.pearl.scheduler import measure_forward_times
 
     t = measure_forward_times(target.model, target.device, widths=(1, 129), rounds=2)
     per_token = max(t[129] - t[1], 0.0) / 128

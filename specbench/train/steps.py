@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from ..core.hardware import cpu_model, device_name, hardware_slug
-from ..core.models import LoadedModel, dtype_name, load_model
+from ..core.machine.hardware import cpu_model, device_name, hardware_slug
+from ..core.model.load import LoadedModel, dtype_name, load_model
 from ..errors import SpecbenchError
-from .config import TrainSettings
-from .loop import optimise
+from .settings import TrainSettings
+from .recipe import optimise
 from .plot import plot_losses
 from .selfdistill import SLOTS, SourceData, training_data
 
@@ -26,7 +26,7 @@ Sequences = list[tuple[list[int], int]]  # (prompt + greedy reply token ids, pro
 
 def load_target(cfg: TrainSettings) -> LoadedModel:
     """The target model, frozen (only the method's own parts train)."""
-    from ..core.placement import build_placement
+    from ..core.model.placement import build_placement
 
     target = load_model(cfg.model, cfg.dtype, cfg.device,
                         placement=build_placement(cfg.device_map, cfg.max_memory))

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from rich.markup import escape
 
 from ...core import store
-from ...core.hardware import hardware_slug
-from ...core.models import dtype_name
+from ...core.machine.hardware import hardware_slug
+from ...core.model.load import dtype_name
 from ...core.tree import TreeFile, read_tree_file
 from ...errors import SpecbenchError
 from ...planning import autotree

@@ -17,10 +17,10 @@ from typing import ClassVar
 import torch
 from rich.markup import escape
 
-from ...core.cache import cache_length, keep_positions, new_cache
-from ...core.models import model_slug
-from ...core.ragged import Segment
-from ...core.timing import now
+from ...core.batch.cache import cache_length, keep_positions, new_cache
+from ...core.model.load import model_slug
+from ...core.batch.ragged import Segment
+from ...core.machine.timing import now
 from ...core.tree import Tree, TreeFile, position_ids
 from ...progress import console
 from ..base import DecodeMethod, Generation

@@ -15,11 +15,11 @@ from typing import Callable
 
 import torch
 
-from ...artifacts import prompt_tokens as pt
-from ...core.cache import cache_length, keep_positions
-from ...core.hardware import hardware_slug
-from ...core.models import dtype_name
-from ...core.ragged import Segment
+from ..ppd import artifact as pt
+from ...core.batch.cache import cache_length, keep_positions
+from ...core.machine.hardware import hardware_slug
+from ...core.model.load import dtype_name
+from ...core.batch.ragged import Segment
 from ...core.tree import Tree, TreeFile, attention_mask, position_ids, visibility
 from ...core.verify import next_token, tree_speculative_accept, tree_typical_accept
 from ...errors import SpecbenchError

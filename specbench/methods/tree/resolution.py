@@ -9,8 +9,8 @@ from pathlib import Path
 from rich.markup import escape
 
 from ...core import store
-from ...core.hardware import hardware_slug
-from ...core.models import dtype_name, model_slug
+from ...core.machine.hardware import hardware_slug
+from ...core.model.load import dtype_name, model_slug
 from ...core.tree import TreeFile, other_trees, read_tree_file, resolve_tree
 from ...errors import SpecbenchError
 from ...planning import autotree

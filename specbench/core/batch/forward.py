@@ -1,0 +1,74 @@
+"""The one causal forward every method, profile and timer shares: new tokens appended to a KV cache."""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+
+import torch
+
+from .cache import drop_last
+from ..machine.timing import call_ms
+
+
+def _cache_keyword() -> str:
+    """The keyword that hands a KV cache to a transformers model or decoder layer: `cache` where the installed
+    transformers names it so (5.24 warns on `past_key_values` and announces its removal in 5.40), else
+    `past_key_values` (earlier 5.x, e.g. the GPU machine's 5.17)."""
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    return "cache" if "cache" in inspect.signature(LlamaDecoderLayer.forward).parameters else "past_key_values"
+
+
+CACHE_KEYWORD = _cache_keyword()
+
+
+def with_cache(cache) -> dict:
+    """{CACHE_KEYWORD: cache}: pass as **with_cache(cache) to a model or decoder layer call."""
+    return {CACHE_KEYWORD: cache}
+
+
+def forward(model, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> torch.Tensor:
+    """Causal forward of input_ids [1, n] appended to `cache`; returns logits [n or logits_to_keep, V]."""
+    past = cache.get_seq_length()
+    n = input_ids.shape[1]
+    position_ids = torch.arange(past, past + n, device=input_ids.device).unsqueeze(0)  # [1, n]
+    out = model(input_ids=input_ids, position_ids=position_ids, **with_cache(cache), use_cache=True,
+                logits_to_keep=logits_to_keep)
+    return out.logits[0]
+
+
+def timed_forward(model, ids: torch.Tensor, cache, device: torch.device) -> float:
+    """Milliseconds of one forward of ids [1, n] on top of the cache (the n new entries are dropped after)."""
+    ms = call_ms(lambda: forward(model, ids, cache), device)  # CUDA events on a GPU, perf_counter on a CPU
+    drop_last(cache, ids.shape[1])
+    return ms
+
+
+class FedTokens:
+    """Tokens that entered a model's first decoder layer while counting (count_fed_tokens)."""
+
+    def __init__(self):
+        self.tokens = 0
+
+
+@contextmanager
+def count_fed_tokens(model):
+    """Count the tokens every forward of `model` feeds through it (plain, tree and prompt-token forwards alike:
+    counted where they enter the first decoder layer [B, n, H] -> B x n; a drafter's own layers are not counted)."""
+    counter = FedTokens()
+    layers = getattr(getattr(model, "get_decoder", lambda: None)(), "layers", None)
+    if not layers:
+        yield counter
+        return
+
+    def hook(_module, args, kwargs):
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if hidden is not None:
+            counter.tokens += hidden.shape[0] * hidden.shape[1]
+
+    handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield counter
+    finally:
+        handle.remove()

@@ -1,0 +1,293 @@
+"""The vanilla way of batching speculative decoding (EMS-SD §3.1): the engine of `--batching padded`.
+
+It differs from the unpadded engine (core/batch/ragged.py) by padding only, so that the gap between the two modes is
+EMS-SD's and not an engine's:
+- the same KV storage: per-layer tensors [slots, kv_heads, capacity, head_dim] preallocated (core/cache.preallocated)
+  and written in place by the registered attention function (`specbench_padded`), no DynamicCache copy per step;
+- the same LM head work: logits are computed only at the rows a caller reads (each segment's last `keep` tokens),
+  not at every prompt, padding and draft position;
+- the same SDPA call (bool mask, grouped-query heads without copying keys).
+
+What padding adds: all active rows share one width L (column = cache entry). Prompts are left-padded to the longest;
+each forward feeds every row the same width W (the widest sample's new tokens, the others padded on the right) and
+writes W new columns at L; after verification the batch keeps the longest accepted length and every other row's
+extra entries stay as padding (masked, never attended). A bool mask [R, 1, W, L + W] hides the padding; every
+padding token fed through the model is counted (`padding_tokens`), and so are the padded KV entries a sample holds
+when it leaves (`kv_padding`, EMS-SD Appendix B's padding length).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+from ...errors import SpecbenchError
+from .cache import preallocated, sliding_windows
+from .ragged import Segment, attention_implementation
+
+PAD_ID = 0  # the token fed at padded positions (masked: its value does not matter)
+ATTENTION = "specbench_padded"
+
+
+class _Step:
+    """One padded forward's place in the cache: rows = the slots fed [R] (row r of the inputs is slot slots[r]);
+    the W new columns are written at `at`; attention reads columns [lo, at + W)."""
+
+    def __init__(self, batch: "PaddedBatch", slots: list[int], lo: int, at: int, wide: int):
+        self.batch, self.lo, self.at, self.need = batch, lo, at, at + wide
+        self.count = max(slots) + 1  # store rows needed
+        self.contiguous = slots == list(range(len(slots)))  # rows 0..R-1: views, no gather
+        self.index = torch.tensor(slots)
+
+
+def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, padded: _Step | None = None,
+            **kwargs):
+    """The `specbench_padded` attention: write the W new keys / values of every row at column `at` of its slot's
+    store, then one SDPA call over columns [lo, at + W) (the unpadded engine's call: bool mask, grouped-query heads).
+    query [R, H, W, D], key / value [R, kv, W, D] -> [R, W, H, D]."""
+    if padded is None:
+        raise SpecbenchError("specbench_padded attention was called outside a padded forward")
+    step, layer, rows = padded, module.layer_idx, query.shape[0]
+    out = []
+    for stores, new in ((step.batch.keys, key), (step.batch.values, value)):
+        store = preallocated(stores, layer, new, step.count, step.need)  # [slots, kv, capacity, D]
+        if step.contiguous:
+            store[:rows, :, step.at:step.need] = new
+            out.append(store[:rows, :, step.lo:step.need])  # a view
+        else:
+            index = step.index.to(store.device)
+            store[index, :, step.at:step.need] = new
+            out.append(store[index, :, step.lo:step.need])  # [R, kv, need - lo, D] (gathered)
+    keys, values = out
+    result = F.scaled_dot_product_attention(query, keys, values, attn_mask=attention_mask, scale=scaling,
+                                            enable_gqa=query.shape[1] != keys.shape[1])
+    return result.transpose(1, 2), None
+
+
+AttentionInterface.register(ATTENTION, _attend)
+
+
+def lm_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's LM head on hidden states [n, H] -> [n, V] (with its final logit soft-capping, where it has one)."""
+    logits = model.get_output_embeddings()(hidden)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def _decode(model, ids: torch.Tensor, embeds: torch.Tensor | None, args: dict):
+    """The decoder's normed hidden states [R, W, H] of a padded forward, and the head that turns read rows [n, H]
+    into logits [n, V]: a transformers model's decoder and LM head, or a specbench drafter module's (token_drafter:
+    `hidden` and `logits`, with its --vocab-top head)."""
+    if hasattr(model, "get_decoder"):
+        decoder = model.get_decoder()
+        out = decoder(inputs_embeds=embeds, **args) if embeds is not None else decoder(input_ids=ids, **args)
+        return out.last_hidden_state, lambda h: lm_logits(model, h)
+    if embeds is not None or not hasattr(model, "hidden") or not hasattr(model, "logits"):
+        raise SpecbenchError(f"{type(model).__name__} cannot run in a padded batch: it needs a transformers decoder, "
+                             "or token ids in and `hidden` / `logits` methods (methods/sd/drafter.py)")
+    kwargs = dict(args)
+    return model.hidden(ids, kwargs.pop("position_ids"), None, kwargs.pop("attention_mask"), padded=kwargs["padded"]
+                        ), model.logits
+
+
+class PaddedBatch:
+    """Rows of one padded cache, one per active sample (slot), with per-slot counters."""
+
+    def __init__(self, model, device: torch.device):
+        self.model, self.device = model, device
+        self.keys: dict[int, torch.Tensor] = {}  # layer -> [slots, kv_heads, capacity, head_dim], indexed by slot
+        self.values: dict[int, torch.Tensor] = {}
+        self.rows: list[int] = []  # row -> slot
+        self.valid = torch.zeros(0, 0, dtype=torch.bool)  # [R, L] True = a real entry
+        self.key_pos = torch.zeros(0, 0, dtype=torch.long)  # [R, L] position id of each entry
+        self.lengths: dict[int, int] = {}  # slot -> real entries
+        self.target_tokens: dict[int, int] = {}  # slot -> tokens fed for its row (real + padding)
+        self.padding_tokens: dict[int, int] = {}  # slot -> padding tokens fed for its row
+        self.aligned: dict[int, int] = {}  # slot -> padded entries from aligning prompts (not acceptance)
+        layers = sliding_windows(model)
+        windows = set(layers)
+        if len(windows) > 1:  # one mask serves every layer here; core/batch/ragged.py masks per layer
+            raise SpecbenchError(f"{type(model).__name__} mixes attention windows ({sorted(map(str, windows))}): "
+                                 "padded batching applies one mask to every layer; use --batching unpadded")
+        self.window = layers[0] if layers else None
+
+    @property
+    def width(self) -> int:
+        return self.valid.shape[1]
+
+    def kv_padding(self, slot: int) -> int:
+        """Padded KV entries the slot's row holds beyond its prompt alignment (Appendix B's padding, summed)."""
+        row = self.rows.index(slot)
+        return int((~self.valid[row]).sum()) - self.aligned[slot]
+
+    def forward(self, joining: list[Segment], segments: list[Segment], hidden: bool = False, around=None
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One padded forward of the active rows' segments, then the newcomers' own padded prefill (a padded batch
+        cannot pack a prompt with decode steps); returns (the newcomers' outputs, the segments' outputs): logits
+        [keep or w, V], or the decoder's hidden states [keep or w, H] with `hidden`. `around(segments, places)`:
+        as core/batch/ragged.py's, entered around each of the two model calls (places index the hidden states [R, W, H]
+        flattened to [R * W, H])."""
+        out = self.step(segments, hidden, around) if segments else []
+        return (self.admit(joining, hidden, around) if joining else []), out
+
+    def admit(self, joining: list[Segment], hidden: bool = False, around=None) -> list[torch.Tensor]:
+        """Prefill new samples, left-padded to the longest and right-aligned with the batch's width: when their
+        prompts are wider than the batch, the batch's rows are first moved right (left padding, in place)."""
+        slots = [s.slot for s in joining]
+        for slot in slots:
+            self.lengths[slot] = self.target_tokens[slot] = self.padding_tokens[slot] = 0
+        wide = max(s.width for s in joining)
+        if self.rows and wide > self.width:
+            self._pad_left(wide - self.width)
+        at = self.width - wide if self.rows else 0  # their W columns end at the batch's width; [0, at): padding
+        none = torch.zeros(len(slots), 0, dtype=torch.bool)
+        out, valid, key_pos = self._run(joining, slots, none, none.long(), lo=at, at=at, left=True, hidden=hidden,
+                                         around=around)
+        for slot in slots:
+            self.aligned[slot] = self.padding_tokens[slot] + at
+        valid = torch.cat([torch.zeros(len(slots), at, dtype=torch.bool), valid], 1)  # [n, L]
+        key_pos = torch.cat([torch.zeros(len(slots), at, dtype=torch.long), key_pos], 1)
+        if self.rows:
+            self.valid, self.key_pos = torch.cat([self.valid, valid]), torch.cat([self.key_pos, key_pos])
+        else:
+            self.valid, self.key_pos = valid, key_pos
+        self.rows += slots
+        return out
+
+    def _pad_left(self, grow: int) -> None:
+        """Move every active row's L entries `grow` columns right (the new columns on the left are padding)."""
+        wide, index = self.width, torch.tensor(self.rows)
+        for stores in (self.keys, self.values):
+            for layer, store in list(stores.items()):
+                store = preallocated(stores, layer, store, store.shape[0], wide + grow)
+                at = index.to(store.device)
+                store[at, :, grow:grow + wide] = store[at, :, :wide]  # the gather copies first: no overlap
+        self.valid = torch.cat([torch.zeros(len(self.rows), grow, dtype=torch.bool), self.valid], 1)
+        self.key_pos = torch.cat([torch.zeros(len(self.rows), grow, dtype=torch.long), self.key_pos], 1)
+        for slot in self.rows:
+            self.aligned[slot] += grow
+
+    def step(self, segments: list[Segment], hidden: bool = False, around=None) -> list[torch.Tensor]:
+        """One forward of every row: each segment's tokens, padded on the right to the widest; rows without a
+        segment are fed padding only."""
+        out, self.valid, self.key_pos = self._run(segments, self.rows, self.valid, self.key_pos, lo=0,
+                                                  at=self.width, left=False, hidden=hidden, around=around)
+        return out
+
+    def _run(self, segments: list[Segment], rows: list[int], valid, key_pos, lo: int, at: int, left: bool,
+             hidden: bool, around=None):
+        """Pad the segments into [R, W] inputs (left- or right-aligned), run the model writing W columns at `at` of
+        the rows' stores, count tokens; returns (each segment's output, valid and key positions [R, L] grown by the
+        W new columns). valid / key_pos describe the columns [lo, at) the rows already hold."""
+        by_slot = {s.slot: s for s in segments}
+        wide = max(s.width for s in segments)
+        n = len(rows)
+        ids = torch.full((n, wide), PAD_ID, dtype=torch.long)
+        embeds = None
+        if any(s.embeds is not None for s in segments):
+            table = self.model.get_input_embeddings()
+            embeds = torch.zeros(n, wide, table.weight.shape[1], dtype=table.weight.dtype, device=self.device)
+        new_valid = torch.zeros(n, wide, dtype=torch.bool)
+        pos = torch.zeros(n, wide, dtype=torch.long)
+        own = torch.zeros(n, wide, wide, dtype=torch.bool)  # [R, W, W] new-token mask
+        tails = []  # (row, columns, [w, t] mask over the row's last t real cache entries): see Segment.mask
+        cols = {}  # slot -> (row, its columns)
+        for r, slot in enumerate(rows):
+            seg = by_slot.get(slot)
+            w = seg.width if seg else 0
+            if w:
+                at_cols = slice(wide - w, wide) if left else slice(0, w)
+                cols[slot] = (r, at_cols)
+                if seg.embeds is not None:
+                    embeds[r, at_cols] = seg.embeds.to(embeds.dtype)
+                else:
+                    ids[r, at_cols] = torch.tensor(seg.tokens)
+                    if embeds is not None:
+                        embeds[r, at_cols] = self.model.get_input_embeddings()(ids[r, at_cols].to(self.device))
+                new_valid[r, at_cols] = True
+                start = self.lengths[slot]
+                pos[r, at_cols] = (torch.tensor(seg.positions) if seg.positions is not None
+                                   else torch.arange(start, start + w))
+                mask = torch.ones(w, w, dtype=torch.bool).tril() if seg.mask is None else seg.mask.cpu().bool()
+                own[r, at_cols, at_cols] = mask[:, -w:]
+                if mask.shape[1] > w:
+                    tails.append((r, at_cols, mask[:, :-w]))
+            self.lengths[slot] = self.lengths.get(slot, 0) + w
+            self.target_tokens[slot] += wide
+            self.padding_tokens[slot] += wide - w
+        read_rows, read_cols = [], []  # (row, column) of every output a caller reads, segment by segment
+        for s in segments:  # outputs in the segments' order: the last `keep` of each segment's columns
+            r, at_cols = cols[s.slot]
+            read_rows += [r] * (s.keep or s.width)
+            read_cols += range(at_cols.stop - (s.keep or s.width), at_cols.stop)
+        places = [torch.arange(r * wide + c.start, r * wide + c.stop, device=self.device)
+                  for r, c in (cols[s.slot] for s in segments)]  # [w] per segment in the states flattened [R * W]
+        mask = self._mask(valid, new_valid, key_pos, pos, own, tails)
+        step = _Step(self, rows, lo, at, wide)
+        args = dict(position_ids=pos.to(self.device), attention_mask=mask, use_cache=False, padded=step)
+        with attention_implementation(self.model, ATTENTION), (around(segments, places) if around else nullcontext()):
+            h, head = _decode(self.model, ids.to(self.device), embeds, args)  # [R, W, H]
+        h = h[torch.tensor(read_rows, device=h.device), torch.tensor(read_cols, device=h.device)]  # [sum keep, H]
+        out = h if hidden else head(h)  # [sum keep, V]: the LM head on the rows read only
+        result = list(out.split([s.keep or s.width for s in segments]))
+        return result, torch.cat([valid, new_valid], 1), torch.cat([key_pos, pos], 1)
+
+    def _mask(self, valid, new_valid, key_pos, pos, own=None, tails=()) -> torch.Tensor:
+        """[R, 1, W, L + W] bool: the row's real cache entries (its last t as a tail mask says), then its own new
+        tokens (causal or `own`); a padded query row sees only itself (its output is discarded; an empty row would
+        give NaN)."""
+        rows, wide = new_valid.shape
+        if own is None:
+            own = torch.ones(wide, wide, dtype=torch.bool).tril().expand(rows, wide, wide)
+        new_part = own & new_valid[:, None, :] & new_valid[:, :, None]  # [R, W, W]
+        new_part = new_part | (torch.eye(wide, dtype=torch.bool) & ~new_valid[:, :, None])
+        cache_part = valid[:, None, :].expand(rows, wide, valid.shape[1]) & new_valid[:, :, None]  # [R, W, L]
+        for r, at_cols, tail in tails:  # tail [w, t]: the row's last t real entries
+            real = valid[r].nonzero()[-tail.shape[1]:, 0]
+            cache_part[r, at_cols][:, real] = tail
+        allowed = torch.cat([cache_part, new_part], 2)
+        if self.window is not None:
+            keys = torch.cat([key_pos, pos], 1)  # [R, L + W]
+            allowed = allowed & ((pos[:, :, None] - keys[:, None, :]) < self.window)
+            allowed |= torch.cat([torch.zeros_like(cache_part), torch.eye(wide, dtype=torch.bool).expand(rows, -1, -1)
+                                  ], 2) & ~allowed.any(-1, keepdim=True)
+        return allowed[:, None].to(self.device)  # bool, True = attend (read by _attend's SDPA call)
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Keep the slot's first `length` real entries; its later entries become padding. Columns that are padding
+        in every row are dropped (the batch keeps the longest accepted length; the next step writes over them)."""
+        row = self.rows.index(slot)
+        real = self.valid[row].nonzero()[:, 0]
+        if length < len(real):
+            self.valid[row, real[length]:] = False
+        self.lengths[slot] = length
+        self._crop()
+
+    def keep_offsets(self, slot: int, start: int, offsets: list[int]) -> None:
+        """Tree compaction for one row: of its real entries from the `start`-th, keep those at `offsets` (the
+        accepted path), moved to the front of that span; the rest become padding."""
+        row = self.rows.index(slot)
+        real = self.valid[row].nonzero()[:, 0]
+        if offsets != list(range(len(offsets))):
+            src, dst = real[start + torch.tensor(offsets)], real[start:start + len(offsets)]
+            for store in (*self.keys.values(), *self.values.values()):  # [slots, kv_heads, capacity, head_dim]
+                store[slot, :, dst.to(store.device)] = store[slot, :, src.to(store.device)]
+            self.key_pos[row, dst] = self.key_pos[row, src]
+        self.truncate(slot, start + len(offsets))
+
+    def _crop(self) -> None:
+        used = self.valid.any(0).nonzero()
+        keep = int(used[-1]) + 1 if len(used) else 0
+        if keep < self.width:
+            self.valid, self.key_pos = self.valid[:, :keep], self.key_pos[:, :keep]
+
+    def release(self, slot: int) -> None:
+        """A finished sample leaves the batch (its row leaves the mask; its store row waits for the next sample)."""
+        row = self.rows.index(slot)
+        keep = [r for r in range(len(self.rows)) if r != row]
+        self.valid, self.key_pos = self.valid[keep], self.key_pos[keep]
+        self.rows.pop(row)
+        self._crop()

@@ -1,0 +1,88 @@
+"""`medusa` and `medusa-typical`: Medusa-1 heads on the target's last hidden state (Cai et al. 2024, §2.1), on the
+tree engine (engine.py).
+
+Each step is one target forward over the root (the last accepted token) and a static sparse tree of candidates:
+a node at depth d takes a top-k guess of head d, read from the hidden state of the node accepted last step. The
+heads cost no input width (unlike PPD's prompt tokens), so the tree has one state. After verification (exact match
+at T = 0, lossless multi-candidate speculative sampling at T > 0; Medusa's typical acceptance for `medusa-typical`,
+lossy) the heads run on the accepted node's hidden state (K rows) and give the next step's candidates.
+Trees: `build-tree --method medusa` chooses the size from the per-rank accuracies (`estimate --method medusa`) and
+the latency profile; `--tree size=N` takes the N most probable candidate paths (Medusa's own recipe).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import artifact as mh
+from ...core.tree import Tree
+from ...errors import SpecbenchError
+from ...planning.head_accuracy import medusa_ranks
+from ..base import register
+from ..tree.engine import TreeMethod
+from ..tree.guesser import Guesser, GuessScorer
+from ..tree.layout import TreeLayout
+from ..tree.resolution import candidate_tree
+
+
+class MedusaHeads(Guesser):
+    """K Medusa heads: head d guesses the token d + 1 ahead of the node they read."""
+
+    family, artifact, one_state = "medusa", "medusa heads", True
+
+    @classmethod
+    def scorer(cls, target, artifact, initial=False):
+        art = mh.resolve(artifact, target)  # also early-exit heads: --artifact artifacts/<model>/early-exit-l<l>
+        heads = art.heads
+        # the heads' own time per step: build-tree adds it to the target's step latency
+        ms = mh.heads_ms(heads, target.model.get_output_embeddings(), target.dtype)
+        return GuessScorer(lambda ids, start: medusa_ranks(target, heads, ids, start), heads.heads, art.source,
+                           {"heads": heads.heads, "layer": heads.layer, "draft_forward_ms": ms,
+                            "draft_forward_rows": 1})
+
+    def load(self):
+        self.heads = mh.resolve(self.method.options.artifact, self.target)
+        k = self.heads.heads.heads
+        return k, 1, None, f"{k} Medusa heads {self.heads.source}"
+
+    def time_drafting(self) -> float:
+        return mh.heads_ms(self.heads.heads, self.target.model.get_output_embeddings(), self.target.dtype)
+
+    def searched_tree(self, acc, rows, size, model_name, source):
+        return candidate_tree(acc, rows, size, model_name, source, self.method.family)
+
+    def check_tree(self, rows: int) -> None:
+        tf, source = self.method.tree_file, self.method.tree_source
+        if tf.prompt_tokens or set(tf.states) != {0}:
+            raise SpecbenchError(f"tree ({source}) is a {tf.method} tree with prompt tokens; medusa needs "
+                                 "a one-state tree without them (`specbench build-tree --method medusa`)")
+        if tf.tree(0).depth > rows:
+            raise SpecbenchError(f"tree ({source}) is {tf.tree(0).depth} deep but the artefact "
+                                 f"({self.heads.source}) has {rows} heads; use a tree at most {rows} deep")
+
+    def layouts(self, table, ept, device) -> dict:
+        k = self.heads.heads.heads
+        # the step's guesses always come from K heads, so the state (guess rows) is always K
+        return {k: TreeLayout(self.method.tree_file.tree(0), table, device), 0: TreeLayout(Tree(()), table, device)}
+
+    def next_guesses(self, h: torch.Tensor, layout: TreeLayout, node: int,
+                     all_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """The heads' logits [K, V] on `node`'s last hidden state (the next step's guesses by distance)."""
+        lm_head = self.target.model.get_output_embeddings()
+        return self.heads.heads.logits(lm_head, h[node:node + 1])[:, 0]
+
+
+@register
+class Medusa(TreeMethod):
+    name = "medusa"
+    summary = "Medusa-1 heads on the last hidden state guess a static sparse tree, tree-verified"
+    guesser_type = MedusaHeads
+
+
+@register
+class MedusaTypical(TreeMethod):
+    name = "medusa-typical"
+    lossless = False
+    typical = True
+    summary = "medusa with typical acceptance at T > 0 (Medusa's rule, posterior threshold 0.09, alpha 0.3; lossy)"
+    guesser_type = MedusaHeads

@@ -1,0 +1,150 @@
+"""`specbench train medusa`: Medusa-1 heads distilled from the target itself (Medusa §2.2.1 with the
+self-distillation of §2.3.2: the target's own replies and its own distributions as the teacher).
+
+Data: the target's greedy replies to the offline training mix (selfdistill.training_sequences; no benchmark
+prompts). The frozen target runs once per sequence; its states at the heads' layer and its last hidden states are
+kept, so training never runs the target again. Each step takes `positions` random positions i of the data; head k
+(1-based) learns the target's distribution of the token k + 1 after i, which is the target's own next-token
+distribution at position i + k: loss = sum_k KL(teacher_{i+k} || head_k(h_i)), averaged over positions (with
+--vocab-top both restricted to the head's vocabulary and renormalised). `--layer l` below the model's depth trains
+early-exit heads on the state after l layers (Hidden Transfer's Figure 3 baseline), written to early-exit-l<l>.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import artifact as mh
+from ..ppd.artifact import model_key
+from ...core.model.load import LoadedModel
+from ...core.machine.timing import now, since
+from ...errors import SpecbenchError
+from ...progress import progress_bar
+from ...train.settings import TrainSettings
+from ...train.selfdistill import check_sources
+from ...train.steps import check_vocab_top, fit, frequent_tokens, load_target, reply_start, \
+    run_facts, self_distilled, write_loss_curve
+
+
+@dataclass(frozen=True)
+class MedusaConfig(TrainSettings):
+    heads: int = 3  # K: guesses for the tokens 2..K+1 positions ahead
+    layer: int | None = None  # None: the last layer (Medusa); l < L: early-exit heads on the state after l layers
+    vocab_top: int | None = None
+    steps: int = 600
+    positions: int = 256  # random positions per step
+    prompts: int = 120  # per source, after the held-out ones
+
+    def folder(self, layers: int) -> str:
+        return "medusa" if self.layer in (None, layers) else f"early-exit-l{self.layer}"
+
+    def out_dir(self, layers: int) -> Path:
+        return self.artifact_out(self.folder(layers))
+
+
+@torch.inference_mode()
+def head_states(target: LoadedModel, seqs: list[tuple[list[int], int]], layer: int
+                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sequence: (the heads' input [T, H] at `layer`, the last hidden state [T, H]), float32 on the device."""
+    out = []
+    with progress_bar() as bar:
+        task = bar.add_task("target states", total=len(seqs), info="")
+        for seq, _ in seqs:
+            x, last = mh.head_states(target.model, layer, torch.tensor([seq], device=target.device))
+            out.append((x.float(), last.float()))
+            bar.update(task, advance=1)
+    return out
+
+
+def small_logits(heads: mh.MedusaHeads, lm_head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """[K, n, V'] logits over the heads' own vocabulary (training: no -inf columns) from h [n, H]."""
+    weight = lm_head.weight if heads.vocab_ids is None else lm_head.weight[heads.vocab_ids]
+    return (heads.states(h) @ weight.T).float()
+
+
+def make_step_loss(target: LoadedModel, heads: mh.MedusaHeads, states, start: int, positions: int):
+    """step_loss(rng): the heads' distillation loss on `positions` random (sequence, position) pairs."""
+    lm_head = target.model.get_output_embeddings()
+    k_max = heads.heads
+    usable = [(s, i) for s, (x, _) in enumerate(states) for i in range(start, x.shape[0] - k_max)]
+    if not usable:
+        raise SpecbenchError("the training sequences are too short for the heads: raise --new-tokens")
+    ids = heads.vocab_ids
+
+    def step_loss(rng) -> torch.Tensor:
+        picks = [usable[rng.randrange(len(usable))] for _ in range(positions)]
+        x = torch.stack([states[s][0][i] for s, i in picks])  # [P, H]
+        with torch.no_grad():  # teacher rows i + k, k = 1..K: [K, P, V']
+            last = torch.stack([torch.stack([states[s][1][i + k] for s, i in picks]) for k in range(1, k_max + 1)])
+            weight = lm_head.weight if ids is None else lm_head.weight[ids]
+            teacher = F.log_softmax((last.to(weight.dtype) @ weight.T).float(), -1)
+        student = F.log_softmax(small_logits(heads, lm_head, x.to(lm_head.weight.dtype)), -1)  # [K, P, V']
+        kl = (teacher.exp() * (teacher - student)).sum(-1).mean(-1)  # [K]
+        return kl.sum()
+
+    return step_loss
+
+
+@torch.inference_mode()
+def top1_agreement(target: LoadedModel, heads: mh.MedusaHeads, states, start: int) -> list[float]:
+    """Per head: share of positions where its top-1 guess equals the target's greedy token k + 1 ahead."""
+    lm_head = target.model.get_output_embeddings()
+    hits, total = [0] * heads.heads, [0] * heads.heads
+    for x, last in states:
+        guess = heads.logits(lm_head, x[start:].to(lm_head.weight.dtype)).argmax(-1)  # [K, T']
+        truth = lm_head(last.to(lm_head.weight.dtype)).argmax(-1)  # [T]: the target's next token per position
+        for k in range(1, heads.heads + 1):
+            n = x.shape[0] - start - k
+            if n > 0:
+                hits[k - 1] += int((guess[k - 1, :n] == truth[start + k:start + k + n]).sum())
+                total[k - 1] += n
+    return [round(h / max(t, 1), 4) for h, t in zip(hits, total)]
+
+
+def train(cfg: MedusaConfig) -> Path:
+    cfg.check_common()
+    if cfg.heads < 1 or cfg.positions < 1:
+        raise SpecbenchError("--heads and --positions must be at least 1")
+    check_sources(cfg.data)
+    t0 = now()
+    target = load_target(cfg)
+    layers = target.model.config.num_hidden_layers
+    layer = layers if cfg.layer is None else cfg.layer
+    if not 1 <= layer <= layers:
+        raise SpecbenchError(f"--layer {layer}: {target.spec} has layers 1..{layers} (the heads read the state "
+                             f"after that many layers; {layers} = the last, Medusa)")
+    seqs, data = self_distilled(cfg, target, min_reply=cfg.heads + 2)
+    start = reply_start(seqs)
+    vocab_ids = None
+    if cfg.vocab_top:
+        check_vocab_top(cfg.vocab_top, target.vocab_size)
+        vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top).to(target.device)
+    states = head_states(target, seqs, layer)
+    data_s = since(t0)
+    heads = mh.MedusaHeads(target.model.config.hidden_size, cfg.heads, layer, vocab_ids).to(target.device)
+    out = cfg.out_dir(layers)
+    held = states[: max(1, len(states) // 10)]  # agreement on a tenth of the data (before and after)
+    before = top1_agreement(target, heads, held, start)
+    what = "Medusa heads" if layer == layers else f"early-exit heads at layer {layer}"
+    losses, train_s = fit(cfg, heads, make_step_loss(target, heads, states, start, cfg.positions), out,
+                          f"training {cfg.heads} {what}")
+    heads.requires_grad_(False)
+    after = top1_agreement(target, heads, held, start)
+    meta = {
+        "method": "medusa" if layer == layers else "early-exit", "model": target.spec,
+        "model_key": model_key(target), "hidden_size": target.model.config.hidden_size,
+        "vocab_size": target.vocab_size, "heads": cfg.heads, "layer": layer, "vocab_top": cfg.vocab_top,
+        "parameters": int(heads.weight.numel() + heads.bias.numel()),
+        "shares": "the target's LM head (frozen, not stored)",
+        "top1_agreement_train_sample": after, "top1_agreement_untrained": before,
+        "steps": cfg.steps, "positions_per_step": cfg.positions, "lr": cfg.lr,
+        "data": data, "loss": "sum_k KL(target at i+k || head k at i)",
+        **run_facts(target, losses, train_s, data_s, cfg.seed),
+    }
+    mh.save(heads, out, meta)
+    write_loss_curve(out, losses, f"{target.spec}: {cfg.heads} {what}", "sum_k KL(target || head k)")
+    return out

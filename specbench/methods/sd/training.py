@@ -1,0 +1,198 @@
+"""`specbench train drafter`: a small drafter for `sd` and `pearl` distilled from the target itself.
+
+The drafter (drafter.SharedHeadDrafter) keeps the target's tokenizer, token embeddings and LM head frozen and
+shared; only its L decoder layers and final norm train, initialised from the target's first and last layers.
+Data: the target's own greedy continuations of prompts from a mix of sources, by default chat (alpaca-eval), code
+(stdlib-code) and maths (word-problems) (selfdistill.training_sequences, trainsets; the first `held_out` prompts of
+each source stay out for the agreement check, reported per source). The teacher is the target's next-token
+distribution at every position after the chat template's common system prefix, kept as its top-k probabilities
+(computed once, so later epochs cost only the drafter's forward and backward); loss = cross-entropy of the drafter
+against that truncated, renormalised distribution (a top-k approximation of KL(teacher || drafter), as in
+DistillSpec's forward KL). With --vocab-top K the drafter scores only the K tokens most frequent in the data; teacher
+mass outside them is dropped before renormalising. Checkpoints every `save_every` steps; --resume continues from the
+last one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .drafter import SharedHeadDrafter, save_artifact
+from ..pearl.scheduler import forward_costs
+from ...core.model.load import LoadedModel
+from ...core.machine.timing import now, since
+from ...errors import SpecbenchError
+from ...progress import progress_bar
+from ...train.settings import TRAINING_MIX, TrainSettings
+from ...train.selfdistill import greedy_continuations, load_source, render, source_names
+from ...train.steps import check_vocab_top, checkpoint_path, fit, frequent_tokens, insert_after, load_target, reply_start, \
+    run_facts, self_distilled, write_loss_curve
+
+
+@dataclass(frozen=True)
+class DrafterConfig(TrainSettings):
+    layers: int = 2  # L: the drafter's decoder layers
+    vocab_top: int | None = None  # K: restrict the drafter's head to the K most frequent tokens
+    data: str = TRAINING_MIX  # chat, code and maths; `prompts` from each
+    steps: int = 1500  # optimiser steps of `batch` sequences each
+    batch: int = 4
+    lr: float = 5e-4  # AdamW, 30 warm-up steps then cosine decay
+    topk: int = 32  # teacher probabilities kept per position
+    prompts: int = 300  # per source
+    eval_prompts: int = 20  # held-out prompts for the agreement check
+    save_every: int = 100
+
+    @property
+    def out_dir(self) -> Path:
+        return self.artifact_out("drafter")
+
+
+def init_layer_ids(n_target: int, n_layers: int) -> list[int]:
+    """Which target layers initialise the drafter: the first ceil(L/2) and the last floor(L/2).
+
+    The drafter reads the target's token embeddings and writes into the space its final norm and LM head read;
+    the target's first layers are adapted to the former and its last layers to the latter.
+    """
+    if not 1 <= n_layers <= n_target:
+        raise SpecbenchError(f"--layers must be between 1 and the target's {n_target} layers (got {n_layers})")
+    first = math.ceil(n_layers / 2)
+    return list(range(first)) + list(range(n_target - (n_layers - first), n_target))
+
+
+@torch.inference_mode()
+def teacher_targets(target: LoadedModel, seqs: list[tuple[list[int], int]], start: int, topk: int
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per sequence: the target's top-k next-token (probabilities [T', k], ids [T', k]) at positions start..T-2."""
+    out = []
+    with progress_bar() as bar:
+        task = bar.add_task("teacher distributions", total=len(seqs), info="")
+        for seq, _ in seqs:
+            ids = torch.tensor([seq], device=target.device)
+            logits = target.model(input_ids=ids, logits_to_keep=len(seq) - start).logits[0, :-1]  # [T', V]
+            probs, top = F.softmax(logits.float(), -1).topk(topk, -1)
+            out.append((probs.to(torch.bfloat16).cpu(), top.to(torch.int32).cpu()))
+            bar.update(task, advance=1)
+    return out
+
+
+def distill_loss(drafter: SharedHeadDrafter, seq: list[int], start: int, probs: torch.Tensor, top: torch.Tensor,
+                 col: torch.Tensor | None) -> torch.Tensor:
+    """Soft cross-entropy of the drafter on one sequence against the teacher's top-k (probs, ids [T', k]).
+
+    col: token id -> column of the drafter's restricted head (-1 outside it), or None for the full vocabulary.
+    """
+    dev = drafter.norm.weight.device
+    ids = torch.tensor([seq], device=dev)
+    h = drafter.hidden(ids, torch.arange(len(seq), device=dev)[None])[0, start:-1]  # [T', H]
+    logp = F.log_softmax(drafter.head_logits(h).float(), -1)  # [T', V or K]
+    probs, top = probs.to(dev).float(), top.to(dev).long()
+    if col is not None:
+        top = col[top]  # [T', k] columns of the restricted head
+        probs = probs * (top >= 0)
+        top = top.clamp(min=0)
+    probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-9)
+    return -(probs * logp.gather(-1, top)).sum(-1).mean()
+
+
+@torch.inference_mode()
+def agreement(target: LoadedModel, drafter: SharedHeadDrafter, seqs: list[tuple[list[int], int]]) -> float:
+    """Share of reply positions where the drafter's argmax equals the target's (along the target's greedy reply)."""
+    hits = total = 0
+    for seq, first in seqs:
+        ids = torch.tensor([seq], device=target.device)
+        want = target.model(input_ids=ids, logits_to_keep=len(seq) - first + 1).logits[0, :-1].argmax(-1)
+        full = drafter(ids).logits[0, first - 1:-1].argmax(-1)
+        hits += int((full == want).sum())
+        total += len(want)
+    return hits / max(total, 1)
+
+
+def train(cfg: DrafterConfig) -> Path:
+    """Train, checkpoint, and write the artefact (drafter.safetensors + drafter.yaml + loss.png)."""
+    if cfg.steps < 1 or cfg.batch < 1 or cfg.topk < 1:
+        raise SpecbenchError("--steps, --batch and --topk must be at least 1")
+    if not cfg.lr > 0:
+        raise SpecbenchError(f"--lr must be positive (got {cfg.lr})")
+    if cfg.vocab_top is not None and cfg.vocab_top < 1:
+        raise SpecbenchError(f"--vocab-top must be at least 1 (got {cfg.vocab_top}); leave it out for the full "
+                             "vocabulary")
+    t_start = now()
+    target = load_target(cfg)
+    n_target = target.model.config.num_hidden_layers
+    layer_ids = init_layer_ids(n_target, cfg.layers)
+    out = cfg.out_dir
+    settings = cfg.settings()
+    seqs, data = self_distilled(cfg, target, min_reply=2)
+    start = reply_start(seqs)  # positions shared by every sequence (the system prefix) teach nothing
+    vocab_ids = col = None
+    if cfg.vocab_top:
+        check_vocab_top(cfg.vocab_top, target.vocab_size)
+        vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top)  # [K]
+        col = torch.full((target.vocab_size,), -1, dtype=torch.long)
+        col[vocab_ids] = torch.arange(cfg.vocab_top)
+        col = col.to(target.device)
+    teacher_path = checkpoint_path(out, "teacher.pt")
+    # the teacher depends on the target and the data only: other layer counts or learning rates reuse it
+    teacher_key = {k: settings[k] for k in ("model", "data", "data_file", "prompts", "held_out", "new_tokens",
+                                            "topk", "dtype", "device")}
+    teacher_key.update(start=start, sequences=len(seqs))
+    teacher = None
+    if teacher_path.exists():
+        saved = torch.load(teacher_path)
+        teacher = saved["targets"] if saved["key"] == teacher_key else None
+    if teacher is None:
+        teacher = teacher_targets(target, seqs, start, cfg.topk)
+        teacher_path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": teacher_key, "targets": teacher}, teacher_path)
+    data_s = since(t_start)
+
+    module = SharedHeadDrafter(target.model, layer_ids, vocab_ids)
+    module.train()
+
+    def step_loss(rng) -> torch.Tensor:  # `batch` sequences, drawn with the loop's seeded rng
+        picks = [rng.randrange(len(seqs)) for _ in range(cfg.batch)]
+        return sum(distill_loss(module, seqs[i][0], start, *teacher[i], col) for i in picks) / cfg.batch
+
+    losses, train_s = fit(cfg, module, step_loss, out, f"training a {cfg.layers}-layer drafter", settings)
+    module.eval().requires_grad_(False)
+    return finish(cfg, target, module, layer_ids, losses, data, train_s, data_s)
+
+
+def finish(cfg: DrafterConfig, target: LoadedModel, module: SharedHeadDrafter, layer_ids: list[int],
+           losses: list[float], data: dict, train_s: float, data_s: float) -> Path:
+    """Measure agreement and the speed ratio c on held-out prompts, then save the artefact and its loss curve."""
+    out = cfg.out_dir
+    n_eval = min(cfg.eval_prompts, cfg.held_out)
+    agree, agree_init = {}, {}
+    untrained = SharedHeadDrafter(target.model, layer_ids, module.vocab_ids).eval().requires_grad_(False)
+    for name in source_names(cfg.data):  # each source's first n_eval prompts: held out of training
+        rendered = [render(target, p) for p in load_source(name, n_eval, cfg.data_file)]
+        conts = greedy_continuations(target, rendered, 64, label=f"held-out continuations ({name})")
+        eval_seqs = [(p + c, len(p)) for p, c in zip(rendered, conts) if c]
+        agree[name] = round(agreement(target, module, eval_seqs), 4)
+        agree_init[name] = round(agreement(target, untrained, eval_seqs), 4)
+    costs = forward_costs(target, module, target.device, (1,), "trained-drafter")
+    own = sum(v.numel() for v in module.own_state().values() if v.is_floating_point())
+    meta = {
+        "method": "drafter", "target": target.spec, "target_fingerprint": target.fingerprint(),
+        "layers": cfg.layers, "init_layers": layer_ids, "vocab_top": cfg.vocab_top, "parameters": own,
+        "shares": "token embeddings and LM head of the target (frozen, not stored)",
+        "agreement": round(sum(agree.values()) / len(agree), 4), "agreement_by_source": agree,
+        "agreement_untrained": round(sum(agree_init.values()) / len(agree_init), 4),
+        "agreement_untrained_by_source": agree_init,
+        "agreement_data": f"prompts 0..{n_eval - 1} of each source (held out), target's greedy reply, 64 tokens",
+        "speed_ratio_c": round(costs["c"], 3), "target_forward_ms": round(costs["target_s"][1] * 1e3, 2),
+        "drafter_forward_ms": round(costs["draft_s"] * 1e3, 2),
+        "steps": cfg.steps, "batch": cfg.batch, "lr": cfg.lr, "teacher_topk": cfg.topk,
+        "data": data,
+        "loss": "soft cross-entropy against the target's top-k next-token distribution",
+        **insert_after(run_facts(target, losses, train_s, data_s, cfg.seed), "dtype", {"stored_dtype": "bfloat16"}),
+    }
+    save_artifact(module, out, meta)
+    write_loss_curve(out, losses, f"{target.spec}: {cfg.layers}-layer drafter", "soft cross-entropy")
+    return out

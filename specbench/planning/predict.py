@@ -1,0 +1,135 @@
+"""`specbench recommend`, the prediction half: every tree method's speedup over `ar` on this hardware, from files
+only (no decoding). For each method: its artefact, this hardware's latency profile, its acceptance file and the
+tree `--tree auto` would take (built now as build-tree would when the profile and acceptance file exist:
+autotree.py), then buildtree.predict: tau = 1 + R(T) from the acceptance file, speedup = tau L(1) /
+(expected verify latency + the drafter's cost per step: timed here when a run or recommend built the tree, else the
+acceptance file's, moved here), as in run.yaml's predicted column. A method that lacks a
+file says which and the command that makes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..core import store
+from ..core.model.load import model_slug
+from ..core.tree import find_auto_tree
+from ..errors import SpecbenchError
+from . import autotree
+from .acceptance import DRAFT_COST_METHODS, cost_law, draft_cost, read_per_rank
+from .buildtree import predict
+from .profile import load_profile
+
+KV_LENGTH = 512  # the KV length run.yaml's predictions use (buildtree.predict's default)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A tree method to predict: its name, its family (artefact folder, acceptance file, trees) and tree shape."""
+
+    method: str
+    family: str
+    one_state: bool
+
+
+@dataclass
+class Prediction:
+    method: str
+    tree: str = ""  # the tree file `--tree auto` takes here ("" when unavailable)
+    size: int | None = None
+    predicted_tau: float | None = None
+    predicted_speedup: float | None = None
+    why_not: str = ""  # why no prediction: the missing file and the command that makes it
+    built: bool = False  # the tree was built now (autotree)
+
+    @property
+    def available(self) -> bool:
+        return self.predicted_speedup is not None
+
+
+def artifact_meta(model_key: str, family: str) -> Path | None:
+    """The method's artefact metadata (artifacts/<model>/<family>/<family>.yaml: working directory, then shipped)."""
+    meta = f"{family}.yaml"
+    path = store.find_artifact_dir(model_key, family, meta) / meta
+    return path if path.is_file() else None
+
+
+def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, device: str) -> Prediction:
+    """One method's predicted speedup here, or why there is none (SpecbenchErrors of bad files become the reason)."""
+    key = model_slug(model_spec)
+    out = Prediction(cand.method)
+    meta = artifact_meta(key, cand.family)
+    if meta is None:
+        out.why_not = (f"no trained artefact ({store.artifact_dir(key, cand.family)}): "
+                       f"`specbench train {cand.family} --model {model_spec}`")
+        return out
+    found = autotree.inputs(model_spec, cand.family, hardware, dtype)
+    if not found.ready:
+        out.why_not = "; ".join(autotree.missing_steps(model_spec, cand.family, hardware, dtype, device)[:-1])
+        return out
+    try:
+        hit = find_auto_tree(key, cand.family, hardware, dtype)
+        if hit is None:
+            built = autotree.build_here(model_spec, cand.family, cand.one_state, hardware, dtype,
+                                        _guessed(meta, found.acceptance), _ept(meta))
+            hit = (find_auto_tree(key, cand.family, hardware, dtype) or (None, ""))
+            out.built = True
+            if hit[0] is None:
+                raise SpecbenchError(f"the tree built at {built.path} is not the one --tree auto takes")
+        tree, source = hit
+        rows = _rows(found.acceptance) if tree.prompt_tokens == 0 else tree.prompt_tokens
+        acc = read_per_rank(found.acceptance, rows)
+        profile = load_profile(found.profile)
+        said = predict(tree, acc, profile, KV_LENGTH, _ept(meta), tree_draft_cost(cand.family, tree)
+                       or draft_cost(cand.family, found.acceptance, profile, KV_LENGTH))
+    except SpecbenchError as exc:
+        out.why_not = str(exc)
+        return out
+    out.tree, out.size = source.split(" (built for ")[0], said["size"]  # the path (`run --tree` takes it)
+    out.predicted_tau, out.predicted_speedup = said["predicted_tau"], said["predicted_speedup"]
+    return out
+
+
+def tree_draft_cost(family: str, tree):
+    """depth -> drafting ms per step from the drafting forward a run timed on this hardware and dtype as it built
+    `tree` (its `draft_forward_ms`), or None: a tree built from files only is priced by the acceptance file's time,
+    moved here (draft_cost). The two can differ many times over (benchmarks/RESULTS-gpu.md)."""
+    ms = tree.extra.get("draft_forward_ms")
+    return cost_law(family, ms) if family in DRAFT_COST_METHODS and isinstance(ms, (int, float)) else None
+
+
+def predict_all(cands: list[Candidate], model_spec: str, hardware: str, dtype: str, device: str) -> list[Prediction]:
+    """Every candidate's prediction, best predicted speedup first, unavailable ones last (in the given order)."""
+    preds = [predict_one(c, model_spec, hardware, dtype, device) for c in cands]
+    return sorted(preds, key=lambda p: -(p.predicted_speedup or 0.0) if p.available else float("inf"))
+
+
+def _rows(path: Path) -> int:
+    try:
+        return len((yaml.safe_load(Path(path).read_text()) or {}).get("per_rank") or []) or 1
+    except (OSError, yaml.YAMLError, AttributeError) as exc:
+        raise SpecbenchError(f"{path}: cannot read its per_rank rows ({exc})") from exc
+
+
+def _guessed(meta: Path, acceptance: Path) -> int:
+    """Token distances the artefact guesses (ppd's prompt tokens, hidden-transfer's transfer layers), at most the
+    acceptance file's rows: the prompt tokens m a dynamic tree is built for, as the run's method would."""
+    rows = _rows(acceptance)
+    try:
+        data = yaml.safe_load(meta.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return rows
+    count = data.get("prompt_tokens") or len(data.get("transfer_layers") or []) if isinstance(data, dict) else 0
+    return min(count, rows) if isinstance(count, int) and count > 0 else rows
+
+
+def _ept(meta: Path) -> int:
+    """Ensemble tokens per prompt token of a ppd artefact (1 for every other artefact)."""
+    try:
+        value = (yaml.safe_load(meta.read_text()) or {}).get("ept", 1)
+    except (OSError, yaml.YAMLError, AttributeError):
+        return 1
+    return value if isinstance(value, int) and value >= 1 else 1

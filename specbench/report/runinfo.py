@@ -1,0 +1,62 @@
+"""report.md's last sections: the settings the run used and the environment it ran in, from run.yaml, written for
+a reader: no `None` entries, no Python reprs (lists joined with commas, mappings as "key value" pairs, booleans as
+yes / no, each method's options on a line of their own)."""
+
+from __future__ import annotations
+
+SKIPPED_IDENTITY = ("kind",)  # said by the device type already
+
+
+def plain(value, joiner: str = ", ") -> str | None:
+    """A run.yaml value as text, or None when there is nothing to say (None, empty list or mapping); a list inside
+    a mapping is joined with '+' (isa avx2+avx512f), so that the mapping's own commas stay readable."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple, set)):
+        said = [p for p in (plain(v) for v in value) if p is not None]
+        return joiner.join(said) or None
+    if isinstance(value, dict):
+        said = [f"{k} {p}" for k, p in ((k, plain(v, "+")) for k, v in value.items()) if p is not None]
+        return ", ".join(said) or None
+    text = str(value).strip()
+    return text or None
+
+
+def _items(mapping: dict, skip: tuple = ()) -> list[str]:
+    return [f"- {k}: {p}" for k, p in ((k, plain(v)) for k, v in mapping.items() if k not in skip) if p is not None]
+
+
+def settings_section(meta: dict) -> list[str]:
+    """## Settings: run.yaml's settings (options per method on their own lines); [] without settings."""
+    settings = meta.get("settings") or {}
+    if not settings:
+        return []
+    md = ["## Settings", ""] + _items(settings, skip=("options",))
+    for method, options in (settings.get("options") or {}).items():
+        said = plain(options)
+        if said:
+            md.append(f"- {method} options: {said}")
+    return md + [""]
+
+
+def environment_section(meta: dict) -> list[str]:
+    """## Environment: the model, the hardware key and identity, library versions, how memory was measured."""
+    env = dict(meta.get("environment") or {})
+    model = meta.get("model") or {}
+    if not env and not model:
+        return []
+    md = ["## Environment", ""]
+    if model.get("name") or model.get("spec"):
+        source = f" ({model['source']})" if model.get("source") else ""
+        md.append(f"- model: {model.get('name') or model.get('spec')}{source}")
+    identity = env.pop("identity", None)
+    md += _items(env)
+    if isinstance(identity, dict):
+        said = plain({k: v for k, v in identity.items() if k not in SKIPPED_IDENTITY})
+        if said:
+            md.append(f"- identity: {said}")
+    if meta.get("peak_memory"):
+        md.append(f"- peak memory (`peak_mem_mb`): {meta['peak_memory']}")
+    return md + [""]

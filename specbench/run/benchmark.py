@@ -1,0 +1,150 @@
+"""The benchmark loop: warm-up, then dataset x prompt x method x turn, timed and checked against `ar`.
+
+Every method (ar included) runs each prompt, in an order rotated per prompt (work.interleaved), so every speedup
+is measured side by side on the same prompts and a burst of load cannot land on one method only. A prompt's records
+are written together once every method has run it, after its disturbed turns were re-timed (--retime: retime.py)
+and after the lossless check against ar (lossless.py explains a mismatch). Batch > 1 runs after batch 1, in jobs
+of run/batch_schedule.py. Ctrl-C keeps every finished record (resume.py continues the run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import yaml
+from rich.markup import escape
+
+from ..methods.sd.drafter import resolve_drafter
+from ..core.machine import memory
+from ..core.model.load import load_model
+from ..data import datasets as ds
+from ..errors import SpecbenchError
+from ..progress import console, progress_bar
+from . import batch_schedule, noise, retime
+from .config import RunConfig
+from .resume import Done, drop_incomplete, mark_complete, missing_folders, plain, prepare_out
+from .resume import refuse_other_environment, remove_if_empty
+from .results import RecordWriter, read_tokens
+from .runner import Runner
+from .shard import refuse_too_many, prompt_count, select, shard_block
+from .validation import validate
+from .work import LoadedDataset, pending_batches, pending_prompts, say_batches, single_labels
+
+
+def run(cfg: RunConfig) -> Path:
+    """Run the benchmark; returns the run directory. Ctrl-C keeps every finished record (resume with --resume)."""
+    cfg = validate(cfg)
+    loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
+              for name in cfg.datasets]
+    if cfg.shard:
+        refuse_too_many(cfg.shard.count, prompt_count(loaded), f"--shard {cfg.shard}")
+    made = missing_folders(Path(cfg.out))
+    try:  # a refusal before run.yaml is written leaves no empty run folder behind
+        out = prepare_out(cfg)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        from ..core.model.placement import drafter_placement, target_placement
+
+        target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True,
+                            placement=target_placement(cfg.device_map, cfg.max_memory, cfg.tp))
+        drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device,
+                                  drafter_placement(cfg.drafter_device_map, cfg.drafter_max_memory)) \
+            if cfg.drafter else None
+        runner = Runner(cfg, target, drafter)
+        chosen = runner.chosen()
+        for label, settings in chosen.items():
+            said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
+            if said:  # per-batch-size choices (dicts) were said when they were made
+                console.print(f"[dim]{label}: {escape(said)}[/]")
+        if cfg.resume:
+            refuse_other_environment(out, runner.env)
+    except BaseException:
+        remove_if_empty(made)
+        raise
+    write_run_file(out, cfg, runner, chosen, shard_block(loaded, cfg.shard) if cfg.shard else None)
+
+    turns = {(d.name, p.id): len(p.turns) for d in loaded for p in d.prompts}
+    done = drop_incomplete(out, turns) if cfg.resume else Done()
+    reference = {(d, p, t): toks for (m, d, p, t), toks in read_tokens(out).items() if m == "ar"}
+    # each method's quiet time per forward so far (a resumed run's kept rows too): the outlier test's reference
+    history = retime.History.of_run(out)
+    writer = RecordWriter(out)
+    prompt_work = select(pending_prompts(loaded, single_labels(cfg, list(runner.methods)), done), loaded, cfg.shard)
+    labels = batch_schedule.batch_labels(tuple(runner.methods), batch_schedule.modes_for(cfg.batching))
+    jobs = batch_schedule.plan(loaded, list(cfg.batch_sizes), labels, cfg.refill)
+    batch_work = pending_batches(jobs, done)
+    say_batches(cfg, loaded)
+    to_go = sum(len(w.labels) for w in prompt_work) + sum(len(w.labels) for w in batch_work)
+    if done:
+        console.print(f"Resuming {escape(str(out))}: {len(done)} method x prompt results kept, {to_go} to go.")
+    try:
+        runner.warm_up(loaded[0].prompts)
+        if batch_work:
+            runner.warm_up_batches(loaded[0].prompts, labels, sorted({w.job.batch_size for w in batch_work}))
+        with progress_bar() as bar:
+            task = bar.add_task("decoding", total=to_go, info="")
+            for work in prompt_work:
+                results = {}
+                for position, label in enumerate(work.labels):
+                    bar.update(task, description=f"{work.dataset} {label}")
+                    results[label] = runner.run_prompt(work.prompt, work.index, label, position)
+                    tokens, seconds = (sum(len(r.gen.tokens) for r in results[label]),
+                                       sum(r.seconds for r in results[label]))
+                    bar.update(task, advance=1, info=f"{tokens / seconds if seconds else 0:6.1f} tok/s")
+                retime.heal_prompt(lambda label, r, position, w=work: runner.time_turn(label, r.ids, w.index, r.turn,
+                                                                                         position),
+                                   work.dataset, results, work.labels, history, cfg.retime,
+                                   say=lambda text: bar.update(task, description=text))
+                runner.finish_prompt(work.dataset, work.prompt, results, reference, writer)  # whole prompts only
+            for work in batch_work:
+                job = work.job
+                for position, label in enumerate(work.labels):
+                    bar.update(task, description=f"{job.dataset} {label.method} B={job.batch_size} {label.mode}")
+                    rows = batch_schedule.run_label(runner, job, label.method, label.mode, cfg.refill)
+                    runner.finish_batch(job.dataset, label.method, label.mode, rows, reference, writer, position)
+                    tokens, seconds = sum(len(r.gen.tokens) for r in rows), sum(r.share_s for r in rows)
+                    bar.update(task, advance=1, info=f"{tokens / seconds if seconds else 0:6.1f} tok/s")
+    except KeyboardInterrupt:
+        writer.close()
+        kept = sum(1 for _ in open(out / "records.csv")) - 1
+        raise Interrupted(out, kept) from None
+    writer.close()
+    mark_complete(out)
+    return out
+
+
+def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shard: dict | None = None) -> None:
+    """run.yaml: the settings and environment (what --resume must match), the model, the trees' predictions, what
+    the methods chose and the noise guard's floor; a shard's index, count and prompts (run/shard.py); `complete`
+    turns true when every planned prompt finished."""
+    target = runner.target
+    profile = runner.local_profile()
+    (out / "run.yaml").write_text(yaml.safe_dump({
+        "settings": plain(cfg.settings()), "environment": runner.env,
+        "model": {"spec": target.spec, "name": target.name, "source": target.source, "rendering": target.prompt_format,
+                  "placement": target.placement, "device_map": _device_map(target)},
+        "trees": runner.tree_predictions(), "chosen": chosen,
+        "peak_memory": memory.peak_label(target.device),
+        "noise_guard": {"latency_floor": noise.latency_floor(profile),
+                        "profile": f"{profile.hardware} {profile.dtype}" if profile else None},
+        **({"shard": shard} if shard else {}),
+        "complete": False,
+    }, sort_keys=False))
+
+
+def _device_map(target) -> dict | None:
+    """Which module sits on which device (accelerate's map), for run.yaml; None on one device."""
+    dmap = getattr(target.model, "hf_device_map", None)
+    return {k: str(v) for k, v in dmap.items()} if dmap and not target.placement.startswith("single:") else None
+
+
+class Interrupted(SpecbenchError):
+    exit_code = 130
+
+    def __init__(self, out: Path, kept: int):
+        kept_text = f"{kept} records kept in {out}" if kept else f"no results yet in {out}"
+        super().__init__(f"Interrupted: {kept_text}. Continue with the same command plus --resume (only whole "
+                         "prompts are kept: every method of a prompt, written together).")
+        self.out = out
+        self.kept = kept
