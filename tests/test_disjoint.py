@@ -17,7 +17,7 @@ from specbench.train.selfdistill import load_source, source_names, without_bench
 
 needs_data = pytest.mark.skipif(not os.environ.get("SPECBENCH_DATA_DIR"),
                                 reason="needs SPECBENCH_DATA_DIR (the benchmark sets)")
-RETRAIN_PROMPTS = 1000  # per source: the ranges the README's retraining commands use (100..1099)
+RETRAIN_PROMPTS = 1000  # per source: the ranges docs/training.md's retraining commands use (100..1099)
 
 
 @pytest.fixture

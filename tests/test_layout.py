@@ -47,7 +47,7 @@ def test_every_top_level_entry_has_a_layer():
     for entry in PACKAGE.iterdir():
         if entry.name.startswith((".", "__pycache__")) or entry.suffix not in (".py", ""):
             continue
-        assert entry.stem in LAYERS, f"{entry} is in no layer: add it to LAYERS (and the README's layout map)"
+        assert entry.stem in LAYERS, f"{entry} is in no layer: add it to LAYERS (and docs/code-layout.md)"
 
 
 def test_imports_flow_one_way():
