@@ -3,7 +3,7 @@
 # says how to start it). Every step has a time cap, trimmed to what is left before DEADLINE seconds, and is stopped
 # with SIGINT (a run keeps its finished prompts); after each step the files it made (profiles, trees, run folders,
 # each step's log under results/gpu-logs/) are packed into $OUT/results.tgz, so a cut-off pass still brings back
-# what it measured. Steps, most wanted first: the attention-kernel check (bfloat16 ran 1.7x slower than float32
+# what it measured. Steps, most wanted first: the attention-kernel check (bfloat16 ran much slower than float32
 # on the H200's first lease), the float32 profile, every method in float32 beside ar on GSM8K and HumanEval (its
 # trees built on the spot, the drafters timed there), `recommend` on the same GSM8K prompts, sd batched (EMS-SD),
 # the bfloat16 profile and every method in bfloat16 (cuDNN attention left out: core/model/attention_kernels.py), then ar

@@ -1,6 +1,6 @@
 """Benchmark: `ar` decoding with each set of PyTorch attention (SDPA) kernels allowed, same prompts, interleaved.
 
-On the H200 (benchmarks/RESULTS-gpu.md) a bfloat16 `ar` step took about 31 ms against float32's 18.5 ms, and
+On the H200 (benchmarks/RESULTS-gpu.md) a bfloat16 `ar` step took far longer than a float32 one, and
 Hugging Face `generate` was as slow in bfloat16, while the latency profile's forwards (the same shapes repeated)
 were equal in the two dtypes. A per-new-shape cost fits that; one suspect is cuDNN attention, which PyTorch may pick
 for 16-bit inputs on Hopper and which plans each new shape (every decoding step has a new KV length). This times
