@@ -119,7 +119,7 @@ def test_report_shows_drafting_ms_per_token_beside_tau(tmp_path):
                                                                                index=False)
     report.write_run_report(tmp_path)
     lines = (tmp_path / "report.md").read_text().splitlines()
-    header = next(line for line in lines if line.startswith("| method | dataset | prompts"))
+    header = next(line for line in lines if line.startswith("| method | dataset | prompts | turns"))  # the appendix
     cells = [c.strip() for c in header.strip("|").split("|")]
     at = cells.index("draft_ms_per_token")
     assert cells[at - 1] == "tau"

@@ -79,6 +79,10 @@ def report(
         summary["method"] = summary.run + ":" + summary.method
         print_summary(summary, "comparison")
         warn_unexplained(runs)
+        from ..report.comparison import setting_differences  # what --baseline refuses on, a warning here
+
+        for diff in setting_differences(runs):
+            console.print(f"[bold yellow]runs differ in settings[/]: {escape(diff)}")
         console.print(f"Wrote {escape(str(out_dir))}/comparison.csv, summary.md and plots.")
     code = ci.judge(summary, runs, out_dir or runs[0], opts, old)
     if code:

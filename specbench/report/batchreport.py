@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from . import batchbest, choicecheck, pareto  # noqa: E402
+from ..run import noise  # noqa: E402
 from .markdown import markdown_table  # noqa: E402
 from .titles import set_title  # noqa: E402
 
@@ -24,6 +25,9 @@ COLUMNS = ["dataset", "method", "B", "ar tok/s", "padded tok/s", "padded speedup
            "unpadded / padded decode", "target tokens padded", "target tokens unpadded", "fewer tokens",
            "padding ratio", "padding ratio (EMS-SD)", "kv padding", "tau", "tau batch min", "lossless explained padded",
            "lossless explained unpadded", "peak MB padded", "peak MB unpadded"]
+# batching.csv only (the plot's error bars and marks; report.md's table leaves them out)
+PLOT_COLUMNS = ["padded speedup lo", "padded speedup hi", "unpadded speedup lo", "unpadded speedup hi",
+                "padded timing", "unpadded timing"]
 
 
 def has_batches(summary: pd.DataFrame) -> bool:
@@ -64,8 +68,13 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
                 "tau batch min": get(main, "tau_batch_min"),
                 "lossless explained padded": get(pad, "lossless_explained_rate"),
                 "lossless explained unpadded": get(unpad, "lossless_explained_rate"),
-                "peak MB padded": get(pad, "peak_mem_mb"), "peak MB unpadded": get(unpad, "peak_mem_mb")})
-    return pd.DataFrame(rows, columns=COLUMNS)
+                "peak MB padded": get(pad, "peak_mem_mb"), "peak MB unpadded": get(unpad, "peak_mem_mb"),
+                **{f"{mode} speedup {end}": get(r, f"speedup_{end}") for mode, r in (("padded", pad),
+                                                                                      ("unpadded", unpad))
+                   for end in ("lo", "hi")},
+                **{f"{mode} timing": "" if r is None else str(getattr(r, "timing", ""))
+                   for mode, r in (("padded", pad), ("unpadded", unpad))}})
+    return pd.DataFrame(rows, columns=COLUMNS + PLOT_COLUMNS)
 
 
 def _shown(frame: pd.DataFrame) -> pd.DataFrame:
@@ -85,15 +94,26 @@ def _shown(frame: pd.DataFrame) -> pd.DataFrame:
 
 def plot(frame: pd.DataFrame, path: Path, title: str = "") -> None:
     """Speedup over ar at the same batch size against the batch size: one panel per dataset, a line per method x
-    mode (EMS-SD's Tables 2-4 as a picture)."""
+    mode (EMS-SD's Tables 2-4 as a picture), each point with its 95% interval as an error bar and ringed in red
+    when the noise guard distrusts its timing."""
     datasets = list(dict.fromkeys(frame.dataset))
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.6), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
         part = frame[frame.dataset == dataset]
+        said = False  # the "timing disturbed" legend entry, once a panel
         for i, method in enumerate(dict.fromkeys(part.method)):
             rows = part[part.method == method].sort_values("B")
             for mode, style in (("unpadded", "-o"), ("padded", "--s")):  # one colour per method, a style per mode
-                ax.plot(rows.B, rows[f"{mode} speedup"], style, color=f"C{i}", label=f"{method} {mode}")
+                y = pd.to_numeric(rows[f"{mode} speedup"], errors="coerce")
+                low = (y - pd.to_numeric(rows.get(f"{mode} speedup lo"), errors="coerce")).clip(lower=0).fillna(0)
+                high = (pd.to_numeric(rows.get(f"{mode} speedup hi"), errors="coerce") - y).clip(lower=0).fillna(0)
+                ax.errorbar(rows.B, y, yerr=[low, high], fmt=style, color=f"C{i}", capsize=3, markersize=5,
+                            label=f"{method} {mode}")
+                bad = rows.get(f"{mode} timing", pd.Series("", index=rows.index)).map(noise.is_disturbed)
+                if bad.any():
+                    ax.scatter(rows.B[bad], y[bad], s=110, facecolors="none", edgecolors="firebrick",
+                               linewidths=1.2, zorder=3, label=None if said else "timing disturbed")
+                    said = True
         ax.axhline(1.0, color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(part.B.unique()), [str(b) for b in sorted(part.B.unique())])
@@ -142,7 +162,9 @@ def sweep_section(summary: pd.DataFrame, run_dir: Path, title: str, chosen: dict
             "the batch to its last token, prefill and waiting for the batch's other rows included), pooled over the "
             "samples (`sample_tokens_per_s`; at B = 1 it equals the throughput). A larger batch moves a line right "
             "(more tokens in all) and down (each request slower). The Pareto front (ringed) holds the points no "
-            "other point beats on both: for a latency target, the best throughput that meets it."
+            "other point beats on both: for a latency target, the best throughput that meets it. Horizontal bars "
+            "carry each speedup's 95% interval to the throughput axis (ar's throughput at that B times the "
+            "interval's ends); a red cross marks a point whose timing the noise guard distrusts."
             + (" Rows from records without `latency_s` use throughput / B instead (`per_sample_from` in "
                "pareto.csv)." if fallback else ""), "",
             f"On the front: {on_front}.", "",
@@ -179,4 +201,6 @@ def _batching_text(frame: pd.DataFrame) -> list[str]:
             "`lossless explained`: exact or near-tie against batch-1 `ar` (the batch-1 rule, `lossless_explained_rate`); "
             "`tau batch min`: the lowest per-sample tau in a batch, averaged over batches (EMS-SD §4.4: the batch "
             "waits for its slowest sample unless `--refill`).", "",
-            markdown_table(_shown(frame)), "", "![speedup against batch size](batch_speedup.png)", ""]
+            markdown_table(_shown(frame[COLUMNS])), "", "![speedup against batch size](batch_speedup.png)", "",
+            "In the plot, error bars are each speedup's 95% bootstrap interval; a red ring marks a point whose timing "
+            "the noise guard distrusts (batching.csv has both, `... speedup lo / hi` and `... timing`).", ""]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..run import noise
 from .markdown import markdown_table
 from .plots import plt
 from .summary import named, summarize
@@ -26,8 +27,9 @@ MIN_TURNS = 3
 BUCKETS = ((0, 256, "<256"), (256, 1024, "256-1k"), (1024, 2048, "1k-2k"), (2048, 4096, "2k-4k"),
            (4096, math.inf, ">=4k"))
 COLUMNS = ["method", "dataset", "bucket", "prompts", "turns", "prompt_tokens", "tokens_per_s", "tau", "speedup",
-           "acceptance_rate", "note"]
-SHOWN = ("tokens_per_s", "tau", "speedup", "acceptance_rate")  # blanked where a bucket has too few turns
+           "speedup_lo", "speedup_hi", "acceptance_rate", "timing", "note"]
+# blanked where a bucket has too few turns
+SHOWN = ("tokens_per_s", "tau", "speedup", "speedup_lo", "speedup_hi", "acceptance_rate")
 
 
 def bucket_of(tokens: float) -> str:
@@ -87,9 +89,11 @@ def section(records: pd.DataFrame, run_dir: Path, title: str = "", latency_floor
         return []
     table.to_csv(Path(run_dir) / "context.csv", index=False)
     edges = ", ".join(label for _, _, label in BUCKETS)
-    md = ["## By prompt length", "", markdown_table(table), "",
+    shown = table.assign(timing=table.timing.map(lambda t: "DISTURBED" if noise.is_disturbed(t) else t))
+    md = ["## By prompt length", "", markdown_table(shown), "",
           (f"Prompt turns bucketed by prompt length in tokens ({edges}; `prompt_tokens`: the mean of ar's turns "
-           f"in the bucket), each bucket's speedup against `ar` on the same turns (`context.csv`). A bucket with "
+           f"in the bucket), each bucket's speedup against `ar` on the same turns with its 95% interval "
+           f"(`speedup_lo` - `speedup_hi`) and the noise guard's verdict (reasons in `context.csv`). A bucket with "
            f"fewer than {MIN_TURNS} turns gets no numbers. `--dataset cnn-dm-long` gives prompts of 1k-4k tokens."),
           ""]
     if plot(table, Path(run_dir) / "context.png", title):
@@ -98,8 +102,9 @@ def section(records: pd.DataFrame, run_dir: Path, title: str = "", latency_floor
 
 
 def plot(table: pd.DataFrame, path: Path, title: str = "") -> bool:
-    """context.png: tau and speedup per bucket, one line per method (x dataset when several); False (no file)
-    when no method other than ar has numbers in two buckets."""
+    """context.png: tau and speedup per bucket, one line per method (x dataset when several), the speedup with its
+    95% interval as error bars and a bucket whose timing is disturbed ringed in red; False (no file) when no method
+    other than ar has numbers in two buckets."""
     shown = table[(table.method != "ar") & table.tau.notna()]
     lines = [(key, g) for key, g in shown.groupby(["method", "dataset"], sort=False) if len(g) >= 2]
     if not lines:
@@ -107,11 +112,22 @@ def plot(table: pd.DataFrame, path: Path, title: str = "") -> bool:
     labels = [label for _, _, label in BUCKETS if label in set(shown.bucket)]
     x = {label: i for i, label in enumerate(labels)}
     several = shown.dataset.nunique() > 1
+    said = False  # the "timing disturbed" legend entry, once
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     for (method, dataset), g in lines:
         name = f"{method} ({dataset})" if several else method
+        xs = [x[b] for b in g.bucket]
+        axes[0].plot(xs, g.tau, marker="o", label=name)
+        low, high = g.speedup - g.speedup_lo, g.speedup_hi - g.speedup
+        axes[1].errorbar(xs, g.speedup, yerr=[low.clip(lower=0).fillna(0), high.clip(lower=0).fillna(0)],
+                         marker="o", capsize=3, label=name)
+        bad = g.timing.map(noise.is_disturbed).to_numpy()
         for ax, column in zip(axes, ("tau", "speedup")):
-            ax.plot([x[b] for b in g.bucket], g[column], marker="o", label=name)
+            if bad.any():
+                ax.scatter([v for v, b in zip(xs, bad) if b], g[column][bad], s=110, facecolors="none",
+                           edgecolors="firebrick", linewidths=1.2, zorder=3,
+                           label="timing disturbed" if ax is axes[1] and not said else None)
+        said = said or bool(bad.any())
     for ax, ylabel in zip(axes, ("tau (tokens per target forward)", "speedup over ar")):
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xticks(range(len(labels)), labels)

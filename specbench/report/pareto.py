@@ -19,10 +19,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from ..run import noise  # noqa: E402
 from .titles import set_title  # noqa: E402
 
 COLUMNS = ["dataset", "method", "mode", "B", "tokens_per_s", "sample_tokens_per_s", "per_sample_from", "speedup",
-           "pareto"]
+           "speedup_lo", "speedup_hi", "timing", "pareto"]
 
 
 def pareto_front(xs: list[float], ys: list[float]) -> list[bool]:
@@ -48,6 +49,10 @@ def points(summary: pd.DataFrame) -> pd.DataFrame:
     measured = per_sample.notna()
     s = s.assign(sample=per_sample.where(measured, s.tokens_per_s / s.B),
                  per_sample_from=measured.map({True: "measured", False: "total / B"}))
+    for column in ("speedup_lo", "speedup_hi"):  # summaries from before the interval: NaN, no error bar
+        s[column] = pd.to_numeric(s[column], errors="coerce") if column in s else math.nan
+    if "timing" not in s:
+        s["timing"] = ""
     rows = []
     for (dataset, method), part in s.groupby(["dataset", "method"], sort=False):
         modes = [m for m in dict.fromkeys(part.batching) if m != "-"] or ["-"]
@@ -55,7 +60,9 @@ def points(summary: pd.DataFrame) -> pd.DataFrame:
             for mode in (modes if r.batching == "-" else [r.batching]):
                 rows.append({"dataset": dataset, "method": method, "mode": mode, "B": r.B,
                              "tokens_per_s": float(r.tokens_per_s), "sample_tokens_per_s": float(r.sample),
-                             "per_sample_from": r.per_sample_from, "speedup": float(r.speedup), "pareto": False})
+                             "per_sample_from": r.per_sample_from, "speedup": float(r.speedup),
+                             "speedup_lo": float(r.speedup_lo), "speedup_hi": float(r.speedup_hi),
+                             "timing": str(r.timing), "pareto": False})
     frame = pd.DataFrame(rows, columns=COLUMNS).sort_values(["dataset", "method", "mode", "B"], kind="stable")
     for dataset, part in frame.groupby("dataset", sort=False):
         frame.loc[part.index, "pareto"] = pareto_front(list(part.tokens_per_s), list(part.sample_tokens_per_s))
@@ -64,7 +71,9 @@ def points(summary: pd.DataFrame) -> pd.DataFrame:
 
 def plot(frame: pd.DataFrame, path: Path, title: str = "") -> None:
     """One panel per dataset: a line per method x mode through its batch sizes (each point labelled B=...), the
-    Pareto front ringed in black and joined by a dashed line."""
+    Pareto front ringed in black and joined by a dashed line. Horizontal error bars: the speedup's 95% interval
+    carried to the throughput axis (ar's throughput at that B times speedup_lo / speedup_hi; ar's own points, the
+    reference, have none); a point whose timing the noise guard distrusts is crossed in red."""
     datasets = list(dict.fromkeys(frame.dataset))
     fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.4), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
@@ -76,6 +85,12 @@ def plot(frame: pd.DataFrame, path: Path, title: str = "") -> None:
             style = "--s" if mode == "padded" else "-o"
             ax.plot(line.tokens_per_s, line.sample_tokens_per_s, style, color=colours[method], markersize=4,
                     label=method if mode == "-" else f"{method} {mode}")
+            scale = line.tokens_per_s / line.speedup  # ar's throughput at each B
+            left = (line.tokens_per_s - scale * line.speedup_lo).clip(lower=0)
+            right = (scale * line.speedup_hi - line.tokens_per_s).clip(lower=0)
+            if (left + right).fillna(0).gt(0).any():
+                ax.errorbar(line.tokens_per_s, line.sample_tokens_per_s, xerr=[left.fillna(0), right.fillna(0)],
+                            fmt="none", ecolor=colours[method], elinewidth=0.8, capsize=2, alpha=0.8)
             for r in line.itertuples(index=False):
                 if (method, r.B, r.tokens_per_s) in labelled:
                     continue
@@ -86,6 +101,10 @@ def plot(frame: pd.DataFrame, path: Path, title: str = "") -> None:
         ax.plot(front.tokens_per_s, front.sample_tokens_per_s, ":", color="black", linewidth=1)
         ax.scatter(front.tokens_per_s, front.sample_tokens_per_s, s=90, facecolors="none", edgecolors="black",
                    linewidths=1, label="Pareto front", zorder=3)
+        bad = part[part.timing.map(noise.is_disturbed)].drop_duplicates(["method", "B"])
+        if len(bad):
+            ax.scatter(bad.tokens_per_s, bad.sample_tokens_per_s, s=70, marker="x", color="firebrick",
+                       linewidths=1.5, label="timing disturbed", zorder=4)
         ax.set_xlabel("throughput: total tokens/s (all samples)")
         ax.set_ylabel("latency: tokens/s per sample")
         ax.set_title(dataset, fontsize=9)

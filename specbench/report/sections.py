@@ -77,7 +77,9 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str =
         for _, r in summary[summary.method == label].iterrows():
             rows.append({"method": label, "dataset": r.dataset, "size": info.get("size"),
                          "predicted_tau": info.get("predicted_tau"), "tau": r.tau,
-                         "predicted_speedup": info.get("predicted_speedup"), "speedup": r.speedup})
+                         "predicted_speedup": info.get("predicted_speedup"), "speedup": r.speedup,
+                         "speedup_lo": getattr(r, "speedup_lo", None), "speedup_hi": getattr(r, "speedup_hi", None),
+                         "timing": getattr(r, "timing", "")})
     if not rows:
         return []
     frame = pd.DataFrame(rows).sort_values(["dataset", "size"])
@@ -85,7 +87,8 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str =
     profile = next((i.get("profile") for i in trees.values() if i.get("profile")), None)
     sources = list(dict.fromkeys(i.get("acceptance") for i in trees.values() if i.get("acceptance")))
     acceptance = next((a for a in sources if a.startswith("a generic")), sources[0] if sources else None)
-    md = ["## Trees: measured vs predicted", "", markdown_table(frame), "",
+    shown = frame.assign(timing=frame.timing.map(lambda t: "DISTURBED" if noise.is_disturbed(t) else t))
+    md = ["## Trees: measured vs predicted", "", markdown_table(shown), "",
           f"Predicted tau from {', '.join(sources) or 'the acceptance table'} (each method's own); predicted speedup from the latency profile "
           f"{profile or '(none for this hardware: run `specbench profile`)'}.", ""]
     if acceptance and acceptance.startswith("a generic"):

@@ -1,4 +1,4 @@
-"""Titles of every plot of a run: the model, the hardware, the dtype and the number of prompts it was measured on
+"""Titles of every plot of a run: the model, the hardware key, the dtype and the number of prompts it was measured on
 (from run.yaml's `model` and `environment`, else from the records), so a PNG on its own says what it shows."""
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ def _title_parts(meta: dict, records: pd.DataFrame | None) -> dict[str, str]:
         total = int(per.sum())
         names = ", ".join(per.index) if len(per) == 1 else ", ".join(f"{d} {n}" for d, n in per.items())
         prompts = f"{total} prompt{'s' if total != 1 else ''} ({names})"
-    device = str(env.get("device") or from_records("device") or "device ?")
+    # the hardware key (cpu-amd-epyc-avx512bf16-2c, nvidia-h200): the key profiles and trees are filed under, and
+    # what says the ISA tier and cores a speedup depends on; a vendor name ("AMD EPYC 7B13") says neither
+    device = str(env.get("hardware") or from_records("hardware") or env.get("device") or from_records("device")
+                 or "device ?")
     placement = str(env.get("placement") or from_records("placement") or "")
     if placement and not placement.startswith("single:"):  # a device map or tensor parallelism (core/model/placement.py)
         device += f" [{placement}]"
@@ -34,7 +37,8 @@ def _title_parts(meta: dict, records: pd.DataFrame | None) -> dict[str, str]:
 
 
 def plot_title(meta: dict, records: pd.DataFrame | None = None) -> str:
-    """The title every plot of a run carries: '<model> on <hardware>, <dtype>, <N> prompts (<datasets>)'."""
+    """The title every plot of a run carries: '<model> on <hardware key>, <dtype>, <N> prompts (<datasets>)'; the
+    device name stands in for runs from before the key was recorded."""
     p = _title_parts(meta, records)
     return f"{p['model']} on {p['device']}, {p['dtype']}, {p['prompts']}"
 
