@@ -26,7 +26,7 @@ KEY = ["method", "dataset"]
 INTERVAL = ("speedup_lo", "speedup_hi")  # report/robust.py; NaN for summaries from before the interval
 
 
-def compare(new: pd.DataFrame, old: pd.DataFrame, paired: pd.DataFrame | None = None) -> pd.DataFrame:
+def compare(new: pd.DataFrame, old: pd.DataFrame, turn_by_turn: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per method x dataset of either run: <measure>_base, <measure>, <measure>_change, each side's speedup
     interval (speedup_lo/_hi[_base]; NaN where a summary has none), timing of each side, exactness and status
     (compared / new / gone), and the paired change of the speedup (paired.changes; NaN without both runs'
@@ -53,8 +53,8 @@ def compare(new: pd.DataFrame, old: pd.DataFrame, paired: pd.DataFrame | None = 
         columns += [f"{name}_base", name, f"{name}_change"]
     columns += [f"{c}{side}" for side in ("_base", "") for c in INTERVAL] + ["timing_base", "timing", "exactness"]
     pairs = paired.COLUMNS[2:]
-    if paired is not None and len(paired):
-        merged = merged.merge(paired.astype({"method": str, "dataset": str}), on=KEY, how="left")
+    if turn_by_turn is not None and len(turn_by_turn):
+        merged = merged.merge(turn_by_turn.astype({"method": str, "dataset": str}), on=KEY, how="left")
     else:
         merged = merged.assign(**dict.fromkeys(pairs, math.nan))
     columns += pairs

@@ -122,7 +122,10 @@ def _guessed(meta: Path, acceptance: Path) -> int:
         data = yaml.safe_load(meta.read_text()) or {}
     except (OSError, yaml.YAMLError):
         return rows
-    count = data.get("prompt_tokens") or len(data.get("transfer_layers") or []) if isinstance(data, dict) else 0
+    if not isinstance(data, dict):  # a list, a scalar: nothing to read
+        return rows
+    layers = data.get("transfer_layers")
+    count = data.get("prompt_tokens") or (len(layers) if isinstance(layers, list) else 0)
     return min(count, rows) if isinstance(count, int) and count > 0 else rows
 
 

@@ -1,9 +1,11 @@
 """`specbench recommend`: which method to use for a model on this machine. Every lossless tree method's speedup is
 predicted from files (planning/predict.py: no decoding; a drafting method's missing tree is first built as
 `run --tree auto` builds it, its drafter timed here: build_drafting_trees), the best `confirm` of them (and `pld`,
-which needs nothing and no model predicts) are measured beside `ar` in one short run (run/benchmark.py), and the pick is
-the best measured (the best predicted with `confirm` 0; `ar` itself when nothing beats it). The pick is written to
-DIR/recommendation.yaml and filed at recommendations/<model>/<hardware>.yaml, which `run --method auto` reads.
+which needs nothing and no model predicts) are measured beside `ar` in one short run (run/benchmark.py), and the
+pick is made by paired comparison with intervals (run/pick.py: the simplest method within the noise of the fastest;
+in bf16 a lossless or explained one), or the best predicted with `confirm` 0 (`ar` itself when nothing beats it).
+The pick is written to DIR/recommendation.yaml and filed at recommendations/<model>/<hardware>.yaml, which
+`run --method auto` reads.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..core.model.load import auto_dtype, dtype_name, model_config, model_slug
 from ..errors import SpecbenchError
 from ..methods import REGISTRY
 from ..planning.predict import Candidate, Prediction, predict_all
+from . import pick as picking
 from .config import RunConfig, results_root
 from .results import with_batch_columns
 
@@ -58,6 +61,9 @@ class Row:
     measured: float | None = None
     lossless: float | None = None  # share of prompt turns matching ar (T = 0)
     why_not: str = ""
+    measured_lo: float | None = None  # 95% interval of `measured` (prompts resampled: run/pick.py)
+    measured_hi: float | None = None
+    explained: float | None = None  # share of prompt turns matching ar or differing by a near-tie (T = 0)
 
 
 @dataclass
@@ -97,17 +103,16 @@ def recommend(req: RecommendRequest) -> Result:
     rows += [Row(m, why_not=why) for m, why in NOT_PREDICTED.items() if m in REGISTRY]
     out = req.out or results_root() / time.strftime("recommend-%Y%m%d-%H%M%S")
     confirm = [p.method for p in preds if p.available][: req.confirm]
-    run_dir = None
+    run_dir, why = None, []
     if req.confirm:
         confirm += [m for m in MEASURED_ONLY if m in REGISTRY]
         run_dir = _confirm(req, confirm, dtype, out / "run")
-        measured = measured_ratios(run_dir)
-        for row in rows:
-            row.measured, row.lossless = measured.get(row.method, (None, None))
-    pick = choose(rows, dtype, measured=bool(req.confirm))
+        pick, why = choose_measured(rows, confirming_records(run_dir), dtype)
+    else:
+        pick = max((r for r in rows if r.predicted is not None), key=lambda r: r.predicted)
     result = Result(pick, rows, hardware, dtype, str(dev), out, run_dir, store.recommendation_file(
         model_slug(req.model), hardware))
-    result.notes += profile_notes(req.model, hardware, dtype)
+    result.notes += why + profile_notes(req.model, hardware, dtype)
     write(result, req)
     return result
 
@@ -169,33 +174,33 @@ def _confirm(req: RecommendRequest, methods: list[str], dtype: str, out: Path) -
     return run(cfg)  # records only: the command writes the report (cli/recommend.py), as `specbench run` does
 
 
-def measured_ratios(run_dir: Path) -> dict[str, tuple[float, float | None]]:
-    """method -> (total tokens / total time vs ar's on the same prompt turns: the headline speedup, share of turns
-    that match ar) from the run's records.csv (batch 1 rows)."""
+def confirming_records(run_dir: Path) -> pd.DataFrame:
+    """The confirming run's batch-1 records (refused without ar's)."""
     try:
-        df = with_batch_columns(pd.read_csv(Path(run_dir) / "records.csv", dtype={"lossless": str},
+        df = with_batch_columns(pd.read_csv(Path(run_dir) / "records.csv", dtype={"lossless": str, "prompt_id": str},
                                             keep_default_na=False))
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise SpecbenchError(f"{run_dir}: cannot read the confirming run's records.csv ({exc})") from exc
     df = df[df.batch_size == 1]
-    rate = {m: g.new_tokens.sum() / g.wall_s.sum() for m, g in df.groupby("method") if g.wall_s.sum() > 0}
-    if "ar" not in rate:
+    if not (df.method == "ar").any():
         raise SpecbenchError(f"{run_dir}: the confirming run has no ar records")
-    out = {}
-    for m, g in df.groupby("method"):
-        checked = g.lossless[g.lossless != ""]
-        share = float((checked == "match").mean()) if len(checked) else None
-        out[m] = (round(float(rate[m] / rate["ar"]), 4), share)
-    return out
+    return df
 
 
-def choose(rows: list[Row], dtype: str, measured: bool) -> Row:
-    """The best measured method (float32: only those matching ar on every turn), else the best predicted; `ar`
-    when nothing beats it."""
-    if measured:
-        ok = [r for r in rows if r.measured is not None and (dtype != "float32" or r.lossless in (None, 1.0))]
-        return max(ok, key=lambda r: r.measured)
-    return max((r for r in rows if r.predicted is not None), key=lambda r: r.predicted)
+def choose_measured(rows: list[Row], records: pd.DataFrame, dtype: str) -> tuple[Row, list[str]]:
+    """Fill in each row's measurement (speedup over ar with its interval, lossless and explained shares), then pick
+    by paired comparison (run/pick.py); returns the picked row and the notes that say why."""
+    measured = picking.measure(records)
+    for row in rows:
+        m = measured.get(row.method)
+        if m is not None:
+            row.measured, row.measured_lo, row.measured_hi = m.speedup, m.low, m.high
+            row.lossless, row.explained = m.lossless, m.explained
+    cost = {r.method: (0 if r.method == "ar" or r.method in MEASURED_ONLY else 1 + bool(r.tree), r.size)
+            for r in rows}
+    chosen, why = picking.choose({k: v for k, v in measured.items() if any(r.method == k for r in rows)}, records,
+                                 dtype, cost)
+    return next(r for r in rows if r.method == chosen), why
 
 
 def as_dict(result: Result, req: RecommendRequest) -> dict:
@@ -203,7 +208,9 @@ def as_dict(result: Result, req: RecommendRequest) -> dict:
     return {
         "method": pick.method, "tree": store.data_relative(pick.tree) if pick.tree else None, "gamma": None,
         "dtype": result.dtype,
-        "predicted": pick.predicted, "measured": pick.measured, "hardware": result.hardware,
+        "predicted": pick.predicted, "measured": pick.measured,
+        "measured_interval": [pick.measured_lo, pick.measured_hi] if pick.measured_lo is not None else None,
+        "hardware": result.hardware,
         "device": result.device, "model": req.model, "model_key": model_slug(req.model),
         "run": store.relative_to_cwd(result.run) if result.run else None,
         "confirmed_on": {"dataset": req.dataset, "prompts": req.limit, "max_new_tokens": req.max_new_tokens}
