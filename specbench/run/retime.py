@@ -15,7 +15,8 @@ while `ar` kept whatever it drew, which biased that method's speedup up by the m
 - when no try is wholly quiet, every try is kept and each label takes its median timing over them (the try whose
   time is the median; of two, the earlier), flagged (`timing_disturbed`) when that try was disturbed for it.
 A median of N tries is what `--repeats` takes too; one burst in three tries does not move it, and a label that is
-slow on every try keeps its slow time. Each record says how many timings its turn took (`timing_tries`).
+slow on every try keeps its slow time. The stop rule still reads the timings (a try is quiet when no label is an
+outlier), but it judges the whole turn, every label by the same test, and keeps that one try for all of them. Each record says how many timings its turn took (`timing_tries`).
 
 A machine that is busy throughout cannot be waited out, and re-timing every turn there would triple the run for
 nothing: after GIVE_UP turns in a row that re-timing could not heal, turns are only flagged, until a turn is timed
