@@ -16,6 +16,7 @@ import yaml
 from rich.markup import escape
 
 from ..methods.sd.drafter import resolve_drafter
+from ..core.model import tensor_parallel as tp
 from ..core.machine import memory
 from ..core.model.load import load_model
 from ..data import datasets as ds
@@ -24,10 +25,10 @@ from ..progress import console, progress_bar
 from . import batch_schedule, noise, retime
 from .config import RunConfig
 from .resume import Done, drop_incomplete, mark_complete, missing_folders, plain, prepare_out
-from .resume import refuse_other_environment, remove_if_empty
+from .resume import finished, refuse_other_environment, remove_if_empty
 from .results import RecordWriter, read_tokens
 from .runner import Runner
-from .shard import refuse_too_many, prompt_count, select, shard_block
+from .shard import refuse_too_many, prompt_count, resolved_trees, select, shard_block
 from .validation import validate
 from .work import LoadedDataset, pending_batches, pending_prompts, say_batches, single_labels
 
@@ -51,24 +52,27 @@ def run(cfg: RunConfig) -> Path:
         drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device,
                                   drafter_placement(cfg.drafter_device_map, cfg.drafter_max_memory)) \
             if cfg.drafter else None
+        tp.watch_ranks()  # --tp: the other ranks are this run's siblings, not foreign load
         runner = Runner(cfg, target, drafter)
+        tp.same_on_every_rank({label: {b: t["digest"] for b, t in trees.items()}
+                               for label, trees in resolved_trees(runner.methods).items()}, "the trees resolved")
         chosen = runner.chosen()
         for label, settings in chosen.items():
             said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
             if said:  # per-batch-size choices (dicts) were said when they were made
                 console.print(f"[dim]{label}: {escape(said)}[/]")
-        if cfg.resume:
-            refuse_other_environment(out, runner.env)
+        if cfg.resume:  # --tp: rank 0 holds the run folder (tensor_parallel.py: rank 0 decides, every rank follows)
+            tp.on_writer(lambda: refuse_other_environment(out, runner.env))
     except BaseException:
         remove_if_empty(made)
         raise
     write_run_file(out, cfg, runner, chosen, shard_block(loaded, cfg.shard) if cfg.shard else None)
 
     turns = {(d.name, p.id): len(p.turns) for d in loaded for p in d.prompts}
-    done = drop_incomplete(out, turns) if cfg.resume else Done()
-    reference = {(d, p, t): toks for (m, d, p, t), toks in read_tokens(out).items() if m == "ar"}
+    done = tp.on_writer(lambda: drop_incomplete(out, turns)) if cfg.resume else Done()
+    reference = tp.on_writer(lambda: {(d, p, t): ids for (m, d, p, t), ids in read_tokens(out).items() if m == "ar"})
     # each method's quiet time per forward so far (a resumed run's kept rows too): the outlier test's reference
-    history = retime.History.of_run(out)
+    history = tp.on_writer(lambda: retime.History.of_run(out))
     writer = RecordWriter(out)
     prompt_work = select(pending_prompts(loaded, single_labels(cfg, list(runner.methods)), done), loaded, cfg.shard)
     labels = batch_schedule.batch_labels(tuple(runner.methods), batch_schedule.modes_for(cfg.batching))
@@ -124,7 +128,7 @@ def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shar
         "settings": plain(cfg.settings()), "environment": runner.env,
         "model": {"spec": target.spec, "name": target.name, "source": target.source, "rendering": target.prompt_format,
                   "placement": target.placement, "device_map": _device_map(target)},
-        "trees": runner.tree_predictions(), "chosen": chosen,
+        "trees": runner.tree_predictions(), "resolved_trees": resolved_trees(runner.methods), "chosen": chosen,
         "peak_memory": memory.peak_label(target.device),
         "noise_guard": {"latency_floor": noise.latency_floor(profile),
                         "profile": f"{profile.hardware} {profile.dtype}" if profile else None},

@@ -154,6 +154,18 @@ def keep_tokens(out: Path, done: set[tuple]) -> None:
     path.write_text("".join(line + "\n" for line in rows.values()))
 
 
+def finished(out: Path) -> bool:
+    """run.yaml says every planned prompt of the run in `out` finished (mark_complete). Never under torchrun (--tp):
+    only rank 0 holds the folder, and a rank that stopped here would leave the others waiting for it to load the
+    model; there the ranks load, agree that nothing is left (done, from rank 0) and finish together."""
+    from ..core.model.tensor_parallel import launched_ranks
+
+    if launched_ranks() > 1:
+        return False
+    path = out / "run.yaml"
+    return path.exists() and bool((yaml.safe_load(path.read_text()) or {}).get("complete"))
+
+
 def mark_complete(out: Path) -> None:
     """run.yaml says whether every planned prompt finished (a report of an interrupted run says it is partial)."""
     path = out / "run.yaml"

@@ -21,6 +21,7 @@ from ..core.machine import memory
 from ..core.batch.forward import count_fed_tokens
 from ..core.machine.hardware import environment
 from ..core.model.load import LoadedModel
+from ..core.model.tensor_parallel import from_writer
 from ..core.machine.timing import wall
 from ..data import datasets as ds
 from ..methods import get_method
@@ -189,6 +190,9 @@ class Runner:
         before = contention.snapshot()
         gen, seconds, mem = self.generate(self.methods[label], ids, self.seed(index, turn))
         load = contention.between(before, contention.snapshot())
+        # --tp: rank 0's time and reading on every rank, so that re-timing and the outlier test (retime.py) decide
+        # alike on every rank (tensor_parallel.py); the tokens are every rank's own and the same
+        seconds, load = from_writer((seconds, load))
         return TurnResult(label, turn, ids, gen, seconds, mem, load, order)
 
     def finish_prompt(self, dataset: str, prompt: ds.Prompt, results: dict[str, list[TurnResult]],

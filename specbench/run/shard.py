@@ -82,3 +82,28 @@ def shard_block(loaded: list, shard: Shard) -> dict:
     owned = [{"dataset": ds, "prompt_id": pid, "position": pos}
              for (ds, pid), pos in positions(loaded).items() if shard.owns(pos)]
     return {"index": shard.index, "count": shard.count, "prompts": owned}
+
+
+def resolved_trees(methods: dict) -> dict:
+    """run.yaml's `resolved_trees`: per tree-method label and batch size, the tree it decodes with, by content
+    (`digest`: the same tree filed at two paths, or built on two machines, is one tree), with its size and source.
+    `merge` refuses shards whose trees differ; `--tp` ranks must agree on them."""
+    out = {}
+    for label, method in methods.items():
+        trees = getattr(method, "batch_trees", None)
+        if not trees:
+            continue
+        out[label] = {int(b): {"digest": tree_digest(t.tree_file), "size": t.tree_file.size, "source": str(t.source)}
+                      for b, t in sorted(trees.items())}
+    return out
+
+
+def tree_digest(tree_file) -> str:
+    """12 hex digits of a tree's shape (the root's prompt tokens and every state's candidate paths): what decodes,
+    not where the file came from."""
+    import hashlib
+    import json
+
+    shape = {"m": tree_file.prompt_tokens,
+             "states": {str(k): [[list(p), c] for p, c in v] for k, v in sorted(tree_file.states.items())}}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]

@@ -118,8 +118,10 @@ class Guesser:
         2.38 ms a forward against the 0.95 ms moved from a CPU (benchmarks/RESULTS-gpu.md). None where the guesses
         ride in the target's forward."""
         if not self._timed:
-            with torch.inference_mode():
-                self._timed.append(self.time_drafting())
+            from ...core.model.tensor_parallel import from_writer
+
+            with torch.inference_mode():  # --tp: each rank times it (collectives), rank 0's time builds every tree
+                self._timed.append(from_writer(self.time_drafting()))
         return self._timed[0]
 
     def time_drafting(self) -> float | None:
