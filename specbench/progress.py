@@ -63,13 +63,22 @@ class LogProgress(Progress):
 
 
 def quiet_libraries() -> None:
-    """transformers' logging, progress bars and user warnings off (the CLI's entry point; shard workers on Ray)."""
+    """transformers' logging, progress bars and user warnings off (the CLI's entry point; shard workers on Ray).
+
+    Through the environment, which transformers and huggingface_hub read when they load, so that the entry point
+    imports neither (`specbench --help` stays fast); where transformers is loaded already, directly as well. A
+    user's own TRANSFORMERS_VERBOSITY or HF_HUB_DISABLE_PROGRESS_BARS wins."""
     import logging
+    import os
+    import sys
     import warnings
 
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=UserWarning, module="transformers")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()

@@ -100,10 +100,19 @@ def test_ctrl_c_keeps_records_and_resume_finishes(tmp_path, prompts_file, monkey
 def test_resume_refuses_another_environment_and_names_it(tmp_path, prompts_file, monkeypatch):
     """Resuming with other CPU kernels (or versions, hardware, dtype) would mix two sets of numbers."""
     out = tmp_path / "run"
-    args = ["run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out]
-    assert invoke(*args).exit_code == 0
+    args = ["run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", out]
+    real, calls = Runner.run_prompt, {"n": 0}
+
+    def interrupt_on_third(self, *args, **kwargs):  # prompt 0 kept, prompt 1 left to resume
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Runner, "run_prompt", interrupt_on_third)
+    assert invoke(*args).exit_code == 130
+    monkeypatch.setattr(Runner, "run_prompt", real)
     run_yaml = (out / "run.yaml").read_text()
-    assert invoke(*args, "--resume").exit_code == 0  # same environment: nothing left to do, accepted
     monkeypatch.setenv("SPECBENCH_CPU_LINEAR", "mkl" if "cpu_linear: onednn" in run_yaml else "onednn")
     refused = invoke(*args, "--resume")
     text = " ".join(refused.output.split())
@@ -169,8 +178,8 @@ def test_report_compares_runs_and_gates_on_speedup(tmp_path, prompts_file):
     (["--method", "sd", "--gamma", "-3"], "--gamma must be at least 1"),
     (["--method", "pearl", "--pearl-exec", "warp"], "unknown --pearl-exec 'warp'"),
     (["--method", "sd", "--drafter", "./no-such-drafter"], "model path not found"),
-    (["--temperature", "nan"], "--temperature and --top-p must be numbers"),
-    (["--top-p", "inf"], "--temperature and --top-p must be numbers"),
+    (["--temperature", "nan"], "--temperature must be a number >= 0 (got nan)"),
+    (["--top-p", "inf"], "--top-p must be a number in (0, 1] (got inf)"),
     (["--threads", "-2"], "--threads must be at least 1"),
     (["--threads", "0"], "--threads must be at least 1"),
     (["--method", "pld", "--pld-ngram", "0"], "--pld-ngram must be at least 1"),
@@ -235,8 +244,9 @@ def test_unwritable_out(tmp_path, prompts_file):
     assert result.exit_code != 0 and "cannot write to --out" in result.output
 
 
-def test_report_of_missing_folder(tmp_path):
-    result = invoke("report", tmp_path / "nothing")
+def test_report_of_a_folder_without_records(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = invoke("report", tmp_path / "empty")
     assert result.exit_code != 0 and "records.csv" in result.output
 
 

@@ -1,6 +1,6 @@
 """The `specbench` command line: one thin module per command group, each parsing options, calling one function of
-the stage that owns the work, and printing. Importing the modules registers their commands on `app` in the order
-`specbench --help` lists them."""
+the stage that owns the work, and printing. Importing the modules registers their commands on `app`; `specbench
+--help` lists them in workflow order (app.WORKFLOW). None of them imports torch at module level."""
 
-from . import info, run, merge, trees, report, estimate, train, train_eval, recommend  # noqa: F401  (registration order)
+from . import estimate, info, merge, recommend, report, run, train, train_eval, trees  # noqa: F401  (registration)
 from .app import app, main  # noqa: F401

@@ -10,11 +10,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import SpecbenchError
+from ..errors import SpecbenchError, did_you_mean
 from ..progress import console, out
 from .app import app
 from .placement_options import DeviceMap, MaxMemory, target_placement
-from .parse import float_list, int_list
+from .parse import float_list, int_list, prompt_limit
 
 
 @app.command()
@@ -22,32 +22,36 @@ def estimate(
     method: Annotated[str, typer.Option(help="Method whose guesses are scored: ppd, medusa, hidden-transfer, eagle "
                                              "or parallelspec.")] = "ppd",
     model: Annotated[str, typer.Option(help="Model spec.")] = "smollm2-135m",
-    data: Annotated[str, typer.Option(help="Validation prompts (held out of training).")] = "alpaca-eval",
-    limit: Annotated[int, typer.Option(help="Prompts scored (the first N).")] = 50,
-    new_tokens: Annotated[int, typer.Option(help="Greedy reference length per prompt.")] = 64,
-    artifact: Annotated[Optional[str], typer.Option(help="The method's artefact folder (default: the shipped one; ppd "
-                                                        "also takes untrained[:S] for random real-token "
-                                                        "embeddings).")] = None,
+    data: Annotated[str, typer.Option("--dataset", help="Validation prompts (held out of training).")]
+    = "alpaca-eval",
+    limit: Annotated[str, typer.Option(help="Prompts scored: the first N, or all.")] = "50",
+    new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Greedy reference length per prompt.")] = 64,
+    artifact: Annotated[Optional[str], typer.Option(show_default="the shipped one", help="The method's artefact "
+                                                    "folder; ppd also takes untrained[:S] for random real-token "
+                                                    "embeddings.")] = None,
     initial: Annotated[bool, typer.Option(help="Score the artefact's initial (untrained) embeddings.")] = False,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
     device_map: DeviceMap = None,
     max_memory: MaxMemory = None,
-    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
-    out_path: Annotated[Optional[Path], typer.Option("--out", help="Acceptance YAML (default "
-                        "acceptance/<model>/ppd.yaml); with --padding, a CSV of the model's table (not written "
-                        "unless given; --run's comparison goes beside it as <name>-measured.csv).")] = None,
+    data_file: Annotated[Optional[str], typer.Option(show_default="the set's own", help="Read the named --dataset "
+                                                     "from this file.")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", show_default="acceptance/<model>/<method>.yaml; with "
+                        "--padding none", help="Acceptance YAML; with --padding, a CSV of the model's table "
+                        "(--run's comparison goes beside it as <name>-measured.csv).")] = None,
     padding: Annotated[bool, typer.Option("--padding", help="Instead: EMS-SD's padding model (Appendix B), the "
                                                             "share of KV entries the padded way of batching wastes "
                                                             "per step, by accuracy p and batch size B. Loads no "
                                                             "model.")] = False,
-    accuracy: Annotated[str, typer.Option(help="--padding: next-token prediction accuracies p, each in (0, 1).")]
-    = "0.5,0.6,0.7,0.8,0.9",
-    batch_sizes: Annotated[str, typer.Option(help="--padding: batch sizes B.")] = "1,2,4,8,16,24",
+    accuracy: Annotated[str, typer.Option(metavar="P[,P...]", help="--padding: next-token prediction accuracies p, "
+                                                                   "each in (0, 1).")] = "0.5,0.6,0.7,0.8,0.9",
+    batch_sizes: Annotated[str, typer.Option("--batch-size", metavar="B[,B...]", help="--padding: batch sizes B.")]
+    = "1,2,4,8,16,24",
     max_accept: Annotated[int, typer.Option(help="--padding: maximum acceptance length K = draft length + 1 (the "
                                                  "paper's Figure 7 uses 8).")] = 8,
-    run: Annotated[Optional[Path], typer.Option(metavar="DIR", help="--padding: also put the measured KV padding "
-                                                "ratio of this run's padded batches beside the model's.")] = None,
+    run: Annotated[Optional[Path], typer.Option(metavar="DIR", show_default="none", help="--padding: also put the "
+                                                "measured KV padding ratio of this run's padded batches beside the "
+                                                "model's.")] = None,
 ):
     """Top-k accuracy of the method's guesses per token distance (PPD Table 2), for `build-tree`; with --padding,
     EMS-SD's padding model instead."""
@@ -60,9 +64,11 @@ def estimate(
 
     families = tree_families()  # family -> its first registered tree method (ppd, medusa, ...)
     if method not in families:
-        raise SpecbenchError(f"estimate --method {method}: choose one of {', '.join(families)} (or --padding)")
-    if limit < 1 or new_tokens < 3:
-        raise SpecbenchError("--limit must be at least 1 and --new-tokens at least 3")
+        raise SpecbenchError(f"--method {method}: not a tree method{did_you_mean(method, families)}; choose one of "
+                             f"{', '.join(families)} (or --padding)")
+    limit = prompt_limit(limit)
+    if new_tokens < 3:
+        raise SpecbenchError(f"--max-new-tokens must be at least 3 (got {new_tokens})")
     guesser = families[method].guesser_type
     if initial and not guesser.has_initial:
         raise SpecbenchError(f"--initial scores ppd's untrained prompt tokens; {method} has no initial artefact "
@@ -93,12 +99,12 @@ def _estimate_padding(accuracy: str, batch_sizes: str, max_accept: int, run: Opt
     from ..planning import padding_model as pm
     from ..report.run_report import read_records
 
-    ps, batches = float_list(accuracy, "--accuracy"), int_list(batch_sizes, "--batch-sizes")
+    ps, batches = float_list(accuracy, "--accuracy"), int_list(batch_sizes, "--batch-size")
     # p = 0 or 1 is a batch that never or always accepts everything: no padding to model
     if bad := [p for p in ps if not 0 < p < 1]:
         raise SpecbenchError(f"--accuracy: each p must be strictly between 0 and 1 (got {bad[0]:g})")
     if bad := [b for b in batches if b < 1]:
-        raise SpecbenchError(f"--batch-sizes: each batch size must be at least 1 (got {bad[0]})")
+        raise SpecbenchError(f"--batch-size: each batch size must be at least 1 (got {bad[0]})")
     if max_accept < 1:
         raise SpecbenchError(f"--max-accept must be at least 1 (got {max_accept})")
     records = read_records(run) if run is not None else None  # a folder without records.csv is refused up front

@@ -59,5 +59,5 @@ def list_datasets():
     from ..data.trainsets import SOURCES
 
     for name, (description, _) in SOURCES.items():
-        table.add_row(name, f"{description} (training only: `train --data`)", "built in, offline")
+        table.add_row(name, f"{description} (training only: `train --dataset`)", "built in, offline")
     out.print(table)

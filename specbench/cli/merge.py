@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import pandas as pd
 import typer
 from rich.markup import escape
 
@@ -25,6 +24,8 @@ def merge(
     = False,
 ):
     """Merge shard folders into one records.csv / tokens.jsonl / summary.csv / report.md, with a per-shard table."""
+    import pandas as pd
+
     from ..report.merged import report_merged
     from ..run.merge import merge as merge_shards
 

@@ -1,4 +1,5 @@
-"""Parsing of comma-separated option values into lists, with errors that name the option."""
+"""Parsing of option values (comma-separated lists, --limit N or all), with errors that name the option and the
+value."""
 
 from __future__ import annotations
 
@@ -35,3 +36,19 @@ def tree_size_list(text: str) -> tuple[int, ...]:
     if not sizes:
         raise SpecbenchError("--tree-sizes: give at least one size")
     return tuple(dict.fromkeys(sizes))
+
+
+ALL_PROMPTS = 1_000_000_000  # `--limit all`: more prompts than any set holds, so every prompt is taken
+
+
+def prompt_limit(text: str, option: str = "--limit") -> int:
+    """--limit N or --limit all, refused with the option and its value named otherwise."""
+    if text.strip().lower() == "all":
+        return ALL_PROMPTS
+    try:
+        limit = int(text)
+    except ValueError:
+        raise SpecbenchError(f"{option} {text!r}: expected a number of prompts or all") from None
+    if limit < 1:
+        raise SpecbenchError(f"{option} must be at least 1 (got {limit}); all takes every prompt")
+    return limit

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ..progress import console, out
 from .app import app
+from .parse import prompt_limit
 
 
 def _x(value) -> str:
@@ -27,12 +28,13 @@ def recommend(
     dataset: Annotated[str, typer.Option(help="Dataset of the confirming run (name or .jsonl).")] = "gsm8k",
     confirm: Annotated[int, typer.Option(help="Measure the best K predicted methods (and pld) beside ar; 0 = "
                                               "prediction only, no decoding.")] = 2,
-    limit: Annotated[int, typer.Option(help="Prompts in the confirming run.")] = 5,
+    limit: Annotated[str, typer.Option(help="Prompts in the confirming run: the first N, or all.")] = "5",
     max_new_tokens: Annotated[int, typer.Option(help="Cap on new tokens per turn in the confirming run.")] = 64,
-    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Folder for recommendation.yaml and the "
-                       "confirming run (default results/recommend-<time>).")] = None,
+    data_file: Annotated[Optional[str], typer.Option(show_default="the set's own", help="Read the named --dataset "
+                                                     "from this file.")] = None,
+    threads: Annotated[Optional[int], typer.Option(show_default="torch's choice", help="torch CPU threads.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", show_default="results/recommend-<time>", help="Folder "
+                       "for recommendation.yaml and the confirming run.")] = None,
 ):
     """Which method to use for a model on this machine: predicted from files, confirmed by a short measured run."""
     from ..run.recommend import RecommendRequest
@@ -40,8 +42,8 @@ def recommend(
 
     from ..report.run_report import write_run_report
 
-    result = run_recommend(RecommendRequest(model, dtype, device, dataset, confirm, limit, max_new_tokens, out_dir,
-                                            data_file, threads))
+    result = run_recommend(RecommendRequest(model, dtype, device, dataset, confirm, prompt_limit(limit),
+                                            max_new_tokens, out_dir, data_file, threads))
     if result.run:
         write_run_report(result.run)  # summary.csv, report.md and plots beside the records, as `specbench run` writes
     table = Table(title=f"{model} on {result.hardware} ({result.dtype}): predicted and measured speedup over ar")

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..errors import SpecbenchError
 from ..progress import console, out
 from .app import app
 from .show import print_summary, warn_unexplained
@@ -18,46 +19,56 @@ from .show import print_summary, warn_unexplained
 def report(
     runs: Annotated[list[Path], typer.Argument(help="Run folders written by `specbench run` (with --history: runs of "
                                                     "successive commits, oldest first).")],
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where a comparison of several runs goes (default "
-                                                    "specbench-report/); with --baseline, the vs_baseline files "
-                                                    "(default: the run folder); with --history, history.csv and "
-                                                    ".png (default specbench-history/).")] = None,
-    fail_below: Annotated[Optional[float], typer.Option(help="Exit 1 when a method's speedup is below this (or a "
-                                                             "lossless method differs from ar beyond rounding); exit "
-                                                             "3 (not judged) when the noise guard marks timings "
-                                                             "disturbed.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option(
+        "--out", show_default="specbench-report/; with --baseline the run folder; with --history specbench-history/",
+        help="Where a comparison of several runs goes; with --baseline, the vs_baseline files; with --history, "
+             "history.csv and .png.")] = None,
+    fail_below: Annotated[Optional[float], typer.Option(
+        metavar="SPEEDUP", show_default="off",
+        help="Exit 1 when a method's speedup interval lies below this (or a lossless method differs from ar beyond "
+             "rounding); pass only when its lower end clears it; exit 4 when the interval straddles it, 3 (not "
+             "judged) when the noise guard marks timings disturbed.")] = None,
     judge_disturbed: Annotated[bool, typer.Option(help="With --fail-below / --fail-regression: judge disturbed "
                                                        "timings anyway (they are still listed).")] = False,
-    baseline: Annotated[Optional[Path], typer.Option(help="Compare with this earlier run (its folder or summary.csv, "
-                                                          "e.g. the last main-branch run): change in speedup, tau, "
-                                                          "acceptance and lossless rate per method x dataset. "
-                                                          "Refused when hardware, model, dtype or settings "
-                                                          "differ.")] = None,
-    fail_regression: Annotated[Optional[str], typer.Option(metavar="PCT", help="With --baseline: exit 1 when a "
-                                                           "speedup or tau fell by more than PCT percent of the "
-                                                           "baseline's, or a lossless rate fell. Default: off.")]
-    = None,
+    baseline: Annotated[Optional[Path], typer.Option(
+        show_default="none",
+        help="Compare with this earlier run (its folder or summary.csv, e.g. the last main-branch run): change in "
+             "speedup, tau, acceptance and lossless rate per method x dataset. Refused when hardware, model, dtype "
+             "or settings differ.")] = None,
+    fail_regression: Annotated[Optional[str], typer.Option(
+        metavar="PCT", show_default="off",
+        help="With --baseline: exit 1 when a speedup or tau fell by more than PCT percent of the baseline's (the "
+             "speedup beyond the noise, turn by turn on the prompts both ran), or a lossless rate fell; exit 4 when "
+             "the interval cannot tell.")] = None,
     allow_different: Annotated[bool, typer.Option(help="Compare with a baseline from other hardware, model, dtype or "
                                                        "settings anyway (the report says so).")] = False,
-    junit: Annotated[Optional[Path], typer.Option(help="Write JUnit XML: one test case per method x dataset check "
-                                                       "(lossless, floor, regression); not judged = skipped.")]
-    = None,
-    job_summary: Annotated[Optional[Path], typer.Option(help="Append the Markdown report to this file (default: "
-                                                             "$GITHUB_STEP_SUMMARY when set).")] = None,
-    artifact_url: Annotated[Optional[str], typer.Option(help="Job summary: link plots as URL/<path> (GitLab: "
-                                                             "$CI_JOB_URL/artifacts/file). Default on GitHub "
-                                                             "Actions: the run's artefacts.")] = None,
+    junit: Annotated[Optional[Path], typer.Option(
+        show_default="none",
+        help="Write JUnit XML: one test case per method x dataset check (lossless, floor, regression); not judged = "
+             "skipped.")] = None,
+    job_summary: Annotated[Optional[Path], typer.Option(
+        show_default="$GITHUB_STEP_SUMMARY when set", help="Append the Markdown report to this file.")] = None,
+    artifact_url: Annotated[Optional[str], typer.Option(
+        show_default="on GitHub Actions, the run's artefacts",
+        help="Job summary: link plots as URL/<path> (GitLab: $CI_JOB_URL/artifacts/file).")] = None,
     history: Annotated[bool, typer.Option("--history", help="Draw speedup and tau per method over the runs "
                                                             "(successive commits) as history.png and history.csv "
                                                             "in --out.")] = False,
 ):
-    """Re-draw tables and plots from result CSVs, compare runs, compare with a baseline, and gate CI."""
+    """Re-draw tables and plots from result CSVs, compare runs, compare with a baseline, and gate CI.
+
+    Exit codes with --fail-below or --fail-regression: 0 passed; 1 a check failed; 3 not judged (timing disturbed);
+    4 within the noise (a speedup's 95% interval straddles its threshold: more prompts or --repeats would tell);
+    2 bad input."""
     from ..ci import flow as ci
     from ..report.run_report import compare_runs, write_run_report
 
     opts = ci.CiOptions(baseline=baseline, fail_below=fail_below, fail_regression=ci.parse_percent(fail_regression),
                         judge_disturbed=judge_disturbed, allow_different=allow_different, junit=junit,
                         job_summary=job_summary, artifact_url=artifact_url)
+    for run in runs:  # a mistyped folder is named as missing, not as a folder without records
+        if not run.exists():
+            raise SpecbenchError(f"{run}: no such folder; pass a run folder written by `specbench run`")
     old = ci.prepare(opts, runs, history)  # bad input is refused before any work
     if history:
         from ..ci.history import write

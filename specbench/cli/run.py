@@ -8,51 +8,34 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from ..errors import SpecbenchError
+from ..errors import SpecbenchError, did_you_mean
 from ..progress import console
-from .app import app
-from .parse import int_list, tree_size_list
+from .app import app, invocation
+from .method_flags import WithMethodOptions, given_method_options
+from .parse import int_list, prompt_limit, tree_size_list
 from .placement_options import DeviceMap, DrafterDeviceMap, DrafterMaxMemory, MaxMemory, TensorParallel
 from .show import print_summary, warn_unexplained
 
 
-def _with_method_options(func):
-    """Give `func` one CLI option per method option the registered methods declare (methods/options.py), after
-    its own parameters; Typer reads the signature, and the values arrive in `func`'s **kwargs."""
-    import inspect
-
-    from ..methods import REGISTRY, all_options
-
-    sig = inspect.signature(func, eval_str=True)
-    own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    extra = []
-    for name, (spec, methods) in all_options(REGISTRY).items():
-        text = f"{', '.join(methods)}: {spec.help}" + (f" ({', '.join(spec.choices)})" if spec.choices else "")
-        chooses = spec.default is None and spec.type is not str  # `auto` or a number (e.g. --gamma auto)
-        option = typer.Option(spec.flag, help=text + (" (auto: the method chooses)" if chooses else "") + ".",
-                              rich_help_panel="Method options", metavar="[auto|INTEGER]" if chooses else None)
-        extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=spec.default,
-                                       annotation=Annotated[Optional[str if chooses else spec.type], option]))
-    func.__signature__ = sig.replace(parameters=own + extra)
-    func.__annotations__ = {**func.__annotations__, **{p.name: p.annotation for p in extra}}
-    return func
+BATCHING, SHARDING = "Batching (EMS-SD)", "Sharding"
 
 
-@app.command()
-@_with_method_options
+@app.command(cls=WithMethodOptions)
 def run(
-    method: Annotated[Optional[list[str]], typer.Option("--method", "-m", help="Method to run (repeatable). "
-                      "`ar` always runs too, as the baseline.")] = None,
-    dataset: Annotated[Optional[list[str]], typer.Option("--dataset", "-d", help="Dataset name or a .jsonl "
-                       "file (repeatable).")] = None,
+    ctx: typer.Context,
+    method: Annotated[list[str], typer.Option("--method", "-m", help="Method to run (repeatable); auto: the one "
+                      "`specbench recommend` chose here. `ar` always runs too, as the baseline.")] = ["ar", "pld"],
+    dataset: Annotated[list[str], typer.Option("--dataset", "-d", help="Dataset name or a .jsonl file "
+                                                                       "(repeatable).")] = ["humaneval"],
     model: Annotated[str, typer.Option(help="smollm2-135m, HF id, local dir, .gguf file, random:<preset>")]
     = "smollm2-135m",
-    drafter: Annotated[Optional[str], typer.Option(help="Draft model, for methods that need one.")] = None,
+    drafter: Annotated[Optional[str], typer.Option(show_default="the method's own", help="Draft model, for methods "
+                                                   "that need one.")] = None,
     dtype: Annotated[str, typer.Option(help="auto (the faster dtype by this hardware's float32 and bfloat16 "
                                             "profiles; without both, float32 on CPU and bfloat16 on GPU), float32, "
                                             "bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
-    limit: Annotated[int, typer.Option(help="Prompts per dataset (the first N).")] = 6,
+    limit: Annotated[str, typer.Option(help="Prompts per dataset: the first N, or all.")] = "6",
     per_category: Annotated[bool, typer.Option(help="--limit takes the first N of every category (files with a "
                                                     "`category` field: MT-Bench, Spec-Bench question files).")]
     = False,
@@ -70,50 +53,60 @@ def run(
                                           "methods again, and keep the quiet timing; records.csv says how many "
                                           "tries it took (timing_tries) and whether it stayed disturbed "
                                           "(timing_disturbed). 0: only flag.", envvar="SPECBENCH_RETIME")] = 2,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
-    data_file: Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")] = None,
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Run folder (default results/<time>).")] = None,
-    resume: Annotated[bool, typer.Option(help="Continue an interrupted run in --out (default: the newest "
-                                              "folder in results/).")] = False,
-    tree_sizes: Annotated[Optional[str], typer.Option(help="Tree methods: sweep these sizes in one run "
+    threads: Annotated[Optional[int], typer.Option(show_default="torch's choice", help="torch CPU threads.")] = None,
+    data_file: Annotated[Optional[str], typer.Option(show_default="the set's own", help="Read the named --dataset "
+                                                     "from this file.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", show_default="results/<time>; with --resume the newest "
+                                                    "run there", help="Run folder.")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue an interrupted run in --out.")] = False,
+    tree_sizes: Annotated[Optional[str], typer.Option(metavar="N[,N...]", show_default="none", help="Tree methods: "
+                                                      "sweep these sizes in one run "
                                                            "(e.g. 4,8,16,32,64), labelled <method>@<size>; `auto` "
                                                            "adds <method>@auto, --tree auto's own choice (per batch "
                                                            "size at --batch-size B > 1), to compare with the "
                                                            "sizes.")] = None,
-    batch_size: Annotated[Optional[list[str]], typer.Option("--batch-size", "-b", metavar="B[,B...]", help="Prompts decoded at once "
-                          "(repeatable or a comma list, e.g. 1,2,4,8,16); ar runs batched at each size as that size's "
-                          "baseline. Default 1: one prompt at a time.", rich_help_panel="Batching (EMS-SD)")] = None,
-    batching: Annotated[str, typer.Option(metavar="MODE", help="At batch size > 1: unpadded (EMS-SD: per-sample KV lengths, packed "
-                                               "inputs), padded (the vanilla way) or both, side by side.",
-                                          rich_help_panel="Batching (EMS-SD)")] = "both",
-    refill: Annotated[bool, typer.Option(help="At batch size > 1: a finished sample's slot takes the next prompt "
-                                              "at once (continuous batching) instead of waiting for the batch.",
-                                         rich_help_panel="Batching (EMS-SD)")] = False,
-    shard: Annotated[Optional[str], typer.Option(metavar="I/N", help="Run only shard I of N (0-based) of the "
-                     "prompts, no Ray (SLURM arrays, several terminals); `specbench merge` joins the folders.",
-                     rich_help_panel="Sharding")] = None,
-    shards: Annotated[Optional[int], typer.Option(metavar="N", help="Split the prompts into N shards run as Ray "
-                      "tasks (pip install 'specbench[ray]'), written to OUT/shards/ and merged into OUT.",
-                      rich_help_panel="Sharding")] = None,
+    batch_size: Annotated[Optional[list[str]], typer.Option(
+        "--batch-size", "-b", metavar="B[,B...]", show_default="1: one prompt at a time", rich_help_panel=BATCHING,
+        help="Prompts decoded at once (repeatable or a comma list, e.g. 1,2,4,8,16); ar runs batched at each size as "
+             "that size's baseline.")] = None,
+    batching: Annotated[str, typer.Option(
+        metavar="MODE", rich_help_panel=BATCHING,
+        help="At batch size > 1: unpadded (EMS-SD: per-sample KV lengths, packed inputs), padded (the vanilla way) "
+             "or both, side by side.")] = "both",
+    refill: Annotated[bool, typer.Option(
+        rich_help_panel=BATCHING,
+        help="At batch size > 1: a finished sample's slot takes the next prompt at once (continuous batching) "
+             "instead of waiting for the batch.")] = False,
+    shard: Annotated[Optional[str], typer.Option(
+        metavar="I/N", show_default="all prompts", rich_help_panel=SHARDING,
+        help="Run only shard I of N (0-based) of the prompts, no Ray (SLURM arrays, several terminals); `specbench "
+             "merge` joins the folders.")] = None,
+    shards: Annotated[Optional[int], typer.Option(
+        metavar="N", show_default="no Ray", rich_help_panel=SHARDING,
+        help="Split the prompts into N shards run as Ray tasks (pip install 'specbench\\[ray]'), written to "
+             "OUT/shards/ and merged into OUT.")] = None,
     gpus_per_shard: Annotated[float, typer.Option(metavar="K", help="--shards: GPUs each shard holds (0: a CPU "
-                              "shard of --threads cores, default 1).", rich_help_panel="Sharding")] = 0,
-    ray_address: Annotated[Optional[str], typer.Option(metavar="ADDR", help="--shards: join this Ray cluster "
-                           "(default $RAY_ADDRESS, else a local Ray).", rich_help_panel="Sharding")] = None,
-    recommendation: Annotated[Optional[Path], typer.Option(help="--method auto: the recommendation.yaml to follow "
-                              "(default: the one `specbench recommend` filed for this model and hardware).")] = None,
+                              "shard of --threads cores).", rich_help_panel=SHARDING)] = 0,
+    ray_address: Annotated[Optional[str], typer.Option(metavar="ADDR", show_default="$RAY_ADDRESS, else a local Ray",
+                           help="--shards: join this Ray cluster.", rich_help_panel=SHARDING)] = None,
+    recommendation: Annotated[Optional[Path], typer.Option(show_default="the one `specbench recommend` filed for "
+                              "this model and hardware", help="--method auto: the recommendation.yaml to "
+                              "follow.")] = None,
     device_map: DeviceMap = None,
     max_memory: MaxMemory = None,
     drafter_device_map: DrafterDeviceMap = None,
     drafter_max_memory: DrafterMaxMemory = None,
     tp: TensorParallel = 1,
-    **method_options,  # one option per method option (methods/options.py), added by _with_method_options
+    # and one option per method option (methods/options.py): WithMethodOptions adds them
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
+    prompts = prompt_limit(limit)  # before the slow imports: a typo is answered at once
     from ..report.run_report import write_run_report
     from ..run.config import RunConfig, default_out
     from ..run.benchmark import run as run_benchmark
     from ..run.shard import Shard
 
+    method_options = given_method_options(ctx)
     if shards is None and (gpus_per_shard or ray_address):
         raise SpecbenchError("--gpus-per-shard and --ray-address go with --shards N (a run on Ray)")
     if shards is not None and shard is not None:
@@ -121,19 +114,21 @@ def run(
     if shards is not None and tp > 1:
         raise SpecbenchError("--tp N runs under torchrun and --shards N on Ray: launch `torchrun ... specbench run "
                              "--tp N --shard I/N` per shard instead")
-    methods = list(method or ("ar", "pld"))
+    methods = list(method)
+    _check_methods(methods)
     if "auto" in methods:
         methods, dtype = _auto_method(methods, model, device, dtype, recommendation, method_options)
     elif recommendation is not None:
         raise SpecbenchError("--recommendation is read by --method auto only")
     from ..core.model.tensor_parallel import is_writer, rank_out
 
+    given_out = out_dir is not None
     if out_dir is None:
         out_dir = _newest_run() if resume else default_out()
     out_dir = rank_out(out_dir)  # --tp: ranks other than 0 write to scratch
     cfg = RunConfig(
-        methods=tuple(methods), datasets=tuple(dataset or ("humaneval",)), model=model,
-        drafter=drafter, dtype=dtype, device=device, limit=limit, per_category=per_category,
+        methods=tuple(methods), datasets=tuple(dataset), model=model,
+        drafter=drafter, dtype=dtype, device=device, limit=prompts, per_category=per_category,
         max_new_tokens=max_new_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, warmup=warmup, repeats=repeats,
         retime=retime, threads=threads,
@@ -160,6 +155,8 @@ def run(
     except SpecbenchError as exc:
         if getattr(exc, "kept", 0):
             write_run_report(exc.out)  # partial summary of what finished (marked partial)
+        if exc.exit_code == 130 and getattr(exc, "out", None):  # Ctrl-C: the command that continues, to paste
+            exc.args = (f"{exc}\n  to continue: {_resume_command(exc.out, given_out)}",)
         raise
     if not is_writer():
         return
@@ -211,3 +208,25 @@ def _newest_run() -> Path:
     if not runs:
         raise SpecbenchError("--resume: no earlier run in results/; pass --out with the run folder.")
     return runs[-1]
+
+
+def _check_methods(methods: list[str]) -> None:
+    """Unknown method names refused before anything loads, a near miss with its fix."""
+    from ..methods import REGISTRY
+
+    for name in methods:
+        if name != "auto" and name not in REGISTRY:
+            raise SpecbenchError(f"--method {name}: unknown method{did_you_mean(name, REGISTRY)}; available: "
+                                 f"{', '.join(REGISTRY)}, auto (see `specbench list methods`)")
+
+
+def _resume_command(out: Path, given_out: bool) -> str:
+    """This invocation's command line plus --resume (and the run folder, when it was the default one)."""
+    import shlex
+
+    args = list(invocation)
+    if "--resume" not in args:
+        args.append("--resume")
+    if not given_out:
+        args += ["--out", str(out)]
+    return shlex.join(["specbench", *args])

@@ -10,7 +10,6 @@ import typer
 from rich.markup import escape
 
 from ..progress import console
-from ..train.settings import TRAINING_MIX
 from .app import train_app
 from .parse import int_list
 from .placement_options import DeviceMap, MaxMemory, target_placement
@@ -20,17 +19,20 @@ from .train_eval import EvalPrompts, evaluate
 
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")]
 DType = Annotated[str, typer.Option(help="auto, float32, bfloat16")]
-Mix = Annotated[str, typer.Option(help="Prompts to self-distil, comma-separated (datasets, files, or the "
-                                       "training-only sources).")]
+Mix = Annotated[Optional[str], typer.Option(
+    "--dataset", show_default="the training mix: alpaca-eval and the training-only sources",
+    help="Prompts to self-distil, comma-separated: datasets, files, or the training-only sources (`specbench list "
+         "datasets`).")]
 Steps = Annotated[int, typer.Option(help="Optimiser steps.")]
 PeakLR = Annotated[float, typer.Option(help="Peak learning rate (warm-up, then cosine decay).")]
 PromptsPerSource = Annotated[int, typer.Option(help="Training prompts per source (after the held-out ones).")]
 HeldOut = Annotated[int, typer.Option(help="First prompts of each source left out.")]
-ReplyLength = Annotated[int, typer.Option(help="Self-distilled reply length.")]
-ContinuationLength = Annotated[int, typer.Option(help="Self-distilled continuation length.")]
+ReplyLength = Annotated[int, typer.Option("--max-new-tokens", help="Self-distilled reply length.")]
+ContinuationLength = Annotated[int, typer.Option("--max-new-tokens", help="Self-distilled continuation length.")]
 SaveEvery = Annotated[int, typer.Option(help="Checkpoint every N steps.")]
 Resume = Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")]
-DataFile = Annotated[Optional[str], typer.Option(help="Read the dataset from this file.")]
+DataFile = Annotated[Optional[str], typer.Option(show_default="the set's own", help="Read the one named --dataset "
+                                                 "from this file.")]
 
 
 def _model(trained: str):
@@ -38,7 +40,7 @@ def _model(trained: str):
 
 
 def _out(folder: str):
-    return Annotated[Optional[Path], typer.Option(help=f"Artefact folder (default artifacts/<model>/{folder}).")]
+    return Annotated[Optional[Path], typer.Option(show_default=f"artifacts/<model>/{folder}", help="Artefact folder.")]
 
 
 def _seed(what: str):
@@ -50,8 +52,9 @@ DrafterModel = _model("drafter is")
 
 
 def _config(cls, options: dict, **overrides):
-    """A trainer's config from a command's options (named as the config's fields), with `overrides` on top."""
-    names = {f.name for f in fields(cls)}
+    """A trainer's config from a command's options (named as the config's fields), with `overrides` on top; a
+    --dataset left out leaves the config's own default (the training mix) in place."""
+    names = {f.name for f in fields(cls)} - ({"data"} if options.get("data") is None else set())
     return cls(**({k: v for k, v in options.items() if k in names} | overrides))
 
 
@@ -60,8 +63,8 @@ def train_ppd(
     model: Annotated[str, typer.Option(help="Model spec (the prompt tokens are trained for it).")] = "smollm2-135m",
     prompt_tokens: Annotated[int, typer.Option(help="S: prompt tokens (token distances predicted).")] = 3,
     ept: Annotated[int, typer.Option(help="Ensemble prompt tokens per prompt token.")] = 1,
-    data: Annotated[str, typer.Option(help="Prompts to self-distill, comma-separated: datasets, files, or the "
-                                           "training-only sources (`specbench list datasets`).")] = "alpaca-eval",
+    data: Annotated[str, typer.Option("--dataset", help="Prompts to self-distil, comma-separated: datasets, files, "
+                                      "or the training-only sources (`specbench list datasets`).")] = "alpaca-eval",
     steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each).")] = 450,
     out: PPDOut = None,
     dtype: Annotated[str, typer.Option(help="auto (float32 on CPU: bf16 backward is slow there), float32, "
@@ -72,9 +75,9 @@ def train_ppd(
     lr: Annotated[float, typer.Option(help="Peak learning rate (cosine decay).")] = 0.01,
     alpha: Annotated[float, typer.Option(help="Loss decay over prompt tokens.")] = 0.8,
     insertions: Annotated[int, typer.Option(help="Random insertion points per sequence per step.")] = 64,
-    prompts: Annotated[Optional[int], typer.Option(help="Training prompts per --data source (after the held-out "
-                                                        "ones); default: one per step, at most 300 (self-distilling "
-                                                        "them is the slow part on a CPU).")] = None,
+    prompts: Annotated[Optional[int], typer.Option(show_default="one per step, at most 300", help="Training prompts "
+                                                   "per --dataset source, after the held-out ones (self-distilling "
+                                                   "them is the slow part on a CPU).")] = None,
     held_out: Annotated[int, typer.Option(help="First prompts left out for `specbench estimate`.")] = 100,
     new_tokens: ContinuationLength = 96,
     save_every: SaveEvery = 50,
@@ -100,12 +103,12 @@ def train_drafter(
     model: DrafterModel = "smollm2-135m",
     layers: Annotated[int, typer.Option(help="L: decoder layers of the drafter (initialised from the target's "
                                              "first and last layers).")] = 2,
-    vocab_top: Annotated[Optional[int], typer.Option(help="K: score only the K most frequent tokens of the "
-                                                          "data (cheaper drafts; verification stays exact).")] = None,
-    data: Annotated[str, typer.Option(help="Prompts to self-distill, comma-separated: datasets, files, or the "
-                                           "training-only sources (`specbench list datasets`).")] = TRAINING_MIX,
+    vocab_top: Annotated[Optional[int], typer.Option(show_default="the full vocabulary", help="K: score only the K "
+                                                     "most frequent tokens of the data (cheaper drafts; verification "
+                                                     "stays exact).")] = None,
+    data: Mix = None,
     steps: Steps = 1500,
-    batch: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
+    batch: Annotated[int, typer.Option("--sequences", help="Sequences per step.")] = 4,
     out: _out("drafter") = None,
     dtype: DType = "auto",
     device: Device = "auto",
@@ -139,12 +142,13 @@ def train_drafter(
 def train_medusa(
     model: _model("heads are") = "smollm2-135m",
     heads: Annotated[int, typer.Option(help="K: heads, guessing the tokens 2..K+1 positions ahead.")] = 3,
-    layer: Annotated[Optional[int], typer.Option(help="Layer whose state the heads read (default: the last, "
-                                                      "Medusa); a middle layer trains early-exit heads, written to "
-                                                      "artifacts/<model>/early-exit-l<layer>.")] = None,
-    vocab_top: Annotated[Optional[int], typer.Option(help="Restrict the heads to the K most frequent tokens of the "
-                                                          "data (cheaper heads; verification stays exact).")] = None,
-    data: Mix = TRAINING_MIX,
+    layer: Annotated[Optional[int], typer.Option(show_default="the last (Medusa)", help="Layer whose state the heads "
+                                                 "read; a middle layer trains early-exit heads, written to "
+                                                 "artifacts/<model>/early-exit-l<layer>.")] = None,
+    vocab_top: Annotated[Optional[int], typer.Option(show_default="the full vocabulary", help="Restrict the heads to "
+                                                     "the K most frequent tokens of the data (cheaper heads; "
+                                                     "verification stays exact).")] = None,
+    data: Mix = None,
     steps: Steps = 400,
     positions: Annotated[int, typer.Option(help="Random positions per step.")] = 128,
     lr: PeakLR = 1e-3,
@@ -172,13 +176,12 @@ def train_medusa(
 @train_app.command("hidden-transfer")
 def train_hidden_transfer(
     model: _model("projections are") = "smollm2-135m",
-    transfer_layers: Annotated[Optional[str], typer.Option(help="Strictly increasing layers l_1,l_2,... in "
-                                                                "1..L-1, one per transfer step (default: the measured "
-                                                                "choice where one exists, 12,17,22 for "
-                                                                "smollm2-135m; otherwise the paper's choice scaled "
-                                                                "to the depth, from 40% of it, 1/6 of it apart).")]
-    = None,
-    data: Mix = TRAINING_MIX,
+    transfer_layers: Annotated[Optional[str], typer.Option(
+        metavar="L[,L...]", show_default="the measured choice where one exists (12,17,22 for smollm2-135m), else the "
+                                         "paper's scaled to the depth",
+        help="Strictly increasing layers l_1,l_2,... in 1..L-1, one per transfer step (the paper's choice: from 40% "
+             "of the depth, 1/6 of it apart).")] = None,
+    data: Mix = None,
     steps: Annotated[int, typer.Option(help="Optimiser steps (one sequence each; 800 is about two passes over "
                                            "the default data).")] = 800,
     insertions: Annotated[int, typer.Option(help="Insertion points per sequence per step.")] = 32,
@@ -230,7 +233,7 @@ def train_eagle(
                                            "warm-up and cosine over --steps); none: start from the target's last "
                                            "layer.")] = "none",
     vocab_top: VocabTop = 8192,
-    data: Mix = TRAINING_MIX,
+    data: Mix = None,
     steps: Steps = 1500,
     sequences: Sequences = 4,
     lr: PeakLR = 5e-4,
@@ -263,7 +266,7 @@ def train_parallelspec(
                                            "go on training a parallelspec drafter folder with the same k.")]
     = "auto",
     vocab_top: VocabTop = 8192,
-    data: Mix = TRAINING_MIX,
+    data: Mix = None,
     steps: Steps = 1500,
     sequences: Sequences = 4,
     groups: Annotated[int, typer.Option(help="Parallel groups (an input and its k masks) per sequence.")] = 24,

@@ -28,8 +28,10 @@ def evaluate(folder: Path, model: str | None = None, dtype: str = "auto", device
     from ..planning import heldout
     from ..train.selfdistill import check_sources
 
-    if prompts < 1 or new_tokens < 3:
-        raise SpecbenchError("--prompts must be at least 1 and --new-tokens at least 3")
+    if prompts < 1:
+        raise SpecbenchError(f"--eval-prompts must be at least 1 (got {prompts})")
+    if new_tokens < 3:
+        raise SpecbenchError(f"--max-new-tokens must be at least 3 (got {new_tokens})")
     folder = Path(folder)
     meta = heldout.read(folder)
     path = heldout.meta_file(folder)
@@ -44,7 +46,7 @@ def evaluate(folder: Path, model: str | None = None, dtype: str = "auto", device
     except SpecbenchError:
         if not (data and held_out is not None):
             raise
-        trained, skipped = [], held_out  # training data unknown: the user vouches for --data and --held-out
+        trained, skipped = [], held_out  # training data unknown: the user vouches for --dataset and --held-out
     sources = check_sources(data) if data else trained
     heldout.check_held_out(sources, trained, skipped if held_out is None else held_out, prompts, path)
     target = load_model(model or meta.get("model") or "smollm2-135m", dtype, device, placement=placement)
@@ -59,20 +61,21 @@ def evaluate(folder: Path, model: str | None = None, dtype: str = "auto", device
     return result
 
 
-@train_app.command("eval")
+@train_app.command("eval", aliases={"--prompts": "--eval-prompts"})  # its name before the train commands' own
 def train_eval(
     artifact: Annotated[Path, typer.Argument(help="A trained artefact's folder (eagle, parallelspec, medusa, "
                                                   "hidden-transfer or ppd).")],
-    model: Annotated[Optional[str], typer.Option(help="The target model spec it was trained for (default: the "
-                                                      "one its metadata names).")] = None,
-    prompts: Annotated[int, typer.Option(help="Held-out prompts per source (at most the prompts the artefact "
-                                              "held out).")] = 30,
-    new_tokens: Annotated[int, typer.Option(help="Greedy reference length per prompt.")] = 64,
-    data: Annotated[Optional[str], typer.Option(help="Score on these sources instead of the artefact's own "
-                                                     "training sources (their first --prompts prompts).")] = None,
-    held_out: Annotated[Optional[int], typer.Option(help="Prompts of each training source the artefact held out "
-                                                         "(default: read from its metadata; with --data, needed "
-                                                         "when the metadata does not say).")] = None,
+    model: Annotated[Optional[str], typer.Option(show_default="the one its metadata names", help="The target model "
+                                                 "spec it was trained for.")] = None,
+    prompts: Annotated[int, typer.Option("--eval-prompts", help="Held-out prompts per source (at most the prompts "
+                                         "the artefact held out).")] = 30,
+    new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Greedy reference length per prompt.")] = 64,
+    data: Annotated[Optional[str], typer.Option("--dataset", show_default="its own training sources", help="Score "
+                                                "on these sources (their first --eval-prompts prompts) instead.")]
+    = None,
+    held_out: Annotated[Optional[int], typer.Option(show_default="read from its metadata", help="Prompts of each "
+                                                    "training source the artefact held out (with --dataset, needed "
+                                                    "when the metadata does not say).")] = None,
     write: Annotated[bool, typer.Option(help="Write top1_heldout into the artefact's metadata.")] = True,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",

@@ -9,8 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..core.machine.timing import now, since
-from ..errors import SpecbenchError
+from ..errors import SpecbenchError, did_you_mean
 from ..progress import console, out
 from .app import app
 from .parse import int_list
@@ -25,23 +24,24 @@ def profile(
     device_map: DeviceMap = None,
     max_memory: MaxMemory = None,
     tp: TensorParallel = 1,
-    widths: Annotated[str, typer.Option(help="Input widths n (tokens per forward).")] = "1,2,4,8,16,32,64,128",
-    kv_lengths: Annotated[str, typer.Option(help="KV-cache lengths the widths are timed on.")] = "128,512,1024",
+    widths: Annotated[str, typer.Option(metavar="N[,N...]", help="Input widths n (tokens per forward).")]
+    = "1,2,4,8,16,32,64,128",
+    kv_lengths: Annotated[str, typer.Option("--kv-length", metavar="N[,N...]", help="KV-cache lengths the widths are "
+                                            "timed on.")] = "128,512,1024",
     repeats: Annotated[int, typer.Option(help="Timed forwards per point (median and p10/p90 reported).")] = 7,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's choice).")] = None,
-    batch_sizes: Annotated[str, typer.Option(metavar="B[,B...]", help="Batch sizes B to time L(B, w) at: one "
-                           "forward of B rows of w new tokens each, every row on its own KV cache (the unpadded "
-                           "engine of `run --batching unpadded`); filed in the same profile, where build-tree "
+    threads: Annotated[Optional[int], typer.Option(show_default="torch's choice", help="torch CPU threads.")] = None,
+    batch_sizes: Annotated[str, typer.Option("--batch-size", metavar="B[,B...]", help="Batch sizes B to time L(B, w) "
+                           "at: one forward of B rows of w new tokens each, every row on its own KV cache (the "
+                           "unpadded engine of `run --batching unpadded`); filed in the same profile, where build-tree "
                            "--batch-size, --tree auto and --gamma auto read it per batch size. Batch 1 (the main "
                            "curve) is always measured.")] = "1",
-    batch_widths: Annotated[Optional[str], typer.Option(metavar="W[,W...]", help="New tokens per row timed at "
-                            "each batch size > 1 (default: the --widths whose B x w total does not pass the widest "
-                            "--width, plus 1 and 2; wider steps are extrapolated).")] = None,
-    out_path: Annotated[Optional[Path], typer.Option("--out", help="Profile YAML (default "
-                        "profiles/<hardware>/<model>-<dtype>.yaml; with a device map or --tp: "
-                        "<model>-<dtype>@<placement>.yaml).")] = None,
+    batch_widths: Annotated[Optional[str], typer.Option(metavar="W[,W...]", show_default="the --widths whose B x w "
+                            "total does not pass the widest width, plus 1 and 2", help="New tokens per row timed at "
+                            "each batch size > 1 (wider steps are extrapolated).")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", show_default="profiles/<hardware>/<model>-<dtype>.yaml; "
+                        "with a device map or --tp <model>-<dtype>@<placement>.yaml", help="Profile YAML.")] = None,
 ):
-    """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`); with --batch-sizes also
+    """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`); with --batch-size also
     L(B, w) per batch size."""
     import torch
 
@@ -49,8 +49,8 @@ def profile(
     from ..planning.batch_profile import check_batch_sizes
     from ..planning.profile import measure, save
 
-    width_list, kv_list = int_list(widths, "--widths"), int_list(kv_lengths, "--kv-lengths")
-    sizes = check_batch_sizes(int_list(batch_sizes, "--batch-sizes"))
+    width_list, kv_list = int_list(widths, "--widths"), int_list(kv_lengths, "--kv-length")
+    sizes = check_batch_sizes(int_list(batch_sizes, "--batch-size"))
     row_widths = int_list(batch_widths, "--batch-widths") if batch_widths else None
     if threads is not None and threads < 1:
         raise SpecbenchError(f"--threads must be at least 1 (got {threads}); leave it out for torch's choice")
@@ -114,18 +114,19 @@ def build_tree(
                                                "tokens).")] = 128,
     kv_length: Annotated[int, typer.Option(help="KV length whose latency curve is used.")] = 512,
     ept: Annotated[int, typer.Option(help="Ensemble tokens per prompt token (widens each forward).")] = 1,
-    acceptance: Annotated[Optional[Path], typer.Option(help="Acceptance file (default "
-                                                            "acceptance/<model>/ppd.yaml).")] = None,
+    acceptance: Annotated[Optional[Path], typer.Option(show_default="acceptance/<model>/<method>.yaml",
+                                                       help="Acceptance file.")] = None,
     batch_size: Annotated[int, typer.Option(metavar="B", help="Choose the tree for batch size B from the "
-                          "profile's L(B, w) (`specbench profile --batch-sizes`; a preset --gpu estimates it): the "
+                          "profile's L(B, w) (`specbench profile --batch-size`; a preset --gpu estimates it): the "
                           "speedup over ar at the same batch size, tau(n) L(B, 1) / L(B, width). Filed as "
                           "<...>-b<B>.yaml beside batch 1's tree, where `run --tree auto` looks at that batch "
                           "size.")] = 1,
-    out_path: Annotated[Optional[Path], typer.Option("--out", help="Tree file (default "
-                        "trees/<model>/<hardware>-<dtype>.yaml; -b<B> added at --batch-size B > 1).")] = None,
+    out_path: Annotated[Optional[Path], typer.Option("--out", show_default="trees/<model>/<hardware>-<dtype>.yaml; "
+                        "-b<B> added at --batch-size B > 1", help="Tree file.")] = None,
 ):
     """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L_fp(n) on --gpu."""
 
+    from ..core.machine.timing import now, since
     from ..methods.base import tree_families
     from ..planning.buildtree import BuildTreeRequest
     from ..planning.buildtree import build_tree as build
@@ -134,6 +135,9 @@ def build_tree(
     # The tree methods from the registry: dynamic trees first (ppd, hidden-transfer), then one-state ones.
     families = sorted(tree_families().items(), key=lambda item: item[1].one_state)
     cls = dict(families).get(method)
+    if cls is None:
+        raise SpecbenchError(f"--method {method}: not a tree method{did_you_mean(method, dict(families))}; choose "
+                             f"one of {', '.join(name for name, _ in families)}")
     built = build(BuildTreeRequest(model, method, bool(cls and cls.one_state), tuple(name for name, _ in families),
                                    gpu, dtype, prompt_tokens, max_size, kv_length, ept, acceptance, out_path,
                                    batch_size))
@@ -161,5 +165,5 @@ def build_tree(
     if curve.speedup[i] < 1:
         console.print(f"[yellow]note[/] no tree size beats ar on {profile.hardware} in {profile.dtype}: even the "
                       "smallest tree's forward costs more than its predicted tau gains. "
-                      f"{method} will be slower than ar here; a flatter latency curve (another dtype or device) changes "
-                      "that.")
+                      f"{method} will be slower than ar here; a flatter latency curve (another dtype or device) "
+                      "changes that.")

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from ..core import store
-from ..errors import SpecbenchError
+from ..errors import SpecbenchError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,9 @@ def get_spec(name: str) -> DatasetSpec:
     """Read and validate datasets/<name>.yaml."""
     names = dataset_names()
     if name not in names:
-        raise SpecbenchError(f"unknown dataset {name!r}: choose one of {', '.join(names) or '(none found)'} "
-                             f"(see `specbench list datasets`), or pass the path of your own .jsonl file")
+        raise SpecbenchError(f"unknown dataset {name!r}{did_you_mean(name, names)}: choose one of "
+                             f"{', '.join(names) or '(none found)'} (see `specbench list datasets`), or pass the path "
+                             "of your own .jsonl file")
     path = specs_dir() / f"{name}.yaml"
 
     def bad(field: str, what: str) -> SpecbenchError:

@@ -31,13 +31,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SpecbenchError(f"--tp: {', '.join(timed)} cannot run tensor-parallel: PEARL's draft/verify schedule "
                              "follows each process's own clock, so the ranks' collective forwards diverge (gloo: "
                              "'Is there a distributed collective mismatch'); run it with a device map instead")
-    if not all(math.isfinite(v) for v in (cfg.temperature, cfg.top_p)):
-        raise SpecbenchError(f"sampling: --temperature and --top-p must be numbers (got {cfg.temperature}, "
-                             f"{cfg.top_p})")
+    for flag, value, ok, need in (("--temperature", cfg.temperature, cfg.temperature >= 0, "a number >= 0"),
+                                  ("--top-p", cfg.top_p, 0 < cfg.top_p <= 1, "a number in (0, 1]"),
+                                  ("--top-k", cfg.top_k, cfg.top_k >= 0, "0 (off) or more")):
+        if not (ok and math.isfinite(value)):  # nan fails every comparison; inf passes >= 0
+            raise SpecbenchError(f"{flag} must be {need} (got {value})")
     if cfg.threads is not None and cfg.threads < 1:
         raise SpecbenchError(f"--threads must be at least 1 (got {cfg.threads}); leave it out for torch's choice")
-    if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0:
-        raise SpecbenchError("sampling: need --temperature >= 0, 0 < --top-p <= 1, --top-k >= 0")
     for name in cfg.methods:
         get_method(name)
     for name in cfg.datasets:
