@@ -75,7 +75,7 @@ def test_build_tree_at_a_batch_size_chooses_a_smaller_tree_and_files_it_apart(tm
     missing = CliRunner().invoke(app, ["build-tree", "--model", "random:llama2-7b", "--gpu", str(prof),
                                        "--acceptance", str(acc), "--batch-size", "8", "--out", str(tmp_path / "x.yaml")])
     assert missing.exit_code != 0 and "has no batch size 8" in " ".join(missing.output.split())
-    assert "--batch-sizes 1,8" in " ".join(missing.output.split()) and "Traceback" not in missing.output
+    assert "--batch-size 1,8" in " ".join(missing.output.split()) and "Traceback" not in missing.output
 
 
 def test_build_tree_default_path_keeps_batch_ones_file(store_dir):
@@ -130,7 +130,7 @@ def test_tree_auto_per_batch_size_builds_uses_and_switches(tiny, store_dir):
     assert method.batch_trees[4].tree_file.size < one.size  # steep L(4, w): a smaller tree
     # the profile has no batch size 2: batch 1's tree, and the note names the command that measures it
     assert method.batch_trees[2] is method.batch_trees[1]
-    assert "batch size 2 decodes with batch 1's tree" in said and "--batch-sizes 1,2" in said
+    assert "batch size 2 decodes with batch 1's tree" in said and "--batch-size 1,2" in said
     assert method.tree_file is one  # planning leaves batch 1's tree active
     method.start_batch("unpadded", 4)
     assert method.tree_file is method.batch_trees[4].tree_file and method.layouts is method.batch_trees[4].layouts
@@ -173,7 +173,7 @@ def test_sd_gamma_per_batch_size(tiny, store_dir):
     sd = get_method("sd")(tiny, {}, layer_drafter(tiny, [0]))
     said = plan(sd, [2, 4])
     assert sd.batch_gammas[4] == 1 <= sd.gamma  # L(4, w) grows by half a step per token: one draft at most pays
-    assert sd.batch_gammas[2] == sd.gamma and "--batch-sizes 1,2" in said  # no L(2, w): batch 1's gamma
+    assert sd.batch_gammas[2] == sd.gamma and "--batch-size 1,2" in said  # no L(2, w): batch 1's gamma
     assert sd.chosen()["gamma_per_batch_size"] == {1: sd.gamma, 2: sd.gamma, 4: 1}
     sd.start_batch("unpadded", 4)
     assert sd.batch_gamma == 1

@@ -155,7 +155,7 @@ def test_cli_measured_comparison_from_a_run_folder(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--accuracy", "1.5"], "--accuracy: each p must be strictly between 0 and 1 (got 1.5)"),
     (["--accuracy", "x"], "--accuracy: expected comma-separated numbers"),
-    (["--batch-sizes", "0,4"], "--batch-sizes: each batch size must be at least 1"),
+    (["--batch-sizes", "0,4"], "--batch-size: each batch size must be at least 1"),
     (["--max-accept", "0"], "--max-accept must be at least 1"),
     (["--run", "/nonexistent-run"], "no records.csv here"),
 ])

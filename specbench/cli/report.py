@@ -66,7 +66,7 @@ def report(
     opts = ci.CiOptions(baseline=baseline, fail_below=fail_below, fail_regression=ci.parse_percent(fail_regression),
                         judge_disturbed=judge_disturbed, allow_different=allow_different, junit=junit,
                         job_summary=job_summary, artifact_url=artifact_url)
-    for run in runs:  # a mistyped folder is named as missing, not as a folder without records
+    for run in [] if history else runs:  # a mistyped folder is named as missing (ci/ checks --history's runs)
         if not run.exists():
             raise SpecbenchError(f"{run}: no such folder; pass a run folder written by `specbench run`")
     old = ci.prepare(opts, runs, history)  # bad input is refused before any work

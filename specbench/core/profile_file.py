@@ -1,7 +1,7 @@
 """The latency profile file (profiles/<hardware>/<model>-<dtype>.yaml): LatencyProfile and its one reader, load_profile, which validates the YAML and names the file and field it rejects. Read here in core, so --dtype auto (core/model/load.py) and the planning commands parse a profile the same way.
 
 Batch sizes: `curves` is L(1, w), one row per forward (every profile has it). `batch_curves` (optional, written by
-`specbench profile --batch-sizes`) adds L(B, w) for B > 1: one forward of B rows of w new tokens each, every row on
+`specbench profile --batch-size`) adds L(B, w) for B > 1: one forward of B rows of w new tokens each, every row on
 its own KV cache of kv_length tokens; each batch size has its own widths. A file without it is a batch-1 profile,
 as every profile before batch sizes was; at_batch(B) gives any batch size's curve as a LatencyProfile of its own,
 so everything that reads L(w) (tree search, predictions) reads L(B, w) unchanged."""

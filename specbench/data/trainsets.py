@@ -1,4 +1,4 @@
-"""Training-only prompt sources for self-distillation (`specbench train ... --data NAME[,NAME...]`).
+"""Training-only prompt sources for self-distillation (`specbench train ... --dataset NAME[,NAME...]`).
 
 The benchmark sets stay for measuring; these give chat, code, maths and summarising prompts that none of them
 contains (tests/test_disjoint.py and data/disjoint.py check it), built offline on any machine:
@@ -98,7 +98,7 @@ SOURCES = {
 
 
 def refuse_as_benchmark(name: str) -> None:
-    """A training-only source given where benchmark prompts are read (run --dataset, estimate --data): say so."""
+    """A training-only source given where benchmark prompts are read (run --dataset, estimate --dataset): say so."""
     if name in SOURCES and name not in ds.dataset_names():
-        raise SpecbenchError(f"{name} is a training-only prompt source (`specbench train ... --data {name}`); "
+        raise SpecbenchError(f"{name} is a training-only prompt source (`specbench train ... --dataset {name}`); "
                              f"benchmark with one of {', '.join(ds.dataset_names())}")

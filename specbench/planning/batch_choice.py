@@ -2,7 +2,7 @@
 profile of the target and its L(B, w), or the note that says batch 1's choice is used because the profile lacks B.
 
 At batch B every extra candidate costs B rows, so a draft length or tree that pays at B = 1 can be too large at
-B > 1: a step of B samples verifying w tokens each costs L(B, w) (`specbench profile --batch-sizes`), and the
+B > 1: a step of B samples verifying w tokens each costs L(B, w) (`specbench profile --batch-size`), and the
 speedup over `ar` at that batch size is tau(w) L(B, 1) / L(B, w).
 """
 
@@ -33,7 +33,7 @@ def batch_view(target, batch_size: int) -> tuple[LatencyProfile | None, str]:
     """(this hardware's L(B, w) as a profile, "") or (None, why not: the words of a note that says batch 1's choice
     is used, with the command that measures B)."""
     path = local_profile_path(target)
-    command = (f"`specbench profile --model {target.spec} --dtype {dtype_name(target.dtype)} --batch-sizes "
+    command = (f"`specbench profile --model {target.spec} --dtype {dtype_name(target.dtype)} --batch-size "
                f"1,{batch_size}` measures it")
     if path is None:
         return None, f"no latency profile of this hardware ({command} and L(1, w))"

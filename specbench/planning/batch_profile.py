@@ -1,4 +1,4 @@
-"""L(B, w) for `specbench profile --batch-sizes`: one forward of B rows of w new tokens each, every row on top of its
+"""L(B, w) for `specbench profile --batch-size`: one forward of B rows of w new tokens each, every row on top of its
 own KV cache of kv tokens, timed on the engine of `run --batching unpadded` (core/batch/ragged.py, EMS-SD's unpad KV cache
 and packed inputs: the B x w tokens enter every linear layer as one packed row, no padding).
 
@@ -33,7 +33,7 @@ def check_batch_sizes(batch_sizes: list[int]) -> list[int]:
     """Sorted unique batch sizes, each at least 1 (SpecbenchError naming the option otherwise)."""
     bad = [b for b in batch_sizes if b < 1]
     if bad or not batch_sizes:
-        raise SpecbenchError(f"--batch-sizes: sizes must be integers >= 1 (got {', '.join(map(str, batch_sizes))})")
+        raise SpecbenchError(f"--batch-size: sizes must be integers >= 1 (got {', '.join(map(str, batch_sizes))})")
     return sorted(set(batch_sizes))
 
 
@@ -72,7 +72,7 @@ def measure_batches(target, batch_sizes: list[int], widths_of, kv_lengths: list[
         widths = widths_of(size)
         if kv_lengths[-1] + repeats + widths[-1] > target.context_length:
             raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + {repeats} repeats + width {widths[-1]} "
-                                 f"exceeds the model's context ({target.context_length}); lower --kv-lengths or "
+                                 f"exceeds the model's context ({target.context_length}); lower --kv-length or "
                                  "--batch-widths")
         curve = BatchCurve(list(widths), {})
         for kv in kv_lengths:

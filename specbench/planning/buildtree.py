@@ -329,7 +329,7 @@ def batch_curve(profile: LatencyProfile, batch_size: int, model: str) -> Latency
         have = ", ".join(map(str, profile.batch_sizes))
         raise SpecbenchError(f"the {profile.hardware} {profile.dtype} profile of {model} has no batch size "
                              f"{batch_size} (it has {have}): `specbench profile --model {model} --dtype "
-                             f"{profile.dtype} --batch-sizes 1,{batch_size}` on that hardware measures L(B, w)")
+                             f"{profile.dtype} --batch-size 1,{batch_size}` on that hardware measures L(B, w)")
     return view
 
 

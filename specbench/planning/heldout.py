@@ -56,7 +56,7 @@ def training_plan(meta: dict, path: Path) -> tuple[list[str], int]:
     `prompts: "A..B ..."`, A prompts held out); a --data-file run names its file, itself a source."""
     data = meta.get("data")
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        raise SpecbenchError(f"{path}: no `data` entry naming the training sources; give --data and --held-out")
+        raise SpecbenchError(f"{path}: no `data` entry naming the training sources; give --dataset and --held-out")
     spans = [entry.get("prompts") for entry in (data.get("sources") or {}).values() if isinstance(entry, dict)]
     spans = spans or [data.get("prompts")]
     first = [int(m.group(1)) for s in spans if isinstance(s, str) and (m := re.match(r"\s*(\d+)\s*\.\.", s))]
@@ -69,7 +69,7 @@ def check_held_out(sources: list[str], trained: list[str], held_out: int, prompt
     """Refuse held-out prompts that were trained on: prompts of a training source past its held-out ones."""
     overlap = [name for name in sources if name in trained and prompts > held_out]
     if overlap:
-        raise SpecbenchError(f"{path} trained on prompts {held_out}.. of {', '.join(overlap)}: --prompts "
+        raise SpecbenchError(f"{path} trained on prompts {held_out}.. of {', '.join(overlap)}: --eval-prompts "
                              f"{prompts} would score prompts it trained on; use at most {held_out}")
 
 
@@ -94,7 +94,7 @@ def heldout_top1(target: LoadedModel, score, rows: int, sources: list[str], prom
         counted[name] = positions[0]
         pooled += ranks
     if not pooled:
-        raise SpecbenchError("no held-out reply was long enough to score; raise --new-tokens")
+        raise SpecbenchError("no held-out reply was long enough to score; raise --max-new-tokens")
     topk, _, positions = tabulate(torch.cat(pooled), rows)
     return {
         "top1_heldout": [row[0] for row in topk], "top1_heldout_by_source": by_source,

@@ -8,7 +8,7 @@ cost paid once per new shape (an attention kernel's plan, an allocation) is in t
 one shape (on a GPU a per-shape plan made bfloat16 decoding slower than same-shape forwards showed:
 benchmarks/RESULTS-gpu.md).
 Latency needs no trained weights: `random:<preset>` models give the same curve as the real ones.
-With batch sizes (`--batch-sizes 1,2,4,8`) the same file also gets L(B, w) for every B > 1 (batch_profile.py).
+With batch sizes (`--batch-size 1,2,4,8`) the same file also gets L(B, w) for every B > 1 (batch_profile.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
         raise SpecbenchError("profile: widths and KV lengths must be positive, --repeats at least 1")
     if kv_lengths[-1] + repeats + widths[-1] > target.context_length:
         raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + {repeats} repeats + width {widths[-1]} exceeds "
-                             f"the model's context ({target.context_length}); lower --kv-lengths or --widths")
+                             f"the model's context ({target.context_length}); lower --kv-length or --widths")
     model, device = target.model, target.device
     gen = torch.Generator().manual_seed(0)
     vocab = min(target.vocab_size, 32000)

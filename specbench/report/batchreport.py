@@ -172,7 +172,7 @@ def sweep_section(summary: pd.DataFrame, run_dir: Path, title: str, chosen: dict
             "### Fastest at each batch size", "",
             "The label with the most total tokens/s at each batch size, its speedup over `ar` at the same B, the "
             "runner-up, and what the method chose for that batch size itself (`--tree auto` / `--gamma auto` "
-            "per batch size from this hardware's L(B, w), `specbench profile --batch-sizes`; `batch 1` when the "
+            "per batch size from this hardware's L(B, w), `specbench profile --batch-size`; `batch 1` when the "
             "profile had no such B). `timing` is the noise guard's verdict on that row.", "",
             markdown_table(batchbest.shown(best)), "", "[batch_fastest.csv](batch_fastest.csv)", ""] + \
         _choice_lines(points, run_dir, chosen, trees)

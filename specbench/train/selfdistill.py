@@ -64,24 +64,24 @@ def greedy_continuations(target: LoadedModel, prompts: list[list[int]], new_toke
 
 
 def source_names(data: str) -> list[str]:
-    """`--data a,b,c` -> [a, b, c] (a dataset, a trainsets source or a file each)."""
+    """`--dataset a,b,c` -> [a, b, c] (a dataset, a trainsets source or a file each)."""
     parts = [part.strip() for part in data.split(",") if part.strip()]
     if not parts:
-        raise SpecbenchError("--data names no dataset; give one or more, comma-separated")
+        raise SpecbenchError("--dataset names no dataset; give one or more, comma-separated")
     return parts
 
 
 def check_sources(data: str) -> list[str]:
-    """The names in `--data`, each checked before any slow work: a training source, a dataset or a file."""
+    """The names in `--dataset`, each checked before any slow work: a training source, a dataset or a file."""
     names = source_names(data)
     for name in names:
         if name in trainsets.SOURCES or name in ds.dataset_names():
             continue
         if ds.looks_like_path(name):
             if not Path(name).is_file():
-                raise SpecbenchError(f"--data {name}: no such file")
+                raise SpecbenchError(f"--dataset {name}: no such file")
             continue
-        raise SpecbenchError(f"--data: unknown source {name!r}; use a dataset ({', '.join(ds.dataset_names())}), "
+        raise SpecbenchError(f"--dataset: unknown source {name!r}; use a dataset ({', '.join(ds.dataset_names())}), "
                              f"a training-only source ({', '.join(trainsets.SOURCES)}) or a .jsonl file "
                              "(see `specbench list datasets`)")
     return names
@@ -106,8 +106,9 @@ def training_data(target: LoadedModel, data: str, held_out: int, prompts: int, n
     held-out prompts themselves, for top-1 checks)."""
     names = check_sources(data)
     if data_file and len(names) > 1:
-        raise SpecbenchError("--data-file replaces one named dataset's file, so it needs a single --data; to "
-                             "train on your own file, put its path in --data (it may join a mix: a.jsonl,stdlib-code)")
+        raise SpecbenchError("--data-file replaces one named dataset's file, so it needs a single --dataset; "
+                             "to train on your own file, put its path in --dataset (it may join a mix: "
+                             "a.jsonl,stdlib-code)")
     return [_source_data(target, name, held_out, prompts, new_tokens, data_file, min_reply, training)
             for name in names]
 

@@ -36,7 +36,7 @@ def load_target(cfg: TrainSettings) -> LoadedModel:
 
 def self_distilled(cfg: TrainSettings, target: LoadedModel, min_reply: int,
                    prompts: int | None = None) -> tuple[Sequences, dict]:
-    """(the target's greedy replies to prompts held_out.. of each --data source (cached per source), the metadata's
+    """(the target's greedy replies to prompts held_out.. of each --dataset source (cached per source), the metadata's
     `data` entry describing them: data_facts)."""
     sources = training_data(target, cfg.data, cfg.held_out, cfg.prompts if prompts is None else prompts,
                             cfg.new_tokens, cfg.data_file, min_reply=min_reply)

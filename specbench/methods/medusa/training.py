@@ -72,7 +72,7 @@ def make_step_loss(target: LoadedModel, heads: mh.MedusaHeads, states, start: in
     k_max = heads.heads
     usable = [(s, i) for s, (x, _) in enumerate(states) for i in range(start, x.shape[0] - k_max)]
     if not usable:
-        raise SpecbenchError("the training sequences are too short for the heads: raise --new-tokens")
+        raise SpecbenchError("the training sequences are too short for the heads: raise --max-new-tokens")
     ids = heads.vocab_ids
 
     def step_loss(rng) -> torch.Tensor:

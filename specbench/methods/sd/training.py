@@ -115,7 +115,7 @@ def agreement(target: LoadedModel, drafter: SharedHeadDrafter, seqs: list[tuple[
 def train(cfg: DrafterConfig) -> Path:
     """Train, checkpoint, and write the artefact (drafter.safetensors + drafter.yaml + loss.png)."""
     if cfg.steps < 1 or cfg.batch < 1 or cfg.topk < 1:
-        raise SpecbenchError("--steps, --batch and --topk must be at least 1")
+        raise SpecbenchError("--steps, --sequences and --topk must be at least 1")
     if not cfg.lr > 0:
         raise SpecbenchError(f"--lr must be positive (got {cfg.lr})")
     if cfg.vocab_top is not None and cfg.vocab_top < 1:
