@@ -43,6 +43,9 @@ def run(cfg: RunConfig) -> Path:
     made = missing_folders(Path(cfg.out))
     try:  # a refusal before run.yaml is written leaves no empty run folder behind
         out = prepare_out(cfg)
+        if cfg.resume and finished(out):  # said before any model loads: there is nothing to run
+            console.print(f"Nothing to resume: every prompt of {escape(str(out))} has run.")
+            return out
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         from ..core.model.placement import drafter_placement, target_placement
