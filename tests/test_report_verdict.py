@@ -132,6 +132,7 @@ def test_compact_table_marks_disturbed_rows():
     summary = run_report.summarize(records(prompts=4, foreign=2.0))
     table = compact.table(summary)
     assert list(table.columns)[-1] == "timing" and (table.timing == "**DISTURBED**").all()
+    assert table.set_index("method").loc["ar", "95% interval"] == "-"  # ar against itself: nothing resampled
 
 
 def test_report_a_b_warns_on_different_settings_and_keeps_the_timing_column(tmp_path):
@@ -156,3 +157,11 @@ def test_report_a_b_with_the_same_settings_does_not_warn(tmp_path):
     assert result.exit_code == 0, result.output
     assert "differ in settings" not in result.output
     assert "differ in settings" not in (tmp_path / "cmp" / "summary.md").read_text()
+
+
+def test_plot_titles_name_the_hardware_key_and_fall_back_to_the_device_name():
+    from specbench.report.titles import plot_title
+
+    assert plot_title(META, records()).startswith(f"SmolLM2-135M-Instruct on {HARDWARE}, float32")
+    old = {**META, "environment": {"device": "AMD EPYC 7B13", "dtype": "float32"}}  # a run from before the key
+    assert " on AMD EPYC 7B13, " in plot_title(old, records().drop(columns="hardware"))

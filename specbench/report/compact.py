@@ -35,9 +35,14 @@ def _lossless(r) -> str:
     return text
 
 
+def timing_word(timing) -> str:
+    """A `timing` cell for a table: "DISTURBED" (the reasons stay in the CSV and the timing check), else as is."""
+    return "DISTURBED" if noise.is_disturbed(timing) else str(timing)
+
+
 def _timing(r) -> str:
-    timing = str(getattr(r, "timing", "") or "")
-    return "**DISTURBED**" if noise.is_disturbed(timing) else timing
+    word = timing_word(str(getattr(r, "timing", "") or ""))
+    return f"**{word}**" if word == "DISTURBED" else word
 
 
 def _batched(summary: pd.DataFrame) -> bool:
@@ -50,7 +55,9 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in summary.itertuples(index=False):
         low, high = getattr(r, "speedup_lo", math.nan), getattr(r, "speedup_hi", math.nan)
-        span = f"{_fmt(low)}-{_fmt(high)}" if "-" not in (_fmt(low), _fmt(high)) else "-"
+        # no width (one prompt, or ar against itself): nothing was resampled, so no interval to show
+        wide = "-" not in (_fmt(low), _fmt(high)) and float(high) > float(low)
+        span = f"{_fmt(low)}-{_fmt(high)}" if wide else "-"
         row = {"run": getattr(r, "run", None), "method": row_name(r), "dataset": r.dataset, "prompts": str(r.prompts),
                "tok/s": _fmt(r.tokens_per_s), "speedup vs ar": _fmt(r.speedup, "{:.2f}x"), "95% interval": span,
                "median ratio": _fmt(getattr(r, "speedup_median", math.nan), "{:.2f}x"), "tau": _fmt(r.tau),

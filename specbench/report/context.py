@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..run import noise
+from .compact import timing_word
 from .markdown import markdown_table
 from .plots import plt
 from .summary import named, summarize
@@ -89,7 +90,7 @@ def section(records: pd.DataFrame, run_dir: Path, title: str = "", latency_floor
         return []
     table.to_csv(Path(run_dir) / "context.csv", index=False)
     edges = ", ".join(label for _, _, label in BUCKETS)
-    shown = table.assign(timing=table.timing.map(lambda t: "DISTURBED" if noise.is_disturbed(t) else t))
+    shown = table.assign(timing=table.timing.map(timing_word))
     md = ["## By prompt length", "", markdown_table(shown), "",
           (f"Prompt turns bucketed by prompt length in tokens ({edges}; `prompt_tokens`: the mean of ar's turns "
            f"in the bucket), each bucket's speedup against `ar` on the same turns with its 95% interval "

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from .compact import timing_word
 from .markdown import markdown_table
 from .run_report import write_run_report
 from .shards import shard_section
@@ -29,13 +30,14 @@ def write_per_hardware(out: Path, runs: list[Path]) -> pd.DataFrame:
     summary = pd.concat(frames, ignore_index=True)
     summary = summary[["hardware"] + [c for c in summary.columns if c != "hardware"]]
     summary.to_csv(out / "summary.csv", index=False)
-    cols = [c for c in ("hardware", "method", "dataset", "prompts", "tokens_per_s", "speedup", "tau", "lossless_rate")
-            if c in summary]
+    cols = [c for c in ("hardware", "method", "dataset", "prompts", "tokens_per_s", "speedup", "speedup_lo",
+                        "speedup_hi", "tau", "lossless_rate", "timing") if c in summary]
     md = [f"# specbench sharded run: {out.name}", "",
           f"**The shards ran on {len(runs)} hardware keys; their numbers are reported per key, never pooled** (a "
           "speedup is a ratio on one kind of device). Each key has its own merged run folder and report:", ""]
     md += [f"- `{run.name}`: [{run.name}/report.md]({run.name}/report.md)" for run in runs] + [""]
-    md += ["## Summary per hardware key", "", markdown_table(summary[cols]), ""]
+    md += ["## Summary per hardware key", "", markdown_table(summary[cols].assign(**(
+        {"timing": summary.timing.map(timing_word)} if "timing" in summary else {}))), ""]
     md += shard_section({"shards": merged.get("shards")})
     (out / "report.md").write_text("\n".join(md))
     return summary

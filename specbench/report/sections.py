@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..run import noise
+from .compact import timing_word
 from .markdown import markdown_table
 from .plots import plot_tree_sizes
 from .summary import by_category, disturbed, row_name
@@ -87,7 +88,7 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str =
     profile = next((i.get("profile") for i in trees.values() if i.get("profile")), None)
     sources = list(dict.fromkeys(i.get("acceptance") for i in trees.values() if i.get("acceptance")))
     acceptance = next((a for a in sources if a.startswith("a generic")), sources[0] if sources else None)
-    shown = frame.assign(timing=frame.timing.map(lambda t: "DISTURBED" if noise.is_disturbed(t) else t))
+    shown = frame.assign(timing=frame.timing.map(timing_word))
     md = ["## Trees: measured vs predicted", "", markdown_table(shown), "",
           f"Predicted tau from {', '.join(sources) or 'the acceptance table'} (each method's own); predicted speedup from the latency profile "
           f"{profile or '(none for this hardware: run `specbench profile`)'}.", ""]

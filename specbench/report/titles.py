@@ -28,7 +28,8 @@ def _title_parts(meta: dict, records: pd.DataFrame | None) -> dict[str, str]:
     device = str(env.get("hardware") or from_records("hardware") or env.get("device") or from_records("device")
                  or "device ?")
     placement = str(env.get("placement") or from_records("placement") or "")
-    if placement and not placement.startswith("single:"):  # a device map or tensor parallelism (core/model/placement.py)
+    # a device map or tensor parallelism (core/model/placement.py)
+    if placement and not placement.startswith("single:"):
         device += f" [{placement}]"
     return {"model": str(model_meta.get("name") or model_meta.get("spec") or from_records("model") or "model ?"),
             "device": device,

@@ -89,9 +89,10 @@ def few_prompts_line(summary: pd.DataFrame) -> str | None:
     said = list(dict.fromkeys(said))
     if not said:
         return None
-    return (f"**Few prompts**: {'; '.join(said)}. A 95% bootstrap interval over fewer than {MIN_PROMPTS} prompts "
-            "(batches at B > 1) only reshuffles those few and is narrower than the truth: read the speedups as "
-            f"rough. Run with `--limit {MIN_PROMPTS}` or more for an interval that means something.")
+    units_word = "prompts (batches at B > 1)" if any("B=" in x for x in said) else "prompts"
+    return (f"**Few prompts**: {'; '.join(said)}. A 95% bootstrap interval over fewer than {MIN_PROMPTS} "
+            f"{units_word} only reshuffles those few and is narrower than the truth: read the speedups as rough. "
+            f"Run with `--limit {MIN_PROMPTS}` or more for an interval that means something.")
 
 
 def lossless_phrase(r, temperature: float | None = None) -> str:
@@ -106,7 +107,8 @@ def lossless_phrase(r, temperature: float | None = None) -> str:
     if float(exact) >= 1:
         return "lossless"
     if _finite(explained) and float(explained) >= 1:
-        return f"lossless within rounding ({float(exact):.0%} of turns exact, the rest near-ties)"
+        return (f"lossless within rounding ({float(exact):.0%} of turns token-identical to ar's, the others first "
+                "differ at a near-tie the dtype's rounding can flip)")
     shown = f"{1 - float(explained):.0%}" if _finite(explained) else "some"
     return f"LOSSLESS CHECK FAILED ({shown} of turns differ unexplained)"
 
