@@ -16,7 +16,7 @@ from rich.markup import escape
 from .. import __version__
 from ..errors import SpecbenchError, did_you_mean
 from ..progress import console, out, quiet_libraries
-from .command import SpecbenchGroup, SpecbenchTyper, click_errors
+from .command import RENAMED, SpecbenchGroup, SpecbenchTyper, click_errors
 
 # This invocation's arguments (without the program name): `run` repeats them in the command that resumes it.
 invocation: list[str] = []
@@ -87,7 +87,8 @@ def _lower(text: str) -> str:
 
 
 def _given(opts: list[str]) -> str | None:
-    """The value this invocation gave an option (its last `--opt value` or `--opt=value`), if any."""
+    """The value this invocation gave an option (its last `--opt value` or `--opt=value`, old spellings too)."""
+    opts = [*opts, *(old for old, new in RENAMED.items() if new in opts)]
     found = None
     for i, arg in enumerate(invocation):
         name, eq, value = arg.partition("=")

@@ -22,7 +22,8 @@ def estimate(
     method: Annotated[str, typer.Option(help="Method whose guesses are scored: ppd, medusa, hidden-transfer, eagle "
                                              "or parallelspec.")] = "ppd",
     model: Annotated[str, typer.Option(help="Model spec.")] = "smollm2-135m",
-    data: Annotated[str, typer.Option("--dataset", help="Validation prompts (held out of training).")]
+    data: Annotated[str, typer.Option("--dataset", metavar="DATASET", help="Validation prompts (held out of "
+                                                                         "training).")]
     = "alpaca-eval",
     limit: Annotated[str, typer.Option(help="Prompts scored: the first N, or all.")] = "50",
     new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Greedy reference length per prompt.")] = 64,
