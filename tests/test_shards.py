@@ -154,6 +154,50 @@ def test_mixed_hardware_is_refused_or_reported_per_key_never_pooled(runs, tmp_pa
     assert not (out / "records.csv").exists()  # nothing at the top that `report` could pool
 
 
+def test_merge_refuses_shards_that_decoded_a_method_with_different_trees(runs, tmp_path):
+    """The same settings can resolve different trees on two machines (`--tree auto`): merge names the shards and
+    their trees; one tree filed at two paths is one tree (compared by content); another hardware key may differ."""
+    def ppd(digest, size, source):
+        def change(meta):
+            meta["resolved_trees"] = {"ppd": {1: {"digest": digest, "size": size, "source": source}}}
+        return change
+    here = edited(runs["s0"], tmp_path / "here", ppd("aaaaaaaaaaaa", 16, "/home/a/trees/tiny/ppd-cpu.yaml"))
+    built = edited(runs["s1"], tmp_path / "built", ppd("bbbbbbbbbbbb", 12, "built, size 12 (no ppd tree)"))
+    said = refused("merge", here, built, "--out", tmp_path / "m", text="different trees")
+    assert "ppd" in said and "shard 0/2: size 16 [aaaaaaaaaaaa]" in said and "shard 1/2: size 12 [bbbbbbbbbbbb]" in said
+    assert not (tmp_path / "m").exists()
+    moved = edited(runs["s1"], tmp_path / "moved", ppd("aaaaaaaaaaaa", 16, "/home/b/trees/tiny/ppd-cpu.yaml"))
+    ok("merge", here, moved, "--out", tmp_path / "same")
+
+    def elsewhere(meta):
+        ppd("bbbbbbbbbbbb", 12, "built")(meta)
+        meta["environment"]["hardware"] = "gpu-other"
+    ok("merge", here, edited(runs["s1"], tmp_path / "other", elsewhere), "--out", tmp_path / "per", "--per-hardware")
+
+    def older(size):  # shards from before resolved_trees: run.yaml's `trees` (batch 1), compared by size
+        return lambda meta: meta.update(trees={"ppd": {"tree": "trees/x.yaml", "size": size}}, resolved_trees=None)
+    said = refused("merge", edited(runs["s0"], tmp_path / "o0", older(16)), edited(runs["s1"], tmp_path / "o1",
+                   older(8)), "--out", tmp_path / "m", text="different trees")
+    assert "size 16 from trees/x.yaml" in said and "size 8 from trees/x.yaml" in said
+
+
+def test_runs_record_the_trees_they_resolved_by_content(tmp_path):
+    from specbench.core.tree import TreeFile
+    from specbench.run.shard import resolved_trees, tree_digest
+
+    a = TreeFile({0: [((0,), 0), ((0, 0), 0), ((1,), 0)]}, 0, model="x", built_by="one way")
+    same = TreeFile({0: [((0,), 0), ((0, 0), 0), ((1,), 0)]}, 0, model="y", built_by="another way")
+    other = TreeFile({0: [((0,), 0), ((1,), 0)]}, 0)
+    assert tree_digest(a) == tree_digest(same) != tree_digest(other)
+
+    class Tree:  # a tree method as resolved_trees reads it: batch size -> its tree and source
+        batch_trees = {1: type("B", (), {"tree_file": a, "source": "trees/a.yaml"})(),
+                       4: type("B", (), {"tree_file": other, "source": "built"})()}
+    got = resolved_trees({"ar": object(), "ppd": Tree()})
+    assert got == {"ppd": {1: {"digest": tree_digest(a), "size": 3, "source": "trees/a.yaml"},
+                           4: {"digest": tree_digest(other), "size": 2, "source": "built"}}}
+
+
 def test_shards_without_ray_installed_says_how_to_install(runs, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     refused(*runs["args"], "--shards", "2", "--out", tmp_path / "r", text="pip install 'specbench[ray]'")

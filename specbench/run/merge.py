@@ -3,7 +3,8 @@
 The checks come first and name what they refuse: folders that are not shards, shards of other settings or of
 another split, the same shard or prompt twice, missing or unfinished shards (unless allow_partial) and, since a
 speedup pooled over two kinds of hardware is no same-device ratio, more than one hardware key (unless
-per_hardware: then each key gets its own merged run folder, and nothing is pooled across keys).
+per_hardware: then each key gets its own merged run folder, and nothing is pooled across keys), and within a
+hardware key, a tree method decoded with different trees by different shards (check_trees).
 
 The merged records.csv / tokens.jsonl / timeline.jsonl hold the shards' rows unchanged, in the order an unsharded run
 writes them (prompts by their position in the run's prompt list); run.yaml lists the shards (hardware, prompts, ar
@@ -140,7 +141,47 @@ def check(shards: list[ShardFolder], allow_partial: bool, per_hardware: bool) ->
             if changed:
                 raise SpecbenchError(f"merge: {s.folder} and {group[0].folder} ran on hardware {key} in different "
                                      f"environments ({'; '.join(changed)}); their numbers do not pool")
+        check_trees(group)
     return not problems
+
+
+def check_trees(group: list[ShardFolder]) -> None:
+    """Refuse shards of one hardware key that decoded a tree method with different trees, naming the shards and
+    trees: the same settings can resolve different trees (`--tree auto` finds a tree file on one machine and builds
+    one on another, or times the drafter differently), and a method's rows pooled over two trees measure neither.
+    Trees compare by content (run.yaml's resolved_trees digests); shards from before those, by size."""
+    held = [(s, _trees(s)) for s in group]
+    for label in sorted({label for _, trees in held for label in trees}):
+        used = [(s, trees[label]) for s, trees in held if label in trees]
+        by_digest = all(v.get("digest") for _, tree in used for v in tree.values())
+        kinds = {tuple(sorted((b, v.get("digest") if by_digest else v.get("size")) for b, v in tree.items()))
+                 for _, tree in used}
+        if len(kinds) > 1:
+            listed = "; ".join(f"shard {s.name}: {_said(tree)}" for s, tree in used)
+            raise SpecbenchError(f"merge: the shards decoded {label} with different trees ({listed}); its rows pooled "
+                                 "over them would measure neither. Re-run the odd shards with the others' tree "
+                                 "(--tree PATH, e.g. the file named above), or merge each tree's shards apart")
+
+
+def _trees(s: ShardFolder) -> dict:
+    """label -> batch size -> {digest, size, source} of the trees a shard resolved (older shards: run.yaml's
+    `trees`, batch 1, without digests)."""
+    resolved = s.meta.get("resolved_trees")
+    if isinstance(resolved, dict):
+        return {label: {int(b): v for b, v in (per or {}).items()} for label, per in resolved.items()}
+    return {label: {1: {"size": v.get("size"), "source": v.get("tree")}}
+            for label, v in (s.meta.get("trees") or {}).items() if isinstance(v, dict)}
+
+
+def _said(tree: dict) -> str:
+    def one(v: dict) -> str:
+        source = str(v.get("source") or "")
+        source = source if len(source) <= 70 else source[:67] + "..."
+        return f"size {v.get('size')}" + (f" [{v['digest']}]" if v.get("digest") else "") + f" from {source}"
+
+    if set(tree) == {1}:
+        return one(tree[1])
+    return ", ".join(f"batch {b} {one(v)}" for b, v in sorted(tree.items()))
 
 
 def merge(folders: list[Path], out: Path, allow_partial: bool = False, per_hardware: bool = False,
