@@ -11,6 +11,12 @@ class SpecbenchError(Exception):
     exit_code = 2
 
 
+class BadValue(SpecbenchError):
+    """An option's value that cannot be read (the CLI points at the command's help beside it)."""
+
+    where = "specbench"  # the command whose option it was (set by the CLI as the error passes)
+
+
 def did_you_mean(given: str, known: Iterable[str]) -> str:
     """" (did you mean 'pld'?)" when `given` is a typo of a known name (a few letters wrong, missing, extra or
     swapped), else "": the unknown-name errors (methods, datasets, options) carry their fix in the same line."""

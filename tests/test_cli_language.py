@@ -184,6 +184,8 @@ def test_commands_are_listed_in_workflow_order():
     (["rnu"], "no such command 'rnu' (did you mean 'run'?)"),
     (["list", "methds"], "specbench list: no such command 'methds' (did you mean 'methods'?)"),
     (["merge", "x"], "specbench merge: missing option '--out'"),
+    (["run", "--limit", "x"], "--limit 'x': expected a number of prompts or all"),
+    (["profile", "--widths", "1,two"], "--widths: expected comma-separated integers, got '1,two'"),
 ])
 def test_usage_errors_are_one_line_naming_option_and_value(args, expected):
     result = invoke(*args)
@@ -201,7 +203,6 @@ def test_usage_errors_are_one_line_naming_option_and_value(args, expected):
     (["--method", "pdl"], "--method pdl: unknown method (did you mean 'pld'?)"),
     (["--dataset", "gsm8"], "unknown dataset 'gsm8' (did you mean 'gsm8k'?)"),
     (["--limit", "0"], "--limit must be at least 1 (got 0); all takes every prompt"),
-    (["--limit", "x"], "--limit 'x': expected a number of prompts or all"),
 ])
 def test_bad_values_name_the_option_and_the_value(tmp_path, args, expected):
     result = invoke("run", "--model", "random:tiny", "--out", tmp_path / "r", *args)

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from .. import __version__
-from ..errors import SpecbenchError, did_you_mean
+from ..errors import BadValue, SpecbenchError, did_you_mean
 from ..progress import console, out, quiet_libraries
 from .command import RENAMED, SpecbenchGroup, SpecbenchTyper, click_errors
 
@@ -34,6 +34,8 @@ class _Root(SpecbenchGroup):
             code = super().main(args=list(invocation), prog_name="specbench", complete_var=complete_var,
                                 standalone_mode=False, **extra)
             code = code if isinstance(code, int) else 0
+        except BadValue as exc:
+            code = _error(str(exc), exc.exit_code, f"`{exc.where} --help` lists the options")
         except SpecbenchError as exc:
             code = _error(str(exc), exc.exit_code)
         except click_errors.NoArgsIsHelpError as exc:

@@ -15,7 +15,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from ..errors import did_you_mean
+from ..errors import BadValue, did_you_mean
 
 # The exceptions of the Click that parses (app.py catches them): Typer 0.2x carries its own copy, older Typer uses
 # Click itself.
@@ -78,6 +78,13 @@ class SpecbenchCommand(TyperCommand):
         if option is not None:
             spell(option)
         return option
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BadValue as exc:
+            exc.where = ctx.command_path  # for the hint beside the error line
+            raise
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         try:

@@ -3,7 +3,7 @@ value."""
 
 from __future__ import annotations
 
-from ..errors import SpecbenchError
+from ..errors import BadValue
 
 
 def int_list(text: str, option: str) -> list[int]:
@@ -19,9 +19,9 @@ def number_list(text: str, option: str, kind, what: str) -> list:
     try:
         values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SpecbenchError(f"{option}: expected comma-separated {what}, got {text!r}") from None
+        raise BadValue(f"{option}: expected comma-separated {what}, got {text!r}") from None
     if not values:
-        raise SpecbenchError(f"{option}: give at least one value")
+        raise BadValue(f"{option}: give at least one value")
     return values
 
 
@@ -31,10 +31,10 @@ def tree_size_list(text: str) -> tuple[int, ...]:
     for part in (v.strip() for v in text.split(",") if v.strip()):
         size = 0 if part == "auto" else int_list(part, "--tree-sizes")[0]
         if part != "auto" and size < 1:
-            raise SpecbenchError(f"--tree-sizes: sizes must be positive integers or auto (got {part})")
+            raise BadValue(f"--tree-sizes: sizes must be positive integers or auto (got {part})")
         sizes.append(size)
     if not sizes:
-        raise SpecbenchError("--tree-sizes: give at least one size")
+        raise BadValue("--tree-sizes: give at least one size")
     return tuple(dict.fromkeys(sizes))
 
 
@@ -48,7 +48,7 @@ def prompt_limit(text: str, option: str = "--limit") -> int:
     try:
         limit = int(text)
     except ValueError:
-        raise SpecbenchError(f"{option} {text!r}: expected a number of prompts or all") from None
+        raise BadValue(f"{option} {text!r}: expected a number of prompts or all") from None
     if limit < 1:
-        raise SpecbenchError(f"{option} must be at least 1 (got {limit}); all takes every prompt")
+        raise BadValue(f"{option} must be at least 1 (got {limit}); all takes every prompt")
     return limit
