@@ -198,6 +198,34 @@ def test_runs_record_the_trees_they_resolved_by_content(tmp_path):
                            4: {"digest": tree_digest(other), "size": 2, "source": "built"}}}
 
 
+def sibling_rows(sibling_cpu: float, placement: str = "single:cpu") -> pd.DataFrame:
+    """ar and pld on 4 quiet prompts of one shard, whose sibling shards used `sibling_cpu` cores meanwhile."""
+    rows = []
+    for i in range(4):
+        for method, wall, forwards, drafted in (("ar", 10.0, 100, 0), ("pld", 8.0, 67, 50)):
+            rows.append({"method": method, "dataset": "d", "prompt_id": str(i), "turn": 0, "new_tokens": 100,
+                         "wall_s": wall, "tokens_per_s": 100 / wall, "target_forwards": forwards, "drafted": drafted,
+                         "accepted_drafts": drafted // 2, "lossless": "match" if drafted else "", "peak_mem_mb": 1.0,
+                         "foreign_cpu": 0.0, "steal": 0.0, "sibling_cpu": sibling_cpu, "placement": placement})
+    return pd.DataFrame(rows)
+
+
+def test_the_timing_verdict_says_when_sibling_shards_shared_the_machine():
+    """Sibling shards are planned, not foreign load (not disturbed), but they share the memory bandwidth: the
+    verdict says so when they worked, and stays a plain "ok" when they idled or were the run's own --tp ranks."""
+    from specbench.report.summary import summarize
+
+    shared = summarize(sibling_rows(0.97)).set_index("method").timing
+    for method in ("ar", "pld"):
+        assert shared[method].startswith("ok; beside sibling shards using up to 0.97 cores")
+        assert "memory bandwidth" in shared[method] and ":" not in shared[method]  # tables cut a verdict at ':'
+    assert (summarize(sibling_rows(0.05)).timing == "ok").all()
+    assert (summarize(sibling_rows(0.97, placement="tp2")).timing == "ok").all()
+    busy = sibling_rows(0.97).assign(foreign_cpu=1.2)
+    said = summarize(busy).set_index("method").timing["pld"]
+    assert said.startswith("disturbed: ") and said.endswith("these are a shared machine's times)")
+
+
 def test_shards_without_ray_installed_says_how_to_install(runs, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     refused(*runs["args"], "--shards", "2", "--out", tmp_path / "r", text="pip install 'specbench[ray]'")

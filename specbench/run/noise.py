@@ -32,6 +32,7 @@ import statistics
 import pandas as pd
 
 from ..core.machine.contention import FOREIGN_CPU_LIMIT, STEAL_LIMIT  # per-row readings: core/machine/contention.py
+from .shard import sibling_note
 
 DISTURBED_SHARE = 0.10  # a method x dataset is disturbed when more of its (or ar's) timed seconds than this are
 BOUND_TOLERANCE = 0.10  # timing noise allowed on top of the plausibility bound
@@ -129,7 +130,8 @@ def judge(summary: pd.DataFrame, records: pd.DataFrame, floor: float | None = 1.
             reasons.append(f"{share:.0%} of its or ar's timed seconds ran disturbed ({_how(records[mine | ar])})")
         bounds.append(round(bound, 3))
         shares.append(round(float(share), 3))
-        timings.append("disturbed: " + "; ".join(reasons) if reasons else "ok")
+        # sibling shards are planned (not disturbed) but share the memory bandwidth: said, not hidden (shard.py)
+        timings.append(("disturbed: " + "; ".join(reasons) if reasons else "ok") + sibling_note(records[mine | ar]))
     return summary.assign(speedup_bound=bounds, disturbed_time=shares, timing=timings)
 
 

@@ -84,6 +84,26 @@ def shard_block(loaded: list, shard: Shard) -> dict:
     return {"index": shard.index, "count": shard.count, "prompts": owned}
 
 
+SIBLING_NOTE_CORES = 0.25  # siblings below this many cores' worth were idle: nothing to say (contention's bar)
+
+
+def sibling_note(rows) -> str:
+    """"; beside sibling shards ..." for a timing verdict whose rows ran while other shards of the run worked on
+    this machine (their CPU time is `sibling_cpu`, kept out of foreign_cpu since it is planned): they share its memory
+    bandwidth, so its times are those of a shared machine. Empty when they were idle, and for tensor-parallel rows
+    (placement tpN: the siblings are the rows' own ranks, which is what that placement measures)."""
+    import pandas as pd
+
+    if "sibling_cpu" not in rows:
+        return ""
+    rows = rows[~rows.get("placement", pd.Series("", index=rows.index)).astype(str).str.startswith("tp")]
+    busy = pd.to_numeric(rows.get("sibling_cpu"), errors="coerce").max()
+    if not busy > SIBLING_NOTE_CORES:  # NaN (no readings) too
+        return ""
+    return (f"; beside sibling shards using up to {busy:.2f} cores (they share this machine's memory bandwidth, so "
+            "these are a shared machine's times)")
+
+
 def resolved_trees(methods: dict) -> dict:
     """run.yaml's `resolved_trees`: per tree-method label and batch size, the tree it decodes with, by content
     (`digest`: the same tree filed at two paths, or built on two machines, is one tree), with its size and source.
