@@ -73,11 +73,18 @@ def test_root_help_imports_no_torch():
     assert not loaded & {"torch", "transformers", "pandas", "matplotlib", "specbench.methods"}, loaded
 
 
-def test_run_help_reads_the_method_options_from_the_cache_without_torch(tmp_path):
-    env = {"SPECBENCH_CACHE": str(tmp_path / "cache")}
-    _modules_after(["run", "--help"], env)  # the first one reads the registry and files the catalogue
+def test_run_help_reads_the_method_options_from_the_cache_without_torch(tmp_path, monkeypatch):
+    from specbench.cli import method_flags
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    for _ in range(3):  # a source file edited meanwhile (a shared checkout) rightly rebuilds it: then try again
+        method_flags.catalogue()  # files the catalogue, as the first `run --help` would
+        key = method_flags._sources_key()
+        loaded = _modules_after(["run", "--help"], {"SPECBENCH_CACHE": str(tmp_path / "cache")})
+        if "torch" not in loaded or method_flags._sources_key() == key:
+            break
     assert (tmp_path / "cache" / "cli" / "method-options.json").exists()
-    assert "torch" not in _modules_after(["run", "--help"], env)
+    assert "torch" not in loaded
 
 
 def test_the_cached_catalogue_is_the_registry(tmp_path, monkeypatch):
