@@ -123,11 +123,10 @@ def plot(table: pd.DataFrame, path: Path, title: str = "") -> bool:
         axes[1].errorbar(xs, g.speedup, yerr=[low.clip(lower=0).fillna(0), high.clip(lower=0).fillna(0)],
                          marker="o", capsize=3, label=name)
         bad = g.timing.map(noise.is_disturbed).to_numpy()
-        for ax, column in zip(axes, ("tau", "speedup")):
-            if bad.any():
-                ax.scatter([v for v, b in zip(xs, bad) if b], g[column][bad], s=110, facecolors="none",
-                           edgecolors="firebrick", linewidths=1.2, zorder=3,
-                           label="timing disturbed" if ax is axes[1] and not said else None)
+        if bad.any():  # the speedup only: tau counts forwards, which load does not change
+            axes[1].scatter([v for v, b in zip(xs, bad) if b], g.speedup[bad], s=110, facecolors="none",
+                            edgecolors="firebrick", linewidths=1.2, zorder=3,
+                            label=None if said else "timing disturbed")
         said = said or bool(bad.any())
     for ax, ylabel in zip(axes, ("tau (tokens per target forward)", "speedup over ar")):
         ax.axhline(1.0, color="grey", linewidth=0.8)

@@ -19,10 +19,12 @@ from .titles import set_title  # noqa: E402
 DISTURBED_MARK, PARTIAL_MARK = "*", "\u2020"  # after a bar's value: timing disturbed / partial run (dagger)
 
 
-def marks(frame: pd.DataFrame) -> pd.Series:
-    """Per row: "*" when the noise guard distrusts its timing, a dagger when it comes from a partial (interrupted)
-    run (a `partial` column: run_report / compare_runs add it), both, or ""."""
-    bad = frame.timing.map(noise.is_disturbed) if "timing" in frame else pd.Series(False, index=frame.index)
+def marks(frame: pd.DataFrame, timed: bool = True) -> pd.Series:
+    """Per row: "*" when the noise guard distrusts its timing (only for a `timed` quantity: tau counts forwards,
+    which load does not change), a dagger when it comes from a partial (interrupted) run (a `partial` column:
+    run_report / compare_runs add it), both, or ""."""
+    bad = frame.timing.map(noise.is_disturbed) if "timing" in frame and timed \
+        else pd.Series(False, index=frame.index)
     partial = frame.partial.fillna(False).astype(bool) if "partial" in frame else pd.Series(False, index=frame.index)
     return bad.map({True: DISTURBED_MARK, False: ""}) + partial.map({True: PARTIAL_MARK, False: ""})
 
@@ -38,13 +40,13 @@ def footnote(shown: set[str], interval: bool) -> str:
 
 
 def plot_bars(summary: pd.DataFrame, column: str, ylabel: str, path: Path, baseline: float | None = None,
-              title: str = "") -> None:
+              title: str = "", timed: bool = True) -> None:
     """Grouped bars: one group per dataset, one bar per method (plus a label column for compared runs); the value
     of each bar above it, the legend outside the axes on the right so that it covers no bar or label. The speedup
     carries its 95% interval as error bars (speedup_lo / speedup_hi); a disturbed row's bar is hatched, a partial
     run's faded, and their values marked (marks(), explained under the plot)."""
     label = "label" if "label" in summary else "method"
-    frame = summary.assign(_mark=marks(summary))
+    frame = summary.assign(_mark=marks(summary, timed))
     pivot = frame.pivot_table(index="dataset", columns=label, values=column, aggfunc="first", sort=False)
 
     def aligned(values: str) -> pd.DataFrame:  # another column laid out like `pivot` (NaN / "" where absent)
@@ -102,9 +104,9 @@ def plot_bars(summary: pd.DataFrame, column: str, ylabel: str, path: Path, basel
 def write_plots(summary: pd.DataFrame, out: Path, title: str = "") -> list[Path]:
     """speedup.png, tokens_per_s.png and tau.png in `out`, each titled `title` (plot_title / comparison_title)."""
     paths = [out / "speedup.png", out / "tokens_per_s.png", out / "tau.png"]
-    plot_bars(summary, "speedup", "speedup over ar (total tokens / total time)", paths[0], baseline=1.0, title=title)
+    plot_bars(summary, "speedup", "speedup over ar\n(total tokens / total time)", paths[0], baseline=1.0, title=title)
     plot_bars(summary, "tokens_per_s", "tokens / s", paths[1], title=title)
-    plot_bars(summary, "tau", "tau (tokens per target forward)", paths[2], baseline=1.0, title=title)
+    plot_bars(summary, "tau", "tau (tokens per target forward)", paths[2], baseline=1.0, title=title, timed=False)
     return paths
 
 
