@@ -64,9 +64,9 @@ def test_sd_sampling_preserves_target_distribution(tiny):
 
 def test_sd_negative_control_accepting_every_draft_fails(tiny, monkeypatch):
     """Accepting drafts without the p/q test yields the drafter's distribution: the check must catch it."""
-    import specbench.methods.sd.method as sd_module
+    import specbench.methods.batch_loop as step_module  # the one step every chain method decodes with
 
-    monkeypatch.setattr(sd_module, "accept", lambda draft, logits, sampling, q, g: (
+    monkeypatch.setattr(step_module, "accept", lambda draft, logits, sampling, q, g: (
         len(draft), int(torch.multinomial(warp_probs(logits[-1], sampling), 1, generator=g))))
     sd = get_method("sd")(tiny, {"gamma": 2}, layer_drafter(tiny, [0]))
     assert check_distribution(sd, tiny, trials=400) > 0.2

@@ -1,14 +1,17 @@
-"""Batch > 1 (EMS-SD): many prompts decoded at once, padded (the vanilla way) or unpadded (EMS-SD), by one loop that
-every batchable method shares; a method supplies only its drafts (`Batchable.propose`).
+"""The one decode loop of every batchable method (ar, pld, sd and the tree methods): `generate_batch` decodes many
+prompts with B samples side by side on a batch engine (core/batch/engine.py), and batch 1 is the same loop with one
+slot on the single-sequence engine (`Batchable.generate`). PEARL alone keeps a batch-1 loop of its own
+(methods/pearl/method.py): its drafter and target run concurrently, a schedule no batch step models.
 
 Slots: B samples decode side by side. A sample that finishes (stop token or cap) leaves the batch; with `refill` its
 slot takes the next waiting prompt at once (continuous batching, which EMS-SD §4.4 names as the remedy for uneven
 samples), else the next B prompts start when the whole batch is done.
 
 Each step, per active sample: 1. draft (the method's propose); 2. verify: the last emitted token plus the drafts,
-every sample in one target forward (core/batch/ragged.py packs them, core/batch/padded.py pads them); 3. accept, per sample, with
-the same rule and the same random stream as batch 1 (so each sample keeps its distribution, and greedy tokens equal
-batch-1 ar's); 4. roll back each sample's rejected drafts. The target's cache holds a sample's tokens but the last.
+every sample in one target forward (the engine packs, pads or, at batch 1, appends them); 3. accept, per sample,
+with the same rule and the same random stream whatever the batch (so each sample keeps its distribution, and greedy
+tokens equal batch-1 ar's); 4. roll back each sample's rejected drafts. The target's cache holds a sample's tokens
+but the last. Tree methods (methods/tree/engine.py) supply their own step over the same engines.
 """
 
 from __future__ import annotations
@@ -18,23 +21,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.batch.padded import PaddedBatch
-from ..core.batch.ragged import RaggedBatch, Segment
-from ..core.verify import Sampling, accept, next_token
+from ..core.batch.engine import MODES, engine  # noqa: F401  (MODES: the run's batching modes)
+from ..core.batch.ragged import Segment
 from ..core.machine.timing import now, since
-from ..errors import SpecbenchError
+from ..core.verify import Sampling, accept, next_token
 from .base import Generation
+from .pearl.scheduler import Span, step as timeline_step
 
-MODES = ("unpadded", "padded")
-
-
-def engine(model, mode: str, slots: int, device: torch.device):
-    """The batch engine of a mode: RaggedBatch (EMS-SD's unpad KV cache + unpad input tokens) or PaddedBatch."""
-    if mode == "unpadded":
-        return RaggedBatch(model, slots)
-    if mode == "padded":
-        return PaddedBatch(model, device)
-    raise SpecbenchError(f"--batching {mode!r}: choose unpadded, padded or both")
+SINGLE = "single"  # batch 1's engine (core/batch/single.py)
+# Generation fields that only mean something beside other samples; batch 1 leaves them at their defaults
+BATCH_ONLY = ("target_tokens", "padding_tokens", "kv_padding", "latency_s", "prefill_s", "prefill_tokens")
 
 
 @dataclass
@@ -62,6 +58,18 @@ class Batchable:
     override decode_step."""
 
     batchable = True
+    timeline_mode: str | None = None  # records per-step draft / verify spans under this mode (report/timeline.py)
+    draft_on_join = False  # drafts from the prompt alone: a newcomer's prefill verifies its first drafts
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling: Sampling,
+                 generator: torch.Generator | None) -> Generation:
+        """input_ids: [1, T] prompt. Batch 1: the batch loop with one slot on the single-sequence engine."""
+        gens, _ = generate_batch(self, [input_ids], 1, SINGLE, False, max_new_tokens, sampling, [generator])
+        gen = gens[0]
+        for name in BATCH_ONLY:
+            setattr(gen, name, Generation.__dataclass_fields__[name].default)
+        return gen
 
     def plan_batches(self, sizes: list[int]) -> None:
         """Choose per batch size what the method would otherwise choose once (sd: gamma, tree methods: the tree),
@@ -79,32 +87,57 @@ class Batchable:
 
     def decode_step(self, target, joining: list[Sample], active: list[Sample], max_new_tokens: int,
                     sampling: Sampling) -> list[Sample]:
-        """One batched step: newcomers' prefill and every active sample's verification in one target forward (two
-        when padded); returns the samples that finished."""
-        stop_ids = self.target.tokenizer.stop_ids
-        # 1. draft
-        self.propose(active, max_new_tokens, sampling)
-        # 2. verify: newcomers' prompts and every active sample's last token + drafts, in one batched forward
-        segments = [Segment(s.slot, [s.history[-1]] + s.draft) for s in active]
-        first, logits = target.forward([Segment(s.slot, s.history, keep=1) for s in joining], segments)
+        """One step: newcomers' prefill and every active sample's verification in one target forward (two when
+        padded); returns the samples that finished."""
+        stop_ids, device = self.target.tokenizer.stop_ids, self.target.device
+        timed = bool(self.timeline_mode)
+        # 1. draft: every active sample, and newcomers where the method drafts from the prompt alone (sd: their
+        # prefill then verifies the first drafts, as a plain sd loop does)
+        for s in joining:
+            s.draft, s.q = [], None
+        drafting = joining + active if self.draft_on_join else active
+        timed_drafts = timed or "drafter" in self.needs  # a drafter model's time is the method's drafting cost
+        t0 = now(device) if timed_drafts else 0.0
+        if drafting:
+            self.propose(drafting, max_new_tokens, sampling)
+        d1 = now(device) if timed_drafts else 0.0
+        if "drafter" in self.needs:  # each sample that drafted gets an equal share (the rows sum to the batch's)
+            drafted = [s for s in drafting if s.draft]
+            for s in drafted:
+                s.gen.draft_s += (d1 - t0) / len(drafted)
+        # 2. verify: newcomers' prompts (+ drafts) and every active sample's last token + drafts, in one batched
+        # forward (the target's cache holds a newcomer's nothing, an active sample's history but the last token)
+        first, logits = target.forward([Segment(s.slot, s.history + s.draft, keep=len(s.draft) + 1) for s in joining],
+                                       [Segment(s.slot, [s.history[-1]] + s.draft) for s in active])
+        t1 = now(device) if timed else 0.0
         finished: list[Sample] = []
-        for s, lg in zip(joining, first):  # prefill: the first token
-            tok = next_token(lg[-1], sampling, s.generator)
-            s.history.append(tok)
-            if s.gen.emit([tok], stop_ids, max_new_tokens):
-                finished.append(s)
-        for s, lg in zip(active, logits):
-            # 3. accept: the batch-1 rule, on this sample's own random stream
-            n, tok = accept(torch.tensor(s.draft, dtype=torch.long, device=lg.device), lg, sampling, s.q,
-                            s.generator)
+        for s, lg in zip(joining + active, first + logits):
+            if s in joining:
+                s.scratch["origin"] = t0  # the timeline's zero
+            # 3. accept: one rule whatever the batch, on this sample's own random stream (a newcomer without
+            # drafts: its first token)
+            if s.draft or s not in joining:
+                n, tok = accept(torch.tensor(s.draft, dtype=torch.long, device=lg.device), lg, sampling, s.q,
+                                s.generator)
+            else:
+                n, tok = 0, next_token(lg[-1], sampling, s.generator)
             if s.draft:
                 s.gen.count_draft(len(s.draft), n)
             new = s.draft[:n] + [tok]
-            # 4. update: keep the accepted drafts in the target's cache (its length: the history so far, minus
-            # the new last token)
-            target.truncate(s.slot, len(s.history) + n)
+            # 4. update: keep the accepted drafts in the target's cache (its length: the history so far plus
+            # them, the new last token not fed yet)
+            if s.draft:
+                target.truncate(s.slot, len(s.history) + n)
             s.history += new
-            if s.gen.emit(new, stop_ids, max_new_tokens):
+            done = s.gen.emit(new, stop_ids, max_new_tokens)
+            if timed and (s.draft or s not in joining):  # the step's spans, shared by the batch's samples
+                s.gen.timeline.append(timeline_step(self.timeline_mode, s.scratch["origin"], t0, now(device),
+                                                    Span(t0, d1), Span(d1, t1), len(s.draft), n,
+                                                    s.gen.accepted_lengths[-1], True))
+            elif timed:  # a prefill without drafts
+                s.gen.timeline.append(timeline_step(self.timeline_mode, t0, t0, now(device), None, Span(d1, t1),
+                                                    0, 0, s.gen.accepted_lengths[-1], True))
+            if done:
                 finished.append(s)
         return finished
 

@@ -4,12 +4,7 @@ sampling against a one-hot draft, which preserves the target distribution)."""
 
 from __future__ import annotations
 
-import torch
-
-from ..core.batch.cache import drop_last, new_cache
-from ..core.batch.forward import forward
-from ..core.verify import accept, next_token
-from .base import DecodeMethod, Generation, register
+from .base import DecodeMethod, register
 from .batch_loop import Batchable
 from .options import Option
 
@@ -38,37 +33,8 @@ class PromptLookup(Batchable, DecodeMethod):
     summary = "prompt lookup: n-gram copy from prompt and output, verified in one forward"
     option_specs = (NGRAM, DRAFT_TOKENS)
 
-    @torch.inference_mode()
-    def generate(self, input_ids, max_new_tokens, sampling, generator):
-        model, stop_ids = self.target.model, self.target.tokenizer.stop_ids
-        device = input_ids.device
-        gen = Generation()
-        cache = new_cache(model)
-        history = input_ids[0].tolist()
-        logits = forward(model, input_ids, cache, logits_to_keep=1)[-1]  # prefill: [V]
-        tok = next_token(logits, sampling, generator)
-        done = gen.emit([tok], stop_ids, max_new_tokens)
-        history.append(tok)
-        while not done:
-            room = max_new_tokens - len(gen.tokens) - 1  # the forward always yields one more token
-            draft = lookup_draft(history, self.options.pld_ngram, min(self.options.pld_draft_tokens, room))
-            # 1. verify: the last emitted token plus the draft in one forward -> logits [k+1, V]
-            step = torch.tensor([[history[-1]] + draft], device=device)
-            logits = forward(model, step, cache)
-            # 2. accept (one-hot draft distribution: q = None)
-            draft_t = torch.tensor(draft, dtype=torch.long, device=device)
-            n, tok = accept(draft_t, logits, sampling, None, generator)
-            if draft:
-                gen.count_draft(len(draft), n)
-            new = draft[:n] + [tok]
-            # 3. update the cache: keep the last token and accepted drafts, drop rejected positions
-            drop_last(cache, len(draft) - n)
-            done = gen.emit(new, stop_ids, max_new_tokens)
-            history.extend(new)
-        return gen
-
     def propose(self, samples, max_new_tokens, sampling):
-        """Batch > 1: each sample's own lookup (one-hot draft: q = None)."""
+        """Each sample's own lookup (one-hot draft: q = None); the step (batch_loop.py) verifies and accepts."""
         for s in samples:
             s.draft = lookup_draft(s.history, self.options.pld_ngram,
                                    min(self.options.pld_draft_tokens, s.room(max_new_tokens)))

@@ -9,14 +9,12 @@ from __future__ import annotations
 import torch
 from rich.markup import escape
 
-from ..pearl.scheduler import Span, forward_costs, step
-from ...core.machine.timing import now
+from ..pearl.scheduler import forward_costs
 from ...core.batch.ragged import Segment
-from ...core.verify import accept
 from ...planning.batch_choice import KV_LENGTH, batch_view
 from ...progress import console
-from .drafting import DraftModelMethod, ModelState, draft_tokens, draw, fit_vocab, kept_prefix
-from ..base import Generation, register
+from .drafting import DraftModelMethod, draw, fit_vocab, kept_prefix
+from ..base import register
 from ..batch_loop import Batchable, engine
 
 VERIFY_WIDTHS = (1, 2, 4, 6, 9)  # target forward widths timed to choose gamma (interpolated in between)
@@ -61,6 +59,8 @@ def default_gamma(target, drafter, batch_curve=None) -> int:
 @register
 class SpeculativeDecoding(Batchable, DraftModelMethod):
     name = "sd"
+    timeline_mode = "sd"  # per-step draft / verify spans (report/timeline.py)
+    draft_on_join = True  # the first drafts continue the prompt and are verified with it (Alg. 1 from the start)
     summary = "speculative decoding: a drafter proposes gamma tokens, the target verifies them in one forward"
 
     def __init__(self, target, options=None, drafter=None):
@@ -86,41 +86,7 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
             said = f"from L(B={size}, w)" if curve is not None else f"batch 1's ({why})"
             console.print(f"[dim]{self.name}: batch size {size}: gamma {self.batch_gammas[size]} {escape(said)}[/]")
 
-    @torch.inference_mode()
-    def generate(self, input_ids, max_new_tokens, sampling, generator):
-        device, stop_ids = self.target.device, self.target.tokenizer.stop_ids
-        gen = Generation()
-        target = ModelState(self.target.model, device, self.vocab)
-        drafter = ModelState(self.drafter.model, self.drafter.device, self.vocab)
-        x = input_ids[0].tolist()  # the verified sequence: prompt + accepted tokens
-        origin = now(device)
-        done = False
-        while not done:
-            k = min(self.gamma, max_new_tokens - len(gen.tokens) - 1)  # room for the correction / bonus token
-            # 1. draft: k tokens, one drafter forward each; q [k, V] their draft probabilities (None when greedy)
-            d0 = now(device)
-            draft, q = draft_tokens(drafter, x, k, sampling, generator)
-            d1 = now(device)
-            gen.draft_s += d1 - d0
-            # 2. verify: the target feeds its unfed tail of x plus the drafts in one forward -> logits [k+1, V]
-            logits = target.feed(target.pending(x) + draft, keep=k + 1)
-            t1 = now(device)
-            # 3. accept: greedy prefix match or speculative sampling; then a correction or bonus token
-            n, tok = accept(torch.tensor(draft, device=device), logits, sampling, q, generator)
-            if k:
-                gen.count_draft(k, n)
-            new = draft[:n] + [tok]
-            # 4. update the caches: both roll back to the verified sequence
-            x += new
-            target.rollback(x, verified=len(x))
-            drafter.rollback(x, verified=len(x))
-            done = gen.emit(new, stop_ids, max_new_tokens)
-            emitted = gen.accepted_lengths[-1]  # new cut at a stop token or max_new_tokens
-            gen.timeline.append(step("sd", origin, d0, now(device), Span(d0, d1), Span(d1, t1), k, n, emitted, True))
-        gen.draft_forwards = drafter.forwards  # one per draft token; the first of a step also feeds x's unfed tail
-        return gen
-
-    # batch > 1 (methods/batch_loop.py): the drafter decodes the batch too, in the same mode as the target
+    # the step (methods/batch_loop.py): the drafter decodes its own slots, in the target's engine's mode
 
     def start_batch(self, mode, slots):
         self._drafter_batch = engine(self.drafter.model, mode, slots, self.drafter.device)
@@ -131,14 +97,12 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
             self._drafter_batch.release(sample.slot)
 
     def propose(self, samples, max_new_tokens, sampling):
-        """Each sample's k drafts, one batched drafter forward per draft position (Alg. 1 lines 1-4 per sample,
+        """Each sample's k drafts, one drafter forward per draft position over every sample (Alg. 1 lines 1-4 per sample,
         each on its own random stream); the drafter's cache first rolls back to the verified sequence.
 
         Drafting cost per sample: draft_forwards += the batched drafter forwards it took part in (one per draft
-        position it drafts; its first ever also feeds its whole history: the drafter's prefill), draft_s += an
-        equal share of this call's wall time among the samples that drafted in it, so that the rows' draft_s sum to
-        the batch's drafting time (as their wall_s sum to the batch's time)."""
-        start = now(self.drafter.device)
+        position it drafts; its first ever also feeds its whole history: the drafter's prefill); its share of the
+        drafting time is the step's (batch_loop.py)."""
         batch = self._drafter_batch
         k = {s.slot: min(self.batch_gamma, s.room(max_new_tokens)) for s in samples}
         for s in samples:
@@ -166,7 +130,3 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
                     probs[s.slot].append(q)
         for s in samples:
             s.q = torch.stack(probs[s.slot]) if probs[s.slot] else None
-        drafted = [s for s in samples if k[s.slot]]
-        share = (now(self.drafter.device) - start) / max(len(drafted), 1)
-        for s in drafted:
-            s.gen.draft_s += share
