@@ -19,6 +19,7 @@ import yaml
 
 from ..core import store
 from ..core.batch.cache import crop_to, new_cache
+from ..core.batch.forward import target_logits
 from ..core.machine.hardware import hardware_slug
 from ..core.model.load import LoadedModel, dtype_name, model_slug
 from ..core.profile_file import LatencyProfile, load_profile
@@ -62,7 +63,6 @@ def score_sequence(target: LoadedModel, tokens: PromptTokens, ids: list[int], st
     """Ranks hit by the guesses on one sequence: [positions, S] rank of the true token among prompt token d's
     guesses (TOP_K = outside the top-k, -1 = no true token that far). Insertion after every position >= start."""
     model = target.model
-    head = model.get_output_embeddings()
     seq = torch.tensor(ids, device=target.device)
     count, ept = tokens.count, tokens.ept
     table = tokens.table(target.dtype, target.device)  # [S * E, H]
@@ -78,7 +78,7 @@ def score_sequence(target: LoadedModel, tokens: PromptTokens, ids: list[int], st
         mask, pos, rows = insertion_inputs(at, count, ept, n, target.dtype, target.device)
         h = hidden(model, table[rows][None], mask, pos, cache)  # [q, H]
         crop_to(cache, n)
-        logits = head(h).float().view(len(at), count, ept, -1).mean(2)  # [C, S, V]
+        logits = target_logits(model, h).view(len(at), count, ept, -1).mean(2)  # [C, S, V]: as ppd's step reads them
         guesses = logits.topk(TOP_K, dim=-1).indices.cpu()  # [C, S, K]
         for d in range(count):
             truth_at = torch.tensor(at) + 2 + d  # guess of prompt token d+1 is x_{i+2+d} (0-based d)
@@ -107,7 +107,7 @@ def estimate_with(target: LoadedModel, score, rows: int, data: str, limit: int, 
                 ranks.append(score(ids + cont, len(ids) - 1))
             bar.update(task, advance=1)
     if not ranks:
-        raise SpecbenchError(f"{data}: no continuation was long enough to score; raise --new-tokens")
+        raise SpecbenchError(f"{data}: no continuation was long enough to score; raise --max-new-tokens")
     topk, per_rank, counted = tabulate(torch.cat(ranks), rows)
     extra = dict(extra or {})
     if "draft_forward_ms" in extra:  # where it was timed: draft_scale moves it to another machine's prediction

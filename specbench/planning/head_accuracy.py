@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.batch.forward import target_logits
 from ..core.model.load import LoadedModel
 from ..methods.medusa import artifact as mh
 from ..methods.hidden_transfer import artifact as tp
@@ -46,13 +47,12 @@ def transfer_ranks(target: LoadedModel, proj: tp.TransferProjections, ids: list[
                    chunk: int = 32) -> torch.Tensor:
     """Ranks [positions start..n-3, k] of pseudo state j's guesses (k pseudo positions inserted after each point)."""
     cache, _, captured = real_forward(target, ids, proj.layers)
-    head = target.model.get_output_embeddings()
     points = list(range(start, len(ids) - 2))
     parts = []
     for c in range(0, len(points), chunk):
         at = points[c:c + chunk]
         h = pseudo_forward(target, proj, cache, len(ids), at, captured)  # [C, k, H]
-        parts.append(ranks_of(head(h).float().topk(TOP_K, -1).indices, ids, at))
+        parts.append(ranks_of(target_logits(target.model, h).topk(TOP_K, -1).indices, ids, at))
     return torch.cat(parts)
 
 

@@ -38,6 +38,26 @@ def forward(model, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> t
     return out.logits[0]
 
 
+def target_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's logits from its decoder's final (normed) hidden states [..., H] -> float [..., V]: the LM head,
+    then the model's own final processing, as its causal-LM forward applies it. Every method reads the target's
+    logits from hidden states through this function: sampling from a bare head's logits is lossy at T > 0 on these
+    models. Known processing (config fields; None or 0 means none): Cohere's `logit_scale` (logits * s), Granite's
+    `logits_scaling` (logits / s), Gemma 2/3's `final_logit_softcapping` (cap * tanh(logits / cap))."""
+    logits = model.get_output_embeddings()(hidden).float()  # [..., V]
+    config = getattr(model, "config", None)
+    scale = getattr(config, "logit_scale", None)
+    if scale and getattr(config, "model_type", "").startswith("cohere"):  # (a CLIP-like logit_scale is no LM's)
+        logits = logits * scale
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling:
+        logits = logits / scaling
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
 def timed_forward(model, ids: torch.Tensor, cache, device: torch.device) -> float:
     """Milliseconds of one forward of ids [1, n] on top of the cache (the n new entries are dropped after)."""
     ms = call_ms(lambda: forward(model, ids, cache), device)  # CUDA events on a GPU, perf_counter on a CPU

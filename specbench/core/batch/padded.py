@@ -6,7 +6,8 @@ EMS-SD's and not an engine's:
   and written in place by the registered attention function (`specbench_padded`), no DynamicCache copy per step;
 - the same LM head work: logits are computed only at the rows a caller reads (each segment's last `keep` tokens),
   not at every prompt, padding and draft position;
-- the same SDPA call (bool mask, grouped-query heads without copying keys).
+- the same attention (core/batch/attention.py: one SDPA call with a bool mask, grouped-query heads without copying
+  keys; explicit for layers with attention soft-capping or sinks), and the same per-layer sliding windows.
 
 What padding adds: all active rows share one width L (column = cache entry). Prompts are left-padded to the longest;
 each forward feeds every row the same width W (the widest sample's new tokens, the others padded on the right) and
@@ -21,11 +22,12 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from ...errors import SpecbenchError
+from .attention import attend, check_batchable, layer_extras
 from .cache import preallocated, sliding_windows
+from .forward import target_logits
 from .ragged import Segment, attention_implementation
 
 PAD_ID = 0  # the token fed at padded positions (masked: its value does not matter)
@@ -34,20 +36,39 @@ ATTENTION = "specbench_padded"
 
 class _Step:
     """One padded forward's place in the cache: rows = the slots fed [R] (row r of the inputs is slot slots[r]);
-    the W new columns are written at `at`; attention reads columns [lo, at + W)."""
+    the W new columns are written at `at`; attention reads columns [lo, at + W) under `allowed` [R, W, L + W] (True =
+    attend; no window applied), with the position ids of its queries [R, W] and keys [R, L + W]."""
 
-    def __init__(self, batch: "PaddedBatch", slots: list[int], lo: int, at: int, wide: int):
+    def __init__(self, batch: "PaddedBatch", slots: list[int], lo: int, at: int, wide: int, allowed: torch.Tensor,
+                 query_pos: torch.Tensor, key_pos: torch.Tensor):
         self.batch, self.lo, self.at, self.need = batch, lo, at, at + wide
         self.count = max(slots) + 1  # store rows needed
         self.contiguous = slots == list(range(len(slots)))  # rows 0..R-1: views, no gather
         self.index = torch.tensor(slots)
+        self.allowed, self.query_pos, self.key_pos = allowed, query_pos, key_pos
+        self._masks: dict[tuple, torch.Tensor] = {}
+
+    def mask(self, window: int | None, device: torch.device) -> torch.Tensor:
+        """[R, 1, W, L + W] bool for a layer with this sliding window (None: full attention), built once per window
+        and device per forward (hybrid models, e.g. Gemma 2, alternate windowed and full layers)."""
+        if (window, device) not in self._masks:
+            allowed = self.allowed
+            if window is not None:  # a query at position p sees keys at positions > p - window (transformers' rule)
+                allowed = allowed & ((self.query_pos[:, :, None] - self.key_pos[:, None, :]) < window)
+                rows, wide = self.query_pos.shape
+                itself = torch.cat([torch.zeros(rows, wide, allowed.shape[2] - wide, dtype=torch.bool),
+                                    torch.eye(wide, dtype=torch.bool).expand(rows, -1, -1)], 2)  # [R, W, L + W]
+                allowed = allowed | (itself & ~allowed.any(-1, keepdim=True))  # never an empty row
+            self._masks[(window, device)] = allowed[:, None].to(device)
+        return self._masks[(window, device)]
 
 
 def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, padded: _Step | None = None,
             **kwargs):
     """The `specbench_padded` attention: write the W new keys / values of every row at column `at` of its slot's
-    store, then one SDPA call over columns [lo, at + W) (the unpadded engine's call: bool mask, grouped-query heads).
-    query [R, H, W, D], key / value [R, kv, W, D] -> [R, W, H, D]."""
+    store, then attend over columns [lo, at + W) under this layer's mask (its own sliding window; the model's
+    `attention_mask` is not read) with the unpadded engine's attention (SDPA, or explicit where the layer has
+    softcapping or sinks). query [R, H, W, D], key / value [R, kv, W, D] -> [R, W, H, D]."""
     if padded is None:
         raise SpecbenchError("specbench_padded attention was called outside a padded forward")
     step, layer, rows = padded, module.layer_idx, query.shape[0]
@@ -62,19 +83,16 @@ def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0
             store[index, :, step.at:step.need] = new
             out.append(store[index, :, step.lo:step.need])  # [R, kv, need - lo, D] (gathered)
     keys, values = out
-    result = F.scaled_dot_product_attention(query, keys, values, attn_mask=attention_mask, scale=scaling,
-                                            enable_gqa=query.shape[1] != keys.shape[1])
+    windows = sliding_windows(module)
+    mask = step.mask(windows[layer] if layer < len(windows) else None, query.device)
+    result = attend(query, keys, values, mask, scaling, *layer_extras(module, kwargs))  # [R, H, W, D]
     return result.transpose(1, 2), None
 
 
 AttentionInterface.register(ATTENTION, _attend)
 
 
-def lm_logits(model, hidden: torch.Tensor) -> torch.Tensor:
-    """The model's LM head on hidden states [n, H] -> [n, V] (with its final logit soft-capping, where it has one)."""
-    logits = model.get_output_embeddings()(hidden)
-    cap = getattr(model.config, "final_logit_softcapping", None)
-    return logits if cap is None else torch.tanh(logits / cap) * cap
+lm_logits = target_logits  # the former name (core/batch/single.py imports it): the one function is forward.py's
 
 
 def _decode(model, ids: torch.Tensor, embeds: torch.Tensor | None, args: dict):
@@ -84,7 +102,7 @@ def _decode(model, ids: torch.Tensor, embeds: torch.Tensor | None, args: dict):
     if hasattr(model, "get_decoder"):
         decoder = model.get_decoder()
         out = decoder(inputs_embeds=embeds, **args) if embeds is not None else decoder(input_ids=ids, **args)
-        return out.last_hidden_state, lambda h: lm_logits(model, h)
+        return out.last_hidden_state, lambda h: target_logits(model, h)
     if embeds is not None or not hasattr(model, "hidden") or not hasattr(model, "logits"):
         raise SpecbenchError(f"{type(model).__name__} cannot run in a padded batch: it needs a transformers decoder, "
                              "or token ids in and `hidden` / `logits` methods (methods/sd/drafter.py)")
@@ -107,12 +125,7 @@ class PaddedBatch:
         self.target_tokens: dict[int, int] = {}  # slot -> tokens fed for its row (real + padding)
         self.padding_tokens: dict[int, int] = {}  # slot -> padding tokens fed for its row
         self.aligned: dict[int, int] = {}  # slot -> padded entries from aligning prompts (not acceptance)
-        layers = sliding_windows(model)
-        windows = set(layers)
-        if len(windows) > 1:  # one mask serves every layer here; core/batch/ragged.py masks per layer
-            raise SpecbenchError(f"{type(model).__name__} mixes attention windows ({sorted(map(str, windows))}): "
-                                 "padded batching applies one mask to every layer; use --batching unpadded")
-        self.window = layers[0] if layers else None
+        check_batchable(model)
 
     @property
     def width(self) -> int:
@@ -225,9 +238,11 @@ class PaddedBatch:
             read_cols += range(at_cols.stop - (s.keep or s.width), at_cols.stop)
         places = [torch.arange(r * wide + c.start, r * wide + c.stop, device=self.device)
                   for r, c in (cols[s.slot] for s in segments)]  # [w] per segment in the states flattened [R * W]
-        mask = self._mask(valid, new_valid, key_pos, pos, own, tails)
-        step = _Step(self, rows, lo, at, wide)
-        args = dict(position_ids=pos.to(self.device), attention_mask=mask, use_cache=False, padded=step)
+        allowed = self._mask(valid, new_valid, own, tails)  # [R, W, L + W]
+        step = _Step(self, rows, lo, at, wide, allowed, pos, torch.cat([key_pos, pos], 1))
+        # the mask the decoder is given (its own mask building wants one); _attend reads each layer's from the step
+        args = dict(position_ids=pos.to(self.device), attention_mask=step.mask(None, self.device), use_cache=False,
+                    padded=step)
         with attention_implementation(self.model, ATTENTION), (around(segments, places) if around else nullcontext()):
             h, head = _decode(self.model, ids.to(self.device), embeds, args)  # [R, W, H]
         h = h[torch.tensor(read_rows, device=h.device), torch.tensor(read_cols, device=h.device)]  # [sum keep, H]
@@ -235,10 +250,10 @@ class PaddedBatch:
         result = list(out.split([s.keep or s.width for s in segments]))
         return result, torch.cat([valid, new_valid], 1), torch.cat([key_pos, pos], 1)
 
-    def _mask(self, valid, new_valid, key_pos, pos, own=None, tails=()) -> torch.Tensor:
-        """[R, 1, W, L + W] bool: the row's real cache entries (its last t as a tail mask says), then its own new
-        tokens (causal or `own`); a padded query row sees only itself (its output is discarded; an empty row would
-        give NaN)."""
+    def _mask(self, valid, new_valid, own=None, tails=()) -> torch.Tensor:
+        """[R, W, L + W] bool, no window: the row's real cache entries (its last t as a tail mask says), then its own
+        new tokens (causal or `own`); a padded query row sees only itself (its output is discarded; an empty row
+        would give NaN). _Step.mask applies a layer's sliding window."""
         rows, wide = new_valid.shape
         if own is None:
             own = torch.ones(wide, wide, dtype=torch.bool).tril().expand(rows, wide, wide)
@@ -248,13 +263,7 @@ class PaddedBatch:
         for r, at_cols, tail in tails:  # tail [w, t]: the row's last t real entries
             real = valid[r].nonzero()[-tail.shape[1]:, 0]
             cache_part[r, at_cols][:, real] = tail
-        allowed = torch.cat([cache_part, new_part], 2)
-        if self.window is not None:
-            keys = torch.cat([key_pos, pos], 1)  # [R, L + W]
-            allowed = allowed & ((pos[:, :, None] - keys[:, None, :]) < self.window)
-            allowed |= torch.cat([torch.zeros_like(cache_part), torch.eye(wide, dtype=torch.bool).expand(rows, -1, -1)
-                                  ], 2) & ~allowed.any(-1, keepdim=True)
-        return allowed[:, None].to(self.device)  # bool, True = attend (read by _attend's SDPA call)
+        return torch.cat([cache_part, new_part], 2)  # True = attend
 
     def truncate(self, slot: int, length: int) -> None:
         """Keep the slot's first `length` real entries; its later entries become padding. Columns that are padding

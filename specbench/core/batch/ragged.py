@@ -11,8 +11,9 @@ padding token enters a linear layer.
 
 Attention is the registered attention function `specbench_ragged` (transformers' AttentionInterface, selected only
 for the duration of a ragged forward): it writes each token's key / value at its sample's slot and position, then
-runs one SDPA call in which every sample's queries [S, heads, w_max, head_dim] attend to its own cache
-[S, kv_heads, K_max, head_dim] under a bool mask (its cache, then its own earlier new tokens: causal, or a tree mask).
+runs one attention call (core/batch/attention.py: SDPA, or explicit for a layer with attention soft-capping or sinks)
+in which every sample's queries [S, heads, w_max, head_dim] attend to its own cache [S, kv_heads, K_max, head_dim]
+under a bool mask (its cache, then its own earlier new tokens: causal, or a tree mask; the layer's sliding window).
 Gathering the queries to w_max rows and the keys to K_max columns is the only padding left, and it lives inside
 attention, never in a linear layer. A varlen attention kernel (flash-attn's flash_attn_varlen_func with
 cu_seqlens_q / cu_seqlens_k over a paged or per-slot cache, or FlexAttention with a block mask) removes that too on a
@@ -25,18 +26,16 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from ...errors import SpecbenchError
+# UnsupportedAttention: train/selfdistill.py catches it from here
+from .attention import UnsupportedAttention, attend, check_batchable, layer_extras  # noqa: F401
 from .cache import preallocated, sliding_windows
+from .forward import target_logits
 from ..model.placement import input_device, is_dispatched
 
 NAME = "specbench_ragged"
-
-
-class UnsupportedAttention(SpecbenchError):
-    """A layer's attention needs what the ragged attention does not do (softcapping, sinks, linear attention)."""
 
 
 @dataclass
@@ -157,10 +156,6 @@ def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     """The `specbench_ragged` attention: query [1, H, N, D], key / value [1, kv, N, D] (packed) -> [1, N, H, D]."""
     if ragged is None:
         raise SpecbenchError("specbench_ragged attention was called outside a ragged forward")
-    unsupported = [k for k in ("softcap", "s_aux", "sinks") if kwargs.get(k) is not None]
-    if unsupported or getattr(module, "attention_type", None) == "linear_attention":
-        raise UnsupportedAttention(f"{type(module).__name__}: unpadded batching does not support {', '.join(unsupported)}"
-                             " attention; use --batching padded")
     step, layer = ragged.on(key.device), module.layer_idx  # indices where this layer's keys live
     k_store, v_store = step.cache.storage(layer, key, value, step.need)
     k_store[step.tok_slot, :, step.tok_pos] = key[0].transpose(0, 1)  # [N, kv, D] at each sample's own position
@@ -174,8 +169,7 @@ def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     q[step.tok_seg, :, step.tok_row] = query[0].transpose(0, 1)
     windows = sliding_windows(module)
     mask = step.mask(windows[layer] if layer < len(windows) else None)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scaling,
-                                         enable_gqa=heads != keys.shape[1])  # [S, H, w_max, D]
+    out = attend(q, keys, values, mask, scaling, *layer_extras(module, kwargs))  # [S, H, w_max, D]
     return out[step.tok_seg, :, step.tok_row].unsqueeze(0), None  # [1, N, H, D]
 
 
@@ -212,6 +206,7 @@ def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: b
     """
     if not segments:
         return []
+    check_batchable(model)
     device = input_device(model)  # the embedding's (offloaded weights sit on "meta" until their hook runs)
     step = _Step(cache, segments, device)
     widths = [s.width for s in segments]
@@ -228,7 +223,7 @@ def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: b
             embeds = packed_embeddings(model, segments, device)  # [1, N, H]
             h = model.get_decoder()(inputs_embeds=embeds, position_ids=positions, use_cache=False,
                                     ragged=step).last_hidden_state[0, rows]  # [sum keep, H]
-            out = h if hidden else model.get_output_embeddings()(h)
+            out = h if hidden else target_logits(model, h)  # [sum keep, V] (the model's final processing too)
         else:
             ids = torch.tensor([[t for s in segments for t in s.tokens]], device=device)  # [1, N]
             out = model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=rows,

@@ -18,6 +18,7 @@ import torch
 
 from . import artifact as fd
 from ..ppd import artifact as pt
+from ...core.batch.forward import target_logits
 from ...core.batch.ragged import Segment
 from ...core.tree import Tree, attention_mask, position_ids
 from ...core.verify import next_token, tree_greedy_accept, tree_sampled_accept
@@ -134,7 +135,7 @@ class EagleDrafts(Guesser):
         prefill, prefix = self.method.layouts[-1], len(ids) - 1
         h = pt.hidden(model, pt.embed(model, ids, None), attention_mask(prefill.visible, 0, self.target.dtype, prefix),
                       position_ids(prefill.offsets, 0, prefix), cache)  # [T, H]
-        root = next_token(model.get_output_embeddings()(h[-1]).float(), sampling, generator)
+        root = next_token(target_logits(model, h[-1]), sampling, generator)
         state.commit(h, torch.cat([ids[1:], ids.new_tensor([root])]))  # pairs (f_i, x_{i+1})
         return root, state
 
@@ -181,7 +182,7 @@ class EagleDrafts(Guesser):
 
     def joined(self, sample, h, keep, sampling):
         """h [T, H] -> (first token, the pending pairs (f_i, x_{i+1}), the last pairing with the first token)."""
-        root = next_token(self.target.model.get_output_embeddings()(h[-1]).float(), sampling, sample.generator)
+        root = next_token(target_logits(self.target.model, h[-1]), sampling, sample.generator)
         state = PendingPairs()
         state.commit(h, torch.tensor(sample.history[1:] + [root], device=h.device))
         return root, state

@@ -149,7 +149,7 @@ def embed(model, token_ids: torch.Tensor, prompt_rows: torch.Tensor | None) -> t
 def hidden(model, inputs_embeds: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor,
            cache=None) -> torch.Tensor:
     """The frozen decoder on inputs_embeds [1, q, H] with an additive mask [1, 1, q, kv] -> normed hidden [q, H]
-    (logits only for the rows a caller needs: `model.get_output_embeddings()(hidden[rows])`)."""
+    (logits only for the rows a caller needs: core/batch/forward.target_logits(model, hidden[rows]))."""
     mask = window_mask(model, mask, position_ids)  # sliding-window layers: their window applied to the mask
     out = model.get_decoder()(inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=position_ids,
                               **with_cache(cache), use_cache=cache is not None)

@@ -17,6 +17,7 @@ import torch
 
 from ..ppd import artifact as pt
 from ...core.batch.cache import cache_length, keep_positions
+from ...core.batch.forward import target_logits
 from ...core.machine.hardware import hardware_slug
 from ...core.model.load import dtype_name
 from ...core.batch.ragged import Segment
@@ -150,7 +151,7 @@ class Guesser:
         layout = method.layouts[0]
         h = method._forward(ids, layout, cache, prefix=len(ids) - 1)  # [q_0, H]
         keep_positions(cache, len(ids) - 1, [0])  # the root's node inputs leave the cache
-        root = next_token(self.target.model.get_output_embeddings()(h[0]).float(), sampling, generator)
+        root = next_token(target_logits(self.target.model, h[0]), sampling, generator)
         return root, method._prompt_logits(h, layout, 0)  # [m, V]
 
     def next_guesses(self, h: torch.Tensor, layout: TreeLayout, node: int,
@@ -163,7 +164,7 @@ class Guesser:
         idx = torch.tensor(slots, device=h.device)  # [c, E]
         if all_logits is not None:
             return all_logits[idx].mean(1)
-        return self.target.model.get_output_embeddings()(h[idx]).float().mean(1)
+        return target_logits(self.target.model, h[idx]).mean(1)
 
     def draft(self, state: torch.Tensor, tree: Tree, root: int, sampling,
               generator) -> tuple[torch.Tensor, torch.Tensor | None, int]:
@@ -205,7 +206,7 @@ class Guesser:
         """The newcomer's hidden states [q_0, H] (root, node inputs) -> (first token, first state); `keep(offsets)`
         compacts its cache from the root on (the root's node inputs leave it)."""
         keep([0])
-        root = next_token(self.target.model.get_output_embeddings()(h[0]).float(), sampling, sample.generator)
+        root = next_token(target_logits(self.target.model, h[0]), sampling, sample.generator)
         return root, self.method._prompt_logits(h, self.method.layouts[0], 0)  # [m, V]
 
     def draft_batch(self, samples, sampling) -> list[tuple[torch.Tensor, torch.Tensor | None, int]]:

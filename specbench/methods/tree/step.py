@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...core.batch.forward import target_logits
 from ..base import Generation
 from .layout import TreeLayout
 
@@ -16,11 +17,12 @@ def verify_and_accept(method, state, tokens: torch.Tensor, q: torch.Tensor | Non
                       gen: Generation) -> tuple[list[int], object]:
     """tokens [N] (root first), q [N, V] or None, h [q, H] -> (emitted tokens: the accepted path then the target's
     own next token, the next state). `keep(path)` compacts this sample's cache to the root and the path."""
-    head = method.target.model.get_output_embeddings()
+    model = method.target.model
     tree = layout.tree
-    # 2. verify: the target's logits at every node (one head call over every input while the extra rows are few)
-    all_logits = head(h).float() if layout.combined_head else None  # [q, V]
-    logits = all_logits[: tree.nodes] if layout.combined_head else head(h[: tree.nodes]).float()  # [N, V]
+    # 2. verify: the target's logits at every node (one head call over every input while the extra rows are few;
+    # target_logits: the model's own final processing too, e.g. Gemma 2's soft-capping, else lossy at T > 0)
+    all_logits = target_logits(model, h) if layout.combined_head else None  # [q, V]
+    logits = all_logits[: tree.nodes] if layout.combined_head else target_logits(model, h[: tree.nodes])  # [N, V]
     # 3. accept: the longest verified path, then the target's own next token
     path, root = method.guesser.accept(tokens, layout.parents, logits, q, sampling, generator)
     accepted = tokens[path[1:]].tolist()
