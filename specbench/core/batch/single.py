@@ -4,7 +4,7 @@ Every method decodes through one step over the protocol; at batch 1 this engine 
 decode loop: a plain segment (tokens appended causally) is the one causal forward every profile times
 (forward.py); a segment with its own inputs (a tree: embeddings, positions, a visibility mask) runs the decoder
 once with an additive 4-D mask [1, 1, w, past + w] (additive: a bool 4-D mask is added numerically under eager
-attention, DESIGN §7), sliding windows applied to it as transformers would (cache.window_mask). No packing or
+attention), sliding windows applied to it as transformers would (cache.window_mask). No packing or
 padding index work: the cache is the model's own, cropped and compacted in place (cache.py).
 """
 

@@ -90,10 +90,10 @@ def device_name(device: torch.device) -> str:
 
 
 # ------------------------------------------------------------------------------------------- hardware identity
-# Two CPUs that share a marketing name can have completely different latency curves (DESIGN.md §5: an AVX2-only
-# EPYC and a Zen 4 EPYC with AVX512-BF16 are both "AMD EPYC"; bf16 is 4x dearer at width 4 on one and flat to 16 on
-# the other). So the identity is vendor, family / model, the ISA features that change the curve, and core count,
-# and profiles, trees and runs are keyed by it, never by the name alone.
+# Two CPUs that share a marketing name can have completely different latency curves (docs/models-and-hardware.md:
+# an AVX2-only EPYC and a Zen 4 EPYC with AVX512-BF16 are both "AMD EPYC"; their bf16 curves differ completely,
+# benchmarks/RESULTS-cpu.md). So the identity is vendor, family / model, the ISA features that change the curve,
+# and core count, and profiles, trees and runs are keyed by it, never by the name alone.
 
 # ISA features that change a CPU's latency curve, and the tier each puts the CPU in (highest wins in the slug).
 CURVE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
@@ -212,7 +212,7 @@ def bf16_supported(device: torch.device) -> bool:
 
 
 def environment(device: torch.device, dtype: torch.dtype | None = None) -> dict:
-    """The environment every record carries (DESIGN.md §3)."""
+    """The environment every record carries (docs/measurement.md)."""
     import transformers
 
     env = {

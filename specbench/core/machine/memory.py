@@ -1,4 +1,4 @@
-"""Peak memory of one generation (DESIGN.md §3): allocated memory on CUDA, resident set size (RSS) on CPU.
+"""Peak memory of one generation (docs/measurement.md): allocated memory on CUDA, resident set size (RSS) on CPU.
 
 On CPU the process's all-time peak RSS (ru_maxrss) only grows, so it would charge a method with whatever ran
 before it. On Linux, writing "5" to /proc/self/clear_refs resets the peak RSS counter (VmHWM in /proc/self/status)

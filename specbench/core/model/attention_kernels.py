@@ -2,11 +2,10 @@
 
 On CUDA, cuDNN's attention kernel is left out. It builds an execution plan for each new input shape, and decoding
 meets a new shape at every step (the KV cache grows by one token; tree methods change the query width too), so the
-plan is rebuilt on every forward. On the H200 bfloat16 decoding ran 1.7x slower than float32 (ar 30.6 against
-18.5 ms a step; a single-layer drafter 26 ms), while the latency profile's forwards, which repeat one shape, were
-equal in the two dtypes; without cuDNN attention bfloat16 `ar` ran 2.03x faster, as fast as float32 (60.8 tok/s
-against 30.0; benchmarks/RESULTS-gpu.md). float32 never uses cuDNN attention, so only 16-bit runs
-change. SPECBENCH_CUDNN_ATTENTION=1 keeps PyTorch's own choice (benchmarks/sdpa_backends.py compares the sets).
+plan is rebuilt on every forward. On a GPU this made bfloat16 decoding much slower than float32 while the latency
+profile's forwards, which repeat one shape, were equal in the two dtypes; without cuDNN attention bfloat16 decoded
+as fast as float32 (benchmarks/RESULTS-gpu.md). float32 never uses cuDNN attention, so only 16-bit runs change.
+SPECBENCH_CUDNN_ATTENTION=1 keeps PyTorch's own choice (benchmarks/sdpa_backends.py compares the sets).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Faster float32 linear layers on CPU: oneDNN with weights packed once, instead of MKL's sgemm.
 
 Why: torch's default float32 CPU linear calls MKL, which re-packs the weight on every call once the input has
-two or more rows. On the AMD EPYC these machines have, that makes a 2-token forward of SmolLM2-135M cost ~1.7x a
-1-token forward (75 -> 131 ms), which no tree or draft method can win back. oneDNN with a weight packed ahead of
-time (the layout torch.compile's CPU freezing uses) keeps widths 1..8 nearly flat and is faster at width 1 too
-(LM head 49152 x 576: MKL 17 / 31 / 35 ms at 1 / 2 / 8 rows, packed oneDNN 7 / 7 / 9 ms, measured here).
+two or more rows. On AMD EPYC CPUs that makes a 2-token forward cost far more than a 1-token one,
+which no tree or draft method can win back. oneDNN with a weight packed ahead of time (the layout torch.compile's
+CPU freezing uses) keeps small widths nearly flat and is faster at width 1 too (benchmarks/RESULTS-cpu.md's
+numbers are taken on this path).
 
 The switch is SPECBENCH_CPU_LINEAR: `onednn` (default) or `mkl` (torch's default path). It applies to inference
 only: a call that needs gradients falls back to F.linear, so training is unaffected. Every method of a run,

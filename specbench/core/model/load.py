@@ -167,8 +167,8 @@ def auto_dtype(model: str, device: torch.device) -> tuple[torch.dtype, str]:
     """The dtype a decoding run takes for `model` on `device` by measurement: float32 or the 16-bit dtype of
     resolve_dtype("auto") (bfloat16; float16 on a GPU without bf16), whichever profile (profiles/<this
     hardware>/<model>-<dtype>.yaml, KV 512) has the lower geometric-mean latency over AUTO_DTYPE_WIDTHS. Without both
-    profiles: float32 on a CPU (exact lossless checks), the 16-bit dtype on a GPU. On the H200 the profiles chose
-    float32, and float32 decoded 1.7x faster there (benchmarks/RESULTS-gpu.md). Returns the dtype and the reason,
+    profiles: float32 on a CPU (exact lossless checks), the 16-bit dtype on a GPU. On a GPU the profiles can choose
+    float32 over bfloat16 (benchmarks/RESULTS-gpu.md). Returns the dtype and the reason,
     for the console and run.yaml."""
     from ..machine.hardware import hardware_slug
     from ..profile_file import load_profile

@@ -251,10 +251,10 @@ LITTLE_OVERLAP = 0.10  # a concurrent step saving less than this share of the se
 
 def overlap_note(cal: Calibration) -> str | None:
     """What to tell a user when drafting and verifying hardly ran at once here: the chosen mode's PEARL step at the
-    run's gamma saved under LITTLE_OVERLAP of the sequential step (both measured by calibrate). On the H200 CUDA
-    streams gave 33.8 ms against 34.9 ms sequential at gamma 9: both models' kernels are launched by one Python
-    thread, so the window of 9 drafts costs what it would in sd, and PEARL ran 0.71-0.83x ar
-    (benchmarks/RESULTS-gpu.md). None when there was no sequential step to compare or the overlap was real."""
+    run's gamma saved under LITTLE_OVERLAP of the sequential step (both measured by calibrate). Under CUDA streams
+    both models' kernels are still launched by one Python thread, so a window of drafts can cost what it would in
+    sd and PEARL can run slower than ar (benchmarks/RESULTS-gpu.md). None when there was no sequential step to
+    compare or the overlap was real."""
     seq = cal.step_s.get("sequential", {}).get(cal.gamma)
     if seq is None or len(cal.step_s) < 2:
         return None

@@ -8,8 +8,8 @@ import torch
 from ...core.tree import Tree
 
 # One LM-head call over every tree input (nodes and all prompt inputs) instead of two (nodes, then the accepted
-# node's prompt inputs) while the extra rows are few: a 49k-row fp32 head costs ~5 ms at 1 row and +0.35 ms per
-# row on this 2-core CPU, so a second call loses once fewer than ~14 rows would be saved. GPUs are flatter still.
+# node's prompt inputs) while the extra rows are few: on a CPU a large head's fixed cost per call outweighs a few
+# extra rows, so a second call wins only once it would save more than about a dozen rows. GPUs are flatter still.
 COMBINED_HEAD_MAX_PROMPT_INPUTS = 12
 
 
