@@ -16,7 +16,7 @@ from .options import Option, OptionValues
 
 @dataclass
 class Generation:
-    """What one generate() call returns. Counting follows DESIGN.md §3."""
+    """What one generate() call returns. Counting follows docs/measurement.md."""
 
     tokens: list[int] = field(default_factory=list)  # new token ids, up to and including a stop token
     target_forwards: int = 0  # target forward passes, prefill included

@@ -115,8 +115,8 @@ class Guesser:
         """Milliseconds of one drafting forward (the drafter, or medusa's heads) timed on the target's device and
         dtype, once per method: the drafting cost of a tree a run builds (`--tree auto`) and of its predicted
         speedup. The acceptance file's time, moved from the machine `estimate` ran on by the target's forward there
-        and here, misses how the drafter's share changes between machines: on the H200 the eagle drafter took
-        2.38 ms a forward against the 0.95 ms moved from a CPU (benchmarks/RESULTS-gpu.md). None where the guesses
+        and here, misses how the drafter's share changes between machines; the two can differ many times over
+        (benchmarks/RESULTS-gpu.md). None where the guesses
         ride in the target's forward."""
         if not self._timed:
             from ...core.model.tensor_parallel import from_writer
