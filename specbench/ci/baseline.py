@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..report import csvcheck, settings_diff
 from ..run.results import read_meta
@@ -42,8 +43,8 @@ def load_side(path: Path, role: str = "baseline") -> Side:
     """A run folder or a summary.csv as one side of a comparison (errors say what to pass instead)."""
     path = Path(path)
     if path.is_dir():
-        folder, summary_csv = path, path / "summary.csv"
-        if (folder / "records.csv").exists():
+        folder, summary_csv = path, RunFolder(path).summary
+        if RunFolder(folder).records.exists():
             summary = summary_of(folder)  # recomputed in memory: same formulas on both sides, nothing written
             return identify(Side(path, summary, records=records_of(folder)), folder)
         elif summary_csv.exists():
@@ -108,7 +109,7 @@ def identify(side: Side, folder: Path) -> Side:
         side.model = (meta.get("model") or {}).get("spec") or (meta.get("settings") or {}).get("model")
         side.settings = meta.get("settings")
         return side
-    records = folder / "records.csv"
+    records = RunFolder(folder).records
     if records.exists():
         side.source = f"identity from records.csv beside {side.path.name}; no run.yaml, so settings not checked"
         table = csvcheck.read_csv(records, "records CSV", keep_default_na=False,

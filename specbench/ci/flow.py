@@ -12,6 +12,7 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
+from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..progress import console, out
 from . import baseline as bl
@@ -130,7 +131,7 @@ def judge(summary: pd.DataFrame, runs: list[Path], out_dir: Path, opts: CiOption
 
 def _paired(run: Path, old: bl.Side) -> pd.DataFrame | None:
     """The turn-by-turn changes against the baseline (paired.py) when both runs' records are at hand, else None."""
-    if old.records is None or not (Path(run) / "records.csv").exists():
+    if old.records is None or not RunFolder(run).records.exists():
         return None
     return paired.changes(bl.records_of(run), old.records)
 
@@ -151,7 +152,7 @@ def _title(runs: list[Path]) -> str:
 
 def _plots(runs: list[Path], out_dir: Path) -> list[Path]:
     folder = runs[0] if len(runs) == 1 else out_dir
-    return [p for p in (folder / n for n in ("speedup.png", "tokens_per_s.png", "tau.png")) if p.exists()]
+    return [p for p in RunFolder(folder).plots if p.exists()]
 
 
 def _header(new: bl.Side, old: bl.Side, notes: list[str], opts: CiOptions) -> list[str]:

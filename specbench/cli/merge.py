@@ -26,13 +26,14 @@ def merge(
     """Merge shard folders into one records.csv / tokens.jsonl / summary.csv / report.md, with a per-shard table."""
     import pandas as pd
 
+    from ..core.store import RunFolder
     from ..report.merged import report_merged
     from ..run.merge import merge as merge_shards
 
     runs = merge_shards(folders, out, allow_partial=allow_partial, per_hardware=per_hardware)
     report_merged(out, runs)
     for run in runs:
-        print_summary(pd.read_csv(run / "summary.csv"), f"merged shards ({run})")
+        print_summary(pd.read_csv(RunFolder(run).summary), f"merged shards ({run})")
     warn_unexplained(runs)
     if len(runs) > 1:
         console.print(f"[yellow]note[/] the shards ran on {len(runs)} hardware keys: one merged run per key, never "

@@ -175,11 +175,12 @@ def _report_sharded(runs: list[Path], out_dir: Path) -> None:
     """The merged report of a run on Ray (one run, or one per hardware key with --shards on mixed hardware)."""
     import pandas as pd
 
+    from ..core.store import RunFolder
     from ..report.merged import report_merged
 
     report_merged(out_dir, runs)
     for run_dir in runs:
-        print_summary(pd.read_csv(run_dir / "summary.csv"), f"results ({run_dir}, merged from its shards)")
+        print_summary(pd.read_csv(RunFolder(run_dir).summary), f"results ({run_dir}, merged from its shards)")
     warn_unexplained(runs)
     console.print(f"Reports: {escape(str(out_dir))}/records.csv, summary.csv, report.md; shards in "
                   f"{escape(str(out_dir))}/shards/")
@@ -202,9 +203,10 @@ def _auto_method(methods: list[str], model: str, device: str, dtype: str, recomm
 
 
 def _newest_run() -> Path:
+    from ..core.store import RunFolder
     from ..run.config import results_root
 
-    runs = sorted(p for p in results_root().glob("*") if (p / "run.yaml").exists())
+    runs = sorted(p for p in results_root().glob("*") if RunFolder(p).is_run())
     if not runs:
         raise SpecbenchError("--resume: no earlier run in results/; pass --out with the run folder.")
     return runs[-1]

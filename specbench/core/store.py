@@ -1,5 +1,5 @@
 """Where specbench keeps its files: the one module that spells out the folders of measured profiles, trees,
-acceptance tables, trained artefacts, dataset specs and the user cache.
+acceptance tables, trained artefacts, dataset specs and the user cache, and the files inside a run folder (RunFolder).
 
 Relative paths (`profile_file(...)`, `tree_file(...)`, ...) are what commands write into the working directory;
 `find(...)` looks a relative path up in the working directory first (what the user made), then in the checkout the
@@ -10,6 +10,7 @@ hardware keys `core.hardware.hardware_slug(device)`; this module takes them as s
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import REPO_ROOT
@@ -145,6 +146,61 @@ def shipped_artifacts() -> Path:
 def dataset_specs() -> Path:
     """datasets/: the YAML specs of the benchmark sets (shipped)."""
     return checkout() / DATASETS
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The files of one run folder (`specbench run --out`, a shard, a merged run): the one place their names are
+    spelled. Paths only: reading and writing them stays with run/ and report/."""
+
+    path: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def meta(self) -> Path:
+        """run.yaml: settings, environment, model, trees, shard, `complete` (written first, so it marks a run)."""
+        return self.path / "run.yaml"
+
+    @property
+    def records(self) -> Path:
+        """records.csv: one row per generated turn (run/results.RecordWriter)."""
+        return self.path / "records.csv"
+
+    @property
+    def tokens(self) -> Path:
+        """tokens.jsonl: the token ids of each record."""
+        return self.path / "tokens.jsonl"
+
+    @property
+    def timeline(self) -> Path:
+        """timeline.jsonl: sd / pearl runs' per-step draft and target busy spans."""
+        return self.path / "timeline.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        """summary.csv: one row per method x dataset (report/run_report.py)."""
+        return self.path / "summary.csv"
+
+    @property
+    def report(self) -> Path:
+        """report.md."""
+        return self.path / "report.md"
+
+    @property
+    def merge(self) -> Path:
+        """merge.yaml: the top folder of a merge over several hardware keys (one merged run below it per key)."""
+        return self.path / "merge.yaml"
+
+    @property
+    def plots(self) -> tuple[Path, Path, Path]:
+        """speedup.png, tokens_per_s.png and tau.png (report/plots.write_plots)."""
+        return self.path / "speedup.png", self.path / "tokens_per_s.png", self.path / "tau.png"
+
+    def is_run(self) -> bool:
+        """The folder holds a run (its run.yaml)."""
+        return self.meta.exists()
 
 
 def user_cache() -> Path:

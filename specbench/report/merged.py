@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from ..core.store import RunFolder
 from .compact import timing_word
 from .markdown import markdown_table
 from .run_report import write_run_report
@@ -25,11 +26,12 @@ def write_per_hardware(out: Path, runs: list[Path]) -> pd.DataFrame:
     """The top of a per-hardware merge: summary.csv (each key's summary with a `hardware` column) and report.md
     linking each key's own report; the keys are never pooled into one number."""
     out = Path(out)
-    merged = yaml.safe_load((out / "merge.yaml").read_text())
-    frames = [pd.read_csv(run / "summary.csv").assign(hardware=run.name) for run in runs]
+    top = RunFolder(out)
+    merged = yaml.safe_load(top.merge.read_text())
+    frames = [pd.read_csv(RunFolder(run).summary).assign(hardware=run.name) for run in runs]
     summary = pd.concat(frames, ignore_index=True)
     summary = summary[["hardware"] + [c for c in summary.columns if c != "hardware"]]
-    summary.to_csv(out / "summary.csv", index=False)
+    summary.to_csv(top.summary, index=False)
     cols = [c for c in ("hardware", "method", "dataset", "prompts", "tokens_per_s", "speedup", "speedup_lo",
                         "speedup_hi", "tau", "lossless_rate", "timing") if c in summary]
     md = [f"# specbench sharded run: {out.name}", "",
@@ -39,6 +41,6 @@ def write_per_hardware(out: Path, runs: list[Path]) -> pd.DataFrame:
     md += ["## Summary per hardware key", "", markdown_table(summary[cols].assign(**(
         {"timing": summary.timing.map(timing_word)} if "timing" in summary else {}))), ""]
     md += shard_section({"shards": merged.get("shards")})
-    (out / "report.md").write_text("\n".join(md))
+    top.report.write_text("\n".join(md))
     return summary
 

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from ..core.store import RunFolder  # noqa: E402
 from ..run import noise  # noqa: E402
 from .titles import set_title  # noqa: E402
 
@@ -103,7 +104,7 @@ def plot_bars(summary: pd.DataFrame, column: str, ylabel: str, path: Path, basel
 
 def write_plots(summary: pd.DataFrame, out: Path, title: str = "") -> list[Path]:
     """speedup.png, tokens_per_s.png and tau.png in `out`, each titled `title` (plot_title / comparison_title)."""
-    paths = [out / "speedup.png", out / "tokens_per_s.png", out / "tau.png"]
+    paths = list(RunFolder(out).plots)
     plot_bars(summary, "speedup", "speedup over ar\n(total tokens / total time)", paths[0], baseline=1.0, title=title)
     plot_bars(summary, "tokens_per_s", "tokens / s", paths[1], title=title)
     plot_bars(summary, "tau", "tau (tokens per target forward)", paths[2], baseline=1.0, title=title, timed=False)

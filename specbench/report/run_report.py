@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..run.results import read_meta, with_batch_columns
 from . import batchreport, compact, comparison, context, timeline, verdict
@@ -45,7 +46,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
         raise SpecbenchError(f"{run_dir}: the run has no results yet (every prompt was skipped or none finished).")
     meta = read_meta(run_dir)
     summary = summarize(records, latency_floor=(meta.get("noise_guard") or {}).get("latency_floor", 1.0))
-    summary.to_csv(run_dir / "summary.csv", index=False)
+    summary.to_csv(RunFolder(run_dir).summary, index=False)
     title = plot_title(meta, records) + (", PARTIAL run (interrupted)" if is_partial(meta) else "")
     # one prompt at a time: bars, categories, trees; batch > 1 has its own section (batchreport.py)
     single = summary[summary.batch_size == 1] if (summary.batch_size == 1).any() else summary
@@ -74,7 +75,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     md += settings_section(meta) + environment_section(meta)
     md += ["## Appendix: every summary column", "", "The table summary.csv holds (formulas above).", "",
            markdown_table(named(summary)), ""]
-    (run_dir / "report.md").write_text("\n".join(md))
+    RunFolder(run_dir).report.write_text("\n".join(md))
     return summary
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..run import noise
 from ..run.results import with_batch_columns
@@ -48,7 +49,7 @@ SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_
 
 
 def read_records(run_dir: Path) -> pd.DataFrame:
-    path = Path(run_dir) / "records.csv"
+    path = RunFolder(run_dir).records
     if not path.exists():
         raise SpecbenchError(f"{run_dir}: no records.csv here; pass a folder written by `specbench run`.")
     try:

@@ -28,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ..run.results import TIMELINE_FILE  # noqa: E402
+from ..core.store import RunFolder  # noqa: E402
 from .markdown import markdown_table  # noqa: E402
 
 COLORS = {"sd": "#777777", "pre": "#4c72b0", "post": "#55a868", "draft": "#c44e52", "verify": "#8172b2"}
@@ -54,7 +54,7 @@ def totals(steps: list[dict]) -> dict:
 
 def read(run_dir: Path) -> list[dict]:
     """The rows of timeline.jsonl (the last one wins for a key written twice by a resumed run)."""
-    path = Path(run_dir) / TIMELINE_FILE
+    path = RunFolder(run_dir).timeline
     if not path.exists():
         return []
     rows: dict[tuple, dict] = {}
@@ -205,9 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     rows = read(args.run_dir)
     if not rows:
-        raise SystemExit(f"{args.run_dir}: no {TIMELINE_FILE} (only sd / pearl runs write one)")
+        raise SystemExit(f"{args.run_dir}: no {RunFolder(args.run_dir).timeline.name} (only sd / pearl runs write one)")
     prompts = None if args.prompts == "all" else args.prompts
-    records_csv = args.run_dir / "records.csv"
+    records_csv = RunFolder(args.run_dir).records
     records = pd.read_csv(records_csv, dtype={"prompt_id": str}) if records_csv.exists() else None
     title = plot_title(read_meta(args.run_dir), records)
     paths = draw(args.run_dir, rows, prompts, title, args.seconds)

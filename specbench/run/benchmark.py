@@ -20,6 +20,7 @@ from ..core.model import tensor_parallel as tp
 from ..core.machine import memory
 from ..core.model.load import load_model
 from ..data import datasets as ds
+from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..progress import console, progress_bar
 from . import batch_schedule, noise, retime
@@ -114,7 +115,7 @@ def run(cfg: RunConfig) -> Path:
                     bar.update(task, advance=1, info=f"{tokens / seconds if seconds else 0:6.1f} tok/s")
     except KeyboardInterrupt:
         writer.close()
-        kept = sum(1 for _ in open(out / "records.csv")) - 1
+        kept = sum(1 for _ in open(RunFolder(out).records)) - 1
         raise Interrupted(out, kept) from None
     writer.close()
     mark_complete(out)
@@ -127,7 +128,7 @@ def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shar
     turns true when every planned prompt finished."""
     target = runner.target
     profile = runner.local_profile()
-    (out / "run.yaml").write_text(yaml.safe_dump({
+    RunFolder(out).meta.write_text(yaml.safe_dump({
         "settings": plain(cfg.settings()), "environment": runner.env,
         "model": {"spec": target.spec, "name": target.name, "source": target.source, "rendering": target.prompt_format,
                   "placement": target.placement, "device_map": _device_map(target)},

@@ -20,10 +20,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..progress import console
 from .resume import differences
-from .results import TIMELINE_FILE, read_meta
+from .results import read_meta
 
 # environment keys that must agree within one hardware key (the numbers depend on them); device names, identity,
 # threads and git may differ between machines of one key and are listed per shard instead
@@ -77,7 +78,7 @@ def read_shard(folder: Path) -> ShardFolder:
     if not isinstance(meta.get("shard"), dict):
         raise SpecbenchError(f"merge: {folder} is not a shard (its run.yaml has no `shard`: it ran unsharded); "
                              "merge takes the folders of `specbench run --shard I/N`")
-    path = folder / "records.csv"
+    path = RunFolder(folder).records
     records = (pd.read_csv(path, dtype=str, keep_default_na=False) if path.exists() and path.stat().st_size
                else pd.DataFrame(columns=ROW_KEY + ["new_tokens", "wall_s"]))
     return ShardFolder(folder, meta, records)
@@ -193,7 +194,7 @@ def merge(folders: list[Path], out: Path, allow_partial: bool = False, per_hardw
     shards = [read_shard(Path(f)) for f in dict.fromkeys(Path(f).resolve() for f in folders)]
     if any(s.folder == out.resolve() for s in shards):
         raise SpecbenchError(f"merge: --out {out} is one of the shard folders; choose another folder")
-    if not replace and ((out / "run.yaml").exists() or (out / "merge.yaml").exists()):
+    if not replace and (RunFolder(out).is_run() or RunFolder(out).merge.exists()):
         raise SpecbenchError(f"merge: {out} already holds a run; choose another --out or remove it")
     complete = check(shards, allow_partial, per_hardware)
     shards.sort(key=lambda s: s.shard["index"])
@@ -202,7 +203,7 @@ def merge(folders: list[Path], out: Path, allow_partial: bool = False, per_hardw
         write_merged(out, shards, complete)
         return [out]
     runs = [write_merged(out / key, [s for s in shards if s.hardware == key], complete) for key in keys]
-    (out / "merge.yaml").write_text(yaml.safe_dump({"hardware_keys": keys, "runs": [str(r) for r in runs],
+    RunFolder(out).merge.write_text(yaml.safe_dump({"hardware_keys": keys, "runs": [str(r) for r in runs],
                                                     "shards": [s.summary_row() for s in shards]}, sort_keys=False))
     return runs
 
@@ -210,6 +211,7 @@ def merge(folders: list[Path], out: Path, allow_partial: bool = False, per_hardw
 def write_merged(out: Path, shards: list[ShardFolder], complete: bool) -> Path:
     """One run folder from shards of one hardware key: records, tokens, timeline and run.yaml (the report: report/)."""
     out.mkdir(parents=True, exist_ok=True)
+    folder = RunFolder(out)
     where = {k: v for s in shards for k, v in s.positions().items()}
 
     def position(dataset: str, prompt_id) -> int:
@@ -217,22 +219,22 @@ def write_merged(out: Path, shards: list[ShardFolder], complete: bool) -> Path:
 
     records = pd.concat([s.records for s in shards], ignore_index=True)
     order = sorted(range(len(records)), key=lambda i: position(records.dataset[i], records.prompt_id[i]))
-    records.iloc[order].to_csv(out / "records.csv", index=False)
+    records.iloc[order].to_csv(folder.records, index=False)
     # tokens: one row per record, in the records' order (a row written twice by a killed shard counts once)
     index = {_key(r): i for i, r in enumerate(records.iloc[order].to_dict("records"))}
-    tokens = {_key(r): r for r in _rows(shards, "tokens.jsonl") if _key(r) in index}
-    (out / "tokens.jsonl").write_text("".join(json.dumps(tokens[k]) + "\n" for k in sorted(tokens, key=index.get)))
+    tokens = {_key(r): r for r in _rows([RunFolder(s.folder).tokens for s in shards]) if _key(r) in index}
+    folder.tokens.write_text("".join(json.dumps(tokens[k]) + "\n" for k in sorted(tokens, key=index.get)))
     timeline = {(r.get("method"), r["dataset"], str(r["prompt_id"]), r.get("turn")): r
-                for r in _rows(shards, TIMELINE_FILE)}
+                for r in _rows([RunFolder(s.folder).timeline for s in shards])}
     if timeline:  # sd / pearl: each prompt's steps, in prompt order
         rows = sorted(timeline.values(), key=lambda r: position(r["dataset"], r["prompt_id"]))
-        (out / TIMELINE_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        folder.timeline.write_text("".join(json.dumps(r) + "\n" for r in rows))
     first = shards[0].meta
     meta = {k: v for k, v in first.items() if k not in ("shard", "complete")}
     meta["settings"] = settings_of(shards[0])
     meta["shards"] = [s.summary_row() for s in shards]
     meta["complete"] = complete
-    (out / "run.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    folder.meta.write_text(yaml.safe_dump(meta, sort_keys=False))
     return out
 
 
@@ -241,10 +243,10 @@ def _key(row: dict) -> tuple[str, ...]:
     return tuple(str(row.get(k, {"batch_size": 1, "batching": "-"}.get(k))) for k in ROW_KEY)
 
 
-def _rows(shards: list[ShardFolder], name: str) -> list[dict]:
-    """The JSONL rows of file `name` of every shard, in shard order."""
-    return [row for s in shards if (s.folder / name).exists()
-            for row in map(_row, (s.folder / name).read_text().splitlines()) if row is not None]
+def _rows(paths: list[Path]) -> list[dict]:
+    """The JSONL rows of the files `paths` (one per shard, in shard order) that exist."""
+    return [row for path in paths if path.exists()
+            for row in map(_row, path.read_text().splitlines()) if row is not None]
 
 
 def _row(line: str) -> dict | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..core.machine import contention
+from ..core.store import RunFolder
 from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..methods import get_method
@@ -45,7 +46,7 @@ class ShardPlan:
         return self.cfg.shard
 
     def written(self) -> int:
-        path = Path(self.cfg.out) / "records.csv"
+        path = RunFolder(self.cfg.out).records
         if not path.exists():
             return 0
         with open(path, "rb") as f:
@@ -132,7 +133,7 @@ def prepare(out: Path, resume: bool, count: int) -> None:
     """The run folder: a new one, or with --resume one of the same split."""
     shards = out / "shards"
     held = sorted(p.name for p in shards.iterdir() if p.is_dir()) if shards.is_dir() else []
-    if not resume and (held or (out / "run.yaml").exists()):
+    if not resume and (held or RunFolder(out).is_run()):
         raise SpecbenchError(f"{out} already holds a run. Pass --resume to continue it, or choose another --out.")
     other = [name for name in held if not name.endswith(f"-of-{count:03d}")]
     if other:
@@ -223,7 +224,7 @@ def _log_path(cfg: RunConfig) -> Path:
 
 def _partial_merge(plans: list[ShardPlan], out: Path) -> list[Path]:
     """Ctrl-C: what finished, merged (marked partial) when any shard wrote records; the caller writes the report."""
-    started = [p.cfg.out for p in plans if (Path(p.cfg.out) / "run.yaml").exists()]
+    started = [p.cfg.out for p in plans if RunFolder(p.cfg.out).is_run()]
     if not any(p.written() for p in plans):
         return []
     try:
@@ -243,7 +244,7 @@ def shard_task(cfg: RunConfig, kill: str = "") -> str:
     if kill and kill.split(":")[0] == str(cfg.shard.index):
         _die_after(cfg, int(kill.split(":")[1]))
     with contention.watching_run(Path(cfg.out).parent, Path(cfg.out).name):  # other shards are planned, not noise
-        return str(run(replace(cfg, resume=(Path(cfg.out) / "run.yaml").exists())))
+        return str(run(replace(cfg, resume=RunFolder(cfg.out).is_run())))
 
 
 def _die_after(cfg: RunConfig, rows: int) -> None:

@@ -177,7 +177,7 @@ def _confirm(req: RecommendRequest, methods: list[str], dtype: str, out: Path) -
 def confirming_records(run_dir: Path) -> pd.DataFrame:
     """The confirming run's batch-1 records (refused without ar's)."""
     try:
-        df = with_batch_columns(pd.read_csv(Path(run_dir) / "records.csv", dtype={"lossless": str, "prompt_id": str},
+        df = with_batch_columns(pd.read_csv(store.RunFolder(run_dir).records, dtype={"lossless": str, "prompt_id": str},
                                             keep_default_na=False))
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise SpecbenchError(f"{run_dir}: cannot read the confirming run's records.csv ({exc})") from exc

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from ..core.store import RunFolder
 from ..errors import SpecbenchError
 
 
@@ -97,8 +98,8 @@ class RecordWriter:
     """Appends records and their tokens, flushing each row so an interrupted run loses nothing."""
 
     def __init__(self, run_dir: Path):
-        self.records_path = run_dir / "records.csv"
-        self.tokens_path = run_dir / "tokens.jsonl"
+        folder = RunFolder(run_dir)
+        self.records_path, self.tokens_path = folder.records, folder.tokens
         # new, or left empty by a process killed before its header reached the disk
         new = not self.records_path.exists() or self.records_path.stat().st_size == 0
         self._csv_file = self.records_path.open("a", newline="")
@@ -124,7 +125,7 @@ class RecordWriter:
 def read_tokens(run_dir: Path) -> dict[tuple[str, str, str, int], list[int]]:
     """(method, dataset, prompt_id, turn) -> token ids of batch-1 rows, from tokens.jsonl (a torn last line is
     ignored; batched rows, which carry batch_size > 1, are not the references)."""
-    path = run_dir / "tokens.jsonl"
+    path = RunFolder(run_dir).tokens
     out: dict[tuple[str, str, str, int], list[int]] = {}
     if not path.exists():
         return out
@@ -149,7 +150,7 @@ def with_batch_columns(records: pd.DataFrame) -> pd.DataFrame:
 
 def read_meta(run_dir: Path) -> dict:
     """run.yaml of a run folder ({} when it has none; an unreadable one is an error naming the file)."""
-    path = Path(run_dir) / "run.yaml"
+    path = RunFolder(run_dir).meta
     if not path.exists():
         return {}
     try:
@@ -159,10 +160,7 @@ def read_meta(run_dir: Path) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-TIMELINE_FILE = "timeline.jsonl"
-
-
 def append_timeline(run_dir: Path, key: dict, steps: list[dict]) -> None:
     """Add one generation's steps to timeline.jsonl (key: method, dataset, prompt_id, turn)."""
-    with open(Path(run_dir) / TIMELINE_FILE, "a") as f:
+    with open(RunFolder(run_dir).timeline, "a") as f:
         f.write(json.dumps({**key, "steps": steps}) + "\n")

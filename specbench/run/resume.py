@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..progress import console
 from .config import RunConfig
@@ -26,7 +27,7 @@ def prepare_out(cfg: RunConfig) -> Path:
         probe.unlink()
     except OSError as exc:
         raise SpecbenchError(f"cannot write to --out {out}: {exc.strerror or exc}. Choose a writable folder.") from exc
-    run_file = out / "run.yaml"
+    run_file = RunFolder(out).meta
     if run_file.exists():
         if not cfg.resume:
             raise SpecbenchError(f"{out} already holds a run. Pass --resume to continue it, or choose another --out.")
@@ -65,7 +66,7 @@ ENVIRONMENT_KEYS = ("device", "device_type", "hardware", "identity", "dtype", "c
 
 def refuse_other_environment(out: Path, env: dict) -> None:
     """--resume: refuse when kernels, library versions, hardware, dtype, device or threads changed, naming them."""
-    old = (yaml.safe_load((out / "run.yaml").read_text()) or {}).get("environment") or {}
+    old = (yaml.safe_load(RunFolder(out).meta.read_text()) or {}).get("environment") or {}
     changed = differences({k: old.get(k) for k in ENVIRONMENT_KEYS}, plain({k: env.get(k) for k in ENVIRONMENT_KEYS}))
     if changed:
         hint = " (SPECBENCH_CPU_LINEAR chooses the CPU kernels)" if any("cpu_linear" in c for c in changed) else ""
@@ -114,7 +115,7 @@ DONE_KEY = ["method", "dataset", "prompt_id", "batch_size", "batching"]
 def drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> Done:
     """Keep only (method, dataset, prompt, batch size, batching) groups with every turn recorded in records.csv;
     return those. `turns`: (dataset, prompt id) -> the prompt's turn count."""
-    path = out / "records.csv"
+    path = RunFolder(out).records
     if not path.exists() or path.stat().st_size == 0:  # an empty file: the run was stopped before its header
         keep_tokens(out, set())
         return Done()
@@ -137,7 +138,7 @@ def drop_incomplete(out: Path, turns: dict[tuple[str, str], int]) -> Done:
 def keep_tokens(out: Path, done: set[tuple]) -> None:
     """tokens.jsonl to match the kept records: rows of dropped groups, torn lines and the earlier copy of a row
     written twice (a process killed between a row's tokens and its record) are left out."""
-    path = out / "tokens.jsonl"
+    path = RunFolder(out).tokens
     if not path.exists():
         return
     rows: dict[tuple, str] = {}
@@ -162,13 +163,13 @@ def finished(out: Path) -> bool:
 
     if launched_ranks() > 1:
         return False
-    path = out / "run.yaml"
+    path = RunFolder(out).meta
     return path.exists() and bool((yaml.safe_load(path.read_text()) or {}).get("complete"))
 
 
 def mark_complete(out: Path) -> None:
     """run.yaml says whether every planned prompt finished (a report of an interrupted run says it is partial)."""
-    path = out / "run.yaml"
+    path = RunFolder(out).meta
     meta = yaml.safe_load(path.read_text()) or {}
     meta["complete"] = True
     path.write_text(yaml.safe_dump(meta, sort_keys=False))

@@ -37,6 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.machine import contention
+from ..core.store import RunFolder
 from . import noise
 from .records import TurnResult
 
@@ -56,7 +57,7 @@ class History:
     @classmethod
     def of_run(cls, run_dir: Path) -> History:
         """A resumed run's history: the kept quiet batch-1 rows of its records.csv (empty for a new run)."""
-        history, path = cls(), Path(run_dir) / "records.csv"
+        history, path = cls(), RunFolder(run_dir).records
         try:
             records = pd.read_csv(path, dtype=str, keep_default_na=False)
         except (OSError, pd.errors.EmptyDataError):  # no records yet
