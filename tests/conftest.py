@@ -56,7 +56,7 @@ def prompts_file(tmp_path):
 # random artefacts of the single-model methods (medusa heads, hidden-transfer projections) for tiny test models
 
 def _meta(target) -> dict:
-    from specbench.methods.ppd.artifact import model_key
+    from specbench.core.artifact_files import model_key
 
     return {"model": target.spec, "model_key": model_key(target), "hidden_size": target.model.config.hidden_size,
             "vocab_size": target.vocab_size}

@@ -1,4 +1,7 @@
-"""The package layout: imports flow one way, cli -> ci -> report -> run -> methods -> planning -> train -> artifacts -> data -> core."""
+"""The package layout: imports flow one way, cli -> ci -> report -> run -> methods -> planning -> train -> artefacts ->
+data -> core. A method family's folder (methods/<family>/) keeps its parts together and they sit in the layer of
+their role: the artefact (artifact.py, sd's drafter.py, Hidden Transfer's layers.py) below training (training.py)
+below planning, which scores artefacts, below the method itself (its guesser or step); PEARL's scheduler is core."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specbench"
 # lower number = lower layer; a module may import its own layer or lower ones, never a higher one
-LAYERS = {"errors": 0, "progress": 0, "__init__": 0, "core": 1, "data": 2, "artifacts": 3, "train": 4,
+LAYERS = {"errors": 0, "progress": 0, "__init__": 0, "core": 1, "data": 2, "train": 4,
           "planning": 5, "methods": 6, "run": 7, "report": 8, "ci": 9, "cli": 10, "__main__": 11}
 
 
@@ -38,8 +41,16 @@ def imports(path: Path) -> set[str]:
     return found
 
 
+ARTEFACTS, TRAIN = 3, 4
+# a module of a method family's folder -> its layer, by its role (the file name); the rest of methods/ is layer 6
+FAMILY_ROLES = {"artifact": ARTEFACTS, "drafter": ARTEFACTS, "layers": ARTEFACTS, "training": TRAIN,
+                "scheduler": LAYERS["core"]}
+
+
 def layer(module: str) -> int:
     parts = module.split(".")
+    if len(parts) == 4 and parts[1] == "methods" and parts[3] in FAMILY_ROLES:
+        return FAMILY_ROLES[parts[3]]
     return LAYERS[parts[1] if len(parts) > 1 else "__init__"]
 
 

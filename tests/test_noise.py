@@ -225,7 +225,7 @@ def known_ratios(ratios=(1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9)) -> p
 
 
 def test_bootstrap_interval_covers_the_pooled_speedup_and_is_reproducible():
-    from specbench.report import robust
+    from specbench.run import intervals as robust
 
     recs = known_ratios()
     row = summarize(recs).set_index("method").loc["pld"]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from specbench.report import robust
+from specbench.run import intervals as robust
 from specbench.report.summary import summarize
 from specbench.run import noise, retime
 from specbench.run.records import TurnResult

@@ -1,6 +1,6 @@
 """CI checks per method x dataset (ar excluded): lossless, floor (--fail-below), regression (--fail-regression).
 
-Speedups are judged by their 95% interval (report/robust.py), not the point, so that one slow prompt cannot fail
+Speedups are judged by their 95% interval (run/intervals.py), not the point, so that one slow prompt cannot fail
 (or pass) a gate. Each timing gate has three outcomes, by where the interval lies against its threshold:
 - --fail-below X: passes when the interval's lower end clears X, fails when its upper end is below X, and is
   "within the noise" when the interval straddles X (the run cannot tell; more prompts or repeats can).
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..report.robust import bounds
+from ..run.intervals import bounds
 from ..run.noise import is_disturbed
 
 NOT_JUDGED_EXIT, FAILED_EXIT, NOISE_EXIT = 3, 1, 4

@@ -8,7 +8,7 @@ realistic regression, so comparing them (this run's upper end against the baseli
   change    = pooled speedup of this run / pooled speedup of the baseline, on the prompt turns both runs (and
               both runs' ar) finished, as a percentage
   change_lo, change_hi = its 95% bootstrap interval: the independent units (a prompt at batch 1, a batch group at
-              B > 1: report/robust.py) resampled, each unit's turns of both runs together, so the spread between
+              B > 1: run/intervals.py) resampled, each unit's turns of both runs together, so the spread between
               prompts cancels and only the run-to-run noise is left
 Rows are named as the summary names them ("sd B=8 unpadded"), each against ar at its batch size in its own run.
 """
@@ -20,7 +20,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..report import robust
+from ..run import intervals as robust
 from ..report.summary import row_name
 from ..run.results import with_batch_columns
 

@@ -23,7 +23,7 @@ from . import paired
 MEASURES = {"speedup": ("speedup", True), "tau": ("tau", True), "acceptance_rate": ("acceptance", False),
             "lossless_rate": ("lossless", False), "lossless_explained_rate": ("explained", False)}
 KEY = ["method", "dataset"]
-INTERVAL = ("speedup_lo", "speedup_hi")  # report/robust.py; NaN for summaries from before the interval
+INTERVAL = ("speedup_lo", "speedup_hi")  # run/intervals.py; NaN for summaries from before the interval
 
 
 def compare(new: pd.DataFrame, old: pd.DataFrame, turn_by_turn: pd.DataFrame | None = None) -> pd.DataFrame:

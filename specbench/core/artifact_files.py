@@ -4,6 +4,8 @@ malformed (the file and field named) or it was trained for another model (both n
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -13,7 +15,6 @@ from . import store
 from .model.load import LoadedModel, model_slug
 from .structured import read_structured
 from ..errors import SpecbenchError
-from ..methods.ppd.artifact import model_key
 
 
 def default_dir(target: LoadedModel | str, folder: str, meta_file: str) -> Path:
@@ -97,3 +98,16 @@ def locate_dir(spec: str | None, target: LoadedModel, folder: str, meta_file: st
                              f"here and in the repo): train them with `{train} --model {target.spec}` (found by "
                              "itself afterwards), or pass --artifact <folder>")
     return path
+
+
+def model_key(target: LoadedModel) -> str:
+    """Which model an artefact belongs to, the same whether the model is loaded in float32 or bfloat16
+    (architecture plus a slice of the embeddings rounded to bfloat16)."""
+    cfg = target.model.config.to_dict()
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
+    h = hashlib.sha256(json.dumps({k: cfg.get(k) for k in keys}, sort_keys=True).encode())
+    from .model.placement import weight_of
+
+    emb = weight_of(target.model.get_input_embeddings())[:4, :16].detach().to(torch.bfloat16).float().cpu()
+    h.update(emb.numpy().tobytes())
+    return h.hexdigest()[:12]

@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from ..run.lossless import explained_rate, lossless_verdicts  # noqa: F401  (read by summary.py)
 from ..run.results import with_batch_columns
 from .markdown import markdown_table
 
@@ -30,28 +31,6 @@ LOSSLESS_TEXT = (
     "token `ar`'s own arithmetic could have chosen; the text after that point differs legitimately and is not "
     "compared. In float32 both rates should be 1.0; in bf16/fp16 the exact rate can be low while the explained rate "
     "stays 1.0. An unexplained mismatch of a lossless method is a defect to investigate.")
-
-
-def lossless_verdicts(records: pd.DataFrame) -> pd.Series:
-    """Per record: "" (not checked: T > 0 or ar), "match", "near-tie", "unexplained", or "no verdict" (a mismatch in
-    a run older than the near-tie check, which counts as unexplained)."""
-    lossless = records["lossless"].astype(str) if "lossless" in records else pd.Series("", index=records.index)
-    explained = (records["mismatch_explained"].astype(str) if "mismatch_explained" in records
-                 else pd.Series("", index=records.index))
-    mismatch = lossless.str.startswith("mismatch")
-    out = pd.Series("", index=records.index, dtype=object)
-    out[lossless == "match"] = "match"
-    out[mismatch] = "unexplained"
-    out[mismatch & (explained == "near-tie")] = "near-tie"
-    out[mismatch & explained.isin(["", "nan"])] = "no verdict"
-    return out
-
-
-def explained_rate(g: pd.DataFrame) -> float:
-    """(exact matches + near-tie mismatches) / checked turns."""
-    v = lossless_verdicts(g)
-    v = v[v != ""]
-    return round(v.isin(["match", "near-tie"]).mean(), 3) if len(v) else math.nan
 
 
 def unexplained_mismatches(records: pd.DataFrame) -> pd.DataFrame:

@@ -6,7 +6,7 @@ Speedup formulas (both from the same run, same prompts, same machine):
   speedup_mean  = mean over prompt turns of tokens_per_s_method / tokens_per_s_ar
   speedup_median = median over prompt turns of tokens_per_s_method / tokens_per_s_ar
   speedup_lo, speedup_hi = 95% bootstrap interval of speedup (prompts resampled, batch groups at B > 1, seeded:
-                         report/robust.py)
+                         run/intervals.py)
   tau           = sum new_tokens / sum target_forwards   (bonus token included; ar = 1.00)
   acceptance    = sum accepted_drafts / sum drafted
   draft_ms_per_token   = 1000 * sum draft_s / sum new_tokens   (drafting ms per emitted token; draft-model methods)
@@ -32,7 +32,8 @@ from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..run import noise
 from ..run.results import with_batch_columns
-from . import csvcheck, robust
+from ..run import intervals as robust
+from . import csvcheck
 from .lossless_check import exactness, explained_rate
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import torch
 
 from ..core.batch.cache import new_cache
@@ -94,3 +95,27 @@ def explain_mismatch(target: LoadedModel, prompt_ids, ar_tokens: list[int], meth
     layers = getattr(model.config, "num_hidden_layers", CALIBRATION_LAYERS) or CALIBRATION_LAYERS
     tol = near_tie_tolerance(float(logits.abs().max()), target.dtype, layers)
     return gap, verdict(gap, tol)
+
+
+# ---------------------------------------------------------------- verdicts of recorded turns (reports, recommend)
+
+def lossless_verdicts(records: pd.DataFrame) -> pd.Series:
+    """Per record: "" (not checked: T > 0 or ar), "match", "near-tie", "unexplained", or "no verdict" (a mismatch in
+    a run older than the near-tie check, which counts as unexplained)."""
+    lossless = records["lossless"].astype(str) if "lossless" in records else pd.Series("", index=records.index)
+    explained = (records["mismatch_explained"].astype(str) if "mismatch_explained" in records
+                 else pd.Series("", index=records.index))
+    mismatch = lossless.str.startswith("mismatch")
+    out = pd.Series("", index=records.index, dtype=object)
+    out[lossless == "match"] = "match"
+    out[mismatch] = "unexplained"
+    out[mismatch & (explained == "near-tie")] = "near-tie"
+    out[mismatch & explained.isin(["", "nan"])] = "no verdict"
+    return out
+
+
+def explained_rate(g: pd.DataFrame) -> float:
+    """(exact matches + near-tie mismatches) / checked turns."""
+    v = lossless_verdicts(g)
+    v = v[v != ""]
+    return round(v.isin(["match", "near-tie"]).mean(), 3) if len(v) else math.nan

@@ -4,7 +4,7 @@ Taking the best point estimate of five prompts is a winner's curse: among severa
 another, the largest measured number is the luckiest as often as the fastest, and filing it sends every later run
 to a method no better than a simpler one. So:
 - each measured method's speedup over ar is the pooled one on the turns both finished, with its 95% bootstrap
-  interval (report/robust.py: prompts resampled);
+  interval (run/intervals.py: prompts resampled);
 - only methods that may be picked take part: in float32 a method that matches ar on every checked turn; in bf16 or
   float16 one that matches, or whose every difference is a near-tie within the dtype's rounding (explained); `ar`
   always; a method that is not is named in the notes, with why;
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..report import robust
-from ..report.lossless_check import explained_rate
+from . import intervals as robust
+from .lossless import explained_rate
 
 TURN = ["dataset", "prompt_id", "turn"]
 

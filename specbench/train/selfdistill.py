@@ -124,7 +124,7 @@ def _cached(target: LoadedModel, source: str, held_out: int, prompts: int, new_t
             data_file: str | None, dropped: tuple[int, ...] = ()) -> tuple[dict, Path, list | None]:
     """(cache key, cache file, the cached sequences or None) of one source's self-distilled data (dropped: the
     prompts left out, which the file name does not show: a file with other ones is regenerated)."""
-    from ..methods.ppd.artifact import model_key
+    from ..core.artifact_files import model_key
 
     key = {"format": CACHE_FORMAT, "model_key": model_key(target), "data": data_file or trainsets.cache_tag(source),
            "prompts": prompts, "held_out": held_out, "new_tokens": new_tokens}

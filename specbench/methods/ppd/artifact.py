@@ -8,8 +8,6 @@ Also: the forward that feeds embeddings (token and prompt rows) through the froz
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import torch
 import yaml
 
 from ...core import store
+from ...core.artifact_files import model_key
 from ...core.batch.cache import window_mask
 from ...core.batch.forward import with_cache
 from ...core.model.load import LoadedModel
@@ -42,19 +41,6 @@ class PromptTokens:
     def table(self, dtype: torch.dtype, device) -> torch.Tensor:
         """[S * E, H]: row j * E + e is prompt token j's ensemble copy e (Tree.prompt_rows indexes it)."""
         return self.embeddings.reshape(-1, self.embeddings.shape[-1]).to(device=device, dtype=dtype)
-
-
-def model_key(target: LoadedModel) -> str:
-    """Which model an artefact belongs to, the same whether the model is loaded in float32 or bfloat16
-    (architecture plus a slice of the embeddings rounded to bfloat16)."""
-    cfg = target.model.config.to_dict()
-    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
-    h = hashlib.sha256(json.dumps({k: cfg.get(k) for k in keys}, sort_keys=True).encode())
-    from ...core.model.placement import weight_of
-
-    emb = weight_of(target.model.get_input_embeddings())[:4, :16].detach().to(torch.bfloat16).float().cpu()
-    h.update(emb.numpy().tobytes())
-    return h.hexdigest()[:12]
 
 
 def from_token_ids(target: LoadedModel, token_ids: list[int], count: int, ept: int) -> torch.Tensor:
