@@ -283,12 +283,11 @@ def test_ctrl_c_of_a_run_in_the_default_folder_names_the_folder(tmp_path, prompt
 
 def test_train_commands_default_to_the_training_mix():
     """--dataset left out of a train command: the config's own default, the training mix."""
-    from specbench.cli.train import _config
-    from specbench.methods.eagle.training import FeatureConfig
-    from specbench.methods.medusa.training import MedusaConfig
-    from specbench.methods.sd.training import DrafterConfig
-    from specbench.train.settings import TRAINING_MIX
+    from specbench.cli.train import configured
+    from specbench.train.configs import DrafterConfig, EagleConfig, MedusaConfig, ParallelSpecConfig, TransferConfig
+    from specbench.train.settings import TRAINING_MIX, cli_options
 
-    for cls in (DrafterConfig, MedusaConfig, FeatureConfig):
-        assert _config(cls, {"data": None, "steps": 3}).data == TRAINING_MIX
-        assert _config(cls, {"data": "gsm8k"}).data == "gsm8k"
+    for cls in (DrafterConfig, MedusaConfig, TransferConfig, EagleConfig, ParallelSpecConfig):
+        assert cli_options(cls)["data"]["default"] == TRAINING_MIX
+        assert configured(cls, {"steps": 3}).data == TRAINING_MIX
+        assert configured(cls, {"data": "gsm8k"}).data == "gsm8k"

@@ -14,44 +14,21 @@ when there is one (`--init`), with masks at zero.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from . import artifact as fd
-from ..ppd.artifact import model_key
+from ...core.artifact_files import model_key
 from ...core.model.load import LoadedModel
 from ...core.machine.timing import now, since
 from ...errors import SpecbenchError
 from ...progress import console, progress_bar
-from ...train.settings import TrainSettings
+from ...train.configs import FeatureConfig  # noqa: F401  (eagle's and parallelspec's settings)
 from ...train.selfdistill import check_sources
 from ...train.steps import fit, frequent_tokens, load_target, reply_start, run_facts, \
     self_distilled, write_loss_curve
-
-
-@dataclass(frozen=True)
-class FeatureConfig(TrainSettings):
-    method: str = "eagle"  # eagle | parallelspec
-    mask_tokens: int = 4  # k (parallelspec; eagle has none)
-    vocab_top: int | None = 8192
-    sequences: int = 4  # per step
-    groups: int = 24  # parallel groups per sequence (parallelspec)
-    kl_rows: int = 192  # predicted positions per sequence the KL term reads (the head is the costly part)
-    noise: float = 0.1
-    lr: float = 5e-4
-    init: str | None = "auto"  # a trained drafter to go on from (_starting_drafter; auto: parallelspec from the
-    # model's eagle drafter, eagle fresh)
-    prompts: int = 120
-
-    @property
-    def k(self) -> int:
-        return self.mask_tokens if self.method == "parallelspec" else 0
-
-    def out_dir(self) -> Path:
-        return self.artifact_out(self.method)
 
 
 def teacher_log_probs(lm_head: torch.nn.Module, features: torch.Tensor,

@@ -17,7 +17,6 @@ all k train at once in the decoding layout, so training sees exactly what decodi
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,14 +24,14 @@ import torch.nn.functional as F
 
 from ..ppd import artifact as pt
 from . import artifact as tp
-from ..ppd.artifact import model_key
+from ...core.artifact_files import model_key
 from ...core.batch.cache import crop_to, new_cache
 from ...core.batch.forward import with_cache
 from ...core.model.load import LoadedModel, model_slug
 from .layers import capture, check_transfer_layers, transferred
 from ...core.machine.timing import now, since
 from ...errors import SpecbenchError
-from ...train.settings import TrainSettings
+from ...train.configs import TransferConfig  # noqa: F401  (its settings and `train hidden-transfer` options)
 from ...train.selfdistill import check_sources
 from ...train.steps import fit, load_target, run_facts, self_distilled, write_loss_curve
 
@@ -60,20 +59,6 @@ def default_layers(num_layers: int, steps: int = 3, model: str | None = None) ->
     gap = max(1, round(num_layers / 6))
     layers = [min(first + j * gap, num_layers - steps + j) for j in range(steps)]
     return check_transfer_layers(layers, num_layers), "the paper's Figure 5-6 choice scaled to this depth"
-
-
-@dataclass(frozen=True)
-class TransferConfig(TrainSettings):
-    transfer_layers: tuple[int, ...] | None = None  # None: default_layers(L, 3, model)
-    steps: int = 800  # 400 (about one pass over the 360 sequences) left held-out top-1 at 0.227; 800: 0.278
-    insertions: int = 32  # insertion points per sequence per step
-    prompts: int = 120
-    save_every: int = 50
-    masked: bool = False  # the paper's "Masked" ablation: pseudo positions do not see each other
-
-    @property
-    def out_dir(self) -> Path:
-        return self.artifact_out("hidden-transfer")
 
 
 def pseudo_forward(target: LoadedModel, proj: tp.TransferProjections, cache, past: int, points: list[int],

@@ -12,38 +12,21 @@ early-exit heads on the state after l layers (Hidden Transfer's Figure 3 baselin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from . import artifact as mh
-from ..ppd.artifact import model_key
+from ...core.artifact_files import model_key
 from ...core.model.load import LoadedModel
 from ...core.machine.timing import now, since
 from ...errors import SpecbenchError
 from ...progress import progress_bar
-from ...train.settings import TrainSettings
+from ...train.configs import MedusaConfig  # noqa: F401  (its settings and `train medusa` options)
 from ...train.selfdistill import check_sources
 from ...train.steps import check_vocab_top, fit, frequent_tokens, load_target, reply_start, \
     run_facts, self_distilled, write_loss_curve
-
-
-@dataclass(frozen=True)
-class MedusaConfig(TrainSettings):
-    heads: int = 3  # K: guesses for the tokens 2..K+1 positions ahead
-    layer: int | None = None  # None: the last layer (Medusa); l < L: early-exit heads on the state after l layers
-    vocab_top: int | None = None
-    steps: int = 600
-    positions: int = 256  # random positions per step
-    prompts: int = 120  # per source, after the held-out ones
-
-    def folder(self, layers: int) -> str:
-        return "medusa" if self.layer in (None, layers) else f"early-exit-l{self.layer}"
-
-    def out_dir(self, layers: int) -> Path:
-        return self.artifact_out(self.folder(layers))
 
 
 @torch.inference_mode()

@@ -13,7 +13,6 @@ Checkpoints every `save_every` steps; `resume` continues from the last one (same
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ from ...core.model.load import LoadedModel
 from ...core.machine.timing import now, since
 from ...errors import SpecbenchError
 from ...progress import console
-from ...train.settings import TrainSettings
+from ...train.configs import PPDConfig
 from ...train.recipe import CheckpointState
 from ...train.selfdistill import generation_seconds, pending_prompts, source_names
 from ...train.steps import checkpoint_path, fit, insert_after, load_target, run_facts, self_distilled, token_counts, \
@@ -60,21 +59,7 @@ def step_seconds(target: LoadedModel, cfg: "TrainConfig", length: int) -> float:
     return since(start, target.device)
 
 
-@dataclass(frozen=True)
-class TrainConfig(TrainSettings):
-    prompt_tokens: int = 3  # S
-    ept: int = 1  # ensemble prompt tokens per prompt token
-    data: str = "alpaca-eval"
-    steps: int = 450
-    lr: float = 0.01  # cosine schedule from here, no warm-up (PPD §5)
-    alpha: float = 0.8  # loss decay over prompt tokens
-    insertions: int = 64  # insertion points per sequence per step
-    prompts: int | None = None  # training prompts per source (after the held-out ones); None: what the steps use
-    save_every: int = 50
-
-    @property
-    def out_dir(self) -> Path:
-        return self.artifact_out("ppd")  # where ppd / estimate look
+TrainConfig = PPDConfig  # its settings and `train ppd` options (train/configs.py)
 
 
 def _causal(n: int, dtype, device) -> torch.Tensor:

@@ -16,7 +16,6 @@ last one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,28 +27,10 @@ from ...core.model.load import LoadedModel
 from ...core.machine.timing import now, since
 from ...errors import SpecbenchError
 from ...progress import progress_bar
-from ...train.settings import TRAINING_MIX, TrainSettings
+from ...train.configs import DrafterConfig  # noqa: F401  (its settings and `train drafter` options)
 from ...train.selfdistill import greedy_continuations, load_source, render, source_names
 from ...train.steps import check_vocab_top, checkpoint_path, fit, frequent_tokens, insert_after, load_target, reply_start, \
     run_facts, self_distilled, write_loss_curve
-
-
-@dataclass(frozen=True)
-class DrafterConfig(TrainSettings):
-    layers: int = 2  # L: the drafter's decoder layers
-    vocab_top: int | None = None  # K: restrict the drafter's head to the K most frequent tokens
-    data: str = TRAINING_MIX  # chat, code and maths; `prompts` from each
-    steps: int = 1500  # optimiser steps of `batch` sequences each
-    batch: int = 4
-    lr: float = 5e-4  # AdamW, 30 warm-up steps then cosine decay
-    topk: int = 32  # teacher probabilities kept per position
-    prompts: int = 300  # per source
-    eval_prompts: int = 20  # held-out prompts for the agreement check
-    save_every: int = 100
-
-    @property
-    def out_dir(self) -> Path:
-        return self.artifact_out("drafter")
 
 
 def init_layer_ids(n_target: int, n_layers: int) -> list[int]:
