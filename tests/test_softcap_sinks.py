@@ -56,6 +56,12 @@ def gemma(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def gemma_one_window(tmp_path_factory):
+    """Every layer slides (one window for all: the padded engine used to run it, dropping the softcap silently)."""
+    return _load(tmp_path_factory, "gemma2_slides", {**GEMMA, "layer_types": ["sliding_attention"] * 2})
+
+
+@pytest.fixture(scope="module")
 def gpt_oss(tmp_path_factory):
     target = _load(tmp_path_factory, "gpt_oss", GPT_OSS)
     with torch.no_grad():
@@ -176,7 +182,7 @@ def _engine_logits(model, mode: str, prompts: list[list[int]], more: list[list[i
 
 
 @pytest.mark.parametrize("mode", ["unpadded", "padded"])
-@pytest.mark.parametrize("which", ["gemma", "gpt_oss"])
+@pytest.mark.parametrize("which", ["gemma", "gemma_one_window", "gpt_oss"])
 def test_engines_equal_the_plain_forward(request, which, mode):
     """Three samples of different lengths (past the 4-token window), a prompt forward then a step of 1 to 3 tokens:
     every logit equals model(ids)'s for that sample alone; the feature (attention softcap, sinks) matters here."""
