@@ -9,8 +9,8 @@ batch-1 greedy decoding (in float32 up to float rounding of the packed matmuls; 
 tokens on a random model).
 
 `padded_greedy` is the former route, transformers' `generate` over left-padded groups of `slots` prompts sorted by
-length; kept as a fallback for models the ragged attention cannot run (softcapping, attention sinks, linear
-attention) and as the baseline of benchmarks/selfdistill_throughput.py.
+length; kept as a fallback for models the ragged engine cannot run (layers other than full or sliding-window
+attention: core/batch/attention.check_batchable) and as the baseline of benchmarks/selfdistill_throughput.py.
 """
 
 from __future__ import annotations
