@@ -103,7 +103,7 @@ def test_gamma_auto_means_the_method_chooses():
 @pytest.mark.parametrize("name", ["eagle", "medusa"])
 def test_a_tree_built_by_a_run_is_priced_with_the_drafter_timed_there(name, tiny, store_dir, monkeypatch):
     """A drafting method's tree that `--tree auto` builds is priced with one drafting forward timed on the run's own
-    device and dtype (Guesser.draft_ms_here), not the acceptance file's time moved from the machine `estimate` ran
+    device and dtype (DraftPricing.ms_here), not the acceptance file's time moved from the machine `estimate` ran
     on: the tree file says which time it used, and the run's predicted
     speedup uses the same time for this machine's profile (another machine's is still priced from the file): the
     time chosen changes the tree."""
@@ -137,7 +137,7 @@ def test_a_tree_built_by_a_run_is_priced_with_the_drafter_timed_there(name, tiny
 
 def test_the_drafter_is_timed_once_and_not_at_all_where_guesses_ride_in_the_forward(tiny, store_dir):
     eagle, _ = make("eagle", tiny)
-    first = eagle.guesser.draft_ms_here()
-    assert first > 0 and eagle.guesser.draft_ms_here() == first  # one measurement per method
+    first = eagle.pricing.ms_here()
+    assert first > 0 and eagle.pricing.ms_here() == first  # one measurement per method
     ppd, _ = make("ppd", tiny)
-    assert ppd.guesser.draft_ms_here() is None
+    assert ppd.pricing.ms_here() is None

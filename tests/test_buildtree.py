@@ -7,7 +7,7 @@ import yaml
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.core.tree import read_tree_file
+from specbench.core.tree_file import read_tree_file
 from specbench.planning.profile import LatencyProfile
 
 from .test_treesearch import VICUNA7B

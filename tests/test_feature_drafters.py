@@ -139,7 +139,7 @@ def test_bad_inputs(deep, tiny, tmp_path):
 
 
 def _chain_file(tmp_path, depth: int) -> str:
-    from specbench.core.tree import TreeFile
+    from specbench.core.tree_file import TreeFile
 
     path = tmp_path / f"chain{depth}.yaml"
     TreeFile({0: [((0,) * d, 0) for d in range(1, depth + 1)]}, 0, method="parallelspec").write(path)

@@ -125,7 +125,7 @@ def test_shipped_profiles_and_trees_carry_their_identity():
 
 
 def test_a_tree_built_for_other_hardware_is_labelled_borrowed(tmp_path, monkeypatch):
-    from specbench.core.tree import TreeFile, resolve_tree
+    from specbench.core.tree_file import TreeFile, resolve_tree
 
     monkeypatch.chdir(tmp_path)
     tree = TreeFile({1: [((0,), 1)]}, 1, model="m", hardware=slug_of(AVX2_EPYC), dtype="float32")

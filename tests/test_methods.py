@@ -80,3 +80,16 @@ def test_pld_drafts_and_saves_forwards_on_repetitive_prompts(tiny):
     assert gen.drafted > 0
     assert gen.accepted_drafts > 0, "the tiny model repeats itself: prompt lookup should hit"
     assert gen.target_forwards < len(gen.tokens)
+
+
+def test_register_refuses_a_second_method_under_a_taken_name():
+    """A registry name is never silently replaced: another class under `pld` is refused, naming both."""
+    from specbench.methods.base import REGISTRY, DecodeMethod, register
+
+    class Impostor(DecodeMethod):
+        name, kind = "pld", "draft-free"
+
+    with pytest.raises(ValueError, match="taken by specbench.methods.pld"):
+        register(Impostor)
+    assert REGISTRY["pld"] is not Impostor
+    assert register(REGISTRY["pld"]) is REGISTRY["pld"]  # the same class again is harmless

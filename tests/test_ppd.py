@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specbench.core.batch.cache import cache_length
-from specbench.core.tree import TreeFile
+from specbench.core.tree_file import TreeFile
 from specbench.core.verify import Sampling
 from specbench.methods.ppd import artifact as pt
 from specbench.errors import SpecbenchError
@@ -27,9 +27,8 @@ class Oracle(ParallelPromptDecoding):
     prompt_len = 0
     rank = 1
 
-    def _forward(self, tokens, layout, cache, prefix=0):
-        self.past = cache_length(cache) + prefix
-        return super()._forward(tokens, layout, cache, prefix)
+    def _placed(self, layout, past, prefix=0):  # where the step puts the root: its guesses' positions
+        self.past = past + prefix
 
     def _prompt_logits(self, h, layout, node, all_logits=None):
         real = super()._prompt_logits(h, layout, node, all_logits)  # [c, V] (shape and the real computation)
@@ -76,9 +75,9 @@ def test_dynamic_states_follow_the_accepted_node(tiny):
     used = []
 
     class Tracking(Oracle):
-        def _forward(self, tokens, layout, cache, prefix=0):
+        def _placed(self, layout, past, prefix=0):
             used.append(layout.tree.depth)
-            return super()._forward(tokens, layout, cache, prefix)
+            super()._placed(layout, past, prefix)
 
     import tempfile
     from pathlib import Path

@@ -145,7 +145,7 @@ def test_a_relative_tree_path_is_found_in_the_checkout_from_any_directory(tmp_pa
     """--tree trees/<model>/x.yaml reads the checkout's file when the working directory has none (what a shipped
     recommendation records); a path in neither is refused with the path as typed."""
     from specbench.core import store as data_store
-    from specbench.core.tree import TreeFile, resolve_tree
+    from specbench.core.tree_file import TreeFile, resolve_tree
 
     shipped = tmp_path / "checkout"
     TreeFile({1: [((0,), 1)]}, 1, model="m", hardware="hw", dtype="float32").write(

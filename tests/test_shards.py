@@ -182,7 +182,7 @@ def test_merge_refuses_shards_that_decoded_a_method_with_different_trees(runs, t
 
 
 def test_runs_record_the_trees_they_resolved_by_content(tmp_path):
-    from specbench.core.tree import TreeFile
+    from specbench.core.tree_file import TreeFile
     from specbench.run.shard import resolved_trees, tree_digest
 
     a = TreeFile({0: [((0,), 0), ((0, 0), 0), ((1,), 0)]}, 0, model="x", built_by="one way")
@@ -191,8 +191,8 @@ def test_runs_record_the_trees_they_resolved_by_content(tmp_path):
     assert tree_digest(a) == tree_digest(same) != tree_digest(other)
 
     class Tree:  # a tree method as resolved_trees reads it: batch size -> its tree and source
-        batch_trees = {1: type("B", (), {"tree_file": a, "source": "trees/a.yaml"})(),
-                       4: type("B", (), {"tree_file": other, "source": "built"})()}
+        plans = {1: type("B", (), {"tree_file": a, "source": "trees/a.yaml"})(),
+                 4: type("B", (), {"tree_file": other, "source": "built"})()}
     got = resolved_trees({"ar": object(), "ppd": Tree()})
     assert got == {"ppd": {1: {"digest": tree_digest(a), "size": 3, "source": "trees/a.yaml"},
                            4: {"digest": tree_digest(other), "size": 2, "source": "built"}}}

@@ -48,11 +48,8 @@ class TransferOracle(get_method("hidden-transfer")):
     reference: list[int] = []
     prompt_len = 0
 
-    def _forward(self, tokens, layout, cache, prefix=0):
-        from specbench.core.batch.cache import cache_length
-
-        self.past = cache_length(cache) + prefix
-        return super()._forward(tokens, layout, cache, prefix)
+    def _placed(self, layout, past, prefix=0):  # where the step puts the root: its guesses' positions
+        self.past = past + prefix
 
     def _prompt_logits(self, h, layout, node, all_logits=None):
         real = super()._prompt_logits(h, layout, node, all_logits)

@@ -10,13 +10,8 @@ import pytest
 import torch
 
 from specbench.core.batch.cache import cache_length, keep_positions, new_cache
-from specbench.core.tree import (
-    Tree,
-    TreeFile,
-    attention_mask,
-    position_ids,
-    read_tree_file,
-)
+from specbench.core.tree import Tree, attention_mask, position_ids
+from specbench.core.tree_file import TreeFile, read_tree_file
 from specbench.core.verify import (
     Sampling,
     tree_greedy_accept,

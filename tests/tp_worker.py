@@ -90,7 +90,7 @@ def units(out: Path) -> int:
 
     from specbench.core.model import tensor_parallel as tp
     from specbench.errors import SpecbenchError
-    from specbench.methods.tree.guesser import Guesser
+    from specbench.methods.tree.pricing import DraftPricing
 
     dist.init_process_group("gloo")
     me = tp.rank()
@@ -104,14 +104,8 @@ def units(out: Path) -> int:
     except SpecbenchError as exc:
         seen["refusal"] = str(exc)
 
-    class Timed(Guesser):  # a guesser whose drafting takes a different time on each rank
-        def __init__(self):
-            self._timed = []
-
-        def time_drafting(self):
-            return 1.0 + me
-
-    seen["draft_ms"] = Timed().draft_ms_here()
+    # a drafting that takes a different time on each rank
+    seen["draft_ms"] = DraftPricing(lambda: 1.0 + me).ms_here()
     try:
         tp.same_on_every_rank({"ppd": f"tree-{me}"}, "the trees")
     except SpecbenchError as exc:

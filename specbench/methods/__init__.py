@@ -2,9 +2,9 @@
 
 One module or folder per method family: ar.py and pld.py (training-free), sd/ (a drafter model; pearl/ reuses its
 drafting), and the tree methods, which share tree/ (the step, the tree plan) and each keep their guesser, artefact
-and training recipe in a folder of their own: ppd/, medusa/, eagle/ (eagle and parallelspec: the feature drafter),
-hidden_transfer/. Importing a family registers its methods; the order below is the registry's order
-(`specbench list methods`). Adding a method: a module or folder here with one @register'd class, and one line below.
+and training recipe in a folder of their own: ppd/, medusa/, eagle/ (the feature drafter), parallelspec/ (eagle's
+feature drafter with [MASK] inputs), hidden_transfer/. Importing a family registers its methods; the order below is
+the registry's order (`specbench list methods`). Adding a method: a module or folder here with one @register'd class, and one line below.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from . import ar  # noqa: F401  (each import registers the module's methods)
 from .ppd import guesser as _ppd  # noqa: F401
 from .medusa import guesser as _medusa  # noqa: F401
 from .eagle import guesser as _eagle  # noqa: F401
+from .parallelspec import guesser as _parallelspec  # noqa: F401
 from .hidden_transfer import guesser as _hidden_transfer  # noqa: F401
 from . import pld  # noqa: F401
 from .sd import method as _sd  # noqa: F401

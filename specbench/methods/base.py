@@ -77,7 +77,7 @@ class DecodeMethod:
     # option's own wording (Option.unset) does not fit this method
     batchable: ClassVar[bool] = False  # decodes batch > 1 (methods/batch_loop.py's Batchable)
     unbatchable: ClassVar[str] = "not built for batch > 1"  # why not, where it cannot (run validation says it)
-    # tree methods (kind "tree"): what build-tree reads from the registry (set from the method's guesser, tree/engine.py)
+    # tree methods (kind "tree"): what build-tree reads from the registry (set from the method's guesser, tree/method.py)
     family: ClassVar[str | None] = None  # file-name key: acceptance/<model>/<family>.yaml, trees' `method`,
     # artifacts/<model>/<family>/ (ppd and ppd-typical share "ppd")
     one_state: ClassVar[bool] = False  # its tree has one state (a static candidate tree), not PPD's dynamic states
@@ -115,6 +115,11 @@ REGISTRY: dict[str, type[DecodeMethod]] = {}
 
 
 def register(cls: type[DecodeMethod]) -> type[DecodeMethod]:
+    """Add a method under its name; a second class under a taken name is refused (it would silently replace one)."""
+    taken = REGISTRY.get(cls.name)
+    if taken is not None and taken is not cls:
+        raise ValueError(f"method name {cls.name!r} is taken by {taken.__module__}.{taken.__qualname__}; "
+                         f"{cls.__module__}.{cls.__qualname__} needs a name of its own")
     REGISTRY[cls.name] = cls
     return cls
 

@@ -11,7 +11,7 @@ Each step, per active sample: 1. draft (the method's propose); 2. verify: the la
 every sample in one target forward (the engine packs, pads or, at batch 1, appends them); 3. accept, per sample,
 with the same rule and the same random stream whatever the batch (so each sample keeps its distribution, and greedy
 tokens equal batch-1 ar's); 4. roll back each sample's rejected drafts. The target's cache holds a sample's tokens
-but the last. Tree methods (methods/tree/engine.py) supply their own step over the same engines.
+but the last. Tree methods (methods/tree/method.py) supply their own step over the same engines.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Sample:
 
 class Batchable:
     """Mixin of methods that decode batches. The default step is the chain of draft-model and draft-free methods:
-    propose() fills each sample's draft (and q), the step verifies, accepts and rolls back. Tree methods (tree/engine.py)
+    propose() fills each sample's draft (and q), the step verifies, accepts and rolls back. Tree methods (tree/method.py)
     override decode_step."""
 
     batchable = True

@@ -51,7 +51,7 @@ def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dty
     acceptance file, at batch size B from the profile's L(B, w); writes the tree where build-tree would. Needs
     inputs(...).ready (and, at B > 1, a profile with that batch size). `rows`: the depths the method's artefact
     drafts, which bound a one-state tree (an acceptance file of 3 heads' medusa read by 2 heads). `draft_ms`: one
-    drafting forward timed here (Guesser.draft_ms_here), which prices the drafting instead of the acceptance file's."""
+    drafting forward timed here (tree/pricing.DraftPricing.ms_here), which prices the drafting instead of the acceptance file's."""
     found = inputs(model_spec, family, hardware, dtype)
     if not found.ready:
         raise SpecbenchError(f"cannot build the {family} tree here: " + "; ".join(

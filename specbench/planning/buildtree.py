@@ -19,7 +19,7 @@ from rich.markup import escape
 from ..core import store
 from ..core.machine.hardware import hardware_slug
 from ..core.model.load import auto_dtype, model_config, model_slug
-from ..core.tree import TreeFile
+from ..core.tree_file import TreeFile
 from ..errors import SpecbenchError
 from ..progress import console, status
 from .acceptance import DRAFT_COST_METHODS, cost_law, moved_draft_ms, read_fields, read_per_rank

@@ -16,7 +16,7 @@ import yaml
 
 from ..core import store
 from ..core.model.load import model_slug
-from ..core.tree import find_auto_tree
+from ..core.tree_file import find_auto_tree
 from ..errors import SpecbenchError
 from . import autotree
 from .acceptance import DRAFT_COST_METHODS, cost_law, draft_cost, read_per_rank

@@ -20,7 +20,7 @@ import yaml
 
 from ..core import store
 from ..core.machine.hardware import hardware_slug
-from ..core.model.specs import resolve_device, resolve_dtype
+from ..core.model.naming import resolve_device, resolve_dtype
 from ..core.model.load import auto_dtype, dtype_name, model_config, model_slug
 from ..errors import SpecbenchError
 from ..methods import REGISTRY
@@ -126,7 +126,7 @@ def build_drafting_trees(req: RecommendRequest, cands: list[Candidate], hardware
     (benchmarks/RESULTS-gpu.md). The confirming run then takes the same trees. Loads the target only when a tree is
     missing and could be built; a method that cannot be set up is left to the prediction, which says why."""
     from ..core.model.load import load_model
-    from ..core.tree import find_auto_tree
+    from ..core.tree_file import find_auto_tree
     from ..planning import autotree
     from ..planning.acceptance import DRAFT_COST_METHODS
     from ..planning.predict import artifact_meta
@@ -287,7 +287,7 @@ def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto")
         raise SpecbenchError(f"recommendation {where}: `method` must name a registered method")
     method = data["method"]
     tree = data.get("tree") if method != "ar" and REGISTRY[method].kind == "tree" else None
-    options = {"tree": str(tree)} if tree else {}  # relative: core.tree.resolve_tree finds it in the checkout
+    options = {"tree": str(tree)} if tree else {}  # relative: core.tree_file.resolve_tree finds it in the checkout
     if data.get("gamma"):
         options["gamma"] = data["gamma"]
     other = "" if data.get("hardware") == hardware else f" [made on {data.get('hardware')}, not this hardware]"

@@ -52,7 +52,7 @@ class Runner:
         for name in cfg.methods:
             cls = get_method(name)
             if cfg.tree_sizes and cls.kind == "tree":
-                for n in cfg.tree_sizes:  # 0: `auto`, the method's own choice (per batch size: batch_trees.py)
+                for n in cfg.tree_sizes:  # 0: `auto`, the method's own choice (per batch size: methods/tree/plan.py)
                     self.methods[f"{name}@{n or 'auto'}"] = cls(target, {**options[name],
                                                                        "tree": f"size={n}" if n else "auto"}, drafter)
             else:

@@ -110,7 +110,7 @@ def resolved_trees(methods: dict) -> dict:
     `merge` refuses shards whose trees differ; `--tp` ranks must agree on them."""
     out = {}
     for label, method in methods.items():
-        trees = getattr(method, "batch_trees", None)
+        trees = getattr(method, "plans", None)
         if not trees:
             continue
         out[label] = {int(b): {"digest": tree_digest(t.tree_file), "size": t.tree_file.size, "source": str(t.source)}

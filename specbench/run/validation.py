@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from ..core.tree_file import TreeSpec
 from ..data.trainsets import refuse_as_benchmark
 from ..errors import SpecbenchError
 from ..methods import REGISTRY, all_options, get_method
@@ -84,7 +85,7 @@ def validate_batching(cfg: RunConfig) -> None:
                                  f"{why}): methods that can: {able}. Run {', '.join(unable)} at --batch-size 1 in a "
                                  "separate run.")
         tree = str(cfg.options.get("tree") or "")
-        if tree.startswith("dynamic"):  # batched drafting (methods/eagle/batch.py) takes one static tree
+        if TreeSpec.parse(tree).kind == "dynamic":  # batched drafting (methods/eagle/batch.py) takes one static tree
             raise SpecbenchError(f"--tree {tree} runs one prompt at a time: EAGLE-2's dynamic tree gives every sample "
                                  "its own tree shape each step, which batched drafting does not draft; use --batch-size "
                                  "1 for --tree dynamic, or a static tree (--tree auto, PATH or size=N) at "

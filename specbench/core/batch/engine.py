@@ -1,6 +1,6 @@
 """The batch engine protocol every decode step runs on, and the engine of each batching mode.
 
-A step (methods/batch_loop.py for the chain methods, methods/tree/engine.py for the tree methods) drives samples
+A step (methods/batch_loop.py for the chain methods, methods/tree/method.py for the tree methods) drives samples
 through slots of one engine: newcomers join with their prompt, active samples feed their new tokens (the last token
 plus drafts, or a tree with its mask and positions), rejected entries leave by truncate / keep_offsets, a finished
 sample is released. Three engines implement it:

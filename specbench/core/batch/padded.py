@@ -92,8 +92,6 @@ def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0
 AttentionInterface.register(ATTENTION, _attend)
 
 
-lm_logits = target_logits  # the former name (core/batch/single.py imports it): the one function is forward.py's
-
 
 def _decode(model, ids: torch.Tensor, embeds: torch.Tensor | None, args: dict):
     """The decoder's normed hidden states [R, W, H] of a padded forward, and the head that turns read rows [n, H]

@@ -17,7 +17,7 @@ import torch
 from ...errors import SpecbenchError
 from ..model.placement import input_device
 from .cache import crop_to, keep_positions, new_cache, window_mask
-from .forward import forward, with_cache
+from .forward import forward, target_logits, with_cache
 from .ragged import Segment, packed_embeddings
 
 
@@ -94,10 +94,3 @@ def _additive_mask(own: torch.Tensor | None, past: int, w: int, dtype: torch.dty
     allowed[:, past - tail:] = own
     mask = torch.zeros(w, past + w, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
-
-
-def target_logits(model, h: torch.Tensor) -> torch.Tensor:
-    """The model's LM head on hidden states [n, H] -> [n, V], with its final logit soft-capping where it has one."""
-    from .padded import lm_logits  # the one head function (padded.py), until forward.py holds it
-
-    return lm_logits(model, h)

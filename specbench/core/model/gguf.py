@@ -18,7 +18,7 @@ from ...progress import console, status
 from .. import store
 from .fit_devices import check_fit
 from .loaded import LoadedModel, _finish, _with_attention
-from .specs import EMBEDDED_ALIAS, SMOLLM2_GGUF, SMOLLM2_PACKAGE, dtype_name
+from .naming import EMBEDDED_ALIAS, SMOLLM2_GGUF, SMOLLM2_PACKAGE, dtype_name
 
 
 def embedded_gguf_path(announce: bool = True) -> Path:

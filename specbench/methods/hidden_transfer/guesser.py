@@ -1,5 +1,5 @@
 """`hidden-transfer`: Hidden Transfer (Wu et al. 2024, "Parallel Decoding via Hidden Transfer for Lossless Large
-Language Model Acceleration", §3.2-3.4), on the tree engine (engine.py).
+Language Model Acceleration", §3.2-3.4), on the tree step (methods/tree/method.py).
 
 Every tree node carries up to k pseudo positions, laid out exactly as PPD's prompt tokens are (core/tree.py): pseudo
 position j of node i sits at position(i) + j, sees the context, i's path and pseudo positions 1..j-1 of i (the
@@ -20,8 +20,9 @@ from .layers import transferred
 from ...errors import SpecbenchError
 from ...planning.head_accuracy import transfer_ranks
 from ..base import register
-from ..tree.engine import TreeMethod
-from ..tree.guesser import Guesser, GuessScorer
+from ..tree.method import TreeMethod
+from ..tree.guesser import Guesser
+from ..tree.pricing import GuessScorer
 from ..tree.layout import TreeLayout
 
 
@@ -62,10 +63,9 @@ class TransferProjections(Guesser):
         table = torch.zeros(proj.steps, hidden, dtype=self.target.dtype, device=self.target.device)  # placeholders
         return proj.steps, 1, table, (f"transfer layers {proj.layers} ({self.projections.source})")
 
-    def check_tree(self, rows: int) -> None:
-        method = self.method
-        if method.tree_file.prompt_tokens > rows:
-            raise SpecbenchError(f"tree ({method.tree_source}) gives nodes {method.tree_file.prompt_tokens} pseudo "
+    def check_tree(self, tree_file, source, rows: int) -> None:
+        if tree_file.prompt_tokens > rows:
+            raise SpecbenchError(f"tree ({source}) gives nodes {tree_file.prompt_tokens} pseudo "
                                  f"positions but the artefact ({self.projections.source}) has {rows} transfer steps; "
                                  f"use a tree built for {rows} (`specbench build-tree --method hidden-transfer`)")
 
@@ -77,15 +77,9 @@ class TransferProjections(Guesser):
             self._slots[key] = transfer_slots(layout, self.projections.projections.steps, prefix, device)
         return self._slots[key]
 
-    def forward(self, tokens, layout, cache, prefix: int = 0):
-        proj = self.projections.projections
-        slots, sources = self._transfer_slots(layout, prefix, tokens.device)
-        with transferred(self.target.model, proj.plan(slots, sources)):
-            return super().forward(tokens, layout, cache, prefix)
-
     def around(self, parts):
-        """Batch > 1: every segment's pseudo positions, each segment's transfer slots and sources [P_j] mapped
-        through where its inputs lie in the batched forward (places [w]) and joined per transfer step."""
+        """Every segment's pseudo positions: each segment's transfer slots and sources [P_j] mapped through where
+        its inputs lie in the forward (places [w]) and joined per transfer step."""
         proj = self.projections.projections
         slots: list[list[torch.Tensor]] = [[] for _ in range(proj.steps)]
         sources: list[list[torch.Tensor]] = [[] for _ in range(proj.steps)]

@@ -1,5 +1,5 @@
 """`medusa` and `medusa-typical`: Medusa-1 heads on the target's last hidden state (Cai et al. 2024, §2.1), on the
-tree engine (engine.py).
+tree step (methods/tree/method.py).
 
 Each step is one target forward over the root (the last accepted token) and a static sparse tree of candidates:
 a node at depth d takes a top-k guess of head d, read from the hidden state of the node accepted last step. The
@@ -19,10 +19,11 @@ from ...core.tree import Tree
 from ...errors import SpecbenchError
 from ...planning.head_accuracy import medusa_ranks
 from ..base import register
-from ..tree.engine import TreeMethod
-from ..tree.guesser import Guesser, GuessScorer
+from ..tree.method import TreeMethod
+from ..tree.guesser import Guesser
+from ..tree.pricing import GuessScorer
 from ..tree.layout import TreeLayout
-from ..tree.resolution import candidate_tree
+from ..tree.plan import candidate_tree
 
 
 class MedusaHeads(Guesser):
@@ -51,8 +52,7 @@ class MedusaHeads(Guesser):
     def searched_tree(self, acc, rows, size, model_name, source):
         return candidate_tree(acc, rows, size, model_name, source, self.method.family)
 
-    def check_tree(self, rows: int) -> None:
-        tf, source = self.method.tree_file, self.method.tree_source
+    def check_tree(self, tf, source, rows: int) -> None:
         if tf.prompt_tokens or set(tf.states) != {0}:
             raise SpecbenchError(f"tree ({source}) is a {tf.method} tree with prompt tokens; medusa needs "
                                  "a one-state tree without them (`specbench build-tree --method medusa`)")
@@ -60,10 +60,10 @@ class MedusaHeads(Guesser):
             raise SpecbenchError(f"tree ({source}) is {tf.tree(0).depth} deep but the artefact "
                                  f"({self.heads.source}) has {rows} heads; use a tree at most {rows} deep")
 
-    def layouts(self, table, ept, device) -> dict:
+    def layouts(self, tree_file, table, ept, device) -> dict:
         k = self.heads.heads.heads
         # the step's guesses always come from K heads, so the state (guess rows) is always K
-        return {k: TreeLayout(self.method.tree_file.tree(0), table, device), 0: TreeLayout(Tree(()), table, device)}
+        return {k: TreeLayout(tree_file.tree(0), table, device), 0: TreeLayout(Tree(()), table, device)}
 
     def next_guesses(self, h: torch.Tensor, layout: TreeLayout, node: int,
                      all_logits: torch.Tensor | None = None) -> torch.Tensor:

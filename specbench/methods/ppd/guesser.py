@@ -16,8 +16,9 @@ from . import artifact as pt
 from ...errors import SpecbenchError
 from ...planning.acceptance import score_sequence
 from ..base import register
-from ..tree.engine import TreeMethod
-from ..tree.guesser import Guesser, GuessScorer
+from ..tree.method import TreeMethod
+from ..tree.guesser import Guesser
+from ..tree.pricing import GuessScorer
 
 
 class PromptTokens(Guesser):
@@ -39,10 +40,9 @@ class PromptTokens(Guesser):
         table = self.prompts.table(self.target.dtype, self.target.device)  # [S * E, H]
         return self.prompts.count, self.prompts.ept, table, f"prompt tokens {self.prompts.source}"
 
-    def check_tree(self, rows: int) -> None:
-        method = self.method
-        if method.tree_file.prompt_tokens > rows:
-            raise SpecbenchError(f"tree ({method.tree_source}) uses {method.tree_file.prompt_tokens} prompt tokens "
+    def check_tree(self, tree_file, source, rows: int) -> None:
+        if tree_file.prompt_tokens > rows:
+            raise SpecbenchError(f"tree ({source}) uses {tree_file.prompt_tokens} prompt tokens "
                                  f"but the artefact ({self.prompts.source}) has {rows}; use a tree built for {rows}")
 
 

@@ -1,44 +1,29 @@
-"""What a tree method supplies to the tree engine (engine.py): a Guesser. The defaults are those of methods whose
+"""What a tree method supplies to the tree step (method.py): a Guesser. The defaults are those of methods whose
 guesses come from inputs attached to tree nodes (PPD's prompt tokens and their kin): the node's rows enter the
 target's forward, their logits at the accepted node give the next step's candidates (top-k per distance), PPD's
 dynamic tree is searched, and acceptance is lossless speculative sampling (or Medusa's typical rule).
 
-Batch > 1 (engine.decode_step) asks the same guesser for a newcomer's prefill segment and its first state (join /
-joined), every active sample's drafts at once (draft_batch: one batched drafter forward where the guesser drafts
-with a model), and a hook around the batched target forward (around: Hidden Transfer's pseudo positions)."""
+The step (method.decode_step, at every batch size) asks the guesser for a newcomer's prefill segment and its first
+state (join / joined), every active sample's drafts at once (draft_batch: one batched drafter forward where the
+guesser drafts with a model), a hook around the target's forward (around: Hidden Transfer's pseudo positions), the
+accepted path (accept) and the next state (advance)."""
 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from ..ppd import artifact as pt
-from ...core.batch.cache import cache_length, keep_positions
 from ...core.batch.forward import target_logits
-from ...core.machine.hardware import hardware_slug
-from ...core.model.load import dtype_name
 from ...core.batch.ragged import Segment
-from ...core.tree import Tree, TreeFile, attention_mask, position_ids, visibility
+from ...core.tree import Tree, position_ids, visibility
+from ...core.tree_file import TreeFile
 from ...core.verify import next_token, tree_speculative_accept, tree_typical_accept
 from ...errors import SpecbenchError
-from ...planning.acceptance import cost_law, draft_cost
 from .layout import TreeLayout
-from .resolution import resolve, searched_tree
-
-
-@dataclass(frozen=True)
-class GuessScorer:
-    """What `specbench estimate` scores for one method: ranks(ids, start) -> [positions, rows], the rank of the true
-    token among the top-10 guesses per token distance (planning/acceptance.score_sequence's layout); rows: distances
-    scored; source: the artefact, for the console and the file; extra: fields the acceptance file adds."""
-
-    ranks: Callable
-    rows: int
-    source: str
-    extra: dict = field(default_factory=dict)
+from .plan import searched_tree
+from .pricing import GuessScorer
 
 
 class Guesser:
@@ -54,7 +39,6 @@ class Guesser:
     def __init__(self, method):
         self.method = method
         self.target = method.target
-        self._timed: list[float | None] = []  # draft_ms_here's one measurement, once taken
 
     # ---------------------------------------------------------------- the artefact and the trees it accepts
 
@@ -68,26 +52,27 @@ class Guesser:
         attached to nodes or None, a description for the console)."""
         raise NotImplementedError
 
+    # the tree plan's questions (plan.py): a tree of a size, whether the artefact can guess a tree, its layouts
+
+    dynamic_trees = False  # drafts its tree each step (EAGLE-2's dynamic tree: `--tree dynamic`)
+
     def searched_tree(self, acc, rows: int, size: int, model_name: str, source: str) -> TreeFile:
+        """The family's tree of `size` from per-rank probabilities: PPD's dynamic sparse tree by default."""
         return searched_tree(acc, rows, size, model_name, source)
 
-    def resolve_tree(self, build, model_name: str, rows: int = 0, ept: int = 1) -> tuple[TreeFile, str]:
-        if str(self.method.options.tree).startswith("dynamic"):
-            raise SpecbenchError(f"--tree {self.method.options.tree}: only eagle and parallelspec choose their tree per "
-                                 "step (EAGLE-2's dynamic tree); "
-                                 f"{self.method.name} takes auto, size=N or a trees/*.yaml path")
-        return resolve(self.method, build, model_name, rows, ept)
-
-    def check_tree(self, rows: int) -> None:
+    def check_tree(self, tree_file: TreeFile, source: str, rows: int) -> None:
         """Refuse a tree this artefact cannot guess (SpecbenchError naming both)."""
 
-    def layouts(self, table, ept: int, device) -> dict:
+    def layouts(self, tree_file: TreeFile, table, ept: int, device) -> dict:
         """state -> TreeLayout; state 0 is the prefill (and the step after a node that carried no prompt tokens)."""
-        tree_file = self.method.tree_file
         m = tree_file.prompt_tokens
         layouts = {k: TreeLayout(tree_file.tree(k, ept), table, device) for k in tree_file.states}
         layouts[0] = TreeLayout(Tree((), (m,), ept), table, device)
         return layouts
+
+    def dynamic_shape(self, tree_file: TreeFile) -> tuple[int, int, int] | None:
+        """--tree dynamic's shape for a static tree of its size: (candidates, depth, top-k); None: no dynamic tree."""
+        return None
 
     def layout_for(self, state) -> TreeLayout:
         return self.method.layouts[state.shape[0]]
@@ -99,34 +84,9 @@ class Guesser:
     def chosen(self) -> dict:
         return {}
 
-    def draft_cost(self, acceptance_file, profile=None):
-        """depth -> drafting milliseconds per step, for predicted speedups (None when the family's guesses ride in
-        the target's forward): timed here (draft_ms_here) when `profile` is this machine's in the run's dtype, else
-        the method's acceptance file's time moved to `profile`'s machine."""
-        if profile is not None and self.profiles_here(profile) and (ms := self.draft_ms_here()) is not None:
-            return cost_law(self.method.family, ms)
-        return draft_cost(self.method.family, acceptance_file, profile)
-
-    def profiles_here(self, profile) -> bool:
-        """`profile` is of the machine and dtype this method decodes on."""
-        return (profile.hardware, profile.dtype) == (hardware_slug(self.target.device), dtype_name(self.target.dtype))
-
-    def draft_ms_here(self) -> float | None:
-        """Milliseconds of one drafting forward (the drafter, or medusa's heads) timed on the target's device and
-        dtype, once per method: the drafting cost of a tree a run builds (`--tree auto`) and of its predicted
-        speedup. The acceptance file's time, moved from the machine `estimate` ran on by the target's forward there
-        and here, misses how the drafter's share changes between machines; the two can differ many times over
-        (benchmarks/RESULTS-gpu.md). None where the guesses
-        ride in the target's forward."""
-        if not self._timed:
-            from ...core.model.tensor_parallel import from_writer
-
-            with torch.inference_mode():  # --tp: each rank times it (collectives), rank 0's time builds every tree
-                self._timed.append(from_writer(self.time_drafting()))
-        return self._timed[0]
-
     def time_drafting(self) -> float | None:
-        """One drafting forward's median milliseconds, as `estimate` times it (its scorer); None: nothing drafts."""
+        """One drafting forward's median milliseconds, as `estimate` times it (its scorer); None: nothing drafts.
+        The method prices its drafting with it (pricing.DraftPricing)."""
         return None
 
     # ---------------------------------------------------------------- the step
@@ -134,25 +94,6 @@ class Guesser:
     def embed(self, tokens: torch.Tensor, layout: TreeLayout) -> torch.Tensor:
         """Input embeddings of [prefix tokens, root, candidates | rows attached to nodes] [1, prefix + q, H]."""
         return pt.embed(self.target.model, tokens, layout.rows)
-
-    def forward(self, tokens: torch.Tensor, layout: TreeLayout, cache, prefix: int = 0) -> torch.Tensor:
-        """One forward of [prefix tokens, root, candidates | prompt inputs] -> hidden states of the tree [q, H]."""
-        model = self.target.model
-        past = cache_length(cache)
-        embeds = self.embed(tokens, layout)  # [1, prefix + q, H]
-        mask = attention_mask(layout.visible, past, embeds.dtype, prefix)
-        h = pt.hidden(model, embeds, mask, position_ids(layout.offsets, past, prefix), cache)
-        return h[prefix:]
-
-    def prefill(self, ids: torch.Tensor, cache, sampling, generator) -> tuple[int, object]:
-        """The prompt [T], its last token carrying the root's node inputs -> (first token, first state). Goes
-        through the method's _forward / _prompt_logits so a subclass of the method sees every call."""
-        method = self.method
-        layout = method.layouts[0]
-        h = method._forward(ids, layout, cache, prefix=len(ids) - 1)  # [q_0, H]
-        keep_positions(cache, len(ids) - 1, [0])  # the root's node inputs leave the cache
-        root = next_token(target_logits(self.target.model, h[0]), sampling, generator)
-        return root, method._prompt_logits(h, layout, 0)  # [m, V]
 
     def next_guesses(self, h: torch.Tensor, layout: TreeLayout, node: int,
                      all_logits: torch.Tensor | None = None) -> torch.Tensor:
@@ -185,7 +126,7 @@ class Guesser:
         """The next state: the accepted node's guesses [c, V] (c is the next tree state)."""
         return self.method._prompt_logits(h, layout, path[-1], all_logits)
 
-    # ---------------------------------------------------------------- batch > 1 (engine.decode_step)
+    # ---------------------------------------------------------------- joining, drafting, the forward's hook
 
     def start_batch(self, mode: str, slots: int) -> None:
         """Per-batch state (a feature drafter: its own batch engine in the target's mode)."""

@@ -1,4 +1,4 @@
-"""The tree step's verify-and-accept, shared by batch 1 (engine.generate) and batch > 1 (engine.decode_step): from
+"""The tree step's verify-and-accept (method.decode_step, at every batch size): from
 the target's hidden states over one tree to the emitted tokens, the compacted cache and the next guess state."""
 
 from __future__ import annotations

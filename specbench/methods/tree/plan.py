@@ -1,0 +1,221 @@
+"""Which tree a tree method decodes with, decided in one place: (family, `--tree`, hardware, dtype, batch size) ->
+a TreePlan (the tree file, its layouts, where it came from, EAGLE-2's dynamic shape) that the step decodes with.
+
+- `--tree` is parsed once (core/tree.TreeSpec): auto | PATH | size=N | dynamic[=M]; eagle's `--gamma` is a chain.
+- auto: this hardware's tree file, else built now from this hardware's profile and the method's acceptance file
+  (build-tree's code, filed where build-tree files it: planning/autotree.py), else a default-size tree and a note
+  naming the commands that make the missing files.
+- batch size B > 1 under `--tree auto`: B's own tree from L(B, w) (every extra candidate costs B rows, so the best
+  tree at B > 1 is smaller): its file, else built now, else batch 1's with a note. `--tree PATH | size=N`,
+  `--tree dynamic` and `--gamma` fix one tree for every batch size.
+- The per-rank acceptance the tree is searched and predicted with: acceptance/<model>/<family>.yaml, else a generic
+  table and a note. The family's guesser builds a tree of a size (searched_tree: PPD's dynamic sparse tree, or the
+  static candidate tree), checks that its artefact can guess a tree (check_tree) and lays it out (layouts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.markup import escape
+
+from ...core import store
+from ...core.machine.hardware import hardware_slug
+from ...core.model.load import dtype_name, model_slug
+from ...core.tree_file import TreeFile, TreeSpec, other_trees, read_tree_file, resolve_tree
+from ...errors import SpecbenchError
+from ...planning import autotree
+from ...planning.acceptance import GENERIC_PER_RANK, read_per_rank
+from ...planning.batch_choice import batch_view
+from ...planning.treesearch import search, static_candidates
+from ...progress import console
+
+DEFAULT_SIZE = 16
+
+
+def searched_tree(acc: list[list[float]], m: int, size: int, model: str = "", source: str = "") -> TreeFile:
+    """`--tree size=N` (and the default without a tree file): the dynamic sparse tree of size N found by
+    build-tree's search (treesearch.search), so a size sweep measures the trees build-tree predicts for."""
+    if size < 2:  # the search's own minimum: build-tree may choose any size it can search (2 on a steep curve)
+        raise SpecbenchError(f"tree size {size} is too small: a candidate and its prompt token need at least 2")
+    tree = search(acc, m, size)
+    states = {k: list(zip(t.paths, t.prompt_tokens)) for k, t in tree.trees.items()}
+    return TreeFile(states, m, model=model, built_by=f"dynamic sparse tree search at size {size} over "
+                    f"{source or 'per-rank probabilities'}", predicted_tau=tree.tau)
+
+
+def candidate_tree(acc, heads: int, size: int, model: str = "", source: str = "", method: str = "medusa") -> TreeFile:
+    """The static tree of the `size` most probable candidate paths (depth <= heads): one state, no prompt tokens
+    (Medusa's, and every other method whose candidates at a depth do not depend on a prompt-token state)."""
+    if size < 1:
+        raise SpecbenchError(f"tree size {size} is too small: a {method} tree needs at least 1 candidate")
+    tree = static_candidates(acc[:heads], size)
+    return TreeFile({0: [(p, 0) for p in tree.paths]}, 0, model=model, method=method,
+                    built_by=f"the {size} most probable candidate paths over {source or 'per-rank probabilities'}",
+                    predicted_tau=tree.tau)
+
+
+def chain(gamma: int, model: str) -> TreeFile:
+    """A chain of gamma candidates (rank 0 at every depth): sd's shape, verified as a one-path tree."""
+    return TreeFile({0: [((0,) * d, 0) for d in range(1, gamma + 1)]}, 0, model=model, method="eagle",
+                    built_by=f"--gamma {gamma}: a chain of {gamma} drafts")
+
+
+def per_rank_acceptance(method, rows: int, model_name: str) -> tuple[list[list[float]], Path | None, str]:
+    """(per-rank probabilities, the acceptance file they came from or None, that source in words for run.yaml and
+    report.md); with no file for this model a generic table is used and a note printed once per model and family."""
+    target, family = method.target, method.family
+    relative = store.acceptance_file(model_name, family)
+    acc_path = store.find(relative)
+    acc = read_per_rank(acc_path, rows) if acc_path else GENERIC_PER_RANK[:rows]
+    source = str(acc_path) if acc_path else (
+        f"a generic acceptance table, not {target.spec}'s (no {relative}: "
+        f"`specbench estimate --method {family} --model {target.spec}` measures it)")
+    said = f"generic_acceptance_said_{family}"
+    if acc_path is None and not target.extras.get(said):  # once per model and method (tree sweeps)
+        target.extras[said] = True
+        console.print(f"[yellow]note[/] {method.name}: predicted tau and tree search use {escape(source)}")
+    return acc, acc_path, source
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """The tree one batch size decodes with."""
+
+    tree_file: TreeFile
+    source: str  # where it came from, in words (run.yaml, report.md)
+    layouts: dict  # state -> TreeLayout (guesser.layouts)
+    chosen_from: str  # "batch 1" (the method's own tree) | "L(B, w)" (a tree chosen for batch size B)
+    dynamic: tuple[int, int, int] | None = None  # --tree dynamic: (candidates m, depth, top-k per expansion)
+
+
+def first_plan(method) -> TreePlan:
+    """Batch 1's plan: --tree (or eagle's --gamma chain), checked against the artefact and laid out."""
+    spec, gamma = TreeSpec.parse(method.options.tree), getattr(method.options, "gamma", None)
+    guesser, model_name = method.guesser, model_slug(method.target.spec)
+    dynamic = None
+    if spec.kind == "dynamic":
+        if not guesser.dynamic_trees:
+            raise SpecbenchError(f"--tree {spec}: only eagle and parallelspec choose their tree per step (EAGLE-2's "
+                                 f"dynamic tree); {method.name} takes auto, size=N or a trees/*.yaml path")
+        if gamma is not None:
+            raise SpecbenchError(f"{method.name}: give --gamma (a chain of drafts) or --tree dynamic, not both")
+        # the static tree of the size: the prefill, predictions and the artefact check read it
+        tf, source = resolve(method, TreeSpec("auto") if spec.size is None else TreeSpec("size", spec.size))
+        dynamic = guesser.dynamic_shape(tf)
+        source = f"EAGLE-2 dynamic tree, {tf.size} candidates per step (the size of {source})"
+    elif gamma is not None:
+        if spec.kind != "auto":
+            raise SpecbenchError(f"{method.name}: give --gamma (a chain of drafts) or --tree (a draft tree), not both")
+        tf, source = chain(gamma, model_name), f"a chain of {gamma} (--gamma)"
+    else:
+        tf, source = resolve(method, spec)
+    return laid_out(method, tf, source, "batch 1", dynamic)
+
+
+def laid_out(method, tf: TreeFile, source: str, chosen_from: str, dynamic=None) -> TreePlan:
+    """A tree the method's artefact can guess (the guesser refuses one it cannot), laid out for its states."""
+    method.guesser.check_tree(tf, source, method.rows)
+    return TreePlan(tf, source, method.guesser.layouts(tf, method.table, method.ept, method.target.device),
+                    chosen_from, dynamic)
+
+
+def resolve(method, spec: TreeSpec) -> tuple[TreeFile, str]:
+    """auto | PATH | size=N -> (tree file, where it came from); the family's guesser searches a tree of a size."""
+    target, model_name = method.target, model_slug(method.target.spec)
+    hardware, dtype = hardware_slug(target.device), dtype_name(target.dtype)
+    source = str(method.acceptance_file) if method.acceptance_file else "a generic table"
+
+    def build(size: int) -> TreeFile:
+        return method.guesser.searched_tree(method.acceptance, method.rows, size, model_name, source)
+
+    def missing() -> tuple[TreeFile, str]:
+        return auto_tree(method, build, hardware, dtype, method.rows, method.ept)
+
+    return resolve_tree(spec, model_name, method.family, hardware, dtype, build, DEFAULT_SIZE, target.spec, missing)
+
+
+def plan_batches(method, sizes: list[int]) -> None:
+    """Each batch size's plan in method.plans: under `--tree auto` (no --gamma) B > 1's own tree (its file, else
+    built now from L(B, w)), else batch 1's."""
+    per_batch = TreeSpec.parse(method.options.tree).kind == "auto" and getattr(method.options, "gamma", None) is None
+    for size in sorted({b for b in sizes if b > 1} - set(method.plans)):
+        found = _batch_tree(method, size) if per_batch else None
+        if found is None:
+            method.plans[size] = method.plans[1]
+            continue
+        tree_file, source = found
+        method.plans[size] = laid_out(method, tree_file, source, "L(B, w)")
+        console.print(f"[dim]{method.name}: batch size {size}: tree {escape(source)} (size {tree_file.size}, "
+                      f"batch 1's: {method.plans[1].tree_file.size})[/]")
+
+
+def chosen(method) -> dict:
+    """run.yaml's `chosen` for the batch sizes: size and source of every batch size's tree (when any is planned)."""
+    sizes = sorted(b for b in method.plans if b > 1)
+    if not sizes:
+        return {}
+    return {"tree_per_batch_size": {b: {"size": method.plans[b].tree_file.size, "from": method.plans[b].chosen_from,
+                                        "tree": method.plans[b].source} for b in [1, *sizes]}}
+
+
+def _batch_tree(method, size: int) -> tuple[TreeFile, str] | None:
+    """Batch size `size`'s own tree (its file, else built now from L(B, w)), or None after a note (batch 1's)."""
+    target, family = method.target, method.family
+    hardware, dtype = hardware_slug(target.device), dtype_name(target.dtype)
+    rel = autotree.tree_path(target.spec, family, hardware, dtype, size)
+    path = store.find(rel)
+    if path is not None:
+        tree = read_tree_file(path)
+        if tree.method == family and tree.dtype in ("any", dtype):
+            return tree, str(path)
+    view, why = batch_view(target, size)
+    found = autotree.inputs(target.spec, family, hardware, dtype)
+    if view is not None and found.ready:
+        try:
+            built = autotree.build_here(target.spec, family, method.one_state, hardware, dtype, method.rows,
+                                        method.ept, batch_size=size, draft_ms=method.pricing.ms_here())
+        except SpecbenchError as exc:
+            why = f"building it from {found.profile} failed: {exc}"
+        else:
+            console.print(f"[yellow]note[/] {method.name}: no {family} tree for batch size {size} on {hardware} "
+                          f"{dtype} yet; built it now from L(B={size}, w) in {escape(str(found.profile))} and "
+                          f"{escape(str(found.acceptance))}: filed as {escape(str(built.path))}")
+            return read_tree_file(built.path), str(built.path.resolve())
+    elif view is not None:  # the files build-tree needs, named with the commands that make them
+        why = "; ".join(autotree.missing_steps(target.spec, family, hardware, dtype, target.device.type)[:-1])
+    console.print(f"[yellow]note[/] {method.name}: batch size {size} decodes with batch 1's tree (size "
+                  f"{method.plans[1].tree_file.size}): {escape(why)}")
+    return None
+
+
+def auto_tree(method, build, hardware: str, dtype: str, rows: int, ept: int) -> tuple[TreeFile, str]:
+    """This hardware's tree, built and filed now when its profile and the method's acceptance file exist; else the
+    default-size tree, and a note with the commands that make the missing files (only the files that matter)."""
+    target, family = method.target, method.family
+    found = autotree.inputs(target.spec, family, hardware, dtype)
+    if found.ready:
+        try:
+            built = autotree.build_here(target.spec, family, method.one_state, hardware, dtype, rows, ept,
+                                        draft_ms=method.pricing.ms_here())
+        except SpecbenchError as exc:
+            reason = f"building it from {found.profile} and {found.acceptance} failed: {exc}"
+        else:
+            tree = read_tree_file(built.path)
+            console.print(f"[yellow]note[/] {method.name}: no {family} tree for {hardware} {dtype} yet; built it now "
+                          f"from {escape(str(found.profile))} and {escape(str(found.acceptance))} (as `specbench "
+                          f"build-tree` does): size {tree.size}, filed as {escape(str(built.path))}")
+            return tree, str(built.path.resolve())
+    else:
+        reason = "; ".join(autotree.missing_steps(target.spec, family, hardware, dtype, target.device.type))
+    others = other_trees(model_slug(target.spec), family, hardware, dtype)
+    unused = f" ({family} trees for other hardware or dtypes, not used here: {', '.join(others)})" if others else ""
+    tree = build(DEFAULT_SIZE)
+    source = f"built, size {DEFAULT_SIZE} (no {family} tree for {hardware} {dtype}{unused}: {reason})"
+    said = f"auto_tree_said_{family}_{dtype}"
+    if not target.extras.get(said):  # once per model and method (tree sweeps, batch sizes)
+        target.extras[said] = True
+        console.print(f"[yellow]note[/] {method.name}: --tree auto has no tree for this hardware; using a "
+                      f"size-{DEFAULT_SIZE} tree. {escape(reason)}{escape(unused)}")
+    return tree, source
