@@ -11,6 +11,7 @@ import pytest
 import typer
 
 from specbench.cli import app
+from specbench.errors import BadValue
 from specbench.train.configs import CONFIGS, DrafterConfig, EagleConfig, MedusaConfig, TransferConfig
 from specbench.train.settings import TRAINING_MIX, cli_fields, cli_options
 
@@ -61,6 +62,8 @@ def test_values_reach_the_config_converted_and_old_spellings_still_work(monkeypa
     assert configured(EagleConfig, _parsed("eagle", ["--vocab-top", "0"])).vocab_top is None
     drafter = configured(DrafterConfig, _parsed("drafter", ["--batch", "3", "--data", "gsm8k", "--new-tokens", "12"]))
     assert (drafter.batch, drafter.data, drafter.new_tokens, drafter.eval_prompts) == (3, "gsm8k", 12, 20)
+    with pytest.raises(BadValue, match="--transfer-layers: expected comma-separated integers"):
+        configured(TransferConfig, _parsed("hidden-transfer", ["--transfer-layers", "1,x"]))
     medusa = configured(MedusaConfig, _parsed("medusa", []))
     assert (medusa.data, medusa.steps, medusa.positions) == (TRAINING_MIX, 400, 128)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import BadValue
 from .settings import TrainSettings, option
 
 VOCAB_TOP_HELP = "most frequent tokens of the data (cheaper {what}; verification stays exact)."
@@ -104,10 +105,17 @@ class MedusaConfig(TrainSettings):
 
 
 def transfer_layers(text: str | None) -> tuple[int, ...] | None:
-    """--transfer-layers 12,17,22 as the field's tuple (None: the default choice)."""
-    from ..cli.parse import int_list  # the CLI's list parser: its error names the option as every list option's does
-
-    return tuple(int_list(text, "--transfer-layers")) if text else None
+    """--transfer-layers 12,17,22 as the field's tuple (None: the default choice); errors worded as cli/parse.py's
+    for every list option (not imported: train/ sits below cli/)."""
+    if not text:
+        return None
+    try:
+        layers = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise BadValue(f"--transfer-layers: expected comma-separated integers, got {text!r}") from None
+    if not layers:
+        raise BadValue("--transfer-layers: give at least one value")
+    return layers
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,17 @@
-"""The steps every trainer takes around its own loss: load the frozen target, self-distil the training data, find
-where the replies start, count the vocabulary (--vocab-top), then after optimising (loop.optimise) describe the run
-in the artefact's metadata and write its loss curve."""
+"""The steps every trainer takes around its own loss, and their order (Recipe, run): load the frozen target,
+self-distil the training data, find where the replies start, count the vocabulary (--vocab-top), build the trained
+part, optimise it (recipe.optimise), then describe the run in the artefact's metadata and write its loss curve."""
 
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
+from ..core.machine.timing import now, since
 from ..core.machine.hardware import cpu_model, device_name, hardware_slug
 from ..core.model.load import LoadedModel, dtype_name, load_model
 from ..errors import SpecbenchError
@@ -144,3 +146,90 @@ def write_loss_curve(out: Path, losses: list[float], title: str, ylabel: str) ->
     """loss.png next to the artefact, and a .gitignore that keeps its checkpoints out of git."""
     plot_losses(losses, out / "loss.png", title, ylabel)
     (out / ".gitignore").write_text("checkpoint/\n")
+
+
+# ------------------------------------------------------------------------------------------- the one recipe
+
+
+class Recipe:
+    """One trainer's own parts, which `run` calls in the order every trainer shares. Between the calls the run
+    sets `target` (the frozen model, after check) and `seqs` (the self-distilled data, after before_data); a part
+    keeps what later parts need on self."""
+
+    label = "training"  # the progress bar's
+    target: LoadedModel
+    seqs: Sequences
+
+    def __init__(self, cfg: TrainSettings):
+        self.cfg = cfg
+        self.prompts: int | None = None  # training prompts per source; None: the config's
+
+    def check(self) -> None:
+        """Refuse settings no run can use, before any slow work."""
+        self.cfg.check_common()
+
+    def before_data(self) -> None:
+        """What needs the target but not the data (a layer choice, a plan)."""
+
+    def min_reply(self) -> int:
+        """The shortest self-distilled reply worth training on."""
+        return 2
+
+    def prepare(self) -> None:
+        """Data-derived inputs (reply start, vocabulary, teacher outputs): counted as data time."""
+
+    def build(self) -> torch.nn.Module:
+        """The module whose trainable parameters the loop trains."""
+        raise NotImplementedError
+
+    def out(self) -> Path:
+        return self.cfg.out_dir
+
+    def settings(self) -> dict:
+        """What a resumed checkpoint must match."""
+        return self.cfg.settings()
+
+    def loop_options(self) -> dict:
+        """recipe.optimise's warmup, clip, state where the trainer's differ from the defaults."""
+        return {}
+
+    def step_loss(self, module: torch.nn.Module) -> Callable[[Any], torch.Tensor]:
+        raise NotImplementedError
+
+    def agreement(self, module: torch.nn.Module) -> Any:
+        """Top-1 agreement on a training sample, before and after training (None: the trainer measures none)."""
+        return None
+
+    def meta(self, module: torch.nn.Module, data: dict, before: Any, after: Any, facts: dict) -> dict:
+        """The artefact's metadata: the trainer's entries, data (data_facts) and facts (run_facts) placed in them."""
+        raise NotImplementedError
+
+    def save(self, module: torch.nn.Module, out: Path, meta: dict) -> None:
+        raise NotImplementedError
+
+    def curve(self) -> tuple[str, str]:
+        """The loss curve's title and y label."""
+        raise NotImplementedError
+
+
+def run(recipe: Recipe) -> Path:
+    """Train with the recipe's parts, in the order every trainer shares; returns the artefact's folder."""
+    cfg = recipe.cfg
+    recipe.check()
+    t_start = now()
+    recipe.target = load_target(cfg)
+    recipe.before_data()
+    recipe.seqs, data = self_distilled(cfg, recipe.target, min_reply=recipe.min_reply(), prompts=recipe.prompts)
+    recipe.prepare()
+    data_s = since(t_start)
+    module = recipe.build()
+    out = recipe.out()
+    before = recipe.agreement(module)
+    losses, train_s = fit(cfg, module, recipe.step_loss(module), out, recipe.label, recipe.settings(),
+                          **recipe.loop_options())
+    module.requires_grad_(False)
+    after = recipe.agreement(module)
+    facts = run_facts(recipe.target, losses, train_s, data_s, cfg.seed)
+    recipe.save(module, out, recipe.meta(module, data, before, after, facts))
+    write_loss_curve(out, losses, *recipe.curve())
+    return out

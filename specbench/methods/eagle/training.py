@@ -22,13 +22,11 @@ import torch.nn.functional as F
 from . import artifact as fd
 from ...core.artifact_files import model_key
 from ...core.model.load import LoadedModel
-from ...core.machine.timing import now, since
 from ...errors import SpecbenchError
 from ...progress import console, progress_bar
 from ...train.configs import FeatureConfig  # noqa: F401  (eagle's and parallelspec's settings)
 from ...train.selfdistill import check_sources
-from ...train.steps import fit, frequent_tokens, load_target, reply_start, run_facts, \
-    self_distilled, write_loss_curve
+from ...train.steps import Recipe, frequent_tokens, reply_start, run
 
 
 def teacher_log_probs(lm_head: torch.nn.Module, features: torch.Tensor,
@@ -188,45 +186,70 @@ def check(cfg: FeatureConfig) -> None:
     check_sources(cfg.data)
 
 
+class FeatureRecipe(Recipe):
+    """The feature drafter's parts of the shared recipe (eagle and parallelspec): it trains on the target's
+    features, computed once; it may go on from a trained drafter (--init)."""
+
+    def check(self) -> None:
+        check(self.cfg)
+
+    def min_reply(self) -> int:
+        return self.cfg.k + 3
+
+    def prepare(self) -> None:
+        cfg, target, seqs = self.cfg, self.target, self.seqs
+        self.start = reply_start(seqs)
+        vocab_ids = None
+        if cfg.vocab_top:
+            if cfg.vocab_top > target.vocab_size:
+                raise SpecbenchError(f"--vocab-top must be at most the vocabulary size {target.vocab_size}")
+            vocab_ids = frequent_tokens(seqs, target.vocab_size, self.start, cfg.vocab_top).to(target.device)
+        # before the features: a refused --init is quick
+        self.drafter, self.init_from, self.steps_before = _starting_drafter(cfg, target, vocab_ids)
+        self.feats = target_features(target, seqs)
+
+    def build(self) -> fd.FeatureDrafter:
+        drafter = self.drafter
+        drafter.requires_grad_(True)
+        drafter.eval()  # for the agreement check and, as before the shared recipe, through training too
+        self.what = "EAGLE drafter" if self.cfg.method == "eagle" else f"ParallelSpec drafter ({self.cfg.k} masks)"
+        self.label = f"training the {self.what}"
+        console.print(f"[dim]{self.what}: {drafter.parameter_count():,} parameters, starting from {self.init_from}[/]")
+        return drafter
+
+    def out(self) -> Path:
+        return self.cfg.out_dir()
+
+    def step_loss(self, drafter: fd.FeatureDrafter):
+        return make_step_loss(self.cfg, drafter, self.seqs, self.feats, self.start)
+
+    def agreement(self, drafter: fd.FeatureDrafter) -> list[float]:
+        held = max(1, len(self.seqs) // 10)  # a tenth of the data (before and after)
+        return position_agreement(drafter, self.seqs[:held], self.feats[:held], self.start)
+
+    def meta(self, drafter: fd.FeatureDrafter, data: dict, before, after, facts: dict) -> dict:
+        cfg, target = self.cfg, self.target
+        return {
+            "method": cfg.method, "model": target.spec, "model_key": model_key(target),
+            "hidden_size": target.model.config.hidden_size, "vocab_size": target.vocab_size, "mask_tokens": cfg.k,
+            "vocab_top": cfg.vocab_top, "parameters": drafter.parameter_count(),
+            "architecture": "fc [H, 2H] over (feature, next-token embedding), one decoder layer, final norm"
+                            + (f", {cfg.k} mask inputs" if cfg.k else ""),
+            "init_from": self.init_from, "shares": "the target's embeddings and LM head (frozen, not stored)",
+            "top1_agreement_train_sample": after, start_key(self.steps_before): before,
+            "steps": cfg.steps, "steps_total": self.steps_before + cfg.steps, "sequences_per_step": cfg.sequences,
+            "groups_per_sequence": cfg.groups if cfg.k else None,
+            "lr": cfg.lr, "noise": cfg.noise,
+            "data": data, "loss": "KL(target || drafter) + SmoothL1(predicted feature, target feature)",
+            **facts,
+        }
+
+    def save(self, drafter: fd.FeatureDrafter, out: Path, meta: dict) -> None:
+        fd.save(drafter, out, meta, self.cfg.method)
+
+    def curve(self) -> tuple[str, str]:
+        return f"{self.target.spec}: {self.what}", "KL + SmoothL1"
+
+
 def train(cfg: FeatureConfig) -> Path:
-    check(cfg)
-    t0 = now()
-    target = load_target(cfg)
-    seqs, data = self_distilled(cfg, target, min_reply=cfg.k + 3)
-    start = reply_start(seqs)
-    vocab_ids = None
-    if cfg.vocab_top:
-        if cfg.vocab_top > target.vocab_size:
-            raise SpecbenchError(f"--vocab-top must be at most the vocabulary size {target.vocab_size}")
-        vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top).to(target.device)
-    # before the features: a refused --init is quick
-    drafter, init_from, steps_before = _starting_drafter(cfg, target, vocab_ids)
-    feats = target_features(target, seqs)
-    data_s = since(t0)
-    drafter.requires_grad_(True)
-    out = cfg.out_dir()
-    held = max(1, len(seqs) // 10)  # agreement on a tenth of the data (before and after)
-    drafter.eval()
-    before = position_agreement(drafter, seqs[:held], feats[:held], start)
-    what = "EAGLE drafter" if cfg.method == "eagle" else f"ParallelSpec drafter ({cfg.k} masks)"
-    console.print(f"[dim]{what}: {drafter.parameter_count():,} parameters, starting from {init_from}[/]")
-    losses, train_s = fit(cfg, drafter, make_step_loss(cfg, drafter, seqs, feats, start), out, f"training the {what}")
-    drafter.requires_grad_(False)
-    after = position_agreement(drafter, seqs[:held], feats[:held], start)
-    meta = {
-        "method": cfg.method, "model": target.spec, "model_key": model_key(target),
-        "hidden_size": target.model.config.hidden_size, "vocab_size": target.vocab_size, "mask_tokens": cfg.k,
-        "vocab_top": cfg.vocab_top, "parameters": drafter.parameter_count(),
-        "architecture": "fc [H, 2H] over (feature, next-token embedding), one decoder layer, final norm"
-                        + (f", {cfg.k} mask inputs" if cfg.k else ""),
-        "init_from": init_from, "shares": "the target's embeddings and LM head (frozen, not stored)",
-        "top1_agreement_train_sample": after, start_key(steps_before): before,
-        "steps": cfg.steps, "steps_total": steps_before + cfg.steps, "sequences_per_step": cfg.sequences,
-        "groups_per_sequence": cfg.groups if cfg.k else None,
-        "lr": cfg.lr, "noise": cfg.noise,
-        "data": data, "loss": "KL(target || drafter) + SmoothL1(predicted feature, target feature)",
-        **run_facts(target, losses, train_s, data_s, cfg.seed),
-    }
-    fd.save(drafter, out, meta, cfg.method)
-    write_loss_curve(out, losses, f"{target.spec}: {what}", "KL + SmoothL1")
-    return out
+    return run(FeatureRecipe(cfg))

@@ -29,11 +29,10 @@ from ...core.batch.cache import crop_to, new_cache
 from ...core.batch.forward import with_cache
 from ...core.model.load import LoadedModel, model_slug
 from .layers import capture, check_transfer_layers, transferred
-from ...core.machine.timing import now, since
 from ...errors import SpecbenchError
 from ...train.configs import TransferConfig  # noqa: F401  (its settings and `train hidden-transfer` options)
 from ...train.selfdistill import check_sources
-from ...train.steps import fit, load_target, run_facts, self_distilled, write_loss_curve
+from ...train.steps import Recipe, run
 
 
 # Transfer layers measured per model. smollm2-135m: `python benchmarks/transfer_layers.py` (Figures 5-6's
@@ -128,45 +127,66 @@ def top1_agreement(target: LoadedModel, proj: tp.TransferProjections, seqs) -> l
     return [round(h / max(total, 1), 4) for h in hits]
 
 
+class TransferRecipe(Recipe):
+    """Hidden Transfer's parts of the shared recipe: the k projections train; the target runs in every step."""
+
+    def check(self) -> None:
+        cfg = self.cfg
+        cfg.check_common()
+        if cfg.insertions < 1:
+            raise SpecbenchError("--insertions must be at least 1")
+        check_sources(cfg.data)
+
+    def before_data(self) -> None:
+        cfg, target = self.cfg, self.target
+        num_layers = target.model.config.num_hidden_layers
+        if cfg.transfer_layers:
+            self.layers = check_transfer_layers(cfg.transfer_layers, num_layers, target.spec)
+            self.chosen = "given (--transfer-layers)"
+        else:
+            self.layers, chosen = default_layers(num_layers, model=cfg.model)
+            self.chosen = f"default: {chosen}"
+        self.label = f"training {len(self.layers)} transfer projection(s) at layers {self.layers}"
+
+    def min_reply(self) -> int:
+        return len(self.layers) + 2
+
+    def build(self) -> tp.TransferProjections:
+        return tp.TransferProjections(self.target.model.config.hidden_size, self.layers,
+                                      self.cfg.masked).to(self.target.device)
+
+    def settings(self) -> dict:
+        return self.cfg.settings() | {"transfer_layers": self.layers}
+
+    def step_loss(self, proj: tp.TransferProjections):
+        return make_step_loss(self.target, proj, self.seqs, self.cfg.insertions)
+
+    def agreement(self, proj: tp.TransferProjections) -> list[float]:
+        held = self.seqs[:: max(1, len(self.seqs) // 12)][:12]  # a sample of the data (before and after)
+        return top1_agreement(self.target, proj, held)
+
+    def meta(self, proj: tp.TransferProjections, data: dict, before, after, facts: dict) -> dict:
+        cfg, target = self.cfg, self.target
+        return {
+            "method": "hidden-transfer", "model": target.spec, "model_key": model_key(target),
+            "hidden_size": target.model.config.hidden_size, "vocab_size": target.vocab_size,
+            "transfer_layers": self.layers, "layers_chosen": self.chosen,
+            "masked": cfg.masked,
+            "layout": ("pseudo position j sees the context and itself only (Masked: an ablation, not decodable)"
+                       if cfg.masked else
+                       "pseudo position j sees the context and pseudo positions 1..j-1 of its insertion (No masked)"),
+            "parameters": int(proj.weight.numel()), "top1_agreement_train_sample": after,
+            "top1_agreement_untrained": before, "steps": cfg.steps, "insertions_per_step": cfg.insertions,
+            "lr": cfg.lr, "data": data, "loss": "sum_j KL(target at i+j || pseudo state j)",
+            **facts,
+        }
+
+    def save(self, proj: tp.TransferProjections, out: Path, meta: dict) -> None:
+        tp.save(proj, out, meta)
+
+    def curve(self) -> tuple[str, str]:
+        return f"{self.target.spec}: hidden transfer at layers {self.layers}", "sum_j KL(target || pseudo j)"
+
+
 def train(cfg: TransferConfig) -> Path:
-    cfg.check_common()
-    if cfg.insertions < 1:
-        raise SpecbenchError("--insertions must be at least 1")
-    check_sources(cfg.data)
-    t0 = now()
-    target = load_target(cfg)
-    num_layers = target.model.config.num_hidden_layers
-    if cfg.transfer_layers:
-        layers = check_transfer_layers(cfg.transfer_layers, num_layers, target.spec)
-        chosen = "given (--transfer-layers)"
-    else:
-        layers, chosen = default_layers(num_layers, model=cfg.model)
-        chosen = f"default: {chosen}"
-    k = len(layers)
-    seqs, data = self_distilled(cfg, target, min_reply=k + 2)
-    data_s = since(t0)
-    proj = tp.TransferProjections(target.model.config.hidden_size, layers, cfg.masked).to(target.device)
-    out = cfg.out_dir
-    settings = cfg.settings() | {"transfer_layers": layers}
-    held = seqs[:: max(1, len(seqs) // 12)][:12]  # agreement on a sample of the data (before and after)
-    before = top1_agreement(target, proj, held)
-    losses, train_s = fit(cfg, proj, make_step_loss(target, proj, seqs, cfg.insertions), out,
-                          f"training {k} transfer projection(s) at layers {layers}", settings)
-    proj.requires_grad_(False)
-    after = top1_agreement(target, proj, held)
-    meta = {
-        "method": "hidden-transfer", "model": target.spec, "model_key": model_key(target),
-        "hidden_size": target.model.config.hidden_size, "vocab_size": target.vocab_size, "transfer_layers": layers,
-        "layers_chosen": chosen,
-        "masked": cfg.masked,
-        "layout": ("pseudo position j sees the context and itself only (Masked: an ablation, not decodable)"
-                   if cfg.masked else
-                   "pseudo position j sees the context and pseudo positions 1..j-1 of its insertion (No masked)"),
-        "parameters": int(proj.weight.numel()), "top1_agreement_train_sample": after,
-        "top1_agreement_untrained": before, "steps": cfg.steps, "insertions_per_step": cfg.insertions,
-        "lr": cfg.lr, "data": data, "loss": "sum_j KL(target at i+j || pseudo state j)",
-        **run_facts(target, losses, train_s, data_s, cfg.seed),
-    }
-    tp.save(proj, out, meta)
-    write_loss_curve(out, losses, f"{target.spec}: hidden transfer at layers {layers}", "sum_j KL(target || pseudo j)")
-    return out
+    return run(TransferRecipe(cfg))

@@ -20,13 +20,11 @@ import torch.nn.functional as F
 from . import artifact as mh
 from ...core.artifact_files import model_key
 from ...core.model.load import LoadedModel
-from ...core.machine.timing import now, since
 from ...errors import SpecbenchError
 from ...progress import progress_bar
 from ...train.configs import MedusaConfig  # noqa: F401  (its settings and `train medusa` options)
 from ...train.selfdistill import check_sources
-from ...train.steps import check_vocab_top, fit, frequent_tokens, load_target, reply_start, \
-    run_facts, self_distilled, write_loss_curve
+from ...train.steps import Recipe, check_vocab_top, frequent_tokens, reply_start, run
 
 
 @torch.inference_mode()
@@ -88,46 +86,72 @@ def top1_agreement(target: LoadedModel, heads: mh.MedusaHeads, states, start: in
     return [round(h / max(t, 1), 4) for h, t in zip(hits, total)]
 
 
+class MedusaRecipe(Recipe):
+    """Medusa's parts of the shared recipe: the heads train on the target's states, computed once."""
+
+    def check(self) -> None:
+        cfg = self.cfg
+        cfg.check_common()
+        if cfg.heads < 1 or cfg.positions < 1:
+            raise SpecbenchError("--heads and --positions must be at least 1")
+        check_sources(cfg.data)
+
+    def before_data(self) -> None:
+        cfg, target = self.cfg, self.target
+        self.layers = target.model.config.num_hidden_layers
+        self.layer = self.layers if cfg.layer is None else cfg.layer
+        if not 1 <= self.layer <= self.layers:
+            raise SpecbenchError(f"--layer {self.layer}: {target.spec} has layers 1..{self.layers} (the heads read "
+                                 f"the state after that many layers; {self.layers} = the last, Medusa)")
+        self.what = "Medusa heads" if self.layer == self.layers else f"early-exit heads at layer {self.layer}"
+        self.label = f"training {cfg.heads} {self.what}"
+
+    def min_reply(self) -> int:
+        return self.cfg.heads + 2
+
+    def prepare(self) -> None:
+        cfg, target = self.cfg, self.target
+        self.start = reply_start(self.seqs)
+        self.vocab_ids = None
+        if cfg.vocab_top:
+            check_vocab_top(cfg.vocab_top, target.vocab_size)
+            self.vocab_ids = frequent_tokens(self.seqs, target.vocab_size, self.start, cfg.vocab_top).to(target.device)
+        self.states = head_states(target, self.seqs, self.layer)
+
+    def build(self) -> mh.MedusaHeads:
+        return mh.MedusaHeads(self.target.model.config.hidden_size, self.cfg.heads, self.layer,
+                              self.vocab_ids).to(self.target.device)
+
+    def out(self) -> Path:
+        return self.cfg.out_dir(self.layers)
+
+    def step_loss(self, module: mh.MedusaHeads):
+        return make_step_loss(self.target, module, self.states, self.start, self.cfg.positions)
+
+    def agreement(self, module: mh.MedusaHeads) -> list[float]:
+        held = self.states[: max(1, len(self.states) // 10)]  # a tenth of the data (before and after)
+        return top1_agreement(self.target, module, held, self.start)
+
+    def meta(self, heads: mh.MedusaHeads, data: dict, before, after, facts: dict) -> dict:
+        cfg, target = self.cfg, self.target
+        return {
+            "method": "medusa" if self.layer == self.layers else "early-exit", "model": target.spec,
+            "model_key": model_key(target), "hidden_size": target.model.config.hidden_size,
+            "vocab_size": target.vocab_size, "heads": cfg.heads, "layer": self.layer, "vocab_top": cfg.vocab_top,
+            "parameters": int(heads.weight.numel() + heads.bias.numel()),
+            "shares": "the target's LM head (frozen, not stored)",
+            "top1_agreement_train_sample": after, "top1_agreement_untrained": before,
+            "steps": cfg.steps, "positions_per_step": cfg.positions, "lr": cfg.lr,
+            "data": data, "loss": "sum_k KL(target at i+k || head k at i)",
+            **facts,
+        }
+
+    def save(self, heads: mh.MedusaHeads, out: Path, meta: dict) -> None:
+        mh.save(heads, out, meta)
+
+    def curve(self) -> tuple[str, str]:
+        return f"{self.target.spec}: {self.cfg.heads} {self.what}", "sum_k KL(target || head k)"
+
+
 def train(cfg: MedusaConfig) -> Path:
-    cfg.check_common()
-    if cfg.heads < 1 or cfg.positions < 1:
-        raise SpecbenchError("--heads and --positions must be at least 1")
-    check_sources(cfg.data)
-    t0 = now()
-    target = load_target(cfg)
-    layers = target.model.config.num_hidden_layers
-    layer = layers if cfg.layer is None else cfg.layer
-    if not 1 <= layer <= layers:
-        raise SpecbenchError(f"--layer {layer}: {target.spec} has layers 1..{layers} (the heads read the state "
-                             f"after that many layers; {layers} = the last, Medusa)")
-    seqs, data = self_distilled(cfg, target, min_reply=cfg.heads + 2)
-    start = reply_start(seqs)
-    vocab_ids = None
-    if cfg.vocab_top:
-        check_vocab_top(cfg.vocab_top, target.vocab_size)
-        vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top).to(target.device)
-    states = head_states(target, seqs, layer)
-    data_s = since(t0)
-    heads = mh.MedusaHeads(target.model.config.hidden_size, cfg.heads, layer, vocab_ids).to(target.device)
-    out = cfg.out_dir(layers)
-    held = states[: max(1, len(states) // 10)]  # agreement on a tenth of the data (before and after)
-    before = top1_agreement(target, heads, held, start)
-    what = "Medusa heads" if layer == layers else f"early-exit heads at layer {layer}"
-    losses, train_s = fit(cfg, heads, make_step_loss(target, heads, states, start, cfg.positions), out,
-                          f"training {cfg.heads} {what}")
-    heads.requires_grad_(False)
-    after = top1_agreement(target, heads, held, start)
-    meta = {
-        "method": "medusa" if layer == layers else "early-exit", "model": target.spec,
-        "model_key": model_key(target), "hidden_size": target.model.config.hidden_size,
-        "vocab_size": target.vocab_size, "heads": cfg.heads, "layer": layer, "vocab_top": cfg.vocab_top,
-        "parameters": int(heads.weight.numel() + heads.bias.numel()),
-        "shares": "the target's LM head (frozen, not stored)",
-        "top1_agreement_train_sample": after, "top1_agreement_untrained": before,
-        "steps": cfg.steps, "positions_per_step": cfg.positions, "lr": cfg.lr,
-        "data": data, "loss": "sum_k KL(target at i+k || head k at i)",
-        **run_facts(target, losses, train_s, data_s, cfg.seed),
-    }
-    mh.save(heads, out, meta)
-    write_loss_curve(out, losses, f"{target.spec}: {cfg.heads} {what}", "sum_k KL(target || head k)")
-    return out
+    return run(MedusaRecipe(cfg))

@@ -28,8 +28,7 @@ from ...progress import console
 from ...train.configs import PPDConfig
 from ...train.recipe import CheckpointState
 from ...train.selfdistill import generation_seconds, pending_prompts, source_names
-from ...train.steps import checkpoint_path, fit, insert_after, load_target, run_facts, self_distilled, token_counts, \
-    write_loss_curve
+from ...train.steps import Recipe, checkpoint_path, insert_after, run, token_counts
 
 PPD_LOSS = "sum_j 0.8^j KL(teacher || student)"  # the loss curve's label
 MAX_AUTO_PROMPTS = 300  # --prompts by default: one per step (each step trains on one sequence), at most this many
@@ -86,63 +85,90 @@ def step_loss(target: LoadedModel, emb: torch.Tensor, seq: torch.Tensor, points:
     return (kl * alpha ** torch.arange(count, device=dev)).sum()
 
 
+class PPDRecipe(Recipe):
+    """PPD's parts of the shared recipe: the trained tensor is the prompt-token embeddings [S, E, H]."""
+
+    label = "training prompt tokens"
+
+    def check(self) -> None:
+        cfg = self.cfg
+        if cfg.prompt_tokens < 1 or cfg.ept < 1 or cfg.steps < 1 or cfg.insertions < 1:
+            raise SpecbenchError("--prompt-tokens, --ept, --steps and --insertions must be at least 1")
+        if cfg.prompts is not None and cfg.prompts < 1:
+            raise SpecbenchError("--prompts must be at least 1 (leave it out: as many as the steps use)")
+        self.sources = source_names(cfg.data)
+
+    def before_data(self) -> None:
+        """The prompts per source (given, the resumed run's, or what the steps use) and the plan, said up front."""
+        cfg = self.cfg
+        ckpt_path = checkpoint_path(cfg.out_dir)
+        saved = torch.load(ckpt_path) if cfg.resume and ckpt_path.exists() else None
+        self.prompts = (cfg.prompts or (saved or {}).get("settings", {}).get("prompts")
+                        or auto_prompts(cfg.steps, len(self.sources)))
+        announce_plan(self.target, cfg, self.prompts, len(self.sources), cfg.steps - (saved["step"] if saved else 0))
+
+    def min_reply(self) -> int:
+        return self.cfg.prompt_tokens + 3
+
+    def settings(self) -> dict:
+        return self.cfg.settings() | {"prompts": self.prompts}
+
+    def build(self) -> torch.nn.Module:
+        cfg, target = self.cfg, self.target
+        # initial prompt tokens: embeddings of reply tokens drawn by frequency (PPD §5: initialised with text tokens)
+        counts = token_counts(self.seqs, target.vocab_size).float()  # [V]
+        self.init_ids = torch.multinomial(counts, cfg.prompt_tokens * cfg.ept, replacement=False,
+                                          generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+        self.emb = torch.nn.Parameter(pt.from_token_ids(target, self.init_ids, cfg.prompt_tokens, cfg.ept)
+                                      .to(target.device))
+        holder = torch.nn.Module()  # the one trained tensor, as the loop's module
+        holder.register_parameter("embeddings", self.emb)
+        return holder
+
+    def loop_options(self) -> dict:
+        def restore(state: dict) -> None:
+            self.emb.data.copy_(state["embeddings"])
+            self.init_ids = state["init_token_ids"]
+
+        # PPD's checkpoint format: the embeddings [S, E, H] and the token ids they started from
+        state = CheckpointState(lambda: {"embeddings": self.emb.detach().cpu()}, restore,
+                                lambda: {"init_token_ids": self.init_ids})
+        return {"warmup": 0, "clip": None, "state": state}  # PPD §5: cosine decay to zero, no warm-up, no clipping
+
+    def step_loss(self, module: torch.nn.Module):
+        cfg, target, seqs = self.cfg, self.target, self.seqs
+
+        def step_loss_of(rng: random.Random) -> torch.Tensor:  # one sequence per step
+            seq, first = seqs[rng.randrange(len(seqs))]
+            # insertion points: random positions of the reply (where decoding inserts them), from its first
+            # token's predecessor to the deepest one whose every target exists
+            span = range(first - 1, len(seq) - cfg.prompt_tokens)
+            points = sorted(rng.sample(span, min(cfg.insertions, len(span))))
+            return step_loss(target, self.emb, torch.tensor(seq, device=target.device), points, cfg.alpha)
+
+        return step_loss_of
+
+    def meta(self, module, data: dict, before, after, facts: dict) -> dict:
+        cfg, target = self.cfg, self.target
+        return {
+            "method": "ppd", "model": target.spec, "model_key": pt.model_key(target),
+            "model_fingerprint": target.fingerprint(), "prompt_tokens": cfg.prompt_tokens, "ept": cfg.ept,
+            "steps": cfg.steps, "data": data,
+            "loss": "sum_j alpha^j KL(teacher || student)", "alpha": cfg.alpha, "lr": cfg.lr, "schedule": "cosine",
+            "insertions_per_step": cfg.insertions,
+            **insert_after(facts, "threads", {"init_token_ids": self.init_ids}),
+        }
+
+    def save(self, module, out: Path, meta: dict) -> None:
+        pt.save(pt.PromptTokens(self.emb.detach().cpu().float(), meta), out)
+
+    def curve(self) -> tuple[str, str]:
+        return f"{self.target.spec}: S={self.cfg.prompt_tokens}, EPT={self.cfg.ept}", PPD_LOSS
+
+
 def train(cfg: TrainConfig) -> Path:
     """Train, checkpoint, and write the artefact (safetensors + ppd.yaml + loss.png); returns its folder."""
-    if cfg.prompt_tokens < 1 or cfg.ept < 1 or cfg.steps < 1 or cfg.insertions < 1:
-        raise SpecbenchError("--prompt-tokens, --ept, --steps and --insertions must be at least 1")
-    t_start = now()
-    if cfg.prompts is not None and cfg.prompts < 1:
-        raise SpecbenchError("--prompts must be at least 1 (leave it out: as many as the steps use)")
-    sources = source_names(cfg.data)
-    target = load_target(cfg)
-    out = cfg.out_dir
-    ckpt_path = checkpoint_path(out)
-    saved = torch.load(ckpt_path) if cfg.resume and ckpt_path.exists() else None
-    prompts = cfg.prompts or (saved or {}).get("settings", {}).get("prompts") or auto_prompts(cfg.steps, len(sources))
-    settings = cfg.settings() | {"prompts": prompts}
-    announce_plan(target, cfg, prompts, len(sources), cfg.steps - (saved["step"] if saved else 0))
-    seqs, data = self_distilled(cfg, target, min_reply=cfg.prompt_tokens + 3, prompts=prompts)
-    data_s = since(t_start)
-    # initial prompt tokens: embeddings of reply tokens drawn by frequency (PPD §5: initialised with text tokens)
-    counts = token_counts(seqs, target.vocab_size).float()  # [V]
-    init_ids = torch.multinomial(counts, cfg.prompt_tokens * cfg.ept, replacement=False,
-                                 generator=torch.Generator().manual_seed(cfg.seed)).tolist()
-    emb = torch.nn.Parameter(pt.from_token_ids(target, init_ids, cfg.prompt_tokens, cfg.ept).to(target.device))
-    holder = torch.nn.Module()  # the one trained tensor, as the loop's module
-    holder.register_parameter("embeddings", emb)
-
-    def restore(state: dict) -> None:
-        nonlocal init_ids
-        emb.data.copy_(state["embeddings"])
-        init_ids = state["init_token_ids"]
-
-    # PPD's checkpoint format: the embeddings [S, E, H] and the token ids they started from
-    state = CheckpointState(lambda: {"embeddings": emb.detach().cpu()}, restore,
-                            lambda: {"init_token_ids": init_ids})
-
-    def step_loss_of(rng: random.Random) -> torch.Tensor:  # one sequence per step
-        seq, first = seqs[rng.randrange(len(seqs))]
-        # insertion points: random positions of the reply (where decoding inserts them), from its first
-        # token's predecessor to the deepest one whose every target exists
-        span = range(first - 1, len(seq) - cfg.prompt_tokens)
-        points = sorted(rng.sample(span, min(cfg.insertions, len(span))))
-        return step_loss(target, emb, torch.tensor(seq, device=target.device), points, cfg.alpha)
-
-    # PPD §5: cosine decay to zero over cfg.steps, no warm-up, no clipping
-    losses, train_s = fit(cfg, holder, step_loss_of, out, "training prompt tokens", settings, warmup=0, clip=None,
-                          state=state)
-    meta = {
-        "method": "ppd", "model": target.spec, "model_key": pt.model_key(target),
-        "model_fingerprint": target.fingerprint(), "prompt_tokens": cfg.prompt_tokens, "ept": cfg.ept,
-        "steps": cfg.steps, "data": data,
-        "loss": "sum_j alpha^j KL(teacher || student)", "alpha": cfg.alpha, "lr": cfg.lr, "schedule": "cosine",
-        "insertions_per_step": cfg.insertions,
-        **insert_after(run_facts(target, losses, train_s, data_s, cfg.seed), "threads",
-                       {"init_token_ids": init_ids}),
-    }
-    pt.save(pt.PromptTokens(emb.detach().cpu().float(), meta), out)
-    write_loss_curve(out, losses, f"{target.spec}: S={cfg.prompt_tokens}, EPT={cfg.ept}", PPD_LOSS)
-    return out
+    return run(PPDRecipe(cfg))
 
 
 def announce_plan(target: LoadedModel, cfg: TrainConfig, prompts: int, sources: int, steps: int) -> None:

@@ -24,13 +24,11 @@ import torch.nn.functional as F
 from .drafter import SharedHeadDrafter, save_artifact
 from ..pearl.scheduler import forward_costs
 from ...core.model.load import LoadedModel
-from ...core.machine.timing import now, since
 from ...errors import SpecbenchError
 from ...progress import progress_bar
 from ...train.configs import DrafterConfig  # noqa: F401  (its settings and `train drafter` options)
 from ...train.selfdistill import greedy_continuations, load_source, render, source_names
-from ...train.steps import check_vocab_top, checkpoint_path, fit, frequent_tokens, insert_after, load_target, reply_start, \
-    run_facts, self_distilled, write_loss_curve
+from ...train.steps import Recipe, check_vocab_top, checkpoint_path, frequent_tokens, insert_after, reply_start, run
 
 
 def init_layer_ids(n_target: int, n_layers: int) -> list[int]:
@@ -93,61 +91,82 @@ def agreement(target: LoadedModel, drafter: SharedHeadDrafter, seqs: list[tuple[
     return hits / max(total, 1)
 
 
+class DrafterRecipe(Recipe):
+    """The drafter's parts of the shared recipe: its layers train on the target's top-k distributions (cached)."""
+
+    def check(self) -> None:
+        cfg = self.cfg
+        if cfg.steps < 1 or cfg.batch < 1 or cfg.topk < 1:
+            raise SpecbenchError("--steps, --sequences and --topk must be at least 1")
+        if not cfg.lr > 0:
+            raise SpecbenchError(f"--lr must be positive (got {cfg.lr})")
+        if cfg.vocab_top is not None and cfg.vocab_top < 1:
+            raise SpecbenchError(f"--vocab-top must be at least 1 (got {cfg.vocab_top}); leave it out for the full "
+                                 "vocabulary")
+
+    def before_data(self) -> None:
+        self.layer_ids = init_layer_ids(self.target.model.config.num_hidden_layers, self.cfg.layers)
+        self.label = f"training a {self.cfg.layers}-layer drafter"
+
+    def prepare(self) -> None:
+        cfg, target, seqs = self.cfg, self.target, self.seqs
+        self.start = start = reply_start(seqs)  # positions shared by every sequence (the system prefix) teach nothing
+        self.vocab_ids = self.col = None
+        if cfg.vocab_top:
+            check_vocab_top(cfg.vocab_top, target.vocab_size)
+            self.vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top)  # [K]
+            col = torch.full((target.vocab_size,), -1, dtype=torch.long)
+            col[self.vocab_ids] = torch.arange(cfg.vocab_top)
+            self.col = col.to(target.device)
+        teacher_path = checkpoint_path(cfg.out_dir, "teacher.pt")
+        # the teacher depends on the target and the data only: other layer counts or learning rates reuse it
+        settings = cfg.settings()
+        teacher_key = {k: settings[k] for k in ("model", "data", "data_file", "prompts", "held_out", "new_tokens",
+                                                "topk", "dtype", "device")}
+        teacher_key.update(start=start, sequences=len(seqs))
+        teacher = None
+        if teacher_path.exists():
+            saved = torch.load(teacher_path)
+            teacher = saved["targets"] if saved["key"] == teacher_key else None
+        if teacher is None:
+            teacher = teacher_targets(target, seqs, start, cfg.topk)
+            teacher_path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"key": teacher_key, "targets": teacher}, teacher_path)
+        self.teacher = teacher
+
+    def build(self) -> SharedHeadDrafter:
+        module = SharedHeadDrafter(self.target.model, self.layer_ids, self.vocab_ids)
+        module.train()
+        return module
+
+    def step_loss(self, module: SharedHeadDrafter):
+        cfg, seqs, start, teacher, col = self.cfg, self.seqs, self.start, self.teacher, self.col
+
+        def step_loss(rng) -> torch.Tensor:  # `batch` sequences, drawn with the loop's seeded rng
+            picks = [rng.randrange(len(seqs)) for _ in range(cfg.batch)]
+            return sum(distill_loss(module, seqs[i][0], start, *teacher[i], col) for i in picks) / cfg.batch
+
+        return step_loss
+
+    def meta(self, module: SharedHeadDrafter, data: dict, before, after, facts: dict) -> dict:
+        module.eval()
+        return drafter_meta(self.cfg, self.target, module, self.layer_ids, data, facts)
+
+    def save(self, module: SharedHeadDrafter, out: Path, meta: dict) -> None:
+        save_artifact(module, out, meta)
+
+    def curve(self) -> tuple[str, str]:
+        return f"{self.target.spec}: {self.cfg.layers}-layer drafter", "soft cross-entropy"
+
+
 def train(cfg: DrafterConfig) -> Path:
     """Train, checkpoint, and write the artefact (drafter.safetensors + drafter.yaml + loss.png)."""
-    if cfg.steps < 1 or cfg.batch < 1 or cfg.topk < 1:
-        raise SpecbenchError("--steps, --sequences and --topk must be at least 1")
-    if not cfg.lr > 0:
-        raise SpecbenchError(f"--lr must be positive (got {cfg.lr})")
-    if cfg.vocab_top is not None and cfg.vocab_top < 1:
-        raise SpecbenchError(f"--vocab-top must be at least 1 (got {cfg.vocab_top}); leave it out for the full "
-                             "vocabulary")
-    t_start = now()
-    target = load_target(cfg)
-    n_target = target.model.config.num_hidden_layers
-    layer_ids = init_layer_ids(n_target, cfg.layers)
-    out = cfg.out_dir
-    settings = cfg.settings()
-    seqs, data = self_distilled(cfg, target, min_reply=2)
-    start = reply_start(seqs)  # positions shared by every sequence (the system prefix) teach nothing
-    vocab_ids = col = None
-    if cfg.vocab_top:
-        check_vocab_top(cfg.vocab_top, target.vocab_size)
-        vocab_ids = frequent_tokens(seqs, target.vocab_size, start, cfg.vocab_top)  # [K]
-        col = torch.full((target.vocab_size,), -1, dtype=torch.long)
-        col[vocab_ids] = torch.arange(cfg.vocab_top)
-        col = col.to(target.device)
-    teacher_path = checkpoint_path(out, "teacher.pt")
-    # the teacher depends on the target and the data only: other layer counts or learning rates reuse it
-    teacher_key = {k: settings[k] for k in ("model", "data", "data_file", "prompts", "held_out", "new_tokens",
-                                            "topk", "dtype", "device")}
-    teacher_key.update(start=start, sequences=len(seqs))
-    teacher = None
-    if teacher_path.exists():
-        saved = torch.load(teacher_path)
-        teacher = saved["targets"] if saved["key"] == teacher_key else None
-    if teacher is None:
-        teacher = teacher_targets(target, seqs, start, cfg.topk)
-        teacher_path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"key": teacher_key, "targets": teacher}, teacher_path)
-    data_s = since(t_start)
-
-    module = SharedHeadDrafter(target.model, layer_ids, vocab_ids)
-    module.train()
-
-    def step_loss(rng) -> torch.Tensor:  # `batch` sequences, drawn with the loop's seeded rng
-        picks = [rng.randrange(len(seqs)) for _ in range(cfg.batch)]
-        return sum(distill_loss(module, seqs[i][0], start, *teacher[i], col) for i in picks) / cfg.batch
-
-    losses, train_s = fit(cfg, module, step_loss, out, f"training a {cfg.layers}-layer drafter", settings)
-    module.eval().requires_grad_(False)
-    return finish(cfg, target, module, layer_ids, losses, data, train_s, data_s)
+    return run(DrafterRecipe(cfg))
 
 
-def finish(cfg: DrafterConfig, target: LoadedModel, module: SharedHeadDrafter, layer_ids: list[int],
-           losses: list[float], data: dict, train_s: float, data_s: float) -> Path:
-    """Measure agreement and the speed ratio c on held-out prompts, then save the artefact and its loss curve."""
-    out = cfg.out_dir
+def drafter_meta(cfg: DrafterConfig, target: LoadedModel, module: SharedHeadDrafter, layer_ids: list[int],
+                 data: dict, facts: dict) -> dict:
+    """The artefact's metadata, with agreement and the speed ratio c measured on held-out prompts."""
     n_eval = min(cfg.eval_prompts, cfg.held_out)
     agree, agree_init = {}, {}
     untrained = SharedHeadDrafter(target.model, layer_ids, module.vocab_ids).eval().requires_grad_(False)
@@ -159,7 +178,7 @@ def finish(cfg: DrafterConfig, target: LoadedModel, module: SharedHeadDrafter, l
         agree_init[name] = round(agreement(target, untrained, eval_seqs), 4)
     costs = forward_costs(target, module, target.device, (1,), "trained-drafter")
     own = sum(v.numel() for v in module.own_state().values() if v.is_floating_point())
-    meta = {
+    return {
         "method": "drafter", "target": target.spec, "target_fingerprint": target.fingerprint(),
         "layers": cfg.layers, "init_layers": layer_ids, "vocab_top": cfg.vocab_top, "parameters": own,
         "shares": "token embeddings and LM head of the target (frozen, not stored)",
@@ -172,8 +191,5 @@ def finish(cfg: DrafterConfig, target: LoadedModel, module: SharedHeadDrafter, l
         "steps": cfg.steps, "batch": cfg.batch, "lr": cfg.lr, "teacher_topk": cfg.topk,
         "data": data,
         "loss": "soft cross-entropy against the target's top-k next-token distribution",
-        **insert_after(run_facts(target, losses, train_s, data_s, cfg.seed), "dtype", {"stored_dtype": "bfloat16"}),
+        **insert_after(facts, "dtype", {"stored_dtype": "bfloat16"}),
     }
-    save_artifact(module, out, meta)
-    write_loss_curve(out, losses, f"{target.spec}: {cfg.layers}-layer drafter", "soft cross-entropy")
-    return out
