@@ -181,11 +181,11 @@ class TreeSpec:
         text = str(value if value is not None else "auto")
         if text in ("auto", "dynamic"):
             return cls(text)
-        for kind, usage in (("size", "size=N with N a positive integer"),
-                            ("dynamic", "dynamic or dynamic=M with M a positive number of candidates")):
-            if text.startswith(kind + "="):
-                size = text.removeprefix(kind + "=")
-                if not size.isdigit() or int(size) < 1:
+        for kind, prefix, usage in (("size", "size=", "size=N with N a positive integer"),
+                                    ("dynamic", "dynamic", "dynamic or dynamic=M with M a positive number of candidates")):
+            if text.startswith(prefix):
+                size = text.removeprefix(kind).removeprefix("=")
+                if not text.startswith(kind + "=") or not size.isdigit() or int(size) < 1:
                     raise SpecbenchError(f"--tree {text}: use {usage}")
                 return cls(kind, int(size))
         return cls("path", path=text)

@@ -111,12 +111,14 @@ class Batchable:
                                        [Segment(s.slot, [s.history[-1]] + s.draft) for s in active])
         t1 = now(device) if timed else 0.0
         finished: list[Sample] = []
+        newcomers = {id(s) for s in joining}
         for s, lg in zip(joining + active, first + logits):
-            if s in joining:
+            joined = id(s) in newcomers
+            if joined:
                 s.scratch["origin"] = t0  # the timeline's zero
             # 3. accept: one rule whatever the batch, on this sample's own random stream (a newcomer without
             # drafts: its first token)
-            if s.draft or s not in joining:
+            if s.draft or not joined:
                 n, tok = accept(torch.tensor(s.draft, dtype=torch.long, device=lg.device), lg, sampling, s.q,
                                 s.generator)
             else:
@@ -130,7 +132,7 @@ class Batchable:
                 target.truncate(s.slot, len(s.history) + n)
             s.history += new
             done = s.gen.emit(new, stop_ids, max_new_tokens)
-            if timed and (s.draft or s not in joining):  # the step's spans, shared by the batch's samples
+            if timed and (s.draft or not joined):  # the step's spans, shared by the batch's samples
                 s.gen.timeline.append(timeline_step(self.timeline_mode, s.scratch["origin"], t0, now(device),
                                                     Span(t0, d1), Span(d1, t1), len(s.draft), n,
                                                     s.gen.accepted_lengths[-1], True))

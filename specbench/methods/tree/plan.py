@@ -139,9 +139,10 @@ def resolve(method, spec: TreeSpec) -> tuple[TreeFile, str]:
 def plan_batches(method, sizes: list[int]) -> None:
     """Each batch size's plan in method.plans: under `--tree auto` (no --gamma) B > 1's own tree (its file, else
     built now from L(B, w)), else batch 1's."""
-    per_batch = TreeSpec.parse(method.options.tree).kind == "auto" and getattr(method.options, "gamma", None) is None
+    if TreeSpec.parse(method.options.tree).kind != "auto" or getattr(method.options, "gamma", None) is not None:
+        return  # one tree for every batch size: batch 1's (start_batch falls back to it)
     for size in sorted({b for b in sizes if b > 1} - set(method.plans)):
-        found = _batch_tree(method, size) if per_batch else None
+        found = _batch_tree(method, size)
         if found is None:
             method.plans[size] = method.plans[1]
             continue
