@@ -28,7 +28,12 @@ from .pricing import GuessScorer
 
 class Guesser:
     """One tree method's guesses. `state` is what a step's drafting starts from: here the accepted node's guess
-    logits [c, V] (c also picks the tree state); a feature drafter keeps its own (feature_drafter.py)."""
+    logits [c, V] (c also picks the tree state); a feature drafter keeps its own (methods/eagle/drafting.py).
+
+    Its parts, by who asks: the artefact (scorer for `estimate`, load for a run); the tree plan's questions
+    (searched_tree, check_tree, layouts, dynamic_shape: plan.py); the decode-time protocol the step calls
+    (start_batch, join / joined, draft / draft_batch, layout_for / drafted_layout, around, accept, advance, leave);
+    time_drafting, which prices its drafting (pricing.py)."""
 
     family: str  # file-name key of its acceptance file, trees and artefact folder (methods/base.py)
     artifact: str  # what the method needs beside the target, for `specbench list methods`

@@ -33,7 +33,7 @@ from .step import verify_and_accept
 
 
 class TreeMethod(Batchable, DecodeMethod):
-    """A tree method: the engine composed with its guesser (the class attribute `guesser_type`)."""
+    """A tree method: the step composed with its guesser (the class attribute `guesser_type`)."""
 
     kind = "tree"
     option_specs = (TREE, ARTIFACT)
@@ -55,8 +55,8 @@ class TreeMethod(Batchable, DecodeMethod):
         # per-rank probabilities the tree is searched and predicted with (acceptance_source: run.yaml, report.md)
         self.acceptance, self.acceptance_file, self.acceptance_source = plan.per_rank_acceptance(
             self, self.rows, model_slug(target.spec))
-        # batch size -> its TreePlan (plan.py); `plan` is the one the step decodes with (start_batch picks it)
         self.pricing = DraftPricing(self.guesser.time_drafting, target, self.family)  # the drafting's cost per step
+        # batch size -> its TreePlan (plan.py); `plan` is the one the step decodes with (start_batch picks it)
         self.plans: dict[int, plan.TreePlan] = {1: plan.first_plan(self)}
         self.plan = self.plans[1]
         console.print(f"[dim]{self.name}: tree {escape(self.tree_source)} (size {self.tree_file.size}), "
@@ -123,7 +123,7 @@ class TreeMethod(Batchable, DecodeMethod):
         stop_ids = self.target.tokenizer.stop_ids
         placed = {}  # id(segment) -> (layout, prefix): what the guesser's hook around the forward reads
         joined = []
-        for s in joining:  # 0. prefill, as batch 1's (guesser.join)
+        for s in joining:  # 0. prefill (guesser.join)
             seg, layout, prefix = self.guesser.join(s)
             self._placed(layout, 0, prefix)
             placed[id(seg)] = (layout, prefix)
@@ -133,7 +133,7 @@ class TreeMethod(Batchable, DecodeMethod):
         steps = []
         for s, (tokens, q) in zip(active, drafts):
             layout = self.guesser.layout_for(s.scratch["guesses"])
-            layout = self.guesser.drafted_layout(s.scratch["guesses"], layout)  # as batch 1's
+            layout = self.guesser.drafted_layout(s.scratch["guesses"], layout)  # EAGLE-2: drafted this step
             past = target.lengths[s.slot]
             self._placed(layout, past)
             s.scratch.update(layout=layout, tokens=tokens, q=q, past=past)
