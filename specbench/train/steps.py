@@ -1,6 +1,6 @@
 """The steps every trainer takes around its own loss, and their order (Recipe, run): load the frozen target,
 self-distil the training data, find where the replies start, count the vocabulary (--vocab-top), build the trained
-part, optimise it (recipe.optimise), then describe the run in the artefact's metadata and write its loss curve."""
+part, optimise it (optimiser.optimise), then describe the run in the artefact's metadata and write its loss curve."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..core.machine.hardware import cpu_model, device_name, hardware_slug
 from ..core.model.load import LoadedModel, dtype_name, load_model
 from ..errors import SpecbenchError
 from .settings import TrainSettings
-from .recipe import optimise
+from .optimiser import optimise
 from .plot import plot_losses
 from .selfdistill import SLOTS, SourceData, training_data
 
@@ -72,7 +72,7 @@ def frequent_tokens(seqs: Sequences, vocab_size: int, start: int, top: int) -> t
 
 def fit(cfg: TrainSettings, module: torch.nn.Module, step_loss, out: Path, label: str,
         settings: dict | None = None, **loop_options) -> tuple[list[float], float]:
-    """loop.optimise with the run's shared settings (steps, lr, checkpoints in `out`, --resume, seed); settings:
+    """optimiser.optimise with the run's shared settings (steps, lr, checkpoints in `out`, --resume, seed); settings:
     what a resumed checkpoint must match (default cfg.settings()); loop_options: warmup, clip, state."""
     return optimise(module, step_loss, steps=cfg.steps, lr=cfg.lr, save_every=cfg.save_every,
                     ckpt_path=checkpoint_path(out), settings=cfg.settings() if settings is None else settings,
@@ -190,7 +190,7 @@ class Recipe:
         return self.cfg.settings()
 
     def loop_options(self) -> dict:
-        """recipe.optimise's warmup, clip, state where the trainer's differ from the defaults."""
+        """optimiser.optimise's warmup, clip, state where the trainer's differ from the defaults."""
         return {}
 
     def step_loss(self, module: torch.nn.Module) -> Callable[[Any], torch.Tensor]:

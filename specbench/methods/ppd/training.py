@@ -26,7 +26,7 @@ from ...core.machine.timing import now, since
 from ...errors import SpecbenchError
 from ...progress import console
 from ...train.configs import PPDConfig
-from ...train.recipe import CheckpointState
+from ...train.optimiser import CheckpointState
 from ...train.selfdistill import generation_seconds, pending_prompts, source_names
 from ...train.steps import Recipe, checkpoint_path, insert_after, run, token_counts
 
