@@ -28,7 +28,7 @@ from specbench.methods.hidden_transfer import artifact as tp
 from specbench.train.selfdistill import greedy_continuations, render, training_sequences
 from specbench.train.settings import TRAINING_MIX
 from specbench.methods.hidden_transfer.training import make_step_loss
-from specbench.train.recipe import optimise
+from specbench.train.optimiser import optimise
 from specbench.planning.head_accuracy import transfer_ranks
 
 
