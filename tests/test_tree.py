@@ -199,3 +199,18 @@ def test_every_tree_node_is_reachable_by_sampling():
     path, nxt = tree_speculative_accept(tokens, tree.parents, logits, Sampling(1.0), torch.Generator().manual_seed(3))
     assert path == [0, 1, 2] and nxt == 0
     assert list(itertools.chain(tree.ancestors)) == [[0], [0, 1], [0, 1, 2]]
+
+
+def test_tree_option_is_parsed_once_and_refused_before_a_model_loads():
+    """--tree has one parser (TreeSpec); run validation refuses a malformed value before anything loads."""
+    from specbench.core.tree_file import TreeSpec
+    from specbench.run.config import RunConfig
+    from specbench.run.validation import validate
+
+    assert (TreeSpec.parse("auto").kind, TreeSpec.parse("size=8").size, TreeSpec.parse("dynamic=5").size) == (
+        "auto", 8, 5)
+    assert TreeSpec.parse("trees/x.yaml").path == "trees/x.yaml" and str(TreeSpec.parse("dynamic")) == "dynamic"
+    bad_values = (("size=0", "size=N"), ("size=x", "size=N"), ("dynamicx", "dynamic=M"), ("dynamic=-1", "dynamic=M"))
+    for bad, usage in bad_values:
+        with pytest.raises(SpecbenchError, match=usage):
+            validate(RunConfig(methods=("ppd",), options={"tree": bad}))

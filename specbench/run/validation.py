@@ -43,6 +43,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         get_method(name)
     for name in cfg.datasets:
         refuse_as_benchmark(name)
+    if cfg.options.get("tree") is not None:
+        TreeSpec.parse(cfg.options["tree"])  # a malformed --tree is refused before any model loads
     if any(n < 0 for n in cfg.tree_sizes):  # 0: `auto` (the method's own --tree auto choice, labelled @auto)
         raise SpecbenchError("--tree-sizes: sizes must be positive integers or auto")
     validate_batching(cfg)
