@@ -26,8 +26,8 @@ def print_summary(summary, title: str) -> None:
 
     for r in summary.itertuples(index=False):
         low, high = getattr(r, "speedup_lo", math.nan), getattr(r, "speedup_hi", math.nan)
-        span = f"{fmt(low)}-{fmt(high)}" if not any(isinstance(v, float) and math.isnan(v) for v in (low, high)) \
-            else "-"
+        known = not any(isinstance(v, float) and math.isnan(v) for v in (low, high))
+        span = f"{fmt(low)}-{fmt(high)}" if known and (low, high) != (1.0, 1.0) else "-"  # ar: the reference itself
         explained = getattr(r, "lossless_explained_rate", math.nan)
         loss = fmt(r.lossless_rate, "{:.0%}") + ("" if r.exactness != "lossy" else " (lossy)")
         if not (isinstance(explained, float) and math.isnan(explained)) and explained != r.lossless_rate:
