@@ -81,21 +81,27 @@ def test_eagle_tree_drafts_one_forward_per_inner_depth(deep, tmp_path):
     assert gen.draft_forwards == 3 * steps and gen.drafted == 3 * steps
 
 
-class EagleOracle(get_method("eagle")):
-    """eagle whose chain is ar's next tokens (the drafter still runs, its guesses are replaced): deep accepted
-    paths exercise the drafter's and the target's cache bookkeeping."""
+class EagleOracleDrafts(get_method("eagle").guesser_type):
+    """eagle's drafter whose chain is ar's next tokens (the drafter still runs, its guesses are replaced)."""
 
-    name = "eagle-oracle-test"
-    reference: list[int] = []
-    prompt_len = 0
-
-    def _draft(self, state, tree, root, sampling, generator):
-        tokens, q, forwards = super()._draft(state, tree, root, sampling, generator)
-        at = state.length - self.prompt_len  # the drafter's committed pairs end with the root's
-        assert self.reference[at] == root
-        chain = self.reference[at + 1: at + tree.nodes]
+    def draft(self, state, tree, root, sampling, generator):
+        tokens, q, forwards = super().draft(state, tree, root, sampling, generator)
+        oracle = self.method
+        at = state.length - oracle.prompt_len  # the drafter's committed pairs end with the root's
+        assert oracle.reference[at] == root
+        chain = oracle.reference[at + 1: at + tree.nodes]
         tokens[1:1 + len(chain)] = torch.tensor(chain)
         return tokens, q, forwards
+
+
+class EagleOracle(get_method("eagle")):
+    """eagle whose chain is ar's next tokens: deep accepted paths exercise the drafter's and the target's cache
+    bookkeeping."""
+
+    name = "eagle-oracle-test"
+    guesser_type = EagleOracleDrafts
+    reference: list[int] = []
+    prompt_len = 0
 
 
 def test_oracle_drafts_are_accepted_deep(deep, tmp_path):

@@ -6,16 +6,33 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench.core.batch.cache import cache_length
 from specbench.core.tree_file import TreeFile
 from specbench.core.verify import Sampling
 from specbench.methods.ppd import artifact as pt
 from specbench.errors import SpecbenchError
 from specbench.planning.acceptance import read_per_rank, score_sequence
 from specbench.methods import get_method
-from specbench.methods.ppd.guesser import ParallelPromptDecoding
+from specbench.methods.ppd.guesser import ParallelPromptDecoding, PromptTokens
 
 from .conftest import prompt_ids
+
+
+class OracleGuesses(PromptTokens):
+    """PPD's prompt tokens whose guesses put the true `ar` token at the method's `rank` (the real guesses are
+    still computed, for their shape)."""
+
+    def next_guesses(self, h, layout, node, all_logits=None):
+        real = super().next_guesses(h, layout, node, all_logits)  # [c, V] (shape and the real computation)
+        oracle = self.method
+        node_pos = oracle.past + layout.tree.depths[node]
+        fake = torch.randn_like(real)
+        for j in range(real.shape[0]):
+            k = node_pos + 2 + j - oracle.prompt_len  # index into the reference of the token guessed
+            if k < len(oracle.reference):
+                fake[j, oracle.reference[k]] = 100.0 if oracle.rank == 0 else 50.0
+                if oracle.rank == 1:
+                    fake[j, (oracle.reference[k] + 1) % fake.shape[1]] = 100.0
+        return fake
 
 
 class Oracle(ParallelPromptDecoding):
@@ -23,24 +40,13 @@ class Oracle(ParallelPromptDecoding):
     exercises accepted paths deeper than one, sibling choice and cache compaction."""
 
     name = "ppd-oracle-test"  # not registered
+    guesser_type = OracleGuesses
     reference: list[int] = []
     prompt_len = 0
     rank = 1
 
     def _placed(self, layout, past, prefix=0):  # where the step puts the root: its guesses' positions
         self.past = past + prefix
-
-    def _prompt_logits(self, h, layout, node, all_logits=None):
-        real = super()._prompt_logits(h, layout, node, all_logits)  # [c, V] (shape and the real computation)
-        node_pos = self.past + layout.tree.depths[node]
-        fake = torch.randn_like(real)
-        for j in range(real.shape[0]):
-            k = node_pos + 2 + j - self.prompt_len  # index into the reference of the token guessed
-            if k < len(self.reference):
-                fake[j, self.reference[k]] = 100.0 if self.rank == 0 else 50.0
-                if self.rank == 1:
-                    fake[j, (self.reference[k] + 1) % fake.shape[1]] = 100.0
-        return fake
 
 
 def _ar(tiny, ids, n):

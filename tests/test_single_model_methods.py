@@ -40,25 +40,31 @@ def test_greedy_equals_ar(deep, tmp_path, name, size):
         assert sum(gen.accepted_lengths) == len(gen.tokens)
 
 
+class TransferOracleGuesses(get_method("hidden-transfer").guesser_type):
+    """Hidden Transfer's guesses with ar's token first (the real transfer forward still runs; its guesses are
+    replaced after)."""
+
+    def next_guesses(self, h, layout, node, all_logits=None):
+        real = super().next_guesses(h, layout, node, all_logits)
+        oracle = self.method
+        fake = torch.randn_like(real)
+        for j in range(real.shape[0]):
+            k = oracle.past + layout.tree.depths[node] + 2 + j - oracle.prompt_len
+            if k < len(oracle.reference):
+                fake[j, oracle.reference[k]] = 100.0
+        return fake
+
+
 class TransferOracle(get_method("hidden-transfer")):
-    """hidden-transfer whose guesses put ar's token first: deep accepted paths and cache compaction are exercised,
-    while the real transfer forward still runs (its hidden states are replaced after)."""
+    """hidden-transfer whose guesses put ar's token first: deep accepted paths and cache compaction are exercised."""
 
     name = "hidden-transfer-oracle-test"
+    guesser_type = TransferOracleGuesses
     reference: list[int] = []
     prompt_len = 0
 
     def _placed(self, layout, past, prefix=0):  # where the step puts the root: its guesses' positions
         self.past = past + prefix
-
-    def _prompt_logits(self, h, layout, node, all_logits=None):
-        real = super()._prompt_logits(h, layout, node, all_logits)
-        fake = torch.randn_like(real)
-        for j in range(real.shape[0]):
-            k = self.past + layout.tree.depths[node] + 2 + j - self.prompt_len
-            if k < len(self.reference):
-                fake[j, self.reference[k]] = 100.0
-        return fake
 
 
 def test_oracle_guesses_are_accepted_deep(deep, tmp_path):

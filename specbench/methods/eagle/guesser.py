@@ -148,8 +148,8 @@ class FeatureDrafts(Guesser):
     def draft_batch(self, samples, sampling):
         if self._batch is None:  # batch 1: the sample's own drafter state (a static or a dynamic tree)
             s = samples[0]
-            return [self.method._draft(s.scratch["guesses"], self.method.layouts[0].tree, s.history[-1], sampling,
-                                       s.generator)]
+            return [self.draft(s.scratch["guesses"], self.method.layouts[0].tree, s.history[-1], sampling,
+                               s.generator)]
         drafts, forwards = self._draft_trees(self._batch, self.art.drafter, samples, self.method.layouts[0].tree,
                                              sampling)
         return [(tokens, q, forwards) for tokens, q in drafts]

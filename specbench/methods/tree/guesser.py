@@ -129,7 +129,7 @@ class Guesser:
     def advance(self, state, h: torch.Tensor, layout: TreeLayout, path: list[int], emitted: list[int],
                 all_logits: torch.Tensor | None):
         """The next state: the accepted node's guesses [c, V] (c is the next tree state)."""
-        return self.method._prompt_logits(h, layout, path[-1], all_logits)
+        return self.next_guesses(h, layout, path[-1], all_logits)
 
     # ---------------------------------------------------------------- joining, drafting, the forward's hook
 
@@ -153,12 +153,12 @@ class Guesser:
         compacts its cache from the root on (the root's node inputs leave it)."""
         keep([0])
         root = next_token(target_logits(self.target.model, h[0]), sampling, sample.generator)
-        return root, self.method._prompt_logits(h, self.method.layouts[0], 0)  # [m, V]
+        return root, self.next_guesses(h, self.method.layouts[0], 0)  # [m, V]
 
     def draft_batch(self, samples, sampling) -> list[tuple[torch.Tensor, torch.Tensor | None, int]]:
         """Every active sample's (tokens [N] root first, q [N, V] or None, drafter forwards it took part in), on
         its own random stream. Guesses that cost no model: batch 1's draft, sample by sample."""
-        return [self.method._draft(s.scratch["guesses"], self.layout_for(s.scratch["guesses"]).tree, s.history[-1],
+        return [self.draft(s.scratch["guesses"], self.layout_for(s.scratch["guesses"]).tree, s.history[-1],
                                    sampling, s.generator) for s in samples]
 
     def around(self, parts: list[tuple[TreeLayout, int, torch.Tensor]]):

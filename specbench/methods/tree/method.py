@@ -20,7 +20,7 @@ from rich.markup import escape
 from ...core.model.load import model_slug
 from ...core.batch.ragged import Segment
 from ...core.machine.timing import now
-from ...core.tree import Tree, position_ids
+from ...core.tree import position_ids
 from ...progress import console
 from ..base import DecodeMethod
 from ..batch_loop import Batchable
@@ -78,20 +78,9 @@ class TreeMethod(Batchable, DecodeMethod):
     def plan_batches(self, sizes: list[int]) -> None:
         plan.plan_batches(self, sizes)  # --tree auto: each batch size's tree from L(B, w)
 
-    # the calls a step makes into the guesser that tests (and subclasses) may watch
-
     def _placed(self, layout: TreeLayout, past: int, prefix: int = 0) -> None:
         """A segment is about to be verified: `layout`'s root at position past + prefix (after `prefix` causal
         tokens of a prefill). Nothing by default; a test's oracle reads where its guesses land."""
-
-    def _prompt_logits(self, h: torch.Tensor, layout: TreeLayout, node: int,
-                       all_logits: torch.Tensor | None = None) -> torch.Tensor:
-        """The next step's guesses [c, V] read at `node` (prompt tokens, heads, pseudo positions)."""
-        return self.guesser.next_guesses(h, layout, node, all_logits)
-
-    def _draft(self, state, tree: Tree, root: int, sampling, generator):
-        """The tree's tokens [N] root first, the draft q [N, V] or None (where the rule needs it), drafter forwards."""
-        return self.guesser.draft(state, tree, root, sampling, generator)
 
     # the step (methods/batch_loop.py drives it): the guesser's hooks (guesser.py), verify and accept (step.py)
 
