@@ -148,11 +148,15 @@ class Tree:
         return topk_ids[depth, rank]
 
 
+def additive(vis: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool visibility [n, kv] -> additive mask [1, 1, n, kv] (0 where visible, the dtype's min elsewhere): the form
+    a 4-D mask must take under eager attention, which adds a bool mask numerically."""
+    return torch.zeros(vis.shape, dtype=dtype, device=vis.device).masked_fill(~vis, torch.finfo(dtype).min)[None, None]
+
+
 def attention_mask(vis: torch.Tensor, past: int, dtype: torch.dtype, prefix: int = 0) -> torch.Tensor:
     """Additive mask [1, 1, prefix + q, past + prefix + q] (0 = attend, dtype min = masked) of visibility()."""
-    allowed = visibility(vis, past, prefix)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=vis.device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return additive(visibility(vis, past, prefix), dtype)
 
 
 def visibility(vis: torch.Tensor, past: int, prefix: int = 0) -> torch.Tensor:

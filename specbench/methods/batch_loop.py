@@ -101,10 +101,8 @@ class Batchable:
         if drafting:
             self.propose(drafting, max_new_tokens, sampling)
         d1 = now(device) if timed_drafts else 0.0
-        if "drafter" in self.needs:  # each sample that drafted gets an equal share (the rows sum to the batch's)
-            drafted = [s for s in drafting if s.draft]
-            for s in drafted:
-                s.gen.draft_s += (d1 - t0) / len(drafted)
+        if "drafter" in self.needs:
+            share_drafting([s for s in drafting if s.draft], d1 - t0)
         # 2. verify: newcomers' prompts (+ drafts) and every active sample's last token + drafts, in one batched
         # forward (the target's cache holds a newcomer's nothing, an active sample's history but the last token)
         first, logits = target.forward([Segment(s.slot, s.history + s.draft, keep=len(s.draft) + 1) for s in joining],
@@ -142,6 +140,13 @@ class Batchable:
             if done:
                 finished.append(s)
         return finished
+
+
+def share_drafting(samples: list[Sample], seconds: float) -> None:
+    """A batched drafting's time, an equal share to each sample that drafted in it (the rows' draft_s sum to the
+    batch's drafting time, as their wall_s sum to the batch's time)."""
+    for s in samples:
+        s.gen.draft_s += seconds / len(samples)
 
 
 @torch.inference_mode()

@@ -92,7 +92,6 @@ def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0
 AttentionInterface.register(ATTENTION, _attend)
 
 
-
 def _decode(model, ids: torch.Tensor, embeds: torch.Tensor | None, args: dict):
     """The decoder's normed hidden states [R, W, H] of a padded forward, and the head that turns read rows [n, H]
     into logits [n, V]: a transformers model's decoder and LM head, or a specbench drafter module's (token_drafter:

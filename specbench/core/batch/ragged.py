@@ -56,6 +56,16 @@ class Segment:
     def width(self) -> int:
         return len(self.tokens) if self.embeds is None else self.embeds.shape[0]
 
+    def visible(self, past: int) -> torch.Tensor:
+        """[w, past + w] bool on the CPU, True = may attend: the slot's `past` cached entries (the last t as `mask`
+        says, the earlier ones all), then its own tokens (causal by default). Every engine masks a segment so."""
+        w = self.width
+        own = torch.ones(w, w, dtype=torch.bool).tril() if self.mask is None else self.mask.cpu().bool()
+        tail = own.shape[1] - w  # cached entries the mask covers (0: the whole cache is visible)
+        allowed = torch.ones(w, past + w, dtype=torch.bool)
+        allowed[:, past - tail:] = own
+        return allowed
+
 
 class RaggedCache:
     """Per-slot KV lengths over preallocated per-layer tensors [slots, kv_heads, capacity, head_dim]."""
@@ -117,10 +127,7 @@ class _Step:
             positions.append(pos)
             key_pos[i, a:a + w] = pos
             query_pos[i, :w] = pos
-            own = torch.ones(w, w, dtype=torch.bool).tril() if s.mask is None else s.mask.cpu().bool()
-            tail = own.shape[1] - w  # cached entries the mask covers (0: the whole cache is visible)
-            allowed[i, :w, :a - tail] = True
-            allowed[i, :w, a - tail:a + w] = own
+            allowed[i, :w, :a + w] = s.visible(a)
             allowed[i, w:, 0] = True  # gather rows beyond the segment: one key, so softmax has no empty row
         self.positions = torch.cat(positions)  # [N] every token's position id, packed
         self._allowed, self._key_pos, self._query_pos = allowed, key_pos, query_pos

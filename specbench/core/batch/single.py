@@ -16,6 +16,7 @@ import torch
 
 from ...errors import SpecbenchError
 from ..model.placement import input_device
+from ..tree import additive
 from .cache import crop_to, keep_positions, new_cache, window_mask
 from .forward import forward, target_logits, with_cache
 from .ragged import Segment, packed_embeddings
@@ -26,6 +27,7 @@ class SingleSequence:
 
     def __init__(self, model):
         self.model = model
+        self.device = input_device(model)  # the embedding's: inputs go there (looked up once, not every step)
         self.cache = None
         self.rows: list[int] = []
         self.target_tokens: dict[int, int] = {}
@@ -56,7 +58,7 @@ class SingleSequence:
     def _run(self, seg: Segment, hidden: bool, around) -> torch.Tensor:
         model, cache = self.model, self.cache
         plain = seg.embeds is None and seg.mask is None and seg.positions is None and not hidden and around is None
-        device = input_device(model)
+        device = self.device
         if plain:  # tokens appended causally: the shared forward, logits of the last `keep` rows only
             return forward(model, torch.tensor([seg.tokens], device=device), cache, logits_to_keep=seg.keep)
         past, w = cache.get_seq_length(), seg.width
@@ -64,7 +66,7 @@ class SingleSequence:
         embeds = packed_embeddings(model, [seg], device)  # [1, w, H]
         positions = (torch.tensor([seg.positions], device=device) if seg.positions is not None
                      else torch.arange(past, past + w, device=device)[None])  # [1, w]
-        mask = _additive_mask(seg.mask, past, w, embeds.dtype, device)  # [1, 1, w, past + w]
+        mask = additive(seg.visible(past).to(device), embeds.dtype)  # [1, 1, w, past + w]
         if hasattr(model, "config"):  # a transformers model: its sliding windows (a drafter module has none)
             mask = window_mask(model, mask, positions)
         places = [torch.arange(w, device=device)]  # the segment's inputs are rows 0..w-1 of [w, H]
@@ -83,14 +85,3 @@ class SingleSequence:
     def release(self, slot: int) -> None:
         self.rows.remove(slot)
         self.cache = None
-
-
-def _additive_mask(own: torch.Tensor | None, past: int, w: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """Segment.mask (None: causal; [w, w]: over its own tokens; [w, t + w]: the last t cache entries too, earlier
-    entries visible) -> additive [1, 1, w, past + w], 0 = attend, dtype min = masked."""
-    own = torch.ones(w, w, dtype=torch.bool, device=device).tril() if own is None else own.to(device).bool()
-    tail = own.shape[1] - w
-    allowed = torch.ones(w, past + w, dtype=torch.bool, device=device)
-    allowed[:, past - tail:] = own
-    mask = torch.zeros(w, past + w, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]

@@ -128,11 +128,6 @@ def group_layout(n: int, points: list[int], k: int, device=None) -> tuple[torch.
     return torch.tensor(pos, device=device), vis.to(device)
 
 
-def additive(vis: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool visibility [n, kv] -> additive mask [1, 1, n, kv] (0 where visible, the dtype's min elsewhere)."""
-    return torch.zeros(vis.shape, dtype=dtype, device=vis.device).masked_fill(~vis, torch.finfo(dtype).min)[None, None]
-
-
 @dataclass
 class FeatureArtifact:
     drafter: FeatureDrafter

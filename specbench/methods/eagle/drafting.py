@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .artifact import FeatureDrafter, additive
+from .artifact import FeatureDrafter
+from ...core.tree import additive
 from ...core.batch.cache import crop_to, new_cache
 from ...core.tree import Tree
 from ...core.verify import Sampling, sample_children, warp_probs

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .artifact import additive
+from ...core.tree import additive
 from ...core.batch.cache import crop_to
 from ...core.tree import Tree
 from .drafting import DrafterState

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from . import artifact as fd
 from ...core.artifact_files import model_key
 from ...core.model.load import LoadedModel
+from ...core.tree import additive
 from ...errors import SpecbenchError
 from ...progress import console, progress_bar
 from ...train.configs import FeatureConfig  # noqa: F401  (eagle's and parallelspec's settings)
@@ -57,7 +58,7 @@ def group_forward(drafter: fd.FeatureDrafter, pairs: torch.Tensor, points: list[
     n, (g, j) = pairs.shape[0], group_inputs.shape[:2]
     pos, vis = fd.group_layout(n, points, j, pairs.device)
     x = torch.cat([pairs, group_inputs.reshape(g * j, pairs.shape[1]).to(pairs.dtype)])
-    out = drafter.run(x[None], pos[None], None, fd.additive(vis, x.dtype))
+    out = drafter.run(x[None], pos[None], None, additive(vis, x.dtype))
     return out[:n], out[n:].reshape(g, j, pairs.shape[1])
 
 

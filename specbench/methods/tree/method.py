@@ -23,7 +23,7 @@ from ...core.machine.timing import now
 from ...core.tree import position_ids
 from ...progress import console
 from ..base import DecodeMethod
-from ..batch_loop import Batchable
+from ..batch_loop import Batchable, share_drafting
 from ..options import ARTIFACT, TREE
 from . import plan
 from .guesser import Guesser
@@ -100,9 +100,8 @@ class TreeMethod(Batchable, DecodeMethod):
             return [d[:2] for d in self.guesser.draft_batch(samples, sampling)]
         d0 = now(self.target.device)
         drafts = self.guesser.draft_batch(samples, sampling)
-        share = (now(self.target.device) - d0) / max(len(samples), 1)
+        share_drafting(samples, now(self.target.device) - d0)
         for s, (_, _, forwards) in zip(samples, drafts):
-            s.gen.draft_s += share
             s.gen.draft_forwards += forwards
         return [d[:2] for d in drafts]
 
