@@ -17,7 +17,7 @@ from .placement_options import DeviceMap, DrafterDeviceMap, DrafterMaxMemory, Ma
 from .show import print_summary, warn_unexplained
 
 
-BATCHING, SHARDING = "Batching (EMS-SD)", "Sharding"
+BATCHING, SHARDING, ENGINES = "Batching (EMS-SD)", "Sharding", "Engines (llama.cpp in process, OpenAI-compatible servers)"
 
 
 @app.command(cls=WithMethodOptions)
@@ -29,8 +29,9 @@ def run(
                                                                        "(repeatable).")] = ["humaneval"],
     model: Annotated[str, typer.Option(help="smollm2-135m, HF id, local dir, .gguf file, random:<preset>")]
     = "smollm2-135m",
-    drafter: Annotated[Optional[str], typer.Option(show_default="the method's own", help="Draft model, for methods "
-                                                   "that need one.")] = None,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", "--draft-model", show_default="the method's own",
+                                                   help="Draft model, for methods that need one (--engine llama.cpp:"
+                                                        " a draft .gguf for sd).")] = None,
     dtype: Annotated[str, typer.Option(help="auto (the faster dtype by this hardware's float32 and bfloat16 "
                                             "profiles; without both, float32 on CPU and bfloat16 on GPU), float32, "
                                             "bfloat16, float16")] = "auto",
@@ -97,6 +98,28 @@ def run(
     drafter_device_map: DrafterDeviceMap = None,
     drafter_max_memory: DrafterMaxMemory = None,
     tp: TensorParallel = 1,
+    engine: Annotated[str, typer.Option(metavar="NAME", rich_help_panel=ENGINES, help="Who decodes: specbench (its "
+                      "own PyTorch loop), llama.cpp (llama-cpp-python in process; --model FILE.gguf; pip install "
+                      "'specbench\\[llamacpp]') or openai (an OpenAI-compatible server at --base-url).")]
+    = "specbench",
+    base_url: Annotated[Optional[str], typer.Option(metavar="URL", rich_help_panel=ENGINES, help="--engine openai: "
+                        "the server, e.g. http://localhost:8000/v1.")] = None,
+    baseline_url: Annotated[Optional[str], typer.Option(metavar="URL", rich_help_panel=ENGINES, help="--engine "
+                            "openai: a second server with speculation off, run on the same prompts interleaved as "
+                            "the baseline.")] = None,
+    served_model: Annotated[Optional[str], typer.Option(metavar="NAME", rich_help_panel=ENGINES, show_default="the "
+                            "server's first model", help="--engine openai: the model name to request.")] = None,
+    api_key_env: Annotated[Optional[str], typer.Option(metavar="VAR", rich_help_panel=ENGINES, help="--engine "
+                           "openai: the environment variable holding the API key.")] = None,
+    concurrency: Annotated[str, typer.Option(metavar="N[,N...]", rich_help_panel=ENGINES, help="--engine openai: "
+                           "requests in flight (closed loop), a row each.")] = "1",
+    request_rate: Annotated[Optional[float], typer.Option(metavar="R", rich_help_panel=ENGINES, show_default="closed"
+                            " loop", help="--engine openai: requests per second, seeded Poisson arrivals (open "
+                            "loop).")] = None,
+    slo: Annotated[Optional[str], typer.Option(metavar="ttft=MS,tpot=MS", rich_help_panel=ENGINES, show_default="no "
+                   "goodput", help="--engine openai: goodput counts the requests within these limits.")] = None,
+    timeout: Annotated[float, typer.Option(metavar="S", rich_help_panel=ENGINES, help="--engine openai: seconds to "
+                       "wait for a server's answer.")] = 60.0,
     # and one option per method option (methods/options.py): WithMethodOptions adds them
 ):
     """Benchmark methods side by side against [bold]ar[/] and write records.csv, summary.csv, report.md, plots."""
@@ -137,7 +160,10 @@ def run(
         batch_sizes=tuple(dict.fromkeys(b for text in batch_size for b in int_list(text, "--batch-size")))
         if batch_size else (1,), batching=batching, refill=refill, device_map=device_map, max_memory=max_memory,
         drafter_device_map=drafter_device_map, drafter_max_memory=drafter_max_memory, tp=tp,
-        options=method_options, shard=Shard.parse(shard) if shard is not None else None)
+        options=method_options, shard=Shard.parse(shard) if shard is not None else None,
+        engine=engine, engine_options={k: v for k, v in dict(
+            base_url=base_url, baseline_url=baseline_url, served_model=served_model, api_key_env=api_key_env,
+            concurrency=concurrency, request_rate=request_rate, slo=slo, timeout=timeout).items() if v is not None})
     if shards is not None:
         from ..report.merged import report_merged
         from ..run.ray_shards import run_sharded

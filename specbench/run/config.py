@@ -46,6 +46,9 @@ class RunConfig:
     drafter_device_map: str | None = None
     drafter_max_memory: str | None = None
     tp: int = 1
+    # who decodes (issue 42; specbench/engines/): "specbench" (this package's loop), "llama.cpp", "openai"
+    engine: str = "specbench"
+    engine_options: dict = field(default_factory=dict)  # the engine's own settings (base_url, concurrency, ...)
 
     @property
     def sampling(self) -> Sampling:

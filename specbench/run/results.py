@@ -89,6 +89,19 @@ class Record:
     decode_tokens_per_s: float = float("nan")  # (new_tokens - prefill_tokens) / (wall_s - prefill_s)
     kv_padding_ratio: float = 0.0  # kv_padding / new_tokens: EMS-SD's padding ratio (padding per accepted token,
     # can pass 100%), beside padding_ratio (ours: padding's share of the tokens fed, at most 100%)
+    # which engine decoded this row (issue 42): specbench's own loop, llama.cpp in process, an OpenAI-compatible server
+    engine: str = "specbench"
+    # the serving view of the turn (a request's): time to first token, time per output token after the first
+    # ((wall - ttft) / (new tokens - 1)), and the percentiles of its inter-token latencies
+    ttft_s: float = float("nan")
+    tpot_ms: float = float("nan")
+    itl_p50_ms: float = float("nan")
+    itl_p90_ms: float = float("nan")
+    itl_p99_ms: float = float("nan")
+    # where the turn's time went (issue 44): target forwards, and the rest after drafting (wall - forward - draft:
+    # masks, tree building, top-k, host syncs, acceptance); NaN where not measured
+    forward_s: float = float("nan")
+    host_s: float = float("nan")
 
 
 RECORD_COLUMNS = [f.name for f in fields(Record)]
