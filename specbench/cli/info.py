@@ -23,9 +23,14 @@ def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")]
     if key:
         print(hardware_slug(resolve_device(device)))  # plain stdout: no table, no colour, for $(specbench env --key)
         return
+    from ..core.machine import bandwidth as bw
+
+    resolved = resolve_device(device)
     table = Table(title="specbench environment", show_header=False)
-    for key, value in describe(resolve_device(device)).items():
+    for key, value in describe(resolved).items():
         table.add_row(key, str(value))
+    # the roofline's bandwidth (report/roofline.py): cached per hardware key, measured once (a few seconds)
+    table.add_row("memory_bandwidth", bw.describe(bw.bandwidth(resolved)))
     out.print(table)
 
 

@@ -1,0 +1,177 @@
+"""This machine's memory bandwidth: what bounds a decoding forward that reads every weight once (report/roofline.py).
+
+Measured as two timed passes over buffers far larger than the last-level cache, best of a few:
+- copy: dst.copy_(src), counted as 2 x the buffer's bytes moved (read + write, STREAM's convention);
+- read: src.sum(), counted as the buffer's bytes read (what a forward does to its weights).
+The larger of the two is the bandwidth the roofline uses: a bound must not be beatable, and on CPUs a copy's write
+allocation makes it move more bytes than it is credited with, so it can read lower than the reads a forward does.
+
+Each buffer is max(512 MiB, 2 x the last-level cache) on a CPU (both buffers together: at least 1 GiB and 4 x the
+LLC, so nearly every byte misses the cache), capped at a quarter of the available memory, and 1 GiB on a GPU
+(timed with CUDA events, after one untimed pass that faults the pages in).
+
+The result is cached per hardware key (core/machine/hardware.hardware_slug) in the user cache:
+<user cache>/bandwidth/<hardware key>.yaml, with the thread count it was measured with; a different thread count
+measures again (on a CPU the bandwidth a process reaches depends on the cores it uses).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from .. import store
+
+MiB = 2**20
+CPU_FLOOR = 512 * MiB  # per buffer, whatever the cache
+GPU_BYTES = 2**30
+REPEATS = 5
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """One measurement: GB/s (1e9 bytes per second) of the copy, the read and the one used (the larger)."""
+
+    gb_s: float  # max(copy_gb_s, read_gb_s): what the roofline divides by
+    copy_gb_s: float
+    read_gb_s: float
+    buffer_bytes: int  # one buffer's size
+    repeats: int
+    device: str  # the device type measured: cpu or cuda
+    threads: int  # torch threads at the time (CPU)
+    hardware: str  # the hardware key
+    measured_at: str  # UTC, ISO 8601
+    source: str = "measured now"  # or "cached <path>": filled when read back, not stored
+
+    def stored(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "source"}
+
+
+def cache_file(hardware: str) -> Path:
+    """<user cache>/bandwidth/<hardware key>.yaml."""
+    return store.user_cache() / "bandwidth" / f"{hardware}.yaml"
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache /sys reports (the LLC), in bytes; 0 where /sys says nothing."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            sizes.append(parse_size(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=0)
+
+
+def parse_size(text: str) -> int:
+    """/sys's cache size ('491520K', '2M', '32768') -> bytes."""
+    text = text.strip().upper()
+    unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * unit
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo, or None off Linux."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def cpu_buffer_bytes(llc: int, available: int | None) -> int:
+    """One buffer's bytes on a CPU: max(512 MiB, 2 x LLC), at most a quarter of the available memory (two buffers
+    then take half of it), rounded down to whole MiB."""
+    size = max(CPU_FLOOR, 2 * llc)
+    if available:
+        size = min(size, available // 4)
+    return max(size // MiB, 1) * MiB
+
+
+def rates(buffer_bytes: int, copy_s: list[float], read_s: list[float]) -> tuple[float, float]:
+    """(copy GB/s, read GB/s) of the best timings: a copy moves 2 x buffer_bytes, a read buffer_bytes."""
+    return 2 * buffer_bytes / min(copy_s) / 1e9, buffer_bytes / min(read_s) / 1e9
+
+
+def _timed(fn, device: torch.device) -> float:
+    """Seconds of one call: CUDA events on a GPU (one sync after), perf_counter on a CPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        stream = torch.cuda.current_stream(device)  # the device's own stream, whichever GPU is current
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure(device: torch.device, hardware: str, repeats: int = REPEATS, buffer_bytes: int | None = None) -> Bandwidth:
+    """Time `repeats` copies and reads of a buffer far larger than the caches on `device` (best of each)."""
+    if buffer_bytes is None:
+        buffer_bytes = GPU_BYTES if device.type == "cuda" else cpu_buffer_bytes(last_level_cache_bytes(),
+                                                                                 available_bytes())
+    n = buffer_bytes // 4
+    src = torch.ones(n, dtype=torch.float32, device=device)  # ones: every page written, so really resident
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # untimed: faults dst's pages in
+    copy_s, read_s = [], []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            copy_s.append(_timed(lambda: dst.copy_(src), device))
+            read_s.append(_timed(lambda: src.sum(), device))
+    del src, dst
+    copy, read = rates(buffer_bytes, copy_s, read_s)
+    return Bandwidth(round(max(copy, read), 2), round(copy, 2), round(read, 2), buffer_bytes, repeats,
+                     device.type, torch.get_num_threads(), hardware,
+                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def read_cached(hardware: str, device_type: str, threads: int) -> Bandwidth | None:
+    """The cached measurement of this hardware key, or None (none, unreadable, or another device type or thread
+    count)."""
+    path = cache_file(hardware)
+    try:
+        data = yaml.safe_load(path.read_text())
+        found = Bandwidth(**data, source=f"cached {path}")
+    except (OSError, yaml.YAMLError, TypeError):
+        return None
+    if found.device != device_type or (device_type == "cpu" and found.threads != threads) or found.gb_s <= 0:
+        return None
+    return found
+
+
+def write_cached(bw: Bandwidth) -> Path:
+    path = cache_file(bw.hardware)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(bw.stored(), sort_keys=False))
+    return path
+
+
+def bandwidth(device: torch.device, remeasure: bool = False) -> Bandwidth:
+    """This device's memory bandwidth: the cached measurement of its hardware key, else measured now and cached."""
+    from .hardware import hardware_slug
+
+    device = torch.device(device)
+    hardware = hardware_slug(device)
+    if not remeasure:
+        cached = read_cached(hardware, device.type, torch.get_num_threads())
+        if cached is not None:
+            return cached
+    found = measure(device, hardware)
+    write_cached(found)
+    return found
+
+
+def describe(bw: Bandwidth) -> str:
+    """One line: '9.1 GB/s (copy 8.8, read 9.1; 960 MiB buffers, best of 5, 2 threads; measured now)'."""
+    return (f"{bw.gb_s:.1f} GB/s (copy {bw.copy_gb_s:.1f}, read {bw.read_gb_s:.1f}; {bw.buffer_bytes // MiB} MiB "
+            f"buffers, best of {bw.repeats}, {bw.threads} threads; {bw.source}, {bw.measured_at})")

@@ -1,0 +1,52 @@
+"""The measured memory bandwidth (core/machine/bandwidth.py): its arithmetic, its buffer size and its cache per
+hardware key. Speeds are never asserted (a shared machine's are anything)."""
+
+from __future__ import annotations
+
+import torch
+import yaml
+
+from specbench.core.machine import bandwidth as bw
+
+
+def test_rates_count_a_copy_twice_and_take_the_best():
+    # 1 GB buffer: a copy moves 2 GB, a read 1 GB; the fastest repeat wins
+    copy, read = bw.rates(10**9, [0.5, 0.25, 0.4], [0.2, 0.1])
+    assert copy == 8.0 and read == 10.0
+
+
+def test_cpu_buffer_misses_the_cache_and_fits_memory():
+    assert bw.cpu_buffer_bytes(0, None) == 512 * bw.MiB  # the floor
+    assert bw.cpu_buffer_bytes(480 * bw.MiB, None) == 960 * bw.MiB  # 2 x LLC: two buffers are 4 x the LLC
+    assert bw.cpu_buffer_bytes(480 * bw.MiB, 2 * 2**30) == 512 * bw.MiB  # a quarter of what is free
+    assert bw.parse_size("491520K") == 480 * bw.MiB and bw.parse_size("2M") == 2 * bw.MiB
+
+
+def test_measured_once_then_read_from_the_cache_per_hardware_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    small = 8 * bw.MiB  # the arithmetic and the cache, not a real measurement
+    calls = []
+
+    def measure(device, hardware, repeats=bw.REPEATS, buffer_bytes=None):
+        calls.append(hardware)
+        return real(device, hardware, 2, small)
+
+    real = bw.measure
+    monkeypatch.setattr(bw, "measure", measure)
+    first = bw.bandwidth(torch.device("cpu"))
+    assert first.source == "measured now" and first.gb_s == max(first.copy_gb_s, first.read_gb_s) > 0
+    path = bw.cache_file(first.hardware)
+    assert path.parent == tmp_path / "bandwidth" and path.is_file()
+    stored = yaml.safe_load(path.read_text())
+    assert stored["gb_s"] == first.gb_s and stored["buffer_bytes"] == small and "source" not in stored
+
+    again = bw.bandwidth(torch.device("cpu"))  # the cache answers: no second measurement
+    assert calls == [first.hardware] and again.gb_s == first.gb_s and again.source.startswith("cached ")
+
+    # another thread count is another measurement (a CPU's bandwidth depends on the cores used)
+    path.write_text(yaml.safe_dump({**stored, "threads": stored["threads"] + 7}))
+    bw.bandwidth(torch.device("cpu"))
+    assert len(calls) == 2
+    # a torn cache file is measured again, not an error
+    path.write_text("gb_s: [")
+    assert bw.bandwidth(torch.device("cpu")).source == "measured now" and len(calls) == 3
