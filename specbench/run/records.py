@@ -81,7 +81,20 @@ def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, da
         forward_ms=round(r.forward_ms, 3), order=r.order, timing_tries=r.tries, timing_disturbed=r.disturbed,
         **r.noise)
     fields.update(batch_fields(r))  # a batched row's forward_ms is its batch's time per batched step
+    fields.update(host_split(r))
     return Record(**fields)
+
+
+def host_split(r: TurnResult) -> dict:
+    """forward_s (seconds inside the target's forwards: core/machine/forward_clock.py) and host_s = wall_s -
+    forward_s - draft_s, of the same timed call. NaN where not measured: batched rows (a batch's forwards are shared;
+    not split per sample) and turns with no forward timed; host_s also NaN where drafting ran beside the target
+    (PEARL: forward_s + draft_s > wall_s, the parts overlap)."""
+    gen = r.gen
+    if r.batch or gen.forward_s <= 0:
+        return {"forward_s": math.nan, "host_s": math.nan}
+    host = r.seconds - gen.forward_s - gen.draft_s
+    return {"forward_s": round(gen.forward_s, 6), "host_s": round(host, 6) if host >= 0 else math.nan}
 
 
 def batch_fields(r: TurnResult) -> dict:

@@ -112,18 +112,20 @@ class Runner:
         return torch.tensor([ids], device=self.target.device)
 
     def timed(self, run: Callable[[], T]) -> tuple[T, float, float]:
-        """Call `run` `repeats` times (each call seeds its own generators: the same tokens each time); returns its
-        last result, the median wall time, which keeps one-off stalls of a shared machine out of the numbers, and
-        the peak memory over the calls."""
+        """Call `run` `repeats` times (each call seeds its own generators: the same tokens each time); returns the
+        result of the call with the median wall time (which keeps one-off stalls of a shared machine out of the
+        numbers; its own draft_s and forward_s then split that same time), that time, and the peak memory over the
+        calls."""
         device = self.target.device
         memory.reset_peak(device)
-        times = []
+        runs = []
         for _ in range(self.cfg.repeats):
             timed: dict = {}
             with wall(device, timed):
                 result = run()
-            times.append(timed["s"])
-        return result, sorted(times)[len(times) // 2], peak_memory_mb(device)
+            runs.append((timed["s"], result))
+        seconds, result = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+        return result, seconds, peak_memory_mb(device)
 
     def seed(self, index: int, turn: int) -> int:
         """The sampling seed of prompt `index`'s turn: the same for every method and batch size."""
@@ -136,6 +138,7 @@ class Runner:
             with count_fed_tokens(self.target.model) as fed:
                 gen = method.generate(input_ids, self.cfg.max_new_tokens, self.cfg.sampling, generator)
             gen.target_tokens = fed.tokens
+            gen.forward_s = fed.forward_s  # seconds inside the target's forwards (issue 44's host split)
             return gen
 
         return self.timed(once)

@@ -66,16 +66,20 @@ def timed_forward(model, ids: torch.Tensor, cache, device: torch.device) -> floa
 
 
 class FedTokens:
-    """Tokens that entered a model's first decoder layer while counting (count_fed_tokens)."""
+    """Tokens that entered a model's first decoder layer while counting (count_fed_tokens), and the seconds spent
+    inside the model's forwards (core/machine/forward_clock.py: decoder + LM head on its output), set when the
+    counting ends (on a GPU the CUDA event pairs are read then, not per forward)."""
 
     def __init__(self):
         self.tokens = 0
+        self.forward_s = 0.0
 
 
 @contextmanager
 def count_fed_tokens(model):
     """Count the tokens every forward of `model` feeds through it (plain, tree and prompt-token forwards alike:
-    counted where they enter the first decoder layer [B, n, H] -> B x n; a drafter's own layers are not counted)."""
+    counted where they enter the first decoder layer [B, n, H] -> B x n; a drafter's own layers are not counted),
+    and time those forwards (counter.forward_s, read when the block ends)."""
     counter = FedTokens()
     layers = getattr(getattr(model, "get_decoder", lambda: None)(), "layers", None)
     if not layers:
@@ -87,8 +91,13 @@ def count_fed_tokens(model):
         if hidden is not None:
             counter.tokens += hidden.shape[0] * hidden.shape[1]
 
-    handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    from ..machine.forward_clock import ForwardClock
+
+    clock = ForwardClock(model)
+    handles = [layers[0].register_forward_pre_hook(hook, with_kwargs=True), *clock.attach()]
     try:
         yield counter
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
+        counter.forward_s = clock.finish()

@@ -1,0 +1,63 @@
+"""A turn's time split into target forwards, drafting and host overhead (issue 44 §2): forward_s is timed inside
+count_fed_tokens (core/machine/forward_clock.py), host_s = wall_s - forward_s - draft_s (run/records.host_split)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specbench.core.batch.forward import count_fed_tokens, forward
+from specbench.core.batch.cache import new_cache
+from specbench.run.config import RunConfig
+from specbench.run.records import TurnResult, host_split
+from specbench.run.runner import Runner
+
+from .conftest import prompt_ids
+
+
+@pytest.fixture(scope="module")
+def runner(tiny):
+    cfg = RunConfig(methods=("ar", "pld", "ppd", "sd"), model="random:tiny", max_new_tokens=24, repeats=3,
+                    options={"artifact": "untrained"})
+    from specbench.methods.sd.drafter import layer_drafter
+
+    return Runner(cfg, tiny, layer_drafter(tiny, [0]))
+
+
+@pytest.mark.parametrize("label", ["ar", "pld", "ppd", "sd"])
+def test_forward_and_drafting_fit_in_the_wall_time(runner, label):
+    gen, seconds, _ = runner.generate(runner.methods[label], prompt_ids(3), seed=0)
+    assert gen.forward_s > 0 and gen.target_forwards >= 1
+    assert gen.forward_s + gen.draft_s <= seconds  # the median call's own parts (runner.timed keeps them together)
+    if label == "sd":
+        assert gen.draft_s > 0  # the drafter's forwards: drafting, not the target's (it shares the target's head)
+    split = host_split(TurnResult(label, 0, prompt_ids(3), gen, seconds, 0.0, {}, 0))
+    assert split["forward_s"] == round(gen.forward_s, 6)
+    assert split["host_s"] >= 0 and math.isclose(split["forward_s"] + split["host_s"] + gen.draft_s, seconds,
+                                                 abs_tol=2e-6)
+
+
+def test_batched_rows_and_untimed_turns_are_nan(runner):
+    gen, seconds, _ = runner.generate(runner.methods["ar"], prompt_ids(1), seed=0)
+    batched = host_split(TurnResult("ar", 0, prompt_ids(1), gen, seconds, 0.0, {}, 0, batch={"batch_size": 2}))
+    assert math.isnan(batched["forward_s"]) and math.isnan(batched["host_s"])
+    gen.forward_s = 0.0  # an engine that timed no forward
+    assert math.isnan(host_split(TurnResult("ar", 0, prompt_ids(1), gen, seconds, 0.0, {}, 0))["forward_s"])
+
+
+def test_clock_counts_decoder_and_its_head_only(tiny):
+    """Forwards are timed (decoder + the head on its output); a head call on other hidden states is not a forward
+    of the target (a drafter sharing the head), and nothing is timed outside the block."""
+    cache = new_cache(tiny.model)
+    with torch.inference_mode(), count_fed_tokens(tiny.model) as fed:
+        forward(tiny.model, prompt_ids(0), cache)
+    one = fed.forward_s
+    assert one > 0 and fed.tokens == prompt_ids(0).shape[1]
+
+    with torch.inference_mode(), count_fed_tokens(tiny.model) as fed:
+        other = torch.randn(4096, tiny.model.config.hidden_size)
+        for _ in range(50):  # the head on states that are no output of the decoder: not timed
+            tiny.model.get_output_embeddings()(other)
+    assert fed.forward_s == 0.0 and fed.tokens == 0
