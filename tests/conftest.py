@@ -15,6 +15,10 @@ from specbench.core.model.load import load_model
 # other workers' tests always look like a neighbour: re-timing would triple every run for nothing. Tests of the
 # re-timing itself pass --retime explicitly (tests/test_retime.py).
 os.environ.setdefault("SPECBENCH_RETIME", "0")
+# every run writes a roofline from this machine's memory bandwidth, measured once per user cache (two ~1 GiB
+# buffers); tests that give runs a fresh cache would each measure it. A given bandwidth is used instead (its source
+# recorded as the variable); tests/test_roofline_bandwidth.py measures for real.
+os.environ.setdefault("SPECBENCH_BANDWIDTH_GB_S", "20")
 
 
 @pytest.fixture(scope="session")

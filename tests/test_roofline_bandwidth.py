@@ -24,6 +24,7 @@ def test_cpu_buffer_misses_the_cache_and_fits_memory():
 
 def test_measured_once_then_read_from_the_cache_per_hardware_key(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv(bw.ENV, raising=False)  # (conftest gives runs a bandwidth: here it is measured)
     small = 8 * bw.MiB  # the arithmetic and the cache, not a real measurement
     calls = []
 
@@ -50,3 +51,16 @@ def test_measured_once_then_read_from_the_cache_per_hardware_key(tmp_path, monke
     # a torn cache file is measured again, not an error
     path.write_text("gb_s: [")
     assert bw.bandwidth(torch.device("cpu")).source == "measured now" and len(calls) == 3
+
+
+def test_a_given_bandwidth_is_taken_and_a_bad_one_refused(monkeypatch):
+    import pytest
+
+    from specbench.errors import SpecbenchError
+
+    monkeypatch.setenv(bw.ENV, "48.5")
+    given = bw.bandwidth(torch.device("cpu"))
+    assert given.gb_s == 48.5 and given.source == f"${bw.ENV}" and "given" in bw.describe(given)
+    monkeypatch.setenv(bw.ENV, "fast")
+    with pytest.raises(SpecbenchError, match=bw.ENV):
+        bw.bandwidth(torch.device("cpu"))

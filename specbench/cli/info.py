@@ -15,7 +15,10 @@ from .app import app, list_app
 def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
         key: Annotated[bool, typer.Option("--key", help="Print only the hardware key that runs, profiles and trees "
                                                         "are keyed by (for scripts: e.g. a CI artefact name).")]
-        = False):
+        = False,
+        measure_bandwidth: Annotated[bool, typer.Option("--measure-bandwidth", help="Measure the memory bandwidth "
+                                                        "again (a few seconds), replacing the one cached for this "
+                                                        "hardware key: do it on a quiet machine.")] = False):
     """Print the hardware and software that results will be recorded with."""
     from ..core.machine.hardware import describe, hardware_slug
     from ..core.model.load import resolve_device
@@ -30,7 +33,7 @@ def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")]
     for key, value in describe(resolved).items():
         table.add_row(key, str(value))
     # the roofline's bandwidth (report/roofline.py): cached per hardware key, measured once (a few seconds)
-    table.add_row("memory_bandwidth", bw.describe(bw.bandwidth(resolved)))
+    table.add_row("memory_bandwidth", bw.describe(bw.bandwidth(resolved, remeasure=measure_bandwidth)))
     out.print(table)
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..run.results import read_meta, with_batch_columns
-from . import batchreport, compact, comparison, context, timeline, verdict
+from . import batchreport, compact, comparison, context, roofline, timeline, verdict
 from .lossless_check import LOSSLESS_TEXT, lossless_failed_section, unexplained_mismatches
 from .markdown import markdown_table
 from .plots import write_plots
@@ -45,7 +45,8 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     if records.empty:
         raise SpecbenchError(f"{run_dir}: the run has no results yet (every prompt was skipped or none finished).")
     meta = read_meta(run_dir)
-    summary = summarize(records, latency_floor=(meta.get("noise_guard") or {}).get("latency_floor", 1.0))
+    summary = summarize(records, latency_floor=(meta.get("noise_guard") or {}).get("latency_floor", 1.0),
+                        roofline=meta.get("roofline"))
     summary.to_csv(RunFolder(run_dir).summary, index=False)
     title = plot_title(meta, records) + (", PARTIAL run (interrupted)" if is_partial(meta) else "")
     # one prompt at a time: bars, categories, trees; batch > 1 has its own section (batchreport.py)
@@ -55,6 +56,8 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     write_plots(single.assign(partial=is_partial(meta)), run_dir, title=title)
     md = [f"# specbench run: {run_dir.name}", "", f"{title}.", "", "## Verdict", ""]
     md += verdict.headline(summary, meta, records)  # the timing verdict is its first line
+    line = roofline.verdict_line(summary, meta.get("roofline"))  # ar against the bandwidth bound, and why
+    md += [line, ""] if line else []
     md += ["## Summary", "", markdown_table(compact.table(summary)), "",
            "`speedup vs ar`: total tokens / total time against `ar` on the same prompt turns; `95% interval`: "
            "bootstrap over prompts; `median ratio`: the median per-turn ratio; `tau`: tokens per target forward; "

@@ -19,6 +19,14 @@ Speedup formulas (both from the same run, same prompts, same machine):
   sample_tokens_per_s  = sum new_tokens / sum latency_s   (tokens/s per sample, a request's view: each sample's tokens
                          over its own time in its batch, from joining it to its last token, prefill included; pooled
                          over samples; at batch 1 latency_s = wall_s, so it equals tokens_per_s)
+  roofline_tok_s       = sum new_tokens / sum [new_tokens * (weight_bytes + kv_bytes_per_token * (prompt_tokens +
+                         (new_tokens - 1) / 2)) / bandwidth]   (the memory-bandwidth bound of one-token-a-forward
+                         decoding of the row's turns: report/roofline.py; run.yaml's roofline block; batch 1 only)
+  of_roofline          = tokens_per_s / roofline_tok_s   (ar's: how close the baseline is to the hardware)
+  host_overhead        = sum host_s / sum wall_s over the turns that measured host_s (batch 1), where host_s =
+                         wall_s - forward_s - draft_s: the time outside the target's forwards and the timed drafting
+                         (masks, tree building, top-k, host syncs, acceptance; a method without a drafter model
+                         drafts on the host). The denominator is the whole timed generation, prefill included
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_
                    "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_time",
                    "timing", "batch_size", "batching", "target_tokens", "padding_tokens", "padding_ratio", "kv_padding",
                    "tau_batch_min", "tau_sample_mean", "decode_tokens_per_s", "decode_speedup", "kv_padding_ratio",
-                   "sample_tokens_per_s"]
+                   "sample_tokens_per_s", "roofline_tok_s", "of_roofline", "host_overhead"]
 
 
 def read_records(run_dir: Path) -> pd.DataFrame:
@@ -71,7 +79,8 @@ RECORD_NUMBERS = ("turn", "new_tokens", "wall_s", "tokens_per_s", "target_forwar
                   "draft_s", "accepted_drafts", "peak_mem_mb", "forward_ms", "foreign_cpu", "steal")
 
 
-def summarize(records: pd.DataFrame, temperature_greedy: bool = True, latency_floor: float = 1.0) -> pd.DataFrame:
+def summarize(records: pd.DataFrame, temperature_greedy: bool = True, latency_floor: float = 1.0,
+              roofline: dict | None = None) -> pd.DataFrame:
     """One row per method x dataset x batch size x batching (SUMMARY_COLUMNS). Each method is compared with ar at
     the same batch size on the prompt turns both finished (an interrupted run may hold more of one than of the
     other); the noise guard's verdict per row. At batch > 1 the speedup is a throughput ratio (a sample's wall_s is
@@ -80,7 +89,7 @@ def summarize(records: pd.DataFrame, temperature_greedy: bool = True, latency_fl
     parts = []
     for size, part in records.groupby("batch_size", sort=True):
         if size == 1:
-            parts.append(_summarize(part, latency_floor).assign(batch_size=1, batching="-"))
+            parts.append(_summarize(part, latency_floor, roofline).assign(batch_size=1, batching="-"))
             continue
         # one label per method x mode; ar (one mode per batch size) stays "ar", every method's reference
         labels = [m if m == "ar" else f"{m}|{b}" for m, b in zip(part.method, part.batching)]
@@ -92,8 +101,9 @@ def summarize(records: pd.DataFrame, temperature_greedy: bool = True, latency_fl
     return pd.concat(parts, ignore_index=True)[SUMMARY_COLUMNS]
 
 
-def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFrame:
-    """summarize() for one batch size; latency_floor None: no plausibility bound."""
+def _summarize(records: pd.DataFrame, latency_floor: float | None, roofline: dict | None = None) -> pd.DataFrame:
+    """summarize() for one batch size; latency_floor None: no plausibility bound; roofline: run.yaml's block
+    (batch 1 only: report/roofline.py's bound is one sequence's)."""
     rows = []
     ar = records[records.method == "ar"].set_index(["dataset", "prompt_id", "turn"])
     turn_key = ["dataset", "prompt_id", "turn"]
@@ -130,7 +140,7 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFra
             "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
             "forward_ms": round(fwd * 1e3, 3), "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
             **_draft_numbers(g), **_batch_numbers(g), **_decode_numbers(g, ar_d),
-            "sample_tokens_per_s": sample_rate(g),
+            "sample_tokens_per_s": sample_rate(g), **_roofline_numbers(g, tps, roofline),
         })
     summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS + ("batch_size",
                                                                                                  "batching")])
@@ -138,6 +148,16 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None) -> pd.DataFra
 
 
 NOISE_COLUMNS = ("speedup_bound", "disturbed_time", "timing")  # added by noise.judge
+
+
+def _roofline_numbers(g: pd.DataFrame, tps: float, block: dict | None) -> dict:
+    """roofline_tok_s, of_roofline and host_overhead of one summary row (report/roofline.py)."""
+    from . import roofline
+
+    bound, host = roofline.bound_tok_s(g, block), roofline.host_overhead(g)
+    return {"roofline_tok_s": round(bound, 2) if math.isfinite(bound) else math.nan,
+            "of_roofline": round(tps / bound, 3) if math.isfinite(bound) and bound > 0 else math.nan,
+            "host_overhead": round(host, 4) if math.isfinite(host) else math.nan}
 
 
 DRAFT_COLUMNS = ("drafted", "draft_forwards", "draft_s", "draft_ms_per_token", "draft_forwards_per_step")

@@ -55,8 +55,11 @@ def run(cfg: RunConfig) -> Path:
             torch.set_num_threads(cfg.threads)
         from ..core.model.placement import drafter_placement, target_placement
 
-        target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True,
-                            placement=target_placement(cfg.device_map, cfg.max_memory, cfg.tp))
+        from ..core.model.memory_need import planned, run_workload
+
+        with planned(run_workload(cfg.max_new_tokens, cfg.batch_sizes)):  # what the fit check counts
+            target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True,
+                                placement=target_placement(cfg.device_map, cfg.max_memory, cfg.tp))
         drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device,
                                   drafter_placement(cfg.drafter_device_map, cfg.drafter_max_memory)) \
             if cfg.drafter else None
@@ -74,7 +77,8 @@ def run(cfg: RunConfig) -> Path:
     except BaseException:
         remove_if_empty(made)
         raise
-    write_run_file(out, cfg, runner, chosen, shard_block(loaded, cfg.shard) if cfg.shard else None)
+    write_run_file(out, cfg, runner, chosen, shard_block(loaded, cfg.shard) if cfg.shard else None,
+                   roofline=roofline_block(runner, loaded))
 
     turns = {(d.name, p.id): len(p.turns) for d in loaded for p in d.prompts}
     done = tp.on_writer(lambda: drop_incomplete(out, turns)) if cfg.resume else Done()
@@ -126,7 +130,8 @@ def run(cfg: RunConfig) -> Path:
     return out
 
 
-def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shard: dict | None = None) -> None:
+def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shard: dict | None = None,
+                   roofline: dict | None = None) -> None:
     """run.yaml: the settings and environment (what --resume must match), the model, the trees' predictions, what
     the methods chose and the noise guard's floor; a shard's index, count and prompts (run/shard.py); `complete`
     turns true when every planned prompt finished."""
@@ -141,8 +146,24 @@ def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shar
         "noise_guard": {"latency_floor": noise.latency_floor(profile),
                         "profile": f"{profile.hardware} {profile.dtype}" if profile else None},
         **({"shard": shard} if shard else {}),
+        **({"roofline": roofline} if roofline else {}),  # report/roofline.py: the bandwidth bound of a forward
         "complete": False,
     }, sort_keys=False))
+
+
+def roofline_block(runner: Runner, loaded: list[LoadedDataset], prompts: int = 200) -> dict:
+    """run.yaml's roofline (report/roofline.run_block): this machine's memory bandwidth (measured once per hardware
+    key, then cached: core/machine/bandwidth.py) and the bound of a forward at the run's mean context (the first
+    `prompts` first turns' rendered lengths, fitted to the context as runs fit them, + half of --max-new-tokens)."""
+    from ..core.machine.bandwidth import bandwidth
+    from ..report.roofline import mean_context, run_block
+
+    target, cfg = runner.target, runner.cfg
+    room = max(target.context_length - cfg.max_new_tokens, 1)
+    firsts = [p for d in loaded for p in d.prompts][:prompts]
+    lengths = [min(len(target.tokenizer.render(ds.conversation(p, 0, []))), room) for p in firsts]
+    return run_block(target, bandwidth(target.device), mean_context(lengths, cfg.max_new_tokens),
+                     runner.local_profile())
 
 
 def _device_map(target) -> dict | None:

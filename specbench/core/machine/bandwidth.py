@@ -13,10 +13,13 @@ LLC, so nearly every byte misses the cache), capped at a quarter of the availabl
 The result is cached per hardware key (core/machine/hardware.hardware_slug) in the user cache:
 <user cache>/bandwidth/<hardware key>.yaml, with the thread count it was measured with; a different thread count
 measures again (on a CPU the bandwidth a process reaches depends on the cores it uses).
+$SPECBENCH_BANDWIDTH_GB_S, when set, is taken instead of any measurement (its source says so).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,11 +28,13 @@ import torch
 import yaml
 
 from .. import store
+from ...errors import SpecbenchError
 
 MiB = 2**20
 CPU_FLOOR = 512 * MiB  # per buffer, whatever the cache
 GPU_BYTES = 2**30
 REPEATS = 5
+ENV = "SPECBENCH_BANDWIDTH_GB_S"  # a known bandwidth: nothing measured (_given)
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,9 @@ def bandwidth(device: torch.device, remeasure: bool = False) -> Bandwidth:
 
     device = torch.device(device)
     hardware = hardware_slug(device)
+    given = os.environ.get(ENV)
+    if given:
+        return _given(given, device, hardware)
     if not remeasure:
         cached = read_cached(hardware, device.type, torch.get_num_threads())
         if cached is not None:
@@ -171,7 +179,23 @@ def bandwidth(device: torch.device, remeasure: bool = False) -> Bandwidth:
     return found
 
 
+def _given(text: str, device: torch.device, hardware: str) -> Bandwidth:
+    """A bandwidth set by $SPECBENCH_BANDWIDTH_GB_S (GB/s): nothing is measured (a machine measured elsewhere, or
+    test suites, which would otherwise measure in every fresh user cache)."""
+    try:
+        gb_s = float(text)
+    except ValueError:
+        gb_s = math.nan
+    if not math.isfinite(gb_s) or gb_s <= 0:
+        raise SpecbenchError(f"${ENV}={text!r} is not a bandwidth: set it to GB/s as a positive number (e.g. 48.5), "
+                             "or unset it to have this machine's measured")
+    return Bandwidth(gb_s, math.nan, math.nan, 0, 0, device.type, torch.get_num_threads(), hardware, "",
+                     source=f"${ENV}")
+
+
 def describe(bw: Bandwidth) -> str:
     """One line: '9.1 GB/s (copy 8.8, read 9.1; 960 MiB buffers, best of 5, 2 threads; measured now)'."""
+    if not bw.repeats:
+        return f"{bw.gb_s:.1f} GB/s (given: {bw.source})"
     return (f"{bw.gb_s:.1f} GB/s (copy {bw.copy_gb_s:.1f}, read {bw.read_gb_s:.1f}; {bw.buffer_bytes // MiB} MiB "
             f"buffers, best of {bw.repeats}, {bw.threads} threads; {bw.source}, {bw.measured_at})")

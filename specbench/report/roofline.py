@@ -1,0 +1,180 @@
+"""The roofline of a run (issue 44 §1): the fastest a forward can be when it only has to read its bytes from memory
+once, and how far `ar` is from it, and why.
+
+A decoding forward at batch 1 reads every weight once, plus the KV cache of its context:
+    bytes(c)   = weight_bytes + kv_bytes_per_token * c
+    floor(c)   = bytes(c) / bandwidth                     (seconds; bandwidth: core/machine/bandwidth.py)
+A turn of n new tokens from a p-token prompt needs at least n forwards (the prefill's gives the first token), at
+contexts p .. p + n - 1 (mean p + (n - 1) / 2), so over a summary row's turns
+    roofline_tok_s = sum n / sum [n * floor(p + (n - 1) / 2)]
+i.e. the bound on tokens per second of one-token-a-forward decoding of those very turns (prefill's arithmetic
+ignored: a bound, never beatable). `of_roofline` = a row's tokens_per_s / roofline_tok_s (ar's: how close the
+baseline is to the hardware; another method's can pass 1, by emitting more than a token a forward).
+
+weight_bytes: every parameter once (tied ones once), in the dtype it is stored in, but the input embedding table
+when it is not the LM head too (a forward gathers only its rows). kv_bytes_per_token: layers x 2 (K and V) x KV heads
+x head dim x the dtype's bytes (sliding windows not modelled: a bound for full attention).
+
+Why `ar` is where it is, from this hardware's latency profile L(w) (ms per forward of w new tokens, at the KV
+length nearest the run's context) and the floor, with L(w) read as a line a + b w through L(1) and L(k) (k: the
+widest profiled width up to 16):
+    compute   = b = (L(k) - L(1)) / (k - 1)   per-token work: grows with the width (arithmetic; 0 .. L(1))
+    fixed     = L(1) - b                      per-forward cost whatever the width
+    bandwidth = min(floor, fixed)             the part of it that reading the bytes explains
+    launch    = fixed - bandwidth             the rest: kernel launches, framework dispatch, Python per forward
+and ar is called bandwidth-bound, compute-bound or launch-bound after the largest of the three shares of L(1).
+Without a profile only the distance is said.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+WIDTH_UP_TO = 16  # the widest profiled width the verdict compares with L(1)
+
+
+# ---------------------------------------------------------------------------------------------- bytes of a model
+
+def dtype_bytes(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def weight_bytes(model) -> int:
+    """Bytes a forward reads of the weights: every parameter once, but the input embedding table unless it is the LM
+    head too (tied)."""
+    params = {id(p): p for p in model.parameters()}  # tied parameters once
+    total = sum(p.numel() * p.element_size() for p in params.values())
+    embed = getattr(model, "get_input_embeddings", lambda: None)()
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    table = getattr(embed, "weight", None)
+    if table is not None and table is not getattr(head, "weight", None) and id(table) in params:
+        total -= table.numel() * table.element_size()
+    return int(total)
+
+
+def kv_bytes_per_token(config, dtype) -> int:
+    """Bytes of K and V per context position over every layer (what a forward reads of its cache per token)."""
+    text = getattr(config, "get_text_config", lambda: config)()
+    heads = getattr(text, "num_attention_heads", 0) or 0
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else 0)
+    return int(text.num_hidden_layers * 2 * kv_heads * head_dim * dtype_bytes(dtype))
+
+
+def floor_s(block: dict, context: float) -> float:
+    """Seconds of one forward at `context` if it only read its bytes: (weights + KV) / bandwidth."""
+    return (block["weight_bytes"] + block["kv_bytes_per_token"] * context) / (block["bandwidth_gb_s"] * 1e9)
+
+
+# ------------------------------------------------------------------------------------------ run.yaml's block
+
+def run_block(target, bw, context: float, profile=None) -> dict:
+    """run.yaml's `roofline:` block: the bandwidth and where it came from, the bytes, the bound at the run's mean
+    context (prompt + half the new tokens, `context_tokens`), and L(1), L(k) of this hardware's profile there."""
+    block = {"bandwidth_gb_s": bw.gb_s, "bandwidth_source": bw.source, "bandwidth_measured_at": bw.measured_at,
+             "bandwidth_copy_gb_s": bw.copy_gb_s, "bandwidth_read_gb_s": bw.read_gb_s,
+             "weight_bytes": weight_bytes(target.model),
+             "kv_bytes_per_token": kv_bytes_per_token(target.model.config, target.dtype),
+             "context_tokens": int(round(context))}
+    block["kv_bytes"] = block["kv_bytes_per_token"] * block["context_tokens"]
+    floor = floor_s(block, context)
+    block["bound_ms"] = round(floor * 1e3, 4)
+    block["bound_tok_s"] = round(1 / floor, 2)
+    block.update(profile_points(profile, context))
+    return block
+
+
+def profile_points(profile, context: float) -> dict:
+    """{profile_kv_length, profile_width, profile_l1_ms, profile_lk_ms} from a latency profile (empty without)."""
+    if profile is None or not profile.widths:
+        return {}
+    kv = min(profile.curves, key=lambda k: abs(k - context))
+    wide = [w for w in profile.widths if 1 < w <= WIDTH_UP_TO]
+    if not wide or profile.widths[0] != 1:
+        return {}
+    k = max(wide)
+    return {"profile": f"{profile.hardware} {profile.dtype}", "profile_kv_length": int(kv), "profile_width": int(k),
+            "profile_l1_ms": round(profile.latency_ms(1, kv), 4), "profile_lk_ms": round(profile.latency_ms(k, kv), 4)}
+
+
+def mean_context(prompt_lengths: list[int], max_new_tokens: int) -> float:
+    """The run's mean context during decoding: mean prompt length + half the new tokens (0 without prompts)."""
+    if not prompt_lengths:
+        return max_new_tokens / 2
+    return sum(prompt_lengths) / len(prompt_lengths) + max_new_tokens / 2
+
+
+# ---------------------------------------------------------------------------------------- summary.csv columns
+
+def bound_tok_s(records: pd.DataFrame, block: dict | None) -> float:
+    """roofline_tok_s of a summary row's records (module docstring); NaN without a block or its columns."""
+    if not block or records.empty or not {"prompt_tokens", "new_tokens"} <= set(records):
+        return math.nan
+    try:
+        p = pd.to_numeric(records.prompt_tokens, errors="coerce")
+        n = pd.to_numeric(records.new_tokens, errors="coerce")
+        seconds = (n * ((block["weight_bytes"] + block["kv_bytes_per_token"] * (p + (n - 1) / 2))
+                        / (float(block["bandwidth_gb_s"]) * 1e9))).sum()
+    except (KeyError, TypeError, ValueError):
+        return math.nan
+    return float(n.sum() / seconds) if seconds > 0 else math.nan
+
+
+def host_overhead(records: pd.DataFrame) -> float:
+    """sum host_s / sum wall_s over the row's records that measured host_s (batch 1's turns, prefill included in
+    both: the whole timed generation); NaN where none did."""
+    if "host_s" not in records:
+        return math.nan
+    host = pd.to_numeric(records.host_s, errors="coerce")
+    known = host.notna()
+    wall = pd.to_numeric(records.wall_s[known], errors="coerce").sum()
+    return float(host[known].sum() / wall) if known.any() and wall > 0 else math.nan
+
+
+# --------------------------------------------------------------------------------------------------- verdict
+
+def shares(block: dict) -> dict | None:
+    """{bandwidth, compute, launch} ms of L(1) (module docstring), or None without a profile in the block."""
+    l1, lk, k = block.get("profile_l1_ms"), block.get("profile_lk_ms"), block.get("profile_width")
+    if not l1 or not lk or not k or k <= 1:
+        return None
+    compute = min(max((lk - l1) / (k - 1), 0.0), l1)  # (at most all of L(1): a superlinear curve)
+    fixed = l1 - compute
+    bandwidth = min(block["bound_ms"], fixed)
+    return {"bandwidth": bandwidth, "compute": compute, "launch": fixed - bandwidth}
+
+
+def why(block: dict) -> tuple[str, str]:
+    """(kind, reason): kind is bandwidth-bound, compute-bound, launch-bound or "" (no profile)."""
+    parts = shares(block)
+    if parts is None:
+        return "", "no latency profile of this hardware to say why (`specbench profile` measures one)"
+    kind = max(parts, key=parts.get)
+    l1, lk, k = block["profile_l1_ms"], block["profile_lk_ms"], block["profile_width"]
+    said = (f"L(1) {l1:.2f} ms = {parts['bandwidth']:.2f} reading the bytes + {parts['launch']:.2f} fixed "
+            f"per-forward overhead + {parts['compute']:.2f} per-token compute (L({k})/L(1) = {lk / l1:.2f})")
+    return f"{kind}-bound", said
+
+
+def verdict_line(summary: pd.DataFrame, block: dict | None) -> str | None:
+    """One sentence: ar's tokens/s against its roofline, and why (or None without ar or a roofline)."""
+    if not block or "roofline_tok_s" not in summary:
+        return None
+    ar = summary[(summary.method == "ar") & (summary.get("batch_size", 1) == 1)]
+    if ar.empty or not math.isfinite(float(ar.roofline_tok_s.iloc[0])):
+        return None
+    ar = ar[ar.roofline_tok_s.map(lambda v: math.isfinite(float(v)))]
+    tokens = float(ar.new_tokens.sum())  # pooled over datasets: total tokens over total (bound) time
+    tps, bound = tokens / float(ar.wall_s.sum()), tokens / float((ar.new_tokens / ar.roofline_tok_s).sum())
+    kind, reason = why(block)
+    measured = ar[ar.host_overhead.notna()] if "host_overhead" in ar else ar.iloc[0:0]
+    host = float((measured.host_overhead * measured.wall_s).sum() / measured.wall_s.sum()) if len(measured) \
+        else math.nan
+    host_text = f"; {host:.1%} of its time is host overhead outside the forwards" if math.isfinite(host) else ""
+    mb = (block["weight_bytes"] + block["kv_bytes"]) / 1e6
+    return (f"`ar` runs at {tps:.1f} tok/s, {tps / bound:.3g} of its roofline ({bound:.1f} tok/s: {mb:.0f} MB a "
+            f"forward at {block['bandwidth_gb_s']:.1f} GB/s){host_text}; {kind + ': ' if kind else ''}{reason}.")
