@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -40,6 +41,8 @@ class Generation:
     # serving view (issue 42): perf_counter seconds from the turn's start at which each new token was emitted (the
     # tokens of one target forward share a time); a record's time to first token and inter-token latencies
     token_times: list[float] = field(default_factory=list)
+    # that start: made when generation begins (a batched sample's, when it joins its batch: its own request's start)
+    started: float = field(default_factory=time.perf_counter, repr=False, compare=False)
     # host overhead (issue 44): seconds inside the target's forwards; wall - forward_s - draft_s is host overhead
     forward_s: float = 0.0
 
@@ -57,10 +60,12 @@ class Generation:
         """Append tokens from one target forward, cut at a stop token or the cap; True when generation is done."""
         self.target_forwards += 1
         kept = 0
+        at = time.perf_counter() - self.started  # the tokens are on the host here: this forward has finished
         for tok in new:
             if len(self.tokens) >= max_new_tokens:
                 break
             self.tokens.append(tok)
+            self.token_times.append(at)
             kept += 1
             if tok in stop_ids:
                 self.stopped = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..core.model.load import LoadedModel, dtype_name
@@ -82,7 +83,26 @@ def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, da
         **r.noise)
     fields.update(batch_fields(r))  # a batched row's forward_ms is its batch's time per batched step
     fields.update(host_split(r))
+    fields.update(serving_view(r.gen.token_times))  # ttft_s, tpot_ms, itl percentiles (a batched sample's own)
     return Record(**fields)
+
+
+def serving_view(token_times: list[float]) -> dict:
+    """A turn's serving columns from its tokens' emission times (seconds from its start: Generation.token_times):
+    time to first token, time per output token after the first ((last - first) / (n - 1), ms) and the p50 / p90 /
+    p99 of the inter-token latencies (ms; the tokens of one forward share a time, so accepted drafts give 0 gaps).
+    NaN where there are no times (or one token: no tpot, no latency between tokens)."""
+    out = {"ttft_s": math.nan, "tpot_ms": math.nan, "itl_p50_ms": math.nan, "itl_p90_ms": math.nan,
+           "itl_p99_ms": math.nan}
+    if not token_times:
+        return out
+    out["ttft_s"] = round(token_times[0], 6)
+    if len(token_times) > 1:
+        out["tpot_ms"] = round((token_times[-1] - token_times[0]) * 1e3 / (len(token_times) - 1), 4)
+        gaps = np.diff(np.asarray(token_times, dtype=float)) * 1e3
+        for q in (50, 90, 99):
+            out[f"itl_p{q}_ms"] = round(float(np.percentile(gaps, q)), 4)
+    return out
 
 
 def host_split(r: TurnResult) -> dict:

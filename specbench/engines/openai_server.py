@@ -1,0 +1,414 @@
+"""`specbench run --engine openai`: any OpenAI-compatible server, measured as a user of it sees it (streaming), on
+the same prompts as specbench's own runs, into the same run folder (records.csv, tokens.jsonl, run.yaml).
+
+Rows and labels (so that the summary's speedup machinery works unchanged):
+  --base-url alone                 the server's rows are method "server" (no speedup: nothing to compare with)
+  --base-url + --baseline-url      the baseline server's rows are method "ar" (speculation off, the reference) and
+                                   the main server's are method "spec"; each spec row's `lossless` compares its greedy
+                                   output with the baseline's on the same prompt turn and load level
+Load levels, a row each per request:
+  --concurrency 1                  batch_size 1, batching "-": prompts one at a time, the two servers interleaved per
+                                   prompt (order rotated), as specbench interleaves its methods
+  --concurrency N (N > 1)          batch_size N, batching "closed": N conversations in flight; the servers' phases
+                                   take turns (order rotated per level)
+  --request-rate R                 batch_size 0, batching "poisson@R": seeded Poisson arrivals (--seed)
+  At N > 1 and under Poisson a row's wall_s is its share of the phase's wall time (the phase's time x its share of
+  the phase's tokens), so sums over rows give the phase's output throughput, as batched rows do; latency_s is the
+  request's own end-to-end time, ttft_s / tpot_ms / itl_* its streaming view.
+
+Failed requests are retried (RETRIES times, on no answer, a timeout, 5xx or 429), then recorded in serving.json
+(with the error) and counted in the report; they never become rows with made-up numbers. Speculative-decoding
+counts come from the server where it exposes them (openai_acceptance.py), per phase, in serving.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..data import datasets as ds
+from ..errors import SpecbenchError, did_you_mean
+from ..progress import console
+from ..run.config import RunConfig
+from ..run.records import Check, compare
+from ..run.work import LoadedDataset
+from . import openai_acceptance as acc
+from .common import EngineRun, EngineTurn, engine_record, load_work, local_environment
+from .openai_client import Endpoint, ServerError, Streamed, unreachable
+from .openai_load import closed_loop, open_loop, poisson_arrivals
+
+RETRIES = 3  # tries of one request before it is recorded as failed
+BACKOFF_S = 0.5  # wait before the second try (doubled each time)
+SERVING_FILE = "serving.json"  # per phase: wall time, requests, failures, acceptance; every failed request
+
+
+@dataclass(frozen=True)
+class Options:
+    """--engine openai's options, checked."""
+
+    base_url: str
+    baseline_url: str | None
+    served_model: str | None
+    api_key: str | None
+    concurrency: tuple[int, ...]
+    request_rate: float | None
+    slo: dict  # {"ttft_ms": float, "tpot_ms": float}, either may be missing
+    timeout: float
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "Options":
+        o = cfg.engine_options
+        base = o.get("base_url")
+        if not base:
+            raise SpecbenchError("--engine openai needs --base-url URL (the server's OpenAI-compatible root, e.g. "
+                                 "http://127.0.0.1:8000/v1)")
+        key = None
+        if o.get("api_key_env"):
+            key = os.environ.get(o["api_key_env"])
+            if not key:
+                raise SpecbenchError(f"--api-key-env {o['api_key_env']}: that environment variable is not set (or "
+                                     "empty); export it, or drop --api-key-env for a server without a key")
+        timeout = float(o.get("timeout", 60.0))
+        if not timeout > 0:
+            raise SpecbenchError(f"--timeout must be positive seconds (got {timeout:g})")
+        rate = o.get("request_rate")
+        if rate is not None and not float(rate) > 0:
+            raise SpecbenchError(f"--request-rate must be positive requests per second (got {rate})")
+        return cls(base, o.get("baseline_url"), o.get("served_model"), key, parse_concurrency(
+            str(o.get("concurrency", "1"))), float(rate) if rate is not None else None, parse_slo(o.get("slo")),
+            timeout)
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """"1,4,16" -> (1, 4, 16); a bad entry is the user's error, naming the option."""
+    out = []
+    for part in text.split(","):
+        try:
+            n = int(part.strip())
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise SpecbenchError(f"--concurrency {text}: each entry must be a whole number of requests in flight, at "
+                                 "least 1 (e.g. --concurrency 1,4,16)")
+        out.append(n)
+    return tuple(dict.fromkeys(out))
+
+
+def parse_slo(text: str | None) -> dict:
+    """"ttft=500,tpot=50" -> {"ttft_ms": 500.0, "tpot_ms": 50.0} (milliseconds); None -> {}."""
+    if not text:
+        return {}
+    out = {}
+    for part in str(text).split(","):
+        name, _, value = part.partition("=")
+        name = name.strip().lower()
+        try:
+            ms = float(value)
+        except ValueError:
+            ms = -1.0
+        if name not in ("ttft", "tpot") or ms <= 0:
+            raise SpecbenchError(f"--slo {text}: give ttft=MS and/or tpot=MS, positive milliseconds (e.g. --slo "
+                                 "ttft=500,tpot=50)")
+        out[f"{name}_ms"] = ms
+    return out
+
+
+@dataclass
+class Server:
+    """One server of the run: its label in the records, its endpoint and the model name requested."""
+
+    label: str
+    endpoint: Endpoint
+    model: str
+    logprobs: bool = True  # ask for logprobs (token strings); dropped when the server refuses them
+
+    @property
+    def root(self) -> str:
+        """The server's root (where /metrics lives): the base URL without its trailing /v1."""
+        base = self.endpoint.base_url
+        return base[:-3] if base.endswith("/v1") else base
+
+
+@dataclass
+class Outcome:
+    """One request: what streamed back, or the error that ended its tries."""
+
+    turn: int
+    streamed: Streamed | None = None
+    error: str = ""
+    tries: int = 1
+
+
+@dataclass
+class Phase:
+    """One server at one load level: its outcomes per prompt, its wall time and its acceptance counts."""
+
+    label: str
+    level: str  # "-" (concurrency 1), "closed" or "poisson@R"
+    batch_size: int
+    outcomes: dict = field(default_factory=dict)  # (dataset, prompt id) -> list[Outcome]
+    wall_s: float = math.nan
+    counts: acc.Counts | None = None
+
+
+def connect(url: str, opts: Options, label: str) -> Server:
+    """The server at `url`, checked before anything is written: it answers /models within --timeout, and serves
+    --served-model (default: its first model)."""
+    endpoint = Endpoint(url, opts.api_key, opts.timeout)
+    try:
+        models = endpoint.models()
+    except ServerError as exc:
+        raise unreachable(url, exc, opts.timeout) from None
+    if not models:
+        raise SpecbenchError(f"{url}/models lists no model; start the server with a model loaded")
+    model = opts.served_model or models[0]
+    if model not in models:
+        raise SpecbenchError(f"--served-model {model}: {url} does not serve it{did_you_mean(model, models)}; it serves:"
+                             f" {', '.join(models)}")
+    return Server(label, endpoint, model)
+
+
+def ask(server: Server, messages: list[dict], max_tokens: int) -> tuple[Streamed | None, str, int]:
+    """One request with retries: (streamed, "", tries) or (None, the last error, tries). A server that refuses
+    logprobs (HTTP 400 naming them) is asked again without, and from then on (its output compared as text)."""
+    error, wait = "", BACKOFF_S
+    for attempt in range(1, RETRIES + 1):
+        try:
+            return server.endpoint.stream_chat(server.model, messages, max_tokens, server.logprobs), "", attempt
+        except ServerError as exc:
+            error = str(exc)
+            if exc.status == 400 and server.logprobs and "logprob" in exc.detail.lower():
+                server.logprobs = False
+                continue
+            if not exc.retry:
+                return None, error, attempt
+            if attempt < RETRIES:
+                time.sleep(wait)
+                wait *= 2
+    return None, error, RETRIES
+
+
+def converse(server: Server, prompt: ds.Prompt, max_tokens: int) -> list[Outcome]:
+    """A prompt's turns in order, each with the server's own earlier answers; a failed turn ends the conversation
+    (the later turns are recorded as failed too: they could not be asked)."""
+    answers: list[str] = []
+    out: list[Outcome] = []
+    for turn in range(len(prompt.turns)):
+        if out and out[-1].streamed is None:
+            out.append(Outcome(turn, None, f"not sent: turn {turn - 1} failed", 0))
+            continue
+        streamed, error, tries = ask(server, ds.conversation(prompt, turn, answers), max_tokens)
+        out.append(Outcome(turn, streamed, error, tries))
+        if streamed is not None:
+            answers.append(streamed.text)
+    return out
+
+
+def read_counts(server: Server) -> acc.Counts | None:
+    """The server's spec-decode counters now (vLLM's /metrics), or None where it has no such page."""
+    try:
+        return acc.vllm_counters(Endpoint(server.root, server.endpoint.api_key, server.endpoint.timeout)
+                                 .get_text("/metrics"))
+    except ServerError:
+        return None
+
+
+def run(cfg: RunConfig) -> Path:
+    """Run every load level on the server(s) and write the run folder; returns it."""
+    opts = Options.of(cfg)
+    if cfg.resume:
+        raise SpecbenchError("--resume: a server run is not resumable (the server's state between two runs is not "
+                             "known); run it again into a new --out")
+    if cfg.temperature != 0:
+        raise SpecbenchError("--engine openai measures greedy decoding (temperature 0, what the lossless check "
+                             "compares); drop --temperature")
+    servers = [connect(opts.base_url, opts, "spec" if opts.baseline_url else "server")]
+    if opts.baseline_url:
+        servers.insert(0, connect(opts.baseline_url, opts, "ar"))
+    loaded = load_work(cfg)
+    env = local_environment("openai", threads=cfg.threads or 0, dtype="server",
+                            placement=f"openai:{opts.base_url}")
+    run_cfg = replace(cfg, methods=())  # the servers decide how they decode: no specbench method runs
+    engine = {"name": "openai", "servers": {s.label: {"url": s.endpoint.base_url, "model": s.model} for s in servers},
+              "concurrency": list(opts.concurrency), "request_rate": opts.request_rate, "slo": opts.slo,
+              "labels": "ar: the --baseline-url server, spec: the --base-url server" if opts.baseline_url
+              else "server: the --base-url server"}
+    er = EngineRun.open(run_cfg, loaded, env, model={"spec": servers[-1].model, "name": servers[-1].model,
+                                                     "source": opts.base_url, "rendering": "the server's chat template"},
+                        engine=engine)
+    try:
+        for server in servers:
+            warm_up(server, loaded, cfg)
+        phases = measure(servers, loaded, cfg, opts)
+        failed = write_rows(er, cfg, env, servers, loaded, phases)
+    except KeyboardInterrupt:
+        raise er.interrupted() from None
+    write_serving(er.out, servers, phases, failed, opts)
+    unit = "tokens" if all(s.logprobs for s in servers) else "text"
+    er.complete()
+    if failed:
+        console.print(f"[yellow]{len(failed)} request(s) failed after {RETRIES} tries: listed in "
+                      f"{er.out / SERVING_FILE} and in report.md[/]")
+    if opts.baseline_url:
+        console.print(f"[dim]lossless check: spec against ar compared as {unit} (the servers' "
+                      f"{'token strings, from logprobs' if unit == 'tokens' else 'streamed text'})[/]")
+    return er.out
+
+
+def warm_up(server: Server, loaded: list[LoadedDataset], cfg: RunConfig) -> None:
+    """cfg.warmup short untimed requests (the server's first request often pays for loading and graph capture)."""
+    prompt = next((p for d in loaded for p in d.prompts), None)
+    for _ in range(cfg.warmup if prompt else 0):
+        streamed, error, _tries = ask(server, ds.conversation(prompt, 0, []), min(8, cfg.max_new_tokens))
+        if streamed is None:
+            raise SpecbenchError(f"warm-up request to {server.endpoint.base_url} failed: {error}")
+
+
+def measure(servers: list[Server], loaded: list[LoadedDataset], cfg: RunConfig, opts: Options) -> list[Phase]:
+    """Every load level on every server (their order rotated per level); at concurrency 1 the servers take turns per
+    prompt instead."""
+    items = [(d.name, p) for d in loaded for p in d.prompts]
+    levels: list[tuple[str, int, float | None]] = [("-" if c == 1 else "closed", c, None) for c in opts.concurrency]
+    if opts.request_rate:
+        levels.append((f"poisson@{opts.request_rate:g}", 0, opts.request_rate))
+    phases: list[Phase] = []
+    for li, (level, size, rate) in enumerate(levels):
+        order = servers[li % len(servers):] + servers[:li % len(servers)]
+        console.print(f"[dim]{level if level != '-' else 'concurrency 1'}"
+                      f"{f' concurrency {size}' if level == 'closed' else ''}: {len(items)} prompts on "
+                      f"{', '.join(s.label for s in order)}[/]")
+        if size == 1:
+            phases += interleaved(order, items, cfg.max_new_tokens)
+            continue
+        for server in order:
+            phase = Phase(server.label, level, size)
+            before = read_counts(server)
+            job = lambda item, s=server: converse(s, item[1], cfg.max_new_tokens)  # noqa: E731
+            if rate is None:
+                results, phase.wall_s = closed_loop(items, size, job)
+            else:
+                results, phase.wall_s = open_loop(items, poisson_arrivals(len(items), rate, cfg.seed), job)
+            phase.outcomes = {(d, p.id): r for (d, p), r in zip(items, results)}
+            phase.counts = acc.difference(before, read_counts(server)) or request_counts(phase)
+            phases.append(phase)
+    return phases
+
+
+def interleaved(order: list[Server], items: list, max_tokens: int) -> list[Phase]:
+    """Concurrency 1: each prompt on every server in turn (the order rotated per prompt)."""
+    phases = {s.label: Phase(s.label, "-", 1) for s in order}
+    before = {s.label: read_counts(s) for s in order}
+    start = time.perf_counter()
+    for i, (dataset, prompt) in enumerate(items):
+        for server in order[i % len(order):] + order[:i % len(order)]:
+            phases[server.label].outcomes[(dataset, prompt.id)] = converse(server, prompt, max_tokens)
+    wall = time.perf_counter() - start
+    for s in order:
+        phase = phases[s.label]
+        phase.wall_s = sum(o.streamed.wall_s for r in phase.outcomes.values() for o in r if o.streamed) or wall
+        phase.counts = acc.difference(before[s.label], read_counts(s)) or request_counts(phase)
+    return list(phases.values())
+
+
+def request_counts(phase: Phase) -> acc.Counts | None:
+    """The phase's counts summed from its responses (SGLang meta_info, llama-server timings), or None when no
+    response carried any."""
+    total = None
+    for outcomes in phase.outcomes.values():
+        for o in outcomes:
+            c = acc.per_request(o.streamed.extra) if o.streamed else None
+            if c is not None:
+                total = c if total is None else total + c
+    return total
+
+
+def write_rows(er: EngineRun, cfg: RunConfig, env: dict, servers: list[Server], loaded: list[LoadedDataset],
+               phases: list[Phase]) -> list[dict]:
+    """records.csv + tokens.jsonl rows of every finished request (prompt by prompt, the reference first); returns
+    the failed requests."""
+    failed = []
+    models = {s.label: s.model for s in servers}
+    text_only = not all(s.logprobs for s in servers)
+    by_key = {(p.label, p.level): p for p in phases}
+    for phase in phases:
+        tokens_total = sum(o.streamed.completion_tokens for r in phase.outcomes.values() for o in r if o.streamed)
+        reference = by_key.get(("ar", phase.level)) if phase.label == "spec" else None
+        for d in loaded:
+            for prompt in d.prompts:
+                for o in phase.outcomes.get((d.name, prompt.id), []):
+                    if o.streamed is None:
+                        failed.append({"server": phase.label, "level": phase.level, "batch_size": phase.batch_size,
+                                       "dataset": d.name, "prompt_id": prompt.id, "turn": o.turn, "tries": o.tries,
+                                       "error": o.error})
+                        continue
+                    check = lossless(o, reference, (d.name, prompt.id), text_only)
+                    record = row(cfg, env, models[phase.label], phase, d.name, prompt, o, check, tokens_total)
+                    er.writer.write(record, o.streamed.tokens if not text_only else [o.streamed.text])
+    return failed
+
+
+def lossless(o: Outcome, reference: Phase | None, key: tuple, text_only: bool) -> Check:
+    """spec's greedy output against ar's on the same prompt turn and level: token strings when both servers gave
+    logprobs, else the text (the index is then a character's)."""
+    if reference is None:
+        return Check()
+    ref = next((r for r in reference.outcomes.get(key, []) if r.turn == o.turn and r.streamed), None)
+    if ref is None:
+        return Check()
+    if text_only or o.streamed.unit != "tokens" or ref.streamed.unit != "tokens":
+        return Check(compare(list(o.streamed.text), list(ref.streamed.text)))
+    return Check(compare(o.streamed.tokens, ref.streamed.tokens))
+
+
+def row(cfg: RunConfig, env: dict, model: str, phase: Phase, dataset: str, prompt: ds.Prompt, o: Outcome,
+        check: Check, phase_tokens: int):
+    """The records.csv row of one request (common.engine_record's, with the load level's batching columns)."""
+    s = o.streamed
+    counts = acc.per_request(s.extra)
+    n = s.completion_tokens
+    tokens = s.tokens if len(s.tokens) == n else (s.tokens + [""] * n)[:n]  # usage's count wins
+    times = s.token_times if len(s.token_times) == n else _stretch(s.token_times, n)
+    turn = EngineTurn(tokens=tokens, wall_s=s.wall_s, prompt_tokens=int(s.usage.get("prompt_tokens") or 0),
+                      token_times=times, turn=o.turn, text=s.text, stopped=s.finish_reason == "stop",
+                      target_forwards=int(counts.steps) + 1 if counts and counts.steps is not None else None,
+                      drafted=int(counts.drafted or 0) if counts else 0, accepted=int(counts.accepted) if counts else 0)
+    record = engine_record(cfg, env, model, phase.label, dataset, prompt, turn, check)
+    if phase.batch_size == 1:
+        return replace(record, timing_tries=o.tries)
+    share = phase.wall_s * n / phase_tokens if phase_tokens else s.wall_s
+    return replace(record, batch_size=phase.batch_size, batching=phase.level, batch_id=f"{phase.level}-{phase.batch_size}",
+                   wall_s=round(share, 6), tokens_per_s=round(n / share, 4) if share else 0.0,
+                   batch_wall_s=round(phase.wall_s, 6), latency_s=round(s.wall_s, 6), timing_tries=o.tries)
+
+
+def _stretch(times: list[float], n: int) -> list[float]:
+    """Arrival times for n tokens when the stream showed fewer pieces than the server counted (several tokens in
+    one piece): the pieces' times repeated in order, the last one held."""
+    if not times:
+        return []
+    return [times[min(int(i * len(times) / n), len(times) - 1)] for i in range(n)]
+
+
+def write_serving(out: Path, servers: list[Server], phases: list[Phase], failed: list[dict], opts: Options) -> None:
+    """serving.json: per phase its wall time, requests, failures and acceptance ("not exposed by this server" where
+    none was read); every failed request with its error; the SLO the report's goodput uses."""
+    def acceptance(p: Phase):
+        return p.counts.summary() if p.counts else "not exposed by this server"
+
+    data = {"slo": opts.slo, "retries": RETRIES,
+            "lossless_unit": "tokens" if all(s.logprobs for s in servers) else "text",
+            "phases": [{"server": p.label, "url": next(s.endpoint.base_url for s in servers if s.label == p.label),
+                        "batching": p.level, "batch_size": p.batch_size, "wall_s": round(p.wall_s, 6),
+                        "requests": sum(len(r) for r in p.outcomes.values()),
+                        "failed": sum(1 for r in p.outcomes.values() for o in r if o.streamed is None),
+                        "acceptance": acceptance(p)} for p in phases],
+            "failed": failed}
+    (out / SERVING_FILE).write_text(json.dumps(data, indent=1, default=_plain) + "\n")
+
+
+def _plain(value):
+    return None if isinstance(value, float) and math.isnan(value) else str(value)

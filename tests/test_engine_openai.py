@@ -1,0 +1,294 @@
+"""--engine openai without a model server: percentiles, goodput, seeded Poisson arrivals, the acceptance readers on
+the formats vLLM, SGLang and llama.cpp document, the streaming client against a small stdlib HTTP server (a closed
+port, a server that answers 500 then 200, one that never finishes), option parsing, and the serving columns of
+specbench's own runs (batch 1 and batched)."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.engines import openai_acceptance as acc
+from specbench.engines.openai_client import Endpoint, ServerError
+from specbench.engines.openai_load import closed_loop, open_loop, poisson_arrivals
+from specbench.engines.openai_server import ask, parse_concurrency, parse_slo, Server
+from specbench.errors import SpecbenchError
+from specbench.methods.base import Generation
+from specbench.report.serving import goodput, percentile, serving_table
+from specbench.run.records import serving_view
+
+cli = CliRunner()
+
+
+# ------------------------------------------------------------------------------------------- arithmetic
+
+def test_percentile_interpolates_and_skips_missing():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10, float("nan"), 20], 50) == 15.0  # NaN (an unmeasured row) left out
+    assert percentile([0, 100], 99) == pytest.approx(99.0)
+    assert math.isnan(percentile([], 50))
+
+
+def test_goodput_counts_requests_within_the_slo_over_the_time_taken():
+    rows = pd.DataFrame({"ttft_s": [0.1, 0.3, 0.1, 0.1], "tpot_ms": [20.0, 20.0, 80.0, float("nan")],
+                         "wall_s": [1.0, 1.0, 1.0, 1.0]})
+    # within ttft 200 ms and tpot 50 ms: rows 0 and 3 (a one-token request has no tpot and meets any limit)
+    assert goodput(rows, {"ttft_ms": 200, "tpot_ms": 50}) == pytest.approx(2 / 4.0)
+    assert goodput(rows, {"ttft_ms": 200}) == pytest.approx(3 / 4.0)
+    assert math.isnan(goodput(rows, {}))
+
+
+def test_poisson_arrivals_are_seeded_and_have_the_rate():
+    a, b = poisson_arrivals(2000, 4.0, seed=7), poisson_arrivals(2000, 4.0, seed=7)
+    assert a == b and a[0] == 0.0 and all(x <= y for x, y in zip(a, a[1:]))
+    assert poisson_arrivals(50, 4.0, seed=8) != a[:50]
+    assert a[-1] / 1999 == pytest.approx(0.25, rel=0.1)  # mean gap 1 / rate
+    with pytest.raises(ValueError):
+        poisson_arrivals(3, 0.0, seed=0)
+
+
+def test_closed_loop_keeps_at_most_n_in_flight_and_the_items_order():
+    lock, state = threading.Lock(), {"now": 0, "most": 0}
+
+    def job(x):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        threading.Event().wait(0.02)
+        with lock:
+            state["now"] -= 1
+        return x * 10
+
+    results, wall = closed_loop(list(range(8)), 3, job)
+    assert results == [x * 10 for x in range(8)] and state["most"] == 3 and wall > 0
+    results, _ = open_loop([1, 2, 3], [0.0, 0.01, 0.02], lambda x: -x)
+    assert results == [-1, -2, -3]
+
+
+def test_serving_view_of_token_times():
+    view = serving_view([0.5, 0.6, 0.6, 0.9])  # tokens 2 and 3 from one forward (an accepted draft): a 0 gap
+    assert view["ttft_s"] == 0.5
+    assert view["tpot_ms"] == pytest.approx((0.9 - 0.5) * 1e3 / 3)
+    assert view["itl_p50_ms"] == pytest.approx(100.0)
+    assert view["itl_p99_ms"] == pytest.approx(296.0)  # gaps 0, 100, 300: 100 + 0.98 x 200
+    assert math.isnan(serving_view([0.2])["tpot_ms"]) and math.isnan(serving_view([])["ttft_s"])
+
+
+def test_generation_times_each_kept_token_from_its_start():
+    gen = Generation()
+    gen.emit([5, 6], stop_ids=(), max_new_tokens=3)
+    gen.emit([7, 8], stop_ids=(), max_new_tokens=3)  # the cap keeps one of these
+    assert len(gen.token_times) == len(gen.tokens) == 3
+    assert gen.token_times[0] == gen.token_times[1] <= gen.token_times[2]  # one forward's tokens share a time
+    assert 0 <= gen.token_times[0] < 5
+
+
+# ------------------------------------------------------------------------------------------- acceptance readers
+
+# vLLM's /metrics page as its Prometheus client writes it (counters of vllm/v1/spec_decode/metrics.py,
+# SpecDecodingProm: vllm:spec_decode_num_drafts / num_draft_tokens / num_accepted_tokens / num_accepted_tokens_per_pos
+# with the position label; prometheus_client adds _total and _created samples)
+VLLM_METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 100.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 300.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 180.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 80.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 60.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 40.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 280.0
+"""
+
+
+def test_vllm_counters_differenced_around_a_measurement():
+    before = acc.vllm_counters(VLLM_METRICS)
+    after = acc.vllm_counters(VLLM_METRICS.replace("100.0", "110.0").replace("300.0", "330.0")
+                              .replace("180.0", "200.0").replace("} 80.0", "} 89.0").replace("} 60.0", "} 66.0")
+                              .replace("} 40.0", "} 45.0"))
+    assert (before.steps, before.drafted, before.accepted) == (100.0, 300.0, 180.0)
+    d = acc.difference(before, after)
+    assert (d.steps, d.drafted, d.accepted) == (10.0, 30.0, 20.0)
+    s = d.summary()
+    assert s["acceptance_rate"] == pytest.approx(20 / 30, abs=1e-4) and s["acceptance_length"] == pytest.approx(3.0)
+    assert s["per_position"] == [0.9, 0.6, 0.5]
+    assert acc.vllm_counters("vllm:generation_tokens_total 5\n") is None  # vLLM without speculation: not exposed
+    assert acc.difference(None, after) is None
+
+
+def test_sglang_meta_info():
+    # SGLang's meta_info as its speculative tests read it (sgl-project/sglang, test/srt EAGLE tests: accept length =
+    # completion_tokens / spec_verify_ct); newer versions add spec_accept_token_num / spec_draft_token_num
+    old = acc.sglang_meta({"prompt_tokens": 20, "completion_tokens": 30, "spec_verify_ct": 12, "e2e_latency": 0.3})
+    assert (old.steps, old.accepted, old.drafted) == (12.0, 18.0, None)
+    assert old.summary()["acceptance_length"] == pytest.approx(2.5)
+    new = acc.sglang_meta({"completion_tokens": 30, "spec_verify_ct": 12, "spec_accept_token_num": 18,
+                           "spec_draft_token_num": 36})
+    assert new.summary()["acceptance_rate"] == pytest.approx(0.5)
+    assert acc.sglang_meta({"completion_tokens": 30}) is None  # speculation off
+    assert acc.sglang_meta({"completion_tokens": 30, "spec_verify_ct": 0}) is None
+
+
+def test_llama_server_timings():
+    # llama.cpp's llama-server response `timings` (tools/server/README.md: prompt_n, predicted_n, ..., and with a
+    # draft model or n-gram drafting draft_n / draft_n_accepted)
+    timings = {"prompt_n": 6, "prompt_ms": 31.5, "predicted_n": 20, "predicted_ms": 87.6, "draft_n": 16,
+               "draft_n_accepted": 12}
+    c = acc.llama_timings(timings)
+    assert (c.drafted, c.accepted, c.steps) == (16.0, 12.0, 8.0)
+    assert acc.per_request({"timings": timings}).source == "llama.cpp timings"
+    assert acc.llama_timings({"predicted_n": 20, "predicted_ms": 80.0}) is None  # no drafting: not exposed
+    assert acc.per_request({}) is None
+
+
+# ------------------------------------------------------------------------------------------- the client, for real
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Fake(BaseHTTPRequestHandler):
+    """A small OpenAI-compatible server: /v1/models, and streamed chat completions of three tokens. `fail_first`
+    requests answer 500 first; `hang` never answers."""
+
+    fail_first = 0
+    hang = False
+    seen = 0
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": "tiny-model", "object": "model"}]})
+        else:
+            self._json(404, {"error": "not found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen += 1
+        if self.hang:
+            threading.Event().wait(3)
+            return
+        if type(self).seen <= self.fail_first:
+            self._json(500, {"error": {"message": "overloaded"}})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for tok in ("He", "llo", "!"):
+            delta = {"choices": [{"index": 0, "delta": {"content": tok}, "finish_reason": None,
+                                  "logprobs": {"content": [{"token": tok, "logprob": -0.1}]} if body.get("logprobs")
+                                  else None}]}
+            self.wfile.write(f"data: {json.dumps(delta)}\n\n".encode())
+            self.wfile.flush()
+        end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+               "timings": {"predicted_n": 3, "draft_n": 2, "draft_n_accepted": 1}}
+        self.wfile.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
+
+    def _json(self, status, data):
+        raw = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+
+@pytest.fixture
+def fake():
+    def start(**settings):
+        handler = type("Handler", (Fake,), {"seen": 0, **settings})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        started.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/v1", handler
+
+    started: list = []
+    yield start
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+def test_streaming_client_times_each_token_and_reads_timings(fake):
+    url, _ = fake()
+    out = Endpoint(url, timeout=5).stream_chat("tiny-model", [{"role": "user", "content": "hi"}], 3)
+    assert out.tokens == ["He", "llo", "!"] and out.text == "Hello!" and out.unit == "tokens"
+    assert len(out.token_times) == 3 and out.token_times == sorted(out.token_times) and out.wall_s >= out.token_times[-1]
+    assert out.finish_reason == "length" and acc.per_request(out.extra).accepted == 1.0
+
+
+def test_a_500_then_200_is_retried_and_a_lasting_500_is_a_failed_request(fake):
+    url, handler = fake(fail_first=1)
+    server = Server("spec", Endpoint(url, timeout=5), "tiny-model")
+    streamed, error, tries = ask(server, [{"role": "user", "content": "hi"}], 3)
+    assert streamed is not None and error == "" and tries == 2 and handler.seen == 2
+    url, handler = fake(fail_first=99)
+    streamed, error, tries = ask(Server("spec", Endpoint(url, timeout=5), "tiny-model"),
+                                 [{"role": "user", "content": "hi"}], 3)
+    assert streamed is None and tries == 3 and "HTTP 500" in error and url in error
+
+
+def test_closed_port_and_timeout_are_clear_errors_without_a_run_folder(tmp_path, fake):
+    port = free_port()  # nothing listens here
+    out = tmp_path / "run"
+    result = cli.invoke(app, ["run", "--engine", "openai", "--base-url", f"http://127.0.0.1:{port}/v1", "--out",
+                              str(out), "-d", "gsm8k", "--limit", "1"])
+    assert result.exit_code != 0 and f"127.0.0.1:{port}/v1" in result.output and "Traceback" not in result.output
+    assert not out.exists()
+    with pytest.raises(ServerError) as caught:  # a server that takes longer than --timeout
+        url, _ = fake(hang=True)
+        Endpoint(url, timeout=0.5).stream_chat("tiny-model", [{"role": "user", "content": "hi"}], 3)
+    assert caught.value.retry and "no answer" in str(caught.value)
+
+
+def test_unknown_served_model_lists_the_servers_models(tmp_path, fake):
+    url, _ = fake()
+    out = tmp_path / "run"
+    result = cli.invoke(app, ["run", "--engine", "openai", "--base-url", url, "--served-model", "tiny-modle",
+                              "--out", str(out), "-d", "gsm8k", "--limit", "1"])
+    assert result.exit_code != 0 and "tiny-model" in result.output and "did you mean" in result.output
+    assert not out.exists()
+
+
+def test_option_parsing():
+    assert parse_concurrency("1,4,16") == (1, 4, 16) and parse_concurrency("2,2") == (2,)
+    assert parse_slo("ttft=500,tpot=50") == {"ttft_ms": 500.0, "tpot_ms": 50.0} and parse_slo(None) == {}
+    for bad in ("0", "a", "1,,2"):
+        with pytest.raises(SpecbenchError, match="--concurrency"):
+            parse_concurrency(bad)
+    for bad in ("ttft", "latency=5", "tpot=-1"):
+        with pytest.raises(SpecbenchError, match="--slo"):
+            parse_slo(bad)
+
+
+# ------------------------------------------------------------------------------------------- specbench's own runs
+
+def test_own_runs_fill_the_serving_columns_batched_rows_included(tmp_path, prompts_file):
+    out = tmp_path / "run"
+    result = cli.invoke(app, ["run", "--model", "random:tiny", "--max-new-tokens", "12", "--warmup", "0", "-m", "pld",
+                              "--dataset", str(prompts_file), "--limit", "2", "--batch-size", "1,2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    records = pd.read_csv(out / "records.csv")
+    assert records.ttft_s.notna().all() and (records.ttft_s > 0).all()
+    several = records[records.new_tokens > 1]
+    assert several.tpot_ms.notna().all() and (several.itl_p99_ms >= several.itl_p50_ms).all()
+    assert set(records.batch_size) == {1, 2}
+    summary = pd.read_csv(out / "summary.csv")
+    assert {"ttft_p50_s", "ttft_p99_s", "tpot_p50_ms", "itl_p99_ms"} <= set(summary) and summary.ttft_p50_s.notna().all()
+    report = (out / "report.md").read_text()
+    assert "## Serving" in report and (out / "throughput_latency.png").exists()
+    table = serving_table(records)
+    assert set(table.batch_size) == {1, 2} and (table.output_throughput > 0).all()
+    assert len(table) == len(records.groupby(["method", "batch_size", "batching"]))
