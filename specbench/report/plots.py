@@ -49,6 +49,14 @@ def plot_bars(summary: pd.DataFrame, column: str, ylabel: str, path: Path, basel
     label = "label" if "label" in summary else "method"
     frame = summary.assign(_mark=marks(summary, timed))
     pivot = frame.pivot_table(index="dataset", columns=label, values=column, aggfunc="first", sort=False)
+    pivot = pivot.apply(pd.to_numeric, errors="coerce")
+    if pivot.isna().all().all():  # nothing to draw (a server run without a baseline has no speedup): say so
+        fig, ax = plt.subplots(figsize=(5, 1.2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"no {column} in this run", ha="center", va="center")
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        return
 
     def aligned(values: str) -> pd.DataFrame:  # another column laid out like `pivot` (NaN / "" where absent)
         table = frame.pivot_table(index="dataset", columns=label, values=values, aggfunc="first", sort=False,

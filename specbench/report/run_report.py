@@ -18,6 +18,7 @@ from .markdown import markdown_table
 from .plots import write_plots
 from .runinfo import environment_section, settings_section
 from .sections import category_section, is_partial, noise_section, tree_section
+from .serving import section as serving_section
 from .shards import shard_section
 from .summary import FORMULAS, named, read_records, summarize
 from .titles import comparison_title, plot_title
@@ -69,7 +70,9 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     floor = (meta.get("noise_guard") or {}).get("latency_floor", 1.0)
     md += category_section(single_records, single, run_dir, floor)
     md += context.section(single_records, run_dir, title, floor)  # tau and speedup by prompt length
-    md += batchreport.section(summary, run_dir, title, meta.get("chosen"), meta.get("trees"))
+    ems = summary[summary.batching.isin(["-", "padded", "unpadded"])]  # a server's load levels: serving.py
+    md += batchreport.section(ems, run_dir, title, meta.get("chosen"), meta.get("trees"))
+    md += serving_section(records, run_dir, meta, title)  # ttft / itl / tpot percentiles, throughput, goodput
     md += noise_section(summary, meta, records)
     md += ["## Formulas", "", "```", FORMULAS, "```", ""]
     md += ["![speedup](speedup.png)", "![tokens per second](tokens_per_s.png)", "![tau](tau.png)", ""]

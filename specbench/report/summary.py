@@ -43,6 +43,7 @@ from ..run.results import with_batch_columns
 from ..run import intervals as robust
 from . import csvcheck
 from .lossless_check import exactness, explained_rate
+from .serving import SUMMARY_SERVING, serving_numbers
 
 
 FORMULAS = __doc__.split("Speedup formulas", 1)[1].strip()  # report.md's "Formulas" block
@@ -55,6 +56,8 @@ SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_
                    "timing", "batch_size", "batching", "target_tokens", "padding_tokens", "padding_ratio", "kv_padding",
                    "tau_batch_min", "tau_sample_mean", "decode_tokens_per_s", "decode_speedup", "kv_padding_ratio",
                    "sample_tokens_per_s", "roofline_tok_s", "of_roofline", "host_overhead"]
+
+SUMMARY_COLUMNS += SUMMARY_SERVING  # time to first token, time per output token, inter-token latency (serving.py)
 
 
 def read_records(run_dir: Path) -> pd.DataFrame:
@@ -132,14 +135,14 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None, roofline: dic
             "tokens_per_s": round(tps, 2), "speedup": tps / ar_tps, "speedup_lo": round(low, 3),
             "speedup_hi": round(high, 3), "speedup_median": round(robust.median_ratio(pairs), 3),
             "speedup_mean": round(ratios.mean(), 3) if ratios.notna().any() else math.nan,
-            "tau": g.new_tokens.sum() / max(g.target_forwards.sum(), 1),
+            "tau": g.new_tokens.sum() / g.target_forwards.sum() if g.target_forwards.sum() > 0 else math.nan,
             "acceptance_rate": round(g.accepted_drafts.sum() / drafted, 3) if drafted else math.nan,
             "lossless_rate": round((checked == "match").mean(), 3) if len(checked) else math.nan,
             "lossless_explained_rate": explained_rate(g),
             "exactness": exactness(method), "peak_mem_mb": peak,
             "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
             "forward_ms": round(fwd * 1e3, 3), "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
-            **_draft_numbers(g), **_batch_numbers(g), **_decode_numbers(g, ar_d),
+            **_draft_numbers(g), **_batch_numbers(g), **_decode_numbers(g, ar_d), **serving_numbers(g),
             "sample_tokens_per_s": sample_rate(g), **_roofline_numbers(g, tps, roofline),
         })
     summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS + ("batch_size",
