@@ -61,3 +61,14 @@ def test_clock_counts_decoder_and_its_head_only(tiny):
         for _ in range(50):  # the head on states that are no output of the decoder: not timed
             tiny.model.get_output_embeddings()(other)
     assert fed.forward_s == 0.0 and fed.tokens == 0
+
+
+def test_timeline_host_is_the_step_time_neither_span_covers():
+    from specbench.report.timeline import host_gaps, totals
+
+    sd = {"mode": "sd", "t0": 0.0, "t1": 1.0, "draft": [0.1, 0.4], "target": [0.5, 0.9], "emitted": 2, "sampled": 1}
+    assert [x for gap in host_gaps(sd) for x in gap] == pytest.approx([0.0, 0.1, 0.4, 0.1, 0.9, 0.1])
+    pearl = {**sd, "mode": "pre", "draft": [0.0, 0.6], "target": [0.2, 1.0]}  # overlapping: no host left
+    assert host_gaps(pearl) == []
+    both = totals([sd, pearl])
+    assert both["host_s"] == pytest.approx(0.3)

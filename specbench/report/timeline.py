@@ -11,6 +11,8 @@ timeline.jsonl through run/results.append_timeline):
 
 Definitions used in reports:
   target idle  = step time - target busy;  drafter idle = step time - drafter busy;  mutual waiting = their sum
+  host         = step time - (drafter busy + target busy - overlap): the step's time neither span covers
+                 (acceptance, cache updates, host syncs between the spans; issue 44's host overhead, per step)
   mean accepted tokens (PEARL §4.4.2) = emitted tokens / target-sampled tokens: the tokens of one drafting run,
   from one target-sampled token to the next, whatever the number of consecutive post-verify rounds it spans
   (for sd it equals tau).
@@ -49,7 +51,25 @@ def totals(steps: list[dict]) -> dict:
     return {"steps": len(steps), "step_s": wall, "draft_busy_s": draft, "target_busy_s": target,
             "target_idle_s": wall - target, "draft_idle_s": wall - draft,
             "mutual_wait_s": (wall - target) + (wall - draft), "overlap_s": overlap,
+            "host_s": sum(host_gaps_s(s) for s in steps),
             "mean_accepted_tokens": emitted / runs if runs else float("nan")}
+
+
+def host_gaps(step: dict) -> list[tuple[float, float]]:
+    """The (start, length) stretches of a step that neither the drafter's nor the target's span covers: host work."""
+    spans = sorted(tuple(sp) for sp in (step["draft"], step["target"]) if sp)
+    gaps, at = [], step["t0"]
+    for start, end in spans:
+        if start > at:
+            gaps.append((at, start - at))
+        at = max(at, end)
+    if step["t1"] > at:
+        gaps.append((at, step["t1"] - at))
+    return gaps
+
+
+def host_gaps_s(step: dict) -> float:
+    return sum(length for _, length in host_gaps(step))
 
 
 def read(run_dir: Path) -> list[dict]:
@@ -82,6 +102,8 @@ def summarize(rows: list[dict]) -> pd.DataFrame:
                     "post_verify_share": round(g.post_steps.sum() / max(g.steps.sum(), 1), 3),
                     "draft_busy_s": round(g.draft_busy_s.sum(), 3), "target_busy_s": round(g.target_busy_s.sum(), 3),
                     "overlap_s": round(g.overlap_s.sum(), 3), "target_idle_s": round(g.target_idle_s.sum(), 3),
+                    "host_s": round(g.host_s.sum(), 3), "host_share": round(g.host_s.sum() / g.step_s.sum(), 3)
+                    if g.step_s.sum() > 0 else float("nan"),
                     "draft_idle_s": round(g.draft_idle_s.sum(), 3), "mutual_wait_s": round(g.mutual_wait_s.sum(), 3),
                     "mean_accepted_tokens": round(g.emitted.sum() / max(g.runs.sum(), 1), 3)})
     return pd.DataFrame(out)
@@ -94,15 +116,18 @@ def gantt(steps: list[dict], path: Path, title: str, seconds: float | None = 1.5
         seconds = None
     shown = [s for s in steps if seconds is None or s["t0"] < seconds]
     total = max((s["t1"] for s in steps), default=0.0)
-    fig, ax = plt.subplots(figsize=(11, 2.6))
+    fig, ax = plt.subplots(figsize=(11, 3.0))
     for s in shown:
         color = COLORS.get(s["mode"], "#999999")
         for row, span in ((1, s["draft"]), (0, s["target"])):
             if span:
                 ax.broken_barh([(span[0], span[1] - span[0])], (row - 0.35, 0.7), facecolors=color,
                                edgecolor="black", linewidth=0.3)
+        gaps = host_gaps(s)  # the host's share of the step (neither span): issue 44
+        if gaps:
+            ax.broken_barh(gaps, (-1.35, 0.7), facecolors="#dd8452", edgecolor="none")
         ax.axvline(s["t1"], color="#dddddd", linewidth=0.5, zorder=0)
-    ax.set_yticks([0, 1], ["target", "drafter"])
+    ax.set_yticks([-1, 0, 1], ["host", "target", "drafter"])
     ax.set_xlabel("seconds since the start of the generation")
     modes = [m for m in COLORS if any(s["mode"] == m for s in shown)]
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[m]) for m in modes]
@@ -164,7 +189,9 @@ def report_section(run_dir: Path, title: str = "", prompts: int | None = 1) -> l
     summary.to_csv(run_dir / "timeline_summary.csv", index=False)
     md = ["## Draft / target timeline", "", markdown_table(summary), "",
           "Seconds summed over all prompts. target idle = step time - target busy; drafter idle = step time - "
-          "drafter busy; mutual waiting = their sum; overlap = time both were busy at once. mean accepted tokens = "
+          "drafter busy; mutual waiting = their sum; overlap = time both were busy at once; host = step time "
+          "neither span covers (host overhead: acceptance, cache updates, syncs), host_share = host / step time "
+          "(the Gantt charts' bottom row). mean accepted tokens = "
           "emitted tokens / target-sampled tokens (PEARL §4.4.2; equals tau for sd).", ""]
     draw(run_dir, rows, prompts, title)
     md += [f"Gantt charts below: each method's **first prompt only** (its first turn, the first 1.5 s), as "
