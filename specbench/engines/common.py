@@ -82,6 +82,7 @@ class EngineTurn:
     order: int = -1  # position of this method among the methods run on this prompt
     turn: int = 0
     text: str = ""  # the decoded answer (a later turn's conversation carries it)
+    prompt_ids: list[int] = field(default_factory=list)  # what the engine was given (the lossless explanation)
 
 
 def serving_fields(token_times: list[float], wall_s: float, n_tokens: int) -> dict:
