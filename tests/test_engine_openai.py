@@ -180,7 +180,7 @@ class Fake(BaseHTTPRequestHandler):
         if self.hang:
             threading.Event().wait(3)
             return
-        if type(self).seen <= self.fail_first:
+        if type(self).seen <= self.fail_first or "12 + 30" in json.dumps(body["messages"]):
             self._json(500, {"error": {"message": "overloaded"}})
             return
         self.send_response(200)
@@ -292,3 +292,25 @@ def test_own_runs_fill_the_serving_columns_batched_rows_included(tmp_path, promp
     table = serving_table(records)
     assert set(table.batch_size) == {1, 2} and (table.output_throughput > 0).all()
     assert len(table) == len(records.groupby(["method", "batch_size", "batching"]))
+
+
+def test_open_loop_run_records_rows_and_lists_failed_requests(tmp_path, fake, prompts_file):
+    url, _ = fake()  # fails every request about "12 + 30" (the third prompt), whatever the tries
+    out = tmp_path / "run"
+    result = cli.invoke(app, ["run", "--engine", "openai", "--base-url", url, "--concurrency", "1",
+                              "--request-rate", "50", "--slo", "ttft=1000", "--dataset", str(prompts_file),
+                              "--limit", "3", "--max-new-tokens", "3", "--warmup", "0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "2 request(s) failed" in result.output  # the third prompt at each of the two levels
+    records = pd.read_csv(out / "records.csv")
+    assert set(records.method) == {"server"} and len(records) == 4  # 2 prompts x 2 levels; the failed ones left out
+    assert sorted(set(records.batching)) == ["-", "poisson@50"]
+    assert set(records.batch_size) == {0, 1}
+    serving = json.loads((out / "serving.json").read_text())
+    assert len(serving["failed"]) == 2 and all(f["tries"] == 3 and "HTTP 500" in f["error"] for f in serving["failed"])
+    assert serving["phases"][0]["acceptance"]["source"] == "llama.cpp timings"  # the fake's timings, summed
+    assert serving["phases"][0]["acceptance"]["drafted"] == 4  # 2 per request
+    report = (out / "report.md").read_text()
+    assert "### Failed requests: 2" in report and "goodput" in report
+    table = serving_table(records, serving["slo"], serving["failed"])
+    assert list(table.failed) == [1, 1] and (table.goodput > 0).all()
