@@ -98,6 +98,10 @@ def run(
     drafter_device_map: DrafterDeviceMap = None,
     drafter_max_memory: DrafterMaxMemory = None,
     tp: TensorParallel = 1,
+    compile: Annotated[bool, typer.Option("--compile", help="Batch-1 forwards of the target (and drafter) through "
+                       "torch.compile at static shapes: a preallocated KV cache, query widths bucketed; CUDA graphs "
+                       "on CUDA. Every shape compiles in warm-up; run.yaml's `compile:` block says how long.")]
+    = False,
     engine: Annotated[str, typer.Option(metavar="NAME", rich_help_panel=ENGINES, help="Who decodes: specbench (its "
                       "own PyTorch loop), llama.cpp (llama-cpp-python in process; --model FILE.gguf; pip install "
                       "'specbench\\[llamacpp]') or openai (an OpenAI-compatible server at --base-url).")]
@@ -161,7 +165,7 @@ def run(
         if batch_size else (1,), batching=batching, refill=refill, device_map=device_map, max_memory=max_memory,
         drafter_device_map=drafter_device_map, drafter_max_memory=drafter_max_memory, tp=tp,
         options=method_options, shard=Shard.parse(shard) if shard is not None else None,
-        engine=engine, engine_options={k: v for k, v in dict(
+        compile=compile, engine=engine, engine_options={k: v for k, v in dict(
             base_url=base_url, baseline_url=baseline_url, served_model=served_model, api_key_env=api_key_env,
             concurrency=concurrency, request_rate=request_rate, slo=slo, timeout=timeout).items() if v is not None})
     if shards is not None:

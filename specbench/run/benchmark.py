@@ -18,6 +18,7 @@ from rich.markup import escape
 from ..methods.sd.drafter import resolve_drafter
 from ..core.model import tensor_parallel as tp
 from ..core.machine import memory
+from ..core.model import compile as compile_run
 from ..core.model.load import load_model
 from ..data import datasets as ds
 from ..core.store import RunFolder
@@ -41,6 +42,8 @@ def run(cfg: RunConfig) -> Path:
 
         return run_engine(cfg)
     cfg = validate(cfg)
+    if cfg.compile:
+        compile_run.check(cfg)
     loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
               for name in cfg.datasets]
     if cfg.shard:
@@ -62,6 +65,7 @@ def run(cfg: RunConfig) -> Path:
             if cfg.drafter else None
         tp.watch_ranks()  # --tp: the other ranks are this run's siblings, not foreign load
         runner = Runner(cfg, target, drafter)
+        compiled = compile_run.enable_run(cfg, runner, loaded, drafter) if cfg.compile else {}
         tp.same_on_every_rank({label: {b: t["digest"] for b, t in trees.items()}
                                for label, trees in resolved_trees(runner.methods).items()}, "the trees resolved")
         chosen = runner.chosen()
@@ -95,6 +99,9 @@ def run(cfg: RunConfig) -> Path:
         runner.warm_up(loaded[0].prompts)
         if batch_work:
             runner.warm_up_batches(loaded[0].prompts, labels, sorted({w.job.batch_size for w in batch_work}))
+        if compiled:  # every bucket compiled now, before any timed turn; run.yaml's `compile:` block
+            compile_run.finish_run_warm_up(compiled)
+            tp.on_writer(lambda: compile_run.record(RunFolder(out).meta, compiled))
         with progress_bar() as bar:
             task = bar.add_task("decoding", total=to_go, info="")
             for work in prompt_work:
@@ -123,6 +130,8 @@ def run(cfg: RunConfig) -> Path:
         kept = sum(1 for _ in open(RunFolder(out).records)) - 1
         raise Interrupted(out, kept) from None
     writer.close()
+    if compiled:  # eager steps the timed turns took (widths no bucket held)
+        tp.on_writer(lambda: compile_run.record(RunFolder(out).meta, compiled))
     mark_complete(out)
     return out
 

@@ -49,6 +49,8 @@ class RunConfig:
     # who decodes (issue 42; specbench/engines/): "specbench" (this package's loop), "llama.cpp", "openai"
     engine: str = "specbench"
     engine_options: dict = field(default_factory=dict)  # the engine's own settings (base_url, concurrency, ...)
+    # --compile (issue 44; core/model/compile.py): batch-1 forwards through torch.compile at static shapes
+    compile: bool = False
 
     @property
     def sampling(self) -> Sampling:

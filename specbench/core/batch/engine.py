@@ -5,6 +5,7 @@ through slots of one engine: newcomers join with their prompt, active samples fe
 plus drafts, or a tree with its mask and positions), rejected entries leave by truncate / keep_offsets, a finished
 sample is released. Three engines implement it:
 - `single` (single.py): one sample over the model's own DynamicCache: batch 1, as fast as a plain decode loop;
+  under `--compile` (a model with a core/model/compile.Compiled state) static.py's, over a static cache, compiled;
 - `unpadded` (ragged.py): EMS-SD's unpad KV cache and unpad input tokens;
 - `padded` (padded.py): the vanilla padded batch EMS-SD compares against.
 """
@@ -61,6 +62,11 @@ def engine(model, mode: str, slots: int, device: torch.device) -> BatchEngine:
     if mode == "single":
         if slots != 1:
             raise ValueError(f"the single-sequence engine holds one sample, not {slots}")
+        compiled = getattr(model, "specbench_compiled", None)  # --compile: core/model/compile.py
+        if compiled is not None:
+            from .static import StaticSequence
+
+            return StaticSequence(model, compiled)
         return SingleSequence(model)
     if mode == "unpadded":
         return RaggedBatch(model, slots)

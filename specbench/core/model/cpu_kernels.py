@@ -42,7 +42,9 @@ def available() -> bool:
 
 
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.float32 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+    # traced by torch.compile (--compile: core/model/compile.py): the plain op, which inductor packs itself (freezing)
+    if x.dtype != torch.float32 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)) \
+            or torch.compiler.is_compiling():
         return F.linear(x, self.weight, self.bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._specbench_packed, self.bias, "none", [], "")
 

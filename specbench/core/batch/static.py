@@ -1,0 +1,243 @@
+"""Batch 1's engine under `--compile` (issue 44): the batch engine protocol (engine.py) for one sample over a
+preallocated KV cache written in place, with every decode forward at a static shape so that torch.compile compiles
+each shape once (and, on CUDA, records it once as a CUDA graph: core/model/compile.py).
+
+What is static, as gpt-fast makes it:
+- the KV cache: per decoder layer one key and one value tensor [1, kv_heads, capacity, head_dim], allocated at the
+  first forward and never reallocated (their addresses are fixed: torch._dynamo.mark_static_address, so a CUDA graph
+  may write them in place). A forward writes its w new entries at positions `write_at` [w] (index_copy_) and attends
+  over all `capacity` keys under a mask; dropping rejected drafts is a change of the Python length, nothing moves.
+- the query width: a segment of w tokens runs at the smallest bucket >= w (compile.py's buckets: powers of two up to
+  the run's longest draft, and the exact tree widths the run uses), padded with rows no real row can see (they come
+  after the real rows, write beyond the new length, and see keys 0..their own write position, so their outputs are
+  finite and later steps mask them as stale).
+- the mask: a plain segment (ar, pld, sd: tokens appended causally) is causal, built inside the graph from
+  `write_at` (key k visible to row r iff k <= write_at[r]); a segment with its own mask (a tree) brings the single
+  engine's visibility (Segment.visible) padded to [bucket, capacity] as a bool input.
+The prompt (a newcomer's prefill, any length) runs the same step eagerly, uncompiled, into the same cache. So does a
+segment the compile state does not compile (a width with no bucket after warm-up, or a method whose `around` hooks
+the forward: Hidden Transfer), counted as an eager step.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from ...errors import SpecbenchError
+from ..model.placement import input_device
+from .forward import target_logits, with_cache
+from .ragged import Segment, packed_embeddings
+
+
+class StaticKV:
+    """Per-layer key / value tensors [1, kv_heads, capacity, head_dim] at fixed addresses, and the sample's length."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.length = 0  # entries the sample holds: positions 0..length-1 (later entries are stale)
+
+    def allocate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """The layer's tensors, shaped like its new keys / values [1, kv_heads, ., head_dim] (first forward only)."""
+        while len(self.keys) <= layer:
+            self.keys.append(None)
+            self.values.append(None)
+        if self.keys[layer] is None:
+            for store, like in ((self.keys, key), (self.values, value)):
+                t = like.new_zeros(1, like.shape[1], self.capacity, like.shape[-1])
+                torch._dynamo.mark_static_address(t)  # a CUDA graph writes it in place: its address must not move
+                store[layer] = t
+
+    def keep_offsets(self, start: int, offsets: list[int]) -> None:
+        """Tree compaction: of the entries from `start`, keep those at `offsets` (the accepted path), moved to
+        start, start+1, ... (in place: the addresses stay)."""
+        if offsets != list(range(len(offsets))):
+            index = torch.tensor(offsets, dtype=torch.long) + start
+            for store in (*self.keys, *self.values):
+                store[:, :, start:start + len(offsets)] = store[:, :, index.to(store.device)]
+        self.length = start + len(offsets)
+
+
+class _Writer:
+    """The cache a transformers decoder sees during one static forward: each layer's new keys / values [1, kv, w, d]
+    go to positions `write_at` [w] of the layer's preallocated tensors, and attention reads all `capacity` keys."""
+
+    def __init__(self, kv: StaticKV, write_at: torch.Tensor):
+        self.kv, self.write_at = kv, write_at
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if len(self.kv.keys) <= layer_idx or self.kv.keys[layer_idx] is None:
+            self.kv.allocate(layer_idx, key, value)
+        keys, values = self.kv.keys[layer_idx], self.kv.values[layer_idx]
+        keys.index_copy_(2, self.write_at, key)
+        values.index_copy_(2, self.write_at, value)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.kv.length
+
+
+def step(model, kv: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, write_at: torch.Tensor,
+         allowed: torch.Tensor | None, embeds: bool, hidden: bool) -> torch.Tensor:
+    """One forward at a static shape (what compile.py compiles; the prefill and eager steps call it as is).
+    inputs: token ids [1, w] or embeddings [1, w, H] (`embeds`); positions [1, w] (rotary); write_at [w] (cache
+    rows); allowed: [w, capacity] bool (True = may attend), or None for causal over the cache (key k visible to row r
+    iff k <= write_at[r]). Returns the decoder's normed hidden states [w, H] (`hidden`) or the target's logits
+    [w, V] (float)."""
+    keys = torch.arange(kv.capacity, device=write_at.device)
+    if allowed is None:
+        allowed = keys[None, :] <= write_at[:, None]  # [w, capacity]
+    dtype = model.get_input_embeddings().weight.dtype
+    # additive, as core/tree.additive makes it for the single engine: 0 where visible, the dtype's min elsewhere
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)[None, None]  # [1, 1, w, capacity]
+    embedded = inputs if embeds else model.get_input_embeddings()(inputs)  # [1, w, H]
+    out = model.get_decoder()(inputs_embeds=embedded, attention_mask=mask, position_ids=positions,
+                              **with_cache(_Writer(kv, write_at)), use_cache=True)
+    h = out.last_hidden_state[0]  # [w, H]
+    return h if hidden else target_logits(model, h)
+
+
+class StaticSequence:
+    """One slot over a compile state's static cache (core/model/compile.Compiled: the cache, the compiled step)."""
+
+    def __init__(self, model, state):
+        self.model, self.state = model, state
+        self.device = input_device(model)
+        self.rows: list[int] = []
+        self.target_tokens: dict[int, int] = {}
+        self.padding_tokens: dict[int, int] = {}
+
+    @property
+    def lengths(self) -> dict[int, int]:
+        return {slot: self.state.kv.length for slot in self.rows}
+
+    def kv_padding(self, slot: int) -> int:
+        return 0
+
+    def forward(self, joining: list[Segment], segments: list[Segment], hidden: bool = False, around=None
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        if len(joining) + len(segments) > 1:
+            raise SpecbenchError("the static (--compile) engine decodes one sample at a time")
+        if not joining and not segments:
+            return [], []
+        for s in joining:  # a newcomer: the cache's earlier sample is stale from here
+            self.state.kv.length = 0
+            self.rows = [s.slot]
+            self.target_tokens[s.slot] = self.padding_tokens[s.slot] = 0
+        seg = (joining or segments)[0]
+        out, fed = self._run(seg, hidden, around, prefill=bool(joining))
+        self.target_tokens[seg.slot] += fed
+        self.padding_tokens[seg.slot] += fed - seg.width
+        return ([out], []) if joining else ([], [out])
+
+    def _run(self, seg: Segment, hidden: bool, around, prefill: bool) -> tuple[torch.Tensor, int]:
+        """The segment's outputs [keep or w, .] and the rows fed (its bucket: padding included)."""
+        state, device, w = self.state, self.device, seg.width
+        past = state.kv.length
+        keep = seg.keep or w
+        context = around([seg], [torch.arange(w, device=device)]) if around else nullcontext()
+        hooked = not isinstance(context, nullcontext)  # a hook around the forward (Hidden Transfer): never compiled
+        kind = (seg.embeds is not None, seg.mask is not None, hidden)
+        bucket = None if prefill or hooked else state.bucket(w, kind)  # None: an eager step at the exact width
+        if hooked and state.frozen:
+            state.eager_steps += 1
+        width = bucket or w
+        state.make_room(past + width)
+        pad = width - w
+        tokens_in = seg.embeds is None
+        if tokens_in:
+            inputs = torch.tensor([seg.tokens + [0] * pad], device=device)  # [1, width]
+        else:
+            e = packed_embeddings(self.model, [seg], device)  # [1, w, H]
+            inputs = torch.cat([e, e.new_zeros(1, pad, e.shape[-1])], 1) if pad else e
+        own = seg.positions if seg.positions is not None else list(range(past, past + w))
+        positions = torch.tensor([own + list(range(past + w, past + width))], device=device)  # [1, width]
+        write_at = torch.arange(past, past + width, device=device)  # [width]
+        allowed = None
+        if seg.mask is not None:  # the single engine's visibility, padded to [width, capacity]
+            grid = torch.zeros(width, state.kv.capacity, dtype=torch.bool)
+            grid[:w, :past + w] = seg.visible(past)
+            for r in range(w, width):  # padding rows: keys 0..their own write position (finite, never seen)
+                grid[r, :past + r + 1] = True
+            allowed = grid.to(device)
+        with context:
+            if bucket is None:
+                out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=hidden,
+                                 compiled=False)[w - keep:w]
+            else:  # the model's hooks run around the graph, not in it (_Hooks)
+                hooks = _Hooks(self.model)
+                hooks.before(inputs)
+                with hooks.stripped():
+                    out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=hidden,
+                                     compiled=True)
+                out = out[w - keep:w].clone()  # a CUDA graph's output buffer is rewritten by its next replay
+                hooks.after(out)
+        state.kv.length = past + w
+        return out, width
+
+    def truncate(self, slot: int, length: int) -> None:
+        if not 0 <= length <= self.state.kv.length:
+            raise ValueError(f"slot {slot}: cannot keep {length} of {self.state.kv.length} entries")
+        self.state.kv.length = length
+
+    def keep_offsets(self, slot: int, start: int, offsets: list[int]) -> None:
+        self.state.kv.keep_offsets(start, offsets)
+
+    def release(self, slot: int) -> None:
+        self.rows.remove(slot)
+
+
+
+class _Hooks:
+    """Forward hooks on the decoder, its first layer and the LM head (the runner's token counter and forward clock:
+    core/batch/forward.count_fed_tokens) run around a compiled call as around an eager forward: a graph must not
+    trace them (they change every turn, and a clock reads the host's time), so they are taken off the modules for
+    the call and replayed: the decoder's and the first layer's pre-hooks before, on the inputs (the layer's on a
+    meta tensor [1, width, 0]: its shape only), the decoder's post-hooks after, on the returned rows (a later head
+    call on them is then the target's forward, as the single engine's view of the decoder's output is). A hook that
+    reads values inside the forward (Hidden Transfer's) comes with `around` and runs eagerly instead."""
+
+    def __init__(self, model):
+        decoder = model.get_decoder()
+        layers = getattr(decoder, "layers", None) or []
+        self.decoder, self.first = decoder, (layers[0] if len(layers) else None)
+        self.modules = [m for m in (decoder, *layers, model.get_output_embeddings()) if m is not None]
+
+    def before(self, inputs: torch.Tensor) -> None:
+        width = inputs.shape[1]
+        for module, args in ((self.decoder, (inputs,)), (self.first, (torch.empty(1, width, 0, device="meta"),))):
+            if module is None:
+                continue
+            for key, hook in list(module._forward_pre_hooks.items()):
+                if key in module._forward_pre_hooks_with_kwargs:
+                    hook(module, args, {})
+                else:
+                    hook(module, args)
+
+    def after(self, out: torch.Tensor) -> None:
+        module = self.decoder
+        for key, hook in list(module._forward_hooks.items()):
+            if key in module._forward_hooks_with_kwargs:
+                hook(module, (), {}, out)
+            else:
+                hook(module, (), out)
+
+    @contextmanager
+    def stripped(self):
+        names = ("_forward_pre_hooks", "_forward_hooks")
+        saved = [(m, [getattr(m, n) for n in names]) for m in self.modules
+                 if any(getattr(m, n) for n in names)]
+        for m, _ in saved:
+            for n in names:
+                setattr(m, n, OrderedDict())
+        try:
+            yield
+        finally:
+            for m, dicts in saved:
+                for n, d in zip(names, dicts):
+                    setattr(m, n, d)

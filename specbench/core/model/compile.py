@@ -1,0 +1,267 @@
+"""`--compile` (issue 44): a model's batch-1 forwards through torch.compile at static shapes, compiled in warm-up.
+
+A Compiled state is attached to a model (`enable`); from then on the batch-1 engine of that model is the static
+engine (core/batch/static.py), which runs every decode forward through one compiled function at a bucketed query
+width over a preallocated KV cache. On CUDA the function is compiled with mode="reduce-overhead": each shape is
+recorded once as a CUDA graph and replayed (one launch a forward instead of hundreds); on a CPU, inductor's C++
+kernels (there are no graphs to replay).
+
+Buckets (query widths): powers of two up to the longest chain the run drafts (pld's --pld-draft-tokens + 1, sd's
+gamma + 1: `declare`), and, as warm-up meets them, the exact widths no bucket holds (a tree's verify width is fixed
+by its tree: the tree sizes the run uses). A width runs at the smallest bucket that holds it.
+
+When compiling happens: the run's warm-up (run/runner.warm_up) meets the shapes its methods use and compiles them;
+`finish_warm_up` then compiles every bucket (and every kind of input the warm-up met) it has not met yet, and
+freezes the state: from then on nothing compiles. A timed turn that meets a width no bucket holds runs that forward
+eagerly (uncompiled) and counts it (`eager_steps` in run.yaml's `compile:` block). Compile time is the time of each
+shape's first call (compile, plus one forward), reported per shape in run.yaml and never inside a timed turn.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from ..batch.static import StaticKV, step
+from ..model.placement import input_device
+
+ATTRIBUTE = "specbench_compiled"  # the model attribute holding its Compiled state (core/batch/engine.py reads it)
+ROUND = 128  # the cache's capacity is a multiple of this
+
+
+def settings(device: torch.device) -> dict:
+    """torch.compile's arguments on this device: CUDA graphs on CUDA (gpt-fast's "reduce-overhead"), inductor's
+    default elsewhere. Shapes are static (dynamic=False): one graph per bucket, never a symbolic one."""
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    return {"backend": "inductor", "mode": mode, "dynamic": False, "fullgraph": True}
+
+
+class Compiled:
+    """One model's static cache, its compiled step, its buckets and what compiling them cost."""
+
+    def __init__(self, model, capacity: int):
+        self.model = model
+        self.device = input_device(model)
+        self.kv = StaticKV(_round(capacity))
+        self.settings = settings(self.device)
+        kw = dict(self.settings)
+        if kw["mode"] == "default":
+            kw.pop("mode")
+        self.fn = torch.compile(step, **kw)
+        self.chain: list[int] = [1]  # the declared buckets (powers of two) of every unmasked kind of input
+        # kind of input (embeds, masked, hidden) -> its buckets: the chain's for an unmasked kind, else the exact
+        # widths warm-up met (a tree's)
+        self.buckets: dict[tuple[bool, bool, bool], list[int]] = {}
+        self.frozen = False
+        self.shapes: dict[tuple, float] = {}  # (width, embeds, masked, hidden) -> seconds of its first call
+        self.eager_steps = 0  # decode forwards run uncompiled after warm-up (a width no bucket holds)
+        self.grown: list[int] = []  # capacities the cache grew to after warm-up (each a recompile)
+
+    def declare(self, width: int) -> None:
+        """A method drafts chains up to `width` tokens (with the last emitted one): every power of two up to the
+        first one holding it is a bucket."""
+        top = 1 << max(0, math.ceil(math.log2(max(1, width))))
+        self.chain = sorted(set(self.chain) | {1 << i for i in range(top.bit_length())})
+        for kind, sizes in self.buckets.items():
+            if not kind[1]:
+                self.buckets[kind] = sorted(set(sizes) | set(self.chain))
+
+    def bucket(self, width: int, kind: tuple[bool, bool, bool]) -> int | None:
+        """The query width a segment of `width` tokens of `kind` (embeds, masked, hidden) runs at: the smallest of
+        the kind's buckets >= width; in warm-up a width none holds becomes one (a tree's width); after warm-up,
+        None (run eagerly)."""
+        sizes = self.buckets.get(kind)
+        if sizes is None:
+            if self.frozen:  # a kind of input warm-up never met: nothing compiled for it
+                self.eager_steps += 1
+                return None
+            sizes = self.buckets[kind] = [] if kind[1] else list(self.chain)
+        fits = [b for b in sizes if b >= width]
+        if fits:
+            return fits[0]
+        if self.frozen:
+            self.eager_steps += 1
+            return None
+        sizes.append(width)
+        sizes.sort()
+        return width
+
+    def make_room(self, need: int) -> None:
+        """Entries the next forward writes up to (exclusive); beyond the capacity the cache is reallocated at twice
+        the size (new addresses: every shape compiles again, so capacity is sized up front: `capacity_for`)."""
+        if need <= self.kv.capacity:
+            return
+        old = self.kv
+        self.kv = StaticKV(_round(max(need, 2 * old.capacity)))
+        for layer, (k, v) in enumerate(zip(old.keys, old.values)):
+            self.kv.allocate(layer, k, v)
+            self.kv.keys[layer][:, :, :old.capacity] = k
+            self.kv.values[layer][:, :, :old.capacity] = v
+        self.kv.length = old.length
+        if self.frozen:
+            self.grown.append(self.kv.capacity)
+            from ...progress import console
+
+            console.print(f"[yellow]warning[/] --compile: a context longer than the static cache's {old.capacity} "
+                          f"entries; grown to {self.kv.capacity} (its shapes compile again, inside a timed turn)")
+
+    def call(self, inputs, positions, write_at, allowed, embeds: bool, hidden: bool, compiled: bool) -> torch.Tensor:
+        """The static step, compiled or eager; a compiled shape's first call is timed as its compile time."""
+        if not compiled:
+            return step(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
+        key = (inputs.shape[1], embeds, allowed is not None, hidden)
+        first = key not in self.shapes
+        if first:
+            _sync(self.device)
+            t0 = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed (cloned)
+        if self.frozen:  # nothing compiles after warm-up: a shape that would recompile runs eagerly, counted
+            try:
+                with torch._dynamo.config.patch(error_on_recompile=True):
+                    out = self.fn(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
+            except torch._dynamo.exc.RecompileError:
+                self.eager_steps += 1
+                return step(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
+        else:
+            out = self.fn(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
+        if first:
+            _sync(self.device)
+            self.shapes[key] = time.perf_counter() - t0
+        return out
+
+    @torch.inference_mode()  # as every decode runs: a graph compiled outside it would compile again inside
+    def finish_warm_up(self) -> None:
+        """Compile every bucket at every kind of input the warm-up met that it has not compiled yet (a dummy forward
+        each, into the cache's stale rows: the next sample's prefill starts it afresh), then freeze."""
+        if not self.kv.keys:  # nothing ran (no warm-up): the cache's layers are unknown; shapes compile at first use
+            self.frozen = True
+            return
+        hidden_size = self.model.get_input_embeddings().weight.shape[1]
+        dtype = self.model.get_input_embeddings().weight.dtype
+        for (embeds, masked, hidden), sizes in sorted(self.buckets.items()):
+            for width in sizes:
+                if (width, embeds, masked, hidden) in self.shapes:
+                    continue
+                inputs = (torch.zeros(1, width, hidden_size, dtype=dtype, device=self.device) if embeds
+                          else torch.zeros(1, width, dtype=torch.long, device=self.device))
+                at = torch.arange(width, device=self.device)
+                allowed = (at[None, :].new_ones(width, self.kv.capacity, dtype=torch.bool).tril()
+                           if masked else None)
+                self.call(inputs, at[None], at, allowed, embeds, hidden, compiled=True)
+        self.kv.length = 0
+        self.frozen = True
+
+    def report(self) -> dict:
+        """run.yaml's `compile:` block: the settings, the cache, every compiled shape's seconds, what ran eagerly."""
+        return {"backend": self.settings["backend"], "mode": self.settings["mode"], "device": str(self.device),
+                "capacity": self.kv.capacity, "buckets": sorted({b for s in self.buckets.values() for b in s}),
+                "shapes": [{"width": w, "inputs": "embeddings" if e else "tokens", "mask": "tree" if m else "causal",
+                            "output": "hidden" if h else "logits", "seconds": round(s, 3)}
+                           for (w, e, m, h), s in sorted(self.shapes.items())],
+                "seconds": round(sum(self.shapes.values()), 3), "eager_steps": self.eager_steps,
+                **({"grown_to": self.grown} if self.grown else {})}
+
+
+def enable(model, capacity: int) -> Compiled:
+    """Attach a Compiled state to `model` (its batch-1 engine becomes the static one); returns it."""
+    # one graph per bucket and kind of input: more than dynamo's default of 8 recompilations a function
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+    torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 1024)
+    state = Compiled(model, capacity)
+    setattr(model, ATTRIBUTE, state)
+    return state
+
+
+def disable(model) -> None:
+    if hasattr(model, ATTRIBUTE):
+        delattr(model, ATTRIBUTE)
+
+
+def state_of(model) -> Compiled | None:
+    return getattr(model, ATTRIBUTE, None)
+
+
+def declared_width(method) -> int:
+    """The longest chain a method verifies in one forward (its drafts + the last emitted token), where it says so:
+    pld's draft tokens, sd's gamma; 1 otherwise (a tree method's width joins the buckets when warm-up meets it)."""
+    options = getattr(method, "options", None)
+    draft = getattr(options, "pld_draft_tokens", None) or getattr(method, "gamma", None) or 0
+    return int(draft) + 1
+
+
+def _round(n: int) -> int:
+    return max(ROUND, -(-n // ROUND) * ROUND)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# A run under --compile (run/benchmark.py): enable before warm-up, finish after it, report in run.yaml.
+
+def check(cfg) -> None:
+    """Refuse what --compile cannot run, before any model loads."""
+    from ...errors import SpecbenchError
+
+    if cfg.engine != "specbench":
+        raise SpecbenchError(f"--compile compiles specbench's own loop, not --engine {cfg.engine}: leave one out")
+    if cfg.tp > 1 or cfg.device_map:
+        raise SpecbenchError("--compile runs a model on one device: leave out --tp / --device-map, or --compile")
+    if cfg.warmup < 1:
+        raise SpecbenchError("--compile compiles every shape in warm-up: use --warmup 1 or more (got "
+                             f"{cfg.warmup}), else compile time would land in timed turns")
+
+
+def capacity_for(runner, loaded, max_new_tokens: int) -> int:
+    """Entries the static cache holds: the longest rendered prompt of the run (every turn's question, earlier
+    answers counted at --max-new-tokens each), clipped to the context as the runner clips it, plus every turn's new
+    tokens and room for one tree's width. Attention reads all of them every forward, so it is sized to the run, not
+    the model's context."""
+    from ...data import datasets as ds
+
+    target = runner.target
+    longest, turns = 0, 1
+    for dataset in loaded:
+        for p in dataset.prompts:
+            n = len(p.turns)
+            ids = target.tokenizer.render(ds.conversation(p, n - 1, [""] * (n - 1)))
+            longest, turns = max(longest, len(ids) + (n - 1) * max_new_tokens), max(turns, n)
+    room = max(16, target.context_length - max_new_tokens)
+    return min(longest, room + (turns - 1) * max_new_tokens) + max_new_tokens + 64
+
+
+def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
+    """--compile: the target's (and the drafter's) static state, with the buckets the methods declare."""
+    capacity = capacity_for(runner, loaded, cfg.max_new_tokens)
+    states = {"target": enable(runner.target.model, capacity)}
+    if drafter is not None and hasattr(drafter.model, "config"):
+        states["drafter"] = enable(drafter.model, capacity)
+    for method in runner.methods.values():
+        for state in states.values():
+            state.declare(declared_width(method))
+    return states
+
+
+def finish_run_warm_up(states: dict[str, Compiled]) -> None:
+    from ...progress import console
+
+    with console.status("Compiling the remaining shapes (not timed)"):
+        for state in states.values():
+            state.finish_warm_up()
+    for role, state in states.items():
+        r = state.report()
+        console.print(f"[dim]--compile {role}: {len(r['shapes'])} shapes compiled in {r['seconds']:.1f} s "
+                      f"(buckets {r['buckets']}, cache {r['capacity']} entries; not timed)[/]")
+
+
+def record(meta_path, states: dict[str, Compiled]) -> None:
+    """run.yaml's `compile:` block (per model: settings, cache, seconds per shape, eager steps), rewritten in place."""
+    import yaml
+
+    meta = yaml.safe_load(meta_path.read_text()) or {}
+    meta["compile"] = {role: state.report() for role, state in states.items()}
+    meta_path.write_text(yaml.safe_dump(meta, sort_keys=False))
