@@ -197,7 +197,7 @@ def _batch_numbers(g: pd.DataFrame) -> dict:
                               "tau_sample_mean"), math.nan)
     target = pd.to_numeric(g.target_tokens, errors="coerce").sum()
     padding = pd.to_numeric(g.get("padding_tokens", 0), errors="coerce").sum()
-    tau = g.new_tokens / g.target_forwards.clip(lower=1)
+    tau = g.new_tokens / g.target_forwards.where(g.target_forwards > 0)  # NaN where unknown (a server's rows)
     batch = g["batch_id"].astype(str) if "batch_id" in g else g.prompt_id.astype(str)
     batch = batch.where(~batch.isin(["", "nan"]), g.prompt_id.astype(str) + "/" + g.turn.astype(str))
     return {"target_tokens": int(target), "padding_tokens": int(padding),
