@@ -1,0 +1,151 @@
+"""--engine llama.cpp on the embedded GGUF (llama-cpp-python in process): records with the engine column, tau from
+the engine's own hooks (exact on a draft whose answer is known), the lossless check, and the error paths."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.errors import SpecbenchError
+from specbench.run.config import RunConfig
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install "
+                                "'specbench[llamacpp]'; `make test` installs it)")
+
+from specbench.engines import llama_cpp as engine  # noqa: E402  (needs llama_cpp importable for its hooks)
+from specbench.engines.common import check_methods, load_work  # noqa: E402
+
+# 1 thread: llama.cpp's OpenMP threads spin at their barriers, and on a loaded 2-core runner 2 threads crawl
+QUICK = dict(max_new_tokens=24, threads=1, warmup=0, engine="llama.cpp", model="smollm2-135m")
+REPEATS = "Repeat this line exactly three times: alpha beta gamma delta, alpha beta gamma delta."
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "repeat.jsonl"
+    rows = [{"id": "repeat", "prompt": REPEATS}, {"id": "count", "prompt": "Count from 1 to 20, comma separated."}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_ar_and_pld_records(prompts, tmp_path):
+    """Both methods' rows carry engine=llama.cpp and the serving columns; ar evaluates once per token (tau 1),
+    prompt lookup verifies drafts (tau > 1 on a prompt that repeats itself); pld is checked against ar."""
+    from specbench.run.benchmark import run
+
+    out = run(RunConfig(methods=("ar", "pld"), datasets=(str(prompts),), out=tmp_path / "run", **QUICK))
+    records = pd.read_csv(out / "records.csv", keep_default_na=False, dtype={"lossless": str})
+    assert len(records) == 4 and set(records.engine) == {"llama.cpp"} and set(records.dtype) == {"Q4_1"}
+    ar, pld = records[records.method == "ar"], records[records.method == "pld"]
+    assert (ar.target_forwards == ar.new_tokens).all() and (ar.tau == 1.0).all() and (ar.drafted == 0).all()
+    repeat = pld[pld.prompt_id == "repeat"].iloc[0]
+    assert repeat.tau > 1 and repeat.accepted_drafts > 0 and repeat.drafted >= repeat.accepted_drafts
+    assert repeat.target_forwards + repeat.accepted_drafts >= repeat.new_tokens  # each forward adds <= 1 own token
+    assert all(v == "match" or v.startswith("mismatch@") for v in pld.lossless) and set(ar.lossless) == {""}
+    assert (records.ttft_s.astype(float) > 0).all() and (records.ttft_s.astype(float) < records.wall_s).all()
+    assert (records.itl_p50_ms.astype(float) >= 0).all() and (records.forward_s.astype(float) > 0).all()
+    meta = yaml.safe_load((out / "run.yaml").read_text())
+    assert meta["engine"]["name"] == "llama.cpp" and meta["engine"]["version"] == llama_cpp.__version__
+    assert meta["chosen"]["pld"] == {"engine": "LlamaPromptLookupDecoding", "max_ngram_size": 3, "num_pred_tokens": 10}
+    assert meta["complete"] is True
+    tokens = [json.loads(line) for line in (out / "tokens.jsonl").read_text().splitlines()]
+    assert len(tokens) == 4 and all(len(t["tokens"]) == n for t, n in zip(tokens, records.new_tokens))
+
+
+class Oracle(llama_cpp.llama_speculative.LlamaDraftModel):
+    """Proposes the next k tokens of a known answer (what ar emitted), wherever the sequence is."""
+
+    def __init__(self, prompt_len: int, answer: list[int], k: int):
+        self.prompt_len, self.answer, self.k = prompt_len, answer, k
+
+    def __call__(self, input_ids, /, **kwargs):
+        done = len(input_ids) - self.prompt_len  # tokens emitted so far
+        return np.asarray(self.answer[done:done + self.k], dtype=np.intc)
+
+
+def expected(n: int, k: int) -> tuple[int, int, int]:
+    """(target forwards, drafted, accepted) of n tokens with an always-right k-token draft that stops at the answer's
+    end: the prefill emits token 1; each verification takes min(k, tokens left) drafts and adds one of its own."""
+    forwards, drafted, emitted = 1, 0, 1
+    while emitted < n:
+        d = min(k, n - emitted)
+        forwards, drafted, emitted = forwards + 1, drafted + d, emitted + d + 1
+    return forwards, drafted, drafted
+
+
+def test_counts_on_a_known_answer(prompts):
+    """The hooks count what the engine did: with a draft that proposes ar's own answer, every draft is accepted
+    and the forwards are exactly 1 + ceil((n - 1) / (k + 1))."""
+    from specbench.data import datasets as ds
+    from specbench.engines.llama_hooks import MeteredDraft
+
+    cfg = check_methods(RunConfig(methods=("ar", "pld"), datasets=(str(prompts),), **QUICK), engine.SUPPORTED,
+                        "llama.cpp")
+    loaded = load_work(cfg)
+    llm = engine.Engine(cfg, engine.gguf_file("smollm2-135m", "--model"), None, loaded)
+    prompt = loaded[0].prompts[1]  # counting: a deterministic answer
+    ids = llm.prompt_ids(ds.conversation(prompt, 0, []), prompt)
+    answer = llm.generate("ar", ids, 24).tokens
+    for k in (3, 5):
+        target = llm.llms["pld"]
+        target.draft_model = MeteredDraft(Oracle(len(ids), answer, k), target.meter)
+        turn = llm.generate("pld", ids, 24)
+        assert turn.tokens == answer  # the engine's verification kept ar's tokens on this prompt
+        assert (turn.target_forwards, turn.drafted, turn.accepted) == expected(len(answer), k)
+        assert turn.accepted_per_position == turn.drafted_per_position  # every position always accepted
+
+
+def test_lossless_gap_from_ars_logits(prompts):
+    """At a (forced) divergence the explanation replays ar's logits: ar's own token is their argmax, so the gap
+    against any other token is >= 0, and a wrong token far below is no near-tie."""
+    from specbench.data import datasets as ds
+
+    cfg = check_methods(RunConfig(methods=("ar",), datasets=(str(prompts),), **QUICK), ("ar",), "llama.cpp")
+    loaded = load_work(cfg)
+    llm = engine.Engine(cfg, engine.gguf_file("smollm2-135m", "--model"), None, loaded)
+    ids = llm.prompt_ids(ds.conversation(loaded[0].prompts[0], 0, []), loaded[0].prompts[0])
+    ar = llm.generate("ar", ids, 8).tokens
+    logits = llm.ar_logits(ids, ar, 5)
+    assert int(np.argmax(logits)) == ar[5]
+    worst = int(np.argmin(logits))
+    gap, verdict = engine.near_tie(logits, ar[5], worst, llm.layers)
+    assert gap > 1 and verdict == "unexplained"
+
+
+def test_errors_are_clear(prompts, tmp_path, monkeypatch):
+    from specbench.engines.llama_cpp import run
+
+    with pytest.raises(SpecbenchError, match="no such file"):
+        run(RunConfig(**{**QUICK, "model": str(tmp_path / "missing.gguf")}, out=tmp_path / "a"))
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    with pytest.raises(SpecbenchError, match="not a GGUF file"):
+        run(RunConfig(**{**QUICK, "model": str(text)}, out=tmp_path / "b"))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 64)
+    monkeypatch.setenv("SPECBENCH_LLAMA_EXTRA_BUFFERS", "0")  # no probe of a file that cannot load
+    with pytest.raises(SpecbenchError, match="llama.cpp could not load this GGUF"):
+        run(RunConfig(**{**QUICK, "model": str(broken)}, datasets=(str(prompts),), out=tmp_path / "c"))
+    with pytest.raises(SpecbenchError, match="runs ar, pld, sd"):
+        run(RunConfig(**QUICK, methods=("ar", "medusa"), out=tmp_path / "d"))
+    with pytest.raises(SpecbenchError, match="--draft-model SMALL.gguf"):
+        run(RunConfig(**QUICK, methods=("ar", "sd"), out=tmp_path / "e"))
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # the extra not installed: importing it fails
+    with pytest.raises(SpecbenchError, match=r"pip install 'specbench\[llamacpp\]'"):
+        run(RunConfig(**QUICK, out=tmp_path / "f"))
+    assert not any((tmp_path / x).exists() for x in "abcdef")  # nothing written
+
+
+def test_cli_refusal_is_one_error_line(tmp_path):
+    result = CliRunner().invoke(app, ["run", "--engine", "llama.cpp", "-m", "eagle", "--out", str(tmp_path / "x")])
+    assert result.exit_code != 0 and "error:" in result.output and "Traceback" not in result.output
+    assert "--engine llama.cpp runs ar, pld, sd" in " ".join(result.output.split())
+    assert math.isfinite(result.exit_code)
