@@ -205,17 +205,18 @@ def write_gguf(path, seed: int = 0, chat_template: str | None = None) -> None:
 
 @pytest.fixture
 def gguf_conversions(monkeypatch, tmp_path):
-    """Point the cache at a fresh folder; count the from_pretrained calls that read a GGUF (de-quantisations)."""
+    """Point the cache at a fresh folder; count the de-quantisations (gguf._dequantised calls, by file name)."""
+    from specbench.core.model import gguf
+
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     calls = []
-    original = AutoModelForCausalLM.from_pretrained.__func__
+    original = gguf._dequantised
 
-    def counting(cls, *args, **kwargs):
-        if kwargs.get("gguf_file"):
-            calls.append(kwargs["gguf_file"])
-        return original(cls, *args, **kwargs)
+    def counting(path, *args, **kwargs):
+        calls.append(path.name)
+        return original(path, *args, **kwargs)
 
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(counting))
+    monkeypatch.setattr(gguf, "_dequantised", counting)
     return calls
 
 

@@ -60,6 +60,8 @@ def make_command(cls: type) -> None:
     now), scores the held-out prompts where the command has --eval-prompts, and says what it wrote."""
 
     def command(**options: Any) -> None:
+        if options.get("dry_run"):
+            return dry_run_command(cls, options)
         path = importlib.import_module(cls.trainer).train(configured(cls, options))
         REPORTS[cls.command](path, options)
 
@@ -67,6 +69,22 @@ def make_command(cls: type) -> None:
     command.__name__ = "train_" + cls.command.replace("-", "_")
     command.__doc__ = cls.__doc__
     train_app.command(cls.command)(command)
+
+
+DRY_STEPS = 3  # a dry run's optimiser steps where --steps is left at the full recipe's default (settings.py)
+
+
+def dry_run_command(cls: type, options: dict[str, Any]) -> None:
+    """`train X --dry-run`: the recipe on random data (train/dry_run.py); --steps left at its default runs
+    DRY_STEPS, and the projection uses the default."""
+    from ..train.dry_run import report, run_dry
+
+    steps = options["steps"]
+    if steps == cli_options(cls)["steps"]["default"]:
+        steps = DRY_STEPS
+    cfg = configured(cls, options)
+    result = run_dry(cls, cfg, steps)
+    report(cls.command, cfg, result)
 
 
 # ------------------------------------------------------------------------------------- what each command says

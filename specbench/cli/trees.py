@@ -56,7 +56,10 @@ def profile(
         raise SpecbenchError(f"--threads must be at least 1 (got {threads}); leave it out for torch's choice")
     if threads:
         torch.set_num_threads(threads)
-    target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory, tp))
+    from ..core.model.memory_need import planned, profile_workload
+
+    with planned(profile_workload(width_list, kv_list, repeats, sizes)):  # what the fit check counts
+        target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory, tp))
     result = measure(target, width_list, kv_list, repeats, batch_sizes=sizes, batch_widths=row_widths)
     from ..core.model.tensor_parallel import is_writer
 

@@ -23,7 +23,7 @@ class PPDConfig(TrainSettings):
     trainer = "specbench.methods.ppd.training"
     options = ("model", "prompt_tokens", "ept", "data", "steps", "out", "dtype", "device", "device_map", "max_memory",
                "lr", "alpha", "insertions", "prompts", "held_out", "new_tokens", "save_every", "resume", "seed",
-               "data_file", "eval_prompts")
+               "data_file", "eval_prompts", "dry_run")
 
     model: str = option("smollm2-135m", "Model spec (the prompt tokens are trained for it).")
     prompt_tokens: int = option(3, "S: prompt tokens (token distances predicted).")
@@ -55,7 +55,7 @@ class DrafterConfig(TrainSettings):
     trainer = "specbench.methods.sd.training"
     options = ("model", "layers", "vocab_top", "data", "steps", "batch", "out", "dtype", "device", "device_map",
                "max_memory", "lr", "topk", "prompts", "held_out", "new_tokens", "save_every", "resume", "seed",
-               "data_file")
+               "data_file", "dry_run")
 
     layers: int = option(2, "L: decoder layers of the drafter (initialised from the target's first and last "
                          "layers).")
@@ -84,7 +84,7 @@ class MedusaConfig(TrainSettings):
     trainer = "specbench.methods.medusa.training"
     options = ("model", "heads", "layer", "vocab_top", "data", "steps", "positions", "lr", "prompts", "held_out",
                "new_tokens", "out", "dtype", "device", "device_map", "max_memory", "save_every", "resume", "seed",
-               "data_file", "eval_prompts")
+               "data_file", "eval_prompts", "dry_run")
 
     model: str = option("smollm2-135m", "Target model spec (the heads are trained for it).")
     heads: int = option(3, "K: heads, guessing the tokens 2..K+1 positions ahead.")
@@ -126,7 +126,7 @@ class TransferConfig(TrainSettings):
     trainer = "specbench.methods.hidden_transfer.training"
     options = ("model", "transfer_layers", "data", "steps", "insertions", "lr", "prompts", "held_out", "new_tokens",
                "out", "dtype", "device", "device_map", "max_memory", "save_every", "resume", "seed", "data_file",
-               "masked", "eval_prompts")
+               "masked", "eval_prompts", "dry_run")
 
     model: str = option("smollm2-135m", "Target model spec (the projections are trained for it).")
     # None: hidden_transfer.training.default_layers(L, 3, model)
@@ -190,7 +190,7 @@ class EagleConfig(FeatureConfig):
     command = "eagle"
     options = ("model", "init", "vocab_top", "data", "steps", "sequences", "lr", "noise", "prompts", "held_out",
                "new_tokens", "out", "dtype", "device", "device_map", "max_memory", "save_every", "resume", "seed",
-               "data_file", "eval_prompts")
+               "data_file", "eval_prompts", "dry_run")
 
     method: str = "eagle"
     mask_tokens: int = option(4, cli=False)  # eagle has no masks (k = 0); kept: its checkpoints record it
@@ -208,7 +208,7 @@ class ParallelSpecConfig(FeatureConfig):
     command = "parallelspec"
     options = ("model", "mask_tokens", "init", "vocab_top", "data", "steps", "sequences", "groups", "lr", "noise",
                "prompts", "held_out", "new_tokens", "out", "dtype", "device", "device_map", "max_memory",
-               "save_every", "resume", "seed", "data_file", "eval_prompts")
+               "save_every", "resume", "seed", "data_file", "eval_prompts", "dry_run")
 
     method: str = "parallelspec"
     seed: int = option(0, "Data order, groups and noise.")

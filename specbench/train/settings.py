@@ -95,6 +95,10 @@ class TrainSettings:
     data_file: str | None = option(None, "Read the one named --dataset from this file.", shown="the set's own")
     # held-out prompts scored after training (the command runs `train eval`; declared with it, cli/train_eval.py)
     eval_prompts: int = option(30, resumable=True)
+    # train/dry_run.py: the recipe on random data, timed, its full cost projected; cli/train.py dispatches on it
+    dry_run: bool = option(False, "Run the trainer's steps on random data for --steps steps (3 unless given) and "
+                           "print the time per step, peak memory and the full recipe's projected cost; writes "
+                           "nothing.", flag="--dry-run", resumable=True)
 
     def check_common(self) -> None:
         """Refuse shared settings no run can use (before any slow work)."""

@@ -1,17 +1,18 @@
-"""Will a model fit? The memory a model needs (weights in its dtype, the packed copy of float32 CPU linears, a KV
-cache, working room) against what this machine has free, checked before anything is built."""
+"""Will a model fit? What a command needs (memory_need.py: weights in its dtype, KV cache at its context and batch,
+activations, drafter or training state, working memory) against what this machine has free, checked before anything
+is built; a refusal says the numbers part by part and flags that would fit."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ...errors import SpecbenchError
-from .cpu_kernels import MAX_PREPACK_PARAMS
+from .memory_need import GIB, KV_HEADROOM_TOKENS, RUNTIME_HEADROOM, Need, current, need  # noqa: F401  (re-exported)
 
-RUNTIME_HEADROOM = 512 * 2**20  # activations, logits and allocator slack beyond weights and KV cache
-KV_HEADROOM_TOKENS = 4096  # the KV cache a check counts on: profile's longest KV plus a long prompt and reply
+SUGGEST_SHARE = 0.9  # a suggested --max-memory: this share of what the device has free
 
 
 def free_memory_bytes(device: torch.device) -> int | None:
@@ -29,41 +30,49 @@ def free_memory_bytes(device: torch.device) -> int | None:
 
 
 def memory_need(config, dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
-    """(parameter count, bytes) a model of `config` takes loaded in `dtype` on `device`: its weights, the packed
-    copy of float32 CPU linear weights (models._finish), a KV cache of KV_HEADROOM_TOKENS and RUNTIME_HEADROOM. The
-    parameters are counted exactly on the meta device (nothing allocated)."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        meta = AutoModelForCausalLM.from_config(config)
-    params = meta.num_parameters()
-    size = torch.tensor([], dtype=dtype).element_size()
-    need = params * size
-    if device.type == "cpu" and dtype == torch.float32 and params <= MAX_PREPACK_PARAMS:
-        need += sum(m.weight.numel() for m in meta.modules() if type(m) is torch.nn.Linear) * 4
-    text = config.get_text_config(decoder=True)
-    heads = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", 1)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    tokens = min(int(getattr(text, "max_position_embeddings", 2048) or 2048), KV_HEADROOM_TOKENS)
-    need += 2 * text.num_hidden_layers * heads * head_dim * tokens * size + RUNTIME_HEADROOM
-    return params, need
+    """(parameter count, bytes) a model of `config` takes loaded in `dtype` on `device` for the planned workload
+    (memory_need.need; without one: weights, the packed float32 copy, KV_HEADROOM_TOKENS of KV, RUNTIME_HEADROOM)."""
+    found = need("", config, dtype, device)
+    return found.params, found.total
 
 
 def check_memory(what: str, config, dtype: torch.dtype, device: torch.device, hint: str = "") -> None:
-    """Refuse (SpecbenchError naming the need and what is free) before building a model that cannot fit on one
-    device; a model built on CPU and moved to a GPU needs the room on both. (A device map: fit_devices.py.)"""
+    """Refuse (SpecbenchError: the need part by part, what is free, flags that fit) before building a model that
+    cannot fit on one device; a model built on CPU and moved to a GPU needs the room on both. (A device map:
+    fit_devices.py.)"""
     try:
-        params, need = memory_need(config, dtype, device)
+        found = need(what, config, dtype, device)
     except Exception:  # an architecture that cannot be built on the meta device: no check rather than no model
         return
     places = [device] if device.type == "cpu" else [torch.device("cpu"), device]
     for place in places:
         free = free_memory_bytes(place)
-        if free is None or need <= free:
+        if free is None or found.total <= free:
             continue
         where = "GPU memory free" if place.type == "cuda" else "memory available (MemAvailable)"
-        advice = hint or ("use a smaller model" + (", or --dtype bfloat16 (half the memory)"
-                                                   if dtype == torch.float32 else ""))
-        raise SpecbenchError(f"{what} needs about {need / 2**30:.1f} GiB ({params / 1e9:.2f}B parameters in "
-                             f"{str(dtype).removeprefix('torch.')}, plus KV cache and working memory), but only "
-                             f"{free / 2**30:.1f} GiB of {where} is free on this machine: {advice}.")
+        raise SpecbenchError(f"{what} {found.said()}, but only {free / GIB:.1f} GiB of {where} is free on this "
+                             f"machine. {fitting_flags(found, config, device, free, hint)}")
+
+
+def fitting_flags(found: Need, config, device: torch.device, free: int, hint: str = "") -> str:
+    """What would fit, in the order a user would try it: a 16-bit dtype, a smaller batch, a device map that spills
+    to disk, then the caller's hint (a smaller preset)."""
+    said = []
+    if found.dtype == torch.float32:
+        half = need(found.what, config, torch.bfloat16, device, found.workload)
+        said.append(f"--dtype bfloat16 (needs {half.total / GIB:.1f} GiB"
+                    + (")" if half.total <= free else ", still too much)"))
+    work = found.workload
+    if work.batch > 1:
+        fits = [b for b in range(work.batch - 1, 0, -1)
+                if need(found.what, config, found.dtype, device, replace(work, batch=b)).total <= free]
+        if fits:
+            said.append(f"--batch-size {fits[0]} (the KV cache and activations grow with it)")
+    cap = max(1, int(free * SUGGEST_SHARE / GIB))
+    where = "cpu" if device.type == "cpu" else f"{device.index or 0}"
+    said.append(f"--device-map auto --max-memory {where}={cap}GiB (the other "
+                f"{max(0.0, (found.parts['weights'] - cap * GIB) / GIB):.0f} GiB of weights offloaded to disk: slow, "
+                "but it runs)")
+    if hint:
+        said.append(hint)
+    return "Try " + "; or ".join(said) + "."

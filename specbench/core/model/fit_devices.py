@@ -10,6 +10,7 @@ import torch
 
 from ...errors import SpecbenchError
 from .fit import KV_HEADROOM_TOKENS, RUNTIME_HEADROOM, check_memory, free_memory_bytes
+from .memory_need import current, kv_bytes, text_shape
 from .placement import Placement
 
 GIB = 2**30
@@ -48,8 +49,8 @@ def resolved_map(meta, dtype, placement: Placement) -> dict:
 
 
 def device_needs(config, dtype: torch.dtype, placement: Placement) -> dict:
-    """Bytes each device of the map needs: its weights, its layers' KV cache (KV_HEADROOM_TOKENS) and, on every
-    computing device, RUNTIME_HEADROOM."""
+    """Bytes each device of the map needs: its weights, its layers' KV cache (the planned workload's, else
+    KV_HEADROOM_TOKENS) and, on every computing device, RUNTIME_HEADROOM."""
     meta = _meta_model(config, dtype)
     dmap = resolved_map(meta, dtype, placement)
     size = torch.tensor([], dtype=dtype).element_size()
@@ -61,12 +62,10 @@ def device_needs(config, dtype: torch.dtype, placement: Placement) -> dict:
                                  "name every module (or a parent of it), e.g. "
                                  '"model.layers.0": 0, or use --device-map auto')
         needs[dev] = needs.get(dev, 0) + tensor.numel() * size
-    text = config.get_text_config(decoder=True)
-    heads = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", 1)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    tokens = min(int(getattr(text, "max_position_embeddings", 2048) or 2048), KV_HEADROOM_TOKENS)
-    kv = 2 * heads * head_dim * tokens * size
-    for i in range(text.num_hidden_layers):
+    work = current()
+    layers = text_shape(config)[0]
+    kv = kv_bytes(config, dtype, work.tokens, work.batch) // layers  # one layer's K and V at the planned workload
+    for i in range(layers):
         dev = _owner(f"model.layers.{i}.x", dmap)
         dev = "cpu" if dev in (None, "disk") else dev  # an offloaded layer computes (and keeps KV) on the main device
         needs[dev] = needs.get(dev, 0) + kv
@@ -120,8 +119,9 @@ def check_placement(what: str, config, dtype: torch.dtype, placement: Placement)
         return
     table = "\n".join(f"  {str(d):>6}  needs {n / GIB:7.2f} GiB   free {'?' if f is None else f'{f / GIB:7.2f}'} GiB"
                       f"{'   <- does not fit' if o else ''}" for d, n, f, o in rows)
+    work = current()
     raise SpecbenchError(f"{what} does not fit this device map ({str(dtype).removeprefix('torch.')}, weights + KV "
-                         f"cache of {KV_HEADROOM_TOKENS} tokens + working memory per device):\n{table}\n"
+                         f"cache of {work.tokens} tokens x batch {work.batch} + working memory per device):\n{table}\n"
                          f"{suggestion(needs, dtype)}")
 
 

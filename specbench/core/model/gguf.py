@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+from struct import error as struct_error
 import subprocess
 import sys
 import zipfile
@@ -16,6 +17,7 @@ from rich.markup import escape
 from ...errors import SpecbenchError
 from ...progress import console, status
 from .. import store
+from . import gguf_tensorwise as tensorwise
 from .fit_devices import check_fit
 from .loaded import LoadedModel, _finish, _with_attention
 from .naming import EMBEDDED_ALIAS, SMOLLM2_GGUF, SMOLLM2_PACKAGE, dtype_name
@@ -106,6 +108,9 @@ def _save_plain(model, tok, out: Path) -> None:
     tmp.rename(out)
 
 
+TENSORWISE = True  # de-quantise tensor by tensor (gguf_tensorwise.py); False: transformers' loader (measurements)
+
+
 GGUF_SAMPLE_PAGES = 1024  # 4 KiB pages read across a GGUF's tensor data for its content key
 
 
@@ -151,8 +156,10 @@ def _load_gguf(spec: str, path: Path, device, dtype, placement=None) -> LoadedMo
     """A GGUF file, de-quantised once and cached as a plain HF directory of safetensors (as the embedded default
     is), keyed by gguf_content_key: later commands load the cache in seconds instead of de-quantising again.
 
-    The cache holds float32 (the de-quantised values exactly; every --dtype loads from it) when a float32 copy fits
-    in memory, else the requested 16-bit dtype (then a float32 run converts again)."""
+    De-quantised tensor by tensor into the run's dtype (gguf_tensorwise.py: peak memory about the model's size in it)
+    and cached in that dtype; an architecture only transformers' loader handles is cached as float32 (the
+    de-quantised values exactly; every --dtype loads from it) when a float32 copy fits in memory, else in the
+    requested 16-bit dtype. A cache of either dtype serves every later --dtype."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     key = gguf_content_key(path)
@@ -171,21 +178,23 @@ def _load_gguf(spec: str, path: Path, device, dtype, placement=None) -> LoadedMo
                     attn_implementation=attention), path.name)
             return _finish(model, tok, spec, path.stem, device, dtype, f"{path} (GGUF, de-quantised: {folder})")
     config = _gguf_config(path)
-    convert_dtype = torch.float32
-    try:
-        check_fit(f"{path.name} (de-quantised to float32)", config, torch.float32, torch.device("cpu"))
-    except SpecbenchError:
-        if dtype == torch.float32:
-            raise
-        convert_dtype = dtype  # float32 does not fit: de-quantise straight into the dtype that was asked for
+    if _tensorwise(path):
+        convert_dtype = dtype  # tensor by tensor into the run's dtype: the peak is about the model's size in it
+    else:  # transformers' loader holds every tensor de-quantised at once: float32 only where that fits
+        convert_dtype = torch.float32
+        try:
+            check_fit(f"{path.name} (de-quantised to float32)", config, torch.float32, torch.device("cpu"))
+        except SpecbenchError:
+            if dtype == torch.float32:
+                raise
+            convert_dtype = dtype  # float32 does not fit: de-quantise straight into the dtype that was asked for
     check_fit(f"{path.name} ({dtype_name(dtype)})", config, dtype, device, placement=placement)
     folder = stored[convert_dtype]
     with status(f"De-quantising {path.name} to {dtype_name(convert_dtype)} (first use of this file only; cached in "
                 f"{folder.parent})"):
         try:
             tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            model = _with_attention(lambda attention: AutoModelForCausalLM.from_pretrained(
-                path.parent, gguf_file=path.name, dtype=convert_dtype, attn_implementation=attention), path.name)
+            model = _with_attention(lambda attention: _dequantised(path, config, convert_dtype, attention), path.name)
         except (OSError, ValueError, KeyError, ImportError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise SpecbenchError(f"could not load the GGUF file {path}: {first}") from exc
@@ -194,6 +203,24 @@ def _load_gguf(spec: str, path: Path, device, dtype, placement=None) -> LoadedMo
         del model
         return _load_gguf(spec, path, device, dtype, placement)
     return _finish(model, tok, spec, path.stem, device, dtype, f"{path} (GGUF, de-quantised: {folder})")
+
+
+def _tensorwise(path: Path) -> bool:
+    try:
+        return TENSORWISE and tensorwise.supported(tensorwise.architecture(path))
+    except (OSError, ValueError, KeyError, struct_error):
+        return False  # transformers' loader says what is wrong with the file
+
+
+def _dequantised(path: Path, config, dtype: torch.dtype, attention: str):
+    """The GGUF's model in `dtype`: tensor by tensor (gguf_tensorwise.py) where its architecture allows, else through
+    transformers' GGUF loader."""
+    if _tensorwise(path):
+        return tensorwise.dequantised_model(path, config, dtype, attention)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                attn_implementation=attention)
 
 
 def _cache_gguf(model, tok, folder: Path) -> None:
