@@ -58,8 +58,11 @@ def run(cfg: RunConfig) -> Path:
             torch.set_num_threads(cfg.threads)
         from ..core.model.placement import drafter_placement, target_placement
 
-        target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True,
-                            placement=target_placement(cfg.device_map, cfg.max_memory, cfg.tp))
+        from ..core.model.memory_need import planned, run_workload
+
+        with planned(run_workload(cfg.max_new_tokens, cfg.batch_sizes)):  # what the fit check counts
+            target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True,
+                                placement=target_placement(cfg.device_map, cfg.max_memory, cfg.tp))
         drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device,
                                   drafter_placement(cfg.drafter_device_map, cfg.drafter_max_memory)) \
             if cfg.drafter else None
