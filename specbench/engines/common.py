@@ -53,7 +53,7 @@ from ..methods import get_method
 from ..progress import console
 from ..run.config import RunConfig
 from ..run.lossless import NEAR_TIE, UNEXPLAINED, CALIBRATION_LAYERS, DTYPE_ULPS, FLOAT32_ULPS
-from ..run.records import Check, compare
+from ..run.records import Check, compare, serving_view
 from ..run.resume import Done, drop_incomplete, finished, mark_complete, missing_folders, plain, prepare_out
 from ..run.resume import refuse_other_environment, remove_if_empty
 from ..run.results import Record, RecordWriter, read_tokens
@@ -83,24 +83,6 @@ class EngineTurn:
     turn: int = 0
     text: str = ""  # the decoded answer (a later turn's conversation carries it)
     prompt_ids: list[int] = field(default_factory=list)  # what the engine was given (the lossless explanation)
-
-
-def serving_fields(token_times: list[float], wall_s: float, n_tokens: int) -> dict:
-    """A turn's serving view (Record columns): time to first token (the first token's arrival), time per output token
-    after the first ((wall - ttft) / (n - 1), ms) and the p50 / p90 / p99 of the inter-token latencies (ms; tokens
-    that arrive together, e.g. a draft accepted in one verification, give latencies near 0). NaN where unknown."""
-    nan = math.nan
-    out = {"ttft_s": nan, "tpot_ms": nan, "itl_p50_ms": nan, "itl_p90_ms": nan, "itl_p99_ms": nan}
-    if not token_times:
-        return out
-    out["ttft_s"] = round(token_times[0], 6)
-    if n_tokens > 1:
-        out["tpot_ms"] = round((wall_s - token_times[0]) * 1e3 / (n_tokens - 1), 4)
-    gaps = np.diff(np.asarray(token_times, dtype=float)) * 1e3
-    if len(gaps):
-        for q in (50, 90, 99):
-            out[f"itl_p{q}_ms"] = round(float(np.percentile(gaps, q)), 4)
-    return out
 
 
 def check_methods(cfg: RunConfig, supported: tuple[str, ...], engine: str) -> RunConfig:
@@ -180,7 +162,7 @@ def engine_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: s
         latency_s=round(t.wall_s, 6), kv_padding_ratio=0.0, engine=env.get("engine", "specbench"),
         forward_s=round(t.forward_s, 6) if math.isfinite(t.forward_s) else math.nan,
         host_s=round(host, 6) if math.isfinite(host) else math.nan,
-        **serving_fields(t.token_times, t.wall_s, n), **t.noise)
+        **serving_view(t.token_times), **t.noise)  # ttft, tpot, itl percentiles: one definition for all rows
 
 
 # explain(label, work, turn, index) -> (gap, verdict) at a method's first divergence from ar, or None
