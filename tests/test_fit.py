@@ -96,3 +96,20 @@ def test_a_70b_model_is_refused_with_numbers_before_anything_is_allocated(comman
     assert "weights 131.42 (70.55B parameters in bfloat16)" in said and "KV cache" in said
     assert "memory available" in said and "--device-map auto --max-memory" in said and "Traceback" not in said
     assert peak_mb < 1500  # 131 GiB of weights asked for; nothing of them was allocated
+
+
+def test_training_counts_the_optimiser_state_and_the_cached_features(monkeypatch):
+    """A Medusa run on an 8B target: 15 GiB of bf16 weights fit in 18 GiB, the heads' AdamW state (3 heads of
+    4096 x 4096, float32 value + gradient + two moments) and the features cached for 600 sequences do not."""
+    from specbench.train.configs import MedusaConfig
+    from specbench.train.steps import load_target
+
+    monkeypatch.setattr(fit, "free_memory_bytes", lambda device: 18 * 2**30)
+    cfg = MedusaConfig(model="random:llama-3.1-8b", dtype="bfloat16", device="cpu")
+    with pytest.raises(SpecbenchError) as err:
+        load_target(cfg)
+    said = str(err.value)
+    state = 3 * (4096 * 4096 + 4096) * 16 / 2**30
+    features = 120 * 5 * (64 + 96) * 4096 * 4 * 2 / 2**30  # prompts x sources x tokens x hidden x float32 x 2 states
+    assert "weights 14.96" in said and f"training state {state:.2f}" in said
+    assert f"cached features {features:.2f}" in said

@@ -22,7 +22,7 @@ from ..core.machine.memory import peak_mb, reset_peak
 from ..core.machine.timing import now, since
 from ..progress import console, out
 from .settings import TrainSettings
-from .steps import Recipe, load_target
+from .steps import Recipe, load_target, planned_sequences
 
 DRY_SEQUENCES = 8  # random sequences the dry run prepares (the full recipe's count is projected from them)
 PROMPT_TOKENS = 64  # a rendered chat prompt's length, as the dry run's random sequences have it
@@ -58,11 +58,8 @@ class DryRun:
 
 
 def full_sequences(cfg: TrainSettings, recipe: Recipe) -> int:
-    """Sequences the full recipe self-distils: prompts per source x sources (PPD's default: one per step, <= 300)."""
-    prompts = recipe.prompts if recipe.prompts is not None else cfg.prompts
-    if prompts is None:
-        prompts = min(default_of(cfg, "steps"), 300)
-    return prompts * len([s for s in cfg.data.split(",") if s.strip()])
+    """Sequences the full recipe self-distils (steps.planned_sequences at the command's default --steps)."""
+    return planned_sequences(replace(cfg, steps=default_of(cfg, "steps")), recipe.prompts)
 
 
 def default_of(cfg: TrainSettings, name: str):
@@ -90,7 +87,7 @@ def dry_run(recipe: Recipe, steps: int) -> DryRun:
                           ("cpu" if cfg.device == "auto" else cfg.device))
     reset_peak(device)
     t = now()
-    recipe.target = load_target(cfg)
+    recipe.target = load_target(replace(cfg, steps=default_of(cfg, "steps")), recipe.prompts)  # the full run's check
     load_s, load_peak = since(t), peak_mb(recipe.target.device)
     device = recipe.target.device
     recipe.before_data()

@@ -26,14 +26,40 @@ Sequences = list[tuple[list[int], int]]  # (prompt + greedy reply token ids, pro
 # ---------------------------------------------------------------------------------------------- before training
 
 
-def load_target(cfg: TrainSettings) -> LoadedModel:
-    """The target model, frozen (only the method's own parts train)."""
+def load_target(cfg: TrainSettings, prompts: int | None = None) -> LoadedModel:
+    """The target model, frozen (only the method's own parts train); its fit check counts the training
+    (memory_need.train_workload: the trained part's optimiser state, cached features, a sequence's forward)."""
+    from ..core.model.memory_need import planned
     from ..core.model.placement import build_placement
 
-    target = load_model(cfg.model, cfg.dtype, cfg.device,
-                        placement=build_placement(cfg.device_map, cfg.max_memory))
+    with planned(training_workload(cfg, prompts)):
+        target = load_model(cfg.model, cfg.dtype, cfg.device,
+                            placement=build_placement(cfg.device_map, cfg.max_memory))
     target.model.requires_grad_(False)
     return target
+
+
+def planned_sequences(cfg: TrainSettings, prompts: int | None = None) -> int:
+    """Sequences a run self-distils: prompts per source (the recipe's, else the config's; PPD's default: one per step,
+    at most 300) x sources."""
+    per_source = prompts if prompts is not None else cfg.prompts
+    if per_source is None:
+        per_source = min(cfg.steps, 300)
+    return per_source * len([s for s in cfg.data.split(",") if s.strip()])
+
+
+def training_workload(cfg: TrainSettings, prompts: int | None = None):
+    """The training's workload for the fit check, or the default where the target's config cannot be read before
+    it loads (then the load itself says what is wrong)."""
+    from ..core.model.load import model_config, resolve_device, resolve_dtype
+    from ..core.model.memory_need import Workload, train_workload
+
+    try:
+        config = model_config(cfg.model)
+        dtype = resolve_dtype(cfg.dtype, resolve_device(cfg.device))
+    except Exception:  # a hub id offline, a bad spec: the load refuses it with its own message
+        return Workload()
+    return train_workload(cfg.command, cfg, config, dtype, planned_sequences(cfg, prompts))
 
 
 def self_distilled(cfg: TrainSettings, target: LoadedModel, min_reply: int,
@@ -217,7 +243,7 @@ def run(recipe: Recipe) -> Path:
     cfg = recipe.cfg
     recipe.check()
     t_start = now()
-    recipe.target = load_target(cfg)
+    recipe.target = load_target(cfg, recipe.prompts)
     recipe.before_data()
     recipe.seqs, data = self_distilled(cfg, recipe.target, min_reply=recipe.min_reply(), prompts=recipe.prompts)
     recipe.prepare()

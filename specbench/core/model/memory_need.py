@@ -175,3 +175,35 @@ def run_workload(max_new_tokens: int, batch_sizes: tuple[int, ...], prompt_token
     return Workload(tokens, batch, max(prompt_tokens, WIDEST_VERIFY), WIDEST_VERIFY,
                     what=f"{tokens} tokens x batch {batch}: a {prompt_tokens}-token prompt + --max-new-tokens "
                          f"{max_new_tokens} + a {WIDEST_VERIFY}-token verify")
+
+
+TRAIN_PROMPT_TOKENS = 64  # a rendered chat prompt, as a self-distilled sequence starts
+STATE_BYTES = 4 + 4 + 8  # a trained float32 parameter: its value, its gradient, AdamW's two moments
+
+
+def train_workload(command: str, cfg, config, dtype: torch.dtype, sequences: int) -> Workload:
+    """`specbench train COMMAND`: the frozen target's forward over a whole sequence (prompt + --max-new-tokens), the
+    trained part's optimiser state (float32 value, gradient, AdamW moments: STATE_BYTES a parameter) and what the
+    recipe caches for all `sequences`: Medusa the heads' input and the last state [T, H] in float32, the feature
+    drafters one state [T, H] in float32, the drafter the teacher's top-k (ids and probabilities); PPD and Hidden
+    Transfer back-propagate through the target, so the target's activations of a sequence are kept for backward."""
+    layers, kv_heads, head_dim, hidden, inter, vocab = text_shape(config)
+    seq = TRAIN_PROMPT_TOKENS + cfg.new_tokens
+    heads = hidden // head_dim if head_dim else 1
+    layer = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter
+    top = getattr(cfg, "vocab_top", None) or 0
+    trained = {"ppd": getattr(cfg, "prompt_tokens", 0) * getattr(cfg, "ept", 1) * hidden,
+               "drafter": getattr(cfg, "layers", 0) * layer + top * hidden,
+               "medusa": getattr(cfg, "heads", 0) * (hidden * hidden + hidden),
+               "hidden-transfer": len(getattr(cfg, "transfer_layers", None) or (0, 0, 0)) * hidden * hidden,
+               "eagle": layer + 2 * hidden * hidden + top * hidden}
+    trained["parallelspec"] = trained["eagle"]
+    cached = {"medusa": sequences * seq * hidden * 4 * 2, "eagle": sequences * seq * hidden * 4,
+              "parallelspec": sequences * seq * hidden * 4,
+              "drafter": sequences * seq * getattr(cfg, "topk", 0) * (8 + 4)}.get(command, 0)
+    backward = layers * seq * (6 * hidden + 3 * inter) * element_size(dtype) \
+        if command in ("ppd", "hidden-transfer") else 0
+    extra = (("training state", trained.get(command, 0) * STATE_BYTES), ("cached features", cached),
+             ("kept for backward", backward))
+    return Workload(seq, 1, seq, seq, extra, what=f"{seq} tokens: a {TRAIN_PROMPT_TOKENS}-token prompt + "
+                                                  f"--max-new-tokens {cfg.new_tokens}")
