@@ -37,13 +37,13 @@ from .work import LoadedDataset, pending_batches, pending_prompts, say_batches, 
 
 def run(cfg: RunConfig) -> Path:
     """Run the benchmark; returns the run directory. Ctrl-C keeps every finished record (resume with --resume)."""
+    if cfg.compile:  # before any engine or model: what --compile cannot run
+        compile_run.check(cfg)
     if cfg.engine != "specbench":  # llama.cpp in process or an OpenAI-compatible server (specbench/engines/)
         from ..engines import run_engine
 
         return run_engine(cfg)
     cfg = validate(cfg)
-    if cfg.compile:
-        compile_run.check(cfg)
     loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
               for name in cfg.datasets]
     if cfg.shard:

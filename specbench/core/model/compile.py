@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import torch
 
@@ -126,7 +127,11 @@ class Compiled:
                 self.eager_steps += 1
                 return step(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
         else:
-            out = self.fn(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
+            with warnings.catch_warnings():  # torch's compiler stack warns of its own deprecated internals
+                if first:
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    warnings.simplefilter("ignore", FutureWarning)
+                out = self.fn(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
         if first:
             _sync(self.device)
             self.shapes[key] = time.perf_counter() - t0
