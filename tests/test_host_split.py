@@ -72,3 +72,17 @@ def test_timeline_host_is_the_step_time_neither_span_covers():
     assert host_gaps(pearl) == []
     both = totals([sd, pearl])
     assert both["host_s"] == pytest.approx(0.3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA event pairs)")
+def test_gpu_forwards_timed_with_event_pairs_read_at_the_end():
+    from specbench.core.model.load import load_model
+    from specbench.core.machine.forward_clock import ForwardClock
+
+    gpu = load_model("random:tiny", dtype="float32", device="cuda")
+    assert ForwardClock(gpu.model).mode == "events"
+    cache = new_cache(gpu.model)
+    with torch.inference_mode(), count_fed_tokens(gpu.model) as fed:
+        for _ in range(3):
+            forward(gpu.model, prompt_ids(0).cuda(), cache)
+    assert fed.forward_s > 0 and fed.tokens == 3 * prompt_ids(0).shape[1]
