@@ -148,7 +148,7 @@ def run(cfg: RunConfig) -> Path:
                     results[label] = engine.run_prompt(w.prompt, label, order)
                     n, s = sum(len(t.tokens) for t in results[label]), sum(t.wall_s for t in results[label])
                     bar.update(task, advance=1, info=f"{n / s if s else 0:6.1f} tok/s")
-                run.finish_prompt(w, results, explain=engine.explainer(results))
+                run.finish_prompt(w, results, explain=engine.explainer(results, run.reference))
     except KeyboardInterrupt:
         raise run.interrupted() from None
     return run.complete()
@@ -350,14 +350,21 @@ class Engine:
             llm.eval([tok])
         return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).copy()
 
-    def explainer(self, results: dict[str, list[EngineTurn]]):
+    def explainer(self, results: dict[str, list[EngineTurn]], reference: dict):
         """common.Explain for one prompt: (gap, verdict) at a method's first divergence from ar, from ar's logits
-        there; None when the turn's prompt is not ar's (an earlier turn diverged) or ar did not run here."""
+        there; None when the turn's prompt is not ar's (an earlier turn diverged). reference: EngineRun.reference,
+        ar's tokens by (dataset, prompt id, turn), a resumed run's earlier ones included (ar's prompt is then the
+        method's own when every earlier turn of the method matched ar: the same conversation)."""
         def explain(label: str, work: PromptWork, t: EngineTurn, index: int):
             ar = {a.turn: a for a in results.get("ar", [])}
-            if t.turn not in ar or ar[t.turn].prompt_ids != t.prompt_ids:
+            if t.turn in ar:
+                same_prompt = ar[t.turn].prompt_ids == t.prompt_ids
+            else:
+                earlier = [u for u in results.get(label, []) if u.turn < t.turn]
+                same_prompt = all(u.tokens == reference.get((work.dataset, work.prompt.id, u.turn)) for u in earlier)
+            ar_tokens = reference.get((work.dataset, work.prompt.id, t.turn))
+            if not same_prompt or ar_tokens is None:
                 return None
-            ar_tokens = ar[t.turn].tokens
             if index >= len(ar_tokens) or index >= len(t.tokens):
                 return math.nan, "unexplained"  # a length difference: no token to compare
             logits = self.ar_logits(t.prompt_ids, ar_tokens, index)
