@@ -38,11 +38,17 @@ from .naming import (  # noqa: F401  (re-exported: the names importers use from 
 )
 from ..network import hub_unavailable
 from .placement import SINGLE, Placement, from_pretrained  # noqa: F401  (from_pretrained: gguf.py too)
+from .presets import parameter_count
+from .random_build import build_filled
 
 
 def cache_dir() -> Path:
     """Where specbench keeps downloaded and converted files (core/store.py: $SPECBENCH_CACHE or ~/.cache/specbench)."""
     return store.user_cache()
+
+
+FAST_FROM = 300_000_000  # weights above which a random model is built by random_build.py (tests' small ones: exact)
+EMBEDDED_VOCAB = 49152  # SmolLM2's tokenizer, which random models of at least this vocabulary use
 
 
 def _load_random(arg: str, device, dtype, placement: Placement = SINGLE) -> LoadedModel:
@@ -70,8 +76,17 @@ def _load_random(arg: str, device, dtype, placement: Placement = SINGLE) -> Load
 
     # Built in the requested dtype (never float32 first: a 7B model would need 27 GB on the way to 13.5 GB). With
     # seed 0 the values are the float32 model's, rounded: torch draws the same normals in float32 and converts.
+    # Shapes of real size (above FAST_FROM weights) skip transformers' normal draws: random_build.py allocates each
+    # weight once in the dtype on the device and fills it at memory speed (seconds for 7B, not a minute).
+    try:
+        fast = parameter_count({"model_type": model_type, **cfg_dict}) > FAST_FROM
+    except (KeyError, TypeError):  # a config.json of fields parameter_count does not know: transformers' own build
+        fast = False
+
     def build(attention):
         torch.manual_seed(0)  # the same random model every time
+        if fast:
+            return build_filled(config, dtype, torch.device("cpu") if placement.spread else device, attention)
         return AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=dtype)
 
     try:
@@ -81,7 +96,7 @@ def _load_random(arg: str, device, dtype, placement: Placement = SINGLE) -> Load
                              f"({str(exc).strip().splitlines()[0]})") from exc
     if placement.spread:  # saved once and loaded back through from_pretrained: the same placement path as a real model
         model = _placed_copy(model, dtype, placement, f"random-{Path(arg).stem}")
-    if config.vocab_size <= ByteTokenizer.vocab_size:
+    if config.vocab_size < EMBEDDED_VOCAB:  # bytes: every id fits (SmolLM2's ids would pass a 32000-token vocabulary)
         backend = ByteTokenizer()
         model.generation_config.eos_token_id = ByteTokenizer.eos_token_id
     else:  # the embedded default's tokenizer (SmolLM2's 49152 tokens), without loading its weights
@@ -89,7 +104,7 @@ def _load_random(arg: str, device, dtype, placement: Placement = SINGLE) -> Load
 
         backend = AutoTokenizer.from_pretrained(_embedded_dir())
     return _finish(model, backend, f"random:{arg}", f"random-{Path(arg).stem}", device, dtype,
-                   "random weights (seed 0)")
+                   "random weights (seed 0, tiled fill)" if fast else "random weights (seed 0)")
 
 
 def _placed_copy(model, dtype, placement: Placement, key: str):

