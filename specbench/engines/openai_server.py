@@ -141,6 +141,7 @@ class Outcome:
     streamed: Streamed | None = None
     error: str = ""
     tries: int = 1
+    order: int = 0  # this server's position among the servers sent this prompt (rotated per prompt / level)
 
 
 @dataclass
@@ -192,17 +193,17 @@ def ask(server: Server, messages: list[dict], max_tokens: int) -> tuple[Streamed
     return None, error, RETRIES
 
 
-def converse(server: Server, prompt: ds.Prompt, max_tokens: int) -> list[Outcome]:
+def converse(server: Server, prompt: ds.Prompt, max_tokens: int, order: int = 0) -> list[Outcome]:
     """A prompt's turns in order, each with the server's own earlier answers; a failed turn ends the conversation
     (the later turns are recorded as failed too: they could not be asked)."""
     answers: list[str] = []
     out: list[Outcome] = []
     for turn in range(len(prompt.turns)):
         if out and out[-1].streamed is None:
-            out.append(Outcome(turn, None, f"not sent: turn {turn - 1} failed", 0))
+            out.append(Outcome(turn, None, f"not sent: turn {turn - 1} failed", 0, order))
             continue
         streamed, error, tries = ask(server, ds.conversation(prompt, turn, answers), max_tokens)
-        out.append(Outcome(turn, streamed, error, tries))
+        out.append(Outcome(turn, streamed, error, tries, order))
         if streamed is not None:
             answers.append(streamed.text)
     return out
@@ -243,8 +244,10 @@ def run(cfg: RunConfig) -> Path:
     try:
         for server in servers:
             warm_up(server, loaded, cfg)
-        phases = measure(servers, loaded, cfg, opts)
-        failed = write_rows(er, cfg, env, servers, loaded, phases)
+        phases, failed = [], []
+        for level in measure(servers, loaded, cfg, opts):  # each level's rows written as soon as it has run
+            phases += level
+            failed += write_rows(er, cfg, env, servers, loaded, level)
     except KeyboardInterrupt:
         raise er.interrupted() from None
     write_serving(er.out, servers, phases, failed, opts)
@@ -268,26 +271,26 @@ def warm_up(server: Server, loaded: list[LoadedDataset], cfg: RunConfig) -> None
             raise SpecbenchError(f"warm-up request to {server.endpoint.base_url} failed: {error}")
 
 
-def measure(servers: list[Server], loaded: list[LoadedDataset], cfg: RunConfig, opts: Options) -> list[Phase]:
-    """Every load level on every server (their order rotated per level); at concurrency 1 the servers take turns per
-    prompt instead."""
+def measure(servers: list[Server], loaded: list[LoadedDataset], cfg: RunConfig, opts: Options):
+    """Every load level on every server (their order rotated per level; at concurrency 1 the servers take turns per
+    prompt instead): yields each level's phases, one per server, when the level has run."""
     items = [(d.name, p) for d in loaded for p in d.prompts]
     levels: list[tuple[str, int, float | None]] = [("-" if c == 1 else "closed", c, None) for c in opts.concurrency]
     if opts.request_rate:
         levels.append((f"poisson@{opts.request_rate:g}", 0, opts.request_rate))
-    phases: list[Phase] = []
     for li, (level, size, rate) in enumerate(levels):
         order = servers[li % len(servers):] + servers[:li % len(servers)]
         console.print(f"[dim]{level if level != '-' else 'concurrency 1'}"
                       f"{f' concurrency {size}' if level == 'closed' else ''}: {len(items)} prompts on "
                       f"{', '.join(s.label for s in order)}[/]")
         if size == 1:
-            phases += interleaved(order, items, cfg.max_new_tokens)
+            yield interleaved(order, items, cfg.max_new_tokens)
             continue
-        for server in order:
+        phases: list[Phase] = []
+        for position, server in enumerate(order):
             phase = Phase(server.label, level, size)
             before = read_counts(server)
-            job = lambda item, s=server: converse(s, item[1], cfg.max_new_tokens)  # noqa: E731
+            job = lambda item, s=server, at=position: converse(s, item[1], cfg.max_new_tokens, at)  # noqa: E731
             if rate is None:
                 results, phase.wall_s = closed_loop(items, size, job)
             else:
@@ -295,7 +298,7 @@ def measure(servers: list[Server], loaded: list[LoadedDataset], cfg: RunConfig, 
             phase.outcomes = {(d, p.id): r for (d, p), r in zip(items, results)}
             phase.counts = acc.difference(before, read_counts(server)) or request_counts(phase)
             phases.append(phase)
-    return phases
+        yield phases
 
 
 def interleaved(order: list[Server], items: list, max_tokens: int) -> list[Phase]:
@@ -304,8 +307,8 @@ def interleaved(order: list[Server], items: list, max_tokens: int) -> list[Phase
     before = {s.label: read_counts(s) for s in order}
     start = time.perf_counter()
     for i, (dataset, prompt) in enumerate(items):
-        for server in order[i % len(order):] + order[:i % len(order)]:
-            phases[server.label].outcomes[(dataset, prompt.id)] = converse(server, prompt, max_tokens)
+        for position, server in enumerate(order[i % len(order):] + order[:i % len(order)]):
+            phases[server.label].outcomes[(dataset, prompt.id)] = converse(server, prompt, max_tokens, position)
     wall = time.perf_counter() - start
     for s in order:
         phase = phases[s.label]
@@ -328,8 +331,8 @@ def request_counts(phase: Phase) -> acc.Counts | None:
 
 def write_rows(er: EngineRun, cfg: RunConfig, env: dict, servers: list[Server], loaded: list[LoadedDataset],
                phases: list[Phase]) -> list[dict]:
-    """records.csv + tokens.jsonl rows of every finished request (prompt by prompt, the reference first); returns
-    the failed requests."""
+    """records.csv + tokens.jsonl rows of one level's finished requests (the reference's first); returns the failed
+    requests."""
     failed = []
     models = {s.label: s.model for s in servers}
     text_only = not all(s.logprobs for s in servers)
@@ -373,7 +376,7 @@ def row(cfg: RunConfig, env: dict, model: str, phase: Phase, dataset: str, promp
     tokens = s.tokens if len(s.tokens) == n else (s.tokens + [""] * n)[:n]  # usage's count wins
     times = s.token_times if len(s.token_times) == n else _stretch(s.token_times, n)
     turn = EngineTurn(tokens=tokens, wall_s=s.wall_s, prompt_tokens=int(s.usage.get("prompt_tokens") or 0),
-                      token_times=times, turn=o.turn, text=s.text, stopped=s.finish_reason == "stop",
+                      token_times=times, turn=o.turn, text=s.text, stopped=s.finish_reason == "stop", order=o.order,
                       target_forwards=int(counts.steps) + 1 if counts and counts.steps is not None else None,
                       drafted=int(counts.drafted or 0) if counts else 0, accepted=int(counts.accepted) if counts else 0)
     record = engine_record(cfg, env, model, phase.label, dataset, prompt, turn, check)
