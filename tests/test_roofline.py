@@ -101,3 +101,9 @@ def test_run_summary_has_finite_roofline_and_host_columns(tmp_path, monkeypatch)
     records = pd.read_csv(RunFolder(out).records)
     assert (records.forward_s + records.draft_s + records.host_s - records.wall_s).abs().max() < 1e-5
     assert "of its roofline" in RunFolder(out).report.read_text()
+
+
+def test_a_profile_faster_than_the_floor_blames_the_bandwidth():
+    block = {**BLOCK, "bound_ms": 62.0, "profile_l1_ms": 44.0, "profile_lk_ms": 48.0, "profile_width": 16}
+    kind, reason = roofline.why(block)
+    assert kind == "" and "--measure-bandwidth" in reason

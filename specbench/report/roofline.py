@@ -23,7 +23,8 @@ widest profiled width up to 16):
     bandwidth = min(floor, fixed)             the part of it that reading the bytes explains
     launch    = fixed - bandwidth             the rest: kernel launches, framework dispatch, Python per forward
 and ar is called bandwidth-bound, compute-bound or launch-bound after the largest of the three shares of L(1).
-Without a profile only the distance is said.
+Without a profile only the distance is said; where L(1) is below the floor (impossible but for a bandwidth measured
+low, on a busy machine) the line says so instead.
 """
 
 from __future__ import annotations
@@ -155,6 +156,10 @@ def why(block: dict) -> tuple[str, str]:
         return "", "no latency profile of this hardware to say why (`specbench profile` measures one)"
     kind = max(parts, key=parts.get)
     l1, lk, k = block["profile_l1_ms"], block["profile_lk_ms"], block["profile_width"]
+    if l1 < block["bound_ms"]:  # a bare forward beat the floor: the bandwidth was measured low (a busy machine)
+        return "", (f"this hardware's profile has L(1) {l1:.2f} ms, below the {block['bound_ms']:.2f} ms floor: the "
+                    f"bandwidth was measured low (a busy machine?); `specbench env --measure-bandwidth` on a quiet "
+                    f"machine measures it again")
     said = (f"L(1) {l1:.2f} ms = {parts['bandwidth']:.2f} reading the bytes + {parts['launch']:.2f} fixed "
             f"per-forward overhead + {parts['compute']:.2f} per-token compute (L({k})/L(1) = {lk / l1:.2f})")
     return f"{kind}-bound", said
