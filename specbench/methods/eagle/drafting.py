@@ -134,8 +134,14 @@ def draft_tree_eagle(state: DrafterState, tree: Tree, root: int, sampling: Sampl
     frontier: tuple[int, ...] = (0,)
     for depth in range(len(plan.levels) + 1):
         # the children of this depth's nodes, from each node's draft distribution
-        logits = drafter.logits(torch.stack([feature[u] for u in frontier]))  # [F, V]
-        pick_children(plan, frontier, logits, token_of, q_rows, sampling, generator)
+        feats = torch.stack([feature[u] for u in frontier])  # [F, H]
+        if sampling.greedy:  # every frontier node's top choices at once: one top-k, one copy to the host
+            picks = drafter.top_ids(feats, max(plan.counts[u] for u in frontier)).tolist()  # [F, c]
+            for row, u in enumerate(frontier):
+                for child in plan.children[u]:
+                    token_of[child] = picks[row][plan.ranks[child]]
+        else:
+            pick_children(plan, frontier, drafter.logits(feats), token_of, q_rows, sampling, generator)
         if depth == len(plan.levels):
             break
         # one forward over the next depth's nodes that have children
@@ -178,9 +184,13 @@ def draft_tree_parallel(state: DrafterState, tree: Tree, root: int, sampling: Sa
     out = state.feed(drafter.masks)  # [1 + k, H]
     crop_to(state.cache, state.length)  # the masks leave the cache
     if dynamic is not None:
-        probs = torch.softmax(drafter.logits(out), -1).topk(min(dynamic, 8), -1).values  # [1 + k, W]
+        # over the drafter's own head rows: the -inf entries of the full row add nothing to a softmax
+        probs = torch.softmax(drafter.head_logits(out).float(), -1).topk(min(dynamic, 8), -1).values  # [1 + k, W]
         tree = Tree(tuple(optimal_candidates(probs.tolist(), dynamic, probs.shape[0])))
         state.drafted = TreeLayout(tree, None, out.device)
+    if sampling.greedy:  # one top-k over every depth on the drafter's own head rows (drafter.top_ids)
+        topk = drafter.top_ids(out[:tree.depth], max(max((p[-1] for p in tree.paths), default=-1) + 1, 1))
+        return torch.cat([torch.tensor([root], device=topk.device), tree.candidate_tokens(topk)]), None, 1
     return (*parallel_candidates(drafter.logits(out[:tree.depth]), tree, root, sampling, generator), 1)
 
 

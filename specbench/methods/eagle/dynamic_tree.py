@@ -88,8 +88,10 @@ def draft_dynamic(state: DrafterState, root: int, m: int, depth: int, top_k: int
 
     def grow(parents: list[int], feats: torch.Tensor, d: int) -> list[int]:
         """Each parent's top-k tokens as new nodes at depth d; returns their indices."""
-        top = torch.log_softmax(drafter.logits(feats), -1).topk(k, -1)  # [P, k] of [P, V]
-        values, indices = top.values.tolist(), top.indices.tolist()  # one copy out, not 2 P k item() calls
+        # over the drafter's own head rows [P, K] (the full row's -inf entries add nothing), ids mapped to [0, V)
+        top = torch.log_softmax(drafter.head_logits(feats).float(), -1).topk(k, -1)  # [P, k]
+        ids = top.indices if drafter.vocab_ids is None else drafter.vocab_ids[top.indices]
+        values, indices = top.values.tolist(), ids.tolist()  # one copy out, not 2 P k item() calls
         new = []
         for row, p in enumerate(parents):
             start = nodes[p].value if p >= 0 else 0.0

@@ -130,6 +130,12 @@ class SharedHeadDrafter(torch.nn.Module):
             logits = full
         return logits
 
+    def top_ids(self, h: torch.Tensor, k: int) -> torch.Tensor:
+        """Hidden [n, H] -> ids [n, k] of the k largest logits, as logits(h).topk(k) gives them, without the full
+        [n, V] row (greedy drafting: with --vocab-top the head is K rows, so the top-k over K and a gather)."""
+        top = self.head_logits(h).float().topk(k, -1).indices  # [n, k] of [n, K]
+        return top if self.vocab_ids is None else self.vocab_ids[top]
+
     def on_device(self, device: torch.device) -> "SharedHeadDrafter":
         """A copy on another device (PEARL's `devices` mode), with its own copy of the embedding and head there."""
         other = copy.deepcopy(self)
