@@ -231,6 +231,8 @@ def run(cfg: RunConfig) -> Path:
     if opts.baseline_url:
         servers.insert(0, connect(opts.baseline_url, opts, "ar"))
     loaded = load_work(cfg)
+    for server in servers:  # before the run folder is made: a server that fails here leaves nothing behind
+        warm_up(server, loaded, cfg)
     env = local_environment("openai", threads=cfg.threads or 0, dtype="server",
                             placement=f"openai:{opts.base_url}")
     run_cfg = replace(cfg, methods=())  # the servers decide how they decode: no specbench method runs
@@ -241,15 +243,19 @@ def run(cfg: RunConfig) -> Path:
     er = EngineRun.open(run_cfg, loaded, env, model={"spec": servers[-1].model, "name": servers[-1].model,
                                                      "source": opts.base_url, "rendering": "the server's chat template"},
                         engine=engine)
+    phases, failed = [], []
     try:
-        for server in servers:
-            warm_up(server, loaded, cfg)
-        phases, failed = [], []
         for level in measure(servers, loaded, cfg, opts):  # each level's rows written as soon as it has run
             phases += level
             failed += write_rows(er, cfg, env, servers, loaded, level)
     except KeyboardInterrupt:
-        raise er.interrupted() from None
+        er.writer.close()
+        write_serving(er.out, servers, phases, failed, opts)
+        kept = max(sum(1 for _ in open(er.writer.records_path)) - 1, 0)
+        stop = SpecbenchError(f"Interrupted: {kept} rows kept in {er.out} (the load levels that finished; `specbench "
+                              "report` reports them). A server run is not resumable: run it again into a new --out.")
+        stop.exit_code = 130
+        raise stop from None
     write_serving(er.out, servers, phases, failed, opts)
     unit = "tokens" if all(s.logprobs for s in servers) else "text"
     er.complete()
