@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -28,20 +29,27 @@ QUICK = dict(max_new_tokens=24, threads=1, warmup=0, engine="llama.cpp", model="
 REPEATS = "Repeat this line exactly three times: alpha beta gamma delta, alpha beta gamma delta."
 
 
-@pytest.fixture
-def prompts(tmp_path):
-    path = tmp_path / "repeat.jsonl"
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "repeat.jsonl"
     rows = [{"id": "repeat", "prompt": REPEATS}, {"id": "count", "prompt": "Count from 1 to 20, comma separated."}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-def test_ar_and_pld_records(prompts, tmp_path):
-    """Both methods' rows carry engine=llama.cpp and the serving columns; ar evaluates once per token (tau 1),
-    prompt lookup verifies drafts (tau > 1 on a prompt that repeats itself); pld is checked against ar."""
+@pytest.fixture(scope="module")
+def llama_run(prompts, tmp_path_factory):
+    """One finished ar + pld run on the two prompts, read by the tests below (copied before any change)."""
     from specbench.run.benchmark import run
 
-    out = run(RunConfig(methods=("ar", "pld"), datasets=(str(prompts),), out=tmp_path / "run", **QUICK))
+    return run(RunConfig(methods=("ar", "pld"), datasets=(str(prompts),), out=tmp_path_factory.mktemp("r") / "run",
+                         **QUICK))
+
+
+def test_ar_and_pld_records(llama_run):
+    """Both methods' rows carry engine=llama.cpp and the serving columns; ar evaluates once per token (tau 1),
+    prompt lookup verifies drafts (tau > 1 on a prompt that repeats itself); pld is checked against ar."""
+    out = llama_run
     records = pd.read_csv(out / "records.csv", keep_default_na=False, dtype={"lossless": str})
     assert len(records) == 4 and set(records.engine) == {"llama.cpp"} and set(records.dtype) == {"Q4_1"}
     ar, pld = records[records.method == "ar"], records[records.method == "pld"]
@@ -149,3 +157,53 @@ def test_cli_refusal_is_one_error_line(tmp_path):
     assert result.exit_code != 0 and "error:" in result.output and "Traceback" not in result.output
     assert "--engine llama.cpp runs ar, pld, sd" in " ".join(result.output.split())
     assert math.isfinite(result.exit_code)
+
+
+def test_reports_say_the_engine_and_compare_engines(llama_run, tmp_path):
+    """report.md names the engine and says pld's lossless result plainly; a comparison with a specbench run of the
+    same prompts adds the cross-engine table (here the 'specbench' run is a relabelled copy of the same tokens, so
+    its ar agreement is known: every turn equal, tok/s ratio 1)."""
+    import shutil
+
+    from specbench.report.engines import cross_engine_section, cross_engine_table, engine_section
+    from specbench.report.summary import read_records
+
+    report = "\n".join(engine_section(read_records(llama_run), yaml.safe_load((llama_run / "run.yaml").read_text())))
+    assert "## Engine: llama.cpp" in report and "`pld` matched llama.cpp `ar` on " in report
+    twin = tmp_path / "specbench"
+    shutil.copytree(llama_run, twin)
+    meta = yaml.safe_load((twin / "run.yaml").read_text())
+    meta.pop("engine")
+    (twin / "run.yaml").write_text(yaml.safe_dump(meta))
+    records = pd.read_csv(twin / "records.csv", keep_default_na=False, dtype=str)
+    records.assign(engine="specbench").to_csv(twin / "records.csv", index=False)
+    table, shared = cross_engine_table([twin, llama_run])
+    assert shared == 2 and set(table.engine) == {"specbench", "llama.cpp"}
+    ar = table[(table.engine == "llama.cpp") & (table.method == "ar")].iloc[0]
+    assert ar.same_as_specbench_ar == "2/2" and ar.vs_specbench_ar == 1.0 and ar.same_prompt_length == "2/2"
+    pld = table[(table.engine == "llama.cpp") & (table.method == "pld")].iloc[0]
+    assert pld.speedup > 0 and pld.tau > 1 and pld.lossless.endswith("/2")
+    section = cross_engine_section([twin, llama_run], tmp_path)  # what `specbench report A B` adds to summary.md
+    assert section[0] == "## Across engines" and (tmp_path / "engines.csv").exists()
+    assert "llama.cpp `ar` (run) ran 1.00x specbench `ar`'s tok/s" in "\n".join(section)
+
+
+def test_resume_runs_only_the_missing_prompt(llama_run, prompts, tmp_path):
+    """An interrupted run (its last prompt's rows gone, run.yaml incomplete) continues with --resume: the kept
+    prompt is not decoded again, the missing one is, and pld's check still has ar's kept tokens."""
+    import shutil
+
+    from specbench.run.benchmark import run
+
+    llama_run = Path(shutil.copytree(llama_run, tmp_path / "run"))
+
+    lines = (llama_run / "records.csv").read_text().splitlines()
+    (llama_run / "records.csv").write_text("\n".join(lines[:-1]) + "\n")  # drop pld of the last prompt
+    meta = yaml.safe_load((llama_run / "run.yaml").read_text())
+    (llama_run / "run.yaml").write_text(yaml.safe_dump({**meta, "complete": False}, sort_keys=False))
+    kept = pd.read_csv(llama_run / "records.csv", keep_default_na=False, dtype=str)
+    run(RunConfig(methods=("ar", "pld"), datasets=(str(prompts),), out=llama_run, resume=True, **QUICK))
+    after = pd.read_csv(llama_run / "records.csv", keep_default_na=False, dtype=str)
+    assert len(after) == 4 and after.iloc[:3].wall_s.tolist() == kept.wall_s.tolist()
+    assert after.iloc[3].method == "pld" and after.iloc[3].lossless != ""
+    assert yaml.safe_load((llama_run / "run.yaml").read_text())["complete"] is True
