@@ -242,11 +242,21 @@ class EngineRun:
 
     def interrupted(self) -> SpecbenchError:
         """The error to raise on Ctrl-C (exit 130): what was kept and how to continue (--resume)."""
-        from ..run.benchmark import Interrupted
-
         self.writer.close()
         kept = max(sum(1 for _ in open(RunFolder(self.out).records)) - 1, 0)
         return Interrupted(self.out, kept)
+
+
+class Interrupted(SpecbenchError):
+    """Ctrl-C during an engine run (run/benchmark.Interrupted's message; that module imports this package)."""
+
+    exit_code = 130
+
+    def __init__(self, out: Path, kept: int):
+        kept_text = f"{kept} records kept in {out}" if kept else f"no results yet in {out}"
+        super().__init__(f"Interrupted: {kept_text}. Continue with the same command plus --resume (only whole "
+                         "prompts are kept: every method of a prompt, written together).")
+        self.out, self.kept = out, kept
 
     def complete(self) -> Path:
         """Close the files and mark run.yaml complete (every planned prompt ran)."""
