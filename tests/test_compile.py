@@ -173,3 +173,17 @@ def test_embedded_model_compiled_tokens_equal_eager():
                 assert compiled == eager, f"{name} prompt {seed}"
     finally:
         cc.disable(target.model)
+
+
+def test_profile_compiled_files_its_own_curve(own_tiny):
+    """profile --compile: every width a compiled shape, filed apart from the eager curve (placement `compiled`),
+    the compile seconds in its meta; the model is left without a compile state."""
+    from specbench.core import store
+    from specbench.planning.profile_compiled import measure_compiled
+
+    profile = measure_compiled(own_tiny, [1], [16], repeats=2, warmup=1)
+    assert list(profile.curves) == [16] and profile.curves[16]["median_ms"][0] > 0
+    assert profile.meta["placement"] == "compiled"
+    assert [s["width"] for s in profile.meta["compile"]["shapes"]] == [1]
+    assert store.profile_name(profile.model, profile.dtype, profile.meta["placement"]).endswith("@compiled.yaml")
+    assert cc.state_of(own_tiny.model) is None

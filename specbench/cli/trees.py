@@ -40,6 +40,9 @@ def profile(
                             "each batch size > 1 (wider steps are extrapolated).")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", show_default="profiles/<hardware>/<model>-<dtype>.yaml; "
                         "with a device map or --tp <model>-<dtype>@<placement>.yaml", help="Profile YAML.")] = None,
+    compile: Annotated[bool, typer.Option("--compile", help="Time the forwards `run --compile` runs: each width a "
+                       "compiled static shape (CUDA graphs on CUDA); batch 1 only; filed as "
+                       "<model>-<dtype>@compiled.yaml.")] = False,
 ):
     """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`); with --batch-size also
     L(B, w) per batch size."""
@@ -52,6 +55,9 @@ def profile(
     width_list, kv_list = int_list(widths, "--widths"), int_list(kv_lengths, "--kv-length")
     sizes = check_batch_sizes(int_list(batch_sizes, "--batch-size"))
     row_widths = int_list(batch_widths, "--batch-widths") if batch_widths else None
+    if compile and (sizes != [1] or device_map or tp > 1):
+        raise SpecbenchError("profile --compile times batch 1 on one device: leave out --batch-size, --device-map "
+                             "and --tp, or --compile")
     if threads is not None and threads < 1:
         raise SpecbenchError(f"--threads must be at least 1 (got {threads}); leave it out for torch's choice")
     if threads:
@@ -60,7 +66,12 @@ def profile(
 
     with planned(profile_workload(width_list, kv_list, repeats, sizes)):  # what the fit check counts
         target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory, tp))
-    result = measure(target, width_list, kv_list, repeats, batch_sizes=sizes, batch_widths=row_widths)
+    if compile:  # issue 44: the curve under torch.compile / CUDA graphs (planning/profile_compiled.py)
+        from ..planning.profile_compiled import measure_compiled
+
+        result = measure_compiled(target, width_list, kv_list, repeats)
+    else:
+        result = measure(target, width_list, kv_list, repeats, batch_sizes=sizes, batch_widths=row_widths)
     from ..core.model.tensor_parallel import is_writer
 
     if not is_writer():
