@@ -207,3 +207,25 @@ def test_resume_runs_only_the_missing_prompt(llama_run, prompts, tmp_path):
     assert len(after) == 4 and after.iloc[:3].wall_s.tolist() == kept.wall_s.tolist()
     assert after.iloc[3].method == "pld" and after.iloc[3].lossless != ""
     assert yaml.safe_load((llama_run / "run.yaml").read_text())["complete"] is True
+
+
+def test_ctrl_c_keeps_whole_prompts(prompts, tmp_path, monkeypatch):
+    """Ctrl-C while the second prompt decodes: the first prompt's rows stay (both methods), the error says how many
+    and to resume (exit 130), run.yaml stays incomplete."""
+    from specbench.engines.common import Interrupted
+    from specbench.run.benchmark import run
+
+    real = engine.Engine.run_prompt
+
+    def stop_at_second(self, prompt, label, order):
+        if prompt.id == "count":
+            raise KeyboardInterrupt
+        return real(self, prompt, label, order)
+
+    monkeypatch.setattr(engine.Engine, "run_prompt", stop_at_second)
+    with pytest.raises(Interrupted, match="2 records kept .* --resume") as stopped:
+        run(RunConfig(methods=("ar", "pld"), datasets=(str(prompts),), out=tmp_path / "run", **QUICK))
+    assert stopped.value.exit_code == 130
+    records = pd.read_csv(tmp_path / "run" / "records.csv", keep_default_na=False, dtype=str)
+    assert list(zip(records.method, records.prompt_id)) == [("ar", "repeat"), ("pld", "repeat")]
+    assert yaml.safe_load((tmp_path / "run" / "run.yaml").read_text())["complete"] is False
