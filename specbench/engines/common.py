@@ -246,6 +246,13 @@ class EngineRun:
         kept = max(sum(1 for _ in open(RunFolder(self.out).records)) - 1, 0)
         return Interrupted(self.out, kept)
 
+    def complete(self) -> Path:
+        """Close the files and mark run.yaml complete (every planned prompt ran)."""
+        if not self.nothing_left:
+            self.writer.close()
+            mark_complete(self.out)
+        return self.out
+
 
 class Interrupted(SpecbenchError):
     """Ctrl-C during an engine run (run/benchmark.Interrupted's message; that module imports this package)."""
@@ -257,10 +264,3 @@ class Interrupted(SpecbenchError):
         super().__init__(f"Interrupted: {kept_text}. Continue with the same command plus --resume (only whole "
                          "prompts are kept: every method of a prompt, written together).")
         self.out, self.kept = out, kept
-
-    def complete(self) -> Path:
-        """Close the files and mark run.yaml complete (every planned prompt ran)."""
-        if not self.nothing_left:
-            self.writer.close()
-            mark_complete(self.out)
-        return self.out

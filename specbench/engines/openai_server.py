@@ -209,6 +209,15 @@ def converse(server: Server, prompt: ds.Prompt, max_tokens: int, order: int = 0)
     return out
 
 
+def server_version(server: Server) -> str:
+    """What the server says its version is (vLLM and SGLang answer GET /version), else "not reported"."""
+    try:
+        data = Endpoint(server.root, server.endpoint.api_key, min(server.endpoint.timeout, 5)).get_json("/version")
+    except (ServerError, ValueError):
+        return "not reported"
+    return str(data.get("version", data)) if isinstance(data, dict) else str(data)
+
+
 def read_counts(server: Server) -> acc.Counts | None:
     """The server's spec-decode counters now (vLLM's /metrics), or None where it has no such page."""
     try:
@@ -236,7 +245,8 @@ def run(cfg: RunConfig) -> Path:
     env = local_environment("openai", threads=cfg.threads or 0, dtype="server",
                             placement=f"openai:{opts.base_url}")
     run_cfg = replace(cfg, methods=())  # the servers decide how they decode: no specbench method runs
-    engine = {"name": "openai", "servers": {s.label: {"url": s.endpoint.base_url, "model": s.model} for s in servers},
+    engine = {"name": "openai", "version": "; ".join(f"{s.label}: {server_version(s)}" for s in servers),
+              "servers": {s.label: {"url": s.endpoint.base_url, "model": s.model} for s in servers},
               "concurrency": list(opts.concurrency), "request_rate": opts.request_rate, "slo": opts.slo,
               "labels": "ar: the --baseline-url server, spec: the --base-url server" if opts.baseline_url
               else "server: the --base-url server"}
