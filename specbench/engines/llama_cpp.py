@@ -59,9 +59,12 @@ def gguf_file(spec: str, flag: str) -> Path:
         return embedded_gguf_path()
     path = Path(spec).expanduser()
     if not path.is_file():
-        why = "no such file" if not path.exists() else "not a file"
-        raise SpecbenchError(f"{flag} {spec}: {why}. --engine llama.cpp reads GGUF files: pass {flag} FILE.gguf "
-                             f"(or {EMBEDDED_ALIAS}, the embedded model's GGUF)")
+        why = "no such file" if not path.exists() else "a folder, not a GGUF file"
+        hint = (" (a specbench drafter artefact becomes a GGUF with llama.cpp's converter: docs/engines.md)"
+                if (path / "drafter.yaml").exists() else "")
+        alt = f" (or {EMBEDDED_ALIAS}, the embedded model's GGUF)" if flag == "--model" else ""
+        raise SpecbenchError(f"{flag} {spec}: {why}{hint}. --engine llama.cpp reads GGUF files: pass {flag} "
+                             f"FILE.gguf{alt}")
     with path.open("rb") as fh:
         if fh.read(4) != b"GGUF":
             raise SpecbenchError(f"{flag} {spec}: not a GGUF file (no GGUF header). --engine llama.cpp reads GGUF "
@@ -111,7 +114,7 @@ def extra_buffers_work(path: Path, threads: int) -> tuple[bool, str]:
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(known, indent=1))
     if known[key]:
-        return True, "probe ran"
+        return True, "a probe decoded with them on this machine"
     return False, ("a probe crashed with them on this machine (cached in "
                    f"{cache}); set SPECBENCH_LLAMA_EXTRA_BUFFERS=1 to force them")
 
@@ -170,6 +173,8 @@ class Engine:
         self.ngram, self.pld_tokens = pld.get("pld_ngram", 3), pld.get("pld_draft_tokens", 10)
         self.gamma = options.get("sd", {}).get("gamma") or SD_GAMMA
         self.extra, self.extra_why = extra_buffers_work(target, self.threads)
+        if draft is not None and self.extra:  # one setting for both models: the draft's file is probed too
+            self.extra, self.extra_why = extra_buffers_work(draft, self.threads)
         if not self.extra:
             console.print("[yellow]note[/] llama.cpp runs without its extra weight buffers (AMX / repacked kernels: "
                           f"--no-repack): {escape(self.extra_why)}. run.yaml's engine block says so.")
