@@ -18,13 +18,12 @@ from rich.markup import escape
 from ..methods.sd.drafter import resolve_drafter
 from ..core.model import tensor_parallel as tp
 from ..core.machine import memory
-from ..core.model import compile as compile_run
 from ..core.model.load import load_model
 from ..data import datasets as ds
 from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..progress import console, progress_bar
-from . import batch_schedule, noise, retime
+from . import batch_schedule, compiled as compile_run, noise, retime
 from .config import RunConfig
 from .resume import Done, drop_incomplete, mark_complete, missing_folders, plain, prepare_out
 from .resume import finished, refuse_other_environment, remove_if_empty
