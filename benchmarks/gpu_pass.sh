@@ -12,6 +12,8 @@
 # against the static one), run-batch-large and amx-cpu-bf16 (the host's CPU) run only when named.
 #   DEADLINE=575 LIMIT=10 TOK=64 bash .gpu2/gpu_pass.sh        (STASH: where the first call left p1)
 #   STEPS="run-dynamic run-static run-batch-large" DEADLINE=250 bash .gpu2/gpu_pass.sh
+# Issue 44's CUDA-graph steps run only when named, after run-fp32 (the eager side, same GSM8K prompts):
+#   STEPS="profile-graphs trees-graphs run-graphs" DEADLINE=575 bash .gpu2/gpu_pass.sh
 set -u
 DEADLINE=${DEADLINE:-575}
 DEV=${DEV:-cuda}
@@ -69,5 +71,13 @@ step run-batch-large 110 $S run --device "$DEV" --dtype float32 -m sd -b 4,16,32
 # the host's CPU (an AMX Xeon on the H200 machines) held to 2 cores has this project's AMX key, cpu-intel-xeon-amx-2c
 # (another model underneath: the identity says which): issue 29's bfloat16 goal there, when no AMX machine is lent
 step amx-cpu-bf16 240 taskset -c 0,1 $S recommend --device cpu --dtype bfloat16 --dataset gsm8k --limit "$LIMIT" --max-new-tokens "$TOK" --confirm 3 --threads 2 --out results/amx-cpu-recommend
+# issue 44: every method under CUDA graphs (run --compile) on GSM8K, against run-fp32's eager run on the same prompts;
+# the trees rebuilt from a profile taken under graphs (profile --compile), all in results/graphs/: a tree filed in
+# the working directory is read before the repo's, so the eager steps' trees stay as they were. Compile time is in
+# results/graphs/run/run.yaml (compile:), never in a timed turn.
+G=$PWD/results/graphs; mkdir -p "$G"
+step profile-graphs 150 $S profile --device "$DEV" --dtype float32 --compile --widths 1,2,4,8,16,32,64 --kv-length 512 --repeats 5 --out "$G/profile.yaml"
+step trees-graphs 60 bash -c "cd '$G' && for m in ppd hidden-transfer medusa eagle parallelspec; do $S build-tree --method \$m --gpu profile.yaml --dtype float32 --kv-length 512 --max-size 64 || exit 1; done"
+step run-graphs 300 bash -c "cd '$G' && $S run --device '$DEV' --dtype float32 --compile $M -d gsm8k --limit '$LIMIT' --max-new-tokens '$TOK' --out '$G/run'"
 step hf-generate 45 python3 benchmarks/ar_vs_hf_generate.py --dataset gsm8k --limit 4 --max-new-tokens 64 --dtype float32 --device "$DEV"
 echo "all done t=${SECONDS}s"
