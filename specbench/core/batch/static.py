@@ -55,10 +55,10 @@ class StaticKV:
     def keep_offsets(self, start: int, offsets: list[int]) -> None:
         """Tree compaction: of the entries from `start`, keep those at `offsets` (the accepted path), moved to
         start, start+1, ... (in place: the addresses stay)."""
-        if offsets != list(range(len(offsets))):
-            index = torch.tensor(offsets, dtype=torch.long) + start
+        if offsets != list(range(len(offsets))) and self.keys:
+            index = torch.tensor(offsets, dtype=torch.long, device=self.keys[0].device) + start  # one copy over
             for store in (*self.keys, *self.values):
-                store[:, :, start:start + len(offsets)] = store[:, :, index.to(store.device)]
+                store[:, :, start:start + len(offsets)] = store[:, :, index]
         self.length = start + len(offsets)
 
 
