@@ -2,5 +2,5 @@
 the stage that owns the work, and printing. Importing the modules registers their commands on `app`; `specbench
 --help` lists them in workflow order (app.WORKFLOW). None of them imports torch at module level."""
 
-from . import estimate, info, merge, recommend, report, run, train, train_eval, trees  # noqa: F401  (registration)
+from . import estimate, info, merge, plan, recommend, report, run, train, train_eval, trees  # noqa: F401 (registration)
 from .app import app, main  # noqa: F401

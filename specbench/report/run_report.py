@@ -12,7 +12,7 @@ import pandas as pd
 from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..run.results import read_meta, with_batch_columns
-from . import batchreport, compact, comparison, context, roofline, timeline, verdict
+from . import batchreport, compact, comparison, context, random_weights, roofline, timeline, verdict
 from .lossless_check import LOSSLESS_TEXT, lossless_failed_section, unexplained_mismatches
 from .engines import cross_engine_section, engine_section
 from .markdown import markdown_table
@@ -56,7 +56,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     single_records = with_batch_columns(records)
     single_records = single_records[single_records.batch_size == 1] if len(single) < len(summary) else records
     write_plots(single.assign(partial=is_partial(meta)), run_dir, title=title)
-    md = [f"# specbench run: {run_dir.name}", "", f"{title}.", "", "## Verdict", ""]
+    md = [f"# specbench run: {run_dir.name}", "", f"{title}.", ""] + random_weights.lines(meta) + ["## Verdict", ""]
     md += verdict.headline(summary, meta, records)  # the timing verdict is its first line
     line = roofline.verdict_line(summary, meta.get("roofline"))  # ar against the bandwidth bound, and why
     md += [line, ""] if line else []

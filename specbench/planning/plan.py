@@ -1,0 +1,254 @@
+"""`specbench plan`: what each tree method would give a model before anything is trained, from its shape, a latency
+curve (a measured profile, or a GPU preset's roofline estimate: latency_estimate.py) and acceptance figures (the
+papers' published tables: acceptance/published/<model>/, or a folder `specbench estimate` wrote).
+
+Per method: the tree build-tree would choose (buildtree.size_curve for dynamic trees, candidate_curve for one-state
+ones), its predicted tau and speedup over `ar`, the drafter's cost per step, and memory at the run's context:
+  speedup(n) = tau(n) L(1) / (sum_k pi_k L(width_k) + drafting ms per step)      (buildtree.py's formulas)
+  drafting ms = L(1) x drafter share, share = the drafter's weights in decoder layers (its layers, extra matrices
+      and the LM head it reads, over one target layer's weights) / the target's (layers + its LM head): the drafter
+      is a slice of the same kind of network, on the same curve (as acceptance.draft_scale argues); eagle pays it
+      once per drafted depth, medusa and parallelspec once per step (acceptance.cost_law).
+  memory = target weights + drafter or heads + KV cache (2 x layers x KV heads x head dim x context, the drafter's
+      own layer included) in the run's dtype.
+Nothing here is measured on the planned model: the plan says so, and says which profile and acceptance it rests on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .. import methods  # noqa: F401  (first: planning.acceptance and the methods' guessers import each other)
+from ..core import store
+from ..errors import SpecbenchError
+from .acceptance import cost_law, read_fields, read_per_rank
+from .buildtree import PROFILE_WIDTHS, build_dtype, candidate_curve, candidate_tree_file, size_curve, tree_file
+from .latency_estimate import GPU_CHOICES, ModelShape, resolve_profile
+from .profile import LatencyProfile
+
+PUBLISHED = Path(store.ACCEPTANCE) / "published"
+DYNAMIC = ("ppd", "hidden-transfer")  # dynamic sparse trees over prompt tokens / pseudo positions
+ONE_STATE = ("medusa", "eagle", "parallelspec")  # one-state trees of the best candidates
+METHODS = DYNAMIC + ONE_STATE
+MEDUSA_HEADS = 4  # when the acceptance file does not say (Medusa's published Vicuna-7B tree is 4 deep)
+
+
+@dataclass
+class PlanRequest:
+    model: str
+    gpu: str = "a100"
+    dtype: str = "auto"
+    acceptance: str = "published"  # published | published:<model> | a folder of <method>.yaml files
+    methods: tuple[str, ...] = METHODS
+    kv_length: int = 512  # the KV length whose latency curve is read (as build-tree and recommend)
+    context: int = 2048  # the run's context: prompt + new tokens, for the KV cache's memory
+    max_size: int = 128
+    out: Path | None = None
+
+
+@dataclass
+class MethodPlan:
+    """One row of the plan: a method, its tree, prediction and memory, and the paper's measurement beside it."""
+
+    method: str
+    tree: str = ""
+    size: int | None = None
+    tau: float | None = None
+    speedup: float | None = None
+    draft_ms: float | None = None  # drafting milliseconds per step at the chosen tree
+    memory_gb: dict = field(default_factory=dict)  # target, drafter, kv, total
+    paper: dict = field(default_factory=dict)  # the acceptance file's published measurement (speedup, tau, gpu)
+    acceptance: str = ""
+    why_not: str = ""
+
+
+@dataclass
+class Plan:
+    model: str
+    model_key: str
+    dtype: str
+    profile: LatencyProfile
+    acceptance: str
+    rows: list[MethodPlan]
+    out: Path
+    random_weights: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pick(self) -> MethodPlan | None:
+        done = [r for r in self.rows if r.speedup is not None]
+        return max(done, key=lambda r: r.speedup) if done else None
+
+
+def acceptance_folder(spec: str, model_key: str) -> Path:
+    """The folder of <method>.yaml files `--acceptance` names (a clear error listing what is published)."""
+    if spec == "published" or spec.startswith("published:"):
+        key = spec.partition(":")[2] or model_key
+        folder = store.find(PUBLISHED / key / "ppd.yaml")
+        found = folder.parent if folder is not None else None
+        if found is None:
+            for method in METHODS:
+                hit = store.find(PUBLISHED / key / f"{method}.yaml")
+                if hit is not None:
+                    found = hit.parent
+                    break
+        if found is None:
+            have = sorted({p.parent.name for root in store.roots() for p in (root / PUBLISHED).glob("*/*.yaml")})
+            raise SpecbenchError(f"--acceptance {spec}: no published acceptance for {key} (published: "
+                                 f"{', '.join(have) or 'none'}). Borrow one knowingly with --acceptance "
+                                 f"published:{have[0] if have else 'MODEL'}, or pass a folder `specbench estimate` "
+                                 "wrote (acceptance/<model>/)")
+        return found
+    folder = Path(spec)
+    if not folder.is_dir():
+        raise SpecbenchError(f"--acceptance {spec}: not `published`, `published:MODEL` or a folder of acceptance "
+                             "files (acceptance/<model>/ as `specbench estimate` writes it)")
+    return folder
+
+
+def _bytes(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def drafter_layers(method: str, shape: ModelShape, fields: dict) -> float:
+    """The drafter's weights read per drafting forward, in target decoder layers (module docstring)."""
+    head = shape.vocab * shape.hidden / shape.weights_per_layer  # the LM head every drafter's guesses go through
+    if method == "eagle":  # one decoder layer, the 2H -> H input projection, the target's LM head
+        return 1 + 2 * shape.hidden ** 2 / shape.weights_per_layer + head
+    if method == "parallelspec":  # one decoder layer (its [MASK] rows ride along in width), the LM head
+        return 1 + head
+    if method == "medusa":  # each head: an H x H residual block and its own H x V projection
+        heads = fields.get("heads") or MEDUSA_HEADS
+        return heads * (shape.hidden ** 2 + shape.vocab * shape.hidden) / shape.weights_per_layer
+    return 0.0
+
+
+def memory_gb(method: str, shape: ModelShape, params: int, fields: dict, dtype: str, context: int) -> dict:
+    """Target weights, drafter or heads (own weights only: eagle and parallelspec share the target's embeddings and
+    LM head), KV cache at `context` (the drafter's one layer included) in GB of the run's dtype."""
+    b = _bytes(dtype)
+    per_token = 2 * shape.kv_heads * shape.head_dim * b  # K and V of one layer
+    extra, extra_layers = 0.0, 0
+    if method == "ppd":
+        extra = (fields.get("prompt_tokens") or 3) * (fields.get("ept") or 1) * shape.hidden
+    elif method == "medusa":
+        extra = (fields.get("heads") or MEDUSA_HEADS) * (shape.hidden ** 2 + shape.hidden + shape.vocab * shape.hidden)
+    elif method == "eagle":
+        extra, extra_layers = shape.weights_per_layer + 2 * shape.hidden ** 2, 1
+    elif method == "parallelspec":
+        extra, extra_layers = shape.weights_per_layer + (fields.get("mask_tokens") or 4) * shape.hidden, 1
+    elif method == "hidden-transfer":
+        extra = len(fields.get("transfer_layers") or [0, 0, 0]) * shape.hidden ** 2
+    out = {"target": params * b, "drafter": extra * b, "kv": (shape.layers + extra_layers) * per_token * context}
+    out["total"] = sum(out.values())
+    return {k: round(v / 1e9, 3) for k, v in out.items()}
+
+
+def plan(req: PlanRequest) -> Plan:
+    from ..core.machine.hardware import hardware_slug
+    from ..core.model.load import model_config, model_slug
+    from ..core.model.presets import parameter_count
+
+    import torch
+
+    if req.gpu not in GPU_CHOICES and not req.gpu.endswith((".yaml", ".yml")):
+        raise SpecbenchError(f"unknown --gpu {req.gpu!r}: use one of {', '.join(GPU_CHOICES)} or a profile .yaml "
+                             "path")
+    if req.context < 1 or req.kv_length < 1 or req.max_size < 2:
+        raise SpecbenchError("--context and --kv-length must be >= 1, --max-size >= 2")
+    unknown = [m for m in req.methods if m not in METHODS]
+    if unknown:
+        raise SpecbenchError(f"--methods: {', '.join(unknown)} not a tree method; choose from {', '.join(METHODS)}")
+    key = model_slug(req.model)
+    config = model_config(req.model)
+    dtype = build_dtype(req.dtype, req.gpu, lambda: "bfloat16")
+    folder = acceptance_folder(req.acceptance, key)
+    local = hardware_slug(torch.device("cpu"))
+    profile = resolve_profile(req.gpu, key, config, dtype, local, PROFILE_WIDTHS, spec=req.model)
+    shape = ModelShape.from_config(config)
+    try:
+        params = parameter_count(config.to_dict())
+    except (KeyError, TypeError):  # a config parameter_count cannot read: layers and an untied LM head
+        params = int(shape.layers * shape.weights_per_layer + 2 * shape.vocab * shape.hidden)
+    out = req.out or Path("results") / f"plan-{key}-{profile.hardware}-{dtype}"
+    result = Plan(req.model, key, dtype, profile, store.relative_to_cwd(folder), [], out,
+                  req.model.startswith("random:"))
+    for method in req.methods:
+        result.rows.append(_plan_one(method, key, folder, shape, params, profile, dtype, req, out / "trees"))
+    if profile.source == "estimated":
+        result.notes.append(f"latency: a roofline estimate of {profile.meta.get('chip', req.gpu)} from its published "
+                            "peak rates (planning/latency_estimate.py), not a measurement")
+    if folder.parent.name == "published" and folder.name != key:
+        result.notes.append(f"acceptance borrowed from {folder.name}'s published tables, not measured on {key}")
+    write(result, req)
+    return result
+
+
+def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: int, profile: LatencyProfile, dtype: str,
+              req: PlanRequest, trees: Path) -> MethodPlan:
+    row = MethodPlan(method)
+    path = folder / f"{method}.yaml"
+    if not path.is_file():
+        row.why_not = f"no {path} (the paper gives no acceptance table: see the folder's README.md)" \
+            if folder.parent.name == "published" else f"no {path}: `specbench estimate --method {method}` writes it"
+        return row
+    fields = read_fields(path)
+    row.acceptance = store.relative_to_cwd(path)
+    row.paper = dict((fields.get("published") or {}).get("measured") or {})
+    row.memory_gb = memory_gb(method, shape, params, fields, dtype, req.context)
+    rows = len(fields.get("per_rank") or [])
+    acc = read_per_rank(path, rows)
+    trees.mkdir(parents=True, exist_ok=True)
+    if method in DYNAMIC:
+        m = fields.get("prompt_tokens") or len(fields.get("transfer_layers") or []) or rows
+        curve = size_curve(acc, m, profile, req.max_size, req.kv_length, fields.get("ept") or 1,
+                           sizes=_sizes(req.max_size, m))
+        made = tree_file(curve, m, key, profile, str(path), req.kv_length, method)
+    else:
+        share = drafter_layers(method, shape, fields) / (shape.layers + shape.vocab * shape.hidden
+                                                         / shape.weights_per_layer)
+        forward_ms = profile.latency_ms(1, req.kv_length) * share
+        draft = cost_law(method, forward_ms)
+        curve = candidate_curve(acc, profile, req.max_size, req.kv_length, draft)
+        made = candidate_tree_file(curve, method, key, profile, str(path), req.kv_length)
+        row.draft_ms = round(draft(max(len(p) for p in curve.best.paths)), 3)
+        made.extra["draft_forward_ms"] = round(forward_ms, 4)
+    i = curve.best_index
+    row.size, row.tau, row.speedup = curve.best.size, round(curve.tau[i], 3), round(curve.speedup[i], 3)
+    tree_path = trees / f"{method}-{profile.hardware}-{dtype}.yaml"
+    made.write(tree_path)
+    row.tree = store.relative_to_cwd(tree_path)
+    return row
+
+
+def _sizes(max_size: int, m: int) -> list[int]:
+    """Tree sizes searched for a dynamic tree: every size to 32, then every 4th (the search is the slow part)."""
+    low = max(2, m)
+    return sorted({*range(low, min(max_size, 32) + 1), *range(36, max_size + 1, 4)})
+
+
+def as_dict(result: Plan) -> dict:
+    pick = result.pick
+    return {
+        "kind": "plan", "model": result.model, "model_key": result.model_key, "random_weights": result.random_weights,
+        "method": pick.method if pick else "ar", "tree": pick.tree if pick else None,
+        "predicted": pick.speedup if pick else 1.0, "measured": None, "dtype": result.dtype,
+        "hardware": result.profile.hardware, "profile_source": result.profile.source,
+        "acceptance": result.acceptance,
+        "methods": [{k: v for k, v in vars(r).items() if v not in (None, "", {}, [])} for r in result.rows],
+        "notes": result.notes or None,
+    }
+
+
+def write(result: Plan, req: PlanRequest) -> None:
+    text = ("# specbench plan: predicted, not measured (this model's methods are not trained and nothing ran); "
+            "the methods' trees are under trees/\n"
+            + yaml.safe_dump(as_dict(result), sort_keys=False, width=120))
+    try:
+        result.out.mkdir(parents=True, exist_ok=True)
+        (result.out / "plan.yaml").write_text(text)
+    except OSError as exc:
+        raise SpecbenchError(f"cannot write {result.out / 'plan.yaml'}: {exc.strerror or exc}") from exc
