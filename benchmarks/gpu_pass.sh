@@ -22,7 +22,7 @@ TOK=${TOK:-64}
 export PYTHONUNBUFFERED=1 SPECBENCH_CACHE=/tmp/sbcache SPECBENCH_OFFLINE=1 HF_HUB_OFFLINE=1 COLUMNS=200
 export SPECBENCH_DATA_DIR=/tmp/sbdata
 LOGS=results/gpu-logs
-STEPS=${STEPS:-env sdpa-bf16 profile-fp32 run-fp32 recommend run-batch profile-bf16 run-bf16 hf-generate}
+STEPS=${STEPS:-env sdpa-bf16 profile-fp32 run-fp32 recommend run-batch profile-bf16 plan-7b run-bf16 hf-generate}
 
 cap() { local c=$1 l=$(( DEADLINE - SECONDS - 15 )); (( l < c )) && c=$l; (( c < 5 )) && c=5; echo $c; }
 pack() { find profiles trees recommendations results -newer /tmp/sbstamp -type f 2>/dev/null | tar czf "$OUT/results.tgz" -T - ; }
@@ -64,6 +64,10 @@ step run-fp32 200 $S run --device "$DEV" --dtype float32 $M -d gsm8k -d humaneva
 step recommend 90 $S recommend --device "$DEV" --dtype float32 --dataset gsm8k --limit "$LIMIT" --max-new-tokens "$TOK" --confirm 3 --out results/gpu-recommend
 step run-batch 100 $S run --device "$DEV" --dtype float32 -m sd -b 1,4,16 -d gsm8k --limit 16 --max-new-tokens 64 --out results/gpu-batch
 step profile-bf16 45 $S profile --device "$DEV" --dtype bfloat16
+# issue 43: random:vicuna-7b (Vicuna-7B's shape, random weights built on the GPU in float16) profiled, then PPD,
+# Medusa, EAGLE and ParallelSpec planned on that curve with the papers' acceptance; the plan's table prints each
+# prediction beside the paper's measured speedup on its GPU (results/plan-7b/plan.yaml)
+step plan-7b 120 bash -c "$S profile --model random:vicuna-7b --device '$DEV' --dtype float16 --widths 1,2,4,8,16,32,64,128 --kv-length 512 --repeats 5 --out results/plan-7b/profile.yaml && $S plan --model random:vicuna-7b --gpu results/plan-7b/profile.yaml --dtype float16 --methods ppd,medusa,eagle,parallelspec --out results/plan-7b"
 step run-bf16 90 $S run --device "$DEV" --dtype bfloat16 $M -m pearl -d gsm8k --limit 5 --max-new-tokens 64 --out results/gpu-bf16
 step run-dynamic 60 $S run --device "$DEV" --dtype float32 -m eagle -m parallelspec --tree dynamic -d gsm8k --limit "$LIMIT" --max-new-tokens "$TOK" --out results/gpu-dynamic
 step run-static 50 $S run --device "$DEV" --dtype float32 -m eagle -m parallelspec -d gsm8k --limit "$LIMIT" --max-new-tokens "$TOK" --out results/gpu-static
