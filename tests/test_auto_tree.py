@@ -119,7 +119,7 @@ def test_a_tree_built_by_a_run_is_priced_with_the_drafter_timed_there(name, tiny
     tree = store_dir / "trees" / "tiny" / f"{guesser.family}-{HW}-float32.yaml"
     sizes = {}
     for ms in (0.001, 40.0):  # nearly free, then dearer than four target forwards
-        monkeypatch.setattr(guesser, "time_drafting", lambda self, ms=ms: ms)
+        monkeypatch.setattr(guesser, "time_drafting", lambda self, tree=None, ms=ms: ms)
         tree.unlink(missing_ok=True)
         method, said = make(name, tiny)
         sizes[ms] = method.tree_file.size

@@ -105,7 +105,7 @@ def units(out: Path) -> int:
         seen["refusal"] = str(exc)
 
     # a drafting that takes a different time on each rank
-    seen["draft_ms"] = DraftPricing(lambda: 1.0 + me).ms_here()
+    seen["draft_ms"] = DraftPricing(lambda tree: 1.0 + me).ms_here()
     try:
         tp.same_on_every_rank({"ppd": f"tree-{me}"}, "the trees")
     except SpecbenchError as exc:

@@ -67,6 +67,11 @@ class Tree:
         return self.nodes + sum(self.prompt_tokens) * self.ept
 
     @cached_property
+    def top_ranks(self) -> int:
+        """Guesses per depth the candidates take (the highest rank + 1; 0 without candidates): a top-k's k."""
+        return max((p[-1] for p in self.paths), default=-1) + 1
+
+    @cached_property
     def parents(self) -> list[int]:
         """Parent node index of every node (root: -1)."""
         index = {p: i + 1 for i, p in enumerate(self.paths)}

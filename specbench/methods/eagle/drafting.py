@@ -223,3 +223,28 @@ def stack_q(q_rows: dict[int, torch.Tensor], nodes: int) -> torch.Tensor | None:
     for node, q in q_rows.items():
         out[node] = q
     return out
+
+
+@torch.inference_mode()
+def step_drafting_ms(drafter: FeatureDrafter, draft, pending: int, context: int = 256, repeats: int = 10) -> float:
+    """Median milliseconds of one step's drafting as the batch-1 step runs it (what DraftPricing prices a tree
+    with): on a drafter cache of `context` committed pairs, `pending` verified pairs wait (the last accepted path:
+    about tau of them), then draft(state) feeds them and drafts the tree (its widths, top-k, gathers and host
+    copies); the cache is cut back after each call. Random features and tokens: the cost does not depend on them."""
+    weight = drafter.norm.weight
+    hidden, device, dtype = weight.shape[0], weight.device, weight.dtype
+    state = DrafterState(drafter)
+    state.commit(torch.randn(context, hidden, device=device, dtype=dtype),
+                 torch.randint(drafter.vocab_size, (context,), device=device))
+    state.feed()
+    features = torch.randn(pending, hidden, device=device, dtype=dtype)  # [P, H]
+    tokens = torch.randint(drafter.vocab_size, (pending,), device=device)  # [P]
+
+    def reset():
+        crop_to(state.cache, context)
+        state.length, state.features, state.tokens = context, [features], [tokens]
+
+    from ...core.machine.timing import median_call_ms
+
+    reset()
+    return median_call_ms(lambda: draft(state), device, repeats, reset=reset)

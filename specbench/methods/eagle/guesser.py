@@ -21,9 +21,10 @@ from . import artifact as fd
 from ...core.batch.forward import target_logits
 from ...core.batch.ragged import Segment
 from ...core.tree import Tree
-from ...core.verify import next_token, tree_greedy_accept, tree_sampled_accept
+from ...core.verify import Sampling, next_token, tree_greedy_accept, tree_sampled_accept
 from ...errors import SpecbenchError
 from ...planning.head_accuracy import drafter_ranks
+from ...planning.treesearch import f_value
 from ..sd.drafting import GAMMA
 from ..base import register
 from ..options import ARTIFACT, TREE
@@ -31,7 +32,7 @@ from ..tree.method import TreeMethod
 from ..batch_loop import SINGLE, engine
 from .dynamic_tree import DEFAULT_TOP_K, draft_dynamic
 from .batch import draft_trees_eagle
-from .drafting import DrafterState, PendingPairs, draft_tree_eagle
+from .drafting import DrafterState, PendingPairs, draft_tree_eagle, step_drafting_ms
 from ..tree.guesser import Guesser
 from ..tree.pricing import GuessScorer
 from ..tree.layout import TreeLayout
@@ -70,8 +71,15 @@ class FeatureDrafts(Guesser):
         (parallelspec)."""
         raise NotImplementedError
 
-    def time_drafting(self) -> float:
-        return fd.forward_ms(self.art.drafter, 1 + self.art.drafter.mask_tokens)  # rows as the scorer times
+    def time_drafting(self, tree=None) -> float:
+        """One step's drafting of `tree` as the batch-1 step runs it (drafting.step_drafting_ms: the pending pairs
+        of about tau accepted tokens, the tree's widths, top-k and host copies), per drafter forward of the cost
+        law (eagle: divided by the tree's depth; parallelspec drafts once a step)."""
+        tree = tree if tree is not None else self.priced_tree()
+        pending = max(1, round(1 + f_value(list(tree.paths), self.method.acceptance)))  # tau: the path's pairs
+        ms = step_drafting_ms(self.art.drafter, lambda state: self._draft_one(state, tree, 0, Sampling(), None),
+                              pending)
+        return ms / max(tree.depth, 1) if self.per_depth else ms
 
     @classmethod
     def scorer(cls, target, artifact, initial=False):
@@ -190,6 +198,8 @@ class EagleDrafts(FeatureDrafts):
         return tokens, q, shape.forwards + forwards
 
     _draft_trees = staticmethod(draft_trees_eagle)
+    _draft_one = staticmethod(draft_tree_eagle)  # a static tree's drafting at batch 1 (what the pricing times)
+    per_depth = True  # one drafter forward per inner depth (acceptance.cost_law)
 
 
 @register

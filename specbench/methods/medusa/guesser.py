@@ -15,7 +15,9 @@ from __future__ import annotations
 import torch
 
 from . import artifact as mh
+from ...core.machine.timing import median_call_ms
 from ...core.tree import Tree
+from ...core.verify import Sampling
 from ...errors import SpecbenchError
 from ...planning.head_accuracy import medusa_ranks
 from ..base import register
@@ -46,8 +48,14 @@ class MedusaHeads(Guesser):
         k = self.heads.heads.heads
         return k, 1, None, f"{k} Medusa heads {self.heads.source}"
 
-    def time_drafting(self) -> float:
-        return mh.heads_ms(self.heads.heads, self.target.model.get_output_embeddings(), self.target.dtype)
+    def time_drafting(self, tree=None) -> float:
+        """The step's drafting as it runs it: the heads and their logits on the accepted node's state [1, H]
+        (advance), then the top-k per depth and the candidates' gather (draft)."""
+        tree = tree if tree is not None else self.priced_tree()
+        h = torch.randn(1, self.heads.heads.weight.shape[-1], device=self.heads.heads.weight.device,
+                        dtype=self.target.dtype)  # [1, H]
+        return median_call_ms(lambda: self.draft(self.next_guesses(h, None, 0), tree, 0, Sampling(), None),
+                              h.device, 20)
 
     def searched_tree(self, acc, rows, size, model_name, source):
         return candidate_tree(acc, rows, size, model_name, source, self.method.family)

@@ -41,6 +41,8 @@ class ParallelDrafts(FeatureDrafts):
         return draft_tree_parallel(state, tree, root, sampling, generator, dynamic and dynamic[0])
 
     _draft_trees = staticmethod(draft_trees_parallel)
+    _draft_one = staticmethod(draft_tree_parallel)  # a static tree's drafting at batch 1 (what the pricing times)
+    per_depth = False  # one drafter forward a step
 
 
 @register

@@ -89,10 +89,21 @@ class Guesser:
     def chosen(self) -> dict:
         return {}
 
-    def time_drafting(self) -> float | None:
-        """One drafting forward's median milliseconds, as `estimate` times it (its scorer); None: nothing drafts.
-        The method prices its drafting with it (pricing.DraftPricing)."""
+    def time_drafting(self, tree: Tree | None = None) -> float | None:
+        """Median milliseconds per drafting forward (the cost law's unit: acceptance.cost_law) of one step's
+        drafting of `tree` as the step runs it (None: priced_tree()); None: nothing drafts beside the target's
+        forward. The method prices its drafting with it (pricing.DraftPricing)."""
         return None
+
+    def priced_tree(self) -> Tree:
+        """The tree a drafting is priced on when none is named: the one the step decodes with once planned, else
+        the family's searched tree of the default size (a tree being built is not known yet)."""
+        method = self.method
+        if getattr(method, "plans", None):
+            return method.plan.tree_file.tree(0)
+        from .plan import DEFAULT_SIZE
+
+        return self.searched_tree(method.acceptance, method.rows, DEFAULT_SIZE, "", "priced").tree(0)
 
     # ---------------------------------------------------------------- the step
 
@@ -116,7 +127,7 @@ class Guesser:
               generator) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """Candidate tokens = top-k guesses of the accepted node's guess rows, by rank -> (tokens [N], q None,
         no drafter forwards)."""
-        topk = state[: tree.depth].topk(max(self.layout_for(state).max_rank, 1), dim=-1).indices  # [D, K]
+        topk = state[: tree.depth].topk(max(tree.top_ranks, 1), dim=-1).indices  # [D, K]
         root_t = torch.tensor([root], device=topk.device)  # the states' device (the LM head's under a device map)
         return torch.cat([root_t, tree.candidate_tokens(topk)]), None, 0  # [N]
 

@@ -22,5 +22,5 @@ class TreeLayout:
         self.visible = tree.visible(device)  # [q, q]
         self.offsets = tree.offsets(device)  # [q]
         self.rows = table[tree.prompt_rows()] if sum(tree.prompt_tokens) else None  # [P * E, H]
-        self.max_rank = max((p[-1] for p in tree.paths), default=-1) + 1
+        self.max_rank = tree.top_ranks
         self.combined_head = self.visible.shape[0] - tree.nodes <= COMBINED_HEAD_MAX_PROMPT_INPUTS

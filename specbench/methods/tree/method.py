@@ -72,8 +72,9 @@ class TreeMethod(Batchable, DecodeMethod):
         return {**self.guesser.chosen(), **plan.chosen(self)}
 
     def draft_cost(self, profile):
-        """depth -> the drafter's ms per step on `profile`'s machine, for predicted speedups (None: no drafter)."""
-        return self.pricing.cost(self.acceptance_file, profile)
+        """depth -> the drafter's ms per step on `profile`'s machine, for predicted speedups (None: no drafter): on
+        this machine, the step's drafting of the tree it decodes with, timed as the step runs it."""
+        return self.pricing.cost(self.acceptance_file, profile, self.plan.tree_file.tree(0) if self.one_state else None)
 
     def plan_batches(self, sizes: list[int]) -> None:
         plan.plan_batches(self, sizes)  # --tree auto: each batch size's tree from L(B, w)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...core.machine.hardware import hardware_slug
+from ...core.tree import Tree
 from ...core.model.load import dtype_name
 from ...planning.acceptance import cost_law, draft_cost
 
@@ -27,34 +28,42 @@ class GuessScorer:
 
 
 class DraftPricing:
-    """A method's drafting cost per step: one drafting forward (the drafter, or medusa's heads) timed on the target's
-    device and dtype, once; or, for another machine's profile, the acceptance file's time moved there."""
+    """A method's drafting cost per step, as a run pays it: the step's own drafting of a tree (the pending rows, the
+    tree's widths, its top-k, gathers and host copies; the guesser's `time_drafting(tree)`) timed on the target's
+    device and dtype, once per tree; or, for another machine's profile, the acceptance file's time moved there.
 
-    def __init__(self, time_drafting: Callable[[], float | None], target=None, family: str = ""):
-        self.time_drafting = time_drafting  # the family's guesser times one drafting forward (None: nothing drafts)
+    The price is per drafting forward as the cost law takes it (acceptance.cost_law: eagle pays it once per depth,
+    the others once a step; the guesser divides eagle's timed drafting of a tree by its depth). A bare forward of
+    the drafter (what `estimate` times) costs about half of what the step pays on a 2-core CPU (issue 44)."""
+
+    def __init__(self, time_drafting: Callable[[Tree | None], float | None], target=None, family: str = ""):
+        self.time_drafting = time_drafting  # the family's guesser times one step's drafting (None: nothing drafts)
         self.target, self.family = target, family
-        self._timed: list[float | None] = []  # ms_here's one measurement, once taken
+        self._timed: dict[tuple | None, float | None] = {}  # tree paths (None: the guesser's) -> ms, once taken
 
-    def ms_here(self) -> float | None:
-        """Milliseconds of one drafting forward here, measured once: the acceptance file's time, moved from the
-        machine `estimate` ran on by the target's forward there and here, misses how the drafter's share changes
-        between machines; the two can differ many times over (benchmarks/RESULTS-gpu.md). None where the guesses
-        ride in the target's forward."""
-        if not self._timed:
+    def ms_here(self, tree: Tree | None = None) -> float | None:
+        """Milliseconds per drafting forward here (the cost law's unit), measured once per tree by drafting `tree`
+        as the step does (None: the tree the guesser prices by default, before any tree is planned). The acceptance
+        file's time, moved from the machine `estimate` ran on by the target's forward there and here, misses how
+        the drafter's share changes between machines; the two can differ many times over
+        (benchmarks/RESULTS-gpu.md). None where the guesses ride in the target's forward."""
+        key = tree.paths if tree is not None else None
+        if key not in self._timed:
             from ...core.model.tensor_parallel import from_writer
 
             with torch.inference_mode():  # --tp: each rank times it (collectives), rank 0's time builds every tree
-                self._timed.append(from_writer(self.time_drafting()))
-        return self._timed[0]
+                ms = from_writer(self.time_drafting(tree))
+            self._timed[key] = None if ms is None else round(ms, 4)
+        return self._timed[key]
 
     def profiles_here(self, profile) -> bool:
         """`profile` is of the machine and dtype this method decodes on."""
         return (profile.hardware, profile.dtype) == (hardware_slug(self.target.device), dtype_name(self.target.dtype))
 
-    def cost(self, acceptance_file, profile=None):
+    def cost(self, acceptance_file, profile=None, tree: Tree | None = None):
         """depth -> drafting milliseconds per step, for predicted speedups (None when the family's guesses ride in
-        the target's forward): timed here when `profile` is this machine's in the run's dtype, else the method's
-        acceptance file's time moved to `profile`'s machine."""
-        if profile is not None and self.profiles_here(profile) and (ms := self.ms_here()) is not None:
+        the target's forward): `tree`'s drafting timed here when `profile` is this machine's in the run's dtype,
+        else the method's acceptance file's time moved to `profile`'s machine."""
+        if profile is not None and self.profiles_here(profile) and (ms := self.ms_here(tree)) is not None:
             return cost_law(self.family, ms)
         return draft_cost(self.family, acceptance_file, profile)

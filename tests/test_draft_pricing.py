@@ -1,0 +1,48 @@
+"""Drafting priced as a run pays it (issue 44 §2): a feature drafter's price is its step's own drafting of the tree
+(the pending pairs of about tau accepted tokens, the tree's widths), per drafter forward of the cost law; the run's
+prediction prices the tree it decodes with."""
+
+from __future__ import annotations
+
+import pytest
+
+from specbench.core.tree import Tree
+from specbench.planning.treesearch import f_value
+
+from .test_auto_tree import make, store_dir  # noqa: F401  (store_dir: the fixture)
+
+
+@pytest.mark.parametrize("name", ["eagle", "parallelspec"])
+def test_the_step_drafting_of_the_tree_is_timed(name, tiny, store_dir, monkeypatch):  # noqa: F811
+    method, _ = make(name, tiny)
+    guesser = method.guesser
+    seen = []
+    inner = type(guesser)._draft_one
+
+    def recorded(state, tree, root, sampling, generator):
+        seen.append((tree, sum(f.shape[0] for f in state.features), state.length))
+        return inner(state, tree, root, sampling, generator)
+
+    monkeypatch.setattr(type(guesser), "_draft_one", staticmethod(recorded))
+    tree = Tree(((0,), (1,), (0, 0))) if name == "eagle" else Tree(((0,), (0, 0)))
+    ms = method.pricing.ms_here(tree)
+    assert ms > 0 and method.pricing.ms_here(tree) == ms  # timed once per tree
+    pending = max(1, round(1 + f_value(list(tree.paths), method.acceptance)))
+    assert seen and all(t == tree and p == pending and length == 256 for t, p, length in seen)
+
+
+def test_eagle_pays_per_depth_and_the_run_prices_its_own_tree(tiny, store_dir, monkeypatch):  # noqa: F811
+    method, _ = make("eagle", tiny)
+    times = {}
+    monkeypatch.setattr("specbench.methods.eagle.guesser.step_drafting_ms",
+                        lambda drafter, draft, pending: times.setdefault("ms", 12.0))
+    deep = Tree(((0,), (0, 0), (0, 0, 0)))
+    assert method.pricing.ms_here(deep) == pytest.approx(4.0)  # 12 ms over 3 depths: the law multiplies back
+    priced = []
+    monkeypatch.setattr(method.pricing, "ms_here", lambda tree=None: priced.append(tree) or 1.0)
+    from specbench.planning.profile import LatencyProfile
+    from specbench.core.machine.hardware import hardware_slug
+
+    here = LatencyProfile("tiny", "float32", hardware_slug(tiny.device), "measured", [1, 2], {512: {"median_ms": [1.0, 1.1]}})
+    assert method.draft_cost(here)(2) == pytest.approx(2.0)
+    assert priced == [method.plan.tree_file.tree(0)]
