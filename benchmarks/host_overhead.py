@@ -106,7 +106,7 @@ def instrument(method, clock: Clock) -> None:
         clock.wrap(guesser.heads.heads, "logits", "drafter")
     art = getattr(guesser, "art", None)
     if art is not None:  # a feature drafter (eagle, parallelspec)
-        for name in ("fuse", "run", "features", "logits"):
+        for name in ("fuse", "run", "features", "logits", "head_logits", "top_ids"):
             clock.wrap(art.drafter, name, "drafter")
 
 
