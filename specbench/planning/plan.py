@@ -192,8 +192,9 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
     row = MethodPlan(method)
     path = folder / f"{method}.yaml"
     if not path.is_file():
-        row.why_not = f"no {path} (the paper gives no acceptance table: see the folder's README.md)" \
-            if folder.parent.name == "published" else f"no {path}: `specbench estimate --method {method}` writes it"
+        shown = store.relative_to_cwd(path)
+        row.why_not = f"no {shown} (the paper gives no acceptance table: see the folder's README.md)" \
+            if folder.parent.name == "published" else f"no {shown}: `specbench estimate --method {method}` writes it"
         return row
     fields = read_fields(path)
     row.acceptance = store.relative_to_cwd(path)
