@@ -6,7 +6,8 @@ norm), and the LM head (model.get_output_embeddings()) when it is applied to the
 of it (the causal LM's forward, `target_logits(model, h)` on the rows the engine kept). A head call on anything
 else is not the target's forward: a drafter that shares the target's head (an sd layer-skip drafter, eagle) is
 drafting, and rows gathered into a copy first (PPD's guess rows when computed apart) count as host time. That the
-input is the decoder's output is read from its storage (a view shares it).
+input is the decoder's output is read from its storage (a view shares it; the output is held until the next decoder
+call, so that no other tensor can take its memory and pass for it).
 
 Timing: perf_counter in the hooks on a CPU. On one GPU, a CUDA event pair per span recorded on the device's current
 stream, with no synchronisation per forward; the pairs are read once when the generation ends (`finish`). A model
@@ -55,7 +56,9 @@ class ForwardClock:
         self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # events mode, read at finish
         self.forwards = 0  # decoder calls timed
         self._open: dict[str, object] = {}  # span name -> its start mark
-        self._decoder_out: int | None = None  # storage of the decoder's last output
+        # the decoder's last output, held so that its memory cannot be reused by another tensor (a drafter's states
+        # at the same address would pass for it) until the next decoder call replaces it or finish() drops it
+        self._decoder_out: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ marks
     def _start(self, name: str, t: torch.Tensor | None) -> None:
@@ -90,11 +93,11 @@ class ForwardClock:
     def _decoder_post(self, _module, _args, _kwargs, output):
         self._stop("decoder")
         self.forwards += 1
-        self._decoder_out = _storage(_output_tensor(output))
+        self._decoder_out = _output_tensor(output)
 
     def _head_pre(self, _module, args, kwargs):
         x = _first_tensor(args, kwargs)
-        if self._decoder_out is not None and _storage(x) == self._decoder_out:
+        if self._decoder_out is not None and x is not None and _storage(x) == _storage(self._decoder_out):
             self._start("head", x)
 
     def _head_post(self, _module, _args, _kwargs, _output):
@@ -115,6 +118,7 @@ class ForwardClock:
 
     def finish(self) -> float:
         """Total seconds in the forwards so far: the CUDA event pairs read (one synchronisation) and folded in."""
+        self._decoder_out = None
         if self.pairs:
             self.pairs[-1][1].synchronize()  # the last end event done: every earlier one on that stream is too
             for start, end in self.pairs:
