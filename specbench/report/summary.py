@@ -252,6 +252,8 @@ def row_name(r) -> str:
         size = int(float(getattr(r, "batch_size", 1)))
     except (TypeError, ValueError):  # a hand-made or older summary: one prompt at a time
         size = 1
+    if size == 0:  # an open loop (a server run's --request-rate): no batch size, its arrivals name it
+        return f"{r.method} {r.batching}"
     if size <= 1:
         return str(r.method)
     return f"{r.method} B={size} {r.batching}"
