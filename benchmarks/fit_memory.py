@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("models", nargs="+")
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
-    print("| model | parameters | dtype | estimate (GiB) | of which weights / KV / activations / working | "
+    print("| model | parameters | dtype | estimate (GiB) | of which weights / KV / activations / working / slack | "
           "measured peak RSS (GiB) | measured / estimate |")
     print("|---|---:|---|---:|---|---:|---:|")
     for name in args.models:
@@ -56,7 +56,7 @@ def main() -> None:
         found = estimate(spec, args.dtype)
         peak, why = measured_peak_mb(spec, args.dtype)
         parts = " / ".join(f"{found.parts.get(k, 0) / 2**30:.2f}"
-                           for k in ("weights", "KV cache", "activations", "working memory"))
+                           for k in ("weights", "KV cache", "activations", "working memory", "slack"))
         label = Path(name).stem if name.endswith(".json") else name
         print(f"| {label} | {found.params / 1e9:.2f}B | {args.dtype} | {found.total / 2**30:.2f} | {parts} | "
               f"{peak / 1024:.2f} | {peak * 2**20 / found.total:.2f} |" + (f" {why}" if why else ""), flush=True)

@@ -59,11 +59,16 @@ def test_a_refusal_names_the_parts_and_flags_that_fit(monkeypatch):
     monkeypatch.setattr(fit, "free_memory_bytes", lambda device: free)
     work = mn.Workload(tokens=8192, batch=8, width=128, what="8192 tokens x batch 8")
     with mn.planned(work), pytest.raises(SpecbenchError) as err:
-        fit.check_memory("random:llama-3.1-8b", cfg, torch.float32, CPU)
+        fit.check_memory("meta-llama/Llama-3.1-8B", cfg, torch.float32, CPU)
     said = str(err.value)
     assert "weights 29.92 (8.03B parameters in float32)" in said and "KV cache 16.00 (8192 tokens x batch 8)" in said
     assert "20.0 GiB of memory available" in said
     assert "--dtype bfloat16 (needs" in said and "--device-map auto --max-memory cpu=18GiB" in said
+    with mn.planned(work), pytest.raises(SpecbenchError) as err:  # random weights are built whole: no map helps
+        fit.check_memory("random:llama-3.1-8b", cfg, torch.float32, CPU)
+    said = str(err.value)
+    assert "--device-map" not in said  # float32 with the same KV: 1.5B of the presets fits in 20 GiB, 7B does not
+    assert said.endswith("the largest preset that fits here: --model random:qwen2.5-1.5b.")
     with mn.planned(work), pytest.raises(SpecbenchError) as err:  # bf16: 15 GiB of weights + 4 GiB KV at batch 8
         fit.check_memory("random:llama-3.1-8b", cfg, torch.bfloat16, CPU)
     flag = str(err.value).split("--batch-size ")[1].split(" ")[0]
@@ -94,7 +99,7 @@ def test_a_70b_model_is_refused_with_numbers_before_anything_is_allocated(comman
     said = " ".join(out.stdout.splitlines()[1:])
     assert code == 2, out.stdout + out.stderr
     assert "weights 131.42 (70.55B parameters in bfloat16)" in said and "KV cache" in said
-    assert "memory available" in said and "--device-map auto --max-memory" in said and "Traceback" not in said
+    assert "memory available" in said and "the largest preset that fits here" in said and "Traceback" not in said
     assert peak_mb < 1500  # 131 GiB of weights asked for; nothing of them was allocated
 
 

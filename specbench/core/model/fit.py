@@ -70,9 +70,32 @@ def fitting_flags(found: Need, config, device: torch.device, free: int, hint: st
             said.append(f"--batch-size {fits[0]} (the KV cache and activations grow with it)")
     cap = max(1, int(free * SUGGEST_SHARE / GIB))
     where = "cpu" if device.type == "cpu" else f"{device.index or 0}"
-    said.append(f"--device-map auto --max-memory {where}={cap}GiB (the other "
-                f"{max(0.0, (found.parts['weights'] - cap * GIB) / GIB):.0f} GiB of weights offloaded to disk: slow, "
-                "but it runs)")
-    if hint:
+    if not found.what.startswith("random:"):  # random weights are built whole before a map could place them
+        said.append(f"--device-map auto --max-memory {where}={cap}GiB (the other "
+                    f"{max(0.0, (found.parts['weights'] - cap * GIB) / GIB):.0f} GiB of weights offloaded to disk: "
+                    "slow, but it runs)")
+    preset = largest_preset(found, free) if found.what.startswith("random:") else None
+    if preset:
+        said.append(f"the largest preset that fits here: --model random:{preset}")
+    elif hint:
         said.append(hint)
     return "Try " + "; or ".join(said) + "."
+
+
+def largest_preset(found: Need, free: int) -> str | None:
+    """The random-weight preset with the most parameters whose weights in the same dtype, with the same share of
+    everything else, fit in `free` (counted from the presets' fields: no model built)."""
+    try:
+        from .naming import RANDOM_PRESETS
+        from .presets import parameter_count
+    except ImportError:
+        return None
+    per_param = (found.total - RUNTIME_HEADROOM) / max(found.params, 1)
+    sizes = {}
+    for name, cfg in RANDOM_PRESETS.items():
+        try:
+            sizes[name] = parameter_count(cfg)
+        except (KeyError, TypeError):
+            continue
+    fits = [n for n, p in sizes.items() if p * per_param + RUNTIME_HEADROOM <= free and f"random:{n}" != found.what]
+    return max(fits, key=sizes.get) if fits else None

@@ -143,7 +143,10 @@ def suggestion(needs: dict, dtype: torch.dtype) -> str:
 def check_fit(what: str, config, dtype: torch.dtype, device: torch.device, hint: str = "",
               placement: Placement | None = None) -> None:
     """The memory-fit check before a model loads: device by device for a device map (check_placement), else the
-    one device (fit.check_memory)."""
+    one device (fit.check_memory). Random weights are built whole on the CPU before a map places them
+    (load._placed_copy): with a map they need the room for all of it there first."""
     if placement is not None and placement.spread:
+        if what.startswith("random:"):
+            check_memory(what, config, dtype, torch.device("cpu"), hint)
         return check_placement(what, config, dtype, placement)
     return check_memory(what, config, dtype, device, hint)
