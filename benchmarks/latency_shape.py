@@ -34,8 +34,9 @@ def flat_until(widths: list[int], ratio: list[float]) -> int:
 
 def label(profile, path: Path) -> str:
     busy = (profile.meta.get("contention") or {}).get("disturbed")
+    borrowed = " (a paper's numbers, not measured here)" if profile.meta.get("note") else ""
     return (f"{profile.model} {profile.dtype} on {profile.hardware}"
-            f"{' (estimated)' if profile.source == 'estimated' else ''}{' (busy machine)' if busy else ''}")
+            f"{' (estimated)' if profile.source == 'estimated' else ''}{' (busy machine)' if busy else ''}{borrowed}")
 
 
 def main() -> None:
