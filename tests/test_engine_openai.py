@@ -163,6 +163,7 @@ class Fake(BaseHTTPRequestHandler):
 
     fail_first = 0
     hang = False
+    refuse_logprobs = False  # answers 400 to a request asking for logprobs (as some servers do)
     seen = 0
 
     def log_message(self, *args):  # quiet
@@ -179,6 +180,9 @@ class Fake(BaseHTTPRequestHandler):
         type(self).seen += 1
         if self.hang:
             threading.Event().wait(3)
+            return
+        if self.refuse_logprobs and body.get("logprobs"):
+            self._json(400, {"error": {"message": "logprobs is not supported"}})
             return
         if type(self).seen <= self.fail_first or "12 + 30" in json.dumps(body["messages"]):
             self._json(500, {"error": {"message": "overloaded"}})
@@ -314,3 +318,19 @@ def test_open_loop_run_records_rows_and_lists_failed_requests(tmp_path, fake, pr
     assert "### Failed requests: 2" in report and "goodput" in report
     table = serving_table(records, serving["slo"], serving["failed"])
     assert list(table.failed) == [1, 1] and (table.goodput > 0).all()
+
+
+def test_a_server_without_logprobs_is_compared_as_text(tmp_path, fake, prompts_file):
+    plain, _ = fake(refuse_logprobs=True)
+    spec, _ = fake()
+    out = tmp_path / "run"
+    result = cli.invoke(app, ["run", "--engine", "openai", "--base-url", spec, "--baseline-url", plain,
+                              "--dataset", str(prompts_file), "--limit", "2", "--max-new-tokens", "3", "--warmup", "0",
+                              "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "compared as text" in result.output
+    records = pd.read_csv(out / "records.csv", keep_default_na=False)
+    assert set(records.method) == {"ar", "spec"}
+    assert (records[records.method == "spec"].lossless == "match").all()
+    assert json.loads((out / "serving.json").read_text())["lossless_unit"] == "text"
+    assert pd.read_csv(out / "summary.csv").set_index("method").speedup["ar"] == 1.0
