@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.core.profile_file import LatencyProfile
-from specbench.planning.plan import PlanRequest, memory_gb, plan  # first: it imports the methods before acceptance
+from specbench.methods import REGISTRY  # noqa: F401  (first, as the CLI does: the guessers and acceptance.py meet)
+from specbench.planning.plan import PlanRequest, memory_gb, plan
 from specbench.planning.acceptance import read_per_rank
 from specbench.planning.latency_estimate import ModelShape
 

@@ -133,7 +133,7 @@ def tabulate(r: torch.Tensor, rows: int) -> tuple[list, list, list]:
 def write(result: dict, path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        from ..report.random_weights import WARNING, is_random
+        from ..core.random_weights import WARNING, is_random
 
         warn = f"# {WARNING.format(spec=result['model']).replace('**', '')}\n" if is_random(result.get("model")) else ""
         path.write_text(f"# specbench estimate: {result['method']} accuracy per token distance (rows @1, @2, ...)\n"

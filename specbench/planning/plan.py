@@ -21,7 +21,6 @@ from pathlib import Path
 
 import yaml
 
-from .. import methods  # noqa: F401  (first: planning.acceptance and the methods' guessers import each other)
 from ..core import store
 from ..errors import SpecbenchError
 from .acceptance import cost_law, read_fields, read_per_rank

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..core import random_weights
 from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..run.results import read_meta, with_batch_columns
-from . import batchreport, compact, comparison, context, random_weights, roofline, timeline, verdict
+from . import batchreport, compact, comparison, context, roofline, timeline, verdict
 from .lossless_check import LOSSLESS_TEXT, lossless_failed_section, unexplained_mismatches
 from .engines import cross_engine_section, engine_section
 from .markdown import markdown_table
