@@ -89,3 +89,14 @@ def test_a_run_on_random_weights_says_so_at_the_top_of_its_report(tmp_path, prom
     assert result.exit_code == 0, result.output
     head = "\n".join((out / "report.md").read_text().splitlines()[:6])
     assert "Random weights" in head and "random:tiny" in head and "say nothing about a trained model" in head
+
+
+def test_an_estimate_on_random_weights_says_so_in_its_file(tmp_path):
+    from specbench.methods import REGISTRY  # noqa: F401  (first: the guessers and planning.acceptance import each other)
+    from specbench.planning.acceptance import write
+
+    for spec, warned in (("random:vicuna-7b", True), ("smollm2-135m", False)):
+        path = tmp_path / f"{warned}.yaml"
+        write({"method": "ppd", "model": spec, "per_rank": [[0.5]]}, path)
+        head = path.read_text().splitlines()[:2]
+        assert ("Random weights" in head[1]) is warned and head[0].startswith("# specbench estimate")
