@@ -34,20 +34,6 @@ def bare_ms(method) -> float:
     return mh.heads_ms(guesser.heads.heads, target.model.get_output_embeddings(), target.dtype)
 
 
-def target_ms_now(target, context: int = 512, repeats: int = 7) -> float:
-    """The target's 1-token forward on a `context`-long cache, timed now (median): on a busy machine the drafting's
-    timings are scaled by profile L(1) / this, so that they keep their share of the target's forward."""
-    from specbench.core.batch.cache import new_cache
-    from specbench.core.batch.forward import forward, timed_forward
-
-    with torch.inference_mode():
-        cache = new_cache(target.model)
-        forward(target.model, torch.randint(100, 1000, (1, context), device=target.device), cache)
-        one = torch.tensor([[42]], device=target.device)
-        times = sorted(timed_forward(target.model, one, cache, target.device) for _ in range(repeats))
-    return times[len(times) // 2]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -61,17 +47,14 @@ def main() -> None:
     profile = local_profile(target)
     print(f"model {target.name}, {dtype_name(target.dtype)}, threads {torch.get_num_threads()}, profile "
           f"{profile.hardware if profile else None}")
-    now = target_ms_now(target)
-    scale = profile.latency_ms(1, 512) / now if profile else 1.0
-    print(f"target 1-token forward now {now:.2f} ms, profile L(1) {profile.latency_ms(1, 512) if profile else 0:.2f} "
-          f"ms: drafting times below are scaled x{scale:.3f} to the profile's clock")
     print(f"{'method':>13} {'tree':>10} {'bare ms':>8} {'step ms':>8} {'ratio':>6} {'pred (bare)':>11} "
           f"{'pred (step)':>11} {'tau':>5}")
     for name in args.methods.split(","):
         method = get_method(name)(target, {"tree": "auto"})
         tf = method.plan.tree_file
         tree = tf.tree(0)
-        bare, step = bare_ms(method) * scale, method.pricing.ms_here(tree) * scale
+        # both on the profile's clock (DraftPricing.clock: profile L(1) over the target's forward timed now)
+        bare, step = bare_ms(method) * method.pricing.clock(), method.pricing.ms_here(tree)
         said = {}
         for label, ms in (("bare", bare), ("step", step)):
             said[label] = predict(tf, method.acceptance, profile, draft_ms=cost_law(method.family, ms)) if profile \

@@ -108,6 +108,7 @@ def test_a_tree_built_by_a_run_is_priced_with_the_drafter_timed_there(name, tiny
     speedup uses the same time for this machine's profile (another machine's is still priced from the file): the
     time chosen changes the tree."""
     from specbench.methods import get_method
+    from specbench.methods.tree.pricing import DraftPricing
 
     guesser = get_method(name).guesser_type
     prof = write_profile(store_dir)
@@ -120,6 +121,7 @@ def test_a_tree_built_by_a_run_is_priced_with_the_drafter_timed_there(name, tiny
     sizes = {}
     for ms in (0.001, 40.0):  # nearly free, then dearer than four target forwards
         monkeypatch.setattr(guesser, "time_drafting", lambda self, tree=None, ms=ms: ms)
+        monkeypatch.setattr(DraftPricing, "clock", lambda self: 1.0)  # the time as given (test_draft_pricing scales)
         tree.unlink(missing_ok=True)
         method, said = make(name, tiny)
         sizes[ms] = method.tree_file.size

@@ -46,3 +46,16 @@ def test_eagle_pays_per_depth_and_the_run_prices_its_own_tree(tiny, store_dir, m
     here = LatencyProfile("tiny", "float32", hardware_slug(tiny.device), "measured", [1, 2], {512: {"median_ms": [1.0, 1.1]}})
     assert method.draft_cost(here)(2) == pytest.approx(2.0)
     assert priced == [method.plan.tree_file.tree(0)]
+
+
+def test_the_drafting_is_priced_on_the_profiles_clock(tiny, store_dir, monkeypatch):  # noqa: F811
+    """A drafting timed on a machine twice as slow as when it was profiled costs half in the profile's units."""
+    from .test_auto_tree import write_profile
+
+    method, _ = make("eagle", tiny)
+    assert method.pricing.clock() == 1.0  # no profile of this hardware: the time as measured
+    write_profile(store_dir)  # L(1) = 10 ms
+    monkeypatch.setattr("specbench.core.batch.forward.timed_forward", lambda *args: 20.0)
+    assert method.pricing.clock() == pytest.approx(0.5)
+    monkeypatch.setattr("specbench.methods.eagle.guesser.step_drafting_ms", lambda drafter, draft, pending: 6.0)
+    assert method.pricing.ms_here(Tree(((0,), (0, 0)))) == pytest.approx(1.5)  # 6 ms, 2 depths, half the clock

@@ -53,8 +53,30 @@ class DraftPricing:
 
             with torch.inference_mode():  # --tp: each rank times it (collectives), rank 0's time builds every tree
                 ms = from_writer(self.time_drafting(tree))
+                ms = None if ms is None else ms * from_writer(self.clock())
             self._timed[key] = None if ms is None else round(ms, 4)
         return self._timed[key]
+
+    def clock(self, context: int = 256, repeats: int = 5) -> float:
+        """This hardware's profile L(1) over the target's 1-token forward timed now on a `context`-long cache (1
+        without a profile): the drafting is timed now but priced beside the profile's L(n), so a machine busier or
+        threaded otherwise than when it was profiled keeps the drafting's share of the target's forward (on a
+        quiet machine this is about 1)."""
+        from ...planning.batch_choice import local_profile
+
+        profile = local_profile(self.target) if self.target is not None else None
+        if profile is None:
+            return 1.0
+        from ...core.batch.cache import new_cache
+        from ...core.batch.forward import forward, timed_forward
+
+        model, device = self.target.model, self.target.device
+        cache = new_cache(model)
+        vocab = model.get_input_embeddings().weight.shape[0]
+        forward(model, torch.randint(vocab, (1, context), device=device), cache)
+        one = torch.tensor([[vocab // 2]], device=device)
+        times = sorted(timed_forward(model, one, cache, device) for _ in range(repeats + 1))[:repeats]
+        return profile.latency_ms(1, context) / times[len(times) // 2]
 
     def profiles_here(self, profile) -> bool:
         """`profile` is of the machine and dtype this method decodes on."""
