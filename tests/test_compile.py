@@ -167,10 +167,9 @@ def test_embedded_model_compiled_tokens_equal_eager():
         methods = {name: _method(name, target) for name in ("ar", "pld", "ppd")}
         for method in methods.values():
             state.declare(cc.declared_width(method))
-        for name, method in methods.items():
-            for seed in range(2):
-                eager, compiled = _tokens(method, target, state, seed, n=48)
-                assert compiled == eager, f"{name} prompt {seed}"
+        for name, method in methods.items():  # one prompt each: every shape compiles on 30 layers (minutes)
+            eager, compiled = _tokens(method, target, state, 0, n=32)
+            assert compiled == eager, name
     finally:
         cc.disable(target.model)
 
