@@ -106,15 +106,16 @@ def run(
                       "own PyTorch loop), llama.cpp (llama-cpp-python in process; --model FILE.gguf; pip install "
                       "'specbench\\[llamacpp]') or openai (an OpenAI-compatible server at --base-url).")]
     = "specbench",
-    base_url: Annotated[Optional[str], typer.Option(metavar="URL", rich_help_panel=ENGINES, help="--engine openai: "
-                        "the server, e.g. http://localhost:8000/v1.")] = None,
-    baseline_url: Annotated[Optional[str], typer.Option(metavar="URL", rich_help_panel=ENGINES, help="--engine "
+    base_url: Annotated[Optional[str], typer.Option(metavar="URL", rich_help_panel=ENGINES, show_default="none",
+                        help="--engine openai: the server, e.g. http://localhost:8000/v1.")] = None,
+    baseline_url: Annotated[Optional[str], typer.Option(metavar="URL", rich_help_panel=ENGINES, show_default="none: no "
+                            "speedup, the server's own numbers", help="--engine "
                             "openai: a second server with speculation off, run on the same prompts interleaved as "
                             "the baseline.")] = None,
     served_model: Annotated[Optional[str], typer.Option(metavar="NAME", rich_help_panel=ENGINES, show_default="the "
                             "server's first model", help="--engine openai: the model name to request.")] = None,
-    api_key_env: Annotated[Optional[str], typer.Option(metavar="VAR", rich_help_panel=ENGINES, help="--engine "
-                           "openai: the environment variable holding the API key.")] = None,
+    api_key_env: Annotated[Optional[str], typer.Option(metavar="VAR", rich_help_panel=ENGINES, show_default="no key",
+                           help="--engine openai: the environment variable holding the API key.")] = None,
     concurrency: Annotated[str, typer.Option(metavar="N[,N...]", rich_help_panel=ENGINES, help="--engine openai: "
                            "requests in flight (closed loop), a row each.")] = "1",
     request_rate: Annotated[Optional[float], typer.Option(metavar="R", rich_help_panel=ENGINES, show_default="closed"

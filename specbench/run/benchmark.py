@@ -160,11 +160,11 @@ def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shar
 
 
 def roofline_block(runner: Runner, loaded: list[LoadedDataset], prompts: int = 200) -> dict:
-    """run.yaml's roofline (report/roofline.run_block): this machine's memory bandwidth (measured once per hardware
+    """run.yaml's roofline (core/machine/roofline.run_block): this machine's memory bandwidth (measured once per hardware
     key, then cached: core/machine/bandwidth.py) and the bound of a forward at the run's mean context (the first
     `prompts` first turns' rendered lengths, fitted to the context as runs fit them, + half of --max-new-tokens)."""
     from ..core.machine.bandwidth import bandwidth
-    from ..report.roofline import mean_context, run_block
+    from ..core.machine.roofline import mean_context, run_block
 
     target, cfg = runner.target, runner.cfg
     room = max(target.context_length - cfg.max_new_tokens, 1)
