@@ -61,6 +61,7 @@ class MethodPlan:
     memory_gb: dict = field(default_factory=dict)  # target, drafter, kv, total
     paper: dict = field(default_factory=dict)  # the acceptance file's published measurement (speedup, tau, gpu)
     acceptance: str = ""
+    unverified: bool = False  # its acceptance file says the paper's figures were recalled, not checked (verified: false)
     why_not: str = ""
 
 
@@ -180,6 +181,10 @@ def plan(req: PlanRequest) -> Plan:
     if profile.source == "estimated":
         result.notes.append(f"latency: a roofline estimate of {profile.meta.get('chip', req.gpu)} from its published "
                             "peak rates (planning/latency_estimate.py), not a measurement")
+    unchecked = [r.method for r in result.rows if r.unverified]
+    if unchecked:
+        result.notes.append(f"acceptance of {', '.join(unchecked)}: recalled, not checked against the paper's table "
+                            "(its file says verified: false): treat its row as a rough guide")
     if folder.parent.name == "published" and folder.name != key:
         result.notes.append(f"acceptance borrowed from {folder.name}'s published tables, not measured on {key}")
     write(result, req)
@@ -197,6 +202,7 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
         return row
     fields = read_fields(path)
     row.acceptance = store.relative_to_cwd(path)
+    row.unverified = (fields.get("source") or {}).get("verified") is False
     row.paper = dict((fields.get("published") or {}).get("measured") or {})
     row.memory_gb = memory_gb(method, shape, params, fields, dtype, req.context)
     rows = len(fields.get("per_rank") or [])
