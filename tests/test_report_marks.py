@@ -104,3 +104,10 @@ def test_tree_size_plot_has_error_bars(tmp_path, figures):
                            "timing": "ok", "predicted_speedup": 1.2} for n in (4, 8)])
     plots.plot_tree_sizes(frame, tmp_path / "tree.png")
     assert error_bars(figures[-1][0]) == 1
+
+
+def test_a_batched_run_of_ar_alone_has_its_batching_section_without_a_speedup_plot(tmp_path, figures):
+    only_ar = summary()[lambda f: f.method == "ar"]
+    lines = batchreport.section(only_ar, tmp_path)
+    assert (tmp_path / "batching.csv").exists() and (tmp_path / "pareto.png").exists()
+    assert not (tmp_path / "batch_speedup.png").exists() and lines

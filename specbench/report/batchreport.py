@@ -137,7 +137,8 @@ def section(summary: pd.DataFrame, run_dir: Path, title: str = "", chosen: dict 
         return []
     frame = table(summary)
     frame.to_csv(run_dir / "batching.csv", index=False)
-    plot(frame, run_dir / "batch_speedup.png", title)
+    if not frame.empty:  # a batched run of ar alone has no speedup to draw, only its throughput (the sweep below)
+        plot(frame, run_dir / "batch_speedup.png", title)
     return _batching_text(frame) + sweep_section(summary, run_dir, title, chosen, trees)
 
 
