@@ -55,7 +55,7 @@ from ..run.config import RunConfig
 from ..run.lossless import NEAR_TIE, UNEXPLAINED, CALIBRATION_LAYERS, DTYPE_ULPS, FLOAT32_ULPS
 from ..run.records import Check, compare, serving_view
 from ..run.resume import Done, drop_incomplete, finished, mark_complete, missing_folders, plain, prepare_out
-from ..run.resume import refuse_other_environment, remove_if_empty
+from ..run.resume import Interrupted, refuse_other_environment, remove_if_empty
 from ..run.results import Record, RecordWriter, read_tokens
 from ..run.work import LoadedDataset, PromptWork, pending_prompts
 
@@ -252,15 +252,3 @@ class EngineRun:
             self.writer.close()
             mark_complete(self.out)
         return self.out
-
-
-class Interrupted(SpecbenchError):
-    """Ctrl-C during an engine run (run/benchmark.Interrupted's message; that module imports this package)."""
-
-    exit_code = 130
-
-    def __init__(self, out: Path, kept: int):
-        kept_text = f"{kept} records kept in {out}" if kept else f"no results yet in {out}"
-        super().__init__(f"Interrupted: {kept_text}. Continue with the same command plus --resume (only whole "
-                         "prompts are kept: every method of a prompt, written together).")
-        self.out, self.kept = out, kept

@@ -28,7 +28,7 @@ from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..progress import console, progress_bar
 from ..run.config import RunConfig
-from ..run.work import PromptWork
+from ..run.work import PromptWork, fit_prompt
 from .common import EngineRun, EngineTurn, check_methods, load_work, local_environment, near_tie
 
 ENGINE = "llama.cpp"
@@ -251,17 +251,7 @@ class Engine:
     def prompt_ids(self, messages: list[dict], prompt: ds.Prompt) -> list[int] | None:
         """Rendered and fitted into the trained context as specbench's runner does (left-truncated with a
         warning, or None: skipped)."""
-        ids = self.render(messages)
-        room = self.n_ctx_train - self.cfg.max_new_tokens
-        if room < 16:
-            console.print(f"[yellow]skip[/] prompt {escape(prompt.id)}: --max-new-tokens {self.cfg.max_new_tokens} "
-                          f"leaves no room in the {self.n_ctx_train}-token context")
-            return None
-        if len(ids) > room:
-            console.print(f"[yellow]warning[/] prompt {escape(prompt.id)}: {len(ids)} tokens exceed the context "
-                          f"({self.n_ctx_train}) minus --max-new-tokens; kept the last {room}")
-            ids = ids[-room:]
-        return ids
+        return fit_prompt(self.render(messages), self.n_ctx_train, self.cfg.max_new_tokens, prompt.id)
 
     # --------------------------------------------------------------------------------------------- generation
 

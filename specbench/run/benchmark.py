@@ -21,10 +21,10 @@ from ..core.machine import memory
 from ..core.model.load import load_model
 from ..data import datasets as ds
 from ..core.store import RunFolder
-from ..errors import SpecbenchError
 from ..progress import console, progress_bar
 from . import batch_schedule, compiled as compile_run, noise, retime
 from .config import RunConfig
+from .resume import Interrupted  # noqa: F401  (raised here; run/ray_shards and tests name it benchmark.Interrupted)
 from .resume import Done, drop_incomplete, mark_complete, missing_folders, plain, prepare_out
 from .resume import finished, refuse_other_environment, remove_if_empty
 from .results import RecordWriter, read_tokens
@@ -178,14 +178,3 @@ def _device_map(target) -> dict | None:
     """Which module sits on which device (accelerate's map), for run.yaml; None on one device."""
     dmap = getattr(target.model, "hf_device_map", None)
     return {k: str(v) for k, v in dmap.items()} if dmap and not target.placement.startswith("single:") else None
-
-
-class Interrupted(SpecbenchError):
-    exit_code = 130
-
-    def __init__(self, out: Path, kept: int):
-        kept_text = f"{kept} records kept in {out}" if kept else f"no results yet in {out}"
-        super().__init__(f"Interrupted: {kept_text}. Continue with the same command plus --resume (only whole "
-                         "prompts are kept: every method of a prompt, written together).")
-        self.out = out
-        self.kept = kept

@@ -17,6 +17,19 @@ from .config import RunConfig
 from .results import RECORD_COLUMNS, Record, with_batch_columns
 
 
+class Interrupted(SpecbenchError):
+    """Ctrl-C during a run (specbench's own or an engine's): what was kept and how to continue; exit code 130."""
+
+    exit_code = 130
+
+    def __init__(self, out: Path, kept: int):
+        kept_text = f"{kept} records kept in {out}" if kept else f"no results yet in {out}"
+        super().__init__(f"Interrupted: {kept_text}. Continue with the same command plus --resume (only whole "
+                         "prompts are kept: every method of a prompt, written together).")
+        self.out = out
+        self.kept = kept
+
+
 def prepare_out(cfg: RunConfig) -> Path:
     """Create the run directory, refusing to mix runs: an existing run continues only with --resume."""
     out = Path(cfg.out)

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import torch
-from rich.markup import escape
 
 from ..core.machine import contention
 from ..core.machine import memory
@@ -30,7 +29,7 @@ from ..progress import console
 from .config import RunConfig
 from .records import Check, TurnResult, build_record, compare
 from .results import Record, RecordWriter, append_timeline
-from .work import BatchLabel
+from .work import BatchLabel, fit_prompt
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -99,16 +98,10 @@ class Runner:
 
     def prompt_ids(self, messages: list[dict], prompt: ds.Prompt) -> torch.Tensor | None:
         """Render and fit into the context: truncate from the left with a warning, or None (skip) with a reason."""
-        ids = self.target.tokenizer.render(messages)
-        room = self.target.context_length - self.cfg.max_new_tokens
-        if room < 16:
-            console.print(f"[yellow]skip[/] prompt {escape(prompt.id)}: --max-new-tokens {self.cfg.max_new_tokens} "
-                          f"leaves no room in the {self.target.context_length}-token context")
+        ids = fit_prompt(self.target.tokenizer.render(messages), self.target.context_length, self.cfg.max_new_tokens,
+                         prompt.id)
+        if ids is None:
             return None
-        if len(ids) > room:
-            console.print(f"[yellow]warning[/] prompt {escape(prompt.id)}: {len(ids)} tokens exceed the context "
-                          f"({self.target.context_length}) minus --max-new-tokens; kept the last {room}")
-            ids = ids[-room:]
         return torch.tensor([ids], device=self.target.device)
 
     def timed(self, run: Callable[[], T]) -> tuple[T, float, float]:

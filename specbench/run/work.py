@@ -113,3 +113,21 @@ def say_batches(cfg: RunConfig, loaded: list[LoadedDataset]) -> None:
         if big:
             console.print(f"[yellow]note[/] {d.name} has {len(d.prompts)} prompt(s): batch size(s) "
                           f"{', '.join(map(str, big))} run with {len(d.prompts)} (raise --limit for full batches)")
+
+
+def fit_prompt(ids: list[int], context: int, max_new_tokens: int, prompt_id: str) -> list[int] | None:
+    """A rendered prompt fitted into a `context`-token window with room for --max-new-tokens: truncated from the left
+    with a warning, or None (skip the prompt) with a reason when no room is left (specbench's runner and the
+    llama.cpp engine alike)."""
+    from rich.markup import escape
+
+    room = context - max_new_tokens
+    if room < 16:
+        console.print(f"[yellow]skip[/] prompt {escape(prompt_id)}: --max-new-tokens {max_new_tokens} leaves no room "
+                      f"in the {context}-token context")
+        return None
+    if len(ids) > room:
+        console.print(f"[yellow]warning[/] prompt {escape(prompt_id)}: {len(ids)} tokens exceed the context "
+                      f"({context}) minus --max-new-tokens; kept the last {room}")
+        ids = ids[-room:]
+    return ids

@@ -28,6 +28,7 @@ import torch
 import yaml
 
 from .. import store
+from .memory import available_bytes
 from ...errors import SpecbenchError
 
 MiB = 2**20
@@ -77,17 +78,6 @@ def parse_size(text: str) -> int:
     text = text.strip().upper()
     unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
     return int(text.rstrip("KMG")) * unit
-
-
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo, or None off Linux."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def cpu_buffer_bytes(llc: int, available: int | None) -> int:

@@ -79,3 +79,14 @@ def peak_label(device: torch.device) -> str:
     if cpu_reset_works():
         return "peak RSS during the generation (VmHWM, reset before it)"
     return "peak RSS of the whole process so far (ru_maxrss; no per-generation reset here): includes earlier runs"
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (what a new allocation can take without swapping), or None off Linux."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

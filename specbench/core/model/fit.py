@@ -5,11 +5,11 @@ is built; a refusal says the numbers part by part and flags that would fit."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from ...errors import SpecbenchError
+from ..machine.memory import available_bytes
 from .memory_need import GIB, KV_HEADROOM_TOKENS, RUNTIME_HEADROOM, Need, current, need  # noqa: F401  (re-exported)
 
 SUGGEST_SHARE = 0.9  # a suggested --max-memory: this share of what the device has free
@@ -20,13 +20,7 @@ def free_memory_bytes(device: torch.device) -> int | None:
     unknown: no check)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    return available_bytes()
 
 
 def memory_need(config, dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
