@@ -33,6 +33,15 @@ DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_KV_LENGTHS = (128, 512, 1024)
 
 
+def check_grid(target: LoadedModel, widths: list[int], kv_lengths: list[int], repeats: int, warmup: int) -> None:
+    """Refuse a profile grid (sorted widths and KV lengths) that is not positive or does not fit the context."""
+    if repeats < 1 or warmup < 0 or widths[0] < 1 or kv_lengths[0] < 1:
+        raise SpecbenchError("profile: widths and KV lengths must be positive, --repeats at least 1")
+    if kv_lengths[-1] + repeats + widths[-1] > target.context_length:
+        raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + {repeats} repeats + width {widths[-1]} exceeds "
+                             f"the model's context ({target.context_length}); lower --kv-length or --widths")
+
+
 @torch.inference_mode()
 def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LENGTHS, repeats: int = 7,
             warmup: int = 2, batch_sizes=(1,), batch_widths=None) -> LatencyProfile:
@@ -43,11 +52,7 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
     batched = sorted({b for b in batch_sizes if b > 1})
     if batch_widths is not None and (not batch_widths or min(batch_widths) < 1):
         raise SpecbenchError("profile: --batch-widths must be positive integers")
-    if repeats < 1 or warmup < 0 or widths[0] < 1 or kv_lengths[0] < 1:
-        raise SpecbenchError("profile: widths and KV lengths must be positive, --repeats at least 1")
-    if kv_lengths[-1] + repeats + widths[-1] > target.context_length:
-        raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + {repeats} repeats + width {widths[-1]} exceeds "
-                             f"the model's context ({target.context_length}); lower --kv-length or --widths")
+    check_grid(target, widths, kv_lengths, repeats, warmup)
     model, device = target.model, target.device
     gen = torch.Generator().manual_seed(0)
     vocab = min(target.vocab_size, 32000)

@@ -24,6 +24,7 @@ from ..core.model.load import LoadedModel, dtype_name, model_slug
 from ..core.profile_file import LatencyProfile
 from ..errors import SpecbenchError
 from ..progress import progress_bar
+from .profile import check_grid
 
 PLACEMENT = "compiled"  # the profile's placement label: its file is <model>-<dtype>@compiled.yaml
 
@@ -31,11 +32,7 @@ PLACEMENT = "compiled"  # the profile's placement label: its file is <model>-<dt
 @torch.inference_mode()
 def measure_compiled(target: LoadedModel, widths, kv_lengths, repeats: int = 7, warmup: int = 2) -> LatencyProfile:
     widths, kv_lengths = sorted(set(widths)), sorted(set(kv_lengths))
-    if repeats < 1 or warmup < 0 or widths[0] < 1 or kv_lengths[0] < 1:
-        raise SpecbenchError("profile: widths and KV lengths must be positive, --repeats at least 1")
-    if kv_lengths[-1] + repeats + widths[-1] > target.context_length:
-        raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + {repeats} repeats + width {widths[-1]} exceeds "
-                             f"the model's context ({target.context_length}); lower --kv-length or --widths")
+    check_grid(target, widths, kv_lengths, repeats, warmup)
     model, device = target.model, target.device
     state = cc.enable(model, kv_lengths[-1] + repeats + widths[-1] + 1)
     state.buckets[(False, False, False)] = list(widths)  # every width its own shape: no padding in the curve
