@@ -82,22 +82,29 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
         batches = measure_batches(
             target, batched, lambda b: sorted(set(batch_widths)) if batch_widths else default_widths(widths, b),
             kv_lengths, repeats, warmup, lambda text: bar.update(task, advance=1, info=text))
-    load = contention.between(before, contention.snapshot())  # what else ran while it was measured
-    env = environment(device, target.dtype)
-    identity = hardware_identity(device)
-    meta = {"device_name": env["device"], "identity": identity, "threads": env["threads"], "repeats": repeats,
-            "warmup": warmup, "kv_growth": "one token a round (round r at KV kv + r)",
-            "contention": {**load, "disturbed": contention.disturbed(load)},
-            "versions": {"torch": env["torch"], "transformers": env["transformers"], "specbench": __version__,
-                         "git": env["git"]}}
-    if device.type == "cuda":
-        meta["nvml"] = gpu_facts(device.index or 0)
-    meta["placement"] = target.placement  # a device map or --tp files its own profile (store.profile_name)
-    meta["model_spec"] = target.spec  # `model` is its file-name key (model_slug), the one build-tree and run use
+    meta = profile_meta(target, before, repeats, warmup)
     if batches:
         meta["batch_engine"] = ENGINE
-    return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(identity),
+    return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(meta["identity"]),
                           "measured", list(widths), curves, meta, batches)
+
+
+def profile_meta(target: LoadedModel, before: dict, repeats: int, warmup: int, placement: str | None = None) -> dict:
+    """A profile's meta: where and how it was measured, what else ran meanwhile (since the contention snapshot
+    `before`), versions, the placement it is filed under (a device map, --tp or --compile files its own profile:
+    store.profile_name) and the model spec (`model` is its file-name key, model_slug, the one build-tree and run use)."""
+    device = target.device
+    load = contention.between(before, contention.snapshot())
+    env = environment(device, target.dtype)
+    meta = {"device_name": env["device"], "identity": hardware_identity(device), "threads": env["threads"],
+            "repeats": repeats, "warmup": warmup, "kv_growth": "one token a round (round r at KV kv + r)",
+            "contention": {**load, "disturbed": contention.disturbed(load)},
+            "versions": {"torch": env["torch"], "transformers": env["transformers"], "specbench": __version__,
+                         "git": env["git"]},
+            "placement": placement or target.placement, "model_spec": target.spec}
+    if device.type == "cuda":
+        meta["nvml"] = gpu_facts(device.index or 0)
+    return meta
 
 
 def default_path(profile: LatencyProfile, root: Path | None = None) -> Path:

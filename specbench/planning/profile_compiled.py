@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import torch
 
-from .. import __version__
 from ..core.batch.ragged import Segment
 from ..core.batch.static import StaticSequence
 from ..core.machine import contention
-from ..core.machine.hardware import environment, gpu_facts, hardware_identity, slug_of
+from ..core.machine.hardware import slug_of
 from ..core.machine.timing import call_ms
 from ..core.model import compile as cc
 from ..core.model.load import LoadedModel, dtype_name, model_slug
 from ..core.profile_file import LatencyProfile
 from ..errors import SpecbenchError
 from ..progress import progress_bar
-from .profile import check_grid
+from .profile import check_grid, profile_meta
 
 PLACEMENT = "compiled"  # the profile's placement label: its file is <model>-<dtype>@compiled.yaml
 
@@ -74,17 +73,6 @@ def measure_compiled(target: LoadedModel, widths, kv_lengths, repeats: int = 7, 
     if state.eager_steps:
         raise SpecbenchError(f"profile --compile: {state.eager_steps} forwards ran uncompiled; the curve would mix "
                              "compiled and eager forwards")
-    load = contention.between(before, contention.snapshot())
-    env = environment(device, target.dtype)
-    identity = hardware_identity(device)
-    meta = {"device_name": env["device"], "identity": identity, "threads": env["threads"], "repeats": repeats,
-            "warmup": warmup, "kv_growth": "one token a round (round r at KV kv + r)",
-            "contention": {**load, "disturbed": contention.disturbed(load)},
-            "versions": {"torch": env["torch"], "transformers": env["transformers"], "specbench": __version__,
-                         "git": env["git"]},
-            "placement": PLACEMENT, "model_spec": target.spec,
-            "compile": state.report()}
-    if device.type == "cuda":
-        meta["nvml"] = gpu_facts(device.index or 0)
-    return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(identity),
+    meta = {**profile_meta(target, before, repeats, warmup, PLACEMENT), "compile": state.report()}
+    return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(meta["identity"]),
                           "measured", list(widths), curves, meta, {})
