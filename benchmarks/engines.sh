@@ -14,7 +14,7 @@ DRAFT=${DRAFT:-$OUT/smollm2-135m-drafter-q8_0.gguf}
 mkdir -p "$OUT"
 
 # 1. specbench's own loop and llama.cpp in process, the same prompts
-$SB run -m ar -m pld -m "$LEARNED" $DATA --out "$OUT/specbench"
+$SB run -m ar -m pld -m "$LEARNED" $DATA --dtype float32 --out "$OUT/specbench"   # float32: the issue compares its ar
 if [[ -f "$DRAFT" ]]; then SD="-m sd --draft-model $DRAFT"; else SD=""; echo "no $DRAFT (docs/engines.md): sd left out"; fi
 $SB run --engine llama.cpp -m ar -m pld $SD $DATA --out "$OUT/llamacpp"
 $SB report "$OUT/specbench" "$OUT/llamacpp" --out "$OUT/compare"
