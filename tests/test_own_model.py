@@ -307,7 +307,7 @@ def test_a_model_too_big_for_free_memory_is_refused_before_it_is_built(monkeypat
         load_model("random:llama2-7b", "bfloat16", "cpu")
     said = str(err.value)
     assert "random:llama2-7b" in said and "6.74B parameters in bfloat16" in said
-    assert "8.0 GiB" in said and "smaller preset" in said and "tiny" in said
+    assert "8.0 GiB" in said and "largest preset that fits here: --model random:qwen2.5-1.5b" in said
     need = float(said.split("needs about ")[1].split(" GiB")[0])
     assert 13.5 < need < 20  # 13.5 GB of bf16 weights plus KV cache and headroom
     with pytest.raises(SpecbenchError, match="--dtype bfloat16"):
