@@ -134,6 +134,8 @@ def _fill(fh, tensor, processor, names: dict, params: dict):
         step = max(1, ROWS_BYTES // (4 * shape[1]))
         for start in range(0, rows, step):  # [step, columns] float32 at a time
             block = dequantize(_read_rows(fh, tensor, start, min(start + step, rows)), tensor.tensor_type)
+            if not block.flags.writeable:  # an unquantised type comes back as a read-only view of the bytes read
+                block = block.copy()
             target[start:start + step].copy_(torch.from_numpy(np.ascontiguousarray(block)).view(-1, shape[1]))
         return target
     weights = dequantize(_read_rows(fh, tensor, 0, rows), tensor.tensor_type)
