@@ -78,6 +78,54 @@ def test_a_tree_built_with_a_timed_drafter_is_predicted_with_that_time(store):
     assert eagle_predicted() < timed / 2
 
 
+def test_a_tree_without_its_drafting_time_is_priced_by_the_step_drafting_timed_here(store, monkeypatch):
+    """A tree found without draft_forward_ms (shipped in trees/, or built from files alone) is priced by the step's
+    drafting of that tree timed now on the loaded target (DraftPricing.ms_here), not by the acceptance file's bare
+    drafter forward; the recommendation and the console say where each drafting price came from."""
+    from specbench.methods.tree.pricing import DraftPricing
+
+    sb("recommend", "--model", "random:tiny", "--confirm", 0, "--out", "rec")  # builds both trees
+    for family in ("eagle", "medusa"):  # as shipped: no drafting time recorded
+        tree = store / "trees" / "tiny" / f"{family}-{HW}-float32.yaml"
+        data = yaml.safe_load(tree.read_text())
+        data.pop("draft_forward_ms")
+        tree.write_text(yaml.safe_dump(data, sort_keys=False))
+        acc = store / "acceptance" / "tiny" / f"{family}.yaml"  # the bare forward: nearly free
+        acc.write_text(yaml.safe_dump({**yaml.safe_load(acc.read_text()), "dtype": "float32",
+                                       "draft_forward_ms": 0.001, "draft_forward_hardware": HW}))
+    asked = []
+    monkeypatch.setattr(DraftPricing, "ms_here", lambda self, tree=None: asked.append(tree) or 50.0)
+    said = sb("recommend", "--model", "random:tiny", "--confirm", 0, "--out", "rec")
+    rec = {m["method"]: m for m in yaml.safe_load((store / "rec" / "recommendation.yaml").read_text())["methods"]}
+    assert len(asked) == 2 and all(t is not None for t in asked)  # each found tree, drafted as the step drafts it
+    for method in ("eagle", "medusa"):
+        assert "50.00 ms per drafting forward" in rec[method]["draft_price"]
+        assert "timed now on the loaded target" in rec[method]["draft_price"]
+        assert f"{method}'s drafting: 50.00 ms" in said
+        # 50 ms of drafting beside a 10 ms verify forward (the profile's L(1)): the file's 0.001 ms would predict
+        # a speedup over 1, the run's price predicts a slowdown
+        assert rec[method]["predicted"] < 0.5
+
+
+def test_drafting_is_priced_from_the_tree_then_a_timing_here_then_the_bare_forward_said_optimistic(tmp_path):
+    from types import SimpleNamespace
+
+    from specbench.planning.predict import drafting_price
+
+    acc = tmp_path / "eagle.yaml"
+    acc.write_text(yaml.safe_dump({"method": "eagle", "draft_forward_ms": 2.0}))
+    recorded, bare = SimpleNamespace(extra={"draft_forward_ms": 7.0}), SimpleNamespace(extra={})
+    cost, said = drafting_price("eagle", recorded, acc, None, timed_ms=5.0)
+    assert cost(3) == 21.0 and "timed as the tree was built" in said  # eagle: once per depth
+    cost, said = drafting_price("eagle", bare, acc, None, timed_ms=5.0)
+    assert cost(3) == 15.0 and "timed now on the loaded target" in said
+    cost, said = drafting_price("eagle", bare, acc, None)
+    assert cost(3) == 6.0 and "bare drafter forward" in said and "optimistic" in said
+    cost, said = drafting_price("medusa", bare, acc, None)
+    assert cost(3) == 2.0  # medusa: its heads once a step
+    assert drafting_price("ppd", bare, acc, None) == (None, "")  # the guesses ride in the target's forward
+
+
 def test_an_unknown_model_is_refused_and_nothing_is_filed(store):
     said = sb("recommend", "--model", "./no-such-model", "--confirm", 0, "--out", "rec", code=2)
     assert "model path not found: ./no-such-model" in said

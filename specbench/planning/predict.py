@@ -2,9 +2,10 @@
 only (no decoding). For each method: its artefact, this hardware's latency profile, its acceptance file and the
 tree `--tree auto` would take (built now as build-tree would when the profile and acceptance file exist:
 autotree.py), then buildtree.predict: tau = 1 + R(T) from the acceptance file, speedup = tau L(1) /
-(expected verify latency + the drafter's cost per step: timed here when a run or recommend built the tree, else the
-acceptance file's, moved here), as in run.yaml's predicted column. A method that lacks a
-file says which and the command that makes it.
+(expected verify latency + the drafter's cost per step), as in run.yaml's predicted column. The drafting is priced
+as a run pays it where that was measured (drafting_price: the tree's own timing, else one recommend took on the
+loaded target), else from the acceptance file's bare drafter forward, said so (Prediction.draft_price). A method
+that lacks a file says which and the command that makes it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Prediction:
     predicted_speedup: float | None = None
     why_not: str = ""  # why no prediction: the missing file and the command that makes it
     built: bool = False  # the tree was built now (autotree)
+    draft_price: str = ""  # where the drafting's price per step came from ("" where the method drafts nothing)
 
     @property
     def available(self) -> bool:
@@ -57,8 +59,11 @@ def artifact_meta(model_key: str, family: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, device: str) -> Prediction:
-    """One method's predicted speedup here, or why there is none (SpecbenchErrors of bad files become the reason)."""
+def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, device: str,
+                timed_ms: float | None = None) -> Prediction:
+    """One method's predicted speedup here, or why there is none (SpecbenchErrors of bad files become the reason).
+    `timed_ms`: one drafting forward of this method's tree, timed now on the loaded target as the step drafts it
+    (recommend.price_drafting), for a tree that does not record its own (drafting_price)."""
     key = model_slug(model_spec)
     out = Prediction(cand.method)
     meta = artifact_meta(key, cand.family)
@@ -83,8 +88,8 @@ def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, dev
         rows = _rows(found.acceptance) if tree.prompt_tokens == 0 else tree.prompt_tokens
         acc = read_per_rank(found.acceptance, rows)
         profile = load_profile(found.profile)
-        said = predict(tree, acc, profile, KV_LENGTH, _ept(meta), tree_draft_cost(cand.family, tree)
-                       or draft_cost(cand.family, found.acceptance, profile, KV_LENGTH))
+        cost, out.draft_price = drafting_price(cand.family, tree, found.acceptance, profile, timed_ms)
+        said = predict(tree, acc, profile, KV_LENGTH, _ept(meta), cost)
     except SpecbenchError as exc:
         out.why_not = str(exc)
         return out
@@ -101,9 +106,36 @@ def tree_draft_cost(family: str, tree):
     return cost_law(family, ms) if family in DRAFT_COST_METHODS and isinstance(ms, (int, float)) else None
 
 
-def predict_all(cands: list[Candidate], model_spec: str, hardware: str, dtype: str, device: str) -> list[Prediction]:
-    """Every candidate's prediction, best predicted speedup first, unavailable ones last (in the given order)."""
-    preds = [predict_one(c, model_spec, hardware, dtype, device) for c in cands]
+def drafting_price(family: str, tree, acceptance: Path, profile, timed_ms: float | None = None):
+    """(depth -> drafting ms per step or None, where that price comes from) for a tree's prediction, in this order:
+    1. the tree's `draft_forward_ms`: the step's own drafting timed by the run (or recommend) that built it;
+    2. `timed_ms`: the step's drafting of this tree timed now on the loaded target (DraftPricing.ms_here);
+    3. the acceptance file's bare drafter forward (`estimate`'s time), moved here (draft_cost). A run's step pays
+       more than that bare forward (pending rows, the tree's widths, top-k, gathers, host syncs; issue 44 §2) by a
+       factor that differs per family and machine (benchmarks/draft_pricing.py), so it is used as it is and the
+       source says the prediction is optimistic rather than guessing a factor.
+    Both timed prices are on the profile's clock (DraftPricing.clock), as the profile's L(n) they sit beside."""
+    if family not in DRAFT_COST_METHODS:
+        return None, ""
+    if (cost := tree_draft_cost(family, tree)) is not None:
+        ms = tree.extra["draft_forward_ms"]
+        return cost, f"{ms:.2f} ms per drafting forward, the step's drafting timed as the tree was built"
+    if timed_ms is not None:
+        return cost_law(family, timed_ms), (f"{timed_ms:.2f} ms per drafting forward, the step's drafting of this "
+                                            "tree timed now on the loaded target")
+    cost = draft_cost(family, acceptance, profile, KV_LENGTH)
+    if cost is None:
+        return None, f"not priced: {acceptance} has no draft_forward_ms (the prediction leaves drafting out)"
+    return cost, (f"{cost(1):.2f} ms per drafting forward, {acceptance}'s bare drafter forward moved here: a run's "
+                  "step pays more, so this prediction is optimistic")
+
+
+def predict_all(cands: list[Candidate], model_spec: str, hardware: str, dtype: str, device: str,
+                timed: dict[str, float] | None = None) -> list[Prediction]:
+    """Every candidate's prediction, best predicted speedup first, unavailable ones last (in the given order);
+    `timed`: method -> its drafting forward timed now (predict_one's `timed_ms`)."""
+    timed = timed or {}
+    preds = [predict_one(c, model_spec, hardware, dtype, device, timed.get(c.method)) for c in cands]
     return sorted(preds, key=lambda p: -(p.predicted_speedup or 0.0) if p.available else float("inf"))
 
 

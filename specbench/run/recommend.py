@@ -1,9 +1,10 @@
 """`specbench recommend`: which method to use for a model on this machine. Every lossless tree method's speedup is
 predicted from files (planning/predict.py: no decoding; a drafting method's missing tree is first built as
-`run --tree auto` builds it, its drafter timed here: build_drafting_trees), the best `confirm` of them (and `pld`,
-which needs nothing and no model predicts) are measured beside `ar` in one short run (run/benchmark.py), and the
-pick is made by paired comparison with intervals (run/pick.py: the simplest method within the noise of the fastest;
-in bf16 a lossless or explained one), or the best predicted with `confirm` 0 (`ar` itself when nothing beats it).
+`run --tree auto` builds it, and each tree's drafting is priced as a run's step pays it, timed here:
+price_drafting), the best `confirm` of them (and `pld`, which needs nothing and no model predicts) are measured
+beside `ar` in one short run (run/benchmark.py), and the pick is made by paired comparison with intervals
+(run/pick.py: the simplest method within the noise of the fastest; in bf16 a lossless or explained one), or the
+best predicted with `confirm` 0 (`ar` itself when nothing beats it).
 The pick is written to DIR/recommendation.yaml and filed at recommendations/<model>/<hardware>.yaml, which
 `run --method auto` reads.
 """
@@ -64,6 +65,7 @@ class Row:
     measured_lo: float | None = None  # 95% interval of `measured` (prompts resampled: run/pick.py)
     measured_hi: float | None = None
     explained: float | None = None  # share of prompt turns matching ar or differing by a near-tie (T = 0)
+    draft_price: str = ""  # where the prediction's drafting price came from (planning/predict.drafting_price)
 
 
 @dataclass
@@ -97,8 +99,8 @@ def recommend(req: RecommendRequest) -> Result:
         raise SpecbenchError("--confirm must be >= 0, --limit and --max-new-tokens >= 1")
     model_config(req.model)  # an unknown model is refused here (its config; no weights), not filed as "use ar"
     dev, hardware, dtype = here(req.model, req.dtype, req.device)
-    build_drafting_trees(req, candidates(), hardware, dtype)
-    preds = predict_all(candidates(), req.model, hardware, dtype, dev.type)
+    timed = price_drafting(req, candidates(), hardware, dtype)
+    preds = predict_all(candidates(), req.model, hardware, dtype, dev.type, timed)
     rows = [Row("ar", predicted=1.0)] + [_row(p) for p in preds]
     rows += [Row(m, why_not=why) for m, why in NOT_PREDICTED.items() if m in REGISTRY]
     out = req.out or results_root() / time.strftime("recommend-%Y%m%d-%H%M%S")
@@ -112,19 +114,26 @@ def recommend(req: RecommendRequest) -> Result:
         pick = max((r for r in rows if r.predicted is not None), key=lambda r: r.predicted)
     result = Result(pick, rows, hardware, dtype, str(dev), out, run_dir, store.recommendation_file(
         model_slug(req.model), hardware))
-    result.notes += why + profile_notes(req.model, hardware, dtype)
+    result.notes += why + profile_notes(req.model, hardware, dtype) + [
+        f"{p.method}'s drafting: {p.draft_price}" for p in preds if p.available and p.draft_price]
     write(result, req)
     return result
 
 
-def build_drafting_trees(req: RecommendRequest, cands: list[Candidate], hardware: str, dtype: str) -> None:
-    """The trees this hardware lacks for the methods that draft with a network (eagle, parallelspec, medusa), built as
-    `run --tree auto` builds them: by the method itself on the loaded target, its drafting forward timed here and
-    recorded in the tree (draft_forward_ms), which the prediction then uses. Built from files alone they would be
-    priced with the acceptance file's time moved from the machine `estimate` ran on, and a drafter's share of a step
-    does not move with the target's: a time moved from a CPU can miss a GPU's by many times
-    (benchmarks/RESULTS-gpu.md). The confirming run then takes the same trees. Loads the target only when a tree is
-    missing and could be built; a method that cannot be set up is left to the prediction, which says why."""
+def price_drafting(req: RecommendRequest, cands: list[Candidate], hardware: str, dtype: str) -> dict[str, float]:
+    """method -> one drafting forward's ms, the step's drafting of its tree timed here, for the methods that draft
+    with a network (eagle, parallelspec, medusa), so each tree is priced as a run pays it (issue 44 §2):
+    - a tree this hardware lacks is built as `run --tree auto` builds it, by the method itself on the loaded
+      target, which times its drafting and records it in the tree (draft_forward_ms; the prediction reads it there);
+    - a tree found without draft_forward_ms (shipped in trees/, or built from files alone) has its drafting timed
+      now by the method set up on it (DraftPricing.ms_here: the pending rows, the tree's widths, top-k, gathers
+      and host copies, on the profile's clock), returned here.
+    Otherwise the prediction would price the drafting from the acceptance file's bare drafter forward, which misses
+    what a run's step pays by a factor that differs per family and machine (issue 44: about 2x on these CPUs;
+    benchmarks/draft_pricing.py measures it) and moves between machines as the target's forward does, which a
+    drafter's share does not (RESULTS-gpu.md). The confirming run then takes the same trees. Loads the target
+    only when a tree is missing or unpriced and could be set up; a method that cannot be set up is left to the
+    prediction, which says why or that it priced the bare forward."""
     from ..core.model.load import load_model
     from ..core.tree_file import find_auto_tree
     from ..planning import autotree
@@ -132,19 +141,29 @@ def build_drafting_trees(req: RecommendRequest, cands: list[Candidate], hardware
     from ..planning.predict import artifact_meta
 
     key = model_slug(req.model)
-    todo = [c for c in cands if c.family in DRAFT_COST_METHODS
-            and find_auto_tree(key, c.family, hardware, dtype) is None and artifact_meta(key, c.family) is not None
-            and autotree.inputs(req.model, c.family, hardware, dtype).ready]
+
+    def unpriced(cand: Candidate) -> bool:
+        hit = find_auto_tree(key, cand.family, hardware, dtype)
+        return hit is None or not isinstance(hit[0].extra.get("draft_forward_ms"), (int, float))
+
+    todo = [c for c in cands if c.family in DRAFT_COST_METHODS and artifact_meta(key, c.family) is not None
+            and autotree.inputs(req.model, c.family, hardware, dtype).ready and unpriced(c)]
     if not todo:
-        return
+        return {}
     if req.threads:
         torch.set_num_threads(req.threads)
     target = load_model(req.model, dtype, req.device)
+    timed = {}
     for cand in todo:
         try:
-            REGISTRY[cand.method](target)  # --tree auto: builds and files this hardware's tree, drafter timed here
+            method = REGISTRY[cand.method](target)  # --tree auto: this hardware's tree, built (and timed) if missing
+            if unpriced(cand):  # found as it was: time the step's drafting of it now
+                ms = method.pricing.ms_here(method.tree_file.tree(0) if method.one_state else None)
+                if ms is not None:
+                    timed[cand.method] = ms
         except SpecbenchError:
             pass
+    return timed
 
 
 def profile_notes(model: str, hardware: str, dtype: str) -> list[str]:
@@ -162,7 +181,8 @@ def profile_notes(model: str, hardware: str, dtype: str) -> list[str]:
 
 
 def _row(p: Prediction) -> Row:
-    return Row(p.method, p.tree, p.size, p.predicted_speedup, why_not=p.why_not)
+    return Row(p.method, p.tree, p.size, p.predicted_speedup, why_not=p.why_not,
+               draft_price=p.draft_price if p.available else "")
 
 
 def _confirm(req: RecommendRequest, methods: list[str], dtype: str, out: Path) -> Path:
