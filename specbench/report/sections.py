@@ -1,5 +1,5 @@
 """report.md's sections that sit beside the summary table: the noise guard's account, the per-category table,
-trees measured vs predicted, and whether the run is partial."""
+trees measured vs predicted (the error's split: prediction_split.py), and whether the run is partial."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..run import noise
+from . import prediction_split
 from .compact import timing_word
 from .markdown import markdown_table
 from .plots import plot_tree_sizes
@@ -72,14 +73,18 @@ def is_partial(meta: dict) -> bool:
 
 def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str = "") -> list[str]:
     """Tree methods: measured vs predicted tau and speedup per tree (PPD Fig. 8c when a run swept sizes), with
-    tree_sizes.png for a sweep."""
+    tree_sizes.png for a sweep; the ms per step predicted and measured, and the speedup's error split into its tau
+    and step-cost parts (prediction_split.py; batch-1 rows)."""
     rows = []
+    ar_ms = prediction_split.ar_steps(summary)
     for label, info in trees.items():
         for _, r in summary[summary.method == label].iterrows():
+            one = getattr(r, "batch_size", 1) == 1  # the split's identity holds for one sequence at a time
             rows.append({"method": label, "dataset": r.dataset, "size": info.get("size"),
                          "predicted_tau": info.get("predicted_tau"), "tau": r.tau,
                          "predicted_speedup": info.get("predicted_speedup"), "speedup": r.speedup,
                          "speedup_lo": getattr(r, "speedup_lo", None), "speedup_hi": getattr(r, "speedup_hi", None),
+                         **prediction_split.split(r.to_dict() if one else {}, info, ar_ms.get(r.dataset)),
                          "timing": getattr(r, "timing", "")})
     if not rows:
         return []
@@ -95,6 +100,7 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str =
     if acceptance and acceptance.startswith("a generic"):
         md[-2:-1] = [f"**Predicted tau is not this model's**: it comes from {acceptance}; predicted speedup "
                      f"likewise. Profile: {profile or 'none for this hardware (run `specbench profile`)'}."]
+    md += prediction_split.lines(frame)
     if frame["size"].nunique() >= 2:
         plot_tree_sizes(frame, run_dir / "tree_sizes.png", title)
         md += ["![speedup per tree size](tree_sizes.png)", ""]

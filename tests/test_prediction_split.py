@@ -1,0 +1,90 @@
+"""A tree's prediction against its measurement, the error split (issue 44 §2): report.md's trees table shows the
+predicted and measured ms per step, and speedup / predicted speedup = tau part x cost part, with which part misses
+the 5% goal; predictions carry the step's ms they rest on (buildtree.predict)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from specbench.report import prediction_split
+from specbench.report.sections import tree_section
+
+from .test_auto_tree import PER_RANK, write_profile
+from .test_recommend import sb, store  # noqa: F401 (the fixture)
+
+
+def summary(eagle_ms: float) -> pd.DataFrame:
+    """ar at 20 ms a step; eagle at tau 2.0 and `eagle_ms` a step (speedup = tau x ar's step / its step)."""
+    return pd.DataFrame([
+        {"method": "ar", "dataset": "gsm8k", "tau": 1.0, "speedup": 1.0, "forward_ms": 20.0, "batch_size": 1},
+        {"method": "eagle", "dataset": "gsm8k", "tau": 2.0, "speedup": 2.0 * 20.0 / eagle_ms,
+         "forward_ms": eagle_ms, "batch_size": 1}])
+
+
+# predicted on a profile twice as fast as the run's machine: L(1) 10 ms, the step 14 ms (1.4 ar steps)
+PREDICTED = {"eagle": {"size": 5, "predicted_tau": 2.2, "predicted_speedup": round(2.2 * 10 / 14, 4),
+                       "predicted_step_ms": 14.0, "ar_step_ms": 10.0}}
+
+
+def test_the_speedups_error_is_the_product_of_its_tau_and_step_cost_parts(tmp_path):
+    md = "\n".join(tree_section(summary(30.0), PREDICTED, tmp_path))
+    row = pd.read_csv(tmp_path / "tree_sizes.csv").iloc[0]
+    assert row.predicted_step_ms == 14.0 and row.step_ms == 30.0
+    assert row.tau_part == pytest.approx(2.0 / 2.2, abs=1e-3)
+    assert row.cost_part == pytest.approx(1.4 / 1.5, abs=1e-3)  # in ar steps: the two clocks cancel
+    assert row.tau_part * row.cost_part == pytest.approx(row.speedup / row.predicted_speedup, rel=2e-3)
+    assert row.misses == "tau, cost"
+    assert all(f"| {c} " in md for c in prediction_split.SPLIT_COLUMNS)
+    assert "misses for eagle on gsm8k (x0.93)" in md and "misses for eagle on gsm8k (x0.91)" in md
+
+
+def test_a_step_priced_within_five_percent_leaves_the_miss_to_tau(tmp_path):
+    md = "\n".join(tree_section(summary(28.6), PREDICTED, tmp_path))  # 1.43 ar steps measured, 1.4 predicted
+    row = pd.read_csv(tmp_path / "tree_sizes.csv").iloc[0]
+    assert abs(row.cost_part - 1) < prediction_split.GOAL and row.misses == "tau"
+    assert "Step cost within 5% for 1 of 1 tree row(s); tau within 5% for 0 of 1" in md
+
+
+def test_an_older_run_yaml_without_step_ms_still_splits_by_the_speedups(tmp_path):
+    old = {"eagle": {k: v for k, v in PREDICTED["eagle"].items() if not k.endswith("step_ms")}}
+    tree_section(summary(30.0), old, tmp_path)
+    row = pd.read_csv(tmp_path / "tree_sizes.csv").iloc[0]
+    assert math.isnan(row.predicted_step_ms)
+    assert row.tau_part * row.cost_part == pytest.approx(row.speedup / row.predicted_speedup, rel=2e-3)
+    none = prediction_split.split({"tau": 2.0}, {"predicted_tau": 2.2}, 20.0)  # no profile: no speedup predicted
+    assert math.isnan(none["cost_part"]) and none["misses"] == "-"
+
+
+def test_a_prediction_carries_the_step_it_rests_on_drafting_included(tmp_path):
+    from specbench.core.tree_file import TreeFile
+    from specbench.methods import REGISTRY  # noqa: F401 (planning.acceptance imports the methods first)
+    from specbench.planning.buildtree import predict
+    from specbench.planning.profile import load_profile
+
+    path = write_profile(tmp_path)
+
+    profile = load_profile(path)
+    tree = TreeFile(states={0: [((0,), 0), ((0, 0), 0), ((1,), 0)]}, prompt_tokens=0, method="medusa")
+    bare = predict(tree, PER_RANK, profile)
+    drafted = predict(tree, PER_RANK, profile, draft_ms=lambda depth: 4.0 * depth)
+    assert bare["ar_step_ms"] == pytest.approx(profile.latency_ms(1, 512))
+    assert drafted["predicted_step_ms"] == pytest.approx(bare["predicted_step_ms"] + 8.0, abs=1e-3)  # depth 2
+    for said in (bare, drafted):
+        assert said["predicted_speedup"] == pytest.approx(
+            said["predicted_tau"] * said["ar_step_ms"] / said["predicted_step_ms"], rel=1e-3)
+
+
+def test_a_run_reports_the_split_for_its_trees(store):  # noqa: F811 (the fixture)
+    sb("run", "--model", "random:tiny", "--method", "medusa", "--tree", "auto", "--dataset", "prompts.jsonl",
+       "--limit", 2, "--max-new-tokens", 8, "--warmup", 0, "--out", "run")
+    meta = yaml.safe_load((store / "run" / "run.yaml").read_text())
+    said = meta["trees"]["medusa"]
+    assert said["predicted_step_ms"] > said["ar_step_ms"] > 0  # the profile's L(1) and the tree's step, drafting in
+    row = pd.read_csv(store / "run" / "tree_sizes.csv").iloc[0]
+    assert row.step_ms > 0 and row.predicted_step_ms == pytest.approx(said["predicted_step_ms"], abs=1e-3)
+    assert row.tau_part * row.cost_part == pytest.approx(row.speedup / row.predicted_speedup, rel=0.02)
+    assert "`cost_part` = predicted step / measured step" in (store / "run" / "report.md").read_text()
