@@ -44,7 +44,7 @@ def _tokens(method, target, state, seed, n=32):
     """(eager tokens, tokens under the compile state) for one prompt."""
     cc.disable(target.model)
     eager = method.generate(prompt_ids(seed), n, Sampling(), None).tokens
-    setattr(target.model, cc.ATTRIBUTE, state)
+    cc.attach(target.model, state)
     return eager, method.generate(prompt_ids(seed), n, Sampling(), None).tokens
 
 

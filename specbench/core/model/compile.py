@@ -21,22 +21,46 @@ from __future__ import annotations
 
 import math
 import time
+import types
 import warnings
 
 import torch
 
 from ..batch.static import StaticKV, step
 from ..model.placement import input_device
+from . import grouped_attention
 
 ATTRIBUTE = "specbench_compiled"  # the model attribute holding its Compiled state (core/batch/engine.py reads it)
 ROUND = 128  # the cache's capacity is a multiple of this
 
 
 def settings(device: torch.device) -> dict:
-    """torch.compile's arguments on this device: CUDA graphs on CUDA (gpt-fast's "reduce-overhead"), inductor's
-    default elsewhere. Shapes are static (dynamic=False): one graph per bucket, never a symbolic one."""
-    mode = "reduce-overhead" if device.type == "cuda" else "default"
-    return {"backend": "inductor", "mode": mode, "dynamic": False, "fullgraph": True}
+    """How the step compiles on this device (run.yaml's compile block reports it): CUDA graphs on CUDA (gpt-fast's
+    "reduce-overhead"), inductor's C++ kernels elsewhere, called from a C++ wrapper (`cpp_wrapper`: the per-kernel
+    Python calls of a 30-layer forward cost about 1 ms of a 27 ms width-1 forward on cpu-intel-xeon-amx-2c, at about
+    three times the first compile's seconds; later runs read inductor's cache). Shapes are static (dynamic=False):
+    one graph per bucket, never a symbolic one."""
+    cuda = device.type == "cuda"
+    return {"backend": "inductor", "mode": "reduce-overhead" if cuda else "default", "dynamic": False,
+            "fullgraph": True, "cpp_wrapper": not cuda, "guards": "module attributes skipped"}
+
+
+def compile_step(device: torch.device, name: str):
+    """torch.compile of a copy of `step` of this state's own (its own code object: dynamo keeps a function's compiled
+    graphs on its code object, so the target's and the drafter's graphs would share one list, every call checking
+    both). Guards on nn.Module attributes are skipped (torch.compiler.skip_guard_on_all_nn_modules_unsafe): with one
+    model's weights and buffers as graph inputs they cost about 1 ms a call on the embedded model's 30 layers, and
+    nothing here changes a module's attributes between calls (the runner's hooks are taken off for the call:
+    static._Hooks); tensor shapes, dtypes and the step's own arguments stay guarded."""
+    said = settings(device)
+    options = dict(torch._inductor.list_mode_options(said["mode"]))  # reduce-overhead: {"triton.cudagraphs": True}
+    options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    if said["cpp_wrapper"]:
+        options["cpp_wrapper"] = True
+    code = step.__code__.replace(co_name=f"step_{name}")
+    own = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
+    return torch.compile(own, backend=said["backend"], dynamic=said["dynamic"], fullgraph=said["fullgraph"],
+                         options=options)
 
 
 class Compiled:
@@ -47,10 +71,7 @@ class Compiled:
         self.device = input_device(model)
         self.kv = StaticKV(_round(capacity))
         self.settings = settings(self.device)
-        kw = dict(self.settings)
-        if kw["mode"] == "default":
-            kw.pop("mode")
-        self.fn = torch.compile(step, **kw)
+        self.fn = compile_step(self.device, f"{type(model).__name__}_{id(model):x}")
         self.chain: list[int] = [1]  # the declared buckets (powers of two) of every unmasked kind of input
         # kind of input (embeds, masked, hidden) -> its buckets: the chain's for an unmasked kind, else the exact
         # widths warm-up met (a tree's)
@@ -161,7 +182,7 @@ class Compiled:
 
     def report(self) -> dict:
         """run.yaml's `compile:` block: the settings, the cache, every compiled shape's seconds, what ran eagerly."""
-        return {"backend": self.settings["backend"], "mode": self.settings["mode"], "device": str(self.device),
+        return {**self.settings, "device": str(self.device),
                 "capacity": self.kv.capacity, "buckets": sorted({b for s in self.buckets.values() for b in s}),
                 "shapes": [{"width": w, "inputs": "embeddings" if e else "tokens", "mask": "tree" if m else "causal",
                             "output": "hidden" if h else "logits", "seconds": round(s, 3)}
@@ -175,14 +196,20 @@ def enable(model, capacity: int) -> Compiled:
     # one graph per bucket and kind of input: more than dynamo's default of 8 recompilations a function
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
     torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 1024)
-    state = Compiled(model, capacity)
+    return attach(model, Compiled(model, capacity))
+
+
+def attach(model, state: Compiled) -> Compiled:
+    """Make `state` the model's compile state, its attention the grouped one (no copy of the cache per query head)."""
     setattr(model, ATTRIBUTE, state)
+    grouped_attention.use(model)
     return state
 
 
 def disable(model) -> None:
     if hasattr(model, ATTRIBUTE):
         delattr(model, ATTRIBUTE)
+    grouped_attention.restore(model)
 
 
 def state_of(model) -> Compiled | None:
