@@ -1,0 +1,131 @@
+"""`--compile` keeps every method lossless (issue 44 §3): greedy tokens under a compile state equal the method's
+eager tokens and eager `ar`'s, for every registered method, on a tiny model in float32 on CPU.
+
+As a run does it (run/compiled.enable_run, run/runner.warm_up, run/compiled.finish_run_warm_up): every method is
+built first (eagerly: sd's and PEARL's choices time eager forwards), a compile state is attached to the target and to
+the drafter, each method declares its width, one warm-up prompt per method compiles the shapes it meets, and
+finish_warm_up compiles the rest and freezes. The checked prompt runs after that: nothing compiles any more, and a
+forward the state does not compile runs eagerly, counted (`eager_steps`). Each case also says how many forwards of
+the checked prompt ran compiled, so a method that silently bypasses the static engine is visible.
+
+Compiling costs seconds a shape on 2 cores, so every method shares one state per model and the shapes are few:
+pld drafts 1 token, sd and PEARL gamma 2 (buckets 1, 2, 4), every tree method a 6-node tree."""
+
+from __future__ import annotations
+
+import pytest
+
+from specbench.core.model import compile as cc
+from specbench.core.model.load import load_model
+from specbench.core.verify import Sampling
+from specbench.methods import REGISTRY, get_method
+from specbench.methods.sd.drafter import layer_drafter
+
+from .conftest import artifact_options, prompt_ids
+
+NEW_TOKENS = 24
+WARM_SEED, CHECK_SEED = 0, 1
+
+# forwards each method runs outside the compiled step on the checked prompt, per model (target, drafter), and
+# whether it runs any compiled: what each method's code path really does under --compile
+#  - hidden-transfer: its layer hooks (`around`) read values inside the target's forward: every target forward eager
+#  - pearl*: drafter and target run through their own DynamicCaches (methods/sd/drafting.ModelState), not the batch
+#    engine: neither model's forwards ever reach the compile state (nothing compiled, nothing counted)
+#  - eagle / parallelspec: their feature drafter is no decoder model with a compile state (guesser's engine on
+#    art.drafter): it runs eagerly, uncounted; the target's forwards compile
+EAGER_TARGET = {"hidden-transfer": "all"}
+UNCOMPILED = {"pearl", "pearl-no-post", "pearl-no-pre"}
+
+
+def _options(name: str, target) -> dict:
+    cls = get_method(name)
+    options = dict(artifact_options(name, target))
+    if name == "pld":
+        options["pld_draft_tokens"] = 1
+    if cls.kind == "tree":
+        options["tree"] = "size=6"
+    if "drafter" in cls.needs:
+        options["gamma"] = 2
+    return options
+
+
+class _Counted:
+    """The compiled step, counted (calls reaching torch.compile's function: compiled forwards)."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Per method: eager tokens, compiled tokens (after warm-up), eager steps and compiled forwards per model of the
+    checked prompt, or the exception the compiled run raised; and eager ar's tokens."""
+    target = load_model("random:tiny", dtype="float32", device="cpu")
+    drafter = layer_drafter(target, [0])
+    methods = {name: get_method(name)(target, _options(name, target),
+                                      drafter if "drafter" in get_method(name).needs else None)
+               for name in sorted(REGISTRY)}
+    check = prompt_ids(CHECK_SEED)
+    eager = {name: m.generate(check, NEW_TOKENS, Sampling(), None).tokens for name, m in methods.items()}
+    states = {"target": cc.enable(target.model, 256), "drafter": cc.enable(drafter.model, 256)}
+    try:
+        counters = {role: _Counted(state.fn) for role, state in states.items()}
+        for role, state in states.items():
+            state.fn = counters[role]
+        for method in methods.values():
+            for state in states.values():
+                state.declare(cc.declared_width(method))
+        failed: dict[str, BaseException] = {}
+        for name, method in methods.items():  # warm-up: one prompt each, the shapes compile as they are met
+            try:
+                method.generate(prompt_ids(WARM_SEED), NEW_TOKENS, Sampling(), None)
+            except Exception as e:  # noqa: BLE001 -- reported by the method's own case
+                failed[name] = e
+        for state in states.values():
+            state.finish_warm_up()
+        shapes = {role: dict(state.shapes) for role, state in states.items()}
+        out = {}
+        for name, method in methods.items():
+            if name in failed:
+                out[name] = failed[name]
+                continue
+            before = {role: (s.eager_steps, counters[role].calls) for role, s in states.items()}
+            try:
+                tokens = method.generate(check, NEW_TOKENS, Sampling(), None).tokens
+            except Exception as e:  # noqa: BLE001
+                out[name] = e
+                continue
+            out[name] = {"tokens": tokens,
+                         **{f"{role}_eager": s.eager_steps - before[role][0] for role, s in states.items()},
+                         **{f"{role}_compiled": counters[role].calls - before[role][1] for role in states}}
+        assert {role: dict(s.shapes) for role, s in states.items()} == shapes  # nothing compiled after warm-up
+        yield {"eager": eager, "compiled": out, "states": states}
+    finally:
+        cc.disable(target.model)
+        cc.disable(drafter.model)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_compiled_tokens_equal_eager_and_ar(runs, name):
+    got = runs["compiled"][name]
+    if isinstance(got, BaseException):
+        raise got
+    assert got["tokens"] == runs["eager"][name], "compiled tokens differ from the method's eager tokens"
+    assert got["tokens"] == runs["eager"]["ar"], "compiled tokens differ from eager ar's"
+    needs_drafter = "drafter" in get_method(name).needs
+    if name in UNCOMPILED:  # never reaches the compile state: nothing compiled, nothing counted
+        assert got["target_compiled"] == got["target_eager"] == 0
+        assert got["drafter_compiled"] == got["drafter_eager"] == 0
+        return
+    if EAGER_TARGET.get(name) == "all":  # every target forward eager, each counted
+        assert got["target_compiled"] == 0 and got["target_eager"] > 0
+    else:
+        assert got["target_compiled"] > 0 and got["target_eager"] == 0
+    if needs_drafter:  # sd: the drafter's forwards compile too (its prefill aside)
+        assert got["drafter_compiled"] > 0 and got["drafter_eager"] == 0
+    else:
+        assert got["drafter_compiled"] == got["drafter_eager"] == 0
