@@ -46,6 +46,10 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
     for method in runner.methods.values():
         for state in states.values():
             state.declare(declared_width(method))
+    eager = sorted(m.name for m in runner.methods.values() if not getattr(m, "static_engine", True))
+    if eager:
+        console.print(f"[yellow]note[/] --compile: {', '.join(eager)} decode(s) over their own caches, not the static "
+                      "engine: they run eagerly (their speedups are eager steps against a compiled ar)")
     return states
 
 

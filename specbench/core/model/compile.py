@@ -20,6 +20,7 @@ shape's first call (compile, plus one forward), reported per shape in run.yaml a
 from __future__ import annotations
 
 import math
+import os
 import time
 import types
 import warnings
@@ -32,17 +33,19 @@ from . import grouped_attention
 
 ATTRIBUTE = "specbench_compiled"  # the model attribute holding its Compiled state (core/batch/engine.py reads it)
 ROUND = 128  # the cache's capacity is a multiple of this
+CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on CPU (faster compile, slower calls)
 
 
 def settings(device: torch.device) -> dict:
     """How the step compiles on this device (run.yaml's compile block reports it): CUDA graphs on CUDA (gpt-fast's
     "reduce-overhead"), inductor's C++ kernels elsewhere, called from a C++ wrapper (`cpp_wrapper`: the per-kernel
     Python calls of a 30-layer forward cost about 1 ms of a 27 ms width-1 forward on cpu-intel-xeon-amx-2c, at about
-    three times the first compile's seconds; later runs read inductor's cache). Shapes are static (dynamic=False):
-    one graph per bucket, never a symbolic one."""
+    three times the first compile's seconds; later runs read inductor's cache; $SPECBENCH_COMPILE_CPP_WRAPPER=0
+    leaves it out). Shapes are static (dynamic=False): one graph per bucket, never a symbolic one."""
     cuda = device.type == "cuda"
+    wrapper = not cuda and os.environ.get(CPP_WRAPPER, "1").strip() != "0"
     return {"backend": "inductor", "mode": "reduce-overhead" if cuda else "default", "dynamic": False,
-            "fullgraph": True, "cpp_wrapper": not cuda, "guards": "module attributes skipped"}
+            "fullgraph": True, "cpp_wrapper": wrapper, "guards": "module attributes skipped"}
 
 
 def compile_step(device: torch.device, name: str):
@@ -71,7 +74,8 @@ class Compiled:
         self.device = input_device(model)
         self.kv = StaticKV(_round(capacity))
         self.settings = settings(self.device)
-        self.fn = compile_step(self.device, f"{type(model).__name__}_{id(model):x}")
+        self.name = type(model).__name__  # what the compile lines say (the target's class, the drafter's)
+        self.fn = compile_step(self.device, f"{self.name}_{id(model):x}")
         self.chain: list[int] = [1]  # the declared buckets (powers of two) of every unmasked kind of input
         # kind of input (embeds, masked, hidden) -> its buckets: the chain's for an unmasked kind, else the exact
         # widths warm-up met (a tree's)
@@ -156,6 +160,7 @@ class Compiled:
         if first:
             _sync(self.device)
             self.shapes[key] = time.perf_counter() - t0
+            _said(self.name, key, self.shapes[key])
         return out
 
     @torch.inference_mode()  # as every decode runs: a graph compiled outside it would compile again inside
@@ -218,10 +223,23 @@ def state_of(model) -> Compiled | None:
 
 def declared_width(method) -> int:
     """The longest chain a method verifies in one forward (its drafts + the last emitted token), where it says so:
-    pld's draft tokens, sd's gamma; 1 otherwise (a tree method's width joins the buckets when warm-up meets it)."""
+    pld's draft tokens, sd's gamma; 1 otherwise (a tree method's width joins the buckets when warm-up meets it), and 1
+    for a method that never decodes on the static engine (`static_engine = False`: PEARL's own caches)."""
+    if not getattr(method, "static_engine", True):
+        return 1
     options = getattr(method, "options", None)
     draft = getattr(options, "pld_draft_tokens", None) or getattr(method, "gamma", None) or 0
     return int(draft) + 1
+
+
+def _said(name: str, key: tuple, seconds: float) -> None:
+    """One line per compiled shape as warm-up meets it (minutes on a 2-core CPU: the user sees progress)."""
+    from ...progress import console
+
+    width, embeds, masked, hidden = key
+    console.print(f"[dim]--compile {name}: width {width} ({'embeddings' if embeds else 'tokens'}, "
+                  f"{'tree' if masked else 'causal'} mask, {'hidden' if hidden else 'logits'}) compiled in "
+                  f"{seconds:.1f} s (not timed)[/]")
 
 
 def _round(n: int) -> int:

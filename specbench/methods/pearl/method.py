@@ -43,6 +43,9 @@ class Pearl(DraftModelMethod):
     option_specs = DraftModelMethod.option_specs + (EXEC, DRAFT_DEVICE)
     pre_verify = True
     post_verify = True
+    # --compile: PEARL decodes over its own caches (methods/sd/drafting.ModelState), never the static engine, so it
+    # runs eagerly and declares no compiled widths (core/model/compile.declared_width)
+    static_engine = False
 
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
