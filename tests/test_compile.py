@@ -1,5 +1,5 @@
 """`--compile` (issue 44 part 3): the static engine (core/batch/static.py) and the compile state
-(core/model/compile.py) give eager's tokens for ar, pld and ppd; the static cache's roll-back, tree compaction and
+(core/model/compile.py) give eager's tokens for ar, pld and ppd (every method: test_compile_methods.py); the static cache's roll-back, tree compaction and
 bucket padding match the single engine's outputs; nothing compiles after warm-up; run.yaml's compile block; refusals.
 
 torch.compile on a 2-core CPU takes seconds to tens of seconds a shape, so the compiling tests share one tiny model
