@@ -43,6 +43,8 @@ class MedusaHeads(Guesser):
                            {"heads": heads.heads, "layer": heads.layer, "draft_forward_ms": ms,
                             "draft_forward_rows": 1})
 
+    advance_drafts = True  # the next guesses are the heads' forward (and the LM head on them): timed as drafting
+
     def load(self):
         self.heads = mh.resolve(self.method.options.artifact, self.target)
         k = self.heads.heads.heads

@@ -39,6 +39,7 @@ class Guesser:
     artifact: str  # what the method needs beside the target, for `specbench list methods`
     one_state = False  # its tree has one state (a static candidate tree), not PPD's dynamic states
     drafter_model = False  # drafts with a model of its own: the engine counts its time and forwards
+    advance_drafts = False  # `advance` runs a model of its own (Medusa's heads): step.py times it as drafting
     has_initial = False  # `estimate --initial` can score the artefact's untrained start (ppd's prompt tokens)
 
     def __init__(self, method):

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from ...core.batch.forward import target_logits
+from ...core.machine.timing import now
 from ..base import Generation
 from .layout import TreeLayout
 
@@ -30,4 +31,9 @@ def verify_and_accept(method, state, tokens: torch.Tensor, q: torch.Tensor | Non
     # 4. update cache: keep the root and the accepted path; the next guesses come from the last accepted node
     keep(path)
     emitted = accepted + [root]
-    return emitted, method.guesser.advance(state, h, layout, path, emitted, all_logits)
+    if not method.guesser.advance_drafts:
+        return emitted, method.guesser.advance(state, h, layout, path, emitted, all_logits)
+    start = now(method.target.device)  # the next guesses come from a model of the guesser's (Medusa's heads and the
+    nxt = method.guesser.advance(state, h, layout, path, emitted, all_logits)  # LM head on them): drafting time
+    gen.draft_s += now(method.target.device) - start  # (host overhead otherwise: records' host_s)
+    return emitted, nxt
