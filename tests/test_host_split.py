@@ -86,3 +86,21 @@ def test_gpu_forwards_timed_with_event_pairs_read_at_the_end():
         for _ in range(3):
             forward(gpu.model, prompt_ids(0).cuda(), cache)
     assert fed.forward_s > 0 and fed.tokens == 3 * prompt_ids(0).shape[1]
+
+
+def test_medusa_heads_are_drafting_not_host(tiny):
+    """Medusa's next guesses are its heads' forward (and the LM head on them): timed as draft_s (step.py), so they
+    leave host_s; a guesser that runs no model of its own in `advance` (ppd) adds no drafting time."""
+    from specbench.core.verify import Sampling
+    from specbench.methods import get_method
+
+    from .conftest import artifact_options
+
+    medusa = get_method("medusa")(tiny, artifact_options("medusa", tiny))
+    ppd = get_method("ppd")(tiny, {"artifact": "untrained"})
+    assert medusa.guesser.advance_drafts and not ppd.guesser.advance_drafts
+    with torch.inference_mode():
+        gen = medusa.generate(prompt_ids(3), 16, Sampling(), None)
+        plain = ppd.generate(prompt_ids(3), 16, Sampling(), None)
+    assert gen.target_forwards > 1 and gen.draft_s > 0
+    assert plain.draft_s == 0
