@@ -10,7 +10,9 @@ the pairing repeat_kv makes): on the embedded model in float32 that took a compi
 
 The function is registered with transformers under NAME (attention and mask, the mask as SDPA's) and a model is
 switched to it while a compile state is attached (core/model/compile.enable / disable). It is transformers' SDPA
-function wherever that one does not copy: without groups, or without a mask (causal prefill).
+function wherever that one does not copy: without groups, or without a mask (causal prefill). On CPUs only, where
+it was measured: on CUDA, SDPA with a mask and `enable_gqa` runs its math kernel (transformers avoids it there for
+that reason), so CUDA keeps transformers' path until a GPU run compares the two (benchmarks/gpu_pass.sh).
 """
 
 from __future__ import annotations
@@ -47,9 +49,13 @@ def _register() -> None:
 
 
 def use(model) -> None:
-    """Switch `model` to the grouped function where it runs SDPA (other implementations are left as they are)."""
+    """Switch `model` to the grouped function where it runs SDPA on a CPU (other implementations and devices are left
+    as they are)."""
+    from .placement import input_device
+
     config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation"):
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not hasattr(model, "set_attn_implementation") \
+            or input_device(model).type != "cpu":
         return
     _register()
     setattr(model, _PREVIOUS, "sdpa")
