@@ -1,5 +1,6 @@
 """--compile's attention on the key / value heads (core/model/grouped_attention.py): the same outputs as
-transformers' SDPA path (repeat_kv), with a mask at any query width; switched on and back with a compile state."""
+transformers' SDPA path (repeat_kv), with a mask at any query width; switched on and back with a compile state, CPUs
+only; and the compile settings per device (CUDA's branch checked without a GPU)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,29 @@ def test_switched_with_the_compile_state_and_back():
     finally:
         cc.disable(model)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_cuda_models_keep_transformers_attention(monkeypatch):
+    """On CUDA the grouped path would take SDPA's math kernel (mask + enable_gqa): a CUDA model is left alone."""
+    from specbench.core.model import placement
+
+    model = load_model("random:tiny", dtype="float32", device="cpu").model
+    monkeypatch.setattr(placement, "input_device", lambda m: torch.device("cuda"))
+    ga.use(model)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_compile_settings_per_device(monkeypatch):
+    """CUDA: CUDA graphs (reduce-overhead's options), no C++ wrapper; CPU: the C++ wrapper unless switched off. The
+    compiled step is built lazily, so the CUDA branch's options are checked here without a GPU."""
+    cuda, cpu = cc.settings(torch.device("cuda")), cc.settings(torch.device("cpu"))
+    assert cuda["mode"] == "reduce-overhead" and not cuda["cpp_wrapper"]
+    assert cpu["mode"] == "default" and cpu["cpp_wrapper"]
+    monkeypatch.setenv(cc.CPP_WRAPPER, "0")
+    assert not cc.settings(torch.device("cpu"))["cpp_wrapper"]
+    seen = {}
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw, fn=fn) or fn)
+    fn = cc.compile_step(torch.device("cuda"), "probe")
+    assert seen["options"]["triton.cudagraphs"] is True and "cpp_wrapper" not in seen["options"]
+    assert seen["options"]["guard_filter_fn"] is torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    assert fn.__code__ is not cc.step.__code__ and fn.__code__.co_name == "step_probe"  # a code object of its own
