@@ -88,3 +88,29 @@ def test_a_run_reports_the_split_for_its_trees(store):  # noqa: F811 (the fixtur
     assert row.step_ms > 0 and row.predicted_step_ms == pytest.approx(said["predicted_step_ms"], abs=1e-3)
     assert row.tau_part * row.cost_part == pytest.approx(row.speedup / row.predicted_speedup, rel=0.02)
     assert "`cost_part` = predicted step / measured step" in (store / "run" / "report.md").read_text()
+
+
+def test_a_run_predicts_at_its_own_context():
+    """A run's prediction reads the profile between its KV curves at the run's mean context (planning/
+    context_prediction.py): the step and ar's L(1) interpolated linearly, the nearest curve outside them."""
+    from specbench.core.profile_file import LatencyProfile
+    from specbench.core.tree_file import TreeFile
+    from specbench.methods import REGISTRY  # noqa: F401 (planning.acceptance imports the methods first)
+    from specbench.planning.buildtree import predict
+    from specbench.planning.context_prediction import predict_at_context
+
+    widths = [1, 2, 4, 8]
+    curves = {128: {"median_ms": [10.0, 11.0, 12.0, 14.0]}, 512: {"median_ms": [12.0, 15.0, 18.0, 24.0]}}
+    profile = LatencyProfile("tiny", "float32", "cpu-test", "measured", widths, curves)
+    tree = TreeFile(states={0: [((0,), 0), ((0, 0), 0), ((1,), 0)]}, prompt_tokens=0, method="medusa")
+    low, high = predict(tree, PER_RANK, profile, 128), predict(tree, PER_RANK, profile, 512)
+    mid = predict_at_context(tree, PER_RANK, profile, 320)  # halfway between the curves
+    assert mid["kv_length"] == 320
+    assert mid["ar_step_ms"] == pytest.approx(11.0, abs=1e-3)
+    assert mid["predicted_step_ms"] == pytest.approx((low["predicted_step_ms"] + high["predicted_step_ms"]) / 2,
+                                                     abs=1e-3)
+    assert low["predicted_speedup"] > mid["predicted_speedup"] > high["predicted_speedup"]  # width dearer with KV
+    for context, like in ((60, low), (2000, high)):  # outside the measured lengths: the nearest curve
+        said = predict_at_context(tree, PER_RANK, profile, context)
+        assert said["predicted_step_ms"] == like["predicted_step_ms"]
+    assert predict_at_context(tree, PER_RANK, profile, None)["predicted_step_ms"] == high["predicted_step_ms"]

@@ -91,6 +91,9 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str =
     frame = pd.DataFrame(rows).sort_values(["dataset", "size"])
     frame.to_csv(run_dir / "tree_sizes.csv", index=False)
     profile = next((i.get("profile") for i in trees.values() if i.get("profile")), None)
+    kv = next((i.get("kv_length") for i in trees.values() if i.get("kv_length")), None)
+    if profile and kv:  # planning/context_prediction.py: read at the run's mean context
+        profile = f"{profile} at KV {kv} (the run's mean context)"
     sources = list(dict.fromkeys(i.get("acceptance") for i in trees.values() if i.get("acceptance")))
     acceptance = next((a for a in sources if a.startswith("a generic")), sources[0] if sources else None)
     shown = frame.assign(timing=frame.timing.map(timing_word))

@@ -149,7 +149,8 @@ def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shar
         "settings": plain(cfg.settings()), "environment": runner.env,
         "model": {"spec": target.spec, "name": target.name, "source": target.source, "rendering": target.prompt_format,
                   "placement": target.placement, "device_map": _device_map(target)},
-        "trees": runner.tree_predictions(), "resolved_trees": resolved_trees(runner.methods), "chosen": chosen,
+        "trees": runner.tree_predictions((roofline or {}).get("context_tokens")),  # at the run's mean context
+        "resolved_trees": resolved_trees(runner.methods), "chosen": chosen,
         "peak_memory": memory.peak_label(target.device),
         "noise_guard": {"latency_floor": noise.latency_floor(profile),
                         "profile": f"{profile.hardware} {profile.dtype}" if profile else None},

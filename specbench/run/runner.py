@@ -73,12 +73,13 @@ class Runner:
 
         return local_profile(self.target)
 
-    def tree_predictions(self) -> dict:
+    def tree_predictions(self, context: float | None = None) -> dict:
         """Per tree-method label: its tree's size, source and predicted tau / speedup on this hardware (from this
-        hardware's measured profile, when there is one; never another machine's), for the report's
-        measured-vs-predicted table; `profile_provenance` says how the profile relates to this machine."""
+        hardware's measured profile, when there is one; never another machine's), at the run's mean `context` (KV
+        entries; None: build-tree's KV length), for the report's measured-vs-predicted table; `profile_provenance`
+        says how the profile relates to this machine."""
         from ..core.machine.hardware import hardware_identity, provenance
-        from ..planning.buildtree import predict
+        from ..planning.context_prediction import predict_at_context
 
         profile = self.local_profile()
         origin = (provenance(profile.hardware, profile.identity, hardware_identity(self.target.device))
@@ -90,8 +91,8 @@ class Runner:
             if tree is not None and getattr(method, "acceptance", None) is not None:
                 cost = method.draft_cost(profile) if profile and hasattr(method, "draft_cost") else None
                 out[label] = {"tree": getattr(method, "tree_source", ""),
-                              **predict(tree, method.acceptance, profile, ept=getattr(method, "ept", 1),
-                                         draft_ms=cost),
+                              **predict_at_context(tree, method.acceptance, profile, context,
+                                                   ept=getattr(method, "ept", 1), draft_ms=cost),
                               "acceptance": getattr(method, "acceptance_source", None),
                               "profile_provenance": origin}
         return out

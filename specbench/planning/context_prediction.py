@@ -1,0 +1,31 @@
+"""A tree's prediction at the context a run decodes at (issue 44 §2: predict within 5% of measured).
+
+build-tree searches trees on one KV length of the profile (512 by default), but a run's forwards attend over its
+own contexts, and the width's cost grows with the context: on cpu-intel-xeon-amx-2c float32, L(4)/L(1) is 1.11 at
+KV 128 and 1.19 at KV 512, so trees of GSM8K / HumanEval turns (150-300 entries) were priced 7-10% dearer than they
+ran (benchmarks/RESULTS-cpu.md). Here the step's and `ar`'s expected ms are read on the two profile curves around the
+run's mean context (prompt + half the new tokens: core/machine/roofline.mean_context) and interpolated linearly in
+the KV length; outside the measured lengths, the nearest curve.
+"""
+
+from __future__ import annotations
+
+from .buildtree import predict
+
+
+def predict_at_context(tree, acc, profile, context: float | None, ept: int = 1, draft_ms=None) -> dict:
+    """buildtree.predict at `context` KV entries (None: its default KV length), with `kv_length` saying where."""
+    if profile is None or context is None or not profile.curves:
+        return predict(tree, acc, profile, ept=ept, draft_ms=draft_ms)
+    kvs = sorted(profile.curves)
+    lo = max([k for k in kvs if k <= context], default=kvs[0])
+    hi = min([k for k in kvs if k >= context], default=kvs[-1])
+    a = predict(tree, acc, profile, lo, ept, draft_ms)
+    if hi == lo or a.get("predicted_step_ms") is None:
+        return {**a, "kv_length": int(lo)}
+    b = predict(tree, acc, profile, hi, ept, draft_ms)
+    f = (context - lo) / (hi - lo)
+    step = a["predicted_step_ms"] + f * (b["predicted_step_ms"] - a["predicted_step_ms"])
+    ar = a["ar_step_ms"] + f * (b["ar_step_ms"] - a["ar_step_ms"])
+    return {**a, "predicted_speedup": round(a["predicted_tau"] * ar / step, 4), "predicted_step_ms": round(step, 4),
+            "ar_step_ms": round(ar, 4), "kv_length": int(round(context))}
