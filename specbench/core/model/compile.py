@@ -54,7 +54,8 @@ def compile_step(device: torch.device, name: str):
     both). Guards on nn.Module attributes are skipped (torch.compiler.skip_guard_on_all_nn_modules_unsafe): with one
     model's weights and buffers as graph inputs they cost about 1 ms a call on the embedded model's 30 layers, and
     nothing here changes a module's attributes between calls (the runner's hooks are taken off for the call:
-    static._Hooks); tensor shapes, dtypes and the step's own arguments stay guarded."""
+    static._Hooks); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
+    inputs read from the model at every call, never baked into a graph."""
     said = settings(device)
     options = dict(torch._inductor.list_mode_options(said["mode"]))  # reduce-overhead: {"triton.cudagraphs": True}
     options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
