@@ -5,8 +5,8 @@ under torch.compile by `repeat_kv`: every layer copies its whole key and value c
 before attention. Over a static cache that is 3 x [1, 9, capacity, 64] floats written and read per layer on every
 forward (its eager path packs the query instead, at width 1 only, and not while compiling). Here attention runs on
 the key / value heads as they are, SDPA's `enable_gqa=True` (each query head reads key / value head h // groups,
-the pairing repeat_kv makes): on the embedded model in float32 that took a compiled width-1 forward from about
-29.8 to 27.7 ms on cpu-intel-xeon-amx-2c (benchmarks/RESULTS-cpu.md).
+the pairing repeat_kv makes): on the embedded model in float32 that took a compiled width-1 forward from 30.5 to
+28.8 ms on cpu-intel-xeon-amx-2c (medians of three processes; benchmarks/RESULTS-cpu.md).
 
 The function is registered with transformers under NAME (attention and mask, the mask as SDPA's) and a model is
 switched to it while a compile state is attached (core/model/compile.enable / disable). It is transformers' SDPA
@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 
 NAME = "specbench_grouped"
-_PREVIOUS = "_specbench_attention_before"  # the model attribute holding the implementation to restore
 
 
 def grouped_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -58,13 +57,10 @@ def use(model) -> None:
             or input_device(model).type != "cpu":
         return
     _register()
-    setattr(model, _PREVIOUS, "sdpa")
     model.set_attn_implementation(NAME)
 
 
 def restore(model) -> None:
-    """Back to the implementation `use` replaced."""
-    previous = getattr(model, _PREVIOUS, None)
-    if previous is not None:
-        model.set_attn_implementation(previous)
-        delattr(model, _PREVIOUS)
+    """Back to SDPA, the only implementation `use` replaces."""
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME:
+        model.set_attn_implementation("sdpa")
