@@ -34,9 +34,10 @@ def smollm2_gguf() -> Path:
 
 
 def write_random_gguf(out: Path, hidden: int, layers: int, ffn: int, heads: int | None = None,
-                      kv_heads: int | None = None, qtype: str = "Q8_0", seed: int = 0) -> int:
+                      kv_heads: int | None = None, qtype: str = "Q8_0", seed: int = 0, tied: bool = False) -> int:
     """A llama GGUF of random weights in `qtype` (norms in F32, as llama.cpp writes them); returns its parameter
-    count. Tensors are quantised and written one at a time (the writer holds only the quantised bytes)."""
+    count. Tensors are quantised and written one at a time (the writer holds only the quantised bytes). `tied`:
+    no output.weight, the output head tied to the token embeddings (as llama.cpp writes such models)."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
 
     heads = heads or max(1, hidden // 64)
@@ -65,7 +66,9 @@ def write_random_gguf(out: Path, hidden: int, layers: int, ffn: int, heads: int 
         sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), kind, sub_type=sub)
     qt = GGMLQuantizationType[qtype]
-    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden)}
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    if not tied:
+        shapes["output.weight"] = (vocab, hidden)
     for i in range(layers):
         shapes |= {f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),
                    f"blk.{i}.attn_q.weight": (heads * head_dim, hidden),

@@ -66,3 +66,27 @@ def test_a_gguf_loads_with_peak_memory_near_its_bf16_size(tmp_path):
     assert ours["params"] == theirs["params"] == params and size == round(params * 2 / 2**20)
     assert ours["load_mb"] < size + 250, ours
     assert theirs["load_mb"] > ours["load_mb"] + size, (ours, theirs)
+
+
+def test_a_gguf_with_a_tied_output_head_loads_and_runs(tmp_path, monkeypatch):
+    """llama.cpp writes a model whose head is its token embeddings without an output tensor: the tensor-by-tensor
+    loader ties the head (it refused such files), the cached copy keeps the tie, and `ar` decodes from it."""
+    from transformers import AutoModelForCausalLM
+
+    from specbench.core.model.load import load_model
+    from specbench.core.verify import Sampling
+    from specbench.methods import get_method
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tied.gguf"
+    writer().write_random_gguf(path, hidden=64, layers=2, ffn=128, heads=4, kv_heads=2, qtype="Q8_0", tied=True)
+    for _ in range(2):  # de-quantised from the file, then from the cached copy
+        loaded = load_model(str(path), dtype="float32", device="cpu")
+        model = loaded.model
+        assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+        theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        assert torch.equal(model.get_output_embeddings().weight, theirs.get_output_embeddings().weight)
+        ids = torch.tensor([[1, 2, 3, 4, 5]])
+        tokens = get_method("ar")(loaded, {}, None).generate(ids, 4, Sampling(), None).tokens
+        assert tokens == theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                                         do_sample=False)[0, 5:].tolist()

@@ -38,24 +38,56 @@ def forward(model, input_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> t
     return out.logits[0]
 
 
+# Model types whose causal-LM forward multiplies the logits by `logits_scaling` (every other family that has the
+# field, Granite's, divides by it).
+MULTIPLY_LOGITS_SCALING = ("hyperclovax",)
+
+
 def target_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """The target's logits from its decoder's final (normed) hidden states [..., H] -> float [..., V]: the LM head,
     then the model's own final processing, as its causal-LM forward applies it. Every method reads the target's
     logits from hidden states through this function: sampling from a bare head's logits is lossy at T > 0 on these
     models. Known processing (config fields; None or 0 means none): Cohere's `logit_scale` (logits * s), Granite's
-    `logits_scaling` (logits / s), Gemma 2/3's `final_logit_softcapping` (cap * tanh(logits / cap))."""
+    `logits_scaling` (logits / s), HyperCLOVAX's `logits_scaling` (logits * s), Gemma 2/3's
+    `final_logit_softcapping` (cap * tanh(logits / cap)). check_final_logits proves the match once per loaded model."""
     logits = model.get_output_embeddings()(hidden).float()  # [..., V]
     config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", "") or ""
     scale = getattr(config, "logit_scale", None)
-    if scale and getattr(config, "model_type", "").startswith("cohere"):  # (a CLIP-like logit_scale is no LM's)
+    if scale and model_type.startswith("cohere"):  # (a CLIP-like logit_scale is no LM's)
         logits = logits * scale
     scaling = getattr(config, "logits_scaling", None)
     if scaling:
-        logits = logits / scaling
+        logits = logits * scaling if model_type.startswith(MULTIPLY_LOGITS_SCALING) else logits / scaling
     cap = getattr(config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
     return logits
+
+
+def check_final_logits(model, name: str, device: torch.device) -> None:
+    """Refuse a model whose causal-LM forward processes its logits in a way target_logits does not reproduce: the
+    tree and batched steps read logits through target_logits, so a mismatch would make them sample (T > 0) or pick
+    (near ties) from another distribution than `ar`. One forward of four tokens, at load."""
+    from ...errors import SpecbenchError
+
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    if vocab < 8:
+        return
+    ids = torch.tensor([[1, 2, 3, 4]], device=device) % vocab  # [1, 4]
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        if not out.hidden_states:
+            return  # a model that does not return hidden states is never read through target_logits
+        want = out.logits.float()  # [1, 4, V]
+        got = target_logits(model, out.hidden_states[-1]).to(want.device)
+    tol = 1e-3 if out.logits.dtype == torch.float32 else 5e-2  # 16-bit heads round differently in the two paths
+    worst = float((got - want).abs().max())
+    if not torch.isfinite(torch.tensor(worst)) or worst > tol * max(1.0, float(want.abs().max())):
+        raise SpecbenchError(
+            f"{name}: its forward's final logits differ from the LM head's by up to {worst:.3g} after the "
+            f"processing specbench knows (model type {getattr(model.config, 'model_type', '?')}): the methods' steps "
+            "would decode another distribution. This architecture's logit processing is not supported yet.")
 
 
 def timed_forward(model, ids: torch.Tensor, cache, device: torch.device) -> float:

@@ -95,10 +95,26 @@ def dequantised_model(path: Path, config, dtype: torch.dtype, attention: str):
             if target is not None:
                 filled.add(target.data_ptr())
     missing = [n for n, p in params.items() if p.data_ptr() not in filled]
+    if missing and _tied_head(model, config, missing):  # no output tensor in the file: the head is the embedding
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+        missing = [n for n in missing if n != _head_name(model)]
     if missing:
         raise ValueError(f"the GGUF file holds no tensor for {missing[0]}" +
                          (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     return model
+
+
+def _head_name(model) -> str:
+    head = model.get_output_embeddings()
+    return next(name for name, module in model.named_modules() if module is head) + ".weight"
+
+
+def _tied_head(model, config, missing: list[str]) -> bool:
+    """Whether the file ties its output head to the token embeddings: transformers' GGUF config says so when the
+    file holds no output tensor (llama.cpp writes tied models without one), and the head is all that is missing."""
+    head = model.get_output_embeddings()
+    return (bool(getattr(config, "tie_word_embeddings", False)) and head is not None
+            and _head_name(model) in missing and head.weight.shape == model.get_input_embeddings().weight.shape)
 
 
 def _read_rows(fh, tensor, start: int, stop: int):

@@ -147,6 +147,9 @@ def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
         from .cpu_kernels import prepack
 
         prepack(model)  # oneDNN with packed weights: flat cost over small widths (cpu_kernels.py says why)
+    from ..batch.forward import check_final_logits
+
+    check_final_logits(model, name, device)  # refuse a logit processing the steps would not reproduce
     ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
     tok = Tokenizer(backend, _stop_ids(backend, model), name)
     return LoadedModel(model, tok, spec, name, device, dtype, ctx, source, placement=label(model))
