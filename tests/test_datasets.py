@@ -33,7 +33,8 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 
 def test_specs_parse():
-    assert ds.dataset_names() == ["alpaca-eval", "cnn-dm", "cnn-dm-long", "gsm8k", "humaneval", "mt-bench"]
+    assert ds.dataset_names() == ["alpaca-eval", "cnn-dm", "cnn-dm-long", "gsm8k", "humaneval", "mt-bench",
+                                "spec-bench"]
     for name in ds.dataset_names():
         spec = ds.get_spec(name)
         assert spec.name == name and spec.licence and spec.max_new_tokens == 128
@@ -45,6 +46,7 @@ def test_specs_parse():
 @pytest.mark.parametrize("name, limit, count, first_id", [
     ("mt-bench", None, 80, "81"), ("gsm8k", None, 100, "0"), ("gsm8k", 2000, 1319, "0"),
     ("humaneval", None, 164, "HumanEval/0"), ("cnn-dm", 5, 5, "0"), ("alpaca-eval", None, 805, "0"),
+    ("spec-bench", None, 480, "81"),
 ])
 def test_loads_from_data_dir(name, limit, count, first_id):
     spec, prompts = ds.load_prompts(name, limit)
@@ -54,6 +56,17 @@ def test_loads_from_data_dir(name, limit, count, first_id):
     if name == "mt-bench":
         assert all(len(p.turns) == 2 for p in prompts)
         assert prompts[0].turns[1].startswith("Rewrite your previous response")
+    if name == "spec-bench":  # MT-Bench's 80 keep their two turns; the 400 others have one
+        assert sum(len(p.turns) == 2 for p in prompts) == 80 and all(len(p.turns) in (1, 2) for p in prompts)
+
+
+@needs_data
+def test_spec_bench_by_category():
+    """Spec-Bench's 13 categories from its file; --per-category --limit N takes N of each."""
+    _, prompts = ds.load_prompts("spec-bench", 2, per_category=True)
+    categories = [p.category for p in prompts]
+    assert len(set(categories)) == 13 and len(prompts) == 26
+    assert {"translation", "summarization", "qa", "math_reasoning", "rag", "writing", "coding"} <= set(categories)
 
 
 @needs_data

@@ -166,6 +166,18 @@ def test_report_has_a_per_category_table_with_an_overall_row(tmp_path):
     assert by_category(records(), summarize(records())).empty  # no categories: no table
 
 
+def test_the_per_category_section_writes_its_table_and_plot(tmp_path):
+    from specbench.report.sections import category_section
+
+    recs = records(ar_wall=10, method_wall=8)
+    recs["category"] = ["math", "math", "math", "math", "code", "code", "code", "code"]
+    lines = category_section(recs, summarize(recs), tmp_path, 1.0)
+    assert lines[0] == "## Per category" and "speedup_by_category.png" in "\n".join(lines)
+    assert (tmp_path / "summary_by_category.csv").is_file()
+    assert (tmp_path / "speedup_by_category.png").stat().st_size > 1000
+    assert category_section(records(), summarize(records()), tmp_path / "none", 1.0) == []
+
+
 def test_profile_records_what_else_ran_and_says_when_it_was_disturbed(monkeypatch, tmp_path):
     readings = iter([contention.Snapshot(0.0, 0.0, 0.0, 10.0, 0.0, 0.5),
                      contention.Snapshot(10.0, 15.0, 0.0, 20.0, 2.0, 2.5)])  # others: 13 s of CPU in 10 s

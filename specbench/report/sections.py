@@ -11,7 +11,7 @@ from ..run import noise
 from . import prediction_split
 from .compact import timing_word
 from .markdown import markdown_table
-from .plots import plot_tree_sizes
+from .plots import plot_bars, plot_tree_sizes
 from .summary import by_category, disturbed, row_name
 
 
@@ -61,9 +61,23 @@ def category_section(records: pd.DataFrame, summary: pd.DataFrame, run_dir: Path
     if table.empty:
         return []
     table.to_csv(run_dir / "summary_by_category.csv", index=False)
+    plot_by_category(table, run_dir / "speedup_by_category.png")
     return ["## Per category", "", markdown_table(table), "",
             "Each category's speedup is against `ar` on the same category's prompts; `all` is the overall row "
-            "(`summary_by_category.csv`). `specbench run --per-category --limit N` takes N prompts of each.", ""]
+            "(`summary_by_category.csv`, plotted in `speedup_by_category.png`). `specbench run --per-category "
+            "--limit N` takes N prompts of each.", ""]
+
+
+def plot_by_category(table: pd.DataFrame, path: Path) -> None:
+    """speedup_by_category.png: one group of bars per category (dataset/category when the run has several datasets,
+    `all` last), one bar per method other than `ar`, as Spec-Bench's leaderboard shows its categories."""
+    rows = table[table.method != "ar"]
+    if rows.empty:
+        return
+    several = rows.dataset.nunique() > 1
+    group = [f"{d}/{c}" if several else str(c) for d, c in zip(rows.dataset, rows.category)]
+    plot_bars(rows.assign(dataset=group), "speedup", "speedup over ar\n(total tokens / total time)", path,
+              baseline=1.0, title="speedup by category")
 
 
 def is_partial(meta: dict) -> bool:
