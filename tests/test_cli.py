@@ -66,8 +66,40 @@ def test_existing_run_needs_resume(tmp_path, prompts_file):
     assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out).exit_code == 0
     again = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out)
     assert again.exit_code != 0 and "--resume" in again.output
-    other = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", out, "--resume")
-    assert other.exit_code != 0 and "options differ" in other.output and "limit: 1 -> 2" in other.output
+    other = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--max-new-tokens", 20, "--out", out,
+                   "--resume")
+    assert other.exit_code != 0 and "options differ" in other.output and "max_new_tokens: 24 -> 20" in other.output
+    extended = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", out, "--resume")
+    assert extended.exit_code == 0, extended.output  # a larger --limit: the kept prompt plus the next one
+    assert set(pd.read_csv(out / "records.csv").prompt_id.astype(str)) == {"0", "1"}
+    fewer = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out, "--resume")
+    assert fewer.exit_code != 0 and "options differ" in fewer.output and "limit: 2 -> 1" in fewer.output
+
+
+def test_resume_of_a_folder_that_is_not_a_run_is_one_line(tmp_path, prompts_file):
+    stranger = tmp_path / "notes"
+    stranger.mkdir()
+    (stranger / "x.txt").write_text("mine")
+    for out in (tmp_path / "absent", stranger):
+        result = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out, "--resume")
+        assert result.exit_code != 0 and "not a run folder" in result.output and "Traceback" not in result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert not (tmp_path / "absent").exists() and (stranger / "x.txt").read_text() == "mine"
+
+
+def test_out_folder_of_a_run_without_results_is_reused(tmp_path, prompts_file, monkeypatch):
+    def interrupt(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    real = Runner.run_prompt
+    monkeypatch.setattr(Runner, "run_prompt", interrupt)
+    assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out).exit_code == 130
+    assert (out / "run.yaml").exists()
+    monkeypatch.setattr(Runner, "run_prompt", real)
+    again = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--max-new-tokens", 16, "--out", out)
+    assert again.exit_code == 0 and "recorded no results" in " ".join(again.output.split()), again.output
+    assert len(pd.read_csv(out / "records.csv")) == 2
 
 
 def test_ctrl_c_keeps_records_and_resume_finishes(tmp_path, prompts_file, monkeypatch):
