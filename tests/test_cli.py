@@ -182,6 +182,9 @@ def test_long_prompt_is_truncated_not_fatal(tmp_path):
     result = invoke("run", *TINY, "--dataset", path, "--out", tmp_path / "run")
     assert result.exit_code == 0, result.output
     assert "exceed the context" in result.output
+    cut = pd.read_csv(tmp_path / "run" / "records.csv")
+    assert (cut.prompt_cut > 0).all() and (cut.prompt_tokens == 512 - 24).all()  # noted on every row
+    assert "Prompts cut to fit the context" in (tmp_path / "run" / "report.md").read_text()
     skipped = invoke("run", "--model", "random:tiny", "--max-new-tokens", 600, "--warmup", 0,
                      "--dataset", path, "--out", tmp_path / "run2")
     assert skipped.exit_code != 0 and "skip" in skipped.output and "no results" in skipped.output
@@ -218,6 +221,7 @@ def test_report_compares_runs_and_gates_on_speedup(tmp_path, prompts_file):
     (["--method", "pld", "--pld-draft-tokens", "0"], "--pld-draft-tokens must be at least 1"),
     (["--dataset", "/tmp/[/x]nope.jsonl"], "/tmp/[/x]nope.jsonl: no such file"),
     (["--dataset", "/tmp/my[data].jsonl"], "/tmp/my[data].jsonl: no such file"),
+    (["--concurrency", "4"], "--concurrency: applies to --engine openai only"),
 ])
 def test_bad_run_options(tmp_path, args, message):
     result = invoke("run", "--model", "random:tiny", "--out", tmp_path / "r", *args)

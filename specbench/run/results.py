@@ -102,6 +102,8 @@ class Record:
     # masks, tree building, top-k, host syncs, acceptance); NaN where not measured
     forward_s: float = float("nan")
     host_s: float = float("nan")
+    # tokens cut from the left of the rendered prompt to fit the context with room for --max-new-tokens (0: whole)
+    prompt_cut: int = 0
 
 
 RECORD_COLUMNS = [f.name for f in fields(Record)]

@@ -46,6 +46,7 @@ class Runner:
     def __init__(self, cfg: RunConfig, target: LoadedModel, drafter: LoadedModel | None):
         self.cfg = cfg
         self.target = target
+        self.prompt_cut: dict[tuple[ds.Prompt, int], int] = {}  # (prompt, turn) -> tokens cut to fit the context
         self.methods: dict[str, DecodeMethod] = {}  # label -> method (label = name, or name@size in a sweep)
         options = cfg.method_options()
         for name in cfg.methods:
@@ -99,10 +100,12 @@ class Runner:
 
     def prompt_ids(self, messages: list[dict], prompt: ds.Prompt) -> torch.Tensor | None:
         """Render and fit into the context: truncate from the left with a warning, or None (skip) with a reason."""
-        ids = fit_prompt(self.target.tokenizer.render(messages), self.target.context_length, self.cfg.max_new_tokens,
-                         prompt.id)
+        rendered = self.target.tokenizer.render(messages)
+        ids = fit_prompt(rendered, self.target.context_length, self.cfg.max_new_tokens, prompt.id)
         if ids is None:
             return None
+        turn = sum(m["role"] == "user" for m in messages) - 1
+        self.prompt_cut[(prompt, turn)] = len(rendered) - len(ids)  # records.csv's prompt_cut
         return torch.tensor([ids], device=self.target.device)
 
     def timed(self, run: Callable[[], T]) -> tuple[T, float, float]:
@@ -233,7 +236,8 @@ class Runner:
 
     def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: Check) -> Record:
         """The records.csv row of one checked turn (records.py)."""
-        return build_record(self.cfg, self.target, self.env, method, dataset, prompt, r, check)
+        return build_record(self.cfg, self.target, self.env, method, dataset, prompt, r, check,
+                            prompt_cut=self.prompt_cut.get((prompt, r.turn), 0))
 
     def finish_batch(self, dataset: str, label: str, mode: str, rows: list, reference: dict, writer: RecordWriter,
                      order: int) -> None:
