@@ -196,6 +196,11 @@ def test_report_compares_runs_and_gates_on_speedup(tmp_path, prompts_file):
         assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", run).exit_code == 0
     single = invoke("report", runs[0])
     assert single.exit_code == 0 and (runs[0] / "summary.csv").exists()
+    own = (runs[0] / "report.md").read_text()
+    (runs[0] / "report.md").write_text(own + "\nmine")
+    elsewhere = invoke("report", runs[0], "--out", tmp_path / "one")
+    assert elsewhere.exit_code == 0, elsewhere.output
+    assert (tmp_path / "one" / "report.md").exists() and (runs[0] / "report.md").read_text() == own + "\nmine"
     both = invoke("report", *runs, "--out", tmp_path / "cmp", "--fail-below", 0.01, "--judge-disturbed")
     assert both.exit_code == 0, both.output
     assert (tmp_path / "cmp" / "summary.md").exists() and (tmp_path / "cmp" / "comparison.csv").exists()
@@ -222,6 +227,7 @@ def test_report_compares_runs_and_gates_on_speedup(tmp_path, prompts_file):
     (["--dataset", "/tmp/[/x]nope.jsonl"], "/tmp/[/x]nope.jsonl: no such file"),
     (["--dataset", "/tmp/my[data].jsonl"], "/tmp/my[data].jsonl: no such file"),
     (["--concurrency", "4"], "--concurrency: applies to --engine openai only"),
+    (["--per-category"], "--per-category: humaneval has no categories"),
 ])
 def test_bad_run_options(tmp_path, args, message):
     result = invoke("run", "--model", "random:tiny", "--out", tmp_path / "r", *args)

@@ -31,7 +31,7 @@ from .results import RecordWriter, read_tokens
 from .runner import Runner
 from .shard import refuse_too_many, prompt_count, resolved_trees, select, shard_block
 from .validation import validate
-from .work import LoadedDataset, pending_batches, pending_prompts, say_batches, single_labels
+from .work import LoadedDataset, check_categories, pending_batches, pending_prompts, say_batches, single_labels
 
 
 def run(cfg: RunConfig) -> Path:
@@ -45,6 +45,7 @@ def run(cfg: RunConfig) -> Path:
     cfg = validate(cfg)
     loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
               for name in cfg.datasets]
+    check_categories(cfg, loaded)
     if cfg.shard:
         refuse_too_many(cfg.shard.count, prompt_count(loaded), f"--shard {cfg.shard}")
     made = missing_folders(Path(cfg.out))
