@@ -50,9 +50,10 @@ def profile(
 
     from ..core.model.load import load_model
     from ..planning.batch_profile import check_batch_sizes
-    from ..planning.profile import measure, save
+    from ..planning.profile import check_ranges, measure, save
 
     width_list, kv_list = int_list(widths, "--widths"), int_list(kv_lengths, "--kv-length")
+    check_ranges(width_list, kv_list, repeats)  # before the model loads
     sizes = check_batch_sizes(int_list(batch_sizes, "--batch-size"))
     row_widths = int_list(batch_widths, "--batch-widths") if batch_widths else None
     if compile and (sizes != [1] or device_map or tp > 1):

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
-from ...errors import SpecbenchError
+from ...errors import SpecbenchError, did_you_mean
 from ...progress import console, status
 from .. import store
 from .attention_kernels import choose_attention_kernels
@@ -268,6 +268,9 @@ def model_config(spec: str):
     if spec.startswith("random:") and Path(spec[7:]).is_file():
         cfg = json.loads(Path(spec[7:]).read_text())
         return AutoConfig.for_model(cfg.pop("model_type", "llama"), **cfg)
+    if spec.startswith("random:"):  # neither a preset nor a config file: not a Hub id either
+        raise SpecbenchError(f"{spec}: unknown preset{did_you_mean(spec[7:], RANDOM_PRESETS)}; use one of "
+                             f"{', '.join(RANDOM_PRESETS)} or a path to a config.json")
     if spec.endswith(".gguf"):
         if not Path(spec).expanduser().is_file():
             raise SpecbenchError(f"GGUF file not found: {spec}")
