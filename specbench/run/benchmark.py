@@ -73,7 +73,8 @@ def run(cfg: RunConfig) -> Path:
                                for label, trees in resolved_trees(runner.methods).items()}, "the trees resolved")
         chosen = runner.chosen()
         for label, settings in chosen.items():
-            said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
+            known = getattr(runner.methods.get(label), "said_when_loaded", ())  # its load line named these
+            said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict) and k not in known)
             if said:  # per-batch-size choices (dicts) were said when they were made
                 console.print(f"[dim]{label}: {escape(said)}[/]")
         if cfg.resume:  # --tp: rank 0 holds the run folder (tensor_parallel.py: rank 0 decides, every rank follows)
