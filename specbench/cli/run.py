@@ -224,7 +224,7 @@ def _auto_method(methods: list[str], model: str, device: str, dtype: str, recomm
     from ..run.recommend import read_choice
 
     choice = read_choice(model, device, recommendation, dtype)
-    console.print(f"[dim]{escape(choice.said)}[/]")
+    console.print(f"[dim]{escape(choice.said)}[/]" if choice.confirmed else f"[yellow]{escape(choice.said)}[/]")
     rest = [m for m in methods if m != "auto"]
     alone = not [m for m in rest if m != "ar" and m not in choice.methods]  # its tree applies to it alone
     for name, value in choice.options.items():
