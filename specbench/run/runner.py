@@ -25,7 +25,7 @@ from ..core.machine.timing import wall
 from ..data import datasets as ds
 from ..methods import get_method
 from ..methods.base import DecodeMethod, Generation
-from ..progress import console
+from ..progress import console, status
 from .config import RunConfig
 from .records import Check, TurnResult, build_record, compare
 from .results import Record, RecordWriter, append_timeline
@@ -147,7 +147,7 @@ class Runner:
         ids = self.prompt_ids(messages, prompts[0])
         if ids is None:
             return
-        with console.status("Warming up (not timed)"):
+        with status(f"Warming up {len(self.methods)} method(s) (not timed)"):
             for method in self.methods.values():
                 for _ in range(self.cfg.warmup):
                     method.generate(ids, min(self.cfg.max_new_tokens, 32), self.cfg.sampling,
@@ -163,7 +163,7 @@ class Runner:
         ids = [i for i in ids if i is not None]
         if not ids or self.cfg.warmup == 0:
             return
-        with console.status("Warming up batches (not timed)"):
+        with status("Warming up batches (not timed)"):
             for size in sorted({b for b in sizes if b > 1}):
                 batch = (ids * size)[:size]
                 for label in labels:
