@@ -53,6 +53,8 @@ def test_run_writes_records_summary_report_and_plots(tmp_path, prompts_file):
     pld = summary[summary.method == "pld"].iloc[0]
     assert pld.lossless_rate == 1.0 and pld.tau >= 1.0 and pld.speedup > 0
     assert "speedup vs ar" in result.output
+    rows = [json.loads(line) for line in (out / "tokens.jsonl").read_text().splitlines()]
+    assert len(rows) == 10 and all(isinstance(r["text"], str) and r["tokens"] for r in rows)  # the text beside ids
 
 
 def test_repeats_record_one_row_per_turn(tmp_path, prompts_file):

@@ -212,7 +212,8 @@ class Runner:
                     if lossless != "match":
                         gap, verdict = self.explain(dataset, prompt, r, reference, ar_ids, verdict)
                 check = Check(lossless, gap, verdict if lossless not in ("", "match") else "")
-                writer.write(self.record(label, dataset, prompt, r, check), r.gen.tokens)
+                writer.write(self.record(label, dataset, prompt, r, check), r.gen.tokens,
+                             self.target.tokenizer.decode(r.gen.tokens))
                 if r.gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
                     append_timeline(writer.records_path.parent, {"method": label, "dataset": dataset,
                                                                  "prompt_id": str(prompt.id), "turn": r.turn},
@@ -259,4 +260,4 @@ class Runner:
                                                               verdicts.get(b.prompt.id, ""))
                     verdict = verdicts[b.prompt.id]
             record = self.record(label, dataset, b.prompt, r, Check(lossless, gap, verdict))
-            writer.write(record, b.gen.tokens)
+            writer.write(record, b.gen.tokens, self.target.tokenizer.decode(b.gen.tokens))
