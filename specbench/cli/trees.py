@@ -44,7 +44,7 @@ def profile(
                        "compiled static shape (CUDA graphs on CUDA); batch 1 only; filed as "
                        "<model>-<dtype>@compiled.yaml.")] = False,
 ):
-    """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`); with --batch-size also
+    """Measure forward latency L(n) per input width on this hardware (for `build-tree`); with --batch-size also
     L(B, w) per batch size."""
     import torch
 
@@ -78,7 +78,7 @@ def profile(
     if not is_writer():
         return  # --tp: every rank measured (the forwards are collective); rank 0 writes
     path = save(result, out_path)
-    table = Table(title=f"L_fp(n) ms, {result.model} {result.dtype} on {result.hardware}")
+    table = Table(title=f"L(n) ms, {result.model} {result.dtype} on {result.hardware}")
     table.add_column("width n", justify="right")
     for kv in result.curves:
         table.add_column(f"KV {kv}", justify="right")
@@ -139,7 +139,7 @@ def build_tree(
     out_path: Annotated[Optional[Path], typer.Option("--out", show_default="trees/<model>/<hardware>-<dtype>.yaml; "
                         "-b<B> added at --batch-size B > 1", help="Tree file.")] = None,
 ):
-    """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L_fp(n) on --gpu."""
+    """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L(n) on --gpu."""
 
     from ..core.machine.timing import now, since
     from ..methods.base import tree_families
@@ -162,7 +162,7 @@ def build_tree(
         if profile.source == "estimated" else " (measured profile)"
     at = f" at batch size {batch_size}" if batch_size > 1 else ""
     table = Table(title=f"{method} tree for {built.model} on {profile.hardware} {profile.dtype}{at}")
-    for col in ("size n", "tau(n)", f"L(B={batch_size}) ms" if at else "L_fp ms",
+    for col in ("size n", "tau(n)", f"L(B={batch_size}) ms" if at else "L(n) ms",
                 "predicted speedup" + (" (vs ar at B)" if at else "")):
         table.add_column(col, justify="right")
     marks = sorted({1, 2, 4, 8, 16, 32, 64, 128, curve.best.size} & set(curve.sizes))
