@@ -143,7 +143,7 @@ def build_tree(
 
     from ..core.machine.timing import now, since
     from ..methods.base import tree_families
-    from ..planning.buildtree import BuildTreeRequest
+    from ..planning.buildtree import BuildTreeRequest, edge_note
     from ..planning.buildtree import build_tree as build
 
     start = now()
@@ -177,6 +177,9 @@ def build_tree(
                   f"{curve.speedup[i]:.3f}x"
                   f"{label}. Wrote {wrote} in "
                   f"{since(start):.1f} s.")
+    edge = edge_note(curve, max_size)
+    if edge:
+        console.print(f"[yellow]warning[/] {escape(edge)}")
     if curve.speedup[i] < 1:
         console.print(f"[yellow]note[/] no tree size beats ar on {profile.hardware} in {profile.dtype}: even the "
                       "smallest tree's forward costs more than its predicted tau gains. "

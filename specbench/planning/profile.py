@@ -150,7 +150,13 @@ def plot(profile: LatencyProfile, path: Path) -> None:
         ax.plot(profile.widths, curve["median_ms"], marker="o", label=f"KV {kv}")
         ax.fill_between(profile.widths, curve["p10_ms"], curve["p90_ms"], alpha=0.2)
     label = "" if profile.source == "measured" else " (source: estimated)"
-    ax.set_title(f"{profile.model} {profile.dtype} on {profile.hardware}{label}", fontsize=9)
+    load = profile.meta.get("contention") or {}
+    if load.get("disturbed"):  # the profile guard's flag: the curve may be too high, and uneven
+        label += f" - DISTURBED: {load.get('foreign_cpu', 0):.2f} other cores busy"
+        ax.text(0.5, 0.5, "measured on a busy machine", transform=ax.transAxes, ha="center", va="center",
+                fontsize=14, color="firebrick", alpha=0.35, rotation=20)
+    ax.set_title(f"{profile.model} {profile.dtype} on {profile.hardware}{label}", fontsize=9,
+                 color="firebrick" if load.get("disturbed") else None)
     if profile.batches:
         right = axes[0][1]
         for size in profile.batch_sizes:
