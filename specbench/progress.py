@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from contextlib import contextmanager
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,10 +25,55 @@ if not out.is_terminal:  # CI logs and pipes: wide enough that tables are not tr
     out = Console(width=160)
 
 
+SAY_DONE_AFTER_S = 2.0  # a phase that took longer says how long when it ends
+HEARTBEAT_S = 30.0  # logs and pipes (no spinner): a line this often while a phase goes on
+
+
 @contextmanager
 def status(message: str):
-    with console.status(message):
-        yield
+    """A long phase (loading, de-quantising, warm-up, compiling): a spinner on a terminal, a line when it starts and
+    every HEARTBEAT_S seconds in logs and pipes, and its duration when it ends. Nested phases update the one shown;
+    inside a progress bar (a live display already running) they print their lines instead of a second spinner."""
+    start = time.monotonic()
+    live = getattr(console, "_live_stack", None)
+    if console.is_terminal and _shown:  # nested: the outer spinner says what runs now
+        outer, before = _shown[-1], _shown[-1].status
+        outer.update(message)
+        try:
+            yield
+        finally:
+            outer.update(before)
+    elif console.is_terminal and not live:
+        with console.status(message) as shown:
+            _shown.append(shown)
+            try:
+                yield
+            finally:
+                _shown.pop()
+    else:
+        console.print(f"{message} ...", highlight=False)
+        stop = threading.Event()
+        beat = threading.Thread(target=_heartbeat, args=(message, start, stop), daemon=True)
+        beat.start()
+        try:
+            yield
+        finally:
+            stop.set()
+    took = time.monotonic() - start
+    if took >= SAY_DONE_AFTER_S:
+        console.print(f"[dim]{escape(message)}: done in {_duration(took)}[/]")
+
+
+_shown: list = []  # the spinner on screen (rich allows one live display at a time)
+
+
+def _heartbeat(message: str, start: float, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_S):
+        console.print(f"{message}: still going ({_duration(time.monotonic() - start)})", highlight=False)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 90 else f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
 
 
 def progress_bar() -> Progress:
@@ -34,7 +82,13 @@ def progress_bar() -> Progress:
         TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
         console=console, transient=False,
+        speed_estimate_period=SPEED_WINDOW_S,
     )
+
+
+# The ETA's rate is taken over this much of the recent past: a run's steps (a method's turn: seconds to minutes) are
+# uneven, and rich's default 30 s holds one or two of them, so its ETA swung with whichever method ran last.
+SPEED_WINDOW_S = 600.0
 
 
 class LogProgress(Progress):

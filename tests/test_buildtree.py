@@ -47,6 +47,23 @@ def test_chosen_size_follows_the_latency_curve(tmp_path, acceptance):
     assert sizes["flat-gpu"] > sizes["slow-cpu"]  # a flat curve admits a far larger tree
 
 
+def test_a_search_that_ends_at_the_edge_of_its_range_warns(tmp_path, acceptance):
+    from types import SimpleNamespace
+
+    from specbench.planning.buildtree import edge_note
+
+    flat = LatencyProfile("llama2-7b", "bfloat16", "flat-gpu", "measured", [1, 64],
+                          {512: {"median_ms": [10.0, 10.0], "p10_ms": [10.0, 10.0], "p90_ms": [10.0, 10.0]}})
+    path = tmp_path / "flat.yaml"
+    path.write_text(flat.to_yaml())
+    result, out = build(tmp_path, acceptance, str(path), "--max-size", "12")  # still rising at 12
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0 and "warning" in said and "is the largest searched" in said, said
+    assert "--max-size 24" in said
+    inside = SimpleNamespace(sizes=[2, 3, 4], best=SimpleNamespace(size=3))
+    assert edge_note(inside, 4) == ""  # the curve turned down inside the range
+
+
 def test_preset_estimates_are_labelled(tmp_path, acceptance):
     result, out = build(tmp_path, acceptance, "h100")
     assert result.exit_code == 0, result.output

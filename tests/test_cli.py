@@ -53,6 +53,8 @@ def test_run_writes_records_summary_report_and_plots(tmp_path, prompts_file):
     pld = summary[summary.method == "pld"].iloc[0]
     assert pld.lossless_rate == 1.0 and pld.tau >= 1.0 and pld.speedup > 0
     assert "speedup vs ar" in result.output
+    rows = [json.loads(line) for line in (out / "tokens.jsonl").read_text().splitlines()]
+    assert len(rows) == 10 and all(isinstance(r["text"], str) and r["tokens"] for r in rows)  # the text beside ids
 
 
 def test_repeats_record_one_row_per_turn(tmp_path, prompts_file):
@@ -66,8 +68,40 @@ def test_existing_run_needs_resume(tmp_path, prompts_file):
     assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out).exit_code == 0
     again = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out)
     assert again.exit_code != 0 and "--resume" in again.output
-    other = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", out, "--resume")
-    assert other.exit_code != 0 and "options differ" in other.output and "limit: 1 -> 2" in other.output
+    other = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--max-new-tokens", 20, "--out", out,
+                   "--resume")
+    assert other.exit_code != 0 and "options differ" in other.output and "max_new_tokens: 24 -> 20" in other.output
+    extended = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", out, "--resume")
+    assert extended.exit_code == 0, extended.output  # a larger --limit: the kept prompt plus the next one
+    assert set(pd.read_csv(out / "records.csv").prompt_id.astype(str)) == {"0", "1"}
+    fewer = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out, "--resume")
+    assert fewer.exit_code != 0 and "options differ" in fewer.output and "limit: 2 -> 1" in fewer.output
+
+
+def test_resume_of_a_folder_that_is_not_a_run_is_one_line(tmp_path, prompts_file):
+    stranger = tmp_path / "notes"
+    stranger.mkdir()
+    (stranger / "x.txt").write_text("mine")
+    for out in (tmp_path / "absent", stranger):
+        result = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out, "--resume")
+        assert result.exit_code != 0 and "not a run folder" in result.output and "Traceback" not in result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert not (tmp_path / "absent").exists() and (stranger / "x.txt").read_text() == "mine"
+
+
+def test_out_folder_of_a_run_without_results_is_reused(tmp_path, prompts_file, monkeypatch):
+    def interrupt(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    real = Runner.run_prompt
+    monkeypatch.setattr(Runner, "run_prompt", interrupt)
+    assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--out", out).exit_code == 130
+    assert (out / "run.yaml").exists()
+    monkeypatch.setattr(Runner, "run_prompt", real)
+    again = invoke("run", *TINY, "--dataset", prompts_file, "--limit", 1, "--max-new-tokens", 16, "--out", out)
+    assert again.exit_code == 0 and "recorded no results" in " ".join(again.output.split()), again.output
+    assert len(pd.read_csv(out / "records.csv")) == 2
 
 
 def test_ctrl_c_keeps_records_and_resume_finishes(tmp_path, prompts_file, monkeypatch):
@@ -150,6 +184,9 @@ def test_long_prompt_is_truncated_not_fatal(tmp_path):
     result = invoke("run", *TINY, "--dataset", path, "--out", tmp_path / "run")
     assert result.exit_code == 0, result.output
     assert "exceed the context" in result.output
+    cut = pd.read_csv(tmp_path / "run" / "records.csv")
+    assert (cut.prompt_cut > 0).all() and (cut.prompt_tokens == 512 - 24).all()  # noted on every row
+    assert "Prompts cut to fit the context" in (tmp_path / "run" / "report.md").read_text()
     skipped = invoke("run", "--model", "random:tiny", "--max-new-tokens", 600, "--warmup", 0,
                      "--dataset", path, "--out", tmp_path / "run2")
     assert skipped.exit_code != 0 and "skip" in skipped.output and "no results" in skipped.output
@@ -161,6 +198,11 @@ def test_report_compares_runs_and_gates_on_speedup(tmp_path, prompts_file):
         assert invoke("run", *TINY, "--dataset", prompts_file, "--limit", 2, "--out", run).exit_code == 0
     single = invoke("report", runs[0])
     assert single.exit_code == 0 and (runs[0] / "summary.csv").exists()
+    own = (runs[0] / "report.md").read_text()
+    (runs[0] / "report.md").write_text(own + "\nmine")
+    elsewhere = invoke("report", runs[0], "--out", tmp_path / "one")
+    assert elsewhere.exit_code == 0, elsewhere.output
+    assert (tmp_path / "one" / "report.md").exists() and (runs[0] / "report.md").read_text() == own + "\nmine"
     both = invoke("report", *runs, "--out", tmp_path / "cmp", "--fail-below", 0.01, "--judge-disturbed")
     assert both.exit_code == 0, both.output
     assert (tmp_path / "cmp" / "summary.md").exists() and (tmp_path / "cmp" / "comparison.csv").exists()
@@ -186,6 +228,8 @@ def test_report_compares_runs_and_gates_on_speedup(tmp_path, prompts_file):
     (["--method", "pld", "--pld-draft-tokens", "0"], "--pld-draft-tokens must be at least 1"),
     (["--dataset", "/tmp/[/x]nope.jsonl"], "/tmp/[/x]nope.jsonl: no such file"),
     (["--dataset", "/tmp/my[data].jsonl"], "/tmp/my[data].jsonl: no such file"),
+    (["--concurrency", "4"], "--concurrency: applies to --engine openai only"),
+    (["--per-category"], "--per-category: humaneval has no categories"),
 ])
 def test_bad_run_options(tmp_path, args, message):
     result = invoke("run", "--model", "random:tiny", "--out", tmp_path / "r", *args)

@@ -291,3 +291,28 @@ def test_train_commands_default_to_the_training_mix():
         assert cli_options(cls)["data"]["default"] == TRAINING_MIX
         assert configured(cls, {"steps": 3}).data == TRAINING_MIX
         assert configured(cls, {"data": "gsm8k"}).data == "gsm8k"
+
+
+def test_dash_h_is_help_everywhere_and_the_usage_line_names_what_to_type():
+    for args in (["-h"], ["report", "-h"], ["train", "ppd", "-h"], ["list", "methods", "-h"]):
+        result = invoke(*args, env=WIDE)
+        assert result.exit_code == 0 and "Usage: specbench" in result.output, (args, result.output)
+    usage = next(line for line in invoke("report", "--help", env=WIDE).output.splitlines() if "Usage:" in line)
+    assert "{runs}" not in usage and "DIR..." in usage
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--widths", "0,1"], "--widths: every value must be at least 1 (got 0)"),
+    (["--kv-length", "0"], "--kv-length: every value must be at least 1 (got 0)"),
+    (["--repeats", "0"], "--repeats must be at least 1 (got 0)"),
+])
+def test_profile_range_errors_name_the_option(args, expected):
+    result = invoke("profile", "--model", "random:tiny", *args)
+    assert result.exit_code != 0 and expected in said(result) and "Traceback" not in result.output
+
+
+def test_plan_of_an_unknown_random_preset_lists_the_presets():
+    result = invoke("plan", "--model", "random:tiyn")
+    text = said(result)
+    assert result.exit_code != 0 and "random:tiyn: unknown preset (did you mean 'tiny'?)" in text
+    assert "vicuna-7b" in text and "Repo id" not in text

@@ -186,3 +186,19 @@ def test_profile_compiled_files_its_own_curve(own_tiny):
     assert [s["width"] for s in profile.meta["compile"]["shapes"]] == [1]
     assert store.profile_name(profile.model, profile.dtype, profile.meta["placement"]).endswith("@compiled.yaml")
     assert cc.state_of(own_tiny.model) is None
+
+
+def test_the_first_compile_says_the_wait_from_inductors_cache(tmp_path, monkeypatch, capsys):
+    """Before the first shape compiles: minutes from scratch on a CPU, seconds when inductor's cache holds builds."""
+    from torch._inductor.runtime import cache_dir_utils
+
+    monkeypatch.setattr(cache_dir_utils, "cache_dir", lambda: str(tmp_path / "inductor"))
+    assert cc.inductor_cache() == (tmp_path / "inductor", 0)
+    cc._say_start("target", torch.device("cpu"))
+    assert "minutes per shape on a CPU" in " ".join(capsys.readouterr().err.split())
+    (tmp_path / "inductor").mkdir()
+    for i in range(cc.CACHED_FILES):
+        (tmp_path / "inductor" / f"k{i}.so").write_text("")
+    cc._say_start("target", torch.device("cpu"))
+    said = " ".join(capsys.readouterr().err.split())
+    assert "seconds per shape" in said and f"{cc.CACHED_FILES}+ files" in said

@@ -237,6 +237,8 @@ def test_cli_estimate_build_tree_and_run(tmp_path, monkeypatch):
                               "--out", str(tmp_path / "run")])
     assert res.exit_code == 0, res.output
     assert res.output.count("100%") >= 2  # both lossless against ar
+    said = " ".join(res.output.split())
+    assert said.count("eagle: tree") == 1 and said.count("parallelspec: tree") == 1  # the tree line once each
     res = runner.invoke(app, ["run", "--method", "parallelspec", "--model", spec, "--gamma", "3",
                               "--dataset", str(data), "--limit", "1", "--max-new-tokens", "8", "--warmup", "0",
                               "--out", str(tmp_path / "run2")])

@@ -92,3 +92,19 @@ def test_borrowed_acceptance_is_labelled_in_the_plan(tmp_path):
     filed = yaml.safe_load((tmp_path / "plan.yaml").read_text())
     assert filed["model_key"] == "llama-3.1-8b" and filed["hardware"] == "h100"
     assert filed["methods"][0]["memory_gb"]["target"] == pytest.approx(8_030_261_248 * 2 / 1e9, abs=0.001)
+
+
+def test_checked_acceptance_ranks_first_and_unchecked_rows_are_marked_in_the_table(tmp_path):
+    """EAGLE's and ParallelSpec's published files say verified: false; their rows rank below every checked one and
+    the table marks them, whatever their prediction."""
+    result = plan(PlanRequest("random:vicuna-7b", "a100", methods=("medusa", "eagle"), max_size=32, out=tmp_path))
+    rows = {r.method: r for r in result.rows}
+    assert rows["eagle"].unverified and not rows["medusa"].unverified
+    assert result.pick.method == "medusa" and [r.method for r in result.ranked] == ["medusa", "eagle"]
+    said = CliRunner().invoke(app, ["plan", "--methods", "medusa,eagle", "--max-size", "32", "--out",
+                                    str(tmp_path / "cli")], env={"COLUMNS": "300"})
+    assert said.exit_code == 0, said.output
+    eagle_line = next(line for line in said.output.splitlines() if "eagle" in line and "│" in line)
+    assert "UNVERIFIED" in eagle_line and "(?)" in eagle_line and "Best predicted: medusa" in said.output
+    only_unchecked = plan(PlanRequest("random:vicuna-7b", "a100", methods=("eagle",), max_size=32, out=tmp_path / "e"))
+    assert only_unchecked.pick.method == "eagle"  # nothing checked: the unchecked row is still the best there is

@@ -147,3 +147,32 @@ def test_gantt_title_names_the_prompt_and_the_window(tmp_path, monkeypatch):
                                            "prompts), turn 1; first 1.5 s of 2.00 s shown")
     rows = [json.loads(line) for line in (tmp_path / "timeline.jsonl").read_text().splitlines()]
     assert len(rows) == 8
+
+
+def test_throughput_latency_needs_two_load_levels(tmp_path):
+    from specbench.report.serving import plot_throughput_latency
+
+    one = pd.DataFrame([{"method": m, "dataset": "gsm8k", "batch_size": 1, "batching": "-",
+                         "tokens_per_s_per_user": v, "output_throughput": v} for m, v in (("ar", 10.0), ("pld", 15.0))])
+    path = tmp_path / "throughput_latency.png"
+    assert not plot_throughput_latency(one, path) and not path.exists()  # both axes the same number: nothing to say
+    two = pd.concat([one, one.assign(batch_size=4, batching="unpadded", output_throughput=one.output_throughput * 3)])
+    assert plot_throughput_latency(two, path) and path.is_file()
+
+
+def test_a_profile_measured_on_a_busy_machine_is_marked_on_its_plot(tmp_path, monkeypatch):
+    from specbench.planning import profile as profiles
+    from specbench.planning.profile import LatencyProfile
+
+    titles = []
+    real = profiles.plot
+    busy = LatencyProfile("tiny", "float32", "cpu-x", "measured", [1, 2],
+                          {128: {"median_ms": [1.0, 1.5], "p10_ms": [1.0, 1.4], "p90_ms": [1.1, 1.6]}},
+                          {"contention": {"disturbed": True, "foreign_cpu": 0.8}})
+    import matplotlib.axes
+
+    set_title = matplotlib.axes.Axes.set_title
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title",
+                        lambda self, text, *a, **k: titles.append(text) or set_title(self, text, *a, **k))
+    real(busy, tmp_path / "busy.png")
+    assert (tmp_path / "busy.png").is_file() and "DISTURBED: 0.80 other cores busy" in titles[0]

@@ -165,3 +165,9 @@ def test_plot_titles_name_the_hardware_key_and_fall_back_to_the_device_name():
     assert plot_title(META, records()).startswith(f"SmolLM2-135M-Instruct on {HARDWARE}, float32")
     old = {**META, "environment": {"device": "AMD EPYC 7B13", "dtype": "float32"}}  # a run from before the key
     assert " on AMD EPYC 7B13, " in plot_title(old, records().drop(columns="hardware"))
+
+
+def test_one_prompt_shows_no_zero_width_interval():
+    summary = run_report.summarize(records(prompts=1))
+    table = compact.table(summary).set_index("method")
+    assert table.loc["pld", "95% interval"] == "n/a (1 prompt)" and table.loc["ar", "95% interval"] == "-"

@@ -46,3 +46,23 @@ def test_the_command_prints_the_measurements_and_the_projection(tmp_path, monkey
                 "400 optimiser steps", "the full recipe", "nothing was written"):
         assert row in said, row
     assert not (tmp_path / "artifacts").exists()
+
+
+def test_the_projection_counts_the_full_recipes_prompts_not_the_dry_steps(tmp_path, monkeypatch):
+    """PPD's prompts per source follow --steps when --prompts is left out: the projection takes them from the full
+    recipe's steps (one per step and source, at most 300), not from the dry run's few."""
+    from specbench.methods.ppd.training import auto_prompts
+    from specbench.train.configs import PPDConfig
+    from specbench.train.dry_run import default_of
+
+    monkeypatch.chdir(tmp_path)
+    cfg = PPDConfig(model="random:tiny", dtype="float32", device="cpu", new_tokens=24)
+    result = run_dry(PPDConfig, cfg, 1)
+    sources = len(cfg.data.split(","))
+    assert result.sequences == auto_prompts(default_of(cfg, "steps"), sources) * sources > sources
+
+
+def test_a_dry_run_of_no_steps_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["train", "medusa", "--model", "random:tiny", "--dry-run", "--steps", "0"])
+    assert res.exit_code != 0 and "--steps must be at least 1 (got 0)" in res.output

@@ -101,6 +101,7 @@ def _given(opts: list[str]) -> str | None:
 
 app = SpecbenchTyper(
     cls=_Root, order=WORKFLOW, add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command's context inherits it
     pretty_exceptions_enable=False,
     help="Benchmark speculative and parallel decoding methods on your own hardware.\n\n"
          "Start with [bold]specbench run[/] (ar vs pld on HumanEval with the embedded SmolLM2-135M).")

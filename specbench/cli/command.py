@@ -51,6 +51,10 @@ def spell(param: Any) -> None:
     if param.param_type_name == "argument":  # its name is shown already: only the type column, as for options
         shown = NAME_METAVARS.get(param.name or "") or TYPE_METAVARS.get(annotation, "TEXT")
         param.display_type_rich = lambda ctx=None: shown
+        usage = NAME_METAVARS.get(param.name or "") or (param.name or "ARG").upper()
+        usage += "..." if param.nargs != 1 and not usage.endswith("...") else ""
+        usage = usage if param.required else f"[{usage}]"
+        param.get_usage_pieces = lambda ctx=None: [usage]  # the usage line: RUN... rather than Typer's {runs}...
         return
     if param.param_type_name != "option":
         return

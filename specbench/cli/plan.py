@@ -52,16 +52,19 @@ def plan(
     label = "roofline estimate" if prof.source == "estimated" else "measured profile"
     table = Table(title=f"Plan for {model} on {prof.hardware} {result.dtype} ({label}), acceptance "
                         f"{result.acceptance}, context {context}: predicted, not measured")
-    for col in ("method", "tree size", "tau", "speedup", "draft ms/step", "target GB", "drafter GB", "KV GB",
-                "total GB", "paper measured", "why not"):
-        table.add_column(col, justify="left" if col in ("method", "paper measured", "why not") else "right")
-    table.add_row("ar", "-", "1.000", "1.00x", "-", *(["-"] * 4), "-", "")
+    for col in ("method", "acceptance", "tree size", "tau", "speedup", "draft ms/step", "target GB", "drafter GB",
+                "KV GB", "total GB", "paper measured", "why not"):
+        table.add_column(col, justify="left" if col in ("method", "acceptance", "paper measured", "why not")
+                         else "right")
+    table.add_row("ar", "-", "-", "1.000", "1.00x", "-", *(["-"] * 4), "-", "")
     pick = result.pick
-    for row in result.rows:
+    for row in result.ranked:  # checked acceptance first: an unchecked row ranks below every checked one
         mem = row.memory_gb
         paper = (f"{row.paper['speedup']:.2f}x tau {row.paper.get('tau', '-')} ({row.paper.get('gpu', '?')})"
                  if row.paper.get("speedup") else "-")
-        table.add_row(row.method, _num(row.size, "d"), _num(row.tau, ".3f"),
+        checked = "-" if row.speedup is None else "UNVERIFIED" if row.unverified else "checked"
+        table.add_row(row.method + (" (?)" if row.unverified else ""), checked, _num(row.size, "d"),
+                      _num(row.tau, ".3f"),
                       "-" if row.speedup is None else f"{row.speedup:.2f}x", _num(row.draft_ms, ".2f"),
                       *(_num(mem.get(k), ".2f") for k in ("target", "drafter", "kv", "total")), escape(paper),
                       escape(row.why_not), style="bold green" if row is pick else None)
@@ -72,5 +75,10 @@ def plan(
     for note in result.notes:
         console.print(f"[yellow]note[/] {escape(note)}")
     where = escape(str(result.out / "plan.yaml"))
-    best = f"Best predicted: {pick.method} ({pick.speedup:.2f}x, tree {pick.size})" if pick else "No method planned"
+    best = f"Best predicted: {pick.method} ({pick.speedup:.2f}x, tree {pick.size}" + (
+        ", on acceptance recalled and not checked: no row has checked acceptance)" if pick.unverified else ")") \
+        if pick else "No method planned"
+    if any(r.unverified for r in result.rows):
+        console.print("[yellow]note[/] rows marked (?) / UNVERIFIED rest on acceptance recalled from a paper and not "
+                      "checked against its table: they rank below every checked row")
     console.print(f"{best}. Wrote {where} and the trees under {escape(str(result.out / 'trees'))}.")

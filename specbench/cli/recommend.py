@@ -26,8 +26,10 @@ def recommend(
                                             "float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
     dataset: Annotated[str, typer.Option(help="Dataset of the confirming run (name or .jsonl).")] = "gsm8k",
-    confirm: Annotated[int, typer.Option(help="Measure the best K predicted methods (and pld) beside ar; 0 = "
-                                              "prediction only, no decoding.")] = 2,
+    confirm: Annotated[int, typer.Option(help="Measure the best K predicted methods beside ar, with the methods no "
+                                              "model predicts (pld; sd and pearl where the model has a drafter); 0 = "
+                                              "prediction only, no decoding: the pick is filed as not confirmed.")]
+    = 2,
     limit: Annotated[str, typer.Option(help="Prompts in the confirming run: the first N, or all.")] = "5",
     max_new_tokens: Annotated[int, typer.Option(help="Cap on new tokens per turn in the confirming run.")] = 64,
     data_file: Annotated[Optional[str], typer.Option(show_default="the set's own", help="Read the named --dataset "
@@ -59,7 +61,8 @@ def recommend(
         console.print(f"[yellow]note[/] {escape(note)}")
     pick = result.pick
     numbers = f"measured {_x(pick.measured)} beside ar, predicted {_x(pick.predicted)}" if result.run else \
-        f"predicted {_x(pick.predicted)} (not measured: --confirm 0)"
+        f"predicted {_x(pick.predicted)} (not measured: --confirm 0; not confirmed, and the methods without a " \
+        "prediction were not considered)"
     tree = f", tree {escape(pick.tree)}" if pick.tree else ""
     console.print(f"[bold]Use {pick.method}[/] ({result.dtype}{tree}): {numbers}.")
     where = escape(str(result.out / "recommendation.yaml"))

@@ -21,8 +21,9 @@ def report(
                                                     "successive commits, oldest first).")],
     out_dir: Annotated[Optional[Path], typer.Option(
         "--out", show_default="specbench-report/; with --baseline the run folder; with --history specbench-history/",
-        help="Where a comparison of several runs goes; with --baseline, the vs_baseline files; with --history, "
-             "history.csv and .png.")] = None,
+        help="Where a comparison of several runs goes; with one run, its report (the run's files copied there, its "
+             "own report.md left alone); with --baseline, the vs_baseline files; with --history, history.csv and "
+             ".png.")] = None,
     fail_below: Annotated[Optional[float], typer.Option(
         metavar="SPEEDUP", show_default="off",
         help="Exit 1 when a method's speedup interval lies below this (or a lossless method differs from ar beyond "
@@ -80,10 +81,13 @@ def report(
         console.print(f"Wrote {escape(', '.join(str(p) for p in paths))}")
         return
     if len(runs) == 1:
-        summary = write_run_report(runs[0])
-        print_summary(summary, str(runs[0]))
-        warn_unexplained(runs)
-        console.print(f"Wrote {escape(str(runs[0]))}/summary.csv, report.md and plots.")
+        drawn = runs[0]
+        if out_dir is not None and baseline is None:  # --out: the report goes there, the run folder stays as it is
+            drawn = _copy_run(runs[0], out_dir)
+        summary = write_run_report(drawn)
+        print_summary(summary, str(drawn))
+        warn_unexplained([drawn])
+        console.print(f"Wrote {escape(str(drawn))}/summary.csv, report.md and plots.")
     else:
         out_dir = out_dir or Path("specbench-report")
         summary = compare_runs(runs, out_dir)
@@ -98,6 +102,29 @@ def report(
     code = ci.judge(summary, runs, out_dir or runs[0], opts, old)
     if code:
         raise typer.Exit(code)
+
+
+def _copy_run(run: Path, out_dir: Path) -> Path:
+    """One run reported into --out: its result files (run.yaml, records.csv, tokens.jsonl, timeline.jsonl) copied
+    there, so that the report drawn from them leaves the run's own report.md alone. Refused when --out holds
+    another run."""
+    import shutil
+
+    from ..core.store import RunFolder
+
+    source, target = RunFolder(run), RunFolder(out_dir)
+    if out_dir.resolve() == run.resolve():
+        return run
+    if not source.is_run():
+        raise SpecbenchError(f"{run}: not a run folder (no run.yaml); pass a run folder written by `specbench run`")
+    if target.is_run():
+        raise SpecbenchError(f"--out {out_dir} already holds a run; choose an empty folder for the report, or drop "
+                             f"--out to redraw {run}'s own report.md")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in (source.meta, source.records, source.tokens, source.timeline):
+        if name.exists():
+            shutil.copy2(name, out_dir / name.name)
+    return out_dir
 
 
 def _print_history(frame) -> None:

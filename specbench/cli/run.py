@@ -142,6 +142,7 @@ def run(
     if shards is not None and tp > 1:
         raise SpecbenchError("--tp N runs under torchrun and --shards N on Ray: launch `torchrun ... specbench run "
                              "--tp N --shard I/N` per shard instead")
+    _refuse_server_options(ctx, engine)
     methods = list(method)
     _check_methods(methods)
     if "auto" in methods:
@@ -223,7 +224,7 @@ def _auto_method(methods: list[str], model: str, device: str, dtype: str, recomm
     from ..run.recommend import read_choice
 
     choice = read_choice(model, device, recommendation, dtype)
-    console.print(f"[dim]{escape(choice.said)}[/]")
+    console.print(f"[dim]{escape(choice.said)}[/]" if choice.confirmed else f"[yellow]{escape(choice.said)}[/]")
     rest = [m for m in methods if m != "auto"]
     alone = not [m for m in rest if m != "ar" and m not in choice.methods]  # its tree applies to it alone
     for name, value in choice.options.items():
@@ -231,6 +232,23 @@ def _auto_method(methods: list[str], model: str, device: str, dtype: str, recomm
             options[name] = value
     chosen = rest + [m for m in choice.methods if m not in rest]
     return chosen or ["ar"], choice.dtype
+
+
+SERVER_OPTIONS = ("base_url", "baseline_url", "served_model", "api_key_env", "concurrency", "request_rate", "slo",
+                  "timeout")
+
+
+def _refuse_server_options(ctx, engine: str) -> None:
+    """--concurrency, --base-url, ... given without --engine openai: refused (they would be recorded, never applied)."""
+    if engine == "openai":
+        return
+    given = [f"--{name.replace('_', '-')}" for name in SERVER_OPTIONS
+             if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"]
+    if given:
+        raise SpecbenchError(f"{', '.join(given)}: {'apply' if len(given) > 1 else 'applies'} to --engine openai "
+                             f"only (an OpenAI-compatible server); --engine {engine} would ignore "
+                             f"{'them' if len(given) > 1 else 'it'}. Drop {'them' if len(given) > 1 else 'it'}, or "
+                             "add --engine openai --base-url URL.")
 
 
 def _newest_run() -> Path:

@@ -12,6 +12,7 @@ from ..progress import console, out
 
 def print_summary(summary, title: str) -> None:
     from ..run.noise import is_disturbed
+    from ..report.compact import interval_text
     from ..report.summary import row_name
 
     batched = "batch_size" in summary and (summary.batch_size.fillna(1) > 1).any()
@@ -25,9 +26,7 @@ def print_summary(summary, title: str) -> None:
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else spec.format(v)
 
     for r in summary.itertuples(index=False):
-        low, high = getattr(r, "speedup_lo", math.nan), getattr(r, "speedup_hi", math.nan)
-        known = not any(isinstance(v, float) and math.isnan(v) for v in (low, high))
-        span = f"{fmt(low)}-{fmt(high)}" if known and (low, high) != (1.0, 1.0) else "-"  # ar: the reference itself
+        span = interval_text(r)  # none where it has no width (ar against itself, a single prompt)
         explained = getattr(r, "lossless_explained_rate", math.nan)
         loss = fmt(r.lossless_rate, "{:.0%}") + ("" if r.exactness != "lossy" else " (lossy)")
         if not (isinstance(explained, float) and math.isnan(explained)) and explained != r.lossless_rate:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Optional, Union, get_args, get_origin, get_ty
 import typer
 from rich.markup import escape
 
+from ..errors import SpecbenchError
 from ..progress import console
 from ..train.configs import CONFIGS
 from ..train.settings import cli_options
@@ -80,6 +81,8 @@ def dry_run_command(cls: type, options: dict[str, Any]) -> None:
     from ..train.dry_run import report, run_dry
 
     steps = options["steps"]
+    if steps < 1:
+        raise SpecbenchError(f"--steps must be at least 1 (got {steps}); leave it out for a {DRY_STEPS}-step dry run")
     if steps == cli_options(cls)["steps"]["default"]:
         steps = DRY_STEPS
     cfg = configured(cls, options)

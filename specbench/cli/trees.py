@@ -44,15 +44,16 @@ def profile(
                        "compiled static shape (CUDA graphs on CUDA); batch 1 only; filed as "
                        "<model>-<dtype>@compiled.yaml.")] = False,
 ):
-    """Measure forward latency L_fp(n) per input width on this hardware (for `build-tree`); with --batch-size also
+    """Measure forward latency L(n) per input width on this hardware (for `build-tree`); with --batch-size also
     L(B, w) per batch size."""
     import torch
 
     from ..core.model.load import load_model
     from ..planning.batch_profile import check_batch_sizes
-    from ..planning.profile import measure, save
+    from ..planning.profile import check_ranges, measure, save
 
     width_list, kv_list = int_list(widths, "--widths"), int_list(kv_lengths, "--kv-length")
+    check_ranges(width_list, kv_list, repeats)  # before the model loads
     sizes = check_batch_sizes(int_list(batch_sizes, "--batch-size"))
     row_widths = int_list(batch_widths, "--batch-widths") if batch_widths else None
     if compile and (sizes != [1] or device_map or tp > 1):
@@ -77,7 +78,7 @@ def profile(
     if not is_writer():
         return  # --tp: every rank measured (the forwards are collective); rank 0 writes
     path = save(result, out_path)
-    table = Table(title=f"L_fp(n) ms, {result.model} {result.dtype} on {result.hardware}")
+    table = Table(title=f"L(n) ms, {result.model} {result.dtype} on {result.hardware}")
     table.add_column("width n", justify="right")
     for kv in result.curves:
         table.add_column(f"KV {kv}", justify="right")
@@ -138,11 +139,11 @@ def build_tree(
     out_path: Annotated[Optional[Path], typer.Option("--out", show_default="trees/<model>/<hardware>-<dtype>.yaml; "
                         "-b<B> added at --batch-size B > 1", help="Tree file.")] = None,
 ):
-    """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L_fp(n) on --gpu."""
+    """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L(n) on --gpu."""
 
     from ..core.machine.timing import now, since
     from ..methods.base import tree_families
-    from ..planning.buildtree import BuildTreeRequest
+    from ..planning.buildtree import BuildTreeRequest, edge_note
     from ..planning.buildtree import build_tree as build
 
     start = now()
@@ -161,7 +162,7 @@ def build_tree(
         if profile.source == "estimated" else " (measured profile)"
     at = f" at batch size {batch_size}" if batch_size > 1 else ""
     table = Table(title=f"{method} tree for {built.model} on {profile.hardware} {profile.dtype}{at}")
-    for col in ("size n", "tau(n)", f"L(B={batch_size}) ms" if at else "L_fp ms",
+    for col in ("size n", "tau(n)", f"L(B={batch_size}) ms" if at else "L(n) ms",
                 "predicted speedup" + (" (vs ar at B)" if at else "")):
         table.add_column(col, justify="right")
     marks = sorted({1, 2, 4, 8, 16, 32, 64, 128, curve.best.size} & set(curve.sizes))
@@ -176,6 +177,9 @@ def build_tree(
                   f"{curve.speedup[i]:.3f}x"
                   f"{label}. Wrote {wrote} in "
                   f"{since(start):.1f} s.")
+    edge = edge_note(curve, max_size)
+    if edge:
+        console.print(f"[yellow]warning[/] {escape(edge)}")
     if curve.speedup[i] < 1:
         console.print(f"[yellow]note[/] no tree size beats ar on {profile.hardware} in {profile.dtype}: even the "
                       "smallest tree's forward costs more than its predicted tau gains. "

@@ -57,7 +57,7 @@ from ..run.records import Check, compare, serving_view
 from ..run.resume import Done, drop_incomplete, finished, mark_complete, missing_folders, plain, prepare_out
 from ..run.resume import Interrupted, refuse_other_environment, remove_if_empty
 from ..run.results import Record, RecordWriter, read_tokens
-from ..run.work import LoadedDataset, PromptWork, pending_prompts
+from ..run.work import LoadedDataset, PromptWork, check_categories, pending_prompts
 
 
 @dataclass
@@ -107,8 +107,10 @@ def check_methods(cfg: RunConfig, supported: tuple[str, ...], engine: str) -> Ru
 def load_work(cfg: RunConfig) -> list[LoadedDataset]:
     """The run's prompts, loaded exactly as specbench's own run loads them (--dataset, --limit, --data-file,
     --per-category); render each turn with ds.conversation(prompt, turn, answers)."""
-    return [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
-            for name in cfg.datasets]
+    loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
+              for name in cfg.datasets]
+    check_categories(cfg, loaded)
+    return loaded
 
 
 def local_environment(engine: str, threads: int, dtype: str, placement: str = "") -> dict:

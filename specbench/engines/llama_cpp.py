@@ -25,7 +25,7 @@ from rich.markup import escape
 from ..core.machine import contention, memory
 from ..data import datasets as ds
 from ..errors import SpecbenchError
-from ..progress import console, progress_bar
+from ..progress import console, progress_bar, status
 from ..run.config import RunConfig
 from ..run.work import PromptWork, fit_prompt
 from .llama_files import extra_buffers_work, ftype_name, gguf_file, import_engine  # noqa: F401
@@ -245,7 +245,7 @@ class Engine:
         ids = self.prompt_ids(ds.conversation(prompts[0], 0, []), prompts[0])
         if ids is None:
             return
-        with console.status("Warming up llama.cpp (not timed)"):
+        with status("Warming up llama.cpp (not timed)"):
             for label in self.llms:
                 for _ in range(self.cfg.warmup):
                     self.generate(label, ids, min(self.cfg.max_new_tokens, 32))

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecbenchError
-from ..progress import console
+from ..progress import console, status
 
 PIP = "pip install 'specbench[llamacpp]'"
 CPU = torch.device("cpu")  # where the engine runs here (in this process)
@@ -83,7 +83,7 @@ def extra_buffers_work(path: Path, threads: int) -> tuple[bool, str]:
     cache = store.user_cache() / "engines" / "llama_cpp_extra_buffers.json"
     known = json.loads(cache.read_text()) if cache.exists() else {}
     if key not in known:
-        with console.status("Checking llama.cpp's extra weight buffers on this machine (once per model)"):
+        with status("Checking llama.cpp's extra weight buffers on this machine (once per model)"):
             done = subprocess.run([sys.executable, "-c", PROBE, str(path), str(threads)], capture_output=True,
                                   timeout=600)
         known[key] = done.returncode >= 0  # killed by a signal (SIGSEGV): off; any other failure: the load says why

@@ -122,6 +122,8 @@ def plot(curve: SizeCurve, profile: LatencyProfile, path: Path) -> None:
     left.grid(alpha=0.3)
     right.plot(curve.sizes, curve.speedup, color="C3")
     right.axvline(curve.best.size, color="grey", linestyle="--", linewidth=1)
+    right.axhline(1.0, color="black", linewidth=0.8)  # ar: below this line a tree loses to plain decoding
+    right.annotate("ar (1.0)", (curve.sizes[0], 1.0), xytext=(2, 3), textcoords="offset points", fontsize=7)
     right.set_xlabel("tree size n")
     right.set_ylabel("predicted speedup over ar")
     label = " (source: estimated)" if profile.source == "estimated" else ""
@@ -324,6 +326,16 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
         drawn = path.with_suffix(".png")
         plot(curve, profile, drawn)
     return BuiltTree(req.family, slug, profile, curve, path, drawn)
+
+
+def edge_note(curve, max_size: int) -> str:
+    """A warning when the chosen size is the largest the search tried: the best may lie beyond --max-size ("" when
+    the curve turned down inside the range)."""
+    if len(curve.sizes) < 2 or curve.best.size != curve.sizes[-1]:
+        return ""
+    return (f"the chosen size {curve.best.size} is the largest searched: the predicted speedup was still rising "
+            f"there, so a larger tree may be better; `--max-size {2 * max(max_size, curve.best.size)}` searches "
+            "further (a flat latency curve, such as a GPU's or a roofline estimate's, keeps rewarding width)")
 
 
 def batch_curve(profile: LatencyProfile, batch_size: int, model: str) -> LatencyProfile:

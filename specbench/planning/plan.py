@@ -79,8 +79,14 @@ class Plan:
 
     @property
     def pick(self) -> MethodPlan | None:
-        done = [r for r in self.rows if r.speedup is not None]
-        return max(done, key=lambda r: r.speedup) if done else None
+        """The first of `ranked`: the fastest on checked acceptance, an unchecked row only when no row is checked."""
+        return next((r for r in self.ranked if r.speedup is not None), None)
+
+    @property
+    def ranked(self) -> list[MethodPlan]:
+        """Rows with a prediction, those on checked acceptance first (fastest first), then those whose acceptance was
+        recalled and not checked (fastest first), then the rows without a prediction."""
+        return sorted(self.rows, key=lambda r: (r.speedup is None, r.unverified, -(r.speedup or 0.0)))
 
 
 def acceptance_folder(spec: str, model_key: str) -> Path:

@@ -33,10 +33,20 @@ DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_KV_LENGTHS = (128, 512, 1024)
 
 
+def check_ranges(widths: list[int], kv_lengths: list[int], repeats: int, warmup: int = 0) -> None:
+    """Refuse a profile grid value out of range, naming its option (before any model loads)."""
+    for option, values in (("--widths", widths), ("--kv-length", kv_lengths)):
+        if min(values) < 1:
+            raise SpecbenchError(f"{option}: every value must be at least 1 (got {min(values)})")
+    if repeats < 1:
+        raise SpecbenchError(f"--repeats must be at least 1 (got {repeats})")
+    if warmup < 0:
+        raise SpecbenchError(f"profile: warm-up forwards must be 0 or more (got {warmup})")
+
+
 def check_grid(target: LoadedModel, widths: list[int], kv_lengths: list[int], repeats: int, warmup: int) -> None:
     """Refuse a profile grid (sorted widths and KV lengths) that is not positive or does not fit the context."""
-    if repeats < 1 or warmup < 0 or widths[0] < 1 or kv_lengths[0] < 1:
-        raise SpecbenchError("profile: widths and KV lengths must be positive, --repeats at least 1")
+    check_ranges(widths, kv_lengths, repeats, warmup)
     if kv_lengths[-1] + repeats + widths[-1] > target.context_length:
         raise SpecbenchError(f"profile: KV length {kv_lengths[-1]} + {repeats} repeats + width {widths[-1]} exceeds "
                              f"the model's context ({target.context_length}); lower --kv-length or --widths")
@@ -140,7 +150,13 @@ def plot(profile: LatencyProfile, path: Path) -> None:
         ax.plot(profile.widths, curve["median_ms"], marker="o", label=f"KV {kv}")
         ax.fill_between(profile.widths, curve["p10_ms"], curve["p90_ms"], alpha=0.2)
     label = "" if profile.source == "measured" else " (source: estimated)"
-    ax.set_title(f"{profile.model} {profile.dtype} on {profile.hardware}{label}", fontsize=9)
+    load = profile.meta.get("contention") or {}
+    if load.get("disturbed"):  # the profile guard's flag: the curve may be too high, and uneven
+        label += f" - DISTURBED: {load.get('foreign_cpu', 0):.2f} other cores busy"
+        ax.text(0.5, 0.5, "measured on a busy machine", transform=ax.transAxes, ha="center", va="center",
+                fontsize=14, color="firebrick", alpha=0.35, rotation=20)
+    ax.set_title(f"{profile.model} {profile.dtype} on {profile.hardware}{label}", fontsize=9,
+                 color="firebrick" if load.get("disturbed") else None)
     if profile.batches:
         right = axes[0][1]
         for size in profile.batch_sizes:

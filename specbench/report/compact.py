@@ -49,15 +49,22 @@ def _batched(summary: pd.DataFrame) -> bool:
     return "batch_size" in summary and (pd.to_numeric(summary.batch_size, errors="coerce").fillna(1) > 1).any()
 
 
+def interval_text(r) -> str:
+    """A summary row's 95% interval as "low-high"; with no width nothing was resampled, so none is shown: "-" for ar
+    (against itself) and rows without one, "n/a (1 prompt)" for a method measured on a single prompt."""
+    low, high = getattr(r, "speedup_lo", math.nan), getattr(r, "speedup_hi", math.nan)
+    if "-" not in (_fmt(low), _fmt(high)) and float(high) > float(low):
+        return f"{_fmt(low)}-{_fmt(high)}"
+    single = str(getattr(r, "prompts", "")) == "1" and str(getattr(r, "method", "ar")).split("@")[0] != "ar"
+    return "n/a (1 prompt)" if single else "-"
+
+
 def table(summary: pd.DataFrame) -> pd.DataFrame:
     """The compact table (module docstring); a `run` column first when the summary has one (a comparison)."""
     batched = _batched(summary)
     rows = []
     for r in summary.itertuples(index=False):
-        low, high = getattr(r, "speedup_lo", math.nan), getattr(r, "speedup_hi", math.nan)
-        # no width (one prompt, or ar against itself): nothing was resampled, so no interval to show
-        wide = "-" not in (_fmt(low), _fmt(high)) and float(high) > float(low)
-        span = f"{_fmt(low)}-{_fmt(high)}" if wide else "-"
+        span = interval_text(r)
         row = {"run": getattr(r, "run", None), "method": row_name(r), "dataset": r.dataset, "prompts": str(r.prompts),
                "tok/s": _fmt(r.tokens_per_s), "speedup vs ar": _fmt(r.speedup, "{:.2f}x"), "95% interval": span,
                "median ratio": _fmt(getattr(r, "speedup_median", math.nan), "{:.2f}x"), "tau": _fmt(r.tau),

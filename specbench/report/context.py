@@ -82,6 +82,24 @@ def by_prompt_length(records: pd.DataFrame, latency_floor: float = 1.0) -> pd.Da
     return split[COLUMNS].reset_index(drop=True)
 
 
+def cut_note(records: pd.DataFrame, shown: int = 10) -> list[str]:
+    """report.md's note on prompts cut from the left to fit the context (records.csv `prompt_cut`: tokens dropped),
+    naming the prompt turns (ar's rows: every method got the same cut); empty when none was cut."""
+    if records.empty or "prompt_cut" not in records:
+        return []
+    cut = records[pd.to_numeric(records.prompt_cut, errors="coerce").fillna(0) > 0]
+    cut = cut[cut.method == "ar"] if (cut.method == "ar").any() else cut
+    turns = cut.drop_duplicates(["dataset", "prompt_id", "turn"])
+    if turns.empty:
+        return []
+    named_turns = [f"{r.dataset} {r.prompt_id}" + (f" turn {int(r.turn) + 1}" if int(r.turn) else "") +
+                   f" (-{int(r.prompt_cut)} tokens)" for r in turns.head(shown).itertuples(index=False)]
+    more = f" and {len(turns) - shown} more" if len(turns) > shown else ""
+    return [f"**Prompts cut to fit the context**: {len(turns)} prompt turn(s) lost tokens from their left so that "
+            f"--max-new-tokens fits: {', '.join(named_turns)}{more}. Their numbers are for the cut prompt "
+            "(records.csv `prompt_cut`: tokens dropped, per row).", ""]
+
+
 def section(records: pd.DataFrame, run_dir: Path, title: str = "", latency_floor: float = 1.0) -> list[str]:
     """report.md's "By prompt length" section; writes context.csv (and context.png when some method other than ar
     has numbers in two or more buckets). Empty when the records carry no prompt lengths."""

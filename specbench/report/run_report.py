@@ -72,6 +72,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     md += ["Lossy methods (typical acceptance) are labelled `lossy`. " + LOSSLESS_TEXT, ""]
     floor = (meta.get("noise_guard") or {}).get("latency_floor", 1.0)
     md += category_section(single_records, single, run_dir, floor)
+    md += context.cut_note(records)  # prompts cut from the left to fit the context
     md += context.section(single_records, run_dir, title, floor)  # tau and speedup by prompt length
     ems = summary[summary.batching.isin(["-", "padded", "unpadded"])]  # a server's load levels: serving.py
     md += batchreport.section(ems, run_dir, title, meta.get("chosen"), meta.get("trees"))

@@ -105,13 +105,30 @@ def serving_table(records: pd.DataFrame, slo: dict | None = None, failed: list[d
     return table.round({c: 4 for c in SERVING_COLUMNS[6:]})
 
 
-def plot_throughput_latency(table: pd.DataFrame, path: Path, title: str = "", engine: str = "") -> None:
+def load_levels(table: pd.DataFrame) -> int:
+    """The most load levels (batch sizes, concurrencies, Poisson rates) any method x dataset ran at."""
+    if table.empty:
+        return 0
+    return int(table.groupby(["method", "dataset"], sort=False).size().max())
+
+
+def level_label(batching: str, size: int) -> str:
+    """A point's load level as the plot writes it: `B=4` (a batch of 4), `4 in flight` (a server's closed loop)."""
+    return f"{size} in flight" if batching == "closed" else f"B={size}"
+
+
+def plot_throughput_latency(table: pd.DataFrame, path: Path, title: str = "", engine: str = "") -> bool:
     """throughput_latency.png: tok/s per user (x) against tok/s in total (y), one line per method and dataset across
-    its load levels (batch size / concurrency, labelled at each point; Poisson levels as separate markers)."""
+    its load levels (batch size / concurrency, labelled at each point; Poisson levels as separate markers). Not
+    drawn (False) when no method ran at two load levels: at one level per method, one request at a time, both axes
+    are the same number (the summary's tok/s), and the plot would say nothing."""
     import matplotlib.pyplot as plt
 
     from .plots import set_title
 
+    if load_levels(table) < 2:
+        path.unlink(missing_ok=True)  # a redrawn report: no stale plot of an earlier layout
+        return False
     fig, ax = plt.subplots(figsize=(6, 4))
     for (method, dataset), g in table.groupby(["method", "dataset"], sort=False):
         g = g.sort_values("batch_size")
@@ -119,7 +136,7 @@ def plot_throughput_latency(table: pd.DataFrame, path: Path, title: str = "", en
         closed = g[~g.batching.astype(str).str.startswith("poisson")]
         line = ax.plot(closed.tokens_per_s_per_user, closed.output_throughput, marker="o", label=name)[0]
         for _, r in closed.iterrows():
-            ax.annotate(f"{'c' if r.batching == 'closed' or r.batch_size == 1 else 'B'}{r.batch_size}",
+            ax.annotate(level_label(str(r.batching), int(r.batch_size)),
                         (r.tokens_per_s_per_user, r.output_throughput), xytext=(3, 3), textcoords="offset points",
                         fontsize=7)
         for _, r in g[g.batching.astype(str).str.startswith("poisson")].iterrows():
@@ -134,6 +151,7 @@ def plot_throughput_latency(table: pd.DataFrame, path: Path, title: str = "", en
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+    return True
 
 
 def section(records: pd.DataFrame, run_dir: Path, meta: dict, title: str = "") -> list[str]:
@@ -145,7 +163,7 @@ def section(records: pd.DataFrame, run_dir: Path, meta: dict, title: str = "") -
     slo = serving.get("slo") or {}
     table = serving_table(records, slo, serving.get("failed"))
     engine = (meta.get("engine") or {}).get("name", "") if isinstance(meta.get("engine"), dict) else ""
-    plot_throughput_latency(table, Path(run_dir) / "throughput_latency.png", title, engine)
+    drawn = plot_throughput_latency(table, Path(run_dir) / "throughput_latency.png", title, engine)
     shown = table if slo else table.drop(columns="goodput")
     md = ["## Serving: time to first token, inter-token latency, throughput", "",
           "Per request (a prompt turn): `ttft` time to first token, `tpot` time per output token after the first, "
@@ -161,7 +179,12 @@ def section(records: pd.DataFrame, run_dir: Path, meta: dict, title: str = "") -
     if slo:
         limits = ", ".join(f"{k.split('_')[0]} <= {v:g} ms" for k, v in slo.items())
         md += [f"`goodput`: requests per second meeting the SLO ({limits}).", ""]
-    md += [markdown_table(shown), "", "![throughput against latency](throughput_latency.png)", ""]
+    md += [markdown_table(shown), ""]
+    md += ["![throughput against latency](throughput_latency.png)", "",
+           "Each point is a load level (`B=N`: a batch of N; `N in flight`: N requests at a time to a server); the "
+           "further right, the faster for each user; the higher, the more tokens in total.", ""] if drawn else [
+        "One load level per method: tokens/s per user and in total are the same number here, so no "
+        "throughput-latency plot (`--batch-size 1,4,16`, or a server's `--concurrency 1,4,16`, draws one).", ""]
     md += acceptance_lines(serving) + failed_lines(serving)
     return md
 

@@ -31,7 +31,7 @@ from .results import RecordWriter, read_tokens
 from .runner import Runner
 from .shard import refuse_too_many, prompt_count, resolved_trees, select, shard_block
 from .validation import validate
-from .work import LoadedDataset, pending_batches, pending_prompts, say_batches, single_labels
+from .work import LoadedDataset, check_categories, pending_batches, pending_prompts, say_batches, single_labels
 
 
 def run(cfg: RunConfig) -> Path:
@@ -45,6 +45,7 @@ def run(cfg: RunConfig) -> Path:
     cfg = validate(cfg)
     loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
               for name in cfg.datasets]
+    check_categories(cfg, loaded)
     if cfg.shard:
         refuse_too_many(cfg.shard.count, prompt_count(loaded), f"--shard {cfg.shard}")
     made = missing_folders(Path(cfg.out))
@@ -72,7 +73,8 @@ def run(cfg: RunConfig) -> Path:
                                for label, trees in resolved_trees(runner.methods).items()}, "the trees resolved")
         chosen = runner.chosen()
         for label, settings in chosen.items():
-            said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict))
+            known = getattr(runner.methods.get(label), "said_when_loaded", ())  # its load line named these
+            said = ", ".join(f"{k} {v}" for k, v in settings.items() if not isinstance(v, dict) and k not in known)
             if said:  # per-batch-size choices (dicts) were said when they were made
                 console.print(f"[dim]{label}: {escape(said)}[/]")
         if cfg.resume:  # --tp: rank 0 holds the run folder (tensor_parallel.py: rank 0 decides, every rank follows)
@@ -95,6 +97,9 @@ def run(cfg: RunConfig) -> Path:
     batch_work = pending_batches(jobs, done)
     say_batches(cfg, loaded)
     to_go = sum(len(w.labels) for w in prompt_work) + sum(len(w.labels) for w in batch_work)
+    # the bar counts timed turns (a two-turn prompt is two of a method's), and grows by each re-timed one
+    turns_to_go = (sum(len(w.labels) * len(w.prompt.turns) for w in prompt_work)
+                   + sum(len(w.labels) for w in batch_work))
     if done:
         console.print(f"Resuming {escape(str(out))}: {len(done)} method x prompt results kept, {to_go} to go.")
     try:
@@ -105,7 +110,14 @@ def run(cfg: RunConfig) -> Path:
             compile_run.finish_run_warm_up(compiled)
             tp.on_writer(lambda: compile_run.record(RunFolder(out).meta, compiled))
         with progress_bar() as bar:
-            task = bar.add_task("decoding", total=to_go, info="")
+            task = bar.add_task("decoding", total=turns_to_go, info="")
+
+            def retimed(label, r, position, w):  # one more timed turn than planned: the bar's total grows with it
+                bar.update(task, total=bar.tasks[task].total + 1)
+                again = runner.time_turn(label, r.ids, w.index, r.turn, position)
+                bar.update(task, advance=1)
+                return again
+
             for work in prompt_work:
                 results = {}
                 for position, label in enumerate(work.labels):
@@ -113,9 +125,9 @@ def run(cfg: RunConfig) -> Path:
                     results[label] = runner.run_prompt(work.prompt, work.index, label, position)
                     tokens, seconds = (sum(len(r.gen.tokens) for r in results[label]),
                                        sum(r.seconds for r in results[label]))
-                    bar.update(task, advance=1, info=f"{tokens / seconds if seconds else 0:6.1f} tok/s")
-                retime.heal_prompt(lambda label, r, position, w=work: runner.time_turn(label, r.ids, w.index, r.turn,
-                                                                                         position),
+                    bar.update(task, advance=len(work.prompt.turns),  # a skipped turn counts as done
+                               info=f"{tokens / seconds if seconds else 0:6.1f} tok/s")
+                retime.heal_prompt(lambda label, r, position, w=work: retimed(label, r, position, w),
                                    work.dataset, results, work.labels, history, cfg.retime,
                                    say=lambda text: bar.update(task, description=text))
                 runner.finish_prompt(work.dataset, work.prompt, results, reference, writer)  # whole prompts only

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..core.model.compile import Compiled, declared_width, enable
 from ..data import datasets as ds
 from ..errors import SpecbenchError
-from ..progress import console
+from ..progress import console, status
 
 
 def check(cfg) -> None:
@@ -54,7 +54,7 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
 
 
 def finish_run_warm_up(states: dict[str, Compiled]) -> None:
-    with console.status("Compiling the remaining shapes (not timed)"):
+    with status("Compiling the remaining shapes (not timed)"):
         for state in states.values():
             state.finish_warm_up()
     for role, state in states.items():

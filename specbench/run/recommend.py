@@ -31,10 +31,11 @@ from .config import RunConfig, results_root
 from .results import with_batch_columns
 
 MEASURED_ONLY = ("pld",)  # needs nothing and no model predicts it: measured whenever anything is
+DRAFTER_METHODS = ("sd", "pearl")  # no acceptance model predicts them either: measured when a drafter exists
 NOT_PREDICTED = {"pld": "no acceptance model predicts prompt lookup: measured only (beside the confirmed methods)",
-                 "sd": "draft-model methods have no acceptance estimate yet: `specbench run --method sd` measures it",
-                 "pearl": "draft-model methods have no acceptance estimate yet: `specbench run --method pearl` "
-                          "measures it"}
+                 "sd": "draft-model methods have no acceptance estimate: measured only, when the model has a drafter",
+                 "pearl": "draft-model methods have no acceptance estimate: measured only, when the model has a "
+                          "drafter"}
 
 
 @dataclass
@@ -102,22 +103,48 @@ def recommend(req: RecommendRequest) -> Result:
     timed = price_drafting(req, candidates(), hardware, dtype)
     preds = predict_all(candidates(), req.model, hardware, dtype, dev.type, timed)
     rows = [Row("ar", predicted=1.0)] + [_row(p) for p in preds]
-    rows += [Row(m, why_not=why) for m, why in NOT_PREDICTED.items() if m in REGISTRY]
+    measurable = measured_only(req.model)
+    rows += [Row(m, why_not=_unpredicted_why(m, req, measurable)) for m in NOT_PREDICTED if m in REGISTRY]
     out = req.out or results_root() / time.strftime("recommend-%Y%m%d-%H%M%S")
     confirm = [p.method for p in preds if p.available][: req.confirm]
     run_dir, why = None, []
     if req.confirm:
-        confirm += [m for m in MEASURED_ONLY if m in REGISTRY]
+        confirm += measurable
         run_dir = _confirm(req, confirm, dtype, out / "run")
         pick, why = choose_measured(rows, confirming_records(run_dir), dtype)
     else:
         pick = max((r for r in rows if r.predicted is not None), key=lambda r: r.predicted)
+        unseen = [m for m in NOT_PREDICTED if m in REGISTRY]
+        why = [f"not confirmed: {pick.method} is the best prediction; {', '.join(unseen)} were not considered (no "
+               "model predicts them, and --confirm 0 measures nothing); `specbench recommend --confirm 2` measures "
+               "them beside the best predicted"]
     result = Result(pick, rows, hardware, dtype, str(dev), out, run_dir, store.recommendation_file(
         model_slug(req.model), hardware))
     result.notes += why + profile_notes(req.model, hardware, dtype) + [
         f"{p.method}'s drafting: {p.draft_price}" for p in preds if p.available and p.draft_price]
     write(result, req)
     return result
+
+
+def measured_only(model: str) -> list[str]:
+    """The methods no model predicts that a confirming run measures: pld always, sd and pearl when the model has a
+    drafter artefact (artifacts/<model>/drafter here or shipped: what `run --method sd` would load)."""
+    from ..methods.sd.drafter import is_artifact
+
+    key = model_slug(model)
+    drafter = any(is_artifact(p) for p in (store.artifact_dir(key, "drafter"),
+                                            store.shipped_artifacts() / key / "drafter"))
+    return [m for m in (*MEASURED_ONLY, *(DRAFTER_METHODS if drafter else ())) if m in REGISTRY]
+
+
+def _unpredicted_why(method: str, req: RecommendRequest, measurable: list[str]) -> str:
+    """Why a method no model predicts has no number in the table (nothing when the confirming run measures it)."""
+    if req.confirm and method in measurable:
+        return ""
+    if method not in measurable:
+        return (f"no drafter for {req.model}: `specbench train drafter --model {req.model}` makes one, then "
+                "recommend measures it")
+    return f"{NOT_PREDICTED[method]}; --confirm 0 left it out"
 
 
 def price_drafting(req: RecommendRequest, cands: list[Candidate], hardware: str, dtype: str) -> dict[str, float]:
@@ -229,6 +256,8 @@ def as_dict(result: Result, req: RecommendRequest) -> dict:
         "method": pick.method, "tree": store.data_relative(pick.tree) if pick.tree else None, "gamma": None,
         "dtype": result.dtype,
         "predicted": pick.predicted, "measured": pick.measured,
+        "confirmed": result.run is not None,  # False: the best prediction, never measured beside ar here
+        "not_considered": [r.method for r in result.rows if r.predicted is None and r.measured is None] or None,
         "measured_interval": [pick.measured_lo, pick.measured_hi] if pick.measured_lo is not None else None,
         "hardware": result.hardware,
         "device": result.device, "model": req.model, "model_key": model_slug(req.model),
@@ -287,6 +316,7 @@ class Choice:
     options: dict
     dtype: str
     said: str
+    confirmed: bool = True  # False: the recommendation was a prediction only (recommend --confirm 0)
 
 
 def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto") -> Choice:
@@ -314,5 +344,10 @@ def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto")
     numbers = ", ".join(f"{k} {data[k]:.2f}x" for k in ("predicted", "measured")
                         if isinstance(data.get(k), (int, float)))
     said = f"--method auto: {method} ({data.get('dtype')}{', ' + numbers if numbers else ''}) from {where}{other}"
+    confirmed = isinstance(data.get("measured"), (int, float))
+    if not confirmed:
+        unseen = ", ".join(data.get("not_considered") or []) or "the methods no model predicts"
+        said += (f"; NOT CONFIRMED: a prediction never measured here, and {unseen} were not considered "
+                 f"(`specbench recommend --model {model}` measures them)")
     return Choice([] if method == "ar" else [method], options,
-                  (data.get("dtype") or "auto") if dtype == "auto" else dtype, said)
+                  (data.get("dtype") or "auto") if dtype == "auto" else dtype, said, confirmed)

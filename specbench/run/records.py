@@ -60,8 +60,9 @@ def compare(tokens: list[int], reference: list[int]) -> str:
 
 
 def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, dataset: str, prompt: ds.Prompt,
-                 r: TurnResult, check: Check) -> Record:
-    """The records.csv row of one turn (env: core.hardware.environment of the run)."""
+                 r: TurnResult, check: Check, prompt_cut: int = 0) -> Record:
+    """The records.csv row of one turn (env: core.hardware.environment of the run; prompt_cut: tokens cut from the
+    prompt's left to fit the context)."""
     gen, seconds, n = r.gen, r.seconds, len(r.gen.tokens)
     gap = check.gap
     per_pos = " ".join(f"{a}/{d}" for a, d in zip(gen.accepted_per_position, gen.drafted_per_position))
@@ -80,7 +81,7 @@ def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, da
         placement=env.get("placement", target.placement),
         mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=check.verdict,
         forward_ms=round(r.forward_ms, 3), order=r.order, timing_tries=r.tries, timing_disturbed=r.disturbed,
-        **r.noise)
+        prompt_cut=prompt_cut, **r.noise)
     fields.update(batch_fields(r))  # a batched row's forward_ms is its batch's time per batched step
     fields.update(host_split(r))
     fields.update(serving_view(r.gen.token_times))  # ttft_s, tpot_ms, itl percentiles (a batched sample's own)

@@ -102,6 +102,8 @@ class Record:
     # masks, tree building, top-k, host syncs, acceptance); NaN where not measured
     forward_s: float = float("nan")
     host_s: float = float("nan")
+    # tokens cut from the left of the rendered prompt to fit the context with room for --max-new-tokens (0: whole)
+    prompt_cut: int = 0
 
 
 RECORD_COLUMNS = [f.name for f in fields(Record)]
@@ -122,10 +124,12 @@ class RecordWriter:
             self._csv_file.flush()
         self._tokens_file = self.tokens_path.open("a")
 
-    def write(self, record: Record, tokens: list[int]) -> None:
+    def write(self, record: Record, tokens: list[int], text: str | None = None) -> None:
+        """A record and its tokens (with `text`, the tokens decoded: tokens.jsonl's `text`, to read what was said)."""
         key = {"method": record.method, "dataset": record.dataset, "prompt_id": record.prompt_id,
                "turn": record.turn, "batch_size": record.batch_size, "batching": record.batching}
-        self._tokens_file.write(json.dumps({**key, "tokens": tokens}) + "\n")
+        said = {"text": text} if text is not None else {}
+        self._tokens_file.write(json.dumps({**key, "tokens": tokens, **said}) + "\n")
         self._tokens_file.flush()
         self._csv.writerow(asdict(record))
         self._csv_file.flush()

@@ -33,6 +33,9 @@ class Interrupted(SpecbenchError):
 def prepare_out(cfg: RunConfig) -> Path:
     """Create the run directory, refusing to mix runs: an existing run continues only with --resume."""
     out = Path(cfg.out)
+    if cfg.resume and not RunFolder(out).meta.exists():
+        raise SpecbenchError(f"--resume: {out} is not a run folder (it holds no run.yaml). Pass --out with the folder "
+                             "of the run to continue, or drop --resume to start a new run there.")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".write-test"
@@ -43,16 +46,44 @@ def prepare_out(cfg: RunConfig) -> Path:
     run_file = RunFolder(out).meta
     if run_file.exists():
         if not cfg.resume:
-            raise SpecbenchError(f"{out} already holds a run. Pass --resume to continue it, or choose another --out.")
+            if recorded(out):
+                raise SpecbenchError(f"{out} already holds a run. Pass --resume to continue it, or choose another "
+                                     "--out.")
+            console.print(f"[dim]{out} holds a run that recorded no results: starting afresh there[/]")
+            for stale in (run_file, RunFolder(out).records, RunFolder(out).tokens, RunFolder(out).timeline):
+                stale.unlink(missing_ok=True)
+            return out
         old = yaml.safe_load(run_file.read_text()) or {}
         settings = plain(cfg.settings())
         for key in set(LATER_SETTINGS) - set(old.get("settings") or {}):  # a run from before the option
             settings.pop(key, None)
-        changed = differences(old.get("settings") or {}, settings)
+        old_settings = dict(old.get("settings") or {})
+        extended = not settings.get("shard") and limit_extended(old_settings.get("limit"), settings["limit"])
+        if extended:  # the one option a resumed run may change
+            old_settings.pop("limit"), settings.pop("limit")
+        changed = differences(old_settings, settings)
         if changed:
             raise SpecbenchError(f"--resume: the options differ from the run in {out}: {'; '.join(changed)}. "
-                                 "Resume with the same options, or choose another --out.")
+                                 "Resume with the same options (a larger --limit is the one change allowed), or "
+                                 "choose another --out.")
+        if extended and old.get("complete"):  # the run finished its old limit: the new prompts are still to run
+            old["complete"] = False
+            run_file.write_text(yaml.safe_dump(old, sort_keys=False))
     return out
+
+
+def limit_extended(old, new) -> bool:
+    """A resumed run's --limit grows (N -> M > N, or N -> all): it keeps the first N prompts and runs the rest."""
+    return old is not None and old != new and (new is None or new > old)
+
+
+def recorded(out: Path) -> bool:
+    """The run in `out` wrote at least one record (records.csv holds a row beneath its header)."""
+    path = RunFolder(out).records
+    if not path.exists():
+        return False
+    with path.open() as f:
+        return sum(1 for line, _ in zip(f, range(2)) if line.strip()) > 1
 
 
 LATER_SETTINGS = ("retime", "compile")  # options newer than some run folders: an older run resumes with any value

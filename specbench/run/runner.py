@@ -25,7 +25,7 @@ from ..core.machine.timing import wall
 from ..data import datasets as ds
 from ..methods import get_method
 from ..methods.base import DecodeMethod, Generation
-from ..progress import console
+from ..progress import console, status
 from .config import RunConfig
 from .records import Check, TurnResult, build_record, compare
 from .results import Record, RecordWriter, append_timeline
@@ -46,6 +46,7 @@ class Runner:
     def __init__(self, cfg: RunConfig, target: LoadedModel, drafter: LoadedModel | None):
         self.cfg = cfg
         self.target = target
+        self.prompt_cut: dict[tuple[ds.Prompt, int], int] = {}  # (prompt, turn) -> tokens cut to fit the context
         self.methods: dict[str, DecodeMethod] = {}  # label -> method (label = name, or name@size in a sweep)
         options = cfg.method_options()
         for name in cfg.methods:
@@ -99,10 +100,12 @@ class Runner:
 
     def prompt_ids(self, messages: list[dict], prompt: ds.Prompt) -> torch.Tensor | None:
         """Render and fit into the context: truncate from the left with a warning, or None (skip) with a reason."""
-        ids = fit_prompt(self.target.tokenizer.render(messages), self.target.context_length, self.cfg.max_new_tokens,
-                         prompt.id)
+        rendered = self.target.tokenizer.render(messages)
+        ids = fit_prompt(rendered, self.target.context_length, self.cfg.max_new_tokens, prompt.id)
         if ids is None:
             return None
+        turn = sum(m["role"] == "user" for m in messages) - 1
+        self.prompt_cut[(prompt, turn)] = len(rendered) - len(ids)  # records.csv's prompt_cut
         return torch.tensor([ids], device=self.target.device)
 
     def timed(self, run: Callable[[], T]) -> tuple[T, float, float]:
@@ -144,7 +147,7 @@ class Runner:
         ids = self.prompt_ids(messages, prompts[0])
         if ids is None:
             return
-        with console.status("Warming up (not timed)"):
+        with status(f"Warming up {len(self.methods)} method(s) (not timed)"):
             for method in self.methods.values():
                 for _ in range(self.cfg.warmup):
                     method.generate(ids, min(self.cfg.max_new_tokens, 32), self.cfg.sampling,
@@ -160,7 +163,7 @@ class Runner:
         ids = [i for i in ids if i is not None]
         if not ids or self.cfg.warmup == 0:
             return
-        with console.status("Warming up batches (not timed)"):
+        with status("Warming up batches (not timed)"):
             for size in sorted({b for b in sizes if b > 1}):
                 batch = (ids * size)[:size]
                 for label in labels:
@@ -209,7 +212,8 @@ class Runner:
                     if lossless != "match":
                         gap, verdict = self.explain(dataset, prompt, r, reference, ar_ids, verdict)
                 check = Check(lossless, gap, verdict if lossless not in ("", "match") else "")
-                writer.write(self.record(label, dataset, prompt, r, check), r.gen.tokens)
+                writer.write(self.record(label, dataset, prompt, r, check), r.gen.tokens,
+                             self.target.tokenizer.decode(r.gen.tokens))
                 if r.gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
                     append_timeline(writer.records_path.parent, {"method": label, "dataset": dataset,
                                                                  "prompt_id": str(prompt.id), "turn": r.turn},
@@ -233,7 +237,8 @@ class Runner:
 
     def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: Check) -> Record:
         """The records.csv row of one checked turn (records.py)."""
-        return build_record(self.cfg, self.target, self.env, method, dataset, prompt, r, check)
+        return build_record(self.cfg, self.target, self.env, method, dataset, prompt, r, check,
+                            prompt_cut=self.prompt_cut.get((prompt, r.turn), 0))
 
     def finish_batch(self, dataset: str, label: str, mode: str, rows: list, reference: dict, writer: RecordWriter,
                      order: int) -> None:
@@ -255,4 +260,4 @@ class Runner:
                                                               verdicts.get(b.prompt.id, ""))
                     verdict = verdicts[b.prompt.id]
             record = self.record(label, dataset, b.prompt, r, Check(lossless, gap, verdict))
-            writer.write(record, b.gen.tokens)
+            writer.write(record, b.gen.tokens, self.target.tokenizer.decode(b.gen.tokens))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from ..data import datasets as ds
+from ..errors import SpecbenchError
 from ..progress import console
 from .config import RunConfig
 from .resume import Done
@@ -104,6 +105,21 @@ def pending_batches(jobs: list[BatchJob], done: Done) -> list[BatchWork]:
                                    for p in job.prompts)])
             for job in jobs]
     return [w for w in work if w.labels]
+
+
+def check_categories(cfg: RunConfig, loaded: list[LoadedDataset]) -> None:
+    """--per-category on sets whose records carry no `category`: refused when no set has one (the option would do
+    nothing), a note naming the sets that take their first --limit prompts instead when only some have one."""
+    if not cfg.per_category:
+        return
+    plain = [d.name for d in loaded if not any(p.category for p in d.prompts)]
+    if len(plain) == len(loaded):
+        raise SpecbenchError(f"--per-category: {', '.join(plain)} {'has' if len(plain) == 1 else 'have'} no "
+                             "categories (no `category` field in the records); drop --per-category, or use a set "
+                             "with categories (mt-bench, a Spec-Bench question file)")
+    if plain:
+        console.print(f"[yellow]note[/] --per-category: {', '.join(plain)} {'has' if len(plain) == 1 else 'have'} "
+                      "no categories: the first --limit prompts are taken there")
 
 
 def say_batches(cfg: RunConfig, loaded: list[LoadedDataset]) -> None:

@@ -90,9 +90,11 @@ def dry_run(recipe: Recipe, steps: int) -> DryRun:
     recipe.target = load_target(replace(cfg, steps=default_of(cfg, "steps")), recipe.prompts)  # the full run's check
     load_s, load_peak = since(t), peak_mb(recipe.target.device)
     device = recipe.target.device
-    recipe.before_data()
-    sequences = full_sequences(cfg, recipe)
     full_steps = default_of(cfg, "steps")
+    recipe.cfg = replace(cfg, steps=full_steps)  # the plan (prompts per source) of the full recipe, not the dry one's
+    recipe.before_data()
+    recipe.cfg = cfg
+    sequences = full_sequences(cfg, recipe)
     data_s = generation_seconds(recipe.target, [[0] * PROMPT_TOKENS] * sequences, cfg.new_tokens,
                                 costs=forward_costs(recipe.target))
     recipe.seqs = random_sequences(recipe.target, DRY_SEQUENCES, max(cfg.new_tokens, recipe.min_reply() + 1))

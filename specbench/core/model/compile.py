@@ -19,11 +19,13 @@ shape's first call (compile, plus one forward), reported per shape in run.yaml a
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
 import types
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -142,6 +144,8 @@ class Compiled:
         key = (inputs.shape[1], embeds, allowed is not None, hidden)
         first = key not in self.shapes
         if first:
+            if not self.shapes:  # the first compile of this model: say how long the wait may be
+                _say_start(self.name, self.device)
             _sync(self.device)
             t0 = time.perf_counter()
         if self.device.type == "cuda":
@@ -232,6 +236,37 @@ def declared_width(method) -> int:
     options = getattr(method, "options", None)
     draft = getattr(options, "pld_draft_tokens", None) or getattr(method, "gamma", None) or 0
     return int(draft) + 1
+
+
+CACHED_FILES = 50  # files in inductor's cache from which earlier builds are taken to be there (counted up to this)
+
+
+def inductor_cache() -> tuple[Path | None, int]:
+    """(inductor's on-disk cache folder, files in it): compiled kernels a later compile of the same shapes reads
+    back instead of building them again. (None, 0) where torch does not say where it is."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        folder = Path(cache_dir())
+    except (ImportError, AttributeError, OSError):
+        return None, 0
+    if not folder.is_dir():
+        return folder, 0
+    return folder, sum(1 for _ in itertools.islice((p for p in folder.rglob("*") if p.is_file()), CACHED_FILES))
+
+
+def _say_start(name: str, device: torch.device) -> None:
+    """Before the first shape compiles: the wait to expect, from whether inductor's cache holds earlier builds."""
+    from ...progress import console
+
+    folder, files = inductor_cache()
+    if folder is None:
+        return
+    wait = ("seconds per shape: inductor's cache holds earlier builds" if files >= CACHED_FILES else
+            "minutes per shape on a CPU (C++ kernels built from scratch; later runs read them back)"
+            if device.type == "cpu" else "a minute or so per shape (Triton kernels built from scratch)")
+    held = f"{files}+" if files >= CACHED_FILES else str(files)
+    console.print(f"[dim]--compile {name}: compiling its first shape: expect {wait} ({folder}: {held} files)[/]")
 
 
 def _said(name: str, key: tuple, seconds: float) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
-from ...errors import SpecbenchError
+from ...errors import SpecbenchError, did_you_mean
 from ...progress import console, status
 from .. import store
 from .attention_kernels import choose_attention_kernels
@@ -222,7 +222,8 @@ def load_model(spec: str, dtype: str = "auto", device: str = "auto", measured_au
     The model keeps the spec exactly as given (a .gguf file is the file, not its folder): run.yaml, records and
     every suggested command name it so; model_slug(spec) is its file-name key. `placement`: a device map or
     tensor parallelism (core/model/placement.py); default: the whole model on `device`."""
-    loaded = _load_spec(spec, dtype, device, measured_auto, placement or SINGLE)
+    with status(f"Loading {spec}"):  # nested phases (de-quantising, a download) say themselves inside it
+        loaded = _load_spec(spec, dtype, device, measured_auto, placement or SINGLE)
     loaded.spec = spec
     loaded.name = display_name(spec, loaded.name)
     return loaded
@@ -254,8 +255,7 @@ def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool, placemen
                 f"unknown model {spec!r}: not a local path, not an org/name Hugging Face id. Use {EMBEDDED_ALIAS}, "
                 "a local directory, a .gguf file, an org/name id, or random:<preset> "
                 f"(presets: {', '.join(RANDOM_PRESETS)}).")
-    with status(f"Loading {spec}"):
-        return _load_hf(spec, dev, dt, placement=placement)
+    return _load_hf(spec, dev, dt, placement=placement)
 
 
 def model_config(spec: str):
@@ -268,6 +268,9 @@ def model_config(spec: str):
     if spec.startswith("random:") and Path(spec[7:]).is_file():
         cfg = json.loads(Path(spec[7:]).read_text())
         return AutoConfig.for_model(cfg.pop("model_type", "llama"), **cfg)
+    if spec.startswith("random:"):  # neither a preset nor a config file: not a Hub id either
+        raise SpecbenchError(f"{spec}: unknown preset{did_you_mean(spec[7:], RANDOM_PRESETS)}; use one of "
+                             f"{', '.join(RANDOM_PRESETS)} or a path to a config.json")
     if spec.endswith(".gguf"):
         if not Path(spec).expanduser().is_file():
             raise SpecbenchError(f"GGUF file not found: {spec}")

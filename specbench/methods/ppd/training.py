@@ -24,7 +24,7 @@ from ...core.batch.cache import new_cache
 from ...core.model.load import LoadedModel
 from ...core.machine.timing import now, since
 from ...errors import SpecbenchError
-from ...progress import console
+from ...progress import console, status
 from ...train.configs import PPDConfig
 from ...train.optimiser import CheckpointState
 from ...train.selfdistill import generation_seconds, pending_prompts, source_names
@@ -175,7 +175,7 @@ def announce_plan(target: LoadedModel, cfg: TrainConfig, prompts: int, sources: 
     """Say up front what training will do and about how long it takes here, before the slow part starts: data from
     timed forwards of 1 and 129 tokens (selfdistill.generation_seconds), training from one timed step."""
     todo = pending_prompts(target, cfg.data, cfg.held_out, prompts, cfg.new_tokens, cfg.data_file)
-    with console.status("Timing a few forwards and one training step (for the time estimate)"):
+    with status("Timing a few forwards and one training step (for the time estimate)"):
         data_s = generation_seconds(target, todo, cfg.new_tokens)
         typical = sorted(len(p) for p in todo)[len(todo) // 2] if todo else 64
         train_s = steps * step_seconds(target, cfg, typical + cfg.new_tokens) if steps > 0 else 0.0

@@ -39,6 +39,7 @@ class TreeMethod(Batchable, DecodeMethod):
     option_specs = (TREE, ARTIFACT)
     guesser_type: ClassVar[type[Guesser]]  # what this method guesses with (its own file)
     typical = False  # the `-typical` variants: Medusa's typical acceptance at T > 0 (lossy)
+    said_when_loaded = ("tree", "drafter")  # chosen() keys the load line below already printed (run says the rest)
 
     def __init_subclass__(cls, **kwargs):
         """A registered method's family, tree shape and needs are its guesser's (declared once per guesser)."""
