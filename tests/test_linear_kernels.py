@@ -55,6 +55,7 @@ def test_fastest_median_is_chosen_per_bucket_and_cached(tiny, tmp_path, monkeypa
                     for k in kernels} for b in buckets}
 
     monkeypatch.setattr(lk, "measure", measure)
+    monkeypatch.setattr(lk.contention, "disturbed", lambda load: False)  # (the suite's other workers are no neighbour)
     try:
         found = lk.choose(tiny.model, torch.device("cpu"))
         assert found["source"] == "measured now"
@@ -65,6 +66,12 @@ def test_fastest_median_is_chosen_per_bucket_and_cached(tiny, tmp_path, monkeypa
         again = lk.choose(tiny.model, torch.device("cpu"))
         assert again["source"].startswith("cached ") and again["choice"] == want and len(calls) == 1
         assert len(list((tmp_path / "linear_kernels").glob("*.yaml"))) == 1
+        for file in (tmp_path / "linear_kernels").glob("*.yaml"):
+            file.unlink()
+        monkeypatch.setattr(lk.contention, "disturbed", lambda load: True)
+        busy = lk.choose(tiny.model, torch.device("cpu"))
+        assert busy["choice"] == want and "not cached" in busy["source"]
+        assert not list((tmp_path / "linear_kernels").glob("*.yaml")) and len(calls) == 2
     finally:
         lk._unpack(lk.linears(tiny.model))
 

@@ -14,7 +14,8 @@ packed here when it is not already).
 
 The choice: for every bucket (powers of two up to 64 rows) each candidate runs over every linear layer of the model
 once per round (one forward's linears, on inputs of that many rows), rounds alternating the candidates' order, and the
-fastest median wins. Cached per hardware key, dtype, thread count and the model's linear shapes in <user cache>/
+fastest median wins. Cached (unless other work ran beside the measurement: then it serves the run that made it)
+per hardware key, dtype, thread count and the model's linear shapes in <user cache>/
 linear_kernels/; a width runs at the choice of the smallest measured bucket holding it (the widest beyond them).
 $SPECBENCH_COMPILE_LINEAR = mkl, transposed or onednn sets one kernel for every width instead (auto: measured).
 The choice is made at trace time (each bucket is its own static graph), so the compiled graph holds only its kernel.
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 import yaml
 
 from .. import store
+from ..machine import contention
 from ...errors import SpecbenchError
 
 ENV = "SPECBENCH_COMPILE_LINEAR"
@@ -178,9 +180,14 @@ def choose(model, device: torch.device) -> dict:
     cached = _read(path, kernels)
     if cached is not None:
         return {**cached, "source": f"cached {path}"}
+    before = contention.snapshot()
     times = measure(layers, kernels)
+    load = contention.between(before, contention.snapshot())
     found = {"choice": {b: min(t, key=t.get) for b, t in times.items()}, "times_ms": times,
-             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rounds": ROUNDS}
+             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rounds": ROUNDS,
+             "foreign_cpu": load["foreign_cpu"]}
+    if contention.disturbed(load):  # a busy machine's choice serves this run only: the next one measures again
+        return {**found, "source": "measured now (disturbed: not cached)"}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(found, sort_keys=False))
@@ -220,7 +227,8 @@ def use(model, device: torch.device) -> dict:
         m.__dict__[BEFORE] = m.__dict__.get("forward")
         m._specbench_linear_choice = found["choice"]
         m.forward = types.MethodType(_chosen_forward, m)
-    return {"source": found["source"], "choice": found["choice"]}
+    return {"source": found["source"], "choice": found["choice"],
+            **({"times_ms": found["times_ms"]} if "times_ms" in found else {})}
 
 
 def restore(model) -> None:
