@@ -18,20 +18,24 @@ def _layers(bias: bool):
     return [torch.nn.Linear(64, 96, bias=bias), torch.nn.Linear(96, 64, bias=bias), torch.nn.Linear(64, 260)]
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_every_kernel_equals_f_linear_at_every_bucket(bias):
-    layers = _layers(bias)
-    lk._pack(layers)
+@pytest.mark.parametrize("bias, dtype, tolerance", [(False, torch.float32, 1e-5), (True, torch.float32, 1e-5),
+                                                    (True, torch.bfloat16, 2e-2)])
+def test_every_kernel_equals_f_linear_at_every_bucket(bias, dtype, tolerance):
+    layers = [m.to(dtype) for m in _layers(bias)]
+    kernels = lk.candidates(dtype)
+    if "onednn" in kernels:
+        lk._pack(layers)
     try:
         with torch.inference_mode():
             for rows in (*lk.BUCKETS, 3, 20):
                 for m in layers:
-                    x = torch.randn(1, rows, m.in_features)
-                    want = F.linear(x, m.weight, m.bias)
-                    for kernel in lk.candidates(torch.float32):
+                    x = torch.randn(1, rows, m.in_features).to(dtype)
+                    want = F.linear(x.float(), m.weight.float(), None if m.bias is None else m.bias.float())
+                    for kernel in kernels:
                         got = lk.KERNEL[kernel](m, x)
-                        assert got.shape == want.shape
-                        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{kernel} at {rows} rows")
+                        assert got.shape == want.shape and got.dtype == dtype
+                        torch.testing.assert_close(got.float(), want, rtol=tolerance, atol=tolerance,
+                                                   msg=f"{kernel} at {rows} rows")
     finally:
         lk._unpack(layers)
 
