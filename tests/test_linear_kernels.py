@@ -40,6 +40,14 @@ def test_every_kernel_equals_f_linear_at_every_bucket(bias, dtype, tolerance):
         lk._unpack(layers)
 
 
+def test_a_large_model_is_timed_on_a_slice_holding_every_shape():
+    layers = [torch.nn.Linear(64, 64, bias=False) for _ in range(10)] + [torch.nn.Linear(64, 260, bias=False)]
+    every = lk.timed_set(layers, budget=10**9)
+    assert len(every) == 11
+    small = lk.timed_set(layers, budget=4 * 64 * (64 * 3 + 260))  # room for the head and three of the ten
+    assert len(small) == 4 and any(m.out_features == 260 for m in small)
+
+
 def test_rows_run_at_the_smallest_bucket_holding_them():
     choice = {1: "onednn", 2: "transposed", 4: "mkl", 64: "onednn"}
     assert [lk.for_rows(choice, r) for r in (1, 2, 3, 4, 5, 64, 200)] == \

@@ -13,7 +13,8 @@ The same three at the run's dtype in bfloat16 (oneDNN through AVX512-BF16 / AMX 
 packed here when it is not already).
 
 The choice: for every bucket (powers of two up to 64 rows) each candidate runs over every linear layer of the model
-once per round (one forward's linears, on inputs of that many rows), rounds alternating the candidates' order, and the
+once per round (one forward's linears, on inputs of that many rows; of a model over 1 GiB of linear weights, a 1 GiB
+slice holding every shape), rounds alternating the candidates' order, and the
 fastest median wins. Cached (unless other work ran beside the measurement: then it serves the run that made it)
 per hardware key, dtype, thread count and the model's linear shapes in <user cache>/
 linear_kernels/; a width runs at the choice of the smallest measured bucket holding it (the widest beyond them).
@@ -43,6 +44,7 @@ ENV = "SPECBENCH_COMPILE_LINEAR"
 KERNELS = ("mkl", "transposed", "onednn")
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 ROUNDS = 5
+MEASURE_BYTES = 2**30  # weights one measured pass reads at most (timed_set)
 BEFORE = "_specbench_forward_before"  # a Linear's own forward (instance attribute or none) while a choice is in use
 PACK_ROWS_HINT = 8  # the row count oneDNN's packed layout is tuned for (cpu_kernels.PACK_ROWS_HINT)
 
@@ -132,9 +134,32 @@ def _unpack(layers: list[torch.nn.Linear]) -> None:
             m._specbench_pack_index = None
 
 
+def timed_set(layers: list[torch.nn.Linear], budget: int = MEASURE_BYTES) -> list[torch.nn.Linear]:
+    """The layers a measurement passes over: one of every shape, then the rest in model order while their weights
+    stay within `budget` bytes (every layer of a small model; a slice of a large one, still far beyond the caches)."""
+    chosen, shapes, total = [], set(), 0
+    for m in layers:
+        shape = (m.out_features, m.in_features)
+        if shape not in shapes:
+            shapes.add(shape)
+            chosen.append(m)
+            total += m.weight.numel() * m.weight.element_size()
+    for m in layers:
+        size = m.weight.numel() * m.weight.element_size()
+        if any(m is c for c in chosen):
+            continue
+        if total + size > budget:
+            break
+        chosen.append(m)
+        total += size
+    return chosen
+
+
 @torch.inference_mode()
 def measure(layers: list[torch.nn.Linear], kernels, buckets=BUCKETS, rounds: int = ROUNDS) -> dict[int, dict]:
-    """bucket -> {kernel: median ms of one pass over every layer at that many rows}, rounds alternating the order."""
+    """bucket -> {kernel: median ms of one pass over the layers (timed_set) at that many rows}, rounds alternating
+    the order."""
+    layers = timed_set(layers)
     dtype = layers[0].weight.dtype
     gen = torch.Generator().manual_seed(0)
     times: dict[int, dict] = {}
