@@ -184,6 +184,9 @@ def test_profile_compiled_files_its_own_curve(own_tiny):
     assert list(profile.curves) == [16] and profile.curves[16]["median_ms"][0] > 0
     assert profile.meta["placement"] == "compiled"
     assert [s["width"] for s in profile.meta["compile"]["shapes"]] == [1]
+    from specbench.core.machine.ideal import stated
+
+    assert stated(profile.meta)[16]["measured_over_ideal"][0] > 0  # the hardware's ideal beside the compiled curve
     assert store.profile_name(profile.model, profile.dtype, profile.meta["placement"]).endswith("@compiled.yaml")
     assert cc.state_of(own_tiny.model) is None
 

@@ -78,13 +78,7 @@ def profile(
     if not is_writer():
         return  # --tp: every rank measured (the forwards are collective); rank 0 writes
     path = save(result, out_path)
-    table = Table(title=f"L(n) ms, {result.model} {result.dtype} on {result.hardware}")
-    table.add_column("width n", justify="right")
-    for kv in result.curves:
-        table.add_column(f"KV {kv}", justify="right")
-    for i, n in enumerate(result.widths):
-        table.add_row(str(n), *(f"{c['median_ms'][i]:.2f}" for c in result.curves.values()))
-    out.print(table)
+    out.print(_latency_table(result))
     for size in result.batch_sizes[1:]:
         out.print(_batch_table(result, size))
     console.print(f"Wrote {escape(str(path))} and {escape(str(path.with_suffix('.png')))}")
@@ -94,6 +88,32 @@ def profile(
                       f"average while this profile was measured (steal {load['steal']:.1%}); trees and --dtype auto "
                       "built on it may be wrong. Re-run `specbench profile` on a quiet machine (recorded under "
                       "`contention` in the file).")
+
+
+def _latency_table(result) -> Table:
+    """L(w) per width and KV length, each with this hardware's ideal and the measured / ideal ratio beside it
+    (core/machine/ideal.py) where the profile states them."""
+    from ..core.machine.ideal import stated
+
+    ideals = stated(result.meta)
+    rates = result.meta.get("ideal") or {}
+    said = (f"; ideal = max(bytes / {rates['bandwidth_gb_s']:.1f} GB/s, FLOPs / {rates['peak_gflops']:.1f} GFLOP/s)"
+            if ideals else "")
+    table = Table(title=f"L(n) ms, {result.model} {result.dtype} on {result.hardware}{said}")
+    table.add_column("width n", justify="right")
+    for kv in result.curves:
+        table.add_column(f"KV {kv}", justify="right")
+        if kv in ideals:
+            table.add_column("ideal", justify="right")
+            table.add_column("x ideal", justify="right")
+    for i, n in enumerate(result.widths):
+        cells = [str(n)]
+        for kv, c in result.curves.items():
+            cells.append(f"{c['median_ms'][i]:.2f}")
+            if kv in ideals:
+                cells += [f"{ideals[kv]['ideal_ms'][i]:.2f}", f"{ideals[kv]['measured_over_ideal'][i]:.2f}"]
+        table.add_row(*cells)
+    return table
 
 
 def _batch_table(result, size: int) -> Table:

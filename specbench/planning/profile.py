@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..core.machine import contention
+from ..core.machine import contention, ideal
 from ..core import store
 from ..core.batch.cache import new_cache
 from ..core.batch.forward import forward, timed_forward
@@ -93,6 +93,7 @@ def measure(target: LoadedModel, widths=DEFAULT_WIDTHS, kv_lengths=DEFAULT_KV_LE
             target, batched, lambda b: sorted(set(batch_widths)) if batch_widths else default_widths(widths, b),
             kv_lengths, repeats, warmup, lambda text: bar.update(task, advance=1, info=text))
     meta = profile_meta(target, before, repeats, warmup)
+    meta["ideal"] = ideal.of_profile(target, widths, curves)
     if batches:
         meta["batch_engine"] = ENGINE
     return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(meta["identity"]),
@@ -137,18 +138,23 @@ def save(profile: LatencyProfile, out: Path | None = None) -> Path:
 
 
 def plot(profile: LatencyProfile, path: Path) -> None:
-    """L(w) per KV length; with batch sizes, a second panel: L(B, w) per batch size at the KV length nearest 512."""
+    """L(w) per KV length, with the hardware's ideal dashed (core/machine/ideal.py) and a panel of L(w) / ideal; with
+    batch sizes, a panel of L(B, w) per batch size at the KV length nearest 512."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2 if profile.batches else 1, figsize=(11 if profile.batches else 6, 3.8),
-                             squeeze=False)
+    ideals = ideal.stated(profile.meta)
+    panels = 1 + bool(ideals) + bool(profile.batches)
+    fig, axes = plt.subplots(1, panels, figsize=(6 + 5 * (panels - 1), 3.8), squeeze=False)
     ax = axes[0][0]
     for kv, curve in sorted(profile.curves.items()):
-        ax.plot(profile.widths, curve["median_ms"], marker="o", label=f"KV {kv}")
+        line, = ax.plot(profile.widths, curve["median_ms"], marker="o", label=f"KV {kv}")
         ax.fill_between(profile.widths, curve["p10_ms"], curve["p90_ms"], alpha=0.2)
+        if kv in ideals:
+            ax.plot(profile.widths, ideals[kv]["ideal_ms"], linestyle="--", color=line.get_color(),
+                    label=f"ideal, KV {kv}")
     label = "" if profile.source == "measured" else " (source: estimated)"
     load = profile.meta.get("contention") or {}
     if load.get("disturbed"):  # the profile guard's flag: the curve may be too high, and uneven
@@ -157,17 +163,26 @@ def plot(profile: LatencyProfile, path: Path) -> None:
                 fontsize=14, color="firebrick", alpha=0.35, rotation=20)
     ax.set_title(f"{profile.model} {profile.dtype} on {profile.hardware}{label}", fontsize=9,
                  color="firebrick" if load.get("disturbed") else None)
+    ax.set_ylabel("forward latency (ms)")
+    if ideals:
+        ratio = axes[0][1]
+        for kv in sorted(ideals):
+            ratio.plot(profile.widths, ideals[kv]["measured_over_ideal"], marker="o", label=f"KV {kv}")
+        ratio.axhline(1.0, color="black", linewidth=0.8)
+        ratio.set_title("L(w) / ideal: ideal = max(bytes / bandwidth, FLOPs / peak)", fontsize=9)
+        ratio.set_xlabel("input width n (tokens per forward)")
+        ratio.set_ylabel("measured / ideal")
     if profile.batches:
-        right = axes[0][1]
+        right = axes[0][-1]
         for size in profile.batch_sizes:
             view = profile.at_batch(size)
             kv = min(view.curves, key=lambda k: abs(k - 512))
             right.plot(view.widths, view.curves[kv]["median_ms"], marker="o", label=f"B {size} (KV {kv})")
         right.set_title("L(B, w): B rows of w new tokens each, one forward", fontsize=9)
         right.set_xlabel("new tokens per row w")
+        right.set_ylabel("forward latency (ms)")
     for a in axes[0]:
         a.set_xscale("log", base=2)
-        a.set_ylabel("forward latency (ms)")
         a.legend(fontsize=8)
         a.grid(alpha=0.3)
     ax.set_xlabel("input width n (tokens per forward)")

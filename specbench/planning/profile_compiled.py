@@ -15,7 +15,7 @@ import torch
 
 from ..core.batch.ragged import Segment
 from ..core.batch.static import StaticSequence
-from ..core.machine import contention
+from ..core.machine import contention, ideal
 from ..core.machine.hardware import slug_of
 from ..core.machine.timing import call_ms
 from ..core.model import compile as cc
@@ -76,6 +76,7 @@ def measure_compiled(target: LoadedModel, widths, kv_lengths, repeats: int = 7, 
     if state.eager_steps:
         raise SpecbenchError(f"profile --compile: {state.eager_steps} forwards ran uncompiled; the curve would mix "
                              "compiled and eager forwards")
-    meta = {**profile_meta(target, before, repeats, warmup, PLACEMENT), "compile": state.report()}
+    meta = {**profile_meta(target, before, repeats, warmup, PLACEMENT), "compile": state.report(),
+            "ideal": ideal.of_profile(target, widths, curves)}
     return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(meta["identity"]),
                           "measured", list(widths), curves, meta, {})

@@ -31,7 +31,7 @@ import torch
 
 from ..batch.static import StaticKV, step
 from ..model.placement import input_device
-from . import grouped_attention
+from . import grouped_attention, linear_kernels
 
 ATTRIBUTE = "specbench_compiled"  # the model attribute holding its Compiled state (core/batch/engine.py reads it)
 ROUND = 128  # the cache's capacity is a multiple of this
@@ -207,7 +207,11 @@ def enable(model, capacity: int) -> Compiled:
     # one graph per bucket and kind of input: more than dynamo's default of 8 recompilations a function
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
     torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 1024)
-    return attach(model, Compiled(model, capacity))
+    state = attach(model, Compiled(model, capacity))
+    chosen = linear_kernels.use(model, state.device)  # each bucket's CPU linear kernel, measured (linear_kernels.py)
+    if chosen:
+        state.settings["linear"] = chosen
+    return state
 
 
 def attach(model, state: Compiled) -> Compiled:
@@ -221,6 +225,7 @@ def disable(model) -> None:
     if hasattr(model, ATTRIBUTE):
         delattr(model, ATTRIBUTE)
     grouped_attention.restore(model)
+    linear_kernels.restore(model)
 
 
 def state_of(model) -> Compiled | None:

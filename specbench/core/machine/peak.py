@@ -1,0 +1,137 @@
+"""This machine's arithmetic peak at a dtype: what bounds a forward wide enough to be compute-bound (core/machine/ideal.py).
+
+Measured as a timed square GEMM (torch.mm of two n x n matrices of the dtype; 2 n^3 floating-point operations) large
+enough to run at the library's best rate and small enough to take a fraction of a second: n = 2048 on a CPU, 8192 on
+a GPU (CUDA events). Best of a few after an untimed call (the library's own warm-up: thread pools, packing buffers).
+The GEMM is the fastest arithmetic a forward's linear layers could reach on this machine through this torch, so the
+bound it gives is one a forward cannot beat.
+
+Cached like the bandwidth (core/machine/bandwidth.py), per hardware key and dtype: <user cache>/peak/<hardware key>
+-<dtype>.yaml, with the thread count (a different count measures again). $SPECBENCH_PEAK_GFLOPS, when set (GFLOP/s),
+is taken instead of any measurement, at every dtype (its source says so).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from .. import store
+from ...errors import SpecbenchError
+
+ENV = "SPECBENCH_PEAK_GFLOPS"  # a known peak: nothing measured (_given)
+REPEATS = 5
+CPU_SIZE, GPU_SIZE = 2048, 8192  # the GEMM's n
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One measurement: GFLOP/s (1e9 floating-point operations a second) of an n x n x n GEMM at `dtype`."""
+
+    gflops: float
+    dtype: str  # float32, bfloat16, float16
+    size: int  # the GEMM's n (0: given)
+    repeats: int
+    device: str  # cpu or cuda
+    threads: int  # torch threads at the time (CPU)
+    hardware: str  # the hardware key
+    measured_at: str  # UTC, ISO 8601
+    source: str = "measured now"  # or "cached <path>", "$SPECBENCH_PEAK_GFLOPS": filled when read, not stored
+
+    def stored(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "source"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def cache_file(hardware: str, dtype: torch.dtype) -> Path:
+    """<user cache>/peak/<hardware key>-<dtype>.yaml."""
+    return store.user_cache() / "peak" / f"{hardware}-{dtype_name(dtype)}.yaml"
+
+
+def gemm_gflops(size: int, seconds: float) -> float:
+    """GFLOP/s of an n x n x n GEMM (2 n^3 operations: a multiply and an add per term) done in `seconds`."""
+    return 2 * size**3 / seconds / 1e9
+
+
+def measure(device: torch.device, dtype: torch.dtype, hardware: str, repeats: int = REPEATS,
+            size: int | None = None) -> Peak:
+    """Time `repeats` GEMMs of two size x size matrices of `dtype` on `device` (best of them)."""
+    from .bandwidth import _timed
+
+    size = size or (GPU_SIZE if device.type == "cuda" else CPU_SIZE)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=gen).to(device=device, dtype=dtype)
+    b = torch.randn(size, size, generator=gen).to(device=device, dtype=dtype)
+    with torch.inference_mode():
+        torch.mm(a, b)  # untimed: the library's warm-up
+        best = min(_timed(lambda: torch.mm(a, b), device) for _ in range(repeats))
+    return Peak(round(gemm_gflops(size, best), 3), dtype_name(dtype), size, repeats, device.type,
+                torch.get_num_threads(), hardware, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def read_cached(hardware: str, dtype: torch.dtype, device_type: str, threads: int) -> Peak | None:
+    """The cached measurement of this hardware key and dtype, or None (none, unreadable, another device type or
+    thread count)."""
+    path = cache_file(hardware, dtype)
+    try:
+        found = Peak(**yaml.safe_load(path.read_text()), source=f"cached {path}")
+    except (OSError, yaml.YAMLError, TypeError):
+        return None
+    if found.device != device_type or (device_type == "cpu" and found.threads != threads) or found.gflops <= 0:
+        return None
+    return found
+
+
+def write_cached(found: Peak) -> Path:
+    path = cache_file(found.hardware, getattr(torch, found.dtype))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(found.stored(), sort_keys=False))
+    return path
+
+
+def peak(device: torch.device, dtype: torch.dtype, remeasure: bool = False) -> Peak:
+    """This device's GEMM peak at `dtype`: $SPECBENCH_PEAK_GFLOPS, else the cached measurement of its hardware key,
+    else measured now and cached."""
+    from .hardware import hardware_slug
+
+    device = torch.device(device)
+    hardware = hardware_slug(device)
+    given = os.environ.get(ENV)
+    if given:
+        return _given(given, device, dtype, hardware)
+    if not remeasure:
+        cached = read_cached(hardware, dtype, device.type, torch.get_num_threads())
+        if cached is not None:
+            return cached
+    found = measure(device, dtype, hardware)
+    write_cached(found)
+    return found
+
+
+def _given(text: str, device: torch.device, dtype: torch.dtype, hardware: str) -> Peak:
+    try:
+        gflops = float(text)
+    except ValueError:
+        gflops = math.nan
+    if not math.isfinite(gflops) or gflops <= 0:
+        raise SpecbenchError(f"${ENV}={text!r} is not a peak: set it to GFLOP/s as a positive number (e.g. 150), "
+                             "or unset it to have this machine's measured")
+    return Peak(gflops, dtype_name(dtype), 0, 0, device.type, torch.get_num_threads(), hardware, "",
+                source=f"${ENV}")
+
+
+def describe(found: Peak) -> str:
+    """One line: '141.2 GFLOP/s float32 (2048^3 GEMM, best of 5, 2 threads; measured now, <when>)'."""
+    if not found.repeats:
+        return f"{found.gflops:.1f} GFLOP/s {found.dtype} (given: {found.source})"
+    return (f"{found.gflops:.1f} GFLOP/s {found.dtype} ({found.size}^3 GEMM, best of {found.repeats}, "
+            f"{found.threads} threads; {found.source}, {found.measured_at})")

@@ -1,0 +1,131 @@
+"""The compiled forward's CPU linear kernel per width bucket (core/model/linear_kernels.py): every candidate equals
+F.linear, the fastest measured one is chosen per bucket and cached, and the compiled graph runs each bucket's kernel."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specbench.core.model import linear_kernels as lk
+from specbench.errors import SpecbenchError
+
+
+def _layers(bias: bool):
+    torch.manual_seed(0)
+    return [torch.nn.Linear(64, 96, bias=bias), torch.nn.Linear(96, 64, bias=bias), torch.nn.Linear(64, 260)]
+
+
+@pytest.mark.parametrize("bias, dtype, tolerance", [(False, torch.float32, 1e-5), (True, torch.float32, 1e-5),
+                                                    (True, torch.bfloat16, 2e-2)])
+def test_every_kernel_equals_f_linear_at_every_bucket(bias, dtype, tolerance):
+    layers = [m.to(dtype) for m in _layers(bias)]
+    kernels = lk.candidates(dtype)
+    if "onednn" in kernels:
+        lk._pack(layers)
+    try:
+        with torch.inference_mode():
+            for rows in (*lk.BUCKETS, 3, 20):
+                for m in layers:
+                    x = torch.randn(1, rows, m.in_features).to(dtype)
+                    want = F.linear(x.float(), m.weight.float(), None if m.bias is None else m.bias.float())
+                    for kernel in kernels:
+                        got = lk.KERNEL[kernel](m, x)
+                        assert got.shape == want.shape and got.dtype == dtype
+                        torch.testing.assert_close(got.float(), want, rtol=tolerance, atol=tolerance,
+                                                   msg=f"{kernel} at {rows} rows")
+    finally:
+        lk._unpack(layers)
+
+
+def test_a_large_model_is_timed_on_a_slice_holding_every_shape():
+    layers = [torch.nn.Linear(64, 64, bias=False) for _ in range(10)] + [torch.nn.Linear(64, 260, bias=False)]
+    every = lk.timed_set(layers, budget=10**9)
+    assert len(every) == 11
+    small = lk.timed_set(layers, budget=4 * 64 * (64 * 3 + 260))  # room for the head and three of the ten
+    assert len(small) == 4 and any(m.out_features == 260 for m in small)
+
+
+def test_rows_run_at_the_smallest_bucket_holding_them():
+    choice = {1: "onednn", 2: "transposed", 4: "mkl", 64: "onednn"}
+    assert [lk.for_rows(choice, r) for r in (1, 2, 3, 4, 5, 64, 200)] == \
+        ["onednn", "transposed", "mkl", "mkl", "onednn", "onednn", "onednn"]
+
+
+def test_fastest_median_is_chosen_per_bucket_and_cached(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv(lk.ENV, raising=False)
+    calls = []
+
+    def measure(layers, kernels, buckets=lk.BUCKETS, rounds=lk.ROUNDS):
+        calls.append(kernels)
+        slow = {"mkl": 3.0, "transposed": 2.0, "onednn": 1.0}
+        # onednn fastest at 1 row, transposed from 2, mkl from 16
+        return {b: {k: slow[k] * (1 if b == 1 else {"onednn": 5, "transposed": 1, "mkl": 1 if b < 16 else 0.1}[k])
+                    for k in kernels} for b in buckets}
+
+    monkeypatch.setattr(lk, "measure", measure)
+    monkeypatch.setattr(lk.contention, "disturbed", lambda load: False)  # (the suite's other workers are no neighbour)
+    try:
+        found = lk.choose(tiny.model, torch.device("cpu"))
+        assert found["source"] == "measured now"
+        want = {1: "onednn", 2: "transposed", 4: "transposed", 8: "transposed", 16: "mkl", 32: "mkl", 64: "mkl"}
+        if "onednn" not in lk.candidates(torch.float32):
+            want[1] = "transposed"
+        assert found["choice"] == want
+        again = lk.choose(tiny.model, torch.device("cpu"))
+        assert again["source"].startswith("cached ") and again["choice"] == want and len(calls) == 1
+        assert len(list((tmp_path / "linear_kernels").glob("*.yaml"))) == 1
+        for file in (tmp_path / "linear_kernels").glob("*.yaml"):
+            file.unlink()
+        monkeypatch.setattr(lk.contention, "disturbed", lambda load: True)
+        busy = lk.choose(tiny.model, torch.device("cpu"))
+        assert busy["choice"] == want and "not cached" in busy["source"]
+        assert not list((tmp_path / "linear_kernels").glob("*.yaml")) and len(calls) == 2
+    finally:
+        lk._unpack(lk.linears(tiny.model))
+
+
+def test_a_forced_kernel_and_a_bad_one(tiny, monkeypatch):
+    monkeypatch.setenv(lk.ENV, "transposed")
+    found = lk.choose(tiny.model, torch.device("cpu"))
+    assert found["source"] == f"${lk.ENV}" and set(found["choice"].values()) == {"transposed"}
+    monkeypatch.setenv(lk.ENV, "fast")
+    with pytest.raises(SpecbenchError, match=lk.ENV):
+        lk.choose(tiny.model, torch.device("cpu"))
+    assert lk.choose(tiny.model, torch.device("meta")) == {}  # not a CPU: nothing chosen
+
+
+def test_compiled_graph_runs_each_buckets_kernel_and_equals_f_linear(monkeypatch):
+    """A compiled function over a model's linear layers, each bucket its own kernel: the outputs equal F.linear's,
+    the oneDNN bucket really calls the packed op, and `restore` gives the layers back their own forward."""
+    model = torch.nn.Sequential(*_layers(True)[:2])
+    choice = {1: "onednn", 2: "transposed", 4: "mkl"}
+    monkeypatch.setattr(lk, "choose", lambda m, d: (lk._pack(lk.linears(m)), {"source": "test", "choice": choice})[1])
+    assert lk.use(model, torch.device("cpu"))["choice"] == choice
+    packed_calls = []
+
+    class Counting(list):  # the packed op reads its weight from lk._PACKED at every call
+        def __getitem__(self, index):
+            packed_calls.append(index)
+            return super().__getitem__(index)
+
+    monkeypatch.setattr(lk, "_PACKED", Counting(lk._PACKED))
+    fn = torch.compile(lambda x: model(x), dynamic=False, fullgraph=True)
+    try:
+        with torch.inference_mode():
+            for rows in (1, 2, 3):
+                x = torch.randn(1, rows, 64)
+                want = F.linear(F.linear(x, model[0].weight, model[0].bias), model[1].weight, model[1].bias)
+                with warnings.catch_warnings():  # torch's compiler stack warns of its own deprecated internals
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    warnings.simplefilter("ignore", FutureWarning)
+                    got = fn(x)
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+                assert len(packed_calls) == (2 if rows == 1 else 0), f"{rows} rows: packed op calls {packed_calls}"
+                packed_calls.clear()
+    finally:
+        lk.restore(model)
+    assert all("forward" not in m.__dict__ and not hasattr(m, lk.BEFORE) for m in model)
