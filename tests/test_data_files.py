@@ -29,6 +29,7 @@ def here(tmp_path, monkeypatch):
     """An empty working directory with its own user cache and one prompt."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(lookup.ALLOW_ENV, raising=False)  # conftest allows disturbed profiles for the rest
     (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "count 1 2 3 1 2 3 1 2 3"}) + "\n")
     lookup.start()
     return tmp_path
@@ -77,12 +78,17 @@ def test_a_disturbed_profile_in_the_working_directory_is_not_used_silently(here)
     assert "used because of --allow-disturbed-profile" in report
 
 
-def test_a_disturbed_copy_gives_way_to_the_next_source(here):
+def test_a_disturbed_copy_gives_way_to_the_next_source(here, monkeypatch):
     cache = here / "cache"
     quiet = write_profile(cache)
     disturb(write_profile(here))
     found = lookup.find_profile(HW, "tiny", "float32")
     assert found.path == quiet and found.source == "user cache" and found.flags == ()
+    monkeypatch.setenv(lookup.ALLOW_ENV, "1")  # a machine that is always busy allows them for every command
+    found = lookup.find_profile(HW, "tiny", "float32", use_for="test")
+    assert found.source == "working directory"
+    assert lookup.record()["used"][0]["note"].endswith(f"used because of {lookup.ALLOW_ENV} being set")
+    monkeypatch.delenv(lookup.ALLOW_ENV)
     lookup.allow_disturbed(True)
     assert lookup.find_profile(HW, "tiny", "float32").source == "working directory"
 
