@@ -186,3 +186,17 @@ def test_a_recommendation_followed_is_named_with_its_flags(here):
     meta = yaml.safe_load((here / "r" / "run.yaml").read_text())
     used = [u for u in meta["data_files"]["used"] if u["kind"] == "recommendation"]
     assert used[0]["flags"] == ["unconfirmed"] and used[0]["used_for"] == ["--method auto"]
+
+
+def test_a_compiled_runs_noise_guard_and_predictions_read_the_compiled_curve(here, tiny):
+    from specbench.planning.batch_choice import local_profile
+
+    eager = write_profile(here)
+    data = yaml.safe_load(eager.read_text())
+    data["curves"][0]["median_ms"] = [m / 2 for m in data["curves"][0]["median_ms"]]
+    (eager.parent / "tiny-float32@compiled.yaml").write_text(
+        yaml.safe_dump({**data, "placement": "compiled", "compile": {"seconds": 1.0}}))
+    assert local_profile(tiny).latency_ms(1) == 10.0
+    assert local_profile(tiny, compiled=True, use_for="noise guard").latency_ms(1) == 5.0
+    used = lookup.record()["used"]
+    assert used[0]["path"] == f"profiles/{HW}/tiny-float32@compiled.yaml" and "compiled" in used[0]["flags"]
