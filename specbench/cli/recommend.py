@@ -74,5 +74,5 @@ def recommend(
         return
     from ..core.store import said_where
 
-    console.print(f"Wrote {where} and filed {escape(said_where(result.filed))}{run}. `specbench run --method auto --model "
-                  f"{escape(model)}` runs it.")
+    console.print(f"Wrote {where} and filed {escape(said_where(result.filed))}{run}. `specbench run --method auto "
+                  f"--model {escape(model)}` runs it.")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from rich.markup import escape
 
 from ..progress import console
 from . import store
@@ -129,8 +130,9 @@ def find_profile(hardware: str, model: str, dtype: str, placement: str = "", com
             return None
         eager = eager.with_flag(EAGER_FOR_COMPILED)
         _say_once(("compiled", str(eager.path)),
-                  f"[yellow]note[/] no compiled profile of {model} {dtype} for {hardware}: {eager.said()} stands in "
-                  f"(its L(n) is eager decoding's); `specbench profile --compile --dtype {dtype}` measures it")
+                  f"[yellow]note[/] no compiled profile of {model} {dtype} for {hardware}: {escape(eager.said())} "
+                  f"stands in (its L(n) is eager decoding's); `specbench profile --compile --dtype {dtype}` measures "
+                  "it")
         if use_for:
             use(eager, use_for)
         return eager
@@ -170,7 +172,8 @@ def skip(found: Found, why: str) -> None:
     """Record a file skipped, and say it once in one line."""
     _ledger.skipped.setdefault(path_key(found.path), {"kind": found.kind, "path": store.relative_to_cwd(found.path),
                                                  "source": found.source, "why": why})
-    _say_once(("skip", path_key(found.path)), f"[yellow]skipped[/] {found.kind} {found.said()}: {why}")
+    _say_once(("skip", path_key(found.path)),
+              f"[yellow]skipped[/] {found.kind} {escape(found.said())}: {escape(why)}")
 
 
 def record() -> dict:

@@ -6,8 +6,9 @@ make under `write_root()`: the working directory, or the user cache when the wor
 checkout of specbench (tracked profiles/, trees/, recommendations/ are never overwritten unasked); `--out` writes
 elsewhere. `find(...)` looks a relative path up in `sources()` order: the working directory (what the user made
 here), the user cache (what commands filed from a checkout), then the checkout the package runs from (what ships).
-Which of those a run may use (a profile measured on a disturbed machine is skipped) is core/lookup.py's. Model keys are `core.models.model_slug(spec)` ("smollm2-135m", "org--name"),
-hardware keys `core.hardware.hardware_slug(device)`; this module takes them as strings, so every layer can use it.
+Which of those a run may use (a profile measured on a disturbed machine is skipped) is core/lookup.py's.
+Model keys are `core.models.model_slug(spec)` ("smollm2-135m", "org--name"), hardware keys
+`core.hardware.hardware_slug(device)`; this module takes them as strings, so every layer can use it.
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ def is_source_checkout(folder: Path) -> bool:
     package): its profiles/, trees/, acceptance/ and recommendations/ are tracked files."""
     folder = _resolved(folder)
     for place in (folder, *folder.parents):
-        if (place / ".git").exists():
+        if (place / ".git").exists():  # the nearest checkout holding the folder: specbench's or another project's
             return (place / "specbench" / "__init__.py").is_file()
-    return _below(folder, checkout()) is not None and (checkout() / ".git").exists()
+    return False
 
 
 def write_root() -> tuple[Path, str]:

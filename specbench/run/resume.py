@@ -55,7 +55,8 @@ def prepare_out(cfg: RunConfig) -> Path:
     return out
 
 
-LATER_SETTINGS = ("retime", "compile", "allow_disturbed_profile", "recommendation")  # options newer than some run folders: an older run resumes with any value
+# options newer than some run folders: an older run resumes with any value
+LATER_SETTINGS = ("retime", "compile", "allow_disturbed_profile", "recommendation")
 
 
 def missing_folders(path: Path) -> list[Path]:
