@@ -79,7 +79,9 @@ def estimate(
     result = acceptance.estimate_with(target, scorer.ranks, scorer.rows, data, limit, new_tokens, data_file, method,
                                       scorer.source, scorer.extra)
     source = scorer.source
-    path = out_path or acceptance.default_path(model, method + ("-initial" if initial else ""))
+    from ..core import store
+
+    path = out_path or store.filed(acceptance.default_path(model, method + ("-initial" if initial else "")))
     acceptance.write(result, path)
     table = Table(title=f"{method} accuracy, {target.spec} {result['dtype']} ({source}), "
                         f"{result['prompts']} {data} prompts")
@@ -89,7 +91,8 @@ def estimate(
     for d, row in enumerate(result["topk_accuracy"]):
         table.add_row(f"@{d + 1}", *(f"{row[k - 1]:.3f}" for k in (1, 2, 3, 5, 10)))
     out.print(table)
-    console.print(f"Wrote {escape(str(path))} ({sum(result['positions'])} scored guesses, {result['seconds']:.0f} s)")
+    console.print(f"Wrote {escape(store.said_where(path))} ({sum(result['positions'])} scored guesses, "
+                  f"{result['seconds']:.0f} s)")
 
 
 def _estimate_padding(accuracy: str, batch_sizes: str, max_accept: int, run: Optional[Path],

@@ -1,4 +1,5 @@
-"""`specbench env` and `specbench list methods|datasets`: what this machine is and what is available."""
+"""`specbench env` and `specbench list methods|datasets|profiles|trees`: what this machine is, what is available and
+which data files a run here would read."""
 
 from __future__ import annotations
 
@@ -69,3 +70,58 @@ def list_datasets():
     for name, (description, _) in SOURCES.items():
         table.add_row(name, f"{description} (training only: `train --dataset`)", "built in, offline")
     out.print(table)
+
+
+def _files_table(title: str, rows) -> Table:
+    table = Table(title=title)
+    for col in ("file", "source", "flags", "for", "a run here"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r.path, r.source, r.flags, r.what, r.status)
+    return table
+
+
+@list_app.command("profiles")
+def list_profiles(
+    model: Annotated[str, typer.Option(help="Model spec (its file-name key picks the files).")] = "smollm2-135m",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    allow_disturbed_profile: Annotated[bool, typer.Option("--allow-disturbed-profile", help="Show what a run given "
+                                       "--allow-disturbed-profile would use.")] = False,
+):
+    """Latency profiles a run here would use, in the order searched (working directory, user cache, shipped), with
+    their flags, and those it skips (measured on a disturbed machine) or never reaches."""
+    from ..core.listing import profiles
+    from ..core.machine.hardware import hardware_slug
+    from ..core.model.load import model_slug, resolve_device
+
+    hardware = hardware_slug(resolve_device(device))
+    rows = profiles(hardware, model_slug(model), allow_disturbed_profile)
+    out.print(_files_table(f"profiles of {model_slug(model)} (this hardware: {hardware})", rows))
+    if not rows:
+        out.print(f"No profile of {model_slug(model)} in any source: `specbench profile --model {model}` measures "
+                  "one.")
+
+
+@list_app.command("trees")
+def list_trees(
+    model: Annotated[str, typer.Option(help="Model spec (its file-name key picks the files).")] = "smollm2-135m",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+    dtype: Annotated[str, typer.Option(metavar="D[,D...]", help="The dtypes a run would decode in.")]
+    = "float32,bfloat16",
+    allow_disturbed_profile: Annotated[bool, typer.Option("--allow-disturbed-profile", help="Show what a run given "
+                                       "--allow-disturbed-profile would use.")] = False,
+):
+    """Tree files a run's --tree auto would take here, per method and dtype, in the order searched (working
+    directory, user cache, shipped), with their flags, and those it skips (built from a disturbed profile) or never
+    reaches."""
+    from ..core.listing import trees
+    from ..core.machine.hardware import hardware_slug
+    from ..core.model.load import model_slug, resolve_device
+
+    hardware = hardware_slug(resolve_device(device))
+    dtypes = tuple(d.strip() for d in dtype.split(",") if d.strip())
+    rows = trees(hardware, model_slug(model), dtypes, allow_disturbed_profile)
+    out.print(_files_table(f"trees of {model_slug(model)} (this hardware: {hardware}; dtypes {', '.join(dtypes)})",
+                           rows))
+    if not rows:
+        out.print(f"No tree of {model_slug(model)} in any source: `specbench build-tree --model {model}` builds one.")

@@ -37,6 +37,9 @@ def recommend(
     threads: Annotated[Optional[int], typer.Option(show_default="torch's choice", help="torch CPU threads.")] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", show_default="results/recommend-<time>", help="Folder "
                        "for recommendation.yaml and the confirming run.")] = None,
+    allow_disturbed_profile: Annotated[bool, typer.Option("--allow-disturbed-profile", help="Use profiles and trees "
+                                       "measured on a disturbed machine (skipped otherwise, with a line saying "
+                                       "which).")] = False,
 ):
     """Which method to use for a model on this machine: predicted from files, confirmed by a short measured run."""
     from ..run.recommend import RecommendRequest
@@ -45,7 +48,8 @@ def recommend(
     from ..report.run_report import write_run_report
 
     result = run_recommend(RecommendRequest(model, dtype, device, dataset, confirm, prompt_limit(limit),
-                                            max_new_tokens, out_dir, data_file, threads))
+                                            max_new_tokens, out_dir, data_file, threads,
+                                            allow_disturbed_profile))
     if result.run:
         write_run_report(result.run)  # summary.csv, report.md and plots beside the records, as `specbench run` writes
     table = Table(title=f"{model} on {result.hardware} ({result.dtype}): predicted and measured speedup over ar")
@@ -71,5 +75,7 @@ def recommend(
         console.print(f"Wrote {where}{run}. `specbench run --method auto --model {escape(model)} --recommendation "
                       f"{where}` runs it.")
         return
-    console.print(f"Wrote {where} and {escape(str(result.filed))}{run}. `specbench run --method auto --model "
-                  f"{escape(model)}` runs it.")
+    from ..core.store import said_where
+
+    console.print(f"Wrote {where} and filed {escape(said_where(result.filed))}{run}. `specbench run --method auto "
+                  f"--model {escape(model)}` runs it.")

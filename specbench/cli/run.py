@@ -102,6 +102,10 @@ def run(
                        "torch.compile at static shapes: a preallocated KV cache, query widths bucketed; CUDA graphs "
                        "on CUDA. Every shape compiles in warm-up; run.yaml's `compile:` block says how long.")]
     = False,
+    allow_disturbed_profile: Annotated[bool, typer.Option("--allow-disturbed-profile", help="Let --tree auto, "
+                                       "--dtype auto and the noise guard use profiles and trees measured on a "
+                                       "disturbed machine (skipped otherwise, with a line saying which; "
+                                       "`specbench list profiles` shows them).")] = False,
     engine: Annotated[str, typer.Option(metavar="NAME", rich_help_panel=ENGINES, help="Who decodes: specbench (its "
                       "own PyTorch loop), llama.cpp (llama-cpp-python in process; --model FILE.gguf; pip install "
                       "'specbench\\[llamacpp]') or openai (an OpenAI-compatible server at --base-url).")]
@@ -145,8 +149,9 @@ def run(
     _refuse_server_options(ctx, engine)
     methods = list(method)
     _check_methods(methods)
+    followed = None
     if "auto" in methods:
-        methods, dtype = _auto_method(methods, model, device, dtype, recommendation, method_options)
+        methods, dtype, followed = _auto_method(methods, model, device, dtype, recommendation, method_options)
     elif recommendation is not None:
         raise SpecbenchError("--recommendation is read by --method auto only")
     from ..core.model.tensor_parallel import is_writer, rank_out
@@ -167,7 +172,8 @@ def run(
         if batch_size else (1,), batching=batching, refill=refill, device_map=device_map, max_memory=max_memory,
         drafter_device_map=drafter_device_map, drafter_max_memory=drafter_max_memory, tp=tp,
         options=method_options, shard=Shard.parse(shard) if shard is not None else None,
-        compile=compile, engine=engine, engine_options={k: v for k, v in dict(
+        compile=compile, allow_disturbed_profile=allow_disturbed_profile, recommendation=followed,
+        engine=engine, engine_options={k: v for k, v in dict(
             base_url=base_url, baseline_url=baseline_url, served_model=served_model, api_key_env=api_key_env,
             concurrency=concurrency, request_rate=request_rate, slo=slo, timeout=timeout).items() if v is not None})
     if shards is not None:
@@ -219,7 +225,7 @@ def _report_sharded(runs: list[Path], out_dir: Path) -> None:
 
 
 def _auto_method(methods: list[str], model: str, device: str, dtype: str, recommendation: Optional[Path],
-                 options: dict) -> tuple[list[str], str]:
+                 options: dict) -> tuple[list[str], str, str | None]:
     """--method auto -> the method, tree and dtype `specbench recommend` chose for this model and hardware."""
     from ..run.recommend import read_choice
 
@@ -231,7 +237,7 @@ def _auto_method(methods: list[str], model: str, device: str, dtype: str, recomm
         if alone and options.get(name) in (None, "auto"):
             options[name] = value
     chosen = rest + [m for m in choice.methods if m not in rest]
-    return chosen or ["ar"], choice.dtype
+    return chosen or ["ar"], choice.dtype, choice.path
 
 
 SERVER_OPTIONS = ("base_url", "baseline_url", "served_model", "api_key_env", "concurrency", "request_rate", "slo",

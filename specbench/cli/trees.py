@@ -39,7 +39,8 @@ def profile(
                             "total does not pass the widest width, plus 1 and 2", help="New tokens per row timed at "
                             "each batch size > 1 (wider steps are extrapolated).")] = None,
     out_path: Annotated[Optional[Path], typer.Option("--out", show_default="profiles/<hardware>/<model>-<dtype>.yaml; "
-                        "with a device map or --tp <model>-<dtype>@<placement>.yaml", help="Profile YAML.")] = None,
+                        "with a device map or --tp <model>-<dtype>@<placement>.yaml; in the working directory, or "
+                        "the user cache inside a specbench checkout", help="Profile YAML.")] = None,
     compile: Annotated[bool, typer.Option("--compile", help="Time the forwards `run --compile` runs: each width a "
                        "compiled static shape (CUDA graphs on CUDA); batch 1 only; filed as "
                        "<model>-<dtype>@compiled.yaml.")] = False,
@@ -81,13 +82,15 @@ def profile(
     out.print(_latency_table(result))
     for size in result.batch_sizes[1:]:
         out.print(_batch_table(result, size))
-    console.print(f"Wrote {escape(str(path))} and {escape(str(path.with_suffix('.png')))}")
+    from ..core import store
+
+    console.print(f"Wrote {escape(store.said_where(path))} and its plot (.png)")
     load = result.meta.get("contention") or {}
     if load.get("disturbed"):
         console.print(f"[bold red]timing disturbed[/]: other processes used {load['foreign_cpu']:.2f} cores on "
-                      f"average while this profile was measured (steal {load['steal']:.1%}); trees and --dtype auto "
-                      "built on it may be wrong. Re-run `specbench profile` on a quiet machine (recorded under "
-                      "`contention` in the file).")
+                      f"average while this profile was measured (steal {load['steal']:.1%}); it is flagged "
+                      "disturbed (`contention` in the file): `run`, `recommend` and `build-tree` skip it unless "
+                      "given --allow-disturbed-profile. Re-run `specbench profile` on a quiet machine.")
 
 
 def _latency_table(result) -> Table:
@@ -157,7 +160,11 @@ def build_tree(
                           "<...>-b<B>.yaml beside batch 1's tree, where `run --tree auto` looks at that batch "
                           "size.")] = 1,
     out_path: Annotated[Optional[Path], typer.Option("--out", show_default="trees/<model>/<hardware>-<dtype>.yaml; "
-                        "-b<B> added at --batch-size B > 1", help="Tree file.")] = None,
+                        "-b<B> added at --batch-size B > 1; in the working directory, or the user cache inside a "
+                        "specbench checkout", help="Tree file.")] = None,
+    allow_disturbed_profile: Annotated[bool, typer.Option("--allow-disturbed-profile", help="--gpu cpu: build from "
+                                       "this CPU's profile even when it was measured on a disturbed machine (the "
+                                       "tree is flagged disturbed too).")] = False,
 ):
     """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L(n) on --gpu."""
 
@@ -166,6 +173,9 @@ def build_tree(
     from ..planning.buildtree import BuildTreeRequest, edge_note
     from ..planning.buildtree import build_tree as build
 
+    from ..core import lookup, store
+
+    lookup.start(allow_disturbed_profile)
     start = now()
     # The tree methods from the registry: dynamic trees first (ppd, hidden-transfer), then one-state ones.
     families = sorted(tree_families().items(), key=lambda item: item[1].one_state)
@@ -192,7 +202,7 @@ def build_tree(
         table.add_row(str(n), f"{curve.tau[j]:.3f}", f"{curve.latency_ms[j]:.2f}", f"{curve.speedup[j]:.3f}x",
                       style=style)
     out.print(table)
-    wrote = escape(str(built.path)) + ("" if built.plot is None else f" and {escape(str(built.plot))}")
+    wrote = escape(store.said_where(built.path)) + ("" if built.plot is None else " and its plot (.png)")
     console.print(f"Chosen size {curve.best.size}{at}: predicted tau {curve.tau[i]:.3f}, speedup "
                   f"{curve.speedup[i]:.3f}x"
                   f"{label}. Wrote {wrote} in "
@@ -200,6 +210,9 @@ def build_tree(
     edge = edge_note(curve, max_size)
     if edge:
         console.print(f"[yellow]warning[/] {escape(edge)}")
+    if (profile.meta.get("contention") or {}).get("disturbed"):
+        console.print("[yellow]note[/] the profile was measured on a disturbed machine: the tree is flagged "
+                      "disturbed, and `run --tree auto` skips it unless given --allow-disturbed-profile")
     if curve.speedup[i] < 1:
         console.print(f"[yellow]note[/] no tree size beats ar on {profile.hardware} in {profile.dtype}: even the "
                       "smallest tree's forward costs more than its predicted tau gains. "

@@ -1,10 +1,14 @@
 """Where specbench keeps its files: the one module that spells out the folders of measured profiles, trees,
 acceptance tables, trained artefacts, dataset specs and the user cache, and the files inside a run folder (RunFolder).
 
-Relative paths (`profile_file(...)`, `tree_file(...)`, ...) are what commands write into the working directory;
-`find(...)` looks a relative path up in the working directory first (what the user made), then in the checkout the
-package runs from (what ships). Model keys are `core.models.model_slug(spec)` ("smollm2-135m", "org--name"),
-hardware keys `core.hardware.hardware_slug(device)`; this module takes them as strings, so every layer can use it.
+Relative paths (`profile_file(...)`, `tree_file(...)`, ...) name a file inside a data root. Commands file what they
+make under `write_root()`: the working directory, or the user cache when the working directory lies in a source
+checkout of specbench (tracked profiles/, trees/, recommendations/ are never overwritten unasked); `--out` writes
+elsewhere. `find(...)` looks a relative path up in `sources()` order: the working directory (what the user made
+here), the user cache (what commands filed from a checkout), then the checkout the package runs from (what ships).
+Which of those a run may use (a profile measured on a disturbed machine is skipped) is core/lookup.py's.
+Model keys are `core.models.model_slug(spec)` ("smollm2-135m", "org--name"), hardware keys
+`core.hardware.hardware_slug(device)`; this module takes them as strings, so every layer can use it.
 """
 
 from __future__ import annotations
@@ -24,9 +28,75 @@ def checkout() -> Path:
     return REPO_ROOT
 
 
-def roots() -> tuple[Path, Path]:
-    """Where lookups search, in order: the working directory, then the checkout (shipped data)."""
-    return Path.cwd(), checkout()
+WORKING_DIRECTORY, USER_CACHE, SHIPPED = "working directory", "user cache", "shipped"
+
+
+def sources() -> list[tuple[str, Path]]:
+    """Where lookups search, in order, each with its name: the working directory, the user cache, the checkout
+    (shipped data). A root that is the checkout itself (a command run inside it) is named shipped, once."""
+    out, seen = [], set()
+    for name, root in ((WORKING_DIRECTORY, Path.cwd()), (USER_CACHE, user_cache()), (SHIPPED, checkout())):
+        key = _resolved(root)
+        if key == _resolved(checkout()):
+            name = SHIPPED
+        if key not in seen:
+            seen.add(key)
+            out.append((name, root))
+    return out
+
+
+def roots() -> tuple[Path, ...]:
+    """Where lookups search, in order: the working directory, the user cache, then the checkout (shipped data)."""
+    return tuple(root for _, root in sources())
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except OSError:
+        return path
+
+
+def source_of(path: str | Path) -> str:
+    """Which source a data file lies in: shipped (the checkout), user cache, working directory; "given path" for a
+    file outside all three (an explicit --tree PATH or --gpu PATH elsewhere)."""
+    for name, root in ((SHIPPED, checkout()), (USER_CACHE, user_cache()), (WORKING_DIRECTORY, Path.cwd())):
+        if _below(path, root) is not None:
+            return name
+    return "given path"
+
+
+def is_source_checkout(folder: Path) -> bool:
+    """Whether `folder` lies inside a git checkout of specbench itself (a folder holding .git and the specbench
+    package): its profiles/, trees/, acceptance/ and recommendations/ are tracked files."""
+    folder = _resolved(folder)
+    for place in (folder, *folder.parents):
+        if (place / ".git").exists():  # the nearest checkout holding the folder: specbench's or another project's
+            return (place / "specbench" / "__init__.py").is_file()
+    return False
+
+
+def write_root() -> tuple[Path, str]:
+    """(the root commands file profiles, trees, acceptance files and recommendations under, its source name): the
+    working directory, or the user cache when the working directory is a source checkout of specbench."""
+    if is_source_checkout(Path.cwd()):
+        return user_cache(), USER_CACHE
+    return Path("."), WORKING_DIRECTORY
+
+
+def filed(relative: str | Path) -> Path:
+    """Where a command files `relative` (profiles/..., trees/...) when not given --out: under write_root(); a path
+    relative to the working directory when that is the root."""
+    root, _ = write_root()
+    return Path(relative) if root == Path(".") else root / relative
+
+
+def said_where(path: str | Path) -> str:
+    """A written file as commands report it: its path and source, and why the user cache when it is there."""
+    source = source_of(path)
+    why = " (the working directory is a source checkout of specbench; --out PATH writes elsewhere)" \
+        if source == USER_CACHE and is_source_checkout(Path.cwd()) else ""
+    return f"{relative_to_cwd(path)} ({source}{why})"
 
 
 def find(relative: str | Path) -> Path | None:

@@ -12,7 +12,7 @@ from pathlib import Path as FsPath
 import yaml
 
 from ..errors import SpecbenchError
-from . import store
+from . import lookup, store
 from .structured import read_structured
 from .tree import Path, Tree
 
@@ -137,14 +137,16 @@ def auto_candidates(model: str, method: str, hardware: str, dtype: str) -> list[
 
 def find_auto_tree(model: str, method: str, hardware: str, dtype: str) -> tuple[TreeFile, str] | None:
     """The tree file `--tree auto` takes (auto_candidates, in order; the method and dtype must match), with where it
-    came from, or None when there is none."""
+    came from, or None when there is none. A tree built from a disturbed profile is skipped unless allowed
+    (core/lookup.py); the one taken is recorded in the run's ledger."""
     for rel in auto_candidates(model, method, hardware, dtype):
-        path = locate(rel)
-        if path is None:
+        found = lookup.find(lookup.TREE, rel)
+        if found is None:
             continue
-        tf = read_tree_file(path)
+        tf = read_tree_file(found.path)
         if tf.method == method and tf.dtype in ("any", dtype):
-            return tf, str(path) + _borrowed(tf, hardware)
+            lookup.use(found, f"{method} --tree auto")
+            return tf, str(found.path) + _borrowed(tf, hardware)
     return None
 
 
@@ -230,6 +232,7 @@ def resolve_tree(spec, model: str, method: str, hardware: str, dtype: str,
     if not FsPath(path).is_file():
         raise SpecbenchError(f"--tree {spec}: no such file; use auto, size=N or a trees/*.yaml path")
     tf = read_tree_file(path)
+    lookup.note_used(lookup.TREE, path, f"{method} --tree {spec}")
     return tf, spec + _borrowed(tf, hardware)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..core import store
+from ..core import lookup, store
 from ..core.batch.cache import crop_to, new_cache
 from ..core.batch.forward import target_logits
 from ..core.machine.hardware import hardware_slug
@@ -184,7 +184,8 @@ def draft_scale(data: dict, profile: LatencyProfile, kv_length: int = 512) -> tu
     hardware, dtype = data.get("draft_forward_hardware"), data.get("dtype")
     if not hardware or (hardware, dtype) == (profile.hardware, profile.dtype):
         return 1.0, None
-    there = store.find(store.profile_file(hardware, profile.model, dtype))
+    hit = lookup.find_profile(hardware, profile.model, dtype)  # a disturbed one skipped unless allowed
+    there = hit.path if hit else None
     if there is None:
         return 1.0, (f"the drafter's forward time was measured on {hardware} {dtype}, which has no {profile.model} "
                      f"profile to scale it by: used as measured on {profile.hardware} {profile.dtype}")

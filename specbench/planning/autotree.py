@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import store
+from ..core import lookup, store
 from ..core.model.load import model_slug
 from ..errors import SpecbenchError
 from .buildtree import BuildTreeRequest, BuiltTree, build_tree
@@ -31,18 +31,22 @@ class Inputs:
         return self.profile is not None and self.acceptance is not None
 
 
-def inputs(model_spec: str, family: str, hardware: str, dtype: str) -> Inputs:
+def inputs(model_spec: str, family: str, hardware: str, dtype: str, use_for: str | None = None) -> Inputs:
+    """The eager profile (trees are built for eager decoding; a disturbed one is skipped unless allowed:
+    core/lookup.py) and the acceptance file; `use_for`: record both in the run's ledger."""
     key = model_slug(model_spec)
     prof, acc = store.profile_file(hardware, key, dtype), store.acceptance_file(key, family)
-    return Inputs(store.find(prof), store.find(acc), prof, acc)
+    profile = lookup.find_profile(hardware, key, dtype, use_for=use_for)
+    acceptance = lookup.find(lookup.ACCEPTANCE, acc, use_for)
+    return Inputs(profile.path if profile else None, acceptance.path if acceptance else None, prof, acc)
 
 
 def tree_path(model_spec: str, family: str, hardware: str, dtype: str, batch_size: int = 1) -> Path:
     """Where build-tree files this hardware's tree of the method (trees/<model>/[<method>-]<hardware>-<dtype>.yaml;
-    at batch size B > 1 with -b<B> added)."""
+    at batch size B > 1 with -b<B> added), under store.write_root()."""
     stem = f"{hardware}-{dtype}"
-    return store.tree_file(model_slug(model_spec),
-                           store.batch_stem(stem if family == "ppd" else f"{family}-{stem}", batch_size))
+    return store.filed(store.tree_file(model_slug(model_spec),
+                                       store.batch_stem(stem if family == "ppd" else f"{family}-{stem}", batch_size)))
 
 
 def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dtype: str, rows: int,
@@ -52,7 +56,7 @@ def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dty
     inputs(...).ready (and, at B > 1, a profile with that batch size). `rows`: the depths the method's artefact
     drafts, which bound a one-state tree (an acceptance file of 3 heads' medusa read by 2 heads). `draft_ms`: one
     drafting forward timed here (tree/pricing.DraftPricing.ms_here), which prices the drafting instead of the acceptance file's."""
-    found = inputs(model_spec, family, hardware, dtype)
+    found = inputs(model_spec, family, hardware, dtype, use_for=f"{family} tree built now")
     if not found.ready:
         raise SpecbenchError(f"cannot build the {family} tree here: " + "; ".join(
             missing_steps(model_spec, family, hardware, dtype, "cpu" if hardware.startswith("cpu") else "cuda")))
@@ -71,8 +75,10 @@ def missing_steps(model_spec: str, family: str, hardware: str, dtype: str, devic
     found = inputs(model_spec, family, hardware, dtype)
     steps = []
     if found.profile is None:
-        steps.append(f"no {found.profile_rel}: `specbench profile --model {model_spec} --dtype {dtype} "
-                     f"--device {device}`")
+        disturbed = [f for f in lookup.copies(lookup.PROFILE, found.profile_rel) if f.disturbed]
+        steps.append((f"{disturbed[0].said()} was measured on a disturbed machine (skipped; {lookup.ALLOW_FLAG} "
+                      "uses it): re-measure on a quiet machine with " if disturbed else f"no {found.profile_rel}: ")
+                     + f"`specbench profile --model {model_spec} --dtype {dtype} --device {device}`")
     if found.acceptance is None:
         steps.append(f"no {found.acceptance_rel}: `specbench estimate --method {family} --model {model_spec}`")
     gpu = "cpu" if hardware.startswith("cpu") else str(found.profile or found.profile_rel)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..core import store
+from ..core import lookup
 from ..core.machine.hardware import hardware_slug
 from ..core.model.load import dtype_name, model_slug
 from ..core.profile_file import LatencyProfile, load_profile
@@ -18,21 +18,24 @@ from ..core.profile_file import LatencyProfile, load_profile
 KV_LENGTH = 512  # the KV length whose curve the choices read (build-tree's default)
 
 
-def local_profile_path(target) -> Path | None:
-    """This hardware's measured profile of the target in its dtype and placement (profiles/<hardware>/), or None."""
-    return store.find(store.profile_file(hardware_slug(target.device), model_slug(target.spec),
-                                         dtype_name(target.dtype), target.placement))
+def local_profile_path(target, compiled: bool = False, use_for: str | None = None) -> Path | None:
+    """This hardware's measured profile of the target in its dtype and placement (profiles/<hardware>/), or None;
+    `compiled`: the `--compile` one (core/lookup.find_profile: the eager one stands in, said; a disturbed one is
+    skipped unless allowed). `use_for`: recorded in the run's ledger."""
+    found = lookup.find_profile(hardware_slug(target.device), model_slug(target.spec), dtype_name(target.dtype),
+                                target.placement, compiled, use_for)
+    return found.path if found else None
 
 
-def local_profile(target) -> LatencyProfile | None:
-    path = local_profile_path(target)
+def local_profile(target, compiled: bool = False, use_for: str | None = None) -> LatencyProfile | None:
+    path = local_profile_path(target, compiled, use_for)
     return load_profile(path) if path else None
 
 
 def batch_view(target, batch_size: int) -> tuple[LatencyProfile | None, str]:
     """(this hardware's L(B, w) as a profile, "") or (None, why not: the words of a note that says batch 1's choice
     is used, with the command that measures B)."""
-    path = local_profile_path(target)
+    path = local_profile_path(target, use_for=f"batch size {batch_size}'s choices")
     command = (f"`specbench profile --model {target.spec} --dtype {dtype_name(target.dtype)} --batch-size "
                f"1,{batch_size}` measures it")
     if path is None:

@@ -16,7 +16,7 @@ import torch
 import yaml
 from rich.markup import escape
 
-from ..core import store
+from ..core import lookup, store
 from ..core.machine.hardware import hardware_slug
 from ..core.model.load import auto_dtype, model_config, model_slug
 from ..core.tree_file import TreeFile
@@ -286,14 +286,22 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
         raise SpecbenchError(f"--batch-size must be at least 1 (got {req.batch_size})")
     acc = read_per_rank(acc_path, m)
     local = hardware_slug(torch.device("cpu"))
-    measured = store.find(store.profile_file(local, slug, dtype)) if req.gpu == "cpu" else None
+    measured = None
+    if req.gpu == "cpu":  # this CPU's own profile, from the first source that has a usable one (core/lookup.py)
+        hit = lookup.find_profile(local, slug, dtype)
+        measured = hit.path if hit else None
+        skipped = [f for f in lookup.copies(lookup.PROFILE, store.profile_file(local, slug, dtype)) if f.disturbed]
+        if measured is None and skipped:
+            raise SpecbenchError(f"--gpu cpu: {skipped[0].said()} was measured on a disturbed machine ("
+                                 f"{skipped[0].why}): re-run `specbench profile --model {req.model} --dtype {dtype}` "
+                                 f"on a quiet machine, or pass {lookup.ALLOW_FLAG} to build from it anyway")
     full = resolve_profile(req.gpu, slug, model_config(req.model), dtype, local, PROFILE_WIDTHS, spec=req.model,
                            root=measured.parent.parent if measured else store.profiles_dir(),
                            batch_sizes=(req.batch_size,))
     profile = batch_curve(full, req.batch_size, req.model)  # L(B, w); batch 1: the profile itself
     stem = f"{profile.hardware}-{profile.dtype}"
     stem = store.batch_stem(stem if req.family == "ppd" else f"{req.family}-{stem}", req.batch_size)
-    path = req.out or store.tree_file(slug, stem)
+    path = req.out or store.filed(store.tree_file(slug, stem))
     if req.one_state:
         rows = _acceptance_rows(acc_path)  # every depth the estimate measured,
         if req.max_depth:  # but no deeper than the run's artefact drafts (its heads, masks + 1)
@@ -316,6 +324,11 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
         with status(f"Searching dynamic sparse trees of sizes 2..{req.max_size}"):
             curve = size_curve(acc, m, profile, req.max_size, req.kv_length, req.ept)
         result = tree_file(curve, m, slug, profile, str(acc_path), req.kv_length, req.family)
+    if (full.meta.get("contention") or {}).get("disturbed"):  # runs skip this tree unless allowed (core/lookup.py)
+        result.extra["latency_profile"]["disturbed"] = True
+        source = req.gpu if req.gpu.endswith((".yaml", ".yml")) else measured
+        if source:
+            result.extra["latency_profile"]["file"] = store.data_relative(source)
     if req.batch_size > 1:  # which curve chose it: speedups are over ar at the same batch size
         result.extra["batch_size"] = req.batch_size
         result.extra["latency_profile"]["batch_size"] = req.batch_size

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from rich.markup import escape
 
 from ..core import store
 from ..core.model.load import model_slug
 from ..core.tree_file import find_auto_tree
 from ..errors import SpecbenchError
+from ..progress import console
 from . import autotree
 from .acceptance import DRAFT_COST_METHODS, cost_law, draft_cost, read_per_rank
 from .buildtree import predict
@@ -82,6 +84,8 @@ def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, dev
                                         _guessed(meta, found.acceptance), _ept(meta))
             hit = (find_auto_tree(key, cand.family, hardware, dtype) or (None, ""))
             out.built = True
+            console.print(f"[dim]{cand.method}: no tree for {hardware} {dtype} yet; built it now from "
+                          f"{escape(str(found.profile))}: filed as {escape(store.said_where(built.path))}[/]")
             if hit[0] is None:
                 raise SpecbenchError(f"the tree built at {built.path} is not the one --tree auto takes")
         tree, source = hit

@@ -119,10 +119,10 @@ def profile_meta(target: LoadedModel, before: dict, repeats: int, warmup: int, p
 
 
 def default_path(profile: LatencyProfile, root: Path | None = None) -> Path:
-    """profiles/<hardware>/<model key>-<dtype>.yaml (under the working directory, or `root`), where build-tree and
-    run look (core/store.py)."""
+    """profiles/<hardware>/<model key>-<dtype>.yaml (under store.write_root(): the working directory, or the user
+    cache inside a specbench checkout; or under `root`), where build-tree and run look (core/store.py)."""
     rel = store.profile_file(profile.hardware, profile.model, profile.dtype, profile.meta.get("placement", ""))
-    return rel if root is None else root / rel.relative_to(store.profiles_dir())
+    return store.filed(rel) if root is None else root / rel.relative_to(store.profiles_dir())
 
 
 def save(profile: LatencyProfile, out: Path | None = None) -> Path:

@@ -38,7 +38,23 @@ def settings_section(meta: dict) -> list[str]:
         said = plain(options)
         if said:
             md.append(f"- {method} options: {said}")
-    return md + [""]
+    return md + data_file_lines(meta.get("data_files")) + [""]
+
+
+def data_file_lines(files: dict | None) -> list[str]:
+    """run.yaml's data_files as settings lines: each profile, tree, acceptance file and recommendation the run
+    used (path, source, flags, what for), then each one it skipped and why (core/lookup.py)."""
+    if not isinstance(files, dict):
+        return []
+    md = []
+    for entry in files.get("used") or []:
+        flags = "".join(f"; {f}" for f in entry.get("flags") or [])
+        note = f" ({entry['note']})" if entry.get("note") else ""
+        md.append(f"- {entry.get('kind')} used: `{entry.get('path')}` ({entry.get('source')}{flags}), for "
+                  f"{', '.join(entry.get('used_for') or []) or '-'}{note}")
+    for entry in files.get("skipped") or []:
+        md.append(f"- {entry.get('kind')} skipped: `{entry.get('path')}` ({entry.get('source')}): {entry.get('why')}")
+    return md
 
 
 def environment_section(meta: dict) -> list[str]:

@@ -15,6 +15,7 @@ import torch
 import yaml
 from rich.markup import escape
 
+from ..core import lookup
 from ..methods.sd.drafter import resolve_drafter
 from ..core.model import tensor_parallel as tp
 from ..core.machine import memory
@@ -43,6 +44,9 @@ def run(cfg: RunConfig) -> Path:
 
         return run_engine(cfg)
     cfg = validate(cfg)
+    lookup.start(cfg.allow_disturbed_profile)  # the ledger of files this run reads (run.yaml's data_files)
+    if cfg.recommendation:
+        lookup.note_used(lookup.RECOMMENDATION, cfg.recommendation, "--method auto")
     loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
               for name in cfg.datasets]
     check_categories(cfg, loaded)
@@ -62,7 +66,8 @@ def run(cfg: RunConfig) -> Path:
 
         with planned(run_workload(cfg.max_new_tokens, cfg.batch_sizes)):  # what the fit check counts
             target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True,
-                                placement=target_placement(cfg.device_map, cfg.max_memory, cfg.tp))
+                                placement=target_placement(cfg.device_map, cfg.max_memory, cfg.tp),
+                                compiled=cfg.compile)
         drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device,
                                   drafter_placement(cfg.drafter_device_map, cfg.drafter_max_memory)) \
             if cfg.drafter else None
@@ -166,10 +171,23 @@ def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shar
         "peak_memory": memory.peak_label(target.device),
         "noise_guard": {"latency_floor": noise.latency_floor(profile),
                         "profile": f"{profile.hardware} {profile.dtype}" if profile else None},
+        "data_files": data_files(runner),
         **({"shard": shard} if shard else {}),
         **({"roofline": roofline} if roofline else {}),  # report/roofline.py: the bandwidth bound of a forward
         "complete": False,
     }, sort_keys=False))
+
+
+def data_files(runner: Runner) -> dict:
+    """run.yaml's `data_files`: every profile, tree, acceptance file and recommendation the run used (path, source:
+    working directory / user cache / shipped, flags, what for) and what it skipped and why (core/lookup.py); a tree
+    given by path or built without the ledger seeing it is added from the methods' resolved trees."""
+    for label, trees in resolved_trees(runner.methods).items():
+        for size, tree in trees.items():
+            source = str(tree["source"]).split(" (built for ")[0]
+            lookup.note_used(lookup.TREE, source, f"{label}" + (f" batch size {size}" if size != 1 else ""),
+                             unless_recorded=True)
+    return lookup.record()
 
 
 def roofline_block(runner: Runner, loaded: list[LoadedDataset], prompts: int = 200) -> dict:

@@ -51,6 +51,9 @@ class RunConfig:
     engine_options: dict = field(default_factory=dict)  # the engine's own settings (base_url, concurrency, ...)
     # --compile (issue 44; core/model/compile.py): batch-1 forwards through torch.compile at static shapes
     compile: bool = False
+    # profiles and trees measured on a disturbed machine: skipped unless allowed (core/lookup.py)
+    allow_disturbed_profile: bool = False
+    recommendation: str | None = None  # --method auto: the recommendation file it followed (run.yaml names it)
 
     @property
     def sampling(self) -> Sampling:

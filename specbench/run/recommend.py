@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 import yaml
 
-from ..core import store
+from ..core import lookup, store
 from ..core.machine.hardware import hardware_slug
 from ..core.model.naming import resolve_device, resolve_dtype
 from ..core.model.load import auto_dtype, dtype_name, model_config, model_slug
@@ -50,6 +50,7 @@ class RecommendRequest:
     out: Path | None = None
     data_file: str | None = None
     threads: int | None = None
+    allow_disturbed_profile: bool = False  # use profiles and trees measured on a disturbed machine (core/lookup.py)
 
 
 @dataclass
@@ -99,6 +100,7 @@ def recommend(req: RecommendRequest) -> Result:
     if req.confirm < 0 or req.limit < 1 or req.max_new_tokens < 1:
         raise SpecbenchError("--confirm must be >= 0, --limit and --max-new-tokens >= 1")
     model_config(req.model)  # an unknown model is refused here (its config; no weights), not filed as "use ar"
+    lookup.start(req.allow_disturbed_profile)
     dev, hardware, dtype = here(req.model, req.dtype, req.device)
     timed = price_drafting(req, candidates(), hardware, dtype)
     preds = predict_all(candidates(), req.model, hardware, dtype, dev.type, timed)
@@ -118,8 +120,8 @@ def recommend(req: RecommendRequest) -> Result:
         why = [f"not confirmed: {pick.method} is the best prediction; {', '.join(unseen)} were not considered (no "
                "model predicts them, and --confirm 0 measures nothing); `specbench recommend --confirm 2` measures "
                "them beside the best predicted"]
-    result = Result(pick, rows, hardware, dtype, str(dev), out, run_dir, store.recommendation_file(
-        model_slug(req.model), hardware))
+    result = Result(pick, rows, hardware, dtype, str(dev), out, run_dir, store.filed(store.recommendation_file(
+        model_slug(req.model), hardware)))
     result.notes += why + profile_notes(req.model, hardware, dtype) + [
         f"{p.method}'s drafting: {p.draft_price}" for p in preds if p.available and p.draft_price]
     write(result, req)
@@ -194,17 +196,17 @@ def price_drafting(req: RecommendRequest, cands: list[Candidate], hardware: str,
 
 
 def profile_notes(model: str, hardware: str, dtype: str) -> list[str]:
-    """A warning when the profile the predictions rest on was measured on a busy machine (profile.py's guard)."""
-    from ..planning.profile import load_profile
-
-    path = store.find(store.profile_file(hardware, model_slug(model), dtype))
-    if path is None:
+    """A warning when the profile the predictions rest on was measured on a busy machine (profile.py's guard): used
+    because --allow-disturbed-profile asked for it, or skipped (the predictions then lack it)."""
+    copies = lookup.copies(lookup.PROFILE, store.profile_file(hardware, model_slug(model), dtype))
+    found = next((f for f in copies if f.disturbed), None)
+    if found is None or (not lookup.disturbed_allowed() and any(not f.disturbed for f in copies)):
         return []
-    load = load_profile(path).meta.get("contention") or {}
-    if not load.get("disturbed"):
-        return []
-    return [f"{path} was measured while other processes used {load.get('foreign_cpu', 0):.2f} cores: predictions "
-            "(and trees built on it) may be wrong; re-run `specbench profile` on a quiet machine"]
+    if lookup.disturbed_allowed():
+        return [f"{found.said()} was {found.why}: predictions (and trees built on it) may be wrong; re-run "
+                "`specbench profile` on a quiet machine"]
+    return [f"{found.said()} was skipped ({found.why}): re-run `specbench profile` on a quiet machine, or pass "
+            f"{lookup.ALLOW_FLAG}"]
 
 
 def _row(p: Prediction) -> Row:
@@ -217,7 +219,8 @@ def _confirm(req: RecommendRequest, methods: list[str], dtype: str, out: Path) -
 
     cfg = RunConfig(methods=("ar", *methods), datasets=(req.dataset,), model=req.model, dtype=dtype,
                     device=req.device, limit=req.limit, max_new_tokens=req.max_new_tokens, warmup=1,
-                    threads=req.threads, data_file=req.data_file, out=out)
+                    threads=req.threads, data_file=req.data_file, out=out,
+                    allow_disturbed_profile=req.allow_disturbed_profile)
     return run(cfg)  # records only: the command writes the report (cli/recommend.py), as `specbench run` does
 
 
@@ -317,6 +320,7 @@ class Choice:
     dtype: str
     said: str
     confirmed: bool = True  # False: the recommendation was a prediction only (recommend --confirm 0)
+    path: str | None = None  # the recommendation file followed (run.yaml's data_files names it)
 
 
 def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto") -> Choice:
@@ -324,7 +328,9 @@ def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto")
     clear error that says to run `specbench recommend` when there is none."""
     dev = resolve_device(device)
     hardware = hardware_slug(dev)
-    where = path or store.find(store.recommendation_file(model_slug(model), hardware))
+    found = None if path else lookup.find(lookup.RECOMMENDATION, store.recommendation_file(model_slug(model),
+                                                                                          hardware))
+    where = path or (found.path if found else None)
     if where is None or not Path(where).is_file():
         looked = path or store.recommendation_file(model_slug(model), hardware)
         raise SpecbenchError(f"--method auto: no recommendation for {model} on {hardware} (looked for {looked}); "
@@ -343,11 +349,12 @@ def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto")
     other = "" if data.get("hardware") == hardware else f" [made on {data.get('hardware')}, not this hardware]"
     numbers = ", ".join(f"{k} {data[k]:.2f}x" for k in ("predicted", "measured")
                         if isinstance(data.get(k), (int, float)))
-    said = f"--method auto: {method} ({data.get('dtype')}{', ' + numbers if numbers else ''}) from {where}{other}"
+    said = (f"--method auto: {method} ({data.get('dtype')}{', ' + numbers if numbers else ''}) from "
+            f"{lookup.describe(lookup.RECOMMENDATION, where).said()}{other}")
     confirmed = isinstance(data.get("measured"), (int, float))
     if not confirmed:
         unseen = ", ".join(data.get("not_considered") or []) or "the methods no model predicts"
         said += (f"; NOT CONFIRMED: a prediction never measured here, and {unseen} were not considered "
                  f"(`specbench recommend --model {model}` measures them)")
     return Choice([] if method == "ar" else [method], options,
-                  (data.get("dtype") or "auto") if dtype == "auto" else dtype, said, confirmed)
+                  (data.get("dtype") or "auto") if dtype == "auto" else dtype, said, confirmed, str(where))

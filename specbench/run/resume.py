@@ -86,7 +86,8 @@ def recorded(out: Path) -> bool:
         return sum(1 for line, _ in zip(f, range(2)) if line.strip()) > 1
 
 
-LATER_SETTINGS = ("retime", "compile")  # options newer than some run folders: an older run resumes with any value
+# options newer than some run folders: an older run resumes with any value
+LATER_SETTINGS = ("retime", "compile", "allow_disturbed_profile", "recommendation")
 
 
 def missing_folders(path: Path) -> list[Path]:

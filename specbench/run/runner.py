@@ -69,10 +69,11 @@ class Runner:
         return {label: chosen for label, method in self.methods.items() if (chosen := method.chosen())}
 
     def local_profile(self):
-        """This hardware's measured latency profile of the target in its dtype (profiles/<slug>/), or None."""
+        """This hardware's measured latency profile of the target in its dtype (profiles/<slug>/; a `--compile`
+        run's compiled one, else the eager one with a note), or None; recorded in run.yaml's data_files."""
         from ..planning.batch_choice import local_profile
 
-        return local_profile(self.target)
+        return local_profile(self.target, self.cfg.compile, "noise guard, predictions, roofline")
 
     def tree_predictions(self, context: float | None = None) -> dict:
         """Per tree-method label: its tree's size, source and predicted tau / speedup on this hardware (from this

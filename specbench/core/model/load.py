@@ -178,13 +178,15 @@ def _in_hub_cache(repo_id: str) -> bool:
 AUTO_DTYPE_WIDTHS = (1, 2, 4, 8, 16)
 
 
-def auto_dtype(model: str, device: torch.device) -> tuple[torch.dtype, str]:
+def auto_dtype(model: str, device: torch.device, compiled: bool = False) -> tuple[torch.dtype, str]:
     """The dtype a decoding run takes for `model` on `device` by measurement: float32 or the 16-bit dtype of
     resolve_dtype("auto") (bfloat16; float16 on a GPU without bf16), whichever profile (profiles/<this
     hardware>/<model>-<dtype>.yaml, KV 512) has the lower geometric-mean latency over AUTO_DTYPE_WIDTHS. Without both
     profiles: float32 on a CPU (exact lossless checks), the 16-bit dtype on a GPU. On a GPU the profiles can choose
-    float32 over bfloat16 (benchmarks/RESULTS-gpu.md). Returns the dtype and the reason,
+    float32 over bfloat16 (benchmarks/RESULTS-gpu.md). `compiled`: a `--compile` run's profiles (core/lookup.py;
+    a profile measured on a disturbed machine is skipped unless allowed). Returns the dtype and the reason,
     for the console and run.yaml."""
+    from .. import lookup
     from ..machine.hardware import hardware_slug
     from ..profile_file import load_profile
 
@@ -196,9 +198,9 @@ def auto_dtype(model: str, device: torch.device) -> tuple[torch.dtype, str]:
     slug, name = hardware_slug(device), model_slug(model)
     means = {}
     for dt in ("float32", half):
-        path = store.find(store.profile_file(slug, name, dt))
+        found = lookup.find_profile(slug, name, dt, compiled=compiled)
         try:
-            profile = load_profile(path)
+            profile = load_profile(found.path if found else None)
             curve = profile.curves[min(profile.curves, key=lambda kv: abs(kv - 512))]
             points = dict(zip(profile.widths, curve["median_ms"]))
             means[dt] = math.exp(sum(math.log(points[w]) for w in AUTO_DTYPE_WIDTHS) / len(AUTO_DTYPE_WIDTHS))
@@ -209,31 +211,35 @@ def auto_dtype(model: str, device: torch.device) -> tuple[torch.dtype, str]:
                                   f"profile --model {model} --dtype D` for both lets --dtype auto choose by "
                                   "measurement)")
     best = min(means, key=means.get)
+    for dt in means:
+        lookup.use(lookup.find_profile(slug, name, dt, compiled=compiled), "--dtype auto")
     said = ", ".join(f"{dt} {ms:.1f} ms" for dt, ms in means.items())
     return DTYPES[best], (f"{best} (measured on {slug}: mean forward latency over widths "
                           f"{'/'.join(map(str, AUTO_DTYPE_WIDTHS))} at KV 512: {said})")
 
 
 def load_model(spec: str, dtype: str = "auto", device: str = "auto", measured_auto: bool = False,
-               placement: Placement | None = None) -> LoadedModel:
+               placement: Placement | None = None, compiled: bool = False) -> LoadedModel:
     """Load a model from any supported spec (see the module docstring). `measured_auto`: --dtype auto follows this
     hardware's profiles (decoding benchmarks: auto_dtype); otherwise it is float32 on a CPU (training, profiling,
     estimates) and bfloat16 on a GPU.
     The model keeps the spec exactly as given (a .gguf file is the file, not its folder): run.yaml, records and
     every suggested command name it so; model_slug(spec) is its file-name key. `placement`: a device map or
-    tensor parallelism (core/model/placement.py); default: the whole model on `device`."""
+    tensor parallelism (core/model/placement.py); default: the whole model on `device`. `compiled`: --dtype auto
+    reads the profiles of `--compile` decoding."""
     with status(f"Loading {spec}"):  # nested phases (de-quantising, a download) say themselves inside it
-        loaded = _load_spec(spec, dtype, device, measured_auto, placement or SINGLE)
+        loaded = _load_spec(spec, dtype, device, measured_auto, placement or SINGLE, compiled)
     loaded.spec = spec
     loaded.name = display_name(spec, loaded.name)
     return loaded
 
 
-def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool, placement: Placement) -> LoadedModel:
+def _load_spec(spec: str, dtype: str, device: str, measured_auto: bool, placement: Placement,
+               compiled: bool = False) -> LoadedModel:
     dev = resolve_device(device)
     choose_attention_kernels(dev)
     if measured_auto and dtype == "auto":
-        dt, why = auto_dtype(spec, dev)
+        dt, why = auto_dtype(spec, dev, compiled)
         if "measured" in why:
             console.print(f"[dim]--dtype auto: {escape(why)}[/]")
     else:

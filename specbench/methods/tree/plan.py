@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from ...core import store
+from ...core import lookup, store
 from ...core.machine.hardware import hardware_slug
 from ...core.model.load import dtype_name, model_slug
 from ...core.tree_file import TreeFile, TreeSpec, other_trees, read_tree_file, resolve_tree
@@ -67,7 +67,8 @@ def per_rank_acceptance(method, rows: int, model_name: str) -> tuple[list[list[f
     report.md); with no file for this model a generic table is used and a note printed once per model and family."""
     target, family = method.target, method.family
     relative = store.acceptance_file(model_name, family)
-    acc_path = store.find(relative)
+    found = lookup.find(lookup.ACCEPTANCE, relative, f"{method.name} acceptance")
+    acc_path = found.path if found else None
     acc = read_per_rank(acc_path, rows) if acc_path else GENERIC_PER_RANK[:rows]
     source = str(acc_path) if acc_path else (
         f"a generic acceptance table, not {target.spec}'s (no {relative}: "
@@ -166,11 +167,12 @@ def _batch_tree(method, size: int) -> tuple[TreeFile, str] | None:
     target, family = method.target, method.family
     hardware, dtype = hardware_slug(target.device), dtype_name(target.dtype)
     rel = autotree.tree_path(target.spec, family, hardware, dtype, size)
-    path = store.find(rel)
-    if path is not None:
-        tree = read_tree_file(path)
+    hit = lookup.find(lookup.TREE, rel)
+    if hit is not None:
+        tree = read_tree_file(hit.path)
         if tree.method == family and tree.dtype in ("any", dtype):
-            return tree, str(path)
+            lookup.use(hit, f"{method.name} batch size {size}")
+            return tree, str(hit.path)
     view, why = batch_view(target, size)
     found = autotree.inputs(target.spec, family, hardware, dtype)
     if view is not None and found.ready:
@@ -182,7 +184,8 @@ def _batch_tree(method, size: int) -> tuple[TreeFile, str] | None:
         else:
             console.print(f"[yellow]note[/] {method.name}: no {family} tree for batch size {size} on {hardware} "
                           f"{dtype} yet; built it now from L(B={size}, w) in {escape(str(found.profile))} and "
-                          f"{escape(str(found.acceptance))}: filed as {escape(str(built.path))}")
+                          f"{escape(str(found.acceptance))}: filed as {escape(store.said_where(built.path))}")
+            lookup.note_used(lookup.TREE, built.path, f"{method.name} batch size {size} (built now)")
             return read_tree_file(built.path), str(built.path.resolve())
     elif view is not None:  # the files build-tree needs, named with the commands that make them
         why = "; ".join(autotree.missing_steps(target.spec, family, hardware, dtype, target.device.type)[:-1])
@@ -206,7 +209,8 @@ def auto_tree(method, build, hardware: str, dtype: str, rows: int, ept: int) -> 
             tree = read_tree_file(built.path)
             console.print(f"[yellow]note[/] {method.name}: no {family} tree for {hardware} {dtype} yet; built it now "
                           f"from {escape(str(found.profile))} and {escape(str(found.acceptance))} (as `specbench "
-                          f"build-tree` does): size {tree.size}, filed as {escape(str(built.path))}")
+                          f"build-tree` does): size {tree.size}, filed as {escape(store.said_where(built.path))}")
+            lookup.note_used(lookup.TREE, built.path, f"{method.name} --tree auto (built now)")
             return tree, str(built.path.resolve())
     else:
         reason = "; ".join(autotree.missing_steps(target.spec, family, hardware, dtype, target.device.type))
