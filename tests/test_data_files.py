@@ -170,9 +170,16 @@ def test_a_compiled_run_reads_the_compiled_profile_never_the_other_way(here):
     found = lookup.find_profile(HW, "tiny", "float32", compiled=True)
     assert found.path == compiled and "compiled" in found.flags
     assert lookup.find_profile(HW, "tiny", "float32").path == eager
-    eager.write_text(compiled.read_text())  # a compiled curve filed under the eager name is not eager's
-    assert lookup.find_profile(HW, "tiny", "float32") is None
-    assert "a compiled profile filed under an eager name" in lookup.record()["skipped"][0]["why"]
+    compiled.write_text(eager.read_text())  # an eager curve under the compiled name is not a compiled one
+    found = lookup.find_profile(HW, "tiny", "float32", compiled=True)
+    assert found.path == eager and lookup.EAGER_FOR_COMPILED in found.flags
+    assert "an eager profile filed under the compiled name" in lookup.record()["skipped"][0]["why"]
+    # a compiled curve filed under the plain name in a folder of its own (benchmarks/compile_methods.sh): a compiled
+    # run takes it as compiled; an eager lookup says what it is wherever it is used
+    compiled.unlink()
+    eager.write_text(yaml.safe_dump({**data, "placement": "compiled", "compile": {"seconds": 1.0}}))
+    assert lookup.find_profile(HW, "tiny", "float32", compiled=True).flags == ("compiled",)
+    assert lookup.find_profile(HW, "tiny", "float32").flags == ("compiled",)
 
 
 def test_a_recommendation_followed_is_named_with_its_flags(here):

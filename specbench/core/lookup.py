@@ -7,8 +7,9 @@ carries flags read from it:
 - a tree: `disturbed` (built from a disturbed profile: its `latency_profile.disturbed`), `estimated`;
 - a recommendation: `unconfirmed` (a prediction, never measured beside `ar`).
 A disturbed profile or tree is skipped (the next source is tried) unless allowed (`--allow-disturbed-profile`), with
-one line naming it and why, once per file. A compiled profile answers only a compiled run's lookup, an eager one only
-an eager run's; a compiled run without a compiled profile reads the eager one, flagged and said (docs/profiles.md).
+one line naming it and why, once per file. A compiled run looks for the compiled profile, an eager run for the eager
+one (their file names differ); a compiled run without a compiled profile reads the eager one, flagged and said
+(docs/models-and-hardware.md); a compiled curve filed under the plain name carries its `compiled` flag wherever used.
 A run starts a ledger (`start`): every file it used, with its source, flags and what it was used for, and every file
 it skipped go into run.yaml's `data_files` and report.md's settings.
 """
@@ -102,11 +103,11 @@ def copies(kind: str, relative: str | Path) -> list[Found]:
 
 def find(kind: str, relative: str | Path, use_for: str | None = None, compiled: bool | None = None) -> Found | None:
     """The first copy of `relative` a run may use: a disturbed profile or tree is skipped unless allowed (said once,
-    recorded), as is a profile whose compile mode is not `compiled` (when given). `use_for`: record it as used."""
+    recorded); with `compiled` True, an eager profile filed under the compiled name is skipped too. `use_for`: record
+    it as used."""
     for found in copies(kind, relative):
-        if kind == PROFILE and compiled is not None and ("compiled" in found.flags) != compiled:
-            skip(found, "a compiled profile filed under an eager name" if not compiled else
-                 "an eager profile filed under the compiled name")
+        if kind == PROFILE and compiled and "compiled" not in found.flags:
+            skip(found, "an eager profile filed under the compiled name")
             continue
         if found.disturbed and not disturbed_allowed():
             skip(found, f"{found.why}; {ALLOW_FLAG} uses it")
@@ -119,15 +120,22 @@ def find(kind: str, relative: str | Path, use_for: str | None = None, compiled: 
 
 def find_profile(hardware: str, model: str, dtype: str, placement: str = "", compiled: bool = False,
                  use_for: str | None = None) -> Found | None:
-    """This hardware's profile of the model in a dtype and placement: the compiled one for a compiled run (else the
-    eager one, flagged EAGER_FOR_COMPILED and said once), the eager one otherwise; never a disturbed one unasked."""
+    """This hardware's profile of the model in a dtype and placement: for a compiled run the compiled one (filed as
+    <model>-<dtype>@compiled.yaml, or a compiled curve filed under the plain name in a folder of its own, as
+    benchmarks/compile_methods.sh files it), else the eager one, flagged EAGER_FOR_COMPILED and said once; for an
+    eager run the plain name's (flagged `compiled` when a compiled curve was filed there); never a disturbed one
+    unasked."""
     if compiled:
         found = find(PROFILE, store.profile_file(hardware, model, dtype, "compiled"), use_for, compiled=True)
         if found is not None:
             return found
-        eager = find(PROFILE, store.profile_file(hardware, model, dtype, placement), None, compiled=False)
+        eager = find(PROFILE, store.profile_file(hardware, model, dtype, placement))
         if eager is None:
             return None
+        if "compiled" in eager.flags:  # a compiled curve filed under the plain name: what was asked for
+            if use_for:
+                use(eager, use_for)
+            return eager
         eager = eager.with_flag(EAGER_FOR_COMPILED)
         _say_once(("compiled", str(eager.path)),
                   f"[yellow]note[/] no compiled profile of {model} {dtype} for {hardware}: {escape(eager.said())} "
@@ -136,7 +144,7 @@ def find_profile(hardware: str, model: str, dtype: str, placement: str = "", com
         if use_for:
             use(eager, use_for)
         return eager
-    return find(PROFILE, store.profile_file(hardware, model, dtype, placement), use_for, compiled=False)
+    return find(PROFILE, store.profile_file(hardware, model, dtype, placement), use_for)
 
 
 def use(found: Found, purpose: str) -> None:

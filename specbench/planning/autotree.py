@@ -41,12 +41,17 @@ def inputs(model_spec: str, family: str, hardware: str, dtype: str, use_for: str
     return Inputs(profile.path if profile else None, acceptance.path if acceptance else None, prof, acc)
 
 
-def tree_path(model_spec: str, family: str, hardware: str, dtype: str, batch_size: int = 1) -> Path:
-    """Where build-tree files this hardware's tree of the method (trees/<model>/[<method>-]<hardware>-<dtype>.yaml;
-    at batch size B > 1 with -b<B> added), under store.write_root()."""
+def tree_relative(model_spec: str, family: str, hardware: str, dtype: str, batch_size: int = 1) -> Path:
+    """This hardware's tree of the method inside a data root (trees/<model>/[<method>-]<hardware>-<dtype>.yaml; at
+    batch size B > 1 with -b<B> added): what lookups search every source for."""
     stem = f"{hardware}-{dtype}"
-    return store.filed(store.tree_file(model_slug(model_spec),
-                                       store.batch_stem(stem if family == "ppd" else f"{family}-{stem}", batch_size)))
+    return store.tree_file(model_slug(model_spec),
+                           store.batch_stem(stem if family == "ppd" else f"{family}-{stem}", batch_size))
+
+
+def tree_path(model_spec: str, family: str, hardware: str, dtype: str, batch_size: int = 1) -> Path:
+    """Where build-tree files this hardware's tree of the method: tree_relative under store.write_root()."""
+    return store.filed(tree_relative(model_spec, family, hardware, dtype, batch_size))
 
 
 def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dtype: str, rows: int,

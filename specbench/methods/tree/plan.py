@@ -166,7 +166,7 @@ def _batch_tree(method, size: int) -> tuple[TreeFile, str] | None:
     """Batch size `size`'s own tree (its file, else built now from L(B, w)), or None after a note (batch 1's)."""
     target, family = method.target, method.family
     hardware, dtype = hardware_slug(target.device), dtype_name(target.dtype)
-    rel = autotree.tree_path(target.spec, family, hardware, dtype, size)
+    rel = autotree.tree_relative(target.spec, family, hardware, dtype, size)
     hit = lookup.find(lookup.TREE, rel)
     if hit is not None:
         tree = read_tree_file(hit.path)
