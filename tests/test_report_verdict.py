@@ -171,3 +171,12 @@ def test_one_prompt_shows_no_zero_width_interval():
     summary = run_report.summarize(records(prompts=1))
     table = compact.table(summary).set_index("method")
     assert table.loc["pld", "95% interval"] == "n/a (1 prompt)" and table.loc["ar", "95% interval"] == "-"
+
+
+def test_settings_leave_out_server_options_where_no_server_ran():
+    from specbench.report.runinfo import settings_section
+
+    own = {"settings": {"engine": "specbench", "limit": 2, "engine_options": {"concurrency": "1", "timeout": 60.0}}}
+    assert not any("concurrency" in line for line in settings_section(own))
+    served = {"settings": {**own["settings"], "engine": "openai"}}
+    assert any("concurrency" in line for line in settings_section(served))

@@ -302,3 +302,12 @@ def test_ray_ctrl_c_keeps_finished_records_and_resume_finishes(runs, ray_session
     ok(*runs["args"], "--shards", 2, "--out", out, "--resume")
     assert_same_run(out, runs["whole"])
     assert "PARTIAL" not in (out / "report.md").read_text()
+
+
+def test_ray_resume_of_a_folder_that_is_not_a_run_is_refused(tmp_path):
+    from specbench.errors import SpecbenchError
+    from specbench.run.ray_shards import prepare
+
+    with pytest.raises(SpecbenchError, match="is not a run folder"):
+        prepare(tmp_path / "absent", True, 2)
+    assert not (tmp_path / "absent").exists()

@@ -83,6 +83,7 @@ class EngineTurn:
     turn: int = 0
     text: str = ""  # the decoded answer (a later turn's conversation carries it)
     prompt_ids: list[int] = field(default_factory=list)  # what the engine was given (the lossless explanation)
+    prompt_cut: int = 0  # tokens cut from the rendered prompt's left to fit the context (records.csv prompt_cut)
 
 
 def check_methods(cfg: RunConfig, supported: tuple[str, ...], engine: str) -> RunConfig:
@@ -163,7 +164,7 @@ def engine_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: s
         placement=env.get("placement", ""), target_tokens=0, batch_wall_s=round(t.wall_s, 6),
         latency_s=round(t.wall_s, 6), kv_padding_ratio=0.0, engine=env.get("engine", "specbench"),
         forward_s=round(t.forward_s, 6) if math.isfinite(t.forward_s) else math.nan,
-        host_s=round(host, 6) if math.isfinite(host) else math.nan,
+        host_s=round(host, 6) if math.isfinite(host) else math.nan, prompt_cut=t.prompt_cut,
         **serving_view(t.token_times), **t.noise)  # ttft, tpot, itl percentiles: one definition for all rows
 
 
@@ -240,7 +241,7 @@ class EngineRun:
             for t in results[label]:
                 check = self.check(label, work, t, explain)
                 self.writer.write(engine_record(self.cfg, self.env, self.cfg.model, label, work.dataset,
-                                                work.prompt, t, check), t.tokens)
+                                                work.prompt, t, check), t.tokens, t.text or None)
 
     def interrupted(self) -> SpecbenchError:
         """The error to raise on Ctrl-C (exit 130): what was kept and how to continue (--resume)."""

@@ -231,10 +231,12 @@ class Engine:
         answers: list[str] = []
         out = []
         for turn in range(len(prompt.turns)):
-            ids = self.prompt_ids(ds.conversation(prompt, turn, answers), prompt)
+            messages = ds.conversation(prompt, turn, answers)
+            ids = self.prompt_ids(messages, prompt)
             if ids is None:
                 break
             out.append(self.timed_turn(label, ids, turn, order))
+            out[-1].prompt_cut = len(self.render(messages)) - len(ids)
             answers.append(out[-1].text)
         return out
 

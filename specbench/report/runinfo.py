@@ -33,7 +33,9 @@ def settings_section(meta: dict) -> list[str]:
     settings = meta.get("settings") or {}
     if not settings:
         return []
-    md = ["## Settings", ""] + _items(settings, skip=("options",))
+    # a server's options (concurrency, timeout, ...) apply to --engine openai only: elsewhere they are defaults never used
+    server = ("engine_options",) if settings.get("engine", "specbench") != "openai" else ()
+    md = ["## Settings", ""] + _items(settings, skip=("options", *server))
     for method, options in (settings.get("options") or {}).items():
         said = plain(options)
         if said:

@@ -125,7 +125,10 @@ def plan(cfg: RunConfig, loaded: list[LoadedDataset], count: int) -> list[ShardP
     for i in range(count):
         shard = Shard(i, count)
         rows = labels * sum(turns[k] for k, pos in where.items() if shard.owns(pos))
-        plans.append(ShardPlan(replace(cfg, shard=shard, out=Path(cfg.out) / "shards" / shard.folder), rows))
+        folder = Path(cfg.out) / "shards" / shard.folder
+        # --resume continues the shards that started; one that never wrote its run.yaml starts afresh
+        plans.append(ShardPlan(replace(cfg, shard=shard, out=folder, resume=cfg.resume and RunFolder(folder).is_run()),
+                               rows))
     return plans
 
 
@@ -135,6 +138,9 @@ def prepare(out: Path, resume: bool, count: int) -> None:
     held = sorted(p.name for p in shards.iterdir() if p.is_dir()) if shards.is_dir() else []
     if not resume and (held or RunFolder(out).is_run()):
         raise SpecbenchError(f"{out} already holds a run. Pass --resume to continue it, or choose another --out.")
+    if resume and not held and not RunFolder(out).is_run():
+        raise SpecbenchError(f"--resume: {out} is not a run folder (no run.yaml, no shards/). Pass --out with the "
+                             "folder of the run to continue, or drop --resume to start a new run there.")
     other = [name for name in held if not name.endswith(f"-of-{count:03d}")]
     if other:
         raise SpecbenchError(f"--resume: {out} was split into other shards ({', '.join(other)}); resume with its "
