@@ -172,6 +172,7 @@ def plot(profile: LatencyProfile, path: Path) -> None:
         ratio.set_title("L(w) / ideal: ideal = max(bytes / bandwidth, FLOPs / peak)", fontsize=9)
         ratio.set_xlabel("input width n (tokens per forward)")
         ratio.set_ylabel("measured / ideal")
+        ratio.set_yscale("log", base=2)  # 1 is the hardware; each step up doubles the distance
     if profile.batches:
         right = axes[0][-1]
         for size in profile.batch_sizes:
