@@ -27,6 +27,7 @@ import warnings
 
 import torch
 
+from ..batch.cache import sliding_windows
 from ..batch.static import StaticKV, step
 from ..model.placement import input_device
 from . import grouped_attention
@@ -74,7 +75,9 @@ class Compiled:
     def __init__(self, model, capacity: int):
         self.model = model
         self.device = input_device(model)
-        self.kv = StaticKV(_round(capacity))
+        # per layer: its sliding window (None: full attention), applied by the static step's masks
+        self.windows = tuple(sliding_windows(model)) if hasattr(model, "config") else ()
+        self.kv = StaticKV(_round(capacity), self.windows)
         self.settings = settings(self.device)
         self.name = type(model).__name__  # what the compile lines say (the target's class, the drafter's)
         self.fn = compile_step(self.device, f"{self.name}_{id(model):x}")
@@ -122,7 +125,7 @@ class Compiled:
         if need <= self.kv.capacity:
             return
         old = self.kv
-        self.kv = StaticKV(_round(max(need, 2 * old.capacity)))
+        self.kv = StaticKV(_round(max(need, 2 * old.capacity)), self.windows)
         for layer, (k, v) in enumerate(zip(old.keys, old.values)):
             self.kv.allocate(layer, k, v)
             self.kv.keys[layer][:, :, :old.capacity] = k
