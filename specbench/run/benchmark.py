@@ -43,6 +43,8 @@ def run(cfg: RunConfig) -> Path:
 
         return run_engine(cfg)
     cfg = validate(cfg)
+    if cfg.compile:  # the model's config, before its weights load
+        compile_run.check_model(cfg)
     loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
               for name in cfg.datasets]
     if cfg.shard:

@@ -102,6 +102,9 @@ class Record:
     # masks, tree building, top-k, host syncs, acceptance); NaN where not measured
     forward_s: float = float("nan")
     host_s: float = float("nan")
+    # --compile: decode forwards through a compiled graph and those run eagerly (NaN: the run did not compile)
+    compiled_forwards: float = float("nan")
+    eager_forwards: float = float("nan")
 
 
 RECORD_COLUMNS = [f.name for f in fields(Record)]
