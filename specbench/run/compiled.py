@@ -1,6 +1,7 @@
-"""A run under `--compile` (issue 44; the compile state itself: core/model/compile.py): refuse what it cannot run,
-size the static cache to the run's prompts, enable it on the target (and drafter) before warm-up, compile what warm-up
-left after it, and write run.yaml's `compile:` block."""
+"""A run under `--compile` (the compile state itself: core/model/compile.py): refuse what it cannot run (the
+settings, then the model's config before its weights load), size the static cache to the run's prompts and widest
+declared forward, enable it on the target (and drafter) before warm-up, compile what warm-up left after it, count
+each turn's compiled and eager forwards, decode ar's eager reference, and write run.yaml's `compile:` block."""
 
 from __future__ import annotations
 

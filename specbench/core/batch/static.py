@@ -13,8 +13,11 @@ What is static, as gpt-fast makes it:
   finite and later steps mask them as stale).
 - the mask: a plain segment (ar, pld, sd: tokens appended causally) is causal, built inside the graph from
   `write_at` (key k visible to row r iff k <= write_at[r]); a segment with its own mask (a tree) brings the single
-  engine's visibility (Segment.visible) padded to [bucket, capacity] as a bool input.
-The prompt (a newcomer's prefill, any length) runs the same step eagerly, uncompiled, into the same cache. So does a
+  engine's visibility (Segment.visible) padded to [bucket, capacity] as a bool input. Sliding-window layers see
+  only keys within their window of each row's position (attention_masks: per layer kind where full and sliding
+  layers mix).
+The prompt (a newcomer's prefill, any length) runs the same step eagerly, uncompiled, into the same cache, the LM
+head on the rows it keeps only. So does a
 segment the compile state does not compile (a width with no bucket after warm-up, or a method whose `around` hooks
 the forward: Hidden Transfer), counted as an eager step.
 """
