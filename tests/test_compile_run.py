@@ -148,3 +148,25 @@ def test_verdict_names_methods_not_fully_compiled():
     assert "pearl (30 of 30" in line and "hidden-transfer (5 of 15" in line and "): ar (" not in line and "; ar (" not in line
     assert compile_line(summary.assign(eager_forwards=0.0)) is None
     assert compile_line(summary.assign(eager_forwards=float("nan"))) is None  # a run without --compile
+
+
+def test_enable_run_sizes_the_cache_from_the_widest_declared_forward(tiny):
+    """A tree method's every state width is declared on the target, and the cache holds the widest beside the
+    longest context (no prompts here: the new tokens and the widest forward)."""
+    from specbench.methods import get_method
+
+    from .conftest import artifact_options
+
+    ppd = get_method("ppd")(tiny, dict(artifact_options("ppd", tiny), tree="size=6"))
+    widths = cc.declared_tree_widths(ppd)
+    assert widths == {int(layout.visible.shape[0]) for layout in ppd.plans[1].layouts.values()} and widths
+    pld = get_method("pld")(tiny, {"pld_draft_tokens": 2})  # verifies 3 tokens at bucket 4
+    runner = types.SimpleNamespace(target=tiny, methods={"ppd": ppd, "pld": pld})
+    try:
+        states = compile_run.enable_run(types.SimpleNamespace(max_new_tokens=8), runner, [], None)
+        target = states["target"]
+        assert target.trees == [widths] and target.chain == [1, 2, 4]
+        assert target.widest() == max(4, *widths)
+        assert compile_run.capacity_for(runner, [], 8, target.widest()) == 8 + target.widest()
+    finally:
+        cc.disable(tiny.model)

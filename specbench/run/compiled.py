@@ -53,7 +53,8 @@ def capacity_for(runner, loaded, max_new_tokens: int, widest: int = 64) -> int:
 def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
     """--compile: the target's (and the drafter's) static state, with the buckets the methods declare."""
     widths = {name: (declared_width(m), declared_tree_widths(m)) for name, m in runner.methods.items()}
-    widest = max(max(chain, *tree) if tree else chain for chain, tree in widths.values())
+    # a chain runs at its power-of-two bucket (Compiled.declare), a tree state at its own width
+    widest = max(max([1 << (chain - 1).bit_length(), *tree]) for chain, tree in widths.values())
     capacity = capacity_for(runner, loaded, cfg.max_new_tokens, widest)
     states = {"target": enable(runner.target.model, capacity)}
     if drafter is not None and hasattr(drafter.model, "config"):
