@@ -45,6 +45,10 @@ class Generation:
     started: float = field(default_factory=time.perf_counter, repr=False, compare=False)
     # host overhead (issue 44): seconds inside the target's forwards; wall - forward_s - draft_s is host overhead
     forward_s: float = 0.0
+    # --compile: decode forwards (target and drafter; the prompt's prefill aside) through a compiled graph, and those
+    # that ran eagerly (run/compiled.forwards); None when the run does not compile
+    compiled_forwards: int | None = None
+    eager_forwards: int | None = None
 
     def count_draft(self, proposed: int, accepted: int) -> None:
         """Record one verification of `proposed` draft tokens of which the first `accepted` were kept."""

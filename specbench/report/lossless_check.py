@@ -42,7 +42,9 @@ def unexplained_mismatches(records: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     verdicts = lossless_verdicts(records)
     batched = with_batch_columns(records).batch_size > 1  # batched ar is checked against batch-1 ar too
-    lossless = records.method.map(lambda m: exactness(str(m)) != "lossy") & ((records.method != "ar") | batched)
+    # ar is checked where it has a reference of its own: batched ar against batch-1 ar, compiled ar against eager ar
+    checked_ar = batched | (records["lossless"].astype(str) != "")
+    lossless = records.method.map(lambda m: exactness(str(m)) != "lossy") & ((records.method != "ar") | checked_ar)
     bad = records[verdicts.isin(["unexplained", "no verdict"]) & lossless]
     gap = (pd.to_numeric(bad["mismatch_logit_gap"], errors="coerce") if "mismatch_logit_gap" in bad
            else pd.Series(math.nan, index=bad.index))

@@ -27,6 +27,10 @@ Speedup formulas (both from the same run, same prompts, same machine):
                          wall_s - forward_s - draft_s: the time outside the target's forwards and the timed drafting
                          (masks, tree building, top-k, host syncs, acceptance; a method without a drafter model
                          drafts on the host). The denominator is the whole timed generation, prefill included
+  compiled_forwards, eager_forwards = sum over the row's turns of its decode forwards (target and drafter, the
+                         prompt's prefill aside) that ran through a compiled graph, and that ran eagerly (--compile
+                         runs only: a width no bucket held, a hooked forward, a drafter or method off the static
+                         engine); empty without --compile
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_
                    "peak_mem_mb", "extra_mem_mb", "forward_ms", "forward_ratio", "speedup_bound", "disturbed_time",
                    "timing", "batch_size", "batching", "target_tokens", "padding_tokens", "padding_ratio", "kv_padding",
                    "tau_batch_min", "tau_sample_mean", "decode_tokens_per_s", "decode_speedup", "kv_padding_ratio",
-                   "sample_tokens_per_s", "roofline_tok_s", "of_roofline", "host_overhead"]
+                   "sample_tokens_per_s", "roofline_tok_s", "of_roofline", "host_overhead", "compiled_forwards",
+                   "eager_forwards"]
 
 SUMMARY_COLUMNS += SUMMARY_SERVING  # time to first token, time per output token, inter-token latency (serving.py)
 
@@ -144,6 +149,7 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None, roofline: dic
             "forward_ms": round(fwd * 1e3, 3), "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
             **_draft_numbers(g), **_batch_numbers(g), **_decode_numbers(g, ar_d), **serving_numbers(g),
             "sample_tokens_per_s": sample_rate(g), **_roofline_numbers(g, tps, roofline),
+            "compiled_forwards": _count_sum(g, "compiled_forwards"), "eager_forwards": _count_sum(g, "eager_forwards"),
         })
     summary = pd.DataFrame(rows, columns=[c for c in SUMMARY_COLUMNS if c not in NOISE_COLUMNS + ("batch_size",
                                                                                                  "batching")])
@@ -151,6 +157,12 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None, roofline: dic
 
 
 NOISE_COLUMNS = ("speedup_bound", "disturbed_time", "timing")  # added by noise.judge
+
+
+def _count_sum(g: pd.DataFrame, column: str) -> float:
+    """The column's sum over the rows that have it; NaN where none has it (a run without --compile)."""
+    values = pd.to_numeric(g[column], errors="coerce") if column in g else pd.Series(dtype=float)
+    return float(values.sum()) if values.notna().any() else math.nan
 
 
 def _roofline_numbers(g: pd.DataFrame, tps: float, block: dict | None) -> dict:

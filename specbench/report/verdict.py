@@ -5,6 +5,7 @@ Shape of what headline() returns (Markdown lines):
     **Timing: ok** - the noise guard trusts every row's timing (see "Timing check").
     **PARTIAL**: ...                                        (only an interrupted run)
     **Lossless check FAILED**: ...                          (only when a lossless method differs unexplained)
+    **Not fully compiled** (--compile): ...                 (only when a method ran decode forwards eagerly)
     **Few prompts**: ...                                    (only below MIN_PROMPTS independent units)
     <blank>
     - On 6 humaneval prompts, pld is 1.24x ar (95% interval 1.09-1.51), lossless, timing ok.
@@ -69,6 +70,24 @@ def lossless_line(records: pd.DataFrame | None) -> str | None:
     return (f"**Lossless check FAILED**: {len(bad)} prompt turn(s) of lossless methods ({methods}) differ from ar "
             "where rounding does not explain it (the table is in \"Lossless check FAILED\" below): a defect, not "
             "numerics.")
+
+
+def compile_line(summary: pd.DataFrame) -> str | None:
+    """--compile: one line naming the methods with decode forwards that ran eagerly (their speedups mix compiled and
+    eager steps, against a compiled ar); None when every forward ran compiled, or the run did not compile."""
+    if "eager_forwards" not in summary:
+        return None
+    said = []
+    for r in summary.itertuples(index=False):
+        eager, compiled = getattr(r, "eager_forwards", math.nan), getattr(r, "compiled_forwards", math.nan)
+        if _finite(eager) and float(eager) > 0:
+            total = float(eager) + (float(compiled) if _finite(compiled) else 0.0)
+            said.append(f"{row_name(r)} ({int(eager)} of {int(total)} decode forwards eager)")
+    said = list(dict.fromkeys(said))
+    if not said:
+        return None
+    return (f"**Not fully compiled** (--compile): {'; '.join(said)}: their speedups mix eager and compiled forwards "
+            "against a compiled ar (summary.csv: compiled_forwards, eager_forwards; run.yaml: compile).")
 
 
 def units(r) -> int:
@@ -164,7 +183,7 @@ def headline(summary: pd.DataFrame, meta: dict, records: pd.DataFrame | None = N
     lines = [timing_line(summary)]
     if meta.get("complete") is False:
         lines.append(PARTIAL_TEXT)
-    lines += [line for line in (lossless_line(records), few_prompts_line(summary)) if line]
+    lines += [line for line in (lossless_line(records), compile_line(summary), few_prompts_line(summary)) if line]
     lines = [line + "  " for line in lines[:-1]] + lines[-1:]  # Markdown hard breaks: one verdict a line
     lines.append("")
     for dataset, rows in summary.groupby("dataset", sort=False):

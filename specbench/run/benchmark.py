@@ -47,6 +47,8 @@ def run(cfg: RunConfig) -> Path:
     lookup.start(cfg.allow_disturbed_profile)  # the ledger of files this run reads (run.yaml's data_files)
     if cfg.recommendation:
         lookup.note_used(lookup.RECOMMENDATION, cfg.recommendation, "--method auto")
+    if cfg.compile:  # the model's config, before its weights load
+        compile_run.check_model(cfg)
     loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
               for name in cfg.datasets]
     check_categories(cfg, loaded)

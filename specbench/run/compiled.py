@@ -1,10 +1,12 @@
-"""A run under `--compile` (issue 44; the compile state itself: core/model/compile.py): refuse what it cannot run,
-size the static cache to the run's prompts, enable it on the target (and drafter) before warm-up, compile what warm-up
-left after it, and write run.yaml's `compile:` block."""
+"""A run under `--compile` (the compile state itself: core/model/compile.py): refuse what it cannot run (the
+settings, then the model's config before its weights load), size the static cache to the run's prompts and widest
+declared forward, enable it on the target (and drafter) before warm-up, compile what warm-up left after it, count
+each turn's compiled and eager forwards, decode ar's eager reference, and write run.yaml's `compile:` block."""
 
 from __future__ import annotations
 
-from ..core.model.compile import Compiled, declared_width, enable
+from ..core.model.compile import (Compiled, attach, declared_tree_widths, declared_width, disable, enable, state_of,
+                                  unsupported)
 from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..progress import console, status
@@ -21,11 +23,22 @@ def check(cfg) -> None:
                              f"{cfg.warmup}), else compile time would land in timed turns")
 
 
-def capacity_for(runner, loaded, max_new_tokens: int) -> int:
+def check_model(cfg) -> None:
+    """Refuse, from the model's config and before its weights load, a model the static engine would decode
+    wrongly (core/model/compile.unsupported says which)."""
+    from ..core.model.load import model_config
+
+    why = unsupported(model_config(cfg.model))
+    if why:
+        raise SpecbenchError(f"--compile cannot decode {cfg.model} correctly: {why}. Run it without --compile")
+
+
+def capacity_for(runner, loaded, max_new_tokens: int, widest: int = 64) -> int:
     """Entries the static cache holds: the longest rendered prompt of the run (every turn's question, earlier
     answers counted at --max-new-tokens each), clipped to the context as the runner clips it, plus every turn's new
-    tokens and room for one tree's width. Attention reads all of them every forward, so it is sized to the run, not
-    the model's context."""
+    tokens and room for the widest forward the run declares (`widest`: a tree state's or a chain's width; a verify
+    forward writes its whole width before the rejected rows are dropped). Attention reads all of them every forward,
+    so it is sized to the run, not the model's context."""
     target = runner.target
     longest, turns = 0, 1
     for dataset in loaded:
@@ -34,18 +47,22 @@ def capacity_for(runner, loaded, max_new_tokens: int) -> int:
             ids = target.tokenizer.render(ds.conversation(p, n - 1, [""] * (n - 1)))
             longest, turns = max(longest, len(ids) + (n - 1) * max_new_tokens), max(turns, n)
     room = max(16, target.context_length - max_new_tokens)
-    return min(longest, room + (turns - 1) * max_new_tokens) + max_new_tokens + 64
+    return min(longest, room + (turns - 1) * max_new_tokens) + max_new_tokens + widest
 
 
 def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
     """--compile: the target's (and the drafter's) static state, with the buckets the methods declare."""
-    capacity = capacity_for(runner, loaded, cfg.max_new_tokens)
+    widths = {name: (declared_width(m), declared_tree_widths(m)) for name, m in runner.methods.items()}
+    # a chain runs at its power-of-two bucket (Compiled.declare), a tree state at its own width
+    widest = max(max([1 << (chain - 1).bit_length(), *tree]) for chain, tree in widths.values())
+    capacity = capacity_for(runner, loaded, cfg.max_new_tokens, widest)
     states = {"target": enable(runner.target.model, capacity)}
     if drafter is not None and hasattr(drafter.model, "config"):
         states["drafter"] = enable(drafter.model, capacity)
-    for method in runner.methods.values():
+    for chain, tree in widths.values():
         for state in states.values():
-            state.declare(declared_width(method))
+            state.declare(chain)
+        states["target"].declare_tree(tree)  # trees verify on the target
     eager = sorted(m.name for m in runner.methods.values() if not getattr(m, "static_engine", True))
     if eager:
         console.print(f"[yellow]note[/] --compile: {', '.join(eager)} decode(s) over their own caches, not the static "
@@ -70,3 +87,42 @@ def record(meta_path, states: dict[str, Compiled]) -> None:
     meta = yaml.safe_load(meta_path.read_text()) or {}
     meta["compile"] = {role: state.report() for role, state in states.items()}
     meta_path.write_text(yaml.safe_dump(meta, sort_keys=False))
+
+
+def states_of(*models) -> list[Compiled]:
+    """The compile states attached to these loaded models (target first, then the drafter); [] without --compile."""
+    found = [state_of(m.model) for m in models if m is not None]
+    return [s for s in found if s is not None]
+
+
+def snapshot(states: list[Compiled]) -> list[tuple[int, int]]:
+    return [(s.compiled_steps, s.eager_steps) for s in states]
+
+
+def forwards(states: list[Compiled], before: list[tuple[int, int]], gen, method) -> tuple[int, int]:
+    """(compiled, eager) decode forwards of one generation (the prompt's prefill, eager by design, aside): the
+    states' counts since `before`, plus what never reaches a compile state, as eager: every target and drafter
+    forward of a method off the static engine (PEARL's own caches), and the drafts of a drafter that has no compile
+    state (EAGLE's and ParallelSpec's feature drafters)."""
+    if not getattr(method, "static_engine", True):
+        return 0, gen.target_forwards + gen.draft_forwards
+    deltas = [(s.compiled_steps - c, s.eager_steps - e) for s, (c, e) in zip(states, before)]
+    compiled, eager = sum(d[0] for d in deltas), sum(d[1] for d in deltas)
+    drafter_counted = len(deltas) > 1 and sum(deltas[1]) > 0
+    if gen.draft_forwards and not drafter_counted:
+        eager += gen.draft_forwards
+    return compiled, eager
+
+
+def eager_tokens(method, ids, max_new_tokens: int, sampling, models) -> list[int]:
+    """The method's tokens for `ids` with every compile state taken off (the single engine, transformers' own
+    attention), untimed: the lossless reference of a compiled run, so a defect every compiled method shares cannot
+    pass as lossless."""
+    held = [(m.model, state_of(m.model)) for m in models if m is not None and state_of(m.model) is not None]
+    for model, _ in held:
+        disable(model)
+    try:
+        return method.generate(ids, max_new_tokens, sampling, None).tokens
+    finally:
+        for model, state in held:
+            attach(model, state)

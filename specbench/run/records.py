@@ -33,6 +33,7 @@ class TurnResult:
     order: int  # position among the methods run on this prompt
     batch: dict = field(default_factory=dict)  # batch > 1: batch_size, batching, batch_id, batch_wall_s, forward_ms
     tries: int = 1  # timings taken of this turn (--retime: run/retime.py)
+    reference: list[int] | None = None  # --compile, ar: eager ar's tokens of the same prompt (the lossless reference)
     disturbed: bool = False  # the kept timing was still disturbed
 
     @property
@@ -81,11 +82,16 @@ def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, da
         placement=env.get("placement", target.placement),
         mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=check.verdict,
         forward_ms=round(r.forward_ms, 3), order=r.order, timing_tries=r.tries, timing_disturbed=r.disturbed,
-        prompt_cut=prompt_cut, **r.noise)
+        prompt_cut=prompt_cut, compiled_forwards=_count(gen.compiled_forwards),
+        eager_forwards=_count(gen.eager_forwards), **r.noise)
     fields.update(batch_fields(r))  # a batched row's forward_ms is its batch's time per batched step
     fields.update(host_split(r))
     fields.update(serving_view(r.gen.token_times))  # ttft_s, tpot_ms, itl percentiles (a batched sample's own)
     return Record(**fields)
+
+
+def _count(n: int | None) -> float:
+    return math.nan if n is None else n
 
 
 def serving_view(token_times: list[float]) -> dict:

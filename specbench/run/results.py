@@ -104,6 +104,9 @@ class Record:
     host_s: float = float("nan")
     # tokens cut from the left of the rendered prompt to fit the context with room for --max-new-tokens (0: whole)
     prompt_cut: int = 0
+    # --compile: decode forwards through a compiled graph and those run eagerly (NaN: the run did not compile)
+    compiled_forwards: float = float("nan")
+    eager_forwards: float = float("nan")
 
 
 RECORD_COLUMNS = [f.name for f in fields(Record)]

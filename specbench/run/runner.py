@@ -26,6 +26,7 @@ from ..data import datasets as ds
 from ..methods import get_method
 from ..methods.base import DecodeMethod, Generation
 from ..progress import console, status
+from . import compiled as compile_run
 from .config import RunConfig
 from .records import Check, TurnResult, build_record, compare
 from .results import Record, RecordWriter, append_timeline
@@ -47,6 +48,7 @@ class Runner:
         self.cfg = cfg
         self.target = target
         self.prompt_cut: dict[tuple[ds.Prompt, int], int] = {}  # (prompt, turn) -> tokens cut to fit the context
+        self.drafter = drafter
         self.methods: dict[str, DecodeMethod] = {}  # label -> method (label = name, or name@size in a sweep)
         options = cfg.method_options()
         for name in cfg.methods:
@@ -131,10 +133,15 @@ class Runner:
 
     def generate(self, method: DecodeMethod, input_ids: torch.Tensor, seed: int) -> tuple[Generation, float, float]:
         """One prompt turn, timed (timed()), with the tokens it fed through the target counted."""
+        states = compile_run.states_of(self.target, self.drafter)  # --compile: count compiled / eager forwards
+
         def once() -> Generation:
             generator = torch.Generator(device=self.target.device).manual_seed(seed)
+            before = compile_run.snapshot(states)
             with count_fed_tokens(self.target.model) as fed:
                 gen = method.generate(input_ids, self.cfg.max_new_tokens, self.cfg.sampling, generator)
+            if states:
+                gen.compiled_forwards, gen.eager_forwards = compile_run.forwards(states, before, gen, method)
             gen.target_tokens = fed.tokens
             gen.forward_s = fed.forward_s  # seconds inside the target's forwards (issue 44's host split)
             return gen
@@ -194,7 +201,11 @@ class Runner:
         # --tp: rank 0's time and reading on every rank, so that re-timing and the outlier test (retime.py) decide
         # alike on every rank (tensor_parallel.py); the tokens are every rank's own and the same
         seconds, load = from_writer((seconds, load))
-        return TurnResult(label, turn, ids, gen, seconds, mem, load, order)
+        reference = None
+        if label == "ar" and self.cfg.compile and self.cfg.sampling.greedy:  # untimed: compiled ar's own reference
+            reference = compile_run.eager_tokens(self.methods[label], ids, self.cfg.max_new_tokens, self.cfg.sampling,
+                                                 (self.target, self.drafter))
+        return TurnResult(label, turn, ids, gen, seconds, mem, load, order, reference=reference)
 
     def finish_prompt(self, dataset: str, prompt: ds.Prompt, results: dict[str, list[TurnResult]],
                       reference: dict, writer: RecordWriter) -> None:
@@ -212,6 +223,13 @@ class Runner:
                     lossless = compare(r.gen.tokens, reference[key])
                     if lossless != "match":
                         gap, verdict = self.explain(dataset, prompt, r, reference, ar_ids, verdict)
+                elif r.reference is not None:  # --compile: ar against eager ar of the same prompt
+                    lossless = compare(r.gen.tokens, r.reference)
+                    if lossless != "match":
+                        from .lossless import explain_mismatch
+
+                        gap, verdict = explain_mismatch(self.target, r.ids, r.reference, r.gen.tokens,
+                                                        int(lossless.split("@")[1]))
                 check = Check(lossless, gap, verdict if lossless not in ("", "match") else "")
                 writer.write(self.record(label, dataset, prompt, r, check), r.gen.tokens,
                              self.target.tokenizer.decode(r.gen.tokens))

@@ -46,12 +46,12 @@ def sliding_windows(model) -> list[int | None]:
     known = _WINDOWS.get(id(config))
     if known is not None and known[0]() is config:
         return known[1]
-    windows = _read_windows(config)
+    windows = read_windows(config)
     _WINDOWS[id(config)] = (weakref.ref(config), windows)
     return windows
 
 
-def _read_windows(config) -> list[int | None]:
+def read_windows(config) -> list[int | None]:
     try:
         from transformers.cache_utils import get_layer_types_and_kwargs
 

@@ -13,8 +13,11 @@ What is static, as gpt-fast makes it:
   finite and later steps mask them as stale).
 - the mask: a plain segment (ar, pld, sd: tokens appended causally) is causal, built inside the graph from
   `write_at` (key k visible to row r iff k <= write_at[r]); a segment with its own mask (a tree) brings the single
-  engine's visibility (Segment.visible) padded to [bucket, capacity] as a bool input.
-The prompt (a newcomer's prefill, any length) runs the same step eagerly, uncompiled, into the same cache. So does a
+  engine's visibility (Segment.visible) padded to [bucket, capacity] as a bool input. Sliding-window layers see
+  only keys within their window of each row's position (attention_masks: per layer kind where full and sliding
+  layers mix).
+The prompt (a newcomer's prefill, any length) runs the same step eagerly, uncompiled, into the same cache, the LM
+head on the rows it keeps only. So does a
 segment the compile state does not compile (a width with no bucket after warm-up, or a method whose `around` hooks
 the forward: Hidden Transfer), counted as an eager step.
 """
@@ -35,8 +38,9 @@ from .ragged import Segment, packed_embeddings
 class StaticKV:
     """Per-layer key / value tensors [1, kv_heads, capacity, head_dim] at fixed addresses, and the sample's length."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, windows: tuple[int | None, ...] = ()):
         self.capacity = capacity
+        self.windows = windows  # per decoder layer: its sliding window, None for full attention (cache.sliding_windows)
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.length = 0  # entries the sample holds: positions 0..length-1 (later entries are stale)
@@ -88,13 +92,7 @@ def step(model, kv: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, wri
     rows); allowed: [w, capacity] bool (True = may attend), or None for causal over the cache (key k visible to row r
     iff k <= write_at[r]). Returns the decoder's normed hidden states [w, H] (`hidden`) or the target's logits
     [w, V] (float)."""
-    keys = torch.arange(kv.capacity, device=write_at.device)
-    if allowed is None:
-        allowed = keys[None, :] <= write_at[:, None]  # [w, capacity]
-    dtype = model.get_input_embeddings().weight.dtype
-    # additive, as core/tree.additive makes it for the single engine: 0 where visible, the dtype's min elsewhere
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-        ~allowed, torch.finfo(dtype).min)[None, None]  # [1, 1, w, capacity]
+    mask = attention_masks(kv, positions, write_at, allowed, model.get_input_embeddings().weight.dtype)
     if not hasattr(model, "get_decoder"):  # sd's drafter (methods/sd/drafter.SharedHeadDrafter): its own layers
         # between the target's embeddings and head, its logits as its eager forward gives them (-inf off vocab_ids)
         h = model.hidden(inputs, positions, _Writer(kv, write_at), attention_mask=mask)[0]  # [w, H]
@@ -104,6 +102,43 @@ def step(model, kv: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, wri
                               **with_cache(_Writer(kv, write_at)), use_cache=True)
     h = out.last_hidden_state[0]  # [w, H]
     return h if hidden else target_logits(model, h)
+
+
+def attention_masks(kv: StaticKV, positions: torch.Tensor, write_at: torch.Tensor, allowed: torch.Tensor | None,
+                    dtype: torch.dtype):
+    """The additive mask [1, 1, w, capacity] a static forward attends under (0 where visible, the dtype's min
+    elsewhere, as core/tree.additive makes it for the single engine), with the layers' sliding windows applied as
+    transformers applies them (a query at position p sees keys at positions > p - window): one windowed mask when
+    every layer slides, {"full_attention": ..., "sliding_attention": ...} (what hybrid models such as Gemma 2/3 and
+    Qwen2 take in place of a mask) when full and sliding layers mix, the plain mask without windows.
+    Each key's position: its cache row for the entries before this forward (compacted caches hold the accepted
+    sequence in order), `positions` for the rows it writes (a tree's nodes share depths); stale rows are masked."""
+    keys = torch.arange(kv.capacity, device=write_at.device)
+    if allowed is None:
+        allowed = keys[None, :] <= write_at[:, None]  # [w, capacity]
+
+    def additive(visible):
+        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
+            ~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, w, capacity]
+
+    mask = additive(allowed)
+    sizes = {w for w in kv.windows if w is not None}
+    if not sizes:
+        return mask
+    window = max(sizes)  # one size: the compile check refuses several (run/compiled.check_model)
+    query = positions[0].to(keys.device)  # [w]
+    key_pos = keys.index_copy(0, write_at, query)  # [capacity]
+    windowed = additive(allowed & ((query[:, None] - key_pos[None, :]) < window))
+    if all(w is not None for w in kv.windows):
+        return windowed
+    return {"full_attention": mask, "sliding_attention": windowed}
+
+
+def head_logits(model, h: torch.Tensor) -> torch.Tensor:
+    """Hidden states [n, H] -> the model's logits [n, V] (float), as `step` gives them."""
+    if not hasattr(model, "get_decoder"):  # sd's drafter: its own head (-inf off vocab_ids)
+        return model.logits(h).float()
+    return target_logits(model, h)
 
 
 class StaticSequence:
@@ -170,9 +205,10 @@ class StaticSequence:
                 grid[r, :past + r + 1] = True
             allowed = grid.to(device)
         with context:
-            if bucket is None:
-                out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=hidden,
+            if bucket is None:  # the LM head on the kept rows only (a prompt's prefill keeps one)
+                out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=True,
                                  compiled=False)[w - keep:w]
+                out = out if hidden else head_logits(self.model, out)
             else:  # the model's hooks run around the graph, not in it (_Hooks)
                 hooks = _Hooks(self.model)
                 hooks.before(inputs)

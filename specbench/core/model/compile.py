@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ..batch.cache import sliding_windows
 from ..batch.static import StaticKV, step
 from ..model.placement import input_device
 from . import grouped_attention, linear_kernels
@@ -76,7 +77,9 @@ class Compiled:
     def __init__(self, model, capacity: int):
         self.model = model
         self.device = input_device(model)
-        self.kv = StaticKV(_round(capacity))
+        # per layer: its sliding window (None: full attention), applied by the static step's masks
+        self.windows = tuple(sliding_windows(model)) if hasattr(model, "config") else ()
+        self.kv = StaticKV(_round(capacity), self.windows)
         self.settings = settings(self.device)
         self.name = type(model).__name__  # what the compile lines say (the target's class, the drafter's)
         self.fn = compile_step(self.device, f"{self.name}_{id(model):x}")
@@ -84,9 +87,11 @@ class Compiled:
         # kind of input (embeds, masked, hidden) -> its buckets: the chain's for an unmasked kind, else the exact
         # widths warm-up met (a tree's)
         self.buckets: dict[tuple[bool, bool, bool], list[int]] = {}
+        self.trees: list[set[int]] = []  # each tree method's declared widths (every state of every tree it lays out)
         self.frozen = False
         self.shapes: dict[tuple, float] = {}  # (width, embeds, masked, hidden) -> seconds of its first call
         self.eager_steps = 0  # decode forwards run uncompiled after warm-up (a width no bucket holds)
+        self.compiled_steps = 0  # decode forwards run through the compiled step after warm-up
         self.grown: list[int] = []  # capacities the cache grew to after warm-up (each a recompile)
 
     def declare(self, width: int) -> None:
@@ -97,6 +102,17 @@ class Compiled:
         for kind, sizes in self.buckets.items():
             if not kind[1]:
                 self.buckets[kind] = sorted(set(sizes) | set(self.chain))
+
+    def declare_tree(self, widths: set[int]) -> None:
+        """A tree method verifies at these exact widths (one per tree state it lays out): when warm-up meets one of
+        them at a kind of input, all of them become that kind's buckets, so a state the warm-up prompt never reached
+        is compiled too."""
+        if widths:
+            self.trees.append(set(widths))
+
+    def widest(self) -> int:
+        """The widest forward the run declared (chain or tree): the cache's room beyond the longest context."""
+        return max([*self.chain, *(w for t in self.trees for w in t)])
 
     def bucket(self, width: int, kind: tuple[bool, bool, bool]) -> int | None:
         """The query width a segment of `width` tokens of `kind` (embeds, masked, hidden) runs at: the smallest of
@@ -114,8 +130,8 @@ class Compiled:
         if self.frozen:
             self.eager_steps += 1
             return None
-        sizes.append(width)
-        sizes.sort()
+        grown = {width}.union(*(t for t in self.trees if width in t)) if kind[1] else {width}
+        sizes[:] = sorted(set(sizes) | grown)
         return width
 
     def make_room(self, need: int) -> None:
@@ -124,18 +140,24 @@ class Compiled:
         if need <= self.kv.capacity:
             return
         old = self.kv
-        self.kv = StaticKV(_round(max(need, 2 * old.capacity)))
+        self.kv = StaticKV(_round(max(need, 2 * old.capacity)), self.windows)
         for layer, (k, v) in enumerate(zip(old.keys, old.values)):
             self.kv.allocate(layer, k, v)
             self.kv.keys[layer][:, :, :old.capacity] = k
             self.kv.values[layer][:, :, :old.capacity] = v
         self.kv.length = old.length
-        if self.frozen:
-            self.grown.append(self.kv.capacity)
+        if self.frozen:  # every compiled shape again at the new capacity, now: the rest of the run stays compiled
             from ...progress import console
+            from ..batch.static import _Hooks
 
+            self.grown.append(self.kv.capacity)
+            t0 = time.perf_counter()
+            with _Hooks(self.model).stripped(), torch.inference_mode():  # the runner's counters see no dummy forward
+                for key in sorted(self.shapes):
+                    self._dummy(*key, start=self.kv.capacity - key[0])
             console.print(f"[yellow]warning[/] --compile: a context longer than the static cache's {old.capacity} "
-                          f"entries; grown to {self.kv.capacity} (its shapes compile again, inside a timed turn)")
+                          f"entries; grown to {self.kv.capacity}, its {len(self.shapes)} shapes compiled again in "
+                          f"{time.perf_counter() - t0:.1f} s inside a timed turn (run.yaml: grown_to)")
 
     def call(self, inputs, positions, write_at, allowed, embeds: bool, hidden: bool, compiled: bool) -> torch.Tensor:
         """The static step, compiled or eager; a compiled shape's first call is timed as its compile time."""
@@ -157,6 +179,7 @@ class Compiled:
             except torch._dynamo.exc.RecompileError:
                 self.eager_steps += 1
                 return step(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
+            self.compiled_steps += 1
         else:
             with warnings.catch_warnings():  # torch's compiler stack warns of its own deprecated internals
                 if first:
@@ -176,20 +199,28 @@ class Compiled:
         if not self.kv.keys:  # nothing ran (no warm-up): the cache's layers are unknown; shapes compile at first use
             self.frozen = True
             return
-        hidden_size = self.model.get_input_embeddings().weight.shape[1]
-        dtype = self.model.get_input_embeddings().weight.dtype
+        # plain tokens to logits (every chain's verify, sd's drafts): the declared chain, met in warm-up or not
+        self.buckets.setdefault((False, False, False), list(self.chain))
         for (embeds, masked, hidden), sizes in sorted(self.buckets.items()):
             for width in sizes:
-                if (width, embeds, masked, hidden) in self.shapes:
-                    continue
-                inputs = (torch.zeros(1, width, hidden_size, dtype=dtype, device=self.device) if embeds
-                          else torch.zeros(1, width, dtype=torch.long, device=self.device))
-                at = torch.arange(width, device=self.device)
-                allowed = (at[None, :].new_ones(width, self.kv.capacity, dtype=torch.bool).tril()
-                           if masked else None)
-                self.call(inputs, at[None], at, allowed, embeds, hidden, compiled=True)
+                if (width, embeds, masked, hidden) not in self.shapes:
+                    self._dummy(width, embeds, masked, hidden, start=0)
         self.kv.length = 0
         self.frozen = True
+
+    def _dummy(self, width: int, embeds: bool, masked: bool, hidden: bool, start: int) -> None:
+        """One forward of a shape on zeros, written to cache rows start..start+width-1 (stale rows: the next
+        prefill starts afresh, or beyond the live length after a growth)."""
+        embedding = self.model.get_input_embeddings().weight
+        inputs = (torch.zeros(1, width, embedding.shape[1], dtype=embedding.dtype, device=self.device) if embeds
+                  else torch.zeros(1, width, dtype=torch.long, device=self.device))
+        at = torch.arange(start, start + width, device=self.device)
+        allowed = (torch.arange(self.kv.capacity, device=self.device)[None, :] <= at[:, None]) if masked else None
+        frozen, self.frozen = self.frozen, False
+        try:
+            self.call(inputs, at[None], at, allowed, embeds, hidden, compiled=True)
+        finally:
+            self.frozen = frozen
 
     def report(self) -> dict:
         """run.yaml's `compile:` block: the settings, the cache, every compiled shape's seconds, what ran eagerly."""
@@ -198,7 +229,8 @@ class Compiled:
                 "shapes": [{"width": w, "inputs": "embeddings" if e else "tokens", "mask": "tree" if m else "causal",
                             "output": "hidden" if h else "logits", "seconds": round(s, 3)}
                            for (w, e, m, h), s in sorted(self.shapes.items())],
-                "seconds": round(sum(self.shapes.values()), 3), "eager_steps": self.eager_steps,
+                "seconds": round(sum(self.shapes.values()), 3), "compiled_steps": self.compiled_steps,
+                "eager_steps": self.eager_steps,
                 **({"grown_to": self.grown} if self.grown else {})}
 
 
@@ -230,6 +262,41 @@ def disable(model) -> None:
 
 def state_of(model) -> Compiled | None:
     return getattr(model, ATTRIBUTE, None)
+
+
+def unsupported(config) -> str | None:
+    """Why the static engine cannot decode a model of this config correctly, or None: it caches and masks full and
+    sliding-window attention layers only (chunked attention, linear attention, state-space or convolution mixers
+    would compute something else), with one window size (its masks carry one windowed variant beside the full one,
+    as transformers' per-layer-kind masks do)."""
+    from ..batch.attention import ATTENTION_LAYERS
+    from ..batch.cache import read_windows
+
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    name = getattr(text, "model_type", None) or type(config).__name__
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        kinds = set(get_layer_types_and_kwargs(text)[0])
+    except Exception:  # a transformers release without the helper: the config's own field
+        kinds = set(getattr(text, "layer_types", None) or ())
+    odd = sorted(kinds - ATTENTION_LAYERS - {"dummy"})
+    if odd:
+        return (f"{name} has {', '.join(odd)} layers; the static engine caches and masks full and sliding-window "
+                "attention only")
+    sizes = sorted({w for w in read_windows(config) if w is not None})
+    if len(sizes) > 1:
+        return f"{name} has sliding windows of different sizes {sizes}; the static engine's masks carry one"
+    return None
+
+
+def declared_tree_widths(method) -> set[int]:
+    """The verify widths of every tree state a tree method lays out at batch 1 (its plan's layouts: root, prompt
+    inputs and candidates of each state); empty for a chain method or one off the static engine."""
+    plan = (getattr(method, "plans", None) or {}).get(1)
+    if plan is None or plan.dynamic is not None or not getattr(method, "static_engine", True):  # dynamic: per step
+        return set()
+    return {int(layout.visible.shape[0]) for layout in plan.layouts.values()}
 
 
 def declared_width(method) -> int:

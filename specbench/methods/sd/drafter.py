@@ -19,6 +19,7 @@ import yaml
 
 from ...core import store
 from ...core.model.cpu_kernels import prepack
+from ...core.batch.cache import window_mask
 from ...core.batch.forward import with_cache
 from ...core.model.placement import output_device, own_copy, resident, state_dict_of, weight_of
 from ...core.model.load import LoadedModel, load_model
@@ -86,11 +87,14 @@ class SharedHeadDrafter(torch.nn.Module):
         position_ids = position_ids.to(h.device)
         past = cache.get_seq_length() if cache is not None else 0
         mask = attention_mask
-        if mask is None and "ragged" not in attention_kwargs:
-            mask = causal_mask(past, input_ids.shape[1], input_ids.shape[0], h.dtype, h.device)
+        if mask is None and "ragged" not in attention_kwargs:  # causal, the target's sliding windows applied
+            mask = window_mask(self, causal_mask(past, input_ids.shape[1], input_ids.shape[0], h.dtype, h.device),
+                               position_ids[:1])
+        kinds = getattr(self.config, "layer_types", None) or ["full_attention"] * len(self.layers)
         pos_emb = self.rotary_emb(h, position_ids=position_ids)
-        for layer in self.layers:
-            h = layer(h, attention_mask=mask, position_ids=position_ids, **with_cache(cache),
+        for layer, kind in zip(self.layers, kinds):  # a mask per layer kind (hybrid models) or one for all
+            own = mask.get(kind, mask.get("full_attention")) if isinstance(mask, dict) else mask
+            h = layer(h, attention_mask=own, position_ids=position_ids, **with_cache(cache),
                       use_cache=cache is not None, position_embeddings=pos_emb, **attention_kwargs)
         return self.norm(h)
 
