@@ -3,8 +3,8 @@ acceptance tables, trained artefacts, dataset specs and the user cache, and the 
 
 Relative paths (`profile_file(...)`, `tree_file(...)`, ...) are what commands write into the working directory;
 `find(...)` looks a relative path up in the working directory first (what the user made), then in the checkout the
-package runs from (what ships). Model keys are `core.models.model_slug(spec)` ("smollm2-135m", "org--name"),
-hardware keys `core.hardware.hardware_slug(device)`; this module takes them as strings, so every layer can use it.
+package runs from (what ships). Model keys are `core/model/naming.model_slug(spec)` ("smollm2-135m", "org--name"),
+hardware keys `core/machine/hardware.hardware_slug(device)`; this module takes them as strings, so every layer can use it.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def label_slug(text: str) -> str:
 
 def profile_name(model: str, dtype: str, placement: str = "") -> str:
     """<model>-<dtype>.yaml: a profile's file name inside its hardware's folder; a model spread over devices
-    (core/placement.label, not "single:...") adds @<placement>, since L(n) changes with the placement."""
+    (core/model/placement.label, not "single:...") adds @<placement>, since L(n) changes with the placement."""
     if placement and not placement.startswith("single:"):
         return f"{model}-{dtype}@{label_slug(placement)}.yaml"
     return f"{model}-{dtype}.yaml"

@@ -38,7 +38,7 @@ class TreeFile:
     hardware: str = "any"
     dtype: str = "any"
     built_by: str = ""
-    source: str = "measured"  # measured | estimated (a tree from a hardware preset, PPD issue 4)
+    source: str = "measured"  # measured | estimated (a tree from a hardware preset, not measured here)
     predicted_tau: float | None = None
     method: str = "ppd"
     extra: dict = field(default_factory=dict)  # further fields (curves, predicted speedup, ...), kept as written

@@ -10,7 +10,7 @@ An engine measures turns; this module turns them into the run folder:
     env = local_environment("llama.cpp", threads=4, dtype="Q4_1")   # what records and --resume's checks carry
     run = EngineRun.open(cfg, loaded, env,
                          model={"spec": cfg.model, "name": ..., "source": ..., "rendering": "chat template"},
-                         engine={"name": "llama.cpp", "version": "0.3.36", "build": {...}})
+                         engine={"name": "llama.cpp", "version": llama_cpp.__version__, "build": {...}})
     #   prepare_out (an existing folder continues only with --resume and the same options), run.yaml with an
     #   `engine:` block, --resume bookkeeping (incomplete prompts dropped, ar's kept tokens the references)
     if run.nothing_left: return run.out

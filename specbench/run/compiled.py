@@ -1,4 +1,4 @@
-"""A run under `--compile` (issue 44; the compile state itself: core/model/compile.py): refuse what it cannot run,
+"""A run under `--compile` (the compile state itself: core/model/compile.py): refuse what it cannot run,
 size the static cache to the run's prompts, enable it on the target (and drafter) before warm-up, compile what warm-up
 left after it, and write run.yaml's `compile:` block."""
 

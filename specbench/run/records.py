@@ -61,7 +61,7 @@ def compare(tokens: list[int], reference: list[int]) -> str:
 
 def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, dataset: str, prompt: ds.Prompt,
                  r: TurnResult, check: Check) -> Record:
-    """The records.csv row of one turn (env: core.hardware.environment of the run)."""
+    """The records.csv row of one turn (env: core/machine/hardware.environment of the run)."""
     gen, seconds, n = r.gen, r.seconds, len(r.gen.tokens)
     gap = check.gap
     per_pos = " ".join(f"{a}/{d}" for a, d in zip(gen.accepted_per_position, gen.drafted_per_position))

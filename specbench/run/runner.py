@@ -61,7 +61,7 @@ class Runner:
             if batched and method.batchable:
                 method.plan_batches(batched)  # each batch size's gamma / tree from L(B, w) (planning/batch_choice)
         self.env = environment(target.device, target.dtype)
-        self.env["placement"] = target.placement  # core/placement.label: records, run.yaml and --resume name it
+        self.env["placement"] = target.placement  # core/model/placement.label: records, run.yaml and --resume name it
 
     def chosen(self) -> dict:
         """Per method label: the settings it chose itself (gamma, exec mode, ...); methods that chose none left out."""
@@ -132,7 +132,7 @@ class Runner:
             with count_fed_tokens(self.target.model) as fed:
                 gen = method.generate(input_ids, self.cfg.max_new_tokens, self.cfg.sampling, generator)
             gen.target_tokens = fed.tokens
-            gen.forward_s = fed.forward_s  # seconds inside the target's forwards (issue 44's host split)
+            gen.forward_s = fed.forward_s  # seconds inside the target's forwards (the host split: results.host_s)
             return gen
 
         return self.timed(once)

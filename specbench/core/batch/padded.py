@@ -2,7 +2,7 @@
 
 It differs from the unpadded engine (core/batch/ragged.py) by padding only, so that the gap between the two modes is
 EMS-SD's and not an engine's:
-- the same KV storage: per-layer tensors [slots, kv_heads, capacity, head_dim] preallocated (core/cache.preallocated)
+- the same KV storage: per-layer tensors [slots, kv_heads, capacity, head_dim] preallocated (core/batch/cache.preallocated)
   and written in place by the registered attention function (`specbench_padded`), no DynamicCache copy per step;
 - the same LM head work: logits are computed only at the rows a caller reads (each segment's last `keep` tokens),
   not at every prompt, padding and draft position;

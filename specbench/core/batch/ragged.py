@@ -185,8 +185,8 @@ AttentionInterface.register(NAME, _attend)
 
 @contextmanager
 def attention_implementation(model, name: str):
-    """Select a registered attention function for the duration of one forward (set_attn_implementation costs
-    ~0.1 ms); the model's own choice is restored after."""
+    """Select a registered attention function for the duration of one forward (set_attn_implementation is
+    cheap); the model's own choice is restored after."""
     before = model.config._attn_implementation
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(name)
@@ -250,7 +250,7 @@ def packed_embeddings(model, segments: list[Segment], device) -> torch.Tensor:
 
 
 class RaggedBatch:
-    """The unpadded engine behind the same calls as core/padded.PaddedBatch: samples join, step, roll back, leave."""
+    """The unpadded engine behind the same calls as core/batch/padded.PaddedBatch: samples join, step, roll back, leave."""
 
     def __init__(self, model, slots: int):
         self.model = model

@@ -1,4 +1,4 @@
-"""Batch 1's engine under `--compile` (issue 44): the batch engine protocol (engine.py) for one sample over a
+"""Batch 1's engine under `--compile`: the batch engine protocol (engine.py) for one sample over a
 preallocated KV cache written in place, with every decode forward at a static shape so that torch.compile compiles
 each shape once (and, on CUDA, records it once as a CUDA graph: core/model/compile.py).
 

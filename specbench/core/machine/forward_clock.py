@@ -1,4 +1,4 @@
-"""Seconds inside a target model's forwards during one generation (issue 44: a step's time split into target
+"""Seconds inside a target model's forwards during one generation (a step's time split into target
 forward, drafting and host overhead; core/batch/forward.count_fed_tokens attaches it).
 
 What counts as the target's forward: the decoder stack (model.get_decoder(): embeddings, every layer, the final

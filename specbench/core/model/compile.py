@@ -1,4 +1,4 @@
-"""`--compile` (issue 44): a model's batch-1 forwards through torch.compile at static shapes, compiled in warm-up.
+"""`--compile`: a model's batch-1 forwards through torch.compile at static shapes, compiled in warm-up.
 
 A Compiled state is attached to a model (`enable`); from then on the batch-1 engine of that model is the static
 engine (core/batch/static.py), which runs every decode forward through one compiled function at a bucketed query
@@ -39,8 +39,8 @@ CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on
 def settings(device: torch.device) -> dict:
     """How the step compiles on this device (run.yaml's compile block reports it): CUDA graphs on CUDA (gpt-fast's
     "reduce-overhead"), inductor's C++ kernels elsewhere, called from a C++ wrapper (`cpp_wrapper`: the per-kernel
-    Python calls of a 30-layer forward cost `ar` about 2 ms of a 26 ms decode step on cpu-intel-xeon-amx-2c, tpot
-    p50 26.4 against 24.4 ms, at about three times the first compile's seconds; later runs read inductor's cache;
+    Python calls of a many-layer forward are a visible share of a CPU decode step, benchmarks/RESULTS-cpu.md; it
+    costs a slower first compile, and later runs read inductor's cache;
     $SPECBENCH_COMPILE_CPP_WRAPPER=0 leaves it out). Shapes are static (dynamic=False): one graph per bucket, never a symbolic one."""
     cuda = device.type == "cuda"
     wrapper = not cuda and os.environ.get(CPP_WRAPPER, "1").strip() != "0"
@@ -52,8 +52,8 @@ def compile_step(device: torch.device, name: str):
     """torch.compile of a copy of `step` of this state's own (its own code object: dynamo keeps a function's compiled
     graphs on its code object, so the target's and the drafter's graphs would share one list, every call checking
     both). Guards on nn.Module attributes are skipped (torch.compiler.skip_guard_on_all_nn_modules_unsafe): with one
-    model's weights and buffers as graph inputs dynamo's guard check took 1.4 ms a call on the embedded model's 30
-    layers (0.2 ms without them, torch profiler), and
+    model's weights and buffers as graph inputs dynamo's guard check grows with the layers and costs a share of
+    every call (benchmarks/RESULTS-cpu.md), and
     nothing here changes a module's attributes between calls (the runner's hooks are taken off for the call:
     static._Hooks); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
     inputs read from the model at every call, never baked into a graph."""

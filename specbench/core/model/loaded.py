@@ -76,7 +76,7 @@ class LoadedModel:
     context_length: int
     source: str = ""
     extras: dict = field(default_factory=dict)
-    placement: str = ""  # core/placement.label: "single:cpu", "map:0:16,1:14,disk:2", "tp2"
+    placement: str = ""  # core/model/placement.label: "single:cpu", "map:0:16,1:14,disk:2", "tp2"
 
     @property
     def input_device(self) -> torch.device:

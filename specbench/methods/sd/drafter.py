@@ -109,7 +109,7 @@ class SharedHeadDrafter(torch.nn.Module):
                 attention_mask: torch.Tensor | None = None, past_key_values=None, **attention_kwargs):
         """The causal-LM call the methods use; logits [B, n, V] over the full vocabulary (logits_to_keep: the last
         n positions, or a tensor of the positions to keep, as transformers' models take it)."""
-        cache = cache if cache is not None else past_key_values  # either keyword (core.forward.CACHE_KEYWORD)
+        cache = cache if cache is not None else past_key_values  # either keyword (core/batch/forward.CACHE_KEYWORD)
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
@@ -202,7 +202,7 @@ def load_artifact(path: str | Path, target: LoadedModel, check_fingerprint: bool
 
 def default_artifact(target: LoadedModel) -> Path | None:
     """artifacts/<model key>/drafter in the working directory (where `specbench train drafter` writes), else the
-    repo's (the key: core.models.model_slug)."""
+    repo's (the key: core/model/naming.model_slug)."""
     from ...core.model.load import model_slug
 
     key = model_slug(target.spec)
