@@ -20,7 +20,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from specbench.methods.pearl.scheduler import measure_forward_times
+from specbench.core.machine.forward_cost import measure_forward_times
 from specbench.core.model.load import load_model
 from specbench.train.selfdistill import training_sequences
 from specbench.methods.sd.drafter import default_drafter, resolve_drafter

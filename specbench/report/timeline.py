@@ -1,7 +1,7 @@
 """Per-step timelines of the draft-model methods: when the drafter and the target were busy, and the mutual waiting
 that PEARL sets out to remove (PEARL §3.1, Fig. 1 and 3; App. D.3 times each component of a step).
 
-A step is one dict (made by core.concurrency.step, stored in Generation.timeline, saved by the runner as
+A step is one dict (made by methods/timeline.timeline_entry, stored in Generation.timeline, saved by the runner as
 timeline.jsonl through run/results.append_timeline):
   mode       sd | pre | post | draft (pearl-no-pre's lone drafting) | verify (pearl-no-post's lone verification)
   t0, t1     step start and end, seconds since the generation started
