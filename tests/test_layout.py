@@ -111,3 +111,35 @@ def test_every_benchmark_script_imports():
     for script in scripts:
         spec = importlib.util.spec_from_file_location(f"benchmark_{script.stem}", script)
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def test_the_code_layout_page_states_these_rules():
+    """docs/code-layout.md's layer order line, its family roles and its upward exception say what LAYERS,
+    FAMILY_ROLES and UPWARD enforce, so the page cannot drift from the rules."""
+    import re
+
+    page = (PACKAGE.parent / "docs" / "code-layout.md").read_text()
+    said = re.search(r"^Layer order: `([^`]+)`", page, re.M)
+    assert said, "docs/code-layout.md has no 'Layer order: `...`' line"
+    order = [name.strip() for name in said.group(1).split("->")]
+    folders = sorted((name for name in LAYERS if (PACKAGE / name).is_dir()), key=lambda n: -LAYERS[n])
+    assert order == folders, f"the page says {order}, LAYERS says {folders}"
+    roles = {"artifact": ARTEFACTS, "training": TRAIN}  # the roles the page names a layer for
+    assert all(FAMILY_ROLES[r] == layer for r, layer in roles.items())
+    assert LAYERS["data"] < ARTEFACTS < TRAIN == LAYERS["train"], "the page puts the artefact between data and train"
+    for role in FAMILY_ROLES:
+        assert f"`{role}.py`" in page, f"the page does not name the family role {role}.py"
+    for me, other in UPWARD:
+        assert f"`{me.removeprefix('specbench.')} -> {other.removeprefix('specbench.')}`" in page
+    assert ("runs up the layers" in page) == bool(UPWARD), "the page states an upward import exactly when there is one"
+
+
+def test_the_core_layer_names_no_method_and_asks_no_model_what_it_is():
+    """A drafter module reaches the engines through core/batch/decoder.DraftModule: nothing in core/ looks for a
+    transformers decoder by name or names a method family's module."""
+    offenders = []
+    for path in (PACKAGE / "core").rglob("*.py"):
+        text = path.read_text()
+        if "get_decoder" in text or "methods." in "".join(sorted(imports(path))):
+            offenders.append(str(path.relative_to(PACKAGE)))
+    assert not offenders, "core modules that ask for a decoder by name or import a method: " + ", ".join(offenders)

@@ -1,4 +1,5 @@
-"""Building result records: one timed prompt turn (TurnResult) plus its lossless check (Check) -> one Record row.
+"""Building result records: one timed prompt turn (TurnResult) plus its lossless check (LosslessCheck) -> one
+Record row.
 
 The check compares a method's tokens with ar's (greedy runs only); a mismatch carries ar's logit gap at the first
 differing position and lossless.py's verdict.
@@ -42,7 +43,7 @@ class TurnResult:
 
 
 @dataclass(frozen=True)
-class Check:
+class LosslessCheck:
     """A turn's lossless check against ar: "match", "mismatch@<index>" or "" (no greedy reference), and at a
     mismatch ar's logit gap and the verdict."""
 
@@ -60,7 +61,7 @@ def compare(tokens: list[int], reference: list[int]) -> str:
 
 
 def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, dataset: str, prompt: ds.Prompt,
-                 r: TurnResult, check: Check) -> Record:
+                 r: TurnResult, check: LosslessCheck) -> Record:
     """The records.csv row of one turn (env: core/machine/hardware.environment of the run)."""
     gen, seconds, n = r.gen, r.seconds, len(r.gen.tokens)
     gap = check.gap

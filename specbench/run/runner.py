@@ -27,7 +27,7 @@ from ..methods import get_method
 from ..methods.base import DecodeMethod, Generation
 from ..progress import console
 from .config import RunConfig
-from .records import Check, TurnResult, build_record, compare
+from .records import LosslessCheck, TurnResult, build_record, compare
 from .results import Record, RecordWriter, append_timeline
 from .work import BatchLabel, fit_prompt
 
@@ -208,7 +208,7 @@ class Runner:
                     lossless = compare(r.gen.tokens, reference[key])
                     if lossless != "match":
                         gap, verdict = self.explain(dataset, prompt, r, reference, ar_ids, verdict)
-                check = Check(lossless, gap, verdict if lossless not in ("", "match") else "")
+                check = LosslessCheck(lossless, gap, verdict if lossless not in ("", "match") else "")
                 writer.write(self.record(label, dataset, prompt, r, check), r.gen.tokens)
                 if r.gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
                     append_timeline(writer.records_path.parent, {"method": label, "dataset": dataset,
@@ -231,7 +231,7 @@ class Runner:
         index = int(compare(r.gen.tokens, ar_tokens).split("@")[1])
         return explain_mismatch(self.target, ids, ar_tokens, r.gen.tokens, index)
 
-    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: Check) -> Record:
+    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: LosslessCheck) -> Record:
         """The records.csv row of one checked turn (records.py)."""
         return build_record(self.cfg, self.target, self.env, method, dataset, prompt, r, check)
 
@@ -254,5 +254,5 @@ class Runner:
                     gap, verdicts[b.prompt.id] = self.explain(dataset, b.prompt, r, reference, {},
                                                               verdicts.get(b.prompt.id, ""))
                     verdict = verdicts[b.prompt.id]
-            record = self.record(label, dataset, b.prompt, r, Check(lossless, gap, verdict))
+            record = self.record(label, dataset, b.prompt, r, LosslessCheck(lossless, gap, verdict))
             writer.write(record, b.gen.tokens)

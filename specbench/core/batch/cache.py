@@ -1,4 +1,5 @@
-"""The only code that edits KV caches (transformers' DynamicCache).
+"""The only code that edits transformers' KV caches (DynamicCache; the batch engines write their own preallocated
+stores).
 
 `cache.crop(-n)` (drop the last n positions) is the form whose meaning every supported transformers
 release shares; a non-negative argument has meant different things in different releases, so it is never used here.

@@ -28,7 +28,7 @@ import torch
 
 from ...errors import SpecbenchError
 from ..model.placement import input_device
-from .forward import target_logits, with_cache
+from . import decoder
 from .ragged import Segment, packed_embeddings
 
 
@@ -95,15 +95,9 @@ def step(model, kv: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, wri
     # additive, as core/tree.additive makes it for the single engine: 0 where visible, the dtype's min elsewhere
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
         ~allowed, torch.finfo(dtype).min)[None, None]  # [1, 1, w, capacity]
-    if not hasattr(model, "get_decoder"):  # sd's drafter (methods/sd/drafter.SharedHeadDrafter): its own layers
-        # between the target's embeddings and head, its logits as its eager forward gives them (-inf off vocab_ids)
-        h = model.hidden(inputs, positions, _Writer(kv, write_at), attention_mask=mask)[0]  # [w, H]
-        return h if hidden else model.logits(h).float()
     embedded = inputs if embeds else model.get_input_embeddings()(inputs)  # [1, w, H]
-    out = model.get_decoder()(inputs_embeds=embedded, attention_mask=mask, position_ids=positions,
-                              **with_cache(_Writer(kv, write_at)), use_cache=True)
-    h = out.last_hidden_state[0]  # [w, H]
-    return h if hidden else target_logits(model, h)
+    h = decoder.hidden(model, None, positions, _Writer(kv, write_at), mask, inputs_embeds=embedded)[0]  # [w, H]
+    return h if hidden else decoder.logits(model, h).float()  # a drafter's: -inf off its --vocab-top tokens
 
 
 class StaticSequence:
@@ -207,10 +201,9 @@ class _Hooks:
     reads values inside the forward (Hidden Transfer's) comes with `around` and runs eagerly instead."""
 
     def __init__(self, model):
-        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model  # a drafter is its own decoder
-        layers = getattr(decoder, "layers", None) or []
-        self.decoder, self.first = decoder, (layers[0] if len(layers) else None)
-        self.modules = [m for m in (decoder, *layers, model.get_output_embeddings()) if m is not None]
+        stack, layers = decoder.decoder_module(model), decoder.decoder_layers(model)
+        self.decoder, self.first = stack, (layers[0] if len(layers) else None)
+        self.modules = [m for m in (stack, *layers, model.get_output_embeddings()) if m is not None]
 
     def before(self, inputs: torch.Tensor) -> None:
         width = inputs.shape[1]

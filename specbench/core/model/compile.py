@@ -24,6 +24,7 @@ import os
 import time
 import types
 import warnings
+import weakref
 
 import torch
 
@@ -31,7 +32,8 @@ from ..batch.static import StaticKV, step
 from ..model.placement import input_device
 from . import grouped_attention
 
-ATTRIBUTE = "specbench_compiled"  # the model attribute holding its Compiled state (core/batch/engine.py reads it)
+# model -> its Compiled state (core/batch/engine.py asks state_of): kept beside the model, never on its module object
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 ROUND = 128  # the cache's capacity is a multiple of this
 CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on CPU (faster compile, slower calls)
 
@@ -72,7 +74,7 @@ class Compiled:
     """One model's static cache, its compiled step, its buckets and what compiling them cost."""
 
     def __init__(self, model, capacity: int):
-        self.model = model
+        self._model = weakref.ref(model)  # weak: the state table's value must not keep its key alive
         self.device = input_device(model)
         self.kv = StaticKV(_round(capacity))
         self.settings = settings(self.device)
@@ -86,6 +88,11 @@ class Compiled:
         self.shapes: dict[tuple, float] = {}  # (width, embeds, masked, hidden) -> seconds of its first call
         self.eager_steps = 0  # decode forwards run uncompiled after warm-up (a width no bucket holds)
         self.grown: list[int] = []  # capacities the cache grew to after warm-up (each a recompile)
+
+
+    @property
+    def model(self):
+        return self._model()
 
     def declare(self, width: int) -> None:
         """A method drafts chains up to `width` tokens (with the last emitted one): every power of two up to the
@@ -208,19 +215,18 @@ def enable(model, capacity: int) -> Compiled:
 
 def attach(model, state: Compiled) -> Compiled:
     """Make `state` the model's compile state, its attention the grouped one (no copy of the cache per query head)."""
-    setattr(model, ATTRIBUTE, state)
+    _STATES[model] = state
     grouped_attention.use(model)
     return state
 
 
 def disable(model) -> None:
-    if hasattr(model, ATTRIBUTE):
-        delattr(model, ATTRIBUTE)
+    _STATES.pop(model, None)
     grouped_attention.restore(model)
 
 
 def state_of(model) -> Compiled | None:
-    return getattr(model, ATTRIBUTE, None)
+    return _STATES.get(model)
 
 
 def declared_width(method) -> int:

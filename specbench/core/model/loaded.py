@@ -132,9 +132,9 @@ def _stop_ids(backend, model) -> tuple[int, ...]:
 
 
 def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
-    from .placement import input_device, is_dispatched, label
+    from .placement import input_device, is_dispatched, label, tp_degree
 
-    spread = is_dispatched(model) or getattr(model, "_specbench_tp", 1) > 1
+    spread = is_dispatched(model) or tp_degree(model) > 1
     if spread:  # accelerate / tensor parallelism placed every module: moving it would undo that
         model.eval()
         device = input_device(model)
