@@ -5,8 +5,8 @@ stop (draft while the drafter's top probability is at least a threshold, up to g
 Greedy `sd` is exactly replayable: a draft token is kept iff it equals the target's argmax after the same prefix,
 so the drafter's argmax along the target's greedy reply (teacher-forced) gives every step's accepted count. The
 replay's cost per step is gamma drafter forwards + one target forward of width gamma + 1, each measured here
-(concurrency.measure_forward_times); `ar` costs one width-1 forward per token. Python overhead outside the forwards is
-left out, so the replay reads a little above a real `specbench run` (benchmarks/RESULTS-cpu.md sets a replay
+(core/machine/forward_cost.measure_forward_times); `ar` costs one width-1 forward per token. Python overhead
+outside the forwards is left out, so the replay reads a little above a real `specbench run` (benchmarks/RESULTS-cpu.md sets a replay
 beside the run it replays).
 It also prints the per-position acceptance a 1.3x speedup would need at each gamma.
 
@@ -20,7 +20,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from specbench.methods.pearl.scheduler import measure_forward_times
+from specbench.core.machine.forward_cost import measure_forward_times
 from specbench.core.model.load import load_model
 from specbench.train.selfdistill import training_sequences
 from specbench.methods.sd.drafter import default_drafter, resolve_drafter

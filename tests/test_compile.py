@@ -128,7 +128,7 @@ def test_frozen_state_runs_unmet_shapes_eagerly(own_tiny):
 def test_engine_factory_picks_static_engine_under_compile(own_tiny):
     model = own_tiny.model
     assert isinstance(engine(model, "single", 1, torch.device("cpu")), SingleSequence)
-    setattr(model, cc.ATTRIBUTE, _uncompiled_state(model))
+    cc.attach(model, _uncompiled_state(model))
     try:
         assert isinstance(engine(model, "single", 1, torch.device("cpu")), static.StaticSequence)
     finally:

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from specbench.core.batch.cache import new_cache
-from specbench.methods.pearl.scheduler import Executor, now
+from specbench.core.machine.timing import now
+from specbench.methods.pearl.scheduler import Executor
 from specbench.core.batch.forward import forward, timed_forward
 from specbench.core.machine.hardware import device_name, gpu_facts
 from specbench.core.machine.timing import wall

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from specbench.core.batch.forward import check_final_logits, target_logits
+from specbench.core.batch.decoder import check_final_logits, target_logits
 from specbench.core.model.load import load_model
 from specbench.errors import SpecbenchError
 

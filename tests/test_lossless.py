@@ -11,7 +11,7 @@ import torch
 from specbench.report import run_report as report
 from specbench.run.lossless import NEAR_TIE, UNEXPLAINED, effective_eps, explain_mismatch, near_tie_tolerance, verdict
 from specbench.core.batch.cache import new_cache
-from specbench.core.model.cpu_kernels import prepack
+from specbench.core.model.cpu_kernels import repack
 from specbench.core.batch.forward import forward
 from specbench.core.model.load import load_model
 from specbench.core.verify import Sampling
@@ -68,9 +68,7 @@ def test_tie_in_the_lm_head_is_a_near_tie():
     head = tied.model.get_output_embeddings()
     with torch.no_grad():
         head.weight[other] = head.weight[tokens[INDEX]]
-    if hasattr(head, "_specbench_packed"):  # the CPU kernels packed the old weight once: pack the new one
-        del head._specbench_packed
-        prepack(tied.model)
+    repack(head)  # the CPU kernels packed the old weight once: pack the new one
     gap, said = explain_mismatch(tied, ids, tokens, with_token(tokens, INDEX, other), INDEX)
     assert said == NEAR_TIE and abs(gap) < 1e-5
 

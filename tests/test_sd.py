@@ -118,7 +118,7 @@ def test_gamma_grows_with_acceptance_and_cheap_drafts():
 
 
 def test_measured_forward_times_are_per_width_and_never_fall_with_width(tiny):
-    from specbench.methods.pearl.scheduler import measure_forward_times
+    from specbench.core.machine.forward_cost import measure_forward_times
 
     costs = measure_forward_times(tiny.model, tiny.device, (1, 2, 4, 9), rounds=3)
     assert list(costs) == [1, 2, 4, 9]

@@ -1,4 +1,4 @@
-"""A run against a baseline on the same prompts, turn by turn (issue 41): the change of each method's speedup with a
+"""A run against a baseline on the same prompts, turn by turn: the change of each method's speedup with a
 paired interval.
 
 Two runs' summaries each carry an interval, but prompts differ far more from one another (one prompt 1.7x, the

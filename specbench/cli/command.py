@@ -17,8 +17,8 @@ from typer.core import TyperCommand, TyperGroup
 
 from ..errors import BadValue, did_you_mean
 
-# The exceptions of the Click that parses (app.py catches them): Typer 0.2x carries its own copy, older Typer uses
-# Click itself.
+# The exceptions of the Click that parses (app.py catches them): newer Typer releases carry their own copy of Click,
+# older ones use Click itself.
 try:
     from typer._click import exceptions as click_errors  # noqa: F401
 except ImportError:

@@ -68,7 +68,7 @@ def profile(
 
     with planned(profile_workload(width_list, kv_list, repeats, sizes)):  # what the fit check counts
         target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory, tp))
-    if compile:  # issue 44: the curve under torch.compile / CUDA graphs (planning/profile_compiled.py)
+    if compile:  # the curve under torch.compile / CUDA graphs (planning/profile_compiled.py)
         from ..planning.profile_compiled import measure_compiled
 
         result = measure_compiled(target, width_list, kv_list, repeats)

@@ -7,8 +7,8 @@ checkout of specbench (tracked profiles/, trees/, recommendations/ are never ove
 elsewhere. `find(...)` looks a relative path up in `sources()` order: the working directory (what the user made
 here), the user cache (what commands filed from a checkout), then the checkout the package runs from (what ships).
 Which of those a run may use (a profile measured on a disturbed machine is skipped) is core/lookup.py's.
-Model keys are `core.models.model_slug(spec)` ("smollm2-135m", "org--name"), hardware keys
-`core.hardware.hardware_slug(device)`; this module takes them as strings, so every layer can use it.
+Model keys are `core/model/naming.model_slug(spec)` ("smollm2-135m", "org--name"), hardware keys
+`core/machine/hardware.hardware_slug(device)`; this module takes them as strings, so every layer can use it.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def label_slug(text: str) -> str:
 
 def profile_name(model: str, dtype: str, placement: str = "") -> str:
     """<model>-<dtype>.yaml: a profile's file name inside its hardware's folder; a model spread over devices
-    (core/placement.label, not "single:...") adds @<placement>, since L(n) changes with the placement."""
+    (core/model/placement.label, not "single:...") adds @<placement>, since L(n) changes with the placement."""
     if placement and not placement.startswith("single:"):
         return f"{model}-{dtype}@{label_slug(placement)}.yaml"
     return f"{model}-{dtype}.yaml"

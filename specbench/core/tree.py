@@ -23,14 +23,14 @@ import torch
 
 from ..errors import SpecbenchError
 
-Path = tuple[int, ...]
+TreePath = tuple[int, ...]  # a node: the ranks chosen at each depth from the root
 
 
 @dataclass(frozen=True)
 class Tree:
     """Candidate paths (parents before children) and the prompt tokens each node carries (root first)."""
 
-    paths: tuple[Path, ...]
+    paths: tuple[TreePath, ...]
     prompt_tokens: tuple[int, ...] = ()  # len(paths) + 1 entries, root first; () = none anywhere
     ept: int = 1  # ensemble tokens per prompt token
 
@@ -42,7 +42,7 @@ class Tree:
         if len(counts) != len(paths) + 1:
             raise SpecbenchError(f"tree: {len(counts)} prompt-token counts for {len(paths)} candidates plus the "
                                  "root; give one count per node, root first")
-        seen: set[Path] = set()
+        seen: set[TreePath] = set()
         for p in paths:
             if not p or min(p) < 0:
                 raise SpecbenchError(f"tree: path {list(p)} must be a non-empty list of ranks >= 0")

@@ -14,7 +14,7 @@ import yaml
 from ..errors import SpecbenchError
 from . import lookup, store
 from .structured import read_structured
-from .tree import Path, Tree
+from .tree import Tree, TreePath
 
 # ------------------------------------------------------------------------------------------- trees/*.yaml
 
@@ -32,13 +32,13 @@ HEADER_FIELDS = ("format", "method", "model", "hardware", "dtype", "built_by", "
 class TreeFile:
     """A trees/*.yaml file: provenance plus one tree per state (state -> list of (path, prompt tokens))."""
 
-    states: dict[int, list[tuple[Path, int]]]
+    states: dict[int, list[tuple[TreePath, int]]]
     prompt_tokens: int  # m: what the root carries; states are 1..m (a tree without prompt tokens: m = 0, state 0)
     model: str = ""
     hardware: str = "any"
     dtype: str = "any"
     built_by: str = ""
-    source: str = "measured"  # measured | estimated (a tree from a hardware preset, PPD issue 4)
+    source: str = "measured"  # measured | estimated (a tree from a hardware preset, not measured here)
     predicted_tau: float | None = None
     method: str = "ppd"
     extra: dict = field(default_factory=dict)  # further fields (curves, predicted speedup, ...), kept as written
@@ -89,7 +89,7 @@ def read_tree_file(path: str | FsPath) -> TreeFile:
     m = data.get("prompt_tokens", 0)
     if not isinstance(m, int) or m < 0:
         raise bad("`prompt_tokens` must be an integer >= 0")
-    states: dict[int, list[tuple[Path, int]]] = {}
+    states: dict[int, list[tuple[TreePath, int]]] = {}
     for key, nodes in data["states"].items():
         if not isinstance(key, int) or not isinstance(nodes, list):
             raise bad(f"state {key!r}: states are integers mapping to lists of nodes")

@@ -1,4 +1,4 @@
-"""Production engines side by side with specbench's own loop (issue 42): `--engine llama.cpp` (llama-cpp-python in
+"""Production engines side by side with specbench's own loop, so one report compares them: `--engine llama.cpp` (llama-cpp-python in
 process) and `--engine openai` (any OpenAI-compatible server). Each writes the same run folder as run/benchmark.py
 (run.yaml, records.csv, tokens.jsonl), so the same report, noise guard, merge and CI gates read it."""
 

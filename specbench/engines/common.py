@@ -10,7 +10,7 @@ An engine measures turns; this module turns them into the run folder:
     env = local_environment("llama.cpp", threads=4, dtype="Q4_1")   # what records and --resume's checks carry
     run = EngineRun.open(cfg, loaded, env,
                          model={"spec": cfg.model, "name": ..., "source": ..., "rendering": "chat template"},
-                         engine={"name": "llama.cpp", "version": "0.3.36", "build": {...}})
+                         engine={"name": "llama.cpp", "version": llama_cpp.__version__, "build": {...}})
     #   prepare_out (an existing folder continues only with --resume and the same options), run.yaml with an
     #   `engine:` block, --resume bookkeeping (incomplete prompts dropped, ar's kept tokens the references)
     if run.nothing_left: return run.out
@@ -53,7 +53,7 @@ from ..methods import get_method
 from ..progress import console
 from ..run.config import RunConfig
 from ..run.lossless import NEAR_TIE, UNEXPLAINED, CALIBRATION_LAYERS, DTYPE_ULPS, FLOAT32_ULPS
-from ..run.records import Check, compare, serving_view
+from ..run.records import LosslessCheck, compare, serving_view
 from ..run.resume import Done, drop_incomplete, finished, mark_complete, missing_folders, plain, prepare_out
 from ..run.resume import Interrupted, refuse_other_environment, remove_if_empty
 from ..run.results import Record, RecordWriter, read_tokens
@@ -140,7 +140,7 @@ def near_tie(logits: np.ndarray, ar_token: int, method_token: int, layers: int =
 
 
 def engine_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: str, prompt: ds.Prompt,
-                  t: EngineTurn, check: Check) -> Record:
+                  t: EngineTurn, check: LosslessCheck) -> Record:
     """The records.csv row of one engine turn (the columns specbench's own rows fill, engine=env["engine"])."""
     n = len(t.tokens)
     known = t.target_forwards is not None
@@ -218,18 +218,18 @@ class EngineRun:
         """Every prompt with the methods still to run on it, in an order rotated per prompt (run/work.py)."""
         return pending_prompts(self.loaded, list(self.cfg.methods), self.done)
 
-    def check(self, label: str, work: PromptWork, t: EngineTurn, explain: Explain | None = None) -> Check:
+    def check(self, label: str, work: PromptWork, t: EngineTurn, explain: Explain | None = None) -> LosslessCheck:
         """The lossless check of one turn against the same engine's ar (greedy runs only; ar itself unchecked)."""
         key = (work.dataset, work.prompt.id, t.turn)
         if label == "ar" or not self.cfg.sampling.greedy or key not in self.reference:
-            return Check()
+            return LosslessCheck()
         lossless = compare(t.tokens, self.reference[key])
         if lossless == "match":
-            return Check(lossless)
+            return LosslessCheck(lossless)
         index = int(lossless.split("@")[1])
         reason = explain(label, work, t, index) if explain else None
         gap, verdict = reason if reason else (math.nan, UNEXPLAINED)
-        return Check(lossless, gap, verdict)
+        return LosslessCheck(lossless, gap, verdict)
 
     def finish_prompt(self, work: PromptWork, results: dict[str, list[EngineTurn]],
                       explain: Explain | None = None) -> None:

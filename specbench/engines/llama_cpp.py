@@ -1,4 +1,4 @@
-"""--engine llama.cpp: llama-cpp-python in process, its own decoding beside specbench's methods (issue 42).
+"""--engine llama.cpp: llama-cpp-python in process, its own decoding beside specbench's methods.
 
   ar   the engine's plain generation (Llama.generate, greedy at --temperature 0)
   pld  its prompt lookup (llama_speculative.LlamaPromptLookupDecoding as Llama's draft_model): --pld-ngram is its
@@ -135,7 +135,7 @@ class Engine:
                        extra_bufts=self.extra, **kwargs)
         except (ValueError, RuntimeError, OSError) as exc:
             raise SpecbenchError(f"{flag} {path}: llama.cpp could not load this GGUF ({exc}). Check that the file is "
-                                 "complete and of an architecture llama-cpp-python 0.3.36 supports") from None
+                                 "complete and of an architecture the installed llama-cpp-python supports") from None
 
     def _context_size(self, loaded) -> int:
         """Room for the longest planned conversation (every turn's prompt plus --max-new-tokens per turn and a

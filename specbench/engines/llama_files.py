@@ -50,7 +50,7 @@ def gguf_file(spec: str, flag: str) -> Path:
 
 
 # a child process loads the GGUF with llama.cpp's extra weight buffers and decodes a few tokens: on some CPUs these
-# kernels crash the process (llama-cpp-python 0.3.36 built natively on an AMX Xeon: SIGSEGV in
+# kernels crash the process (a natively built llama-cpp-python on an AMX Xeon: SIGSEGV in
 # ggml_backend_amx_mul_mat), which no Python code can catch
 PROBE = """
 import sys, llama_cpp

@@ -33,7 +33,7 @@ from ..data import datasets as ds
 from ..errors import SpecbenchError, did_you_mean
 from ..progress import console
 from ..run.config import RunConfig
-from ..run.records import Check, compare
+from ..run.records import LosslessCheck, compare
 from ..run.work import LoadedDataset
 from . import openai_acceptance as acc
 from .common import EngineRun, EngineTurn, engine_record, load_work, local_environment
@@ -299,21 +299,21 @@ def write_rows(er: EngineRun, cfg: RunConfig, env: dict, servers: list[Server], 
     return failed
 
 
-def lossless(o: Outcome, reference: Phase | None, key: tuple, text_only: bool) -> Check:
+def lossless(o: Outcome, reference: Phase | None, key: tuple, text_only: bool) -> LosslessCheck:
     """spec's greedy output against ar's on the same prompt turn and level: token strings when both servers gave
     logprobs, else the text (the index is then a character's)."""
     if reference is None:
-        return Check()
+        return LosslessCheck()
     ref = next((r for r in reference.outcomes.get(key, []) if r.turn == o.turn and r.streamed), None)
     if ref is None:
-        return Check()
+        return LosslessCheck()
     if text_only or o.streamed.unit != "tokens" or ref.streamed.unit != "tokens":
-        return Check(compare(list(o.streamed.text), list(ref.streamed.text)))
-    return Check(compare(o.streamed.tokens, ref.streamed.tokens))
+        return LosslessCheck(compare(list(o.streamed.text), list(ref.streamed.text)))
+    return LosslessCheck(compare(o.streamed.tokens, ref.streamed.tokens))
 
 
 def row(cfg: RunConfig, env: dict, model: str, phase: Phase, dataset: str, prompt: ds.Prompt, o: Outcome,
-        check: Check, phase_tokens: int):
+        check: LosslessCheck, phase_tokens: int):
     """The records.csv row of one request (common.engine_record's, with the load level's batching columns)."""
     s = o.streamed
     counts = acc.per_request(s.extra)

@@ -38,12 +38,12 @@ class Generation:
     # EMS-SD §4.1 times incremental decoding only: the batch steps that only prefilled (no sample decoding yet)
     prefill_s: float = 0.0  # its equal share of the prefill-only steps it joined in (the shares sum to their time)
     prefill_tokens: int = 0  # tokens it emitted in such a step (its first token, when it joined in one)
-    # serving view (issue 42): perf_counter seconds from the turn's start at which each new token was emitted (the
+    # serving view: perf_counter seconds from the turn's start at which each new token was emitted (the
     # tokens of one target forward share a time); a record's time to first token and inter-token latencies
     token_times: list[float] = field(default_factory=list)
     # that start: made when generation begins (a batched sample's, when it joins its batch: its own request's start)
     started: float = field(default_factory=time.perf_counter, repr=False, compare=False)
-    # host overhead (issue 44): seconds inside the target's forwards; wall - forward_s - draft_s is host overhead
+    # host overhead: seconds inside the target's forwards; wall - forward_s - draft_s is host overhead
     forward_s: float = 0.0
     # --compile: decode forwards (target and drafter; the prompt's prefill aside) through a compiled graph, and those
     # that ran eagerly (run/compiled.forwards); None when the run does not compile

@@ -26,7 +26,7 @@ from ..core.batch.ragged import Segment
 from ..core.machine.timing import now, since
 from ..core.verify import Sampling, accept, next_token
 from .base import Generation
-from .pearl.scheduler import Span, step as timeline_step
+from .timeline import Span, timeline_entry
 
 SINGLE = "single"  # batch 1's engine (core/batch/single.py)
 # Generation fields that only mean something beside other samples; batch 1 leaves them at their defaults
@@ -131,11 +131,11 @@ class Batchable:
             s.history += new
             done = s.gen.emit(new, stop_ids, max_new_tokens)
             if timed and (s.draft or not joined):  # the step's spans, shared by the batch's samples
-                s.gen.timeline.append(timeline_step(self.timeline_mode, s.scratch["origin"], t0, now(device),
+                s.gen.timeline.append(timeline_entry(self.timeline_mode, s.scratch["origin"], t0, now(device),
                                                     Span(t0, d1), Span(d1, t1), len(s.draft), n,
                                                     s.gen.accepted_lengths[-1], True))
             elif timed:  # a prefill without drafts
-                s.gen.timeline.append(timeline_step(self.timeline_mode, t0, t0, now(device), None, Span(d1, t1),
+                s.gen.timeline.append(timeline_entry(self.timeline_mode, t0, t0, now(device), None, Span(d1, t1),
                                                     0, 0, s.gen.accepted_lengths[-1], True))
             if done:
                 finished.append(s)

@@ -1,9 +1,9 @@
-"""A tree's prediction at the context a run decodes at (issue 44 §2: predict within 5% of measured).
+"""A tree's prediction at the context a run decodes at (the aim: a prediction within 5% of the measured
+step).
 
 build-tree searches trees on one KV length of the profile (512 by default), but a run's forwards attend over its
-own contexts, and the width's cost grows with the context: on cpu-intel-xeon-amx-2c float32, L(4)/L(1) is 1.11 at
-KV 128 and 1.19 at KV 512, so trees of GSM8K / HumanEval turns (150-300 entries) were priced 7-10% dearer than they
-ran (benchmarks/RESULTS-cpu.md). Here the step's and `ar`'s expected ms are read on the two profile curves around the
+own contexts, and the width's cost grows with the context, so a tree priced at 512 is priced dearer than it runs
+in turns with shorter contexts (the measured gap: benchmarks/RESULTS-cpu.md). Here the step's and `ar`'s expected ms are read on the two profile curves around the
 run's mean context (prompt + half the new tokens: core/machine/roofline.mean_context) and interpolated linearly in
 the KV length; outside the measured lengths, the nearest curve.
 """

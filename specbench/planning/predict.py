@@ -115,7 +115,7 @@ def drafting_price(family: str, tree, acceptance: Path, profile, timed_ms: float
     1. the tree's `draft_forward_ms`: the step's own drafting timed by the run (or recommend) that built it;
     2. `timed_ms`: the step's drafting of this tree timed now on the loaded target (DraftPricing.ms_here);
     3. the acceptance file's bare drafter forward (`estimate`'s time), moved here (draft_cost). A run's step pays
-       more than that bare forward (pending rows, the tree's widths, top-k, gathers, host syncs; issue 44 §2) by a
+       more than that bare forward (pending rows, the tree's widths, top-k, gathers, host syncs) by a
        factor that differs per family and machine (benchmarks/draft_pricing.py), so it is used as it is and the
        source says the prediction is optimistic rather than guessing a factor.
     Both timed prices are on the profile's clock (DraftPricing.clock), as the profile's L(n) they sit beside."""

@@ -1,4 +1,4 @@
-"""`specbench profile --compile`: L_fp(n) as `run --compile` pays it (issue 44): every width a compiled static
+"""`specbench profile --compile`: L_fp(n) as `run --compile` pays it: every width a compiled static
 shape (core/model/compile.py; CUDA graphs on CUDA) on the static engine's preallocated cache (core/batch/static.py).
 
 The same protocol as planning/profile.measure (widths round-robin, one token more in the cache after every round,

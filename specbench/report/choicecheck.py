@@ -1,7 +1,7 @@
 """Is the tool's own per-batch-size choice as fast as the best one measured? For a tree-size sweep that includes
 `auto` (`run -m ppd --tree-sizes auto,2,4,8,16 --batch-size 1,2,4`): per dataset, batch size and mode, the
 throughput of <method>@auto (the tree `--tree auto` chose for that B from L(B, w)) against the best <method>@<size>
-measured beside it, and whether it is within 5% (issue 28's goal). From pareto.points and run.yaml's `chosen`.
+measured beside it, and whether it is within 5% (the bar a per-batch-size choice should meet). From pareto.points and run.yaml's `chosen`.
 
 The verdict judges the choice, i.e. the tree size: when the sweep also ran the chosen size (<method>@<size> builds
 its tree of that size from the same acceptance file as `--tree auto`'s search, so both labels decode with the same

@@ -1,4 +1,4 @@
-"""Engines in reports (issue 42): which engine decoded a run, its lossless result said plainly, and the cross-engine
+"""Engines in reports: which engine decoded a run, its lossless result said plainly, and the cross-engine
 table of a comparison (`specbench report RUN_A RUN_B ...` with runs of different engines: summary.md's "Across
 engines" section and engines.csv).
 

@@ -1,4 +1,4 @@
-"""Throughput against latency over batch sizes (issue 28's sweep): per dataset, every method x batching mode is a line
+"""Throughput against latency over batch sizes (a `--batch-size` sweep): per dataset, every method x batching mode is a line
 through its batch sizes with x = total tokens/s (throughput: what the server emits) and y = tokens/s per sample
 (latency: what one request sees), and the Pareto front over all of them is marked: the points no other point beats
 on both axes. Computed from summary.csv rows only (pareto.csv, pareto.png).

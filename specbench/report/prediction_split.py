@@ -1,4 +1,4 @@
-"""A tree's measured speedup against its prediction, the error split in two (issue 44 §2): the acceptance part and
+"""A tree's measured speedup against its prediction, the error split in two: the acceptance part and
 the step-cost part, so report.md says which one misses.
 
 At batch 1 a run's tokens/s is tau / step, where step = decode seconds / steps = wall_s / target_forwards of the
@@ -20,7 +20,7 @@ import math
 
 import pandas as pd
 
-GOAL = 0.05  # a part misses when it is more than 5% from 1 (issue 44 §2's goal for the prediction)
+GOAL = 0.05  # a part misses when it is more than 5% from 1 (the accuracy a prediction aims for)
 SPLIT_COLUMNS = ["predicted_step_ms", "step_ms", "tau_part", "cost_part", "misses"]
 
 

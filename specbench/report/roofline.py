@@ -1,4 +1,4 @@
-"""The roofline of a run (issue 44 §1): the fastest a forward can be when it only has to read its bytes from memory
+"""The roofline of a run: the fastest a forward can be when it only has to read its bytes from memory
 once, and how far `ar` is from it, and why.
 
 A decoding forward at batch 1 reads every weight once, plus the KV cache of its context:

@@ -25,7 +25,7 @@ from .shards import shard_section
 from .summary import FORMULAS, named, read_records, summarize
 from .titles import comparison_title, plot_title
 
-# Importable from here as before (ci/, cli/, tests and benchmarks import them from report.report):
+# Importable from here too (ci/, cli/, tests and benchmarks import them from report/run_report.py):
 from .lossless_check import lossless_verdicts  # noqa: F401, E402
 from .plots import plot_bars, plt  # noqa: F401, E402
 from .summary import SUMMARY_COLUMNS, by_category, disturbed, row_name  # noqa: F401, E402

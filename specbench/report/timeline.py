@@ -1,7 +1,7 @@
 """Per-step timelines of the draft-model methods: when the drafter and the target were busy, and the mutual waiting
 that PEARL sets out to remove (PEARL §3.1, Fig. 1 and 3; App. D.3 times each component of a step).
 
-A step is one dict (made by core.concurrency.step, stored in Generation.timeline, saved by the runner as
+A step is one dict (made by methods/timeline.timeline_entry, stored in Generation.timeline, saved by the runner as
 timeline.jsonl through run/results.append_timeline):
   mode       sd | pre | post | draft (pearl-no-pre's lone drafting) | verify (pearl-no-post's lone verification)
   t0, t1     step start and end, seconds since the generation started
@@ -12,7 +12,7 @@ timeline.jsonl through run/results.append_timeline):
 Definitions used in reports:
   target idle  = step time - target busy;  drafter idle = step time - drafter busy;  mutual waiting = their sum
   host         = step time - (drafter busy + target busy - overlap): the step's time neither span covers
-                 (acceptance, cache updates, host syncs between the spans; issue 44's host overhead, per step)
+                 (acceptance, cache updates, host syncs between the spans: the host overhead, per step)
   mean accepted tokens (PEARL §4.4.2) = emitted tokens / target-sampled tokens: the tokens of one drafting run,
   from one target-sampled token to the next, whatever the number of consecutive post-verify rounds it spans
   (for sd it equals tau).
@@ -123,7 +123,7 @@ def gantt(steps: list[dict], path: Path, title: str, seconds: float | None = 1.5
             if span:
                 ax.broken_barh([(span[0], span[1] - span[0])], (row - 0.35, 0.7), facecolors=color,
                                edgecolor="black", linewidth=0.3)
-        gaps = host_gaps(s)  # the host's share of the step (neither span): issue 44
+        gaps = host_gaps(s)  # the host's share of the step (neither span)
         if gaps:
             ax.broken_barh(gaps, (-1.35, 0.7), facecolors="#dd8452", edgecolor="none")
         ax.axvline(s["t1"], color="#dddddd", linewidth=0.5, zorder=0)
@@ -156,7 +156,7 @@ def draw(run_dir: Path, rows: list[dict] | None = None, prompts: int | None = 1,
          seconds: float | None = 1.5) -> list[Path]:
     """Gantt PNGs of the first turn of each method's first `prompts` prompts (None: all), in run order: the first
     prompt as timeline_<method>.png, and with prompts != 1 every drawn prompt (the first too) also as
-    timeline_<method>_<dataset>-<prompt>.png. `title` (report.plot_title) heads each chart. Returns the paths."""
+    timeline_<method>_<dataset>-<prompt>.png. `title` (titles.plot_title) heads each chart. Returns the paths."""
     run_dir = Path(run_dir)
     rows = read(run_dir) if rows is None else rows
     paths = []

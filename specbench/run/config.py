@@ -46,10 +46,10 @@ class RunConfig:
     drafter_device_map: str | None = None
     drafter_max_memory: str | None = None
     tp: int = 1
-    # who decodes (issue 42; specbench/engines/): "specbench" (this package's loop), "llama.cpp", "openai"
+    # who decodes (specbench/engines/): "specbench" (this package's loop), "llama.cpp", "openai"
     engine: str = "specbench"
     engine_options: dict = field(default_factory=dict)  # the engine's own settings (base_url, concurrency, ...)
-    # --compile (issue 44; core/model/compile.py): batch-1 forwards through torch.compile at static shapes
+    # --compile (core/model/compile.py): batch-1 forwards through torch.compile at static shapes
     compile: bool = False
     # profiles and trees measured on a disturbed machine: skipped unless allowed (core/lookup.py)
     allow_disturbed_profile: bool = False

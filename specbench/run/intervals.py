@@ -1,12 +1,12 @@
 """Robust numbers beside the pooled speedup: how much do single prompts move it?
 
 The headline speedup pools seconds (sum of tokens / sum of seconds, method over ar), so a turn that ran long carries
-more weight than one that ran short; one slowed turn of ar's can lift every method's speedup (issue 30). Two numbers
+more weight than one that ran short; one slowed turn of ar's can lift every method's speedup. Two numbers
 show how far to trust it:
   speedup_median  = median over prompt turns of (tokens_per_s_method / tokens_per_s_ar) on that turn
   speedup_lo/_hi  = a 95% bootstrap interval of the pooled speedup: resample the independent units with replacement
                     (method and ar of a unit together), recompute the pooled ratio, take the 2.5% / 97.5% quantiles
-The unit is what is independent (issue 41): at batch 1 a prompt, all its turns together (a prompt's turns share
+The unit is what is independent: at batch 1 a prompt, all its turns together (a prompt's turns share
 its task and its drafting luck), and at B > 1 a batch group (every sample of a batch shares the batch's one time,
 and a group's later turns follow its first): resampling turns or samples would count one measurement B times and
 narrow the interval by about sqrt(B) for nothing.

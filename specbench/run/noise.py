@@ -18,7 +18,7 @@ Three defences, all written into records.csv / summary.csv and the report:
    (1.0 without one; a curve can dip, e.g. Zen 4 fp32 L(4) < L(1)). A speedup above tau / floor x (1 + tolerance)
    means the timings of ar and the method were taken under different conditions.
 The guard judges by time, not by rows: every aggregate weighs a row by its timed seconds, so one slowed prompt can
-carry a quarter of ar's time while being a tenth of its rows (issue 30). A method x dataset is disturbed when more
+carry a quarter of ar's time while being a tenth of its rows. A method x dataset is disturbed when more
 than DISTURBED_SHARE of its own or ar's timed seconds were disturbed, or its speedup breaks the bound.
 `specbench run --retime N` re-times disturbed prompt turns before writing them (retime.py); what stays disturbed
 is flagged here, and `report --fail-below` / `--fail-regression` refuse to pass or fail on it without saying so.
@@ -38,7 +38,7 @@ DISTURBED_SHARE = 0.10  # a method x dataset is disturbed when more of its (or a
 BOUND_TOLERANCE = 0.10  # timing noise allowed on top of the plausibility bound
 # Outlier test. On a quiet machine one method's time per forward varies over a dataset's turns by prompt length
 # (prefill and KV length) and drafting work, measured within about +-20% on our CPUs; a neighbour that takes half
-# the cores slows it 2x or more (issue 30: 253 ms against 75 ms). 1.5x sits between the two. A median needs 3 rows
+# the cores slows it 2x or more (benchmarks/RESULTS-cpu.md). 1.5x sits between the two. A median needs 3 rows
 # to stand for the method rather than for the slow row itself. A turn whose every method is slow (a long prompt) is
 # not an outlier: a row must also be OUTLIER_FACTOR slower than the turn's other methods are.
 OUTLIER_FACTOR = 1.5
@@ -111,7 +111,7 @@ def flag_rows(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def judge(summary: pd.DataFrame, records: pd.DataFrame, floor: float | None = 1.0) -> pd.DataFrame:
-    """The summary (report.summarize: speedup, tau, forward_ms, forward_ratio per method x dataset) with the noise
+    """The summary (report/summary.summarize: speedup, tau, forward_ms, forward_ratio per method x dataset) with the noise
     guard's columns added: speedup_bound (tau / floor x (1 + tolerance); NaN and not applied when floor is None:
     batch > 1, whose baseline is batched ar), disturbed_time (the share of its own or ar's timed seconds that were
     disturbed) and `timing`: "ok" or "disturbed: <reasons>"."""

@@ -1,4 +1,4 @@
-"""`specbench recommend`'s measured pick (issue 41): which method, from a short confirming run of a few prompts.
+"""`specbench recommend`'s measured pick: which method, from a short confirming run of a few prompts.
 
 Taking the best point estimate of five prompts is a winner's curse: among several methods within the noise of one
 another, the largest measured number is the luckiest as often as the fastest, and filing it sends every later run

@@ -151,15 +151,15 @@ def _unpredicted_why(method: str, req: RecommendRequest, measurable: list[str]) 
 
 def price_drafting(req: RecommendRequest, cands: list[Candidate], hardware: str, dtype: str) -> dict[str, float]:
     """method -> one drafting forward's ms, the step's drafting of its tree timed here, for the methods that draft
-    with a network (eagle, parallelspec, medusa), so each tree is priced as a run pays it (issue 44 §2):
+    with a network (eagle, parallelspec, medusa), so each tree is priced as a run pays it:
     - a tree this hardware lacks is built as `run --tree auto` builds it, by the method itself on the loaded
       target, which times its drafting and records it in the tree (draft_forward_ms; the prediction reads it there);
     - a tree found without draft_forward_ms (shipped in trees/, or built from files alone) has its drafting timed
       now by the method set up on it (DraftPricing.ms_here: the pending rows, the tree's widths, top-k, gathers
       and host copies, on the profile's clock), returned here.
     Otherwise the prediction would price the drafting from the acceptance file's bare drafter forward, which misses
-    what a run's step pays by a factor that differs per family and machine (issue 44: about 2x on these CPUs;
-    benchmarks/draft_pricing.py measures it) and moves between machines as the target's forward does, which a
+    what a run's step pays by a factor that differs per family and machine
+    (benchmarks/draft_pricing.py measures it) and moves between machines as the target's forward does, which a
     drafter's share does not (RESULTS-gpu.md). The confirming run then takes the same trees. Loads the target
     only when a tree is missing or unpriced and could be set up; a method that cannot be set up is left to the
     prediction, which says why or that it priced the bare forward."""

@@ -1,4 +1,5 @@
-"""Building result records: one timed prompt turn (TurnResult) plus its lossless check (Check) -> one Record row.
+"""Building result records: one timed prompt turn (TurnResult) plus its lossless check (LosslessCheck) -> one
+Record row.
 
 The check compares a method's tokens with ar's (greedy runs only); a mismatch carries ar's logit gap at the first
 differing position and lossless.py's verdict.
@@ -43,7 +44,7 @@ class TurnResult:
 
 
 @dataclass(frozen=True)
-class Check:
+class LosslessCheck:
     """A turn's lossless check against ar: "match", "mismatch@<index>" or "" (no greedy reference), and at a
     mismatch ar's logit gap and the verdict."""
 
@@ -61,9 +62,9 @@ def compare(tokens: list[int], reference: list[int]) -> str:
 
 
 def build_record(cfg: RunConfig, target: LoadedModel, env: dict, method: str, dataset: str, prompt: ds.Prompt,
-                 r: TurnResult, check: Check, prompt_cut: int = 0) -> Record:
-    """The records.csv row of one turn (env: core.hardware.environment of the run; prompt_cut: tokens cut from the
-    prompt's left to fit the context)."""
+                 r: TurnResult, check: LosslessCheck, prompt_cut: int = 0) -> Record:
+    """The records.csv row of one turn (env: core/machine/hardware.environment of the run; prompt_cut: tokens cut
+    from the prompt's left to fit the context)."""
     gen, seconds, n = r.gen, r.seconds, len(r.gen.tokens)
     gap = check.gap
     per_pos = " ".join(f"{a}/{d}" for a, d in zip(gen.accepted_per_position, gen.drafted_per_position))

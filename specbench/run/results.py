@@ -4,7 +4,7 @@ A run directory holds:
   run.yaml        the settings and environment of the run (a resumed run must match them)
   records.csv     one row per method x prompt x turn, appended as each finishes
   tokens.jsonl    the generated token ids of every row (for the lossless check and for resuming)
-  summary.csv     one row per method x dataset (written by report.py)
+  summary.csv     one row per method x dataset (written by report/run_report.py)
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Record:
     padding_tokens: int = 0  # of those, padding tokens (padded batching)
     padding_ratio: float = 0.0  # padding_tokens / target_tokens
     kv_padding: int = 0  # padded KV-cache entries the sample held when it left the batch (padded batching)
-    placement: str = ""  # the target's placement (core/placement.label): single:cpu, map:0:16,1:14, tp2
+    placement: str = ""  # the target's placement (core/model/placement.label): single:cpu, map:0:16,1:14, tp2
     # EMS-SD's own numbers beside ours (§4.1, Appendix B). Decode-only throughput: the batch's prefill-only steps
     # timed apart (prefill_s: this row's share of them, as wall_s is of the batch; NaN at batch 1, not timed apart)
     prefill_s: float = float("nan")
@@ -89,7 +89,7 @@ class Record:
     decode_tokens_per_s: float = float("nan")  # (new_tokens - prefill_tokens) / (wall_s - prefill_s)
     kv_padding_ratio: float = 0.0  # kv_padding / new_tokens: EMS-SD's padding ratio (padding per accepted token,
     # can pass 100%), beside padding_ratio (ours: padding's share of the tokens fed, at most 100%)
-    # which engine decoded this row (issue 42): specbench's own loop, llama.cpp in process, an OpenAI-compatible server
+    # which engine decoded this row: specbench's own loop, llama.cpp in process, an OpenAI-compatible server
     engine: str = "specbench"
     # the serving view of the turn (a request's): time to first token, time per output token after the first
     # ((wall - ttft) / (new tokens - 1)), and the percentiles of its inter-token latencies
@@ -98,7 +98,7 @@ class Record:
     itl_p50_ms: float = float("nan")
     itl_p90_ms: float = float("nan")
     itl_p99_ms: float = float("nan")
-    # where the turn's time went (issue 44): target forwards, and the rest after drafting (wall - forward - draft:
+    # where the turn's time went: target forwards, and the rest after drafting (wall - forward - draft:
     # masks, tree building, top-k, host syncs, acceptance); NaN where not measured
     forward_s: float = float("nan")
     host_s: float = float("nan")

@@ -28,7 +28,7 @@ from ..methods.base import DecodeMethod, Generation
 from ..progress import console, status
 from . import compiled as compile_run
 from .config import RunConfig
-from .records import Check, TurnResult, build_record, compare
+from .records import LosslessCheck, TurnResult, build_record, compare
 from .results import Record, RecordWriter, append_timeline
 from .work import BatchLabel, fit_prompt
 
@@ -64,7 +64,7 @@ class Runner:
             if batched and method.batchable:
                 method.plan_batches(batched)  # each batch size's gamma / tree from L(B, w) (planning/batch_choice)
         self.env = environment(target.device, target.dtype)
-        self.env["placement"] = target.placement  # core/placement.label: records, run.yaml and --resume name it
+        self.env["placement"] = target.placement  # core/model/placement.label: records, run.yaml and --resume name it
 
     def chosen(self) -> dict:
         """Per method label: the settings it chose itself (gamma, exec mode, ...); methods that chose none left out."""
@@ -143,7 +143,7 @@ class Runner:
             if states:
                 gen.compiled_forwards, gen.eager_forwards = compile_run.forwards(states, before, gen, method)
             gen.target_tokens = fed.tokens
-            gen.forward_s = fed.forward_s  # seconds inside the target's forwards (issue 44's host split)
+            gen.forward_s = fed.forward_s  # seconds inside the target's forwards (the host split: results.host_s)
             return gen
 
         return self.timed(once)
@@ -230,7 +230,7 @@ class Runner:
 
                         gap, verdict = explain_mismatch(self.target, r.ids, r.reference, r.gen.tokens,
                                                         int(lossless.split("@")[1]))
-                check = Check(lossless, gap, verdict if lossless not in ("", "match") else "")
+                check = LosslessCheck(lossless, gap, verdict if lossless not in ("", "match") else "")
                 writer.write(self.record(label, dataset, prompt, r, check), r.gen.tokens,
                              self.target.tokenizer.decode(r.gen.tokens))
                 if r.gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
@@ -254,7 +254,7 @@ class Runner:
         index = int(compare(r.gen.tokens, ar_tokens).split("@")[1])
         return explain_mismatch(self.target, ids, ar_tokens, r.gen.tokens, index)
 
-    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: Check) -> Record:
+    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: LosslessCheck) -> Record:
         """The records.csv row of one checked turn (records.py)."""
         return build_record(self.cfg, self.target, self.env, method, dataset, prompt, r, check,
                             prompt_cut=self.prompt_cut.get((prompt, r.turn), 0))
@@ -278,5 +278,5 @@ class Runner:
                     gap, verdicts[b.prompt.id] = self.explain(dataset, b.prompt, r, reference, {},
                                                               verdicts.get(b.prompt.id, ""))
                     verdict = verdicts[b.prompt.id]
-            record = self.record(label, dataset, b.prompt, r, Check(lossless, gap, verdict))
+            record = self.record(label, dataset, b.prompt, r, LosslessCheck(lossless, gap, verdict))
             writer.write(record, b.gen.tokens, self.target.tokenizer.decode(b.gen.tokens))

@@ -160,8 +160,8 @@ def pending_prompts(target: LoadedModel, data: str, held_out: int, prompts: int,
 
 def forward_costs(target: LoadedModel) -> tuple[float, float]:
     """(seconds per forward call, seconds per token) of this model here, from forwards of 1 and 129 tokens timed as
-    the methods time theirs (core.concurrency.measure_forward_times), for estimates made before slow work starts."""
-    from ..methods.pearl.scheduler import measure_forward_times
+    the methods time theirs (core/machine/forward_cost.measure_forward_times), for estimates made before slow work starts."""
+    from ..core.machine.forward_cost import measure_forward_times
 
     t = measure_forward_times(target.model, target.device, widths=(1, 129), rounds=2)
     per_token = max(t[129] - t[1], 0.0) / 128

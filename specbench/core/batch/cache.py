@@ -1,7 +1,8 @@
-"""The only code that edits KV caches (transformers 5.x DynamicCache).
+"""The only code that edits transformers' KV caches (DynamicCache; the batch engines write their own preallocated
+stores).
 
-`cache.crop(-n)` (drop the last n positions) is the form that means the same across 5.x releases; a
-non-negative argument changed meaning between releases, so it is never used here.
+`cache.crop(-n)` (drop the last n positions) is the form whose meaning every supported transformers
+release shares; a non-negative argument has meant different things in different releases, so it is never used here.
 
 Sliding-window attention (Mistral, Qwen2 with use_sliding_window, Gemma 2/3, ...): transformers' own cache keeps
 only the last `window - 1` keys of such layers (DynamicSlidingWindowLayer), and from then on it cannot roll back
@@ -35,7 +36,7 @@ def new_cache(model) -> DynamicCache:
     return cache
 
 
-# id(config) -> (weak reference to it, its windows): reading them costs ~0.5 ms, once per tree step otherwise
+# id(config) -> (weak reference to it, its windows): reading them walks the config, which would otherwise happen once per tree step
 _WINDOWS: dict[int, tuple[weakref.ref, list[int | None]]] = {}
 
 

@@ -62,7 +62,9 @@ def engine(model, mode: str, slots: int, device: torch.device) -> BatchEngine:
     if mode == "single":
         if slots != 1:
             raise ValueError(f"the single-sequence engine holds one sample, not {slots}")
-        compiled = getattr(model, "specbench_compiled", None)  # --compile: core/model/compile.py
+        from ..model.compile import state_of
+
+        compiled = state_of(model)  # --compile: core/model/compile.py
         if compiled is not None:
             from .static import StaticSequence
 

@@ -2,7 +2,7 @@
 
 It differs from the unpadded engine (core/batch/ragged.py) by padding only, so that the gap between the two modes is
 EMS-SD's and not an engine's:
-- the same KV storage: per-layer tensors [slots, kv_heads, capacity, head_dim] preallocated (core/cache.preallocated)
+- the same KV storage: per-layer tensors [slots, kv_heads, capacity, head_dim] preallocated (core/batch/cache.preallocated)
   and written in place by the registered attention function (`specbench_padded`), no DynamicCache copy per step;
 - the same LM head work: logits are computed only at the rows a caller reads (each segment's last `keep` tokens),
   not at every prompt, padding and draft position;
@@ -27,7 +27,7 @@ from transformers import AttentionInterface
 from ...errors import SpecbenchError
 from .attention import attend, check_batchable, layer_extras
 from .cache import preallocated, sliding_windows
-from .forward import target_logits
+from . import decoder
 from .ragged import Segment, attention_implementation
 
 PAD_ID = 0  # the token fed at padded positions (masked: its value does not matter)
@@ -90,22 +90,6 @@ def _attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0
 
 
 AttentionInterface.register(ATTENTION, _attend)
-
-
-def _decode(model, ids: torch.Tensor, embeds: torch.Tensor | None, args: dict):
-    """The decoder's normed hidden states [R, W, H] of a padded forward, and the head that turns read rows [n, H]
-    into logits [n, V]: a transformers model's decoder and LM head, or a specbench drafter module's (token_drafter:
-    `hidden` and `logits`, with its --vocab-top head)."""
-    if hasattr(model, "get_decoder"):
-        decoder = model.get_decoder()
-        out = decoder(inputs_embeds=embeds, **args) if embeds is not None else decoder(input_ids=ids, **args)
-        return out.last_hidden_state, lambda h: target_logits(model, h)
-    if embeds is not None or not hasattr(model, "hidden") or not hasattr(model, "logits"):
-        raise SpecbenchError(f"{type(model).__name__} cannot run in a padded batch: it needs a transformers decoder, "
-                             "or token ids in and `hidden` / `logits` methods (methods/sd/drafter.py)")
-    kwargs = dict(args)
-    return model.hidden(ids, kwargs.pop("position_ids"), None, kwargs.pop("attention_mask"), padded=kwargs["padded"]
-                        ), model.logits
 
 
 class PaddedBatch:
@@ -238,12 +222,11 @@ class PaddedBatch:
         allowed = self._mask(valid, new_valid, own, tails)  # [R, W, L + W]
         step = _Step(self, rows, lo, at, wide, allowed, pos, torch.cat([key_pos, pos], 1))
         # the mask the decoder is given (its own mask building wants one); _attend reads each layer's from the step
-        args = dict(position_ids=pos.to(self.device), attention_mask=step.mask(None, self.device), use_cache=False,
-                    padded=step)
         with attention_implementation(self.model, ATTENTION), (around(segments, places) if around else nullcontext()):
-            h, head = _decode(self.model, ids.to(self.device), embeds, args)  # [R, W, H]
+            h = decoder.hidden(self.model, ids.to(self.device), pos.to(self.device), None,
+                               step.mask(None, self.device), inputs_embeds=embeds, padded=step)  # [R, W, H]
         h = h[torch.tensor(read_rows, device=h.device), torch.tensor(read_cols, device=h.device)]  # [sum keep, H]
-        out = h if hidden else head(h)  # [sum keep, V]: the LM head on the rows read only
+        out = h if hidden else decoder.logits(self.model, h)  # [sum keep, V]: the head on the rows read only
         result = list(out.split([s.keep or s.width for s in segments]))
         return result, torch.cat([valid, new_valid], 1), torch.cat([key_pos, pos], 1)
 

@@ -32,7 +32,7 @@ from ...errors import SpecbenchError
 # UnsupportedAttention: train/selfdistill.py catches it from here
 from .attention import UnsupportedAttention, attend, check_batchable, layer_extras  # noqa: F401
 from .cache import preallocated, sliding_windows
-from .forward import target_logits
+from . import decoder
 from ..model.placement import input_device, is_dispatched
 
 NAME = "specbench_ragged"
@@ -185,20 +185,14 @@ AttentionInterface.register(NAME, _attend)
 
 @contextmanager
 def attention_implementation(model, name: str):
-    """Select a registered attention function for the duration of one forward (set_attn_implementation costs
-    ~0.1 ms); the model's own choice is restored after."""
+    """Select a registered attention function for the duration of one forward (set_attn_implementation is
+    cheap); the model's own choice is restored after."""
     before = model.config._attn_implementation
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
-    else:  # specbench's own drafter modules: their layers read this config
-        model.config._attn_implementation = name
+    model.set_attn_implementation(name)  # a transformers model's, or a drafter module's (core/batch/decoder.py)
     try:
         yield
     finally:
-        if hasattr(model, "set_attn_implementation"):
-            model.set_attn_implementation(before)
-        else:
-            model.config._attn_implementation = before
+        model.set_attn_implementation(before)
 
 
 def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: bool = False,
@@ -228,9 +222,8 @@ def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: b
     with attention_implementation(model, NAME), (around(segments, places) if around else nullcontext()):
         if hidden or any(s.embeds is not None for s in segments):
             embeds = packed_embeddings(model, segments, device)  # [1, N, H]
-            h = model.get_decoder()(inputs_embeds=embeds, position_ids=positions, use_cache=False,
-                                    ragged=step).last_hidden_state[0, rows]  # [sum keep, H]
-            out = h if hidden else target_logits(model, h)  # [sum keep, V] (the model's final processing too)
+            h = decoder.hidden(model, None, positions, inputs_embeds=embeds, ragged=step)[0, rows]  # [sum keep, H]
+            out = h if hidden else decoder.logits(model, h)  # [sum keep, V] (the model's final processing too)
         else:
             ids = torch.tensor([[t for s in segments for t in s.tokens]], device=device)  # [1, N]
             out = model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=rows,
@@ -250,7 +243,7 @@ def packed_embeddings(model, segments: list[Segment], device) -> torch.Tensor:
 
 
 class RaggedBatch:
-    """The unpadded engine behind the same calls as core/padded.PaddedBatch: samples join, step, roll back, leave."""
+    """The unpadded engine behind the same calls as core/batch/padded.PaddedBatch: samples join, step, roll back, leave."""
 
     def __init__(self, model, slots: int):
         self.model = model

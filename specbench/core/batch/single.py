@@ -18,7 +18,8 @@ from ...errors import SpecbenchError
 from ..model.placement import input_device
 from ..tree import additive
 from .cache import crop_to, keep_positions, new_cache, window_mask
-from .forward import forward, target_logits, with_cache
+from . import decoder
+from .forward import forward
 from .ragged import Segment, packed_embeddings
 
 
@@ -71,10 +72,9 @@ class SingleSequence:
             mask = window_mask(model, mask, positions)
         places = [torch.arange(w, device=device)]  # the segment's inputs are rows 0..w-1 of [w, H]
         with around([seg], places) if around else nullcontext():
-            out = model.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-                                      **with_cache(cache), use_cache=True)
-        h = out.last_hidden_state[0, w - keep:]  # [keep, H]
-        return h if hidden else target_logits(model, h)
+            out = decoder.hidden(model, None, positions, cache, mask, inputs_embeds=embeds)
+        h = out[0, w - keep:]  # [keep, H]
+        return h if hidden else decoder.logits(model, h)
 
     def truncate(self, slot: int, length: int) -> None:
         crop_to(self.cache, length)

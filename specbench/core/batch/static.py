@@ -1,4 +1,4 @@
-"""Batch 1's engine under `--compile` (issue 44): the batch engine protocol (engine.py) for one sample over a
+"""Batch 1's engine under `--compile`: the batch engine protocol (engine.py) for one sample over a
 preallocated KV cache written in place, with every decode forward at a static shape so that torch.compile compiles
 each shape once (and, on CUDA, records it once as a CUDA graph: core/model/compile.py).
 
@@ -31,7 +31,7 @@ import torch
 
 from ...errors import SpecbenchError
 from ..model.placement import input_device
-from .forward import target_logits, with_cache
+from . import decoder
 from .ragged import Segment, packed_embeddings
 
 
@@ -93,15 +93,9 @@ def step(model, kv: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, wri
     iff k <= write_at[r]). Returns the decoder's normed hidden states [w, H] (`hidden`) or the target's logits
     [w, V] (float)."""
     mask = attention_masks(kv, positions, write_at, allowed, model.get_input_embeddings().weight.dtype)
-    if not hasattr(model, "get_decoder"):  # sd's drafter (methods/sd/drafter.SharedHeadDrafter): its own layers
-        # between the target's embeddings and head, its logits as its eager forward gives them (-inf off vocab_ids)
-        h = model.hidden(inputs, positions, _Writer(kv, write_at), attention_mask=mask)[0]  # [w, H]
-        return h if hidden else model.logits(h).float()
     embedded = inputs if embeds else model.get_input_embeddings()(inputs)  # [1, w, H]
-    out = model.get_decoder()(inputs_embeds=embedded, attention_mask=mask, position_ids=positions,
-                              **with_cache(_Writer(kv, write_at)), use_cache=True)
-    h = out.last_hidden_state[0]  # [w, H]
-    return h if hidden else target_logits(model, h)
+    h = decoder.hidden(model, None, positions, _Writer(kv, write_at), mask, inputs_embeds=embedded)[0]  # [w, H]
+    return h if hidden else decoder.logits(model, h).float()  # a drafter's: -inf off its --vocab-top tokens
 
 
 def attention_masks(kv: StaticKV, positions: torch.Tensor, write_at: torch.Tensor, allowed: torch.Tensor | None,
@@ -136,9 +130,7 @@ def attention_masks(kv: StaticKV, positions: torch.Tensor, write_at: torch.Tenso
 
 def head_logits(model, h: torch.Tensor) -> torch.Tensor:
     """Hidden states [n, H] -> the model's logits [n, V] (float), as `step` gives them."""
-    if not hasattr(model, "get_decoder"):  # sd's drafter: its own head (-inf off vocab_ids)
-        return model.logits(h).float()
-    return target_logits(model, h)
+    return decoder.logits(model, h).float()  # a drafter's: -inf off its --vocab-top tokens
 
 
 class StaticSequence:
@@ -243,10 +235,9 @@ class _Hooks:
     reads values inside the forward (Hidden Transfer's) comes with `around` and runs eagerly instead."""
 
     def __init__(self, model):
-        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model  # a drafter is its own decoder
-        layers = getattr(decoder, "layers", None) or []
-        self.decoder, self.first = decoder, (layers[0] if len(layers) else None)
-        self.modules = [m for m in (decoder, *layers, model.get_output_embeddings()) if m is not None]
+        stack, layers = decoder.decoder_module(model), decoder.decoder_layers(model)
+        self.decoder, self.first = stack, (layers[0] if len(layers) else None)
+        self.modules = [m for m in (stack, *layers, model.get_output_embeddings()) if m is not None]
 
     def before(self, inputs: torch.Tensor) -> None:
         width = inputs.shape[1]

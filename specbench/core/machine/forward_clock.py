@@ -1,9 +1,9 @@
-"""Seconds inside a target model's forwards during one generation (issue 44: a step's time split into target
+"""Seconds inside a target model's forwards during one generation (a step's time split into target
 forward, drafting and host overhead; core/batch/forward.count_fed_tokens attaches it).
 
-What counts as the target's forward: the decoder stack (model.get_decoder(): embeddings, every layer, the final
-norm), and the LM head (model.get_output_embeddings()) when it is applied to the decoder's own last output or a view
-of it (the causal LM's forward, `target_logits(model, h)` on the rows the engine kept). A head call on anything
+What counts as the target's forward: the decoder stack (core/batch/decoder.decoder_module: embeddings, every
+layer, the final norm), and the LM head (model.get_output_embeddings()) when it is applied to the decoder's own last
+output or a view of it (the causal LM's forward, `target_logits(model, h)` on the rows the engine kept). A head call on anything
 else is not the target's forward: a drafter that shares the target's head (an sd layer-skip drafter, eagle) is
 drafting, and rows gathered into a copy first (PPD's guess rows when computed apart) count as host time. That the
 input is the decoder's output is read from its storage (a view shares it; the output is held until the next decoder
@@ -20,6 +20,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from ..batch.decoder import decoder_module
 
 
 def _first_tensor(args, kwargs) -> torch.Tensor | None:
@@ -105,7 +107,7 @@ class ForwardClock:
 
     def attach(self) -> list:
         """Hooks on the decoder and the LM head; returns their handles (remove them when done)."""
-        decoder = getattr(self.model, "get_decoder", lambda: None)()
+        decoder = decoder_module(self.model)
         head = getattr(self.model, "get_output_embeddings", lambda: None)()
         handles = []
         if isinstance(decoder, torch.nn.Module):

@@ -1,4 +1,4 @@
-"""The bytes a decoding forward reads and run.yaml's `roofline:` block (issue 44 §1): what bounds a forward that only
+"""The bytes a decoding forward reads and run.yaml's `roofline:` block: what bounds a forward that only
 reads its weights and KV cache once (the formulas and the report's use of them: report/roofline.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`--compile` (issue 44): a model's batch-1 forwards through torch.compile at static shapes, compiled in warm-up.
+"""`--compile`: a model's batch-1 forwards through torch.compile at static shapes, compiled in warm-up.
 
 A Compiled state is attached to a model (`enable`); from then on the batch-1 engine of that model is the static
 engine (core/batch/static.py), which runs every decode forward through one compiled function at a bucketed query
@@ -26,6 +26,7 @@ import time
 import types
 import warnings
 from pathlib import Path
+import weakref
 
 import torch
 
@@ -34,7 +35,8 @@ from ..batch.static import StaticKV, step
 from ..model.placement import input_device
 from . import grouped_attention, linear_kernels
 
-ATTRIBUTE = "specbench_compiled"  # the model attribute holding its Compiled state (core/batch/engine.py reads it)
+# model -> its Compiled state (core/batch/engine.py asks state_of): kept beside the model, never on its module object
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 ROUND = 128  # the cache's capacity is a multiple of this
 CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on CPU (faster compile, slower calls)
 
@@ -42,8 +44,8 @@ CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on
 def settings(device: torch.device) -> dict:
     """How the step compiles on this device (run.yaml's compile block reports it): CUDA graphs on CUDA (gpt-fast's
     "reduce-overhead"), inductor's C++ kernels elsewhere, called from a C++ wrapper (`cpp_wrapper`: the per-kernel
-    Python calls of a 30-layer forward cost `ar` about 2 ms of a 26 ms decode step on cpu-intel-xeon-amx-2c, tpot
-    p50 26.4 against 24.4 ms, at about three times the first compile's seconds; later runs read inductor's cache;
+    Python calls of a many-layer forward are a visible share of a CPU decode step, benchmarks/RESULTS-cpu.md; it
+    costs a slower first compile, and later runs read inductor's cache;
     $SPECBENCH_COMPILE_CPP_WRAPPER=0 leaves it out). Shapes are static (dynamic=False): one graph per bucket, never a symbolic one."""
     cuda = device.type == "cuda"
     wrapper = not cuda and os.environ.get(CPP_WRAPPER, "1").strip() != "0"
@@ -55,8 +57,8 @@ def compile_step(device: torch.device, name: str):
     """torch.compile of a copy of `step` of this state's own (its own code object: dynamo keeps a function's compiled
     graphs on its code object, so the target's and the drafter's graphs would share one list, every call checking
     both). Guards on nn.Module attributes are skipped (torch.compiler.skip_guard_on_all_nn_modules_unsafe): with one
-    model's weights and buffers as graph inputs dynamo's guard check took 1.4 ms a call on the embedded model's 30
-    layers (0.2 ms without them, torch profiler), and
+    model's weights and buffers as graph inputs dynamo's guard check grows with the layers and costs a share of
+    every call (benchmarks/RESULTS-cpu.md), and
     nothing here changes a module's attributes between calls (the runner's hooks are taken off for the call:
     static._Hooks); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
     inputs read from the model at every call, never baked into a graph."""
@@ -75,7 +77,7 @@ class Compiled:
     """One model's static cache, its compiled step, its buckets and what compiling them cost."""
 
     def __init__(self, model, capacity: int):
-        self.model = model
+        self._model = weakref.ref(model)  # weak: the state table's value must not keep its key alive
         self.device = input_device(model)
         # per layer: its sliding window (None: full attention), applied by the static step's masks
         self.windows = tuple(sliding_windows(model)) if hasattr(model, "config") else ()
@@ -93,6 +95,11 @@ class Compiled:
         self.eager_steps = 0  # decode forwards run uncompiled after warm-up (a width no bucket holds)
         self.compiled_steps = 0  # decode forwards run through the compiled step after warm-up
         self.grown: list[int] = []  # capacities the cache grew to after warm-up (each a recompile)
+
+
+    @property
+    def model(self):
+        return self._model()
 
     def declare(self, width: int) -> None:
         """A method drafts chains up to `width` tokens (with the last emitted one): every power of two up to the
@@ -248,20 +255,19 @@ def enable(model, capacity: int) -> Compiled:
 
 def attach(model, state: Compiled) -> Compiled:
     """Make `state` the model's compile state, its attention the grouped one (no copy of the cache per query head)."""
-    setattr(model, ATTRIBUTE, state)
+    _STATES[model] = state
     grouped_attention.use(model)
     return state
 
 
 def disable(model) -> None:
-    if hasattr(model, ATTRIBUTE):
-        delattr(model, ATTRIBUTE)
+    _STATES.pop(model, None)
     grouped_attention.restore(model)
     linear_kernels.restore(model)
 
 
 def state_of(model) -> Compiled | None:
-    return getattr(model, ATTRIBUTE, None)
+    return _STATES.get(model)
 
 
 def unsupported(config) -> str | None:

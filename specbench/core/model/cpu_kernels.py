@@ -13,8 +13,9 @@ only: a call that needs gradients falls back to F.linear, so training is unaffec
 
 from __future__ import annotations
 
+import functools
 import os
-import types
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -41,12 +42,26 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+# the linear layers running on a packed weight; the packed copy itself is bound into their forward (a partial, so a
+# deep copy of the module copies it too), so nothing of specbench's is stored on the module but the forward it runs,
+# as accelerate's hooks replace a forward
+_PACKED: weakref.WeakSet = weakref.WeakSet()
+
+
+def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The forward of `module` over its packed weight: x [..., in] -> [..., out]."""
     # traced by torch.compile (--compile: core/model/compile.py): the plain op, which inductor packs itself (freezing)
-    if x.dtype != torch.float32 or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)) \
+    if x.dtype != torch.float32 or (torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad)) \
             or torch.compiler.is_compiling():
-        return F.linear(x, self.weight, self.bias)
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._specbench_packed, self.bias, "none", [], "")
+        return F.linear(x, module.weight, module.bias)
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, module.bias, "none", [], "")
+
+
+def _pack(module: torch.nn.Linear) -> None:
+    with torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS_HINT)
+    module.forward = functools.partial(_packed_forward, module, packed)
+    _PACKED.add(module)
 
 
 def prepack(model: torch.nn.Module) -> int:
@@ -57,12 +72,17 @@ def prepack(model: torch.nn.Module) -> int:
     if backend() != "onednn":
         return 0
     count = 0
-    with torch.no_grad():
-        for module in model.modules():
-            if (type(module) is torch.nn.Linear and module.weight.device.type == "cpu"
-                    and module.weight.dtype == torch.float32 and not hasattr(module, "_specbench_packed")):
-                module._specbench_packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(),
-                                                                                   PACK_ROWS_HINT)
-                module.forward = types.MethodType(_packed_forward, module)
-                count += 1
+    for module in model.modules():
+        if (type(module) is torch.nn.Linear and module.weight.device.type == "cpu"
+                and module.weight.dtype == torch.float32 and module not in _PACKED):
+            _pack(module)
+            count += 1
     return count
+
+
+def repack(module: torch.nn.Module) -> bool:
+    """Pack a packed linear layer's weight again after it was edited in place; False when it was not packed."""
+    if module not in _PACKED:
+        return False
+    _pack(module)
+    return True

@@ -1,7 +1,7 @@
 """De-quantise a GGUF tensor by tensor straight into the run's dtype: peak memory near the model's size in that dtype.
 
 transformers' GGUF loader de-quantises every tensor to float32 numpy, keeps them all in one state dict, then builds the
-model and copies them in: about 4.7x the bf16 size at the peak (benchmarks/RESULTS-cpu.md, issue 43). Here the model
+model and copies them in: several times the bf16 size at the peak (benchmarks/RESULTS-cpu.md). Here the model
 is built first with its storage left uninitialised (pages become resident only as they are written), then each GGUF
 tensor is de-quantised (float32, a block of rows at a time where no processor needs the whole tensor) and copied into
 its parameter, converting to the dtype on the way; the float32 scratch of one block is all that is held beside the

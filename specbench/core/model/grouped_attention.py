@@ -1,12 +1,12 @@
-"""Grouped-query attention without copying the KV cache, for `--compile`'s static forwards (issue 44 §3).
+"""Grouped-query attention without copying the KV cache, for `--compile`'s static forwards.
 
 transformers' SDPA path meets a grouped-query model (SmolLM2: 9 query heads over 3 key / value heads) with a mask
 under torch.compile by `repeat_kv`: every layer copies its whole key and value cache to one copy per query head
 before attention. Over a static cache that is 3 x [1, 9, capacity, 64] floats written and read per layer on every
 forward (its eager path packs the query instead, at width 1 only, and not while compiling). Here attention runs on
 the key / value heads as they are, SDPA's `enable_gqa=True` (each query head reads key / value head h // groups,
-the pairing repeat_kv makes): on the embedded model in float32 that took a compiled width-1 forward from 30.5 to
-28.8 ms on cpu-intel-xeon-amx-2c (medians of three processes; benchmarks/RESULTS-cpu.md).
+the pairing repeat_kv makes), which saves those copies on every compiled forward (the measured gain:
+benchmarks/RESULTS-cpu.md).
 
 The function is registered with transformers under NAME (attention and mask, the mask as SDPA's) and a model is
 switched to it while a compile state is attached (core/model/compile.enable / disable). It is transformers' SDPA

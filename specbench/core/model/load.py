@@ -24,7 +24,7 @@ from .attention_kernels import choose_attention_kernels
 from .fit_devices import check_fit
 from .gguf import _embedded_dir, _gguf_config, _load_embedded, _load_gguf, gguf_content_key  # noqa: F401
 from .loaded import ByteTokenizer, LoadedModel, Tokenizer, _finish, _with_attention  # noqa: F401
-from .naming import (  # noqa: F401  (re-exported: the names importers use from core.models)
+from .naming import (  # noqa: F401  (re-exported: callers import a model's names from the loading entry point)
     DTYPES,
     EMBEDDED_ALIAS,
     RANDOM_PRESETS,

@@ -76,7 +76,7 @@ class LoadedModel:
     context_length: int
     source: str = ""
     extras: dict = field(default_factory=dict)
-    placement: str = ""  # core/placement.label: "single:cpu", "map:0:16,1:14,disk:2", "tp2"
+    placement: str = ""  # core/model/placement.label: "single:cpu", "map:0:16,1:14,disk:2", "tp2"
 
     @property
     def input_device(self) -> torch.device:
@@ -132,9 +132,9 @@ def _stop_ids(backend, model) -> tuple[int, ...]:
 
 
 def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
-    from .placement import input_device, is_dispatched, label
+    from .placement import input_device, is_dispatched, label, tp_degree
 
-    spread = is_dispatched(model) or getattr(model, "_specbench_tp", 1) > 1
+    spread = is_dispatched(model) or tp_degree(model) > 1
     if spread:  # accelerate / tensor parallelism placed every module: moving it would undo that
         model.eval()
         device = input_device(model)
@@ -147,7 +147,7 @@ def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
         from .cpu_kernels import prepack
 
         prepack(model)  # oneDNN with packed weights: flat cost over small widths (cpu_kernels.py says why)
-    from ..batch.forward import check_final_logits
+    from ..batch.decoder import check_final_logits
 
     check_final_logits(model, name, device)  # refuse a logit processing the steps would not reproduce
     ctx = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)

@@ -19,8 +19,7 @@ GIB = 2**30
 RUNTIME_HEADROOM = 512 * 2**20  # the process itself (python, torch, transformers, tokenizer) and allocator slack
 KV_HEADROOM_TOKENS = 4096  # the KV cache a check counts on without a workload: a long prompt and reply
 # Measured: `profile` of random 0.5B-3B models in bf16 peaked 7-10% of their weights above weights + KV + activations
-# + working memory on the AMX Xeon (the model build's transients, the KV fill's kernels; benchmarks/RESULTS-cpu.md,
-# issue 43). A check that runs forwards counts this share of the weights on top, so it errs high, not low.
+# + working memory on the AMX Xeon (the model build's transients, the KV fill's kernels; benchmarks/RESULTS-cpu.md). A check that runs forwards counts this share of the weights on top, so it errs high, not low.
 FORWARD_SLACK = 0.12
 
 

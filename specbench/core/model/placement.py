@@ -12,6 +12,7 @@ files, and answers "on which device does this module compute?" for code that bui
 from __future__ import annotations
 
 import re
+import weakref
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -181,32 +182,45 @@ def output_device(model) -> torch.device:
 
 
 def decoder_layers(model):
-    base = getattr(model, "base_model", model)
-    return getattr(base, "layers", None) or getattr(getattr(model, "get_decoder", lambda: None)(), "layers", [])
+    """A causal LM's decoder layers (its base model's), [] when it has none."""
+    return getattr(getattr(model, "base_model", model), "layers", None) or []
 
 
 def layer_device(model, index: int) -> torch.device:
     return device_of(decoder_layers(model)[index])
 
 
+# what this module learns about a model, kept beside it (never on its module object): whether accelerate dispatched
+# it (asked every packed forward: decided once per model) and its tensor-parallel degree (set when it is loaded)
+_DISPATCHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def is_dispatched(model) -> bool:
     """Whether accelerate placed the model: more than one device in its map, or weights offloaded (meta)."""
-    known = getattr(model, "_specbench_dispatched", None)
-    if known is None:  # asked every packed forward: decided once per model
-        dmap = getattr(model, "hf_device_map", None) or {}
-        known = len(set(map(str, dmap.values()))) > 1 or "disk" in dmap.values() or any(
-            p.device.type == "meta" for p in model.parameters())
-        try:
-            model._specbench_dispatched = known
-        except AttributeError:
-            pass
+    try:
+        return _DISPATCHED[model]
+    except (KeyError, TypeError):  # TypeError: an object that takes no weak reference is decided every time
+        pass
+    dmap = getattr(model, "hf_device_map", None) or {}
+    known = len(set(map(str, dmap.values()))) > 1 or "disk" in dmap.values() or any(
+        p.device.type == "meta" for p in model.parameters())
+    try:
+        _DISPATCHED[model] = known
+    except TypeError:
+        pass
     return known
+
+
+def tp_degree(model) -> int:
+    """How many tensor-parallel processes share `model` (1 unless it was loaded with --tp)."""
+    return _TP.get(model, 1)
 
 
 def label(model) -> str:
     """The placement as records, run.yaml and profile files name it: 'single:cpu', 'single:cuda:0', 'tp2', or
     'map:0:16,1:14,disk:2' (decoder layers per device, in map order)."""
-    tp = getattr(model, "_specbench_tp", 1)
+    tp = tp_degree(model)
     if tp > 1:
         return f"tp{tp}"
     dmap = getattr(model, "hf_device_map", None)
@@ -283,5 +297,5 @@ def from_pretrained(auto, where: str, placement: Placement, **kwargs):
         raise SpecbenchError(f"could not place {where} with {placement.device_map or f'--tp {placement.tp}'}: "
                              f"{first}") from exc
     if placement.tp > 1:
-        model._specbench_tp = placement.tp
+        _TP[model] = placement.tp
     return model

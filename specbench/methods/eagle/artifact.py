@@ -20,14 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import yaml
 
 from ...core.batch.cache import crop_to, new_cache
 from ...core.model.cpu_kernels import prepack
-from ...core.batch.forward import CACHE_KEYWORD, with_cache
+from ...core.batch.forward import with_cache
 from ...core.machine.timing import median_call_ms
 from ...core.model.load import LoadedModel
 from ...errors import SpecbenchError
@@ -81,9 +80,14 @@ class FeatureDrafter(SharedHeadDrafter):
                       use_cache=cache is not None, position_embeddings=pos_emb, **attention_kwargs)
         return self.norm(h)
 
-    def get_decoder(self) -> "_Decoder":
-        """The decoder call the batch engines make (inputs_embeds: fused pairs or masks -> last_hidden_state)."""
-        return _Decoder(self)
+    def hidden(self, input_ids: torch.Tensor | None, position_ids: torch.Tensor, cache=None,
+               attention_mask: torch.Tensor | None = None, *, inputs_embeds: torch.Tensor | None = None,
+               **attention_kwargs) -> torch.Tensor:
+        """What the batch engines run (core/batch/decoder.py): inputs_embeds [B, n, H] (fused pairs or masks) ->
+        predicted features [B, n, H]; token ids alone run the layers on their embeddings, as the causal-LM call does."""
+        if inputs_embeds is None:
+            return super().hidden(input_ids, position_ids, cache, attention_mask, **attention_kwargs)
+        return self.features(inputs_embeds, position_ids, cache, attention_mask, **attention_kwargs)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Predicted features [n, H] -> float logits [n, V] (restricted heads: -inf outside vocab_ids)."""
@@ -95,19 +99,6 @@ class FeatureDrafter(SharedHeadDrafter):
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-class _Decoder:
-    """FeatureDrafter.features behind the keywords of a transformers decoder call (batch > 1: the drafter runs in
-    the same batch engines as the target, core/batch/ragged.py or core/batch/padded.py, with its own cache)."""
-
-    def __init__(self, drafter: FeatureDrafter):
-        self.drafter = drafter
-
-    def __call__(self, inputs_embeds, position_ids, attention_mask=None, use_cache=False, **kwargs):
-        cache = kwargs.pop(CACHE_KEYWORD, None)
-        h = self.drafter.features(inputs_embeds, position_ids, cache if use_cache else None, attention_mask, **kwargs)
-        return SimpleNamespace(last_hidden_state=h)  # [B, n, H]
 
 
 def group_layout(n: int, points: list[int], k: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,9 +3,9 @@ one batch engine of the drafter, in the target's mode (core/batch/ragged.py unpa
 drafter), and every sample's tree is drafted in batched drafter forwards: EAGLE one forward per tree depth over
 every sample's nodes of that depth, ParallelSpec one forward over every sample's pending pairs and masks.
 
-Per sample the inputs, positions, masks and random draws are batch 1's (feature_drafting.py): the pending pairs at
+Per sample the inputs, positions, masks and random draws are batch 1's (drafting.py): the pending pairs at
 the slot's committed length; EAGLE's depth-d nodes at committed length + d - 1, seeing the committed context,
-their ancestors (earlier depths of this step, in the cache: a tail mask, core/ragged.Segment.mask) and
+their ancestors (earlier depths of this step, in the cache: a tail mask, core/batch/ragged.Segment.mask) and
 themselves; ParallelSpec's masks after the pairs, causal. Drafted inputs leave each slot's cache after drafting.
 A sample's state between steps is its PendingPairs (the accepted path's features and tokens, not fed yet).
 """
@@ -40,7 +40,7 @@ def feed(batch, drafter: FeatureDrafter, samples, extra: torch.Tensor | None = N
 
 def draft_trees_eagle(batch, drafter: FeatureDrafter, samples, tree: Tree,
                       sampling: Sampling) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], int]:
-    """EAGLE's tree drafting (feature_drafting.draft_tree_eagle) for every sample at once -> (per sample: tokens
+    """EAGLE's tree drafting (drafting.draft_tree_eagle) for every sample at once -> (per sample: tokens
     [N] root first and draft q [N, V] or None; the batched drafter forwards, each of which every sample took part
     in)."""
     device = drafter.norm.weight.device
@@ -83,7 +83,7 @@ def draft_trees_eagle(batch, drafter: FeatureDrafter, samples, tree: Tree,
 
 def draft_trees_parallel(batch, drafter: FeatureDrafter, samples, tree: Tree,
                          sampling: Sampling) -> tuple[list[tuple[torch.Tensor, torch.Tensor | None]], int]:
-    """ParallelSpec's drafting (feature_drafting.draft_tree_parallel) for every sample in one batched forward."""
+    """ParallelSpec's drafting (drafting.draft_tree_parallel) for every sample in one batched forward."""
     k = drafter.mask_tokens
     out = feed(batch, drafter, samples, drafter.masks)  # [1 + k, H] each
     for s in samples:  # the masks leave the cache

@@ -30,7 +30,7 @@ from ..tree.layout import TreeLayout
 
 class PendingPairs:
     """The pairs (f_i, x_{i+1}) the target verified that the drafter has not fed yet (batch > 1's state per sample:
-    its cache is a row of the drafter's batch engine, feature_batch.py)."""
+    its cache is a row of the drafter's batch engine, batch.py)."""
 
     def __init__(self):
         self.features: list[torch.Tensor] = []  # pending f_i [m_i, H]

@@ -15,7 +15,7 @@ so the tree adapts to the context and its size to the machine.
 At T > 0 the shape must not depend on the sampled tokens (multi-candidate speculative sampling needs each node's
 children to be i.i.d. draws from its q, which a value-based selection of sampled tokens would bias). So the shape
 is drafted greedily as above, which depends only on the committed context, and then the static drafting
-(feature_drafting.draft_tree_eagle) samples that shape's tokens: lossless, at twice the drafter's work.
+(drafting.draft_tree_eagle) samples that shape's tokens: lossless, at twice the drafter's work.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ in one forward (the tree step, methods/tree/method.py).
 `eagle` (Li et al. 2024, "EAGLE"): the drafter runs autoregressively on its own predicted features, one forward
 per tree depth; `--gamma g` drafts a chain of g tokens instead of a tree. `parallelspec` (Xiao et al. 2024,
 "ParallelSpec"): the drafter with k trained [MASK] inputs drafts k + 1 distributions in one forward; their top
-candidates form the tree (Appendix A.3), so a tree deeper than k + 1 is refused (feature_drafting.py drafts).
+candidates form the tree (Appendix A.3), so a tree deeper than k + 1 is refused (drafting.py drafts).
 Verification: exact match at T = 0; at T > 0 candidates are sampled from the draft distribution q and accepted by
 multi-candidate speculative sampling with q (ParallelSpec Algorithm 1, verify.tree_sampled_accept): lossless.
 Trees: `estimate --method eagle|parallelspec` measures per-depth accuracy, `build-tree --method ...` chooses the

@@ -1,4 +1,4 @@
-"""`specbench train eagle` and `specbench train parallelspec`: the feature drafter (feature_drafter.py) distilled
+"""`specbench train eagle` and `specbench train parallelspec`: the feature drafter (artifact.py) distilled
 from the target on its own greedy replies to the offline training mix (selfdistill.training_sequences; no benchmark
 prompts). The frozen target runs once per sequence; its last (normed) hidden states f [T, H] are kept.
 

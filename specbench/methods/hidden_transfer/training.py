@@ -3,8 +3,8 @@
 Only the k projections W_j [H, H] train; the model is frozen. Data: the target's greedy replies to the offline
 training mix (no benchmark prompts). Each step takes one sequence: the frozen target runs it once without gradients
 (its KV cache, its distribution at every position, and its hidden states entering each transfer layer, captured by
-core.transfer.capture), then pseudo positions are inserted after `insertions` random positions i of the reply, k
-per insertion, and run on top of that cache (core.transfer.transferred: step j's placeholder becomes W_j h_i at layer
+layers.capture), then pseudo positions are inserted after `insertions` random positions i of the reply, k
+per insertion, and run on top of that cache (layers.transferred: step j's placeholder becomes W_j h_i at layer
 l_j). Pseudo position j (1-based) sits at position i + j, sees the context up to i and the earlier pseudo positions
 of its insertion (the paper's "No masked" setting, the layout decoding uses; --masked trains the paper's "Masked"
 ablation, where it sees the context only), and learns the target's distribution
@@ -35,12 +35,10 @@ from ...train.selfdistill import check_sources
 from ...train.steps import Recipe, run
 
 
-# Transfer layers measured per model. smollm2-135m: `python benchmarks/transfer_layers.py` (Figures 5-6's
-# experiment, 200 steps per trial, each step's layer chosen greedily: step 1 flat at 0.27-0.31 from layer 10 to 22,
-# 0.24 at 26) proposed 22, 24, 28; trained head to head at 400 steps against 12, 17, 22, it was better at the
-# first draft position only (top-1 0.372 against 0.360) and worse after (0.167 against 0.202, 0.120 against
-# 0.134), with lower tau end to end (GSM8K 1.66 against 1.70, MT-Bench 1.47 against 1.48, HumanEval 1.56 against
-# 1.58), so 12, 17, 22 stays (benchmarks/results/transfer-layers-400/).
+# Transfer layers measured per model. smollm2-135m: the per-layer sweep (`python benchmarks/transfer_layers.py`,
+# Figures 5-6's experiment) proposed 22, 24, 28; trained head to head against 12, 17, 22 it drafted better at the
+# first position only and gave a lower tau end to end, so 12, 17, 22 stays (the numbers:
+# benchmarks/RESULTS-cpu.md).
 MEASURED_LAYERS: dict[str, tuple[int, ...]] = {"smollm2-135m": (12, 17, 22)}
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from .scheduler import MODES, Executor, calibrate, drafter_on, step
+from ..timeline import timeline_entry
+from .scheduler import MODES, Executor, calibrate, drafter_on
 from ...core.machine.timing import now
 from ...core.model.load import resolve_device
 from ...core.verify import accept
@@ -141,8 +142,8 @@ class Pearl(DraftModelMethod):
                 if mode != "draft":
                     done = gen.emit(new, stop_ids, max_new_tokens)
                     emitted = gen.accepted_lengths[-1]  # new cut at a stop token or max_new_tokens
-                gen.timeline.append(step(mode, origin, t0, now(device), d_span, t_span, len(checks), n,
-                                         emitted, tok is not None))
+                gen.timeline.append(timeline_entry(mode, origin, t0, now(device), d_span, t_span, len(checks), n,
+                                                   emitted, tok is not None))
                 mode = next_mode
         gen.draft_forwards = drafter.forwards  # one per draft token, drafts dropped at a rejection included
         return gen

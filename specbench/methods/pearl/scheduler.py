@@ -27,27 +27,12 @@ from rich.markup import escape
 from ...errors import SpecbenchError
 from ...progress import console
 from ...core.batch.cache import crop_to, new_cache
-from ...core.batch.forward import forward, timed_forward
+from ...core.batch.forward import forward
+from ...core.machine.forward_cost import measure_forward_times
 from ...core.machine.timing import now, since
+from ..timeline import Span
 
 MODES = ("sequential", "threads", "streams", "devices")
-
-
-@dataclass(frozen=True)
-class Span:
-    start: float
-    end: float
-
-
-def step(mode: str, origin: float, t0: float, t1: float, draft, target, checked: int, accepted: int,
-         emitted: int, sampled: bool) -> dict:
-    """One timeline entry (its fields: report/timeline.py); spans are concurrency.Span or None, times are made relative to `origin`."""
-    def rel(span):
-        return None if span is None else [round(span.start - origin, 6), round(span.end - origin, 6)]
-
-    return {"mode": mode, "t0": round(t0 - origin, 6), "t1": round(t1 - origin, 6), "draft": rel(draft),
-            "target": rel(target), "checked": checked, "accepted": accepted, "emitted": emitted,
-            "sampled": int(sampled)}
 
 
 class Executor:
@@ -145,46 +130,6 @@ def drafter_on(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     if hasattr(model, "on_device"):
         return model.on_device(device)
     return copy.deepcopy(model).to(device)
-
-
-def measure_forward_times(model, device, widths=(1,), context: int = 64, rounds: int = 7) -> dict[int, float]:
-    """Seconds of one forward of w new tokens after `context` cached tokens, per width w.
-
-    Widths are timed round-robin (rounds x widths forwards, after one untimed warm-up each) and the median taken
-    per width, so a slow spell of a shared machine slows every width alike instead of one; then a running
-    maximum, since a wider forward never costs less (noise made 2 tokens dearer than 4 in sequential timing).
-    """
-
-    vocab = model.get_input_embeddings().weight.shape[0]
-    g = torch.Generator().manual_seed(0)
-    ctx = torch.randint(0, vocab, (1, context), generator=g).to(device)
-    new = {w: torch.randint(0, vocab, (1, w), generator=g).to(device) for w in widths}
-    cache = new_cache(model)
-    ms: dict[int, list[float]] = {w: [] for w in widths}
-    with torch.inference_mode():
-        forward(model, ctx, cache, logits_to_keep=1)
-        for w in widths:
-            timed_forward(model, new[w], cache, device)  # warm-up
-        for _ in range(rounds):
-            for w in widths:
-                ms[w].append(timed_forward(model, new[w], cache, device))
-    out, running = {}, 0.0
-    for w in sorted(widths):
-        running = max(running, statistics.median(ms[w]) / 1000)
-        out[w] = running
-    return out
-
-
-def forward_costs(target, drafter_model, draft_device, widths=(1,), drafter_spec: str = "") -> dict:
-    """Measured forward times: target at each width, drafter at width 1 (memoised per target, drafter spec, device:
-    the methods' defaults then stay the same within a process, so seeded sampling is reproducible)."""
-    key = ("forward_costs", drafter_spec, str(draft_device), tuple(widths))
-    if key not in target.extras:
-        costs = {"target_s": measure_forward_times(target.model, target.device, widths),
-                 "draft_s": measure_forward_times(drafter_model, draft_device)[1]}
-        costs["c"] = costs["target_s"][widths[0]] / costs["draft_s"]
-        target.extras[key] = costs
-    return target.extras[key]
 
 
 def _pearl_step_cost(executor: Executor, target, drafter_model, gamma: int, reps: int = 3) -> float:

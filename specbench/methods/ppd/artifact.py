@@ -95,7 +95,7 @@ def load(path: str | Path, target: LoadedModel, initial: bool = False) -> Prompt
 
 def default_path(target: LoadedModel | str) -> Path:
     """artifacts/<model key>/ppd in the working directory (where `specbench train ppd` writes), else the repo's
-    (the key: core.models.model_slug, the same for every command)."""
+    (the key: core/model/naming.model_slug, the same for every command)."""
     from ...core.model.load import model_slug
 
     return store.find_artifact_dir(model_slug(target if isinstance(target, str) else target.spec), "ppd", META_FILE)

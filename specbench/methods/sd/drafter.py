@@ -20,6 +20,7 @@ import yaml
 from ...core import store
 from ...core.model.cpu_kernels import prepack
 from ...core.batch.cache import window_mask
+from ...core.batch.decoder import DraftModule
 from ...core.batch.forward import with_cache
 from ...core.model.placement import output_device, own_copy, resident, state_dict_of, weight_of
 from ...core.model.load import LoadedModel, load_model
@@ -36,7 +37,7 @@ def causal_mask(past: int, n: int, batch: int, dtype: torch.dtype, device) -> to
     return mask[None, None].expand(batch, 1, n, past + n)
 
 
-class SharedHeadDrafter(torch.nn.Module):
+class SharedHeadDrafter(DraftModule):
     """L decoder layers of the target's architecture between the target's embeddings and LM head.
 
     Only the layers and the final norm are parameters of this module; the target's embedding and head are held
@@ -79,16 +80,19 @@ class SharedHeadDrafter(torch.nn.Module):
     def get_output_embeddings(self):
         return self._shared[1]
 
-    def hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache=None,
-               attention_mask: torch.Tensor | None = None, **attention_kwargs) -> torch.Tensor:
-        """input_ids [B, n] -> normed final hidden states [B, n, H]. attention_mask: a 4-D additive mask (padded
-        batches; default causal); attention_kwargs reach the attention function (core/batch/ragged.py's packed batches)."""
-        h = self._shared[0](input_ids).to(self.norm.weight.device)  # [B, n, H] (embeddings may sit elsewhere)
+    def hidden(self, input_ids: torch.Tensor | None, position_ids: torch.Tensor, cache=None,
+               attention_mask: torch.Tensor | None = None, *, inputs_embeds: torch.Tensor | None = None,
+               **attention_kwargs) -> torch.Tensor:
+        """input_ids [B, n] (or their embeddings, inputs_embeds [B, n, H]) -> normed final hidden states [B, n, H].
+        attention_mask: a 4-D additive mask (padded batches; default causal); attention_kwargs reach the attention
+        function (core/batch/ragged.py's packed batches)."""
+        x = inputs_embeds if inputs_embeds is not None else self._shared[0](input_ids)
+        h = x.to(self.norm.weight.device)  # [B, n, H] (embeddings may sit elsewhere)
         position_ids = position_ids.to(h.device)
         past = cache.get_seq_length() if cache is not None else 0
         mask = attention_mask
         if mask is None and "ragged" not in attention_kwargs:  # causal, the target's sliding windows applied
-            mask = window_mask(self, causal_mask(past, input_ids.shape[1], input_ids.shape[0], h.dtype, h.device),
+            mask = window_mask(self, causal_mask(past, h.shape[1], h.shape[0], h.dtype, h.device),
                                position_ids[:1])
         kinds = getattr(self.config, "layer_types", None) or ["full_attention"] * len(self.layers)
         pos_emb = self.rotary_emb(h, position_ids=position_ids)
@@ -113,7 +117,7 @@ class SharedHeadDrafter(torch.nn.Module):
                 attention_mask: torch.Tensor | None = None, past_key_values=None, **attention_kwargs):
         """The causal-LM call the methods use; logits [B, n, V] over the full vocabulary (logits_to_keep: the last
         n positions, or a tensor of the positions to keep, as transformers' models take it)."""
-        cache = cache if cache is not None else past_key_values  # either keyword (core.forward.CACHE_KEYWORD)
+        cache = cache if cache is not None else past_key_values  # either keyword (core/batch/forward.CACHE_KEYWORD)
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
@@ -206,7 +210,7 @@ def load_artifact(path: str | Path, target: LoadedModel, check_fingerprint: bool
 
 def default_artifact(target: LoadedModel) -> Path | None:
     """artifacts/<model key>/drafter in the working directory (where `specbench train drafter` writes), else the
-    repo's (the key: core.models.model_slug)."""
+    repo's (the key: core/model/naming.model_slug)."""
     from ...core.model.load import model_slug
 
     key = model_slug(target.spec)

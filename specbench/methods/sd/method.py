@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from rich.markup import escape
 
-from ..pearl.scheduler import forward_costs
+from ...core.machine.forward_cost import forward_costs
 from ...core.batch.ragged import Segment
 from ...planning.batch_choice import KV_LENGTH, batch_view
 from ...progress import console

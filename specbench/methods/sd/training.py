@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .drafter import SharedHeadDrafter, save_artifact
-from ..pearl.scheduler import forward_costs
+from ...core.machine.forward_cost import forward_costs
 from ...core.model.load import LoadedModel
 from ...errors import SpecbenchError
 from ...progress import progress_bar

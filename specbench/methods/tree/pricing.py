@@ -34,7 +34,8 @@ class DraftPricing:
 
     The price is per drafting forward as the cost law takes it (acceptance.cost_law: eagle pays it once per depth,
     the others once a step; the guesser divides eagle's timed drafting of a tree by its depth). A bare forward of
-    the drafter (what `estimate` times) costs about half of what the step pays on a 2-core CPU (issue 44)."""
+    the drafter (what `estimate` times) costs less than what the step pays (pending rows, widths, top-k, gathers:
+    benchmarks/draft_pricing.py measures the factor)."""
 
     def __init__(self, time_drafting: Callable[[Tree | None], float | None], target=None, family: str = ""):
         self.time_drafting = time_drafting  # the family's guesser times one step's drafting (None: nothing drafts)
