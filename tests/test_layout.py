@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specbench"
 # lower number = lower layer; a module may import its own layer or lower ones, never a higher one
-LAYERS = {"errors": 0, "progress": 0, "__init__": 0, "core": 1, "data": 2, "train": 4,
+LAYERS = {"errors": 0, "progress": 0, "__init__": 0, "core": 1, "families": 1, "data": 2, "train": 4,
           "planning": 5, "methods": 6, "run": 7, "engines": 7, "report": 8, "ci": 9, "cli": 10, "__main__": 11}
 
 

@@ -12,6 +12,7 @@ from pathlib import Path as FsPath
 import yaml
 
 from ..errors import SpecbenchError
+from ..families import method_flag, tree_stem
 from . import store
 from .structured import read_structured
 from .tree import Path, Tree
@@ -130,8 +131,8 @@ def locate(relative: str) -> FsPath | None:
 def auto_candidates(model: str, method: str, hardware: str, dtype: str) -> list[str]:
     """Where `--tree auto` looks, in order: this hardware's tree (specbench build-tree), then the method's
     shipped default for the dtype, then for any dtype."""
-    stems = [] if method == "ppd" else [f"{method}-{hardware}-{dtype}", f"{method}-{hardware}"]
-    stems += [f"{hardware}-{dtype}", hardware, f"{method}-{dtype}", method]
+    own = [tree_stem(method, f"{hardware}-{dtype}"), tree_stem(method, hardware)]
+    stems = list(dict.fromkeys(own + [f"{hardware}-{dtype}", hardware, f"{method}-{dtype}", method]))
     return [str(store.tree_file(model, stem)) for stem in stems]
 
 
@@ -151,7 +152,7 @@ def find_auto_tree(model: str, method: str, hardware: str, dtype: str) -> tuple[
 def other_trees(model: str, method: str, hardware: str, dtype: str) -> list[str]:
     """This method's tree files for this model that `--tree auto` does not take here (other hardware or dtype):
     the only trees a note about a missing tree should name."""
-    own = f"{hardware}-{dtype}" if method == "ppd" else f"{method}-{hardware}-{dtype}"
+    own = tree_stem(method, f"{hardware}-{dtype}")
     found = set()
     for root in store.roots():
         for path in sorted((root / store.tree_dir(model)).glob("*.yaml")):
@@ -220,11 +221,10 @@ def resolve_tree(spec, model: str, method: str, hardware: str, dtype: str,
         others = other_trees(model, method, hardware, dtype)
         seen = f"; {method} trees for other hardware or dtypes ({', '.join(others)}) are not used" if others else ""
         named = f" --model {model_spec}" if model_spec else ""
-        flag = "" if method == "ppd" else f" --method {method}"
         return build(default_size), (f"built, size {default_size} (no {method} tree file for {model} on {hardware} "
                                      f"{dtype}{seen}: `specbench profile{named} --dtype {dtype}` then "
-                                     f"`specbench build-tree{named}{flag} --gpu cpu --dtype {dtype}` makes "
-                                     "this hardware's)")
+                                     f"`specbench build-tree{named}{method_flag(method)} --gpu cpu --dtype "
+                                     f"{dtype}` makes this hardware's)")
     spec = spec.path
     path = store.resolve_data_path(spec)  # trees/<model>/... is also found in the checkout from any directory
     if not FsPath(path).is_file():

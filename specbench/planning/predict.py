@@ -20,7 +20,7 @@ from ..core.model.load import model_slug
 from ..core.tree_file import find_auto_tree
 from ..errors import SpecbenchError
 from . import autotree
-from .acceptance import DRAFT_COST_METHODS, cost_law, draft_cost, read_per_rank
+from .acceptance import draft_cost, drafting, read_per_rank
 from .buildtree import predict
 from .profile import load_profile
 
@@ -102,8 +102,8 @@ def tree_draft_cost(family: str, tree):
     """depth -> drafting ms per step from the drafting forward a run timed on this hardware and dtype as it built
     `tree` (its `draft_forward_ms`), or None: a tree built from files only is priced by the acceptance file's time,
     moved here (draft_cost). The two can differ many times over (benchmarks/RESULTS-gpu.md)."""
-    ms = tree.extra.get("draft_forward_ms")
-    return cost_law(family, ms) if family in DRAFT_COST_METHODS and isinstance(ms, (int, float)) else None
+    ms, drafts = tree.extra.get("draft_forward_ms"), drafting(family)
+    return drafts.cost_law(ms) if drafts is not None and isinstance(ms, (int, float)) else None
 
 
 def drafting_price(family: str, tree, acceptance: Path, profile, timed_ms: float | None = None):
@@ -115,13 +115,14 @@ def drafting_price(family: str, tree, acceptance: Path, profile, timed_ms: float
        factor that differs per family and machine (benchmarks/draft_pricing.py), so it is used as it is and the
        source says the prediction is optimistic rather than guessing a factor.
     Both timed prices are on the profile's clock (DraftPricing.clock), as the profile's L(n) they sit beside."""
-    if family not in DRAFT_COST_METHODS:
+    drafts = drafting(family)
+    if drafts is None:
         return None, ""
     if (cost := tree_draft_cost(family, tree)) is not None:
         ms = tree.extra["draft_forward_ms"]
         return cost, f"{ms:.2f} ms per drafting forward, the step's drafting timed as the tree was built"
     if timed_ms is not None:
-        return cost_law(family, timed_ms), (f"{timed_ms:.2f} ms per drafting forward, the step's drafting of this "
+        return drafts.cost_law(timed_ms), (f"{timed_ms:.2f} ms per drafting forward, the step's drafting of this "
                                             "tree timed now on the loaded target")
     cost = draft_cost(family, acceptance, profile, KV_LENGTH)
     if cost is None:

@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 from rich.markup import escape
 
+from ... import families
 from ...core.model.load import model_slug
 from ...core.batch.ragged import Segment
 from ...core.machine.timing import now
@@ -41,11 +42,12 @@ class TreeMethod(Batchable, DecodeMethod):
     typical = False  # the `-typical` variants: Medusa's typical acceptance at T > 0 (lossy)
 
     def __init_subclass__(cls, **kwargs):
-        """A registered method's family, tree shape and needs are its guesser's (declared once per guesser)."""
+        """A registered method's family and needs are its guesser's, its tree shape its family's declaration."""
         super().__init_subclass__(**kwargs)
         guesser = cls.__dict__.get("guesser_type")
         if guesser is not None:
-            cls.family, cls.one_state, cls.needs = guesser.family, guesser.one_state, ("target", guesser.artifact)
+            cls.family, cls.needs = guesser.family, ("target", guesser.artifact)
+            cls.one_state = families.get(guesser.family).one_state
 
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)

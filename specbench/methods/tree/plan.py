@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from ... import families
 from ...core import store
 from ...core.machine.hardware import hardware_slug
 from ...core.model.load import dtype_name, model_slug
@@ -96,7 +97,7 @@ def first_plan(method) -> TreePlan:
     guesser, model_name = method.guesser, model_slug(method.target.spec)
     dynamic = None
     if spec.kind == "dynamic":
-        if not guesser.dynamic_trees:
+        if not families.get(method.family).dynamic_trees:
             raise SpecbenchError(f"--tree {spec}: only eagle and parallelspec choose their tree per step (EAGLE-2's "
                                  f"dynamic tree); {method.name} takes auto, size=N or a trees/*.yaml path")
         if gamma is not None:
