@@ -19,7 +19,7 @@ from ..core import store
 from ..core.model.load import model_slug
 from ..core.tree_file import find_auto_tree
 from ..errors import SpecbenchError
-from . import autotree
+from . import autotree, tree_choice
 from .acceptance import draft_cost, drafting, read_per_rank
 from .buildtree import predict
 from .profile import load_profile
@@ -76,15 +76,16 @@ def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, dev
         out.why_not = "; ".join(autotree.missing_steps(model_spec, cand.family, hardware, dtype, device)[:-1])
         return out
     try:
-        hit = find_auto_tree(key, cand.family, hardware, dtype)
-        if hit is None:
-            built = autotree.build_here(model_spec, cand.family, cand.one_state, hardware, dtype,
-                                        _guessed(meta, found.acceptance), _ept(meta))
-            hit = (find_auto_tree(key, cand.family, hardware, dtype) or (None, ""))
+        choice = tree_choice.choose(model_spec, cand.family, hardware, dtype, one_state=cand.one_state,
+                                    rows=_guessed(meta, found.acceptance), ept=_ept(meta), device=device)
+        if choice.tree is None:
+            raise SpecbenchError(choice.why)
+        tree, source = choice.tree, choice.source
+        if choice.built is not None:  # recorded as --tree auto finds it from now on
             out.built = True
-            if hit[0] is None:
-                raise SpecbenchError(f"the tree built at {built.path} is not the one --tree auto takes")
-        tree, source = hit
+            tree, source = find_auto_tree(key, cand.family, hardware, dtype) or (None, "")
+            if tree is None:
+                raise SpecbenchError(f"the tree built at {choice.built} is not the one --tree auto takes")
         rows = _rows(found.acceptance) if tree.prompt_tokens == 0 else tree.prompt_tokens
         acc = read_per_rank(found.acceptance, rows)
         profile = load_profile(found.profile)

@@ -54,6 +54,7 @@ class TreeMethod(Batchable, DecodeMethod):
         self.guesser = self.guesser_type(self)
         # rows: token distances the guesses cover; ept: ensemble copies; table: embeddings of the node inputs
         self.rows, self.ept, self.table, artifact = self.guesser.load()
+        self.tree_spec = plan.tree_spec(self.options)  # --tree, parsed once
         # per-rank probabilities the tree is searched and predicted with (acceptance_source: run.yaml, report.md)
         self.acceptance, self.acceptance_file, self.acceptance_source = plan.per_rank_acceptance(
             self, self.rows, model_slug(target.spec))
