@@ -22,8 +22,9 @@ from specbench.methods.medusa import artifact as mh
 from specbench.methods.ppd import artifact as pt
 from specbench.methods.hidden_transfer import artifact as tp
 from specbench.train.selfdistill import greedy_continuations, render
-from specbench.planning.acceptance import score_sequence
-from specbench.planning.head_accuracy import medusa_ranks, transfer_ranks
+from specbench.methods.ppd.scoring import score_sequence
+from specbench.methods.hidden_transfer.scoring import transfer_ranks
+from specbench.methods.medusa.scoring import medusa_ranks
 
 
 def main() -> None:

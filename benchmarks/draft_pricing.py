@@ -17,7 +17,7 @@ import torch
 
 from specbench.core.model.load import dtype_name, load_model
 from specbench.methods import get_method
-from specbench.planning.acceptance import cost_law
+from specbench import families
 from specbench.planning.batch_choice import local_profile
 from specbench.planning.buildtree import predict
 
@@ -57,7 +57,7 @@ def main() -> None:
         bare, step = bare_ms(method) * method.pricing.clock(), method.pricing.ms_here(tree)
         said = {}
         for label, ms in (("bare", bare), ("step", step)):
-            said[label] = predict(tf, method.acceptance, profile, draft_ms=cost_law(method.family, ms)) if profile \
+            said[label] = predict(tf, method.acceptance, profile, draft_ms=families.get(method.family).cost_law(ms)) if profile \
                 else {"predicted_speedup": float("nan"), "predicted_tau": float("nan")}
         print(f"{name:>13} {f'{tf.size}/d{tree.depth}':>10} {bare:8.2f} {step:8.2f} {step / bare:6.2f} "
               f"{said['bare']['predicted_speedup']:11.3f} {said['step']['predicted_speedup']:11.3f} "

@@ -29,7 +29,7 @@ from specbench.train.selfdistill import greedy_continuations, render, training_s
 from specbench.train.settings import TRAINING_MIX
 from specbench.methods.hidden_transfer.training import make_step_loss
 from specbench.train.optimiser import optimise
-from specbench.planning.head_accuracy import transfer_ranks
+from specbench.methods.hidden_transfer.scoring import transfer_ranks
 
 
 def accuracy(target, proj, refs) -> list[tuple[float, float]]:

@@ -125,7 +125,8 @@ def test_shipped_profiles_and_trees_carry_their_identity():
 
 
 def test_a_tree_built_for_other_hardware_is_labelled_borrowed(tmp_path, monkeypatch):
-    from specbench.core.tree_file import TreeFile, resolve_tree
+    from specbench.core.tree_file import TreeFile, TreeSpec, resolve_tree
+    from specbench.planning.tree_choice import choose
 
     monkeypatch.chdir(tmp_path)
     tree = TreeFile({1: [((0,), 1)]}, 1, model="m", hardware=slug_of(AVX2_EPYC), dtype="float32")
@@ -135,10 +136,12 @@ def test_a_tree_built_for_other_hardware_is_labelled_borrowed(tmp_path, monkeypa
     def build(size):  # the fallback when no tree file fits
         return TreeFile({1: []}, 1)
 
-    _, source = resolve_tree(str(folder / f"{slug_of(AVX2_EPYC)}-float32.yaml"), "m", "ppd", slug_of(ZEN4_EPYC),
-                             "float32", build, 16)
+    _, source = resolve_tree(TreeSpec.parse(str(folder / f"{slug_of(AVX2_EPYC)}-float32.yaml")), slug_of(ZEN4_EPYC),
+                             build)
     assert f"built for {slug_of(AVX2_EPYC)}" in source and "borrowed" in source
-    _, mine = resolve_tree("auto", "m", "ppd", slug_of(AVX2_EPYC), "float32", build, 16)
-    assert "borrowed" not in mine
-    _, other = resolve_tree("auto", "m", "ppd", slug_of(ZEN4_EPYC), "float32", build, 16)  # never the AVX2 tree
-    assert other.startswith("built, size 16") and "trees for other hardware" in other
+    mine = choose("m", "ppd", slug_of(AVX2_EPYC), "float32", one_state=False, rows=1)  # --tree auto's choice
+    assert mine.tree is not None and "borrowed" not in mine.source
+    other = choose("m", "ppd", slug_of(ZEN4_EPYC), "float32", one_state=False, rows=1)  # never the AVX2 tree
+    assert other.tree is None
+    fallback = other.fallback_source(16)  # what a run says it decodes with instead
+    assert fallback.startswith("built, size 16") and "trees for other hardware" in fallback

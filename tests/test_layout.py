@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "specbench"
 # lower number = lower layer; a module may import its own layer or lower ones, never a higher one
-LAYERS = {"errors": 0, "progress": 0, "__init__": 0, "core": 1, "data": 2, "train": 4,
+LAYERS = {"errors": 0, "progress": 0, "__init__": 0, "core": 1, "families": 1, "data": 2, "train": 4,
           "planning": 5, "methods": 6, "run": 7, "engines": 8, "report": 9, "ci": 10, "cli": 11, "__main__": 12}
 # The one import allowed to run up the layers, and why. `run.benchmark.run` is every caller's entry to a run (the
 # CLI, recommend, Ray shards) and hands a `--engine` run to engines/, which writes its run folder with run/'s

@@ -10,7 +10,8 @@ from specbench.core.tree_file import TreeFile
 from specbench.core.verify import Sampling
 from specbench.methods.ppd import artifact as pt
 from specbench.errors import SpecbenchError
-from specbench.planning.acceptance import read_per_rank, score_sequence
+from specbench.methods.ppd.scoring import score_sequence
+from specbench.planning.acceptance import read_per_rank
 from specbench.methods import get_method
 from specbench.methods.ppd.guesser import ParallelPromptDecoding, PromptTokens
 

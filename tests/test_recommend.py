@@ -216,7 +216,7 @@ def test_a_relative_tree_path_is_found_in_the_checkout_from_any_directory(tmp_pa
     """--tree trees/<model>/x.yaml reads the checkout's file when the working directory has none (what a shipped
     recommendation records); a path in neither is refused with the path as typed."""
     from specbench.core import store as data_store
-    from specbench.core.tree_file import TreeFile, resolve_tree
+    from specbench.core.tree_file import TreeFile, TreeSpec, resolve_tree
 
     shipped = tmp_path / "checkout"
     TreeFile({1: [((0,), 1)]}, 1, model="m", hardware="hw", dtype="float32").write(
@@ -225,10 +225,10 @@ def test_a_relative_tree_path_is_found_in_the_checkout_from_any_directory(tmp_pa
     elsewhere.mkdir()
     monkeypatch.setattr(data_store, "checkout", lambda: shipped)
     monkeypatch.chdir(elsewhere)
-    tree, source = resolve_tree("trees/m/hw-float32.yaml", "m", "ppd", "hw", "float32", None, 16)
+    tree, source = resolve_tree(TreeSpec.parse("trees/m/hw-float32.yaml"), "hw", None)
     assert tree.hardware == "hw" and source == "trees/m/hw-float32.yaml"
     with pytest.raises(SpecbenchError, match="--tree trees/m/none.yaml: no such file"):
-        resolve_tree("trees/m/none.yaml", "m", "ppd", "hw", "float32", None, 16)
+        resolve_tree(TreeSpec.parse("trees/m/none.yaml"), "hw", None)
 
 
 # ------------------------------------------------------------------------------------ the measured pick (issue 41)

@@ -16,6 +16,7 @@ from rich.markup import escape
 from .. import __version__
 from ..errors import BadValue, SpecbenchError, did_you_mean
 from ..progress import console, out, quiet_libraries
+from ..train.configs import CONFIGS
 from .command import RENAMED, SpecbenchGroup, SpecbenchTyper, click_errors
 
 # This invocation's arguments (without the program name): `run` repeats them in the command that resumes it.
@@ -109,7 +110,7 @@ list_app = SpecbenchTyper(help="List methods and datasets.", no_args_is_help=Tru
 app.add_typer(list_app, name="list")
 train_app = SpecbenchTyper(help="Train the small artefacts some methods need (drafters, prompt tokens, ...).",
                            no_args_is_help=True,
-                           order=("ppd", "drafter", "medusa", "hidden-transfer", "eagle", "parallelspec", "eval"))
+                           order=(*(config.command for config in CONFIGS), "eval"))
 app.add_typer(train_app, name="train")
 
 

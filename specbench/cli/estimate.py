@@ -60,22 +60,22 @@ def estimate(
         _estimate_padding(accuracy, batch_sizes, max_accept, run, out_path)
         return
     from ..core.model.load import load_model
-    from ..methods.base import tree_families
+    from .. import families
     from ..planning import acceptance
 
-    families = tree_families()  # family -> its first registered tree method (ppd, medusa, ...)
-    if method not in families:
-        raise SpecbenchError(f"--method {method}: not a tree method{did_you_mean(method, families)}; choose one of "
-                             f"{', '.join(families)} (or --padding)")
+    scored = [f.name for f in families.FAMILIES.values() if f.scorer]  # the tree families (ppd, medusa, ...)
+    if method not in scored:
+        raise SpecbenchError(f"--method {method}: not a tree method{did_you_mean(method, scored)}; choose one of "
+                             f"{', '.join(scored)} (or --padding)")
     limit = prompt_limit(limit)
     if new_tokens < 3:
         raise SpecbenchError(f"--max-new-tokens must be at least 3 (got {new_tokens})")
-    guesser = families[method].guesser_type
-    if initial and not guesser.has_initial:
+    family = families.get(method)
+    if initial and not family.has_initial:
         raise SpecbenchError(f"--initial scores ppd's untrained prompt tokens; {method} has no initial artefact "
                              "(its untrained heads / projections / drafter repeat the next-token guess or less)")
     target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory))
-    scorer = guesser.scorer(target, artifact, initial)
+    scorer = families.load(family.scorer)(target, artifact, initial)
     result = acceptance.estimate_with(target, scorer.ranks, scorer.rows, data, limit, new_tokens, data_file, method,
                                       scorer.source, scorer.extra)
     source = scorer.source

@@ -42,7 +42,6 @@ def plan(
 ):
     """Plan the methods for a model before training: tree, predicted tau and speedup, memory (predicted, not
     measured)."""
-    from ..methods import REGISTRY  # noqa: F401  (first: the guessers and planning.acceptance import each other)
     from ..planning.plan import PlanRequest
     from ..planning.plan import plan as make_plan
 

@@ -15,7 +15,8 @@ from rich.markup import escape
 
 from ..errors import SpecbenchError
 from ..progress import console
-from ..train.configs import CONFIGS
+from .. import families
+from ..train.configs import CONFIGS, DrafterConfig, PPDConfig
 from ..train.settings import cli_options
 from .app import train_app
 from .placement_options import DeviceMap, MaxMemory, target_placement
@@ -94,8 +95,9 @@ def dry_run_command(cls: type, options: dict[str, Any]) -> None:
 
 
 def _said_ppd(path: Path, options: dict) -> None:
-    meta = _heldout(path, "ppd.yaml", options)
-    console.print(f"Wrote {escape(str(path))}/prompt_tokens.safetensors, ppd.yaml, loss.png: {meta['steps']} steps, "
+    artefact = families.get(PPDConfig.command).artefact
+    meta = _heldout(path, artefact.meta, options)
+    console.print(f"Wrote {escape(str(path))}/{artefact.weights}, {artefact.meta}, loss.png: {meta['steps']} steps, "
                   "final loss "
                   f"{meta['final_loss']} (from {meta['initial_loss']}), {_heldout_said(meta)}"
                   f"{meta['train_seconds']:.0f} s training + {meta['data_seconds']:.0f} s data.")
@@ -104,8 +106,9 @@ def _said_ppd(path: Path, options: dict) -> None:
 def _said_drafter(path: Path, options: dict) -> None:
     import yaml
 
-    meta = yaml.safe_load((path / "drafter.yaml").read_text())
-    console.print(f"Wrote {escape(str(path))}/drafter.safetensors, drafter.yaml, loss.png: "
+    artefact = families.get(DrafterConfig.command).artefact
+    meta = yaml.safe_load((path / artefact.meta).read_text())
+    console.print(f"Wrote {escape(str(path))}/{artefact.weights}, {artefact.meta}, loss.png: "
                   f"{meta['parameters'] / 1e6:.1f} M own "
                   f"parameters, agreement with the target {meta['agreement']:.1%} (untrained "
                   f"{meta['agreement_untrained']:.1%}), speed ratio c = {meta['speed_ratio_c']}, "
@@ -147,13 +150,18 @@ def _said_trained(meta_file: str, weights: str):
     return said
 
 
-REPORTS = {
-    "ppd": _said_ppd, "drafter": _said_drafter,
-    "medusa": _said_trained("medusa.yaml", "heads.safetensors"),
-    "hidden-transfer": _said_trained("hidden-transfer.yaml", "projections.safetensors"),
-    "eagle": _said_trained("eagle.yaml", "feature-drafter.safetensors"),
-    "parallelspec": _said_trained("parallelspec.yaml", "feature-drafter.safetensors"),
-}
+# the train commands whose report is their own; the others say what every trained artefact says
+OWN_REPORTS = {PPDConfig: _said_ppd, DrafterConfig: _said_drafter}
+
+
+def _report(cls: type):
+    if cls in OWN_REPORTS:
+        return OWN_REPORTS[cls]
+    artefact = families.get(cls.command).artefact
+    return _said_trained(artefact.meta, artefact.weights)
+
+
+REPORTS = {cls.command: _report(cls) for cls in CONFIGS}  # command -> what it says after training
 
 for _cls in CONFIGS:
     make_command(_cls)

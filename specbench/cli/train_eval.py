@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from .. import families
 from ..errors import SpecbenchError
 from ..progress import console
 from .app import train_app
@@ -24,7 +25,6 @@ def evaluate(folder: Path, model: str | None = None, dtype: str = "auto", device
     """Score the artefact in `folder` on held-out prompts of its training sources (or `data`) and, with `write`,
     record the result in its metadata; returns the result. model: default the one its metadata names."""
     from ..core.model.load import load_model
-    from ..methods.base import tree_families
     from ..planning import heldout
     from ..train.selfdistill import check_sources
 
@@ -36,11 +36,11 @@ def evaluate(folder: Path, model: str | None = None, dtype: str = "auto", device
     meta = heldout.read(folder)
     path = heldout.meta_file(folder)
     method = meta.get("method") or path.stem  # <method>.yaml; early-exit heads are Medusa heads at a middle layer
-    method = "medusa" if method == "early-exit" else method
-    families = tree_families()
-    if method not in families:
+    family = families.find(method)  # early-exit heads are Medusa heads at a middle layer (an alias)
+    if family is None or not family.scorer:
         raise SpecbenchError(f"{path}: method {method!r} has no held-out top-1 check; it covers "
-                             f"{', '.join(families)}")
+                             f"{', '.join(f.name for f in families.FAMILIES.values() if f.scorer)}")
+    method = family.name
     try:
         trained, skipped = heldout.training_plan(meta, path)
     except SpecbenchError:
@@ -51,7 +51,7 @@ def evaluate(folder: Path, model: str | None = None, dtype: str = "auto", device
     heldout.check_held_out(sources, trained, skipped if held_out is None else held_out, prompts, path)
     target = load_model(model or meta.get("model") or "smollm2-135m", dtype, device, placement=placement)
     target.model.requires_grad_(False)
-    scorer = families[method].guesser_type.scorer(target, str(folder), False)
+    scorer = families.load(family.scorer)(target, str(folder), False)
     result = heldout.heldout_top1(target, scorer.ranks, scorer.rows, sources, prompts, new_tokens)
     if write:
         heldout.record(folder, result)

@@ -168,22 +168,21 @@ def build_tree(
 ):
     """Build PPD's hardware-aware dynamic sparse tree: the size that maximises tau(n) / L(n) on --gpu."""
 
+    from .. import families as registry
     from ..core.machine.timing import now, since
-    from ..methods.base import tree_families
     from ..planning.buildtree import BuildTreeRequest, edge_note
     from ..planning.buildtree import build_tree as build
+    from ..planning.plan import tree_methods
 
     from ..core import lookup, store
 
     lookup.start(allow_disturbed_profile)
     start = now()
-    # The tree methods from the registry: dynamic trees first (ppd, hidden-transfer), then one-state ones.
-    families = sorted(tree_families().items(), key=lambda item: item[1].one_state)
-    cls = dict(families).get(method)
-    if cls is None:
-        raise SpecbenchError(f"--method {method}: not a tree method{did_you_mean(method, dict(families))}; choose "
-                             f"one of {', '.join(name for name, _ in families)}")
-    built = build(BuildTreeRequest(model, method, bool(cls and cls.one_state), tuple(name for name, _ in families),
+    families = tree_methods()  # the declared tree families: dynamic trees first, then one-state ones
+    if method not in families:
+        raise SpecbenchError(f"--method {method}: not a tree method{did_you_mean(method, families)}; choose "
+                             f"one of {', '.join(families)}")
+    built = build(BuildTreeRequest(model, method, registry.get(method).one_state, families,
                                    gpu, dtype, prompt_tokens, max_size, kv_length, ept, acceptance, out_path,
                                    batch_size))
     curve, profile = built.curve, built.profile

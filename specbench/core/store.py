@@ -176,7 +176,7 @@ def tree_dir(model: str) -> Path:
 
 
 def tree_file(model: str, stem: str) -> Path:
-    """trees/<model>/<stem>.yaml (stem: `<hardware>-<dtype>` for ppd, `<method>-<hardware>-<dtype>` for others)."""
+    """trees/<model>/<stem>.yaml (stem: the family's prefix and `<hardware>-<dtype>`: families.tree_stem)."""
     return tree_dir(model) / f"{stem}.yaml"
 
 

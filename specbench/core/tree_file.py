@@ -1,6 +1,7 @@
 """The trees/*.yaml file format (TreeFile: provenance plus one Tree per state, core/tree.py) and the `--tree`
-option's parts every command shares: its parse (TreeSpec), where `--tree auto` looks, and a tree read or built for
-a spec (resolve_tree; a tree method's whole plan is methods/tree/plan.py)."""
+option's parts every command shares: its value (TreeSpec, parsed once: methods/tree/plan.tree_spec), where `--tree
+auto` looks (find_auto_tree; the choice itself is planning/tree_choice.py), and a tree read or built for a file or
+size (resolve_tree)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path as FsPath
 import yaml
 
 from ..errors import SpecbenchError
+from ..families import tree_stem
 from . import lookup, store
 from .structured import read_structured
 from .tree import Tree, TreePath
@@ -130,8 +132,8 @@ def locate(relative: str) -> FsPath | None:
 def auto_candidates(model: str, method: str, hardware: str, dtype: str) -> list[str]:
     """Where `--tree auto` looks, in order: this hardware's tree (specbench build-tree), then the method's
     shipped default for the dtype, then for any dtype."""
-    stems = [] if method == "ppd" else [f"{method}-{hardware}-{dtype}", f"{method}-{hardware}"]
-    stems += [f"{hardware}-{dtype}", hardware, f"{method}-{dtype}", method]
+    own = [tree_stem(method, f"{hardware}-{dtype}"), tree_stem(method, hardware)]
+    stems = list(dict.fromkeys(own + [f"{hardware}-{dtype}", hardware, f"{method}-{dtype}", method]))
     return [str(store.tree_file(model, stem)) for stem in stems]
 
 
@@ -153,7 +155,7 @@ def find_auto_tree(model: str, method: str, hardware: str, dtype: str) -> tuple[
 def other_trees(model: str, method: str, hardware: str, dtype: str) -> list[str]:
     """This method's tree files for this model that `--tree auto` does not take here (other hardware or dtype):
     the only trees a note about a missing tree should name."""
-    own = f"{hardware}-{dtype}" if method == "ppd" else f"{method}-{hardware}-{dtype}"
+    own = tree_stem(method, f"{hardware}-{dtype}")
     found = set()
     for root in store.roots():
         for path in sorted((root / store.tree_dir(model)).glob("*.yaml")):
@@ -198,42 +200,20 @@ class TreeSpec:
         return self.kind + ("" if self.size is None else f"={self.size}")
 
 
-def resolve_tree(spec, model: str, method: str, hardware: str, dtype: str,
-                 build: Callable[[int], TreeFile], default_size: int,
-                 model_spec: str | None = None,
-                 missing: Callable[[], tuple[TreeFile, str]] | None = None) -> tuple[TreeFile, str]:
-    """--tree auto | PATH | size=N (a TreeSpec or its text) -> (tree file, where it came from). `build(n)` makes a
-    tree of size n. `model` is the model's file-name key (trees/<model>/), `model_spec` the model as the user named
-    it (for the advice). `missing()` answers `--tree auto` when this hardware has no tree file (a tree method builds
-    one from this hardware's profile and its acceptance file, methods/tree/plan.py); without it, a size
-    `default_size` tree and a note naming the commands that make this hardware's. A PATH is read from the working
-    directory, else from the checkout (a relative path a shipped recommendation records)."""
-    spec = spec if isinstance(spec, TreeSpec) else TreeSpec.parse(spec)
-    if spec.kind == "dynamic":
-        raise SpecbenchError(f"--tree {spec}: a dynamic tree is drafted each step; resolve its static size instead")
+def resolve_tree(spec: TreeSpec, hardware: str, build: Callable[[int], TreeFile]) -> tuple[TreeFile, str]:
+    """--tree size=N | PATH -> (tree file, where it came from); `build(n)` makes a tree of size n. A PATH is read from
+    the working directory, else from the checkout (a relative path a shipped recommendation records). `--tree auto`
+    is planning/tree_choice.choose's (find, build here, explain)."""
     if spec.kind == "size":
         return build(spec.size), f"built, size {spec.size}"
-    if spec.kind == "auto":
-        found = find_auto_tree(model, method, hardware, dtype)
-        if found is not None:
-            return found
-        if missing is not None:
-            return missing()
-        others = other_trees(model, method, hardware, dtype)
-        seen = f"; {method} trees for other hardware or dtypes ({', '.join(others)}) are not used" if others else ""
-        named = f" --model {model_spec}" if model_spec else ""
-        flag = "" if method == "ppd" else f" --method {method}"
-        return build(default_size), (f"built, size {default_size} (no {method} tree file for {model} on {hardware} "
-                                     f"{dtype}{seen}: `specbench profile{named} --dtype {dtype}` then "
-                                     f"`specbench build-tree{named}{flag} --gpu cpu --dtype {dtype}` makes "
-                                     "this hardware's)")
-    spec = spec.path
-    path = store.resolve_data_path(spec)  # trees/<model>/... is also found in the checkout from any directory
+    if spec.kind != "path":
+        raise SpecbenchError(f"--tree {spec}: not a tree file or a size (auto and dynamic are resolved by the plan)")
+    path = store.resolve_data_path(spec.path)  # trees/<model>/... is also found in the checkout from any directory
     if not FsPath(path).is_file():
-        raise SpecbenchError(f"--tree {spec}: no such file; use auto, size=N or a trees/*.yaml path")
+        raise SpecbenchError(f"--tree {spec.path}: no such file; use auto, size=N or a trees/*.yaml path")
     tf = read_tree_file(path)
-    lookup.note_used(lookup.TREE, path, f"{method} --tree {spec}")
-    return tf, spec + _borrowed(tf, hardware)
+    lookup.note_used(lookup.TREE, path, f"--tree {spec}")
+    return tf, spec.path + _borrowed(tf, hardware)
 
 
 def _borrowed(tree: TreeFile, hardware: str) -> str:

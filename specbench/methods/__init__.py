@@ -3,22 +3,26 @@
 One module or folder per method family: ar.py and pld.py (training-free), sd/ (a drafter model; pearl/ reuses its
 drafting), and the tree methods, which share tree/ (the step, the tree plan) and each keep their guesser, artefact
 and training recipe in a folder of their own: ppd/, medusa/, eagle/ (the feature drafter), parallelspec/ (eagle's
-feature drafter with [MASK] inputs), hidden_transfer/. Importing a family registers its methods; the order below is
-the registry's order (`specbench list methods`). Adding a method: a module or folder here with one @register'd class, and one line below.
+feature drafter with [MASK] inputs), hidden_transfer/. Each family is declared in specbench/families/, which names
+the module whose import registers its methods; importing this package imports them in the families' order (the
+order of `specbench list methods`). Adding a method: a module or folder here with one @register'd class, and its
+family's declaration.
 """
 
 from __future__ import annotations
 
-# isort: off
-from . import ar  # noqa: F401  (each import registers the module's methods)
-from .ppd import guesser as _ppd  # noqa: F401
-from .medusa import guesser as _medusa  # noqa: F401
-from .eagle import guesser as _eagle  # noqa: F401
-from .parallelspec import guesser as _parallelspec  # noqa: F401
-from .hidden_transfer import guesser as _hidden_transfer  # noqa: F401
-from . import pld  # noqa: F401
-from .sd import method as _sd  # noqa: F401
-from .pearl import method as _pearl  # noqa: F401
-# isort: on
+import importlib
+
+from .. import families
 from .base import REGISTRY, DecodeMethod, Generation, get_method, register  # noqa: F401
 from .options import Option, OptionValues, all_options, split_by_method  # noqa: F401
+
+
+def add_family(family: families.Family) -> None:
+    """Register a family: its declaration (specbench/families/) and, by importing the module it names, its methods."""
+    families.register(family)
+    importlib.import_module(family.methods)
+
+
+for _family in list(families.FAMILIES.values()):  # the registry's order is `specbench list methods`' order
+    add_family(_family)

@@ -1,11 +1,12 @@
-"""`specbench estimate --method ppd`: top-k accuracy of each prompt token at each token distance against the
-model's own greedy continuation (PPD §5.2, Fig. 6 and Table 2), and the per-rank probabilities the tree
-construction reads (PPD §4.2: "all the probabilities used above can be approximated on a validation dataset").
+"""`specbench estimate --method F`: top-k accuracy of a family's guesses at each token distance against the model's
+own greedy continuation (PPD §5.2, Fig. 6 and Table 2), and the per-rank probabilities the tree construction reads
+(PPD §4.2: "all the probabilities used above can be approximated on a validation dataset"). Each family scores its
+own guesses (its declaration's scorer: methods/<family>/scoring.py); this module tabulates and files them, and
+prices a family's drafting per step from the time `estimate` wrote (its declaration's cost law).
 
 Token distance d (the paper's "@d"): after the last accepted token x_i the target's own logits give x_{i+1};
-prompt token d, inserted after x_i, guesses x_{i+1+d}. Every position of every continuation is an insertion
-point; prompt tokens are scored in chunks on top of the KV cache of the whole sequence.
-acceptance/<model>/ppd.yaml:
+guess d guesses x_{i+1+d}.
+acceptance/<model>/<family>.yaml:
   topk_accuracy[d-1][k-1]  P(x_{i+1+d} is among prompt token d's top-k guesses), k = 1..10
   per_rank[d-1][r]         P(x_{i+1+d} is its rank-r guess) (unconditional, as in the authors' trees)
 """
@@ -17,16 +18,14 @@ from pathlib import Path
 import torch
 import yaml
 
+from .. import families
 from ..core import lookup, store
-from ..core.batch.cache import crop_to, new_cache
-from ..core.batch.forward import target_logits
 from ..core.machine.hardware import hardware_slug
 from ..core.model.load import LoadedModel, dtype_name, model_slug
 from ..core.profile_file import LatencyProfile, load_profile
 from ..core.machine.timing import now, since
 from ..data import datasets as ds
 from ..data.trainsets import refuse_as_benchmark
-from ..methods.ppd.artifact import PromptTokens, hidden, insertion_inputs
 from ..train.selfdistill import greedy_continuations, render
 from ..errors import SpecbenchError
 from ..progress import progress_bar
@@ -57,43 +56,10 @@ def read_per_rank(path: str | Path, rows: int) -> list[list[float]]:
     return [list(map(float, r)) for r in table[:rows]]
 
 
-@torch.inference_mode()
-def score_sequence(target: LoadedModel, tokens: PromptTokens, ids: list[int], start: int,
-                   chunk: int = 32) -> torch.Tensor:
-    """Ranks hit by the guesses on one sequence: [positions, S] rank of the true token among prompt token d's
-    guesses (TOP_K = outside the top-k, -1 = no true token that far). Insertion after every position >= start."""
-    model = target.model
-    seq = torch.tensor(ids, device=target.device)
-    count, ept = tokens.count, tokens.ept
-    table = tokens.table(target.dtype, target.device)  # [S * E, H]
-    cache = new_cache(model)
-    n = len(ids)
-    causal = torch.full((n, n), torch.finfo(target.dtype).min, dtype=target.dtype, device=target.device).triu(1)
-    hidden(model, model.get_input_embeddings()(seq)[None], causal[None, None],
-           torch.arange(n, device=target.device)[None], cache)
-    points = list(range(start, n - 2))
-    out = torch.full((len(points), count), -1, dtype=torch.long)
-    for c in range(0, len(points), chunk):
-        at = points[c:c + chunk]
-        mask, pos, rows = insertion_inputs(at, count, ept, n, target.dtype, target.device)
-        h = hidden(model, table[rows][None], mask, pos, cache)  # [q, H]
-        crop_to(cache, n)
-        logits = target_logits(model, h).view(len(at), count, ept, -1).mean(2)  # [C, S, V]: as ppd's step reads them
-        guesses = logits.topk(TOP_K, dim=-1).indices.cpu()  # [C, S, K]
-        for d in range(count):
-            truth_at = torch.tensor(at) + 2 + d  # guess of prompt token d+1 is x_{i+2+d} (0-based d)
-            valid = truth_at < n
-            truth = seq.cpu()[truth_at.clamp(max=n - 1)]
-            hit = guesses[:, d] == truth[:, None]  # [C, K]
-            rank = torch.where(hit.any(1), hit.float().argmax(1), torch.tensor(TOP_K))
-            out[c:c + len(at), d] = torch.where(valid, rank, torch.tensor(-1))
-    return out
-
-
 def estimate_with(target: LoadedModel, score, rows: int, data: str, limit: int, new_tokens: int,
                   data_file: str | None, method: str, artifact: str, extra: dict | None = None) -> dict:
-    """Accuracy table of any guesser: score(ids, start) -> ranks [positions, rows] (score_sequence's layout) on the
-    target's greedy references to the first `limit` prompts of `data`."""
+    """Accuracy table of any guesser: score(ids, start) -> ranks [positions, rows] (planning/head_accuracy's layout)
+    on the target's greedy references to the first `limit` prompts of `data`."""
     t0 = now()
     refuse_as_benchmark(data)
     _, prompts = ds.load_prompts(data, limit, data_file)
@@ -142,7 +108,11 @@ def write(result: dict, path: Path) -> None:
         raise SpecbenchError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
-DRAFT_COST_METHODS = ("eagle", "parallelspec", "medusa")  # a step costs more than the target's forward
+def drafting(method: str) -> families.Family | None:
+    """The family's declaration when its drafting costs more than the target's forward (a drafter or heads of its
+    own, priced by its cost law), else None."""
+    family = families.find(method)
+    return family if family is not None and family.drafts_with_model else None
 
 
 def draft_cost(method: str, path: Path | None, profile: LatencyProfile | None = None, kv_length: int = 512):
@@ -151,10 +121,11 @@ def draft_cost(method: str, path: Path | None, profile: LatencyProfile | None = 
     and their logits on the accepted node), from the time `estimate` wrote into its acceptance file, moved to
     `profile`'s machine and dtype (draft_scale); None for other methods, no file, or an older file without
     `draft_forward_ms`."""
-    if method not in DRAFT_COST_METHODS or path is None:
+    family = drafting(method)
+    if family is None or path is None:
         return None
     ms, _ = moved_draft_ms(method, read_fields(path), profile, kv_length)
-    return None if ms is None else cost_law(method, ms)
+    return None if ms is None else family.cost_law(ms)
 
 
 def moved_draft_ms(method: str, data: dict, profile: LatencyProfile | None, kv_length: int = 512
@@ -163,16 +134,10 @@ def moved_draft_ms(method: str, data: dict, profile: LatencyProfile | None, kv_l
     from an acceptance file's fields; (None, None) for a method that drafts nothing or a file without
     `draft_forward_ms`."""
     ms = data.get("draft_forward_ms")
-    if method not in DRAFT_COST_METHODS or not isinstance(ms, (int, float)):
+    if drafting(method) is None or not isinstance(ms, (int, float)):
         return None, None
     factor, moved = draft_scale(data, profile, kv_length) if profile is not None else (1.0, None)
     return ms * factor, moved
-
-
-def cost_law(method: str, ms: float):
-    """depth -> drafting milliseconds per step from one drafting forward's `ms`: eagle runs its drafter once per inner
-    depth, parallelspec once a step, medusa its heads once a step."""
-    return (lambda depth: ms * max(depth, 1)) if method == "eagle" else (lambda depth: ms)
 
 
 def draft_scale(data: dict, profile: LatencyProfile, kv_length: int = 512) -> tuple[float, str | None]:

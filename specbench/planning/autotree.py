@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..core import lookup, store
 from ..core.model.load import model_slug
+from ..families import method_flag, tree_stem
 from ..errors import SpecbenchError
 from .buildtree import BuildTreeRequest, BuiltTree, build_tree
 
@@ -42,11 +43,10 @@ def inputs(model_spec: str, family: str, hardware: str, dtype: str, use_for: str
 
 
 def tree_relative(model_spec: str, family: str, hardware: str, dtype: str, batch_size: int = 1) -> Path:
-    """This hardware's tree of the method inside a data root (trees/<model>/[<method>-]<hardware>-<dtype>.yaml; at
-    batch size B > 1 with -b<B> added): what lookups search every source for."""
-    stem = f"{hardware}-{dtype}"
-    return store.tree_file(model_slug(model_spec),
-                           store.batch_stem(stem if family == "ppd" else f"{family}-{stem}", batch_size))
+    """This hardware's tree of the method inside a data root (trees/<model>/<family prefix><hardware>-<dtype>.yaml;
+    at batch size B > 1 with -b<B> added): what lookups search every source for."""
+    return store.tree_file(model_slug(model_spec), store.batch_stem(tree_stem(family, f"{hardware}-{dtype}"),
+                                                                    batch_size))
 
 
 def tree_path(model_spec: str, family: str, hardware: str, dtype: str, batch_size: int = 1) -> Path:
@@ -87,7 +87,6 @@ def missing_steps(model_spec: str, family: str, hardware: str, dtype: str, devic
     if found.acceptance is None:
         steps.append(f"no {found.acceptance_rel}: `specbench estimate --method {family} --model {model_spec}`")
     gpu = "cpu" if hardware.startswith("cpu") else str(found.profile or found.profile_rel)
-    flag = "" if family == "ppd" else f" --method {family}"
-    steps.append(f"then `specbench build-tree --model {model_spec}{flag} --gpu {gpu} --dtype {dtype}` "
+    steps.append(f"then `specbench build-tree --model {model_spec}{method_flag(family)} --gpu {gpu} --dtype {dtype}` "
                  f"-> {tree_path(model_spec, family, hardware, dtype)}")
     return steps

@@ -17,12 +17,13 @@ import yaml
 from rich.markup import escape
 
 from ..core import lookup, store
+from ..families import tree_stem
 from ..core.machine.hardware import hardware_slug
 from ..core.model.load import auto_dtype, model_config, model_slug
 from ..core.tree_file import TreeFile
 from ..errors import SpecbenchError
 from ..progress import console, status
-from .acceptance import DRAFT_COST_METHODS, cost_law, moved_draft_ms, read_fields, read_per_rank
+from .acceptance import drafting, moved_draft_ms, read_fields, read_per_rank
 from .latency_estimate import GPU_CHOICES, resolve_profile
 from .profile import LatencyProfile
 from .treesearch import (
@@ -299,8 +300,7 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
                            root=measured.parent.parent if measured else store.profiles_dir(),
                            batch_sizes=(req.batch_size,))
     profile = batch_curve(full, req.batch_size, req.model)  # L(B, w); batch 1: the profile itself
-    stem = f"{profile.hardware}-{profile.dtype}"
-    stem = store.batch_stem(stem if req.family == "ppd" else f"{req.family}-{stem}", req.batch_size)
+    stem = store.batch_stem(tree_stem(req.family, f"{profile.hardware}-{profile.dtype}"), req.batch_size)
     path = req.out or store.filed(store.tree_file(slug, stem))
     if req.one_state:
         rows = _acceptance_rows(acc_path)  # every depth the estimate measured,
@@ -392,17 +392,18 @@ def _draft_cost(family: str, path: Path, profile: LatencyProfile, kv_length: int
     with what draft_scale did to get there; with a console note when a drafting method's file lacks the drafter's
     forward time or it was timed elsewhere."""
     file_ms, moved = moved_draft_ms(family, read_fields(path), profile, kv_length)
-    if here_ms is not None and family in DRAFT_COST_METHODS:
+    drafts = drafting(family)
+    if here_ms is not None and drafts is not None:
         was = f"; the acceptance file's, moved here: {file_ms:.2f} ms" if file_ms is not None else ""
         note = (f"a drafting forward timed on {profile.hardware} {profile.dtype} as the tree was built: "
                 f"{here_ms:.2f} ms{was}")
         console.print(f"[dim]{escape(note)}[/]")
-        return cost_law(family, here_ms), note
+        return drafts.cost_law(here_ms), note
     if file_ms is None:
-        if family in DRAFT_COST_METHODS:
+        if drafts is not None:
             console.print(f"[yellow]note[/] {escape(str(path))} has no draft_forward_ms: the drafter's cost is left "
                           f"out of the prediction (re-run `specbench estimate --method {family}`)")
         return None, None
     if moved:
         console.print(f"[dim]{escape(moved)}[/]")
-    return cost_law(family, file_ms), moved
+    return drafts.cost_law(file_ms), moved

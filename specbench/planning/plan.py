@@ -7,10 +7,11 @@ ones), its predicted tau and speedup over `ar`, the drafter's cost per step, and
   speedup(n) = tau(n) L(1) / (sum_k pi_k L(width_k) + drafting ms per step)      (buildtree.py's formulas)
   drafting ms = L(1) x drafter share, share = the drafter's weights in decoder layers (its layers, extra matrices
       and the LM head it reads, over one target layer's weights) / the target's (layers + its LM head): the drafter
-      is a slice of the same kind of network, on the same curve (as acceptance.draft_scale argues); eagle pays it
-      once per drafted depth, medusa and parallelspec once per step (acceptance.cost_law).
+      is a slice of the same kind of network, on the same curve (as acceptance.draft_scale argues), paid once per
+      drafted depth or once per step as the family declares (families/record.Family.cost_law).
   memory = target weights + drafter or heads + KV cache (2 x layers x KV heads x head dim x context, the drafter's
       own layer included) in the run's dtype.
+Each family's drafter weights, memory parts and tree shape come from its declaration (specbench/families/).
 Nothing here is measured on the planned model: the plan says so, and says which profile and acceptance it rests on.
 """
 
@@ -21,18 +22,21 @@ from pathlib import Path
 
 import yaml
 
+from .. import families
 from ..core import store
 from ..errors import SpecbenchError
-from .acceptance import cost_law, read_fields, read_per_rank
+from .acceptance import read_fields, read_per_rank
 from .buildtree import PROFILE_WIDTHS, build_dtype, candidate_curve, candidate_tree_file, size_curve, tree_file
 from .latency_estimate import GPU_CHOICES, ModelShape, resolve_profile
 from .profile import LatencyProfile
 
 PUBLISHED = Path(store.ACCEPTANCE) / "published"
-DYNAMIC = ("ppd", "hidden-transfer")  # dynamic sparse trees over prompt tokens / pseudo positions
-ONE_STATE = ("medusa", "eagle", "parallelspec")  # one-state trees of the best candidates
-METHODS = DYNAMIC + ONE_STATE
-MEDUSA_HEADS = 4  # when the acceptance file does not say (Medusa's published Vicuna-7B tree is 4 deep)
+
+
+def tree_methods() -> tuple[str, ...]:
+    """The tree families plan covers: dynamic sparse trees first, then one-state trees of the best candidates."""
+    return tuple(sorted(families.tree_families(), key=lambda name: families.get(name).one_state))
+
 
 
 @dataclass
@@ -41,7 +45,7 @@ class PlanRequest:
     gpu: str = "a100"
     dtype: str = "auto"
     acceptance: str = "published"  # published | published:<model> | a folder of <method>.yaml files
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = field(default_factory=tree_methods)
     kv_length: int = 512  # the KV length whose latency curve is read (as build-tree and recommend)
     context: int = 2048  # the run's context: prompt + new tokens, for the KV cache's memory
     max_size: int = 128
@@ -93,14 +97,12 @@ def acceptance_folder(spec: str, model_key: str) -> Path:
     """The folder of <method>.yaml files `--acceptance` names (a clear error listing what is published)."""
     if spec == "published" or spec.startswith("published:"):
         key = spec.partition(":")[2] or model_key
-        folder = store.find(PUBLISHED / key / "ppd.yaml")
-        found = folder.parent if folder is not None else None
-        if found is None:
-            for method in METHODS:
-                hit = store.find(PUBLISHED / key / f"{method}.yaml")
-                if hit is not None:
-                    found = hit.parent
-                    break
+        found = None
+        for method in tree_methods():  # the default family's file first, as the published folders are laid out
+            hit = store.find(PUBLISHED / key / f"{method}.yaml")
+            if hit is not None:
+                found = hit.parent
+                break
         if found is None:
             have = sorted({p.parent.name for root in store.roots() for p in (root / PUBLISHED).glob("*/*.yaml")})
             raise SpecbenchError(f"--acceptance {spec}: no published acceptance for {key} (published: "
@@ -120,35 +122,21 @@ def _bytes(dtype: str) -> int:
 
 
 def drafter_layers(method: str, shape: ModelShape, fields: dict) -> float:
-    """The drafter's weights read per drafting forward, in target decoder layers (module docstring)."""
-    head = shape.vocab * shape.hidden / shape.weights_per_layer  # the LM head every drafter's guesses go through
-    if method == "eagle":  # one decoder layer, the 2H -> H input projection, the target's LM head
-        return 1 + 2 * shape.hidden ** 2 / shape.weights_per_layer + head
-    if method == "parallelspec":  # one decoder layer (its [MASK] rows ride along in width), the LM head
-        return 1 + head
-    if method == "medusa":  # each head: an H x H residual block and its own H x V projection
-        heads = fields.get("heads") or MEDUSA_HEADS
-        return heads * (shape.hidden ** 2 + shape.vocab * shape.hidden) / shape.weights_per_layer
-    return 0.0
+    """The drafter's weights read per drafting forward, in target decoder layers (module docstring); 0 where the
+    guesses ride in the target's forward."""
+    read = families.get(method).drafter_read
+    return read(shape, fields) / shape.weights_per_layer if read is not None else 0.0
 
 
 def memory_gb(method: str, shape: ModelShape, params: int, fields: dict, dtype: str, context: int) -> dict:
-    """Target weights, drafter or heads (own weights only: eagle and parallelspec share the target's embeddings and
-    LM head), KV cache at `context` (the drafter's one layer included) in GB of the run's dtype."""
+    """Target weights, drafter or heads (own weights only: a feature drafter shares the target's embeddings and LM
+    head), KV cache at `context` (the drafter's own layers included) in GB of the run's dtype."""
     b = _bytes(dtype)
     per_token = 2 * shape.kv_heads * shape.head_dim * b  # K and V of one layer
-    extra, extra_layers = 0.0, 0
-    if method == "ppd":
-        extra = (fields.get("prompt_tokens") or 3) * (fields.get("ept") or 1) * shape.hidden
-    elif method == "medusa":
-        extra = (fields.get("heads") or MEDUSA_HEADS) * (shape.hidden ** 2 + shape.hidden + shape.vocab * shape.hidden)
-    elif method == "eagle":
-        extra, extra_layers = shape.weights_per_layer + 2 * shape.hidden ** 2, 1
-    elif method == "parallelspec":
-        extra, extra_layers = shape.weights_per_layer + (fields.get("mask_tokens") or 4) * shape.hidden, 1
-    elif method == "hidden-transfer":
-        extra = len(fields.get("transfer_layers") or [0, 0, 0]) * shape.hidden ** 2
-    out = {"target": params * b, "drafter": extra * b, "kv": (shape.layers + extra_layers) * per_token * context}
+    family = families.get(method)
+    extra = family.drafter_weights(shape, fields) if family.drafter_weights is not None else 0.0
+    out = {"target": params * b, "drafter": extra * b,
+           "kv": (shape.layers + family.drafter_kv_layers) * per_token * context}
     out["total"] = sum(out.values())
     return {k: round(v / 1e9, 3) for k, v in out.items()}
 
@@ -165,9 +153,10 @@ def plan(req: PlanRequest) -> Plan:
                              "path")
     if req.context < 1 or req.kv_length < 1 or req.max_size < 2:
         raise SpecbenchError("--context and --kv-length must be >= 1, --max-size >= 2")
-    unknown = [m for m in req.methods if m not in METHODS]
+    known = tree_methods()
+    unknown = [m for m in req.methods if m not in known]
     if unknown:
-        raise SpecbenchError(f"--methods: {', '.join(unknown)} not a tree method; choose from {', '.join(METHODS)}")
+        raise SpecbenchError(f"--methods: {', '.join(unknown)} not a tree method; choose from {', '.join(known)}")
     key = model_slug(req.model)
     config = model_config(req.model)
     dtype = build_dtype(req.dtype, req.gpu, lambda: "bfloat16")
@@ -214,7 +203,7 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
     rows = len(fields.get("per_rank") or [])
     acc = read_per_rank(path, rows)
     trees.mkdir(parents=True, exist_ok=True)
-    if method in DYNAMIC:
+    if not families.get(method).one_state:
         m = fields.get("prompt_tokens") or len(fields.get("transfer_layers") or []) or rows
         curve = size_curve(acc, m, profile, req.max_size, req.kv_length, fields.get("ept") or 1,
                            sizes=_sizes(req.max_size, m))
@@ -223,7 +212,7 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
         share = drafter_layers(method, shape, fields) / (shape.layers + shape.vocab * shape.hidden
                                                          / shape.weights_per_layer)
         forward_ms = profile.latency_ms(1, req.kv_length) * share
-        draft = cost_law(method, forward_ms)
+        draft = families.get(method).cost_law(forward_ms)
         curve = candidate_curve(acc, profile, req.max_size, req.kv_length, draft)
         made = candidate_tree_file(curve, method, key, profile, str(path), req.kv_length)
         row.draft_ms = round(draft(max(len(p) for p in curve.best.paths)), 3)

@@ -21,8 +21,8 @@ from ..core.model.load import model_slug
 from ..core.tree_file import find_auto_tree
 from ..errors import SpecbenchError
 from ..progress import console
-from . import autotree
-from .acceptance import DRAFT_COST_METHODS, cost_law, draft_cost, read_per_rank
+from . import autotree, tree_choice
+from .acceptance import draft_cost, drafting, read_per_rank
 from .buildtree import predict
 from .profile import load_profile
 
@@ -78,17 +78,18 @@ def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, dev
         out.why_not = "; ".join(autotree.missing_steps(model_spec, cand.family, hardware, dtype, device)[:-1])
         return out
     try:
-        hit = find_auto_tree(key, cand.family, hardware, dtype)
-        if hit is None:
-            built = autotree.build_here(model_spec, cand.family, cand.one_state, hardware, dtype,
-                                        _guessed(meta, found.acceptance), _ept(meta))
-            hit = (find_auto_tree(key, cand.family, hardware, dtype) or (None, ""))
+        choice = tree_choice.choose(model_spec, cand.family, hardware, dtype, one_state=cand.one_state,
+                                    rows=_guessed(meta, found.acceptance), ept=_ept(meta), device=device)
+        if choice.tree is None:
+            raise SpecbenchError(choice.why)
+        tree, source = choice.tree, choice.source
+        if choice.built is not None:  # recorded as --tree auto finds it from now on
             out.built = True
             console.print(f"[dim]{cand.method}: no tree for {hardware} {dtype} yet; built it now from "
-                          f"{escape(str(found.profile))}: filed as {escape(store.said_where(built.path))}[/]")
-            if hit[0] is None:
-                raise SpecbenchError(f"the tree built at {built.path} is not the one --tree auto takes")
-        tree, source = hit
+                          f"{escape(str(choice.inputs.profile))}: filed as {escape(store.said_where(choice.built))}[/]")
+            tree, source = find_auto_tree(key, cand.family, hardware, dtype) or (None, "")
+            if tree is None:
+                raise SpecbenchError(f"the tree built at {choice.built} is not the one --tree auto takes")
         rows = _rows(found.acceptance) if tree.prompt_tokens == 0 else tree.prompt_tokens
         acc = read_per_rank(found.acceptance, rows)
         profile = load_profile(found.profile)
@@ -106,8 +107,8 @@ def tree_draft_cost(family: str, tree):
     """depth -> drafting ms per step from the drafting forward a run timed on this hardware and dtype as it built
     `tree` (its `draft_forward_ms`), or None: a tree built from files only is priced by the acceptance file's time,
     moved here (draft_cost). The two can differ many times over (benchmarks/RESULTS-gpu.md)."""
-    ms = tree.extra.get("draft_forward_ms")
-    return cost_law(family, ms) if family in DRAFT_COST_METHODS and isinstance(ms, (int, float)) else None
+    ms, drafts = tree.extra.get("draft_forward_ms"), drafting(family)
+    return drafts.cost_law(ms) if drafts is not None and isinstance(ms, (int, float)) else None
 
 
 def drafting_price(family: str, tree, acceptance: Path, profile, timed_ms: float | None = None):
@@ -119,13 +120,14 @@ def drafting_price(family: str, tree, acceptance: Path, profile, timed_ms: float
        factor that differs per family and machine (benchmarks/draft_pricing.py), so it is used as it is and the
        source says the prediction is optimistic rather than guessing a factor.
     Both timed prices are on the profile's clock (DraftPricing.clock), as the profile's L(n) they sit beside."""
-    if family not in DRAFT_COST_METHODS:
+    drafts = drafting(family)
+    if drafts is None:
         return None, ""
     if (cost := tree_draft_cost(family, tree)) is not None:
         ms = tree.extra["draft_forward_ms"]
         return cost, f"{ms:.2f} ms per drafting forward, the step's drafting timed as the tree was built"
     if timed_ms is not None:
-        return cost_law(family, timed_ms), (f"{timed_ms:.2f} ms per drafting forward, the step's drafting of this "
+        return drafts.cost_law(timed_ms), (f"{timed_ms:.2f} ms per drafting forward, the step's drafting of this "
                                             "tree timed now on the loaded target")
     cost = draft_cost(family, acceptance, profile, KV_LENGTH)
     if cost is None:

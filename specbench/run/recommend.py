@@ -166,7 +166,7 @@ def price_drafting(req: RecommendRequest, cands: list[Candidate], hardware: str,
     from ..core.model.load import load_model
     from ..core.tree_file import find_auto_tree
     from ..planning import autotree
-    from ..planning.acceptance import DRAFT_COST_METHODS
+    from ..planning.acceptance import drafting
     from ..planning.predict import artifact_meta
 
     key = model_slug(req.model)
@@ -175,7 +175,7 @@ def price_drafting(req: RecommendRequest, cands: list[Candidate], hardware: str,
         hit = find_auto_tree(key, cand.family, hardware, dtype)
         return hit is None or not isinstance(hit[0].extra.get("draft_forward_ms"), (int, float))
 
-    todo = [c for c in cands if c.family in DRAFT_COST_METHODS and artifact_meta(key, c.family) is not None
+    todo = [c for c in cands if drafting(c.family) is not None and artifact_meta(key, c.family) is not None
             and autotree.inputs(req.model, c.family, hardware, dtype).ready and unpriced(c)]
     if not todo:
         return {}

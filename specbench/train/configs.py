@@ -1,6 +1,7 @@
 """Each trainer's config: its settings and, in the same fields, its `specbench train` command's options
-(settings.option: help text, flag, default as shown). cli/train.py makes one command per class of CONFIGS; the
-family's training module (`trainer`) reads the config. They live here, outside specbench.methods, because importing
+(settings.option: help text, flag, default as shown). cli/train.py makes one command per class of CONFIGS (the
+classes the families' declarations name, specbench/families/); the family's training module (`trainer`) reads the
+config. They live here, outside specbench.methods, because importing
 that package loads every method (and torch), and `specbench train X --help` must stay light.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import families
 from ..errors import BadValue
 from .settings import TrainSettings, option
 
@@ -44,7 +46,7 @@ class PPDConfig(TrainSettings):
 
     @property
     def out_dir(self) -> Path:
-        return self.artifact_out("ppd")  # where ppd / estimate look
+        return self.artifact_out(self.command)  # where ppd / estimate look
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class MedusaConfig(TrainSettings):
     prompts: int = 120
 
     def folder(self, layers: int) -> str:
-        return "medusa" if self.layer in (None, layers) else f"early-exit-l{self.layer}"
+        return self.command if self.layer in (None, layers) else f"early-exit-l{self.layer}"
 
     def out_dir(self, layers: int) -> Path:
         return self.artifact_out(self.folder(layers))
@@ -146,7 +148,7 @@ class TransferConfig(TrainSettings):
 
     @property
     def out_dir(self) -> Path:
-        return self.artifact_out("hidden-transfer")
+        return self.artifact_out(self.command)
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ class FeatureConfig(TrainSettings):
 
     @property
     def k(self) -> int:
-        return self.mask_tokens if self.method == "parallelspec" else 0
+        return self.mask_tokens if families.get(self.method).mask_inputs else 0
 
     def out_dir(self) -> Path:
         return self.artifact_out(self.method)
@@ -214,5 +216,5 @@ class ParallelSpecConfig(FeatureConfig):
     seed: int = option(0, "Data order, groups and noise.")
 
 
-# one `specbench train` command each, in this order
-CONFIGS = (PPDConfig, DrafterConfig, MedusaConfig, TransferConfig, EagleConfig, ParallelSpecConfig)
+# one `specbench train` command each: the config each family's declaration names, in the registry's order
+CONFIGS = tuple(families.load(family.train_config) for family in families.trained())

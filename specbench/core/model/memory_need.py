@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ... import families
+
 GIB = 2**30
 RUNTIME_HEADROOM = 512 * 2**20  # the process itself (python, torch, transformers, tokenizer) and allocator slack
 KV_HEADROOM_TOKENS = 4096  # the KV cache a check counts on without a workload: a long prompt and reply
@@ -189,26 +191,18 @@ STATE_BYTES = 4 + 4 + 8  # a trained float32 parameter: its value, its gradient,
 def train_workload(command: str, cfg, config, dtype: torch.dtype, sequences: int) -> Workload:
     """`specbench train COMMAND`: the frozen target's forward over a whole sequence (prompt + --max-new-tokens), the
     trained part's optimiser state (float32 value, gradient, AdamW moments: STATE_BYTES a parameter) and what the
-    recipe caches for all `sequences`: Medusa the heads' input and the last state [T, H] in float32, the feature
-    drafters one state [T, H] in float32, the drafter the teacher's top-k (ids and probabilities); PPD and Hidden
-    Transfer back-propagate through the target, so the target's activations of a sequence are kept for backward."""
+    recipe caches for all `sequences` (each family's declaration says both: families/<family>.py train_memory);
+    a family whose loss back-propagates through the target (backprop_target) keeps a sequence's activations."""
     layers, kv_heads, head_dim, hidden, inter, vocab = text_shape(config)
     seq = TRAIN_PROMPT_TOKENS + cfg.new_tokens
     heads = hidden // head_dim if head_dim else 1
     layer = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter
-    top = getattr(cfg, "vocab_top", None) or 0
-    trained = {"ppd": getattr(cfg, "prompt_tokens", 0) * getattr(cfg, "ept", 1) * hidden,
-               "drafter": getattr(cfg, "layers", 0) * layer + top * hidden,
-               "medusa": getattr(cfg, "heads", 0) * (hidden * hidden + hidden),
-               "hidden-transfer": len(getattr(cfg, "transfer_layers", None) or (0, 0, 0)) * hidden * hidden,
-               "eagle": layer + 2 * hidden * hidden + top * hidden}
-    trained["parallelspec"] = trained["eagle"]
-    cached = {"medusa": sequences * seq * hidden * 4 * 2, "eagle": sequences * seq * hidden * 4,
-              "parallelspec": sequences * seq * hidden * 4,
-              "drafter": sequences * seq * getattr(cfg, "topk", 0) * (8 + 4)}.get(command, 0)
+    family = families.find(command)  # the train command is the family's name or alias ("drafter": sd's)
+    trained, cached = family.train_memory(cfg, hidden, layer, seq, sequences) \
+        if family is not None and family.train_memory is not None else (0, 0)
     backward = layers * seq * (6 * hidden + 3 * inter) * element_size(dtype) \
-        if command in ("ppd", "hidden-transfer") else 0
-    extra = (("training state", trained.get(command, 0) * STATE_BYTES), ("cached features", cached),
+        if family is not None and family.backprop_target else 0
+    extra = (("training state", trained * STATE_BYTES), ("cached features", cached),
              ("kept for backward", backward))
     return Workload(seq, 1, seq, seq, extra, what=f"{seq} tokens: a {TRAIN_PROMPT_TOKENS}-token prompt + "
                                                   f"--max-new-tokens {cfg.new_tokens}")

@@ -23,7 +23,7 @@ from ...core.batch.ragged import Segment
 from ...core.tree import Tree
 from ...core.verify import Sampling, next_token, tree_greedy_accept, tree_sampled_accept
 from ...errors import SpecbenchError
-from ...planning.head_accuracy import drafter_ranks
+from .scoring import drafter_ranks
 from ...planning.treesearch import f_value
 from ..sd.drafting import GAMMA
 from ..base import register
@@ -47,9 +47,7 @@ class FeatureDrafts(Guesser):
     how deep its drafter drafts (depths, scored_depths, dynamic_depth) and how it drafts a tree (draft, and
     _draft_trees for batch > 1)."""
 
-    one_state = True
     drafter_model = True
-    dynamic_trees = True  # --tree dynamic: EAGLE-2's tree drafted each step (dynamic_tree.py)
 
     def load(self):
         self.art = fd.resolve(self.method.options.artifact, self.target, self.method.family)
@@ -199,7 +197,7 @@ class EagleDrafts(FeatureDrafts):
 
     _draft_trees = staticmethod(draft_trees_eagle)
     _draft_one = staticmethod(draft_tree_eagle)  # a static tree's drafting at batch 1 (what the pricing times)
-    per_depth = True  # one drafter forward per inner depth (acceptance.cost_law)
+    per_depth = True  # one drafter forward per inner depth (its family's cost law)
 
 
 @register

@@ -18,7 +18,7 @@ import torch
 from . import artifact as tp
 from .layers import transferred
 from ...errors import SpecbenchError
-from ...planning.head_accuracy import transfer_ranks
+from .scoring import transfer_ranks
 from ..base import register
 from ..tree.method import TreeMethod
 from ..tree.guesser import Guesser

@@ -19,7 +19,7 @@ from ...core.machine.timing import median_call_ms
 from ...core.tree import Tree
 from ...core.verify import Sampling
 from ...errors import SpecbenchError
-from ...planning.head_accuracy import medusa_ranks
+from .scoring import medusa_ranks
 from ..base import register
 from ..tree.method import TreeMethod
 from ..tree.guesser import Guesser
@@ -31,7 +31,7 @@ from ..tree.plan import candidate_tree
 class MedusaHeads(Guesser):
     """K Medusa heads: head d guesses the token d + 1 ahead of the node they read."""
 
-    family, artifact, one_state = "medusa", "medusa heads", True
+    family, artifact = "medusa", "medusa heads"
 
     @classmethod
     def scorer(cls, target, artifact, initial=False):

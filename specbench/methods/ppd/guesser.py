@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from . import artifact as pt
 from ...errors import SpecbenchError
-from ...planning.acceptance import score_sequence
+from .scoring import score_sequence
 from ..base import register
 from ..tree.method import TreeMethod
 from ..tree.guesser import Guesser
@@ -25,7 +25,6 @@ class PromptTokens(Guesser):
     """Trained prompt tokens (S distances x EPT ensemble copies) attached to every node."""
 
     family, artifact = "ppd", "prompt tokens"
-    has_initial = True
 
     @classmethod
     def scorer(cls, target, artifact, initial=False):

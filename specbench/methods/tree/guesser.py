@@ -35,12 +35,10 @@ class Guesser:
     (start_batch, join / joined, draft / draft_batch, layout_for / drafted_layout, around, accept, advance, leave);
     time_drafting, which prices its drafting (pricing.py)."""
 
-    family: str  # file-name key of its acceptance file, trees and artefact folder (methods/base.py)
+    family: str  # its declaration's name (specbench/families/): tree shape, cost law, files, scorer, trainer
     artifact: str  # what the method needs beside the target, for `specbench list methods`
-    one_state = False  # its tree has one state (a static candidate tree), not PPD's dynamic states
     drafter_model = False  # drafts with a model of its own: the engine counts its time and forwards
     advance_drafts = False  # `advance` runs a model of its own (Medusa's heads): step.py times it as drafting
-    has_initial = False  # `estimate --initial` can score the artefact's untrained start (ppd's prompt tokens)
 
     def __init__(self, method):
         self.method = method
@@ -59,8 +57,6 @@ class Guesser:
         raise NotImplementedError
 
     # the tree plan's questions (plan.py): a tree of a size, whether the artefact can guess a tree, its layouts
-
-    dynamic_trees = False  # drafts its tree each step (EAGLE-2's dynamic tree: `--tree dynamic`)
 
     def searched_tree(self, acc, rows: int, size: int, model_name: str, source: str) -> TreeFile:
         """The family's tree of `size` from per-rank probabilities: PPD's dynamic sparse tree by default."""
@@ -91,7 +87,7 @@ class Guesser:
         return {}
 
     def time_drafting(self, tree: Tree | None = None) -> float | None:
-        """Median milliseconds per drafting forward (the cost law's unit: acceptance.cost_law) of one step's
+        """Median milliseconds per drafting forward (the cost law's unit: its family's Family.cost_law) of one step's
         drafting of `tree` as the step runs it (None: priced_tree()); None: nothing drafts beside the target's
         forward. The method prices its drafting with it (pricing.DraftPricing)."""
         return None

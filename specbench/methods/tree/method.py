@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 from rich.markup import escape
 
+from ... import families
 from ...core.model.load import model_slug
 from ...core.batch.ragged import Segment
 from ...core.machine.timing import now
@@ -42,17 +43,19 @@ class TreeMethod(Batchable, DecodeMethod):
     said_when_loaded = ("tree", "drafter")  # chosen() keys the load line below already printed (run says the rest)
 
     def __init_subclass__(cls, **kwargs):
-        """A registered method's family, tree shape and needs are its guesser's (declared once per guesser)."""
+        """A registered method's family and needs are its guesser's, its tree shape its family's declaration."""
         super().__init_subclass__(**kwargs)
         guesser = cls.__dict__.get("guesser_type")
         if guesser is not None:
-            cls.family, cls.one_state, cls.needs = guesser.family, guesser.one_state, ("target", guesser.artifact)
+            cls.family, cls.needs = guesser.family, ("target", guesser.artifact)
+            cls.one_state = families.get(guesser.family).one_state
 
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
         self.guesser = self.guesser_type(self)
         # rows: token distances the guesses cover; ept: ensemble copies; table: embeddings of the node inputs
         self.rows, self.ept, self.table, artifact = self.guesser.load()
+        self.tree_spec = plan.tree_spec(self.options)  # --tree, parsed once
         # per-rank probabilities the tree is searched and predicted with (acceptance_source: run.yaml, report.md)
         self.acceptance, self.acceptance_file, self.acceptance_source = plan.per_rank_acceptance(
             self, self.rows, model_slug(target.spec))

@@ -1,10 +1,11 @@
 """Which tree a tree method decodes with, decided in one place: (family, `--tree`, hardware, dtype, batch size) ->
 a TreePlan (the tree file, its layouts, where it came from, EAGLE-2's dynamic shape) that the step decodes with.
 
-- `--tree` is parsed once (core/tree.TreeSpec): auto | PATH | size=N | dynamic[=M]; eagle's `--gamma` is a chain.
-- auto: this hardware's tree file, else built now from this hardware's profile and the method's acceptance file
-  (build-tree's code, filed where build-tree files it: planning/autotree.py), else a default-size tree and a note
-  naming the commands that make the missing files.
+- `--tree` is parsed once (tree_spec: core/tree_file.TreeSpec): auto | PATH | size=N | dynamic[=M]; eagle's
+  `--gamma` is a chain.
+- auto: planning/tree_choice.choose, the find / build-here / explain sequence every command shares: this hardware's
+  tree file, else built now from this hardware's profile and the method's acceptance file (build-tree's code,
+  filed where build-tree files it), else a default-size tree and a note naming the commands that make the files.
 - batch size B > 1 under `--tree auto`: B's own tree from L(B, w) (every extra candidate costs B rows, so the best
   tree at B > 1 is smaller): its file, else built now, else batch 1's with a note. `--tree PATH | size=N`,
   `--tree dynamic` and `--gamma` fix one tree for every batch size.
@@ -20,12 +21,13 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from ... import families
 from ...core import lookup, store
 from ...core.machine.hardware import hardware_slug
 from ...core.model.load import dtype_name, model_slug
-from ...core.tree_file import TreeFile, TreeSpec, other_trees, read_tree_file, resolve_tree
+from ...core.tree_file import TreeFile, TreeSpec, resolve_tree
 from ...errors import SpecbenchError
-from ...planning import autotree
+from ...planning import tree_choice
 from ...planning.acceptance import GENERIC_PER_RANK, read_per_rank
 from ...planning.batch_choice import batch_view
 from ...planning.treesearch import search, static_candidates
@@ -93,11 +95,11 @@ class TreePlan:
 
 def first_plan(method) -> TreePlan:
     """Batch 1's plan: --tree (or eagle's --gamma chain), checked against the artefact and laid out."""
-    spec, gamma = TreeSpec.parse(method.options.tree), getattr(method.options, "gamma", None)
+    spec, gamma = method.tree_spec, getattr(method.options, "gamma", None)
     guesser, model_name = method.guesser, model_slug(method.target.spec)
     dynamic = None
     if spec.kind == "dynamic":
-        if not guesser.dynamic_trees:
+        if not families.get(method.family).dynamic_trees:
             raise SpecbenchError(f"--tree {spec}: only eagle and parallelspec choose their tree per step (EAGLE-2's "
                                  f"dynamic tree); {method.name} takes auto, size=N or a trees/*.yaml path")
         if gamma is not None:
@@ -122,6 +124,12 @@ def laid_out(method, tf: TreeFile, source: str, chosen_from: str, dynamic=None) 
                     chosen_from, dynamic)
 
 
+def tree_spec(options) -> TreeSpec:
+    """The run's `--tree` as a TreeSpec: the one place the option is parsed (run validation refuses a bad value
+    with it before a model loads; a tree method keeps the result as `tree_spec`)."""
+    return TreeSpec.parse(options.get("tree"))
+
+
 def resolve(method, spec: TreeSpec) -> tuple[TreeFile, str]:
     """auto | PATH | size=N -> (tree file, where it came from); the family's guesser searches a tree of a size."""
     target, model_name = method.target, model_slug(method.target.spec)
@@ -131,16 +139,15 @@ def resolve(method, spec: TreeSpec) -> tuple[TreeFile, str]:
     def build(size: int) -> TreeFile:
         return method.guesser.searched_tree(method.acceptance, method.rows, size, model_name, source)
 
-    def missing() -> tuple[TreeFile, str]:
-        return auto_tree(method, build, hardware, dtype, method.rows, method.ept)
-
-    return resolve_tree(spec, model_name, method.family, hardware, dtype, build, DEFAULT_SIZE, target.spec, missing)
+    if spec.kind == "auto":
+        return auto_tree(method, build, hardware, dtype)
+    return resolve_tree(spec, hardware, build)
 
 
 def plan_batches(method, sizes: list[int]) -> None:
     """Each batch size's plan in method.plans: under `--tree auto` (no --gamma) B > 1's own tree (its file, else
     built now from L(B, w)), else batch 1's."""
-    if TreeSpec.parse(method.options.tree).kind != "auto" or getattr(method.options, "gamma", None) is not None:
+    if method.tree_spec.kind != "auto" or getattr(method.options, "gamma", None) is not None:
         return  # one tree for every batch size: batch 1's (start_batch falls back to it)
     for size in sorted({b for b in sizes if b > 1} - set(method.plans)):
         found = _batch_tree(method, size)
@@ -163,64 +170,46 @@ def chosen(method) -> dict:
 
 
 def _batch_tree(method, size: int) -> tuple[TreeFile, str] | None:
-    """Batch size `size`'s own tree (its file, else built now from L(B, w)), or None after a note (batch 1's)."""
+    """Batch size `size`'s own tree (tree_choice.choose: its file, else built now from L(B, w)), or None after a note
+    (batch 1's)."""
     target, family = method.target, method.family
     hardware, dtype = hardware_slug(target.device), dtype_name(target.dtype)
-    rel = autotree.tree_relative(target.spec, family, hardware, dtype, size)
-    hit = lookup.find(lookup.TREE, rel)
-    if hit is not None:
-        tree = read_tree_file(hit.path)
-        if tree.method == family and tree.dtype in ("any", dtype):
-            lookup.use(hit, f"{method.name} batch size {size}")
-            return tree, str(hit.path)
     view, why = batch_view(target, size)
-    found = autotree.inputs(target.spec, family, hardware, dtype)
-    if view is not None and found.ready:
-        try:
-            built = autotree.build_here(target.spec, family, method.one_state, hardware, dtype, method.rows,
-                                        method.ept, batch_size=size, draft_ms=method.pricing.ms_here())
-        except SpecbenchError as exc:
-            why = f"building it from {found.profile} failed: {exc}"
-        else:
+    choice = tree_choice.choose(target.spec, family, hardware, dtype, size, one_state=method.one_state,
+                                rows=method.rows, ept=method.ept, device=target.device.type,
+                                draft_ms=method.pricing.ms_here, can_build=view is not None)
+    if choice.tree is not None:
+        if choice.built is not None:
             console.print(f"[yellow]note[/] {method.name}: no {family} tree for batch size {size} on {hardware} "
-                          f"{dtype} yet; built it now from L(B={size}, w) in {escape(str(found.profile))} and "
-                          f"{escape(str(found.acceptance))}: filed as {escape(store.said_where(built.path))}")
-            lookup.note_used(lookup.TREE, built.path, f"{method.name} batch size {size} (built now)")
-            return read_tree_file(built.path), str(built.path.resolve())
-    elif view is not None:  # the files build-tree needs, named with the commands that make them
-        why = "; ".join(autotree.missing_steps(target.spec, family, hardware, dtype, target.device.type)[:-1])
+                          f"{dtype} yet; built it now from L(B={size}, w) in {escape(str(choice.inputs.profile))} "
+                          f"and {escape(str(choice.inputs.acceptance))}: filed as {escape(store.said_where(choice.built))}")
+        return choice.tree, choice.source
+    if choice.failed:
+        why = choice.failed
+    elif choice.missing:  # the files build-tree needs, named with the commands that make them
+        why = "; ".join(choice.missing[:-1])
     console.print(f"[yellow]note[/] {method.name}: batch size {size} decodes with batch 1's tree (size "
                   f"{method.plans[1].tree_file.size}): {escape(why)}")
     return None
 
 
-def auto_tree(method, build, hardware: str, dtype: str, rows: int, ept: int) -> tuple[TreeFile, str]:
-    """This hardware's tree, built and filed now when its profile and the method's acceptance file exist; else the
-    default-size tree, and a note with the commands that make the missing files (only the files that matter)."""
+def auto_tree(method, build, hardware: str, dtype: str) -> tuple[TreeFile, str]:
+    """--tree auto at batch 1 (tree_choice.choose: this hardware's tree file, else built and filed now from its
+    profile and the family's acceptance file); without one, the default-size tree and a note with the commands that
+    make the missing files (only the files that matter)."""
     target, family = method.target, method.family
-    found = autotree.inputs(target.spec, family, hardware, dtype)
-    if found.ready:
-        try:
-            built = autotree.build_here(target.spec, family, method.one_state, hardware, dtype, rows, ept,
-                                        draft_ms=method.pricing.ms_here())
-        except SpecbenchError as exc:
-            reason = f"building it from {found.profile} and {found.acceptance} failed: {exc}"
-        else:
-            tree = read_tree_file(built.path)
+    choice = tree_choice.choose(target.spec, family, hardware, dtype, one_state=method.one_state, rows=method.rows,
+                                ept=method.ept, device=target.device.type, draft_ms=method.pricing.ms_here)
+    if choice.tree is not None:
+        if choice.built is not None:
             console.print(f"[yellow]note[/] {method.name}: no {family} tree for {hardware} {dtype} yet; built it now "
-                          f"from {escape(str(found.profile))} and {escape(str(found.acceptance))} (as `specbench "
-                          f"build-tree` does): size {tree.size}, filed as {escape(store.said_where(built.path))}")
-            lookup.note_used(lookup.TREE, built.path, f"{method.name} --tree auto (built now)")
-            return tree, str(built.path.resolve())
-    else:
-        reason = "; ".join(autotree.missing_steps(target.spec, family, hardware, dtype, target.device.type))
-    others = other_trees(model_slug(target.spec), family, hardware, dtype)
-    unused = f" ({family} trees for other hardware or dtypes, not used here: {', '.join(others)})" if others else ""
-    tree = build(DEFAULT_SIZE)
-    source = f"built, size {DEFAULT_SIZE} (no {family} tree for {hardware} {dtype}{unused}: {reason})"
+                          f"from {escape(str(choice.inputs.profile))} and {escape(str(choice.inputs.acceptance))} "
+                          f"(as `specbench build-tree` does): size {choice.tree.size}, filed as "
+                          f"{escape(store.said_where(choice.built))}")
+        return choice.tree, choice.source
     said = f"auto_tree_said_{family}_{dtype}"
     if not target.extras.get(said):  # once per model and method (tree sweeps, batch sizes)
         target.extras[said] = True
         console.print(f"[yellow]note[/] {method.name}: --tree auto has no tree for this hardware; using a "
-                      f"size-{DEFAULT_SIZE} tree. {escape(reason)}{escape(unused)}")
-    return tree, source
+                      f"size-{DEFAULT_SIZE} tree. {escape(choice.why)}{escape(choice.unused)}")
+    return build(DEFAULT_SIZE), choice.fallback_source(DEFAULT_SIZE)

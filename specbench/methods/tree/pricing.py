@@ -9,16 +9,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ... import families
 from ...core.machine.hardware import hardware_slug
 from ...core.tree import Tree
 from ...core.model.load import dtype_name
-from ...planning.acceptance import cost_law, draft_cost
+from ...planning.acceptance import draft_cost
 
 
 @dataclass(frozen=True)
 class GuessScorer:
     """What `specbench estimate` scores for one method: ranks(ids, start) -> [positions, rows], the rank of the true
-    token among the top-10 guesses per token distance (planning/acceptance.score_sequence's layout); rows: distances
+    token among the top-10 guesses per token distance (planning/head_accuracy's layout); rows: distances
     scored; source: the artefact, for the console and the file; extra: fields the acceptance file adds."""
 
     ranks: Callable
@@ -32,7 +33,7 @@ class DraftPricing:
     tree's widths, its top-k, gathers and host copies; the guesser's `time_drafting(tree)`) timed on the target's
     device and dtype, once per tree; or, for another machine's profile, the acceptance file's time moved there.
 
-    The price is per drafting forward as the cost law takes it (acceptance.cost_law: eagle pays it once per depth,
+    The price is per drafting forward as its family's declared cost law takes it (eagle pays it once per depth,
     the others once a step; the guesser divides eagle's timed drafting of a tree by its depth). A bare forward of
     the drafter (what `estimate` times) costs less than what the step pays (pending rows, widths, top-k, gathers:
     benchmarks/draft_pricing.py measures the factor)."""
@@ -88,5 +89,5 @@ class DraftPricing:
         the target's forward): `tree`'s drafting timed here when `profile` is this machine's in the run's dtype,
         else the method's acceptance file's time moved to `profile`'s machine."""
         if profile is not None and self.profiles_here(profile) and (ms := self.ms_here(tree)) is not None:
-            return cost_law(self.family, ms)
+            return families.get(self.family).cost_law(ms)
         return draft_cost(self.family, acceptance_file, profile)
