@@ -162,7 +162,7 @@ def plot(profile: LatencyProfile, path: Path) -> None:
         ax.text(0.5, 0.5, "measured on a busy machine", transform=ax.transAxes, ha="center", va="center",
                 fontsize=14, color="firebrick", alpha=0.35, rotation=20)
     ax.set_title(f"{profile.model} {profile.dtype} on {profile.hardware}{label}", fontsize=9,
-                 color="firebrick" if load.get("disturbed") else None)
+                 **({"color": "firebrick"} if load.get("disturbed") else {}))
     ax.set_ylabel("forward latency (ms)")
     if ideals:
         ratio = axes[0][1]
