@@ -29,7 +29,7 @@ import yaml
 
 from .. import store
 from .memory import available_bytes
-from ...errors import SpecbenchError
+from .given_rate import positive_rate
 
 MiB = 2**20
 CPU_FLOOR = 512 * MiB  # per buffer, whatever the cache
@@ -170,15 +170,8 @@ def bandwidth(device: torch.device, remeasure: bool = False) -> Bandwidth:
 
 
 def _given(text: str, device: torch.device, hardware: str) -> Bandwidth:
-    """A bandwidth set by $SPECBENCH_BANDWIDTH_GB_S (GB/s): nothing is measured (a machine measured elsewhere, or
-    test suites, which would otherwise measure in every fresh user cache)."""
-    try:
-        gb_s = float(text)
-    except ValueError:
-        gb_s = math.nan
-    if not math.isfinite(gb_s) or gb_s <= 0:
-        raise SpecbenchError(f"${ENV}={text!r} is not a bandwidth: set it to GB/s as a positive number (e.g. 48.5), "
-                             "or unset it to have this machine's measured")
+    """A bandwidth set by $SPECBENCH_BANDWIDTH_GB_S (GB/s): nothing is measured."""
+    gb_s = positive_rate(ENV, text, "a bandwidth", "GB/s", "48.5")
     return Bandwidth(gb_s, math.nan, math.nan, 0, 0, device.type, torch.get_num_threads(), hardware, "",
                      source=f"${ENV}")
 

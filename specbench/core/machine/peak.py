@@ -13,7 +13,6 @@ is taken instead of any measurement, at every dtype (its source says so).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -23,7 +22,7 @@ import torch
 import yaml
 
 from .. import store
-from ...errors import SpecbenchError
+from .given_rate import positive_rate
 
 ENV = "SPECBENCH_PEAK_GFLOPS"  # a known peak: nothing measured (_given)
 REPEATS = 5
@@ -118,13 +117,7 @@ def peak(device: torch.device, dtype: torch.dtype, remeasure: bool = False) -> P
 
 
 def _given(text: str, device: torch.device, dtype: torch.dtype, hardware: str) -> Peak:
-    try:
-        gflops = float(text)
-    except ValueError:
-        gflops = math.nan
-    if not math.isfinite(gflops) or gflops <= 0:
-        raise SpecbenchError(f"${ENV}={text!r} is not a peak: set it to GFLOP/s as a positive number (e.g. 150), "
-                             "or unset it to have this machine's measured")
+    gflops = positive_rate(ENV, text, "a peak", "GFLOP/s", "150")
     return Peak(gflops, dtype_name(dtype), 0, 0, device.type, torch.get_num_threads(), hardware, "",
                 source=f"${ENV}")
 
