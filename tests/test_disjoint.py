@@ -52,7 +52,7 @@ def test_the_training_mix_holds_no_benchmark_prompt():
     """Every default source over prompts 100..1099 (as many as it has), less what training leaves out, against every
     prompt of every benchmark set; the held-out prompts 0..99 are no training prompt of their source either."""
     disjoint.benchmark_texts.cache_clear()
-    assert set(disjoint.benchmark_sets()) == {"mt-bench", "gsm8k", "humaneval", "cnn-dm", "cnn-dm-long"}
+    assert set(disjoint.benchmark_sets()) == {"mt-bench", "gsm8k", "humaneval", "cnn-dm", "cnn-dm-long", "spec-bench"}
     kept, dropped = {}, {}
     for name in source_names(TRAINING_MIX):
         prompts = load_source(name, 100 + RETRAIN_PROMPTS)
@@ -63,6 +63,7 @@ def test_the_training_mix_holds_no_benchmark_prompt():
     found = disjoint.check(kept)
     assert found.disjoint and not found.unchecked, found.statement()
     assert found.checked["gsm8k"] == 1319 and found.checked["humaneval"] == 164 and found.checked["mt-bench"] == 160
+    assert found.checked["spec-bench"] >= 480  # its 480 questions, MT-Bench's with both turns
     # AlpacaEval holds two MT-Bench first turns (prompts 791 and 801); the other sources hold none
     assert dropped == {"alpaca-eval": (791, 801), **{n: () for n in kept if n != "alpaca-eval"}}
 
