@@ -33,7 +33,10 @@ class Interrupted(SpecbenchError):
 def prepare_out(cfg: RunConfig) -> Path:
     """Create the run directory, refusing to mix runs: an existing run continues only with --resume."""
     out = Path(cfg.out)
-    if cfg.resume and not RunFolder(out).meta.exists():
+    from ..core.model.tensor_parallel import is_writer
+
+    # --tp: the other ranks write a fresh scratch folder of their own (tensor_parallel.rank_out); rank 0's is the run
+    if cfg.resume and is_writer() and not RunFolder(out).meta.exists():
         raise SpecbenchError(f"--resume: {out} is not a run folder (it holds no run.yaml). Pass --out with the folder "
                              "of the run to continue, or drop --resume to start a new run there.")
     try:
