@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
-from rich.markup import escape
 
 from ..core import lookup, store
 from ..families import tree_stem
@@ -22,8 +20,9 @@ from ..core.machine.hardware import hardware_slug
 from ..core.model.load import auto_dtype, model_config, model_slug
 from ..core.tree_file import TreeFile
 from ..errors import SpecbenchError
-from ..progress import console, status
-from .acceptance import drafting, moved_draft_ms, read_fields, read_per_rank
+from ..progress import status
+from .acceptance import read_per_rank
+from .build_draft_cost import acceptance_rows, draft_cost_here, scaled
 from .latency_estimate import GPU_CHOICES, resolve_profile
 from .profile import LatencyProfile
 from .treesearch import (
@@ -303,15 +302,15 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
     stem = store.batch_stem(tree_stem(req.family, f"{profile.hardware}-{profile.dtype}"), req.batch_size)
     path = req.out or store.filed(store.tree_file(slug, stem))
     if req.one_state:
-        rows = _acceptance_rows(acc_path)  # every depth the estimate measured,
+        rows = acceptance_rows(acc_path)  # every depth the estimate measured,
         if req.max_depth:  # but no deeper than the run's artefact drafts (its heads, masks + 1)
             rows = min(rows, req.max_depth)
         acc = read_per_rank(acc_path, rows)
-        draft_ms, moved = _draft_cost(req.family, acc_path, full, req.kv_length, req.draft_forward_ms)
+        draft_ms, moved = draft_cost_here(req.family, acc_path, full, req.kv_length, req.draft_forward_ms)
         if draft_ms is not None and req.batch_size > 1:
             # the drafter's per-step cost at batch B: assumed to grow with B as the target's 1-token forward does
             grow = profile.latency_ms(1, req.kv_length) / full.latency_ms(1, req.kv_length)
-            draft_ms = _scaled(draft_ms, grow)
+            draft_ms = scaled(draft_ms, grow)
         with status(f"Choosing the best candidate tree of sizes 1..{req.max_size}"):
             curve = candidate_curve(acc, profile, req.max_size, req.kv_length, draft_ms)
         result = candidate_tree_file(curve, req.family, slug, profile, str(acc_path), req.kv_length)
@@ -371,39 +370,3 @@ def build_dtype(dtype: str, gpu: str, cpu_auto: Callable[[], str]) -> str:
     if name not in ("float32", "bfloat16", "float16"):
         raise SpecbenchError(f"unknown dtype {dtype!r}: use auto, float32, bfloat16 or float16")
     return name
-
-
-def _acceptance_rows(path: Path) -> int:
-    """Depths an acceptance file measured (its rows)."""
-    try:
-        return len((yaml.safe_load(path.read_text()) or {}).get("per_rank") or []) or 1
-    except (OSError, yaml.YAMLError) as exc:
-        raise SpecbenchError(f"{path}: cannot read it ({exc})") from exc
-
-
-def _scaled(cost: Callable[[int], float], factor: float) -> Callable[[int], float]:
-    """depth -> cost(depth) x factor."""
-    return lambda depth: cost(depth) * factor
-
-
-def _draft_cost(family: str, path: Path, profile: LatencyProfile, kv_length: int, here_ms: float | None = None):
-    """(depth -> drafting ms per step, a note for the tree file or None): `here_ms` (a drafting forward timed by the
-    run building the tree) when given, else the acceptance file's moved to the profile's machine (moved_draft_ms)
-    with what draft_scale did to get there; with a console note when a drafting method's file lacks the drafter's
-    forward time or it was timed elsewhere."""
-    file_ms, moved = moved_draft_ms(family, read_fields(path), profile, kv_length)
-    drafts = drafting(family)
-    if here_ms is not None and drafts is not None:
-        was = f"; the acceptance file's, moved here: {file_ms:.2f} ms" if file_ms is not None else ""
-        note = (f"a drafting forward timed on {profile.hardware} {profile.dtype} as the tree was built: "
-                f"{here_ms:.2f} ms{was}")
-        console.print(f"[dim]{escape(note)}[/]")
-        return drafts.cost_law(here_ms), note
-    if file_ms is None:
-        if drafts is not None:
-            console.print(f"[yellow]note[/] {escape(str(path))} has no draft_forward_ms: the drafter's cost is left "
-                          f"out of the prediction (re-run `specbench estimate --method {family}`)")
-        return None, None
-    if moved:
-        console.print(f"[dim]{escape(moved)}[/]")
-    return drafts.cost_law(file_ms), moved
