@@ -23,6 +23,7 @@ from specbench.methods import get_method
 from specbench.methods.sd.drafter import layer_drafter
 
 from .conftest import artifact_options, prompt_ids
+from .test_compile_methods import _Counted
 from .test_sd import SAMPLING, exact_distribution, sampled_distribution, tv
 
 WINDOW = 16
@@ -116,15 +117,6 @@ def _methods(target):
     if _drafter_runs(target):
         methods["sd"] = get_method("sd")(target, {"gamma": 2}, drafter)
     return drafter, methods
-
-
-class _Counted:
-    def __init__(self, fn):
-        self.fn, self.calls = fn, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        return self.fn(*args, **kwargs)
 
 
 def test_compiled_tokens_equal_eager_past_the_window(windowed):
