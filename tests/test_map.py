@@ -111,3 +111,18 @@ def test_map_end_to_end_on_a_tiny_model(tmp_path, prompts_file):
     assert frame.predicted_tok_s.notna().all() and frame.measured_tok_s.gt(0).all()
     assert (out / map_table.PROFILE_COPY).exists() and (out / "map.png").exists()
     assert "Where each method pays" in (out / "report.md").read_text()
+
+
+def test_context_fill_lengthens_each_prompt_with_the_others():
+    from specbench.data.context_fill import CHARS_PER_TOKEN, lengthened
+    from specbench.data.specs import Prompt
+
+    pool = [Prompt(id=str(i), turns=(f"question {i} " + "words " * 40,)) for i in range(30)]
+    rows = lengthened(pool[:3], pool, 512)
+    assert [r["id"] for r in rows] == ["0", "1", "2"]
+    for row, prompt in zip(rows, pool):
+        assert row["prompt"].endswith(prompt.turns[0])  # the prompt's own question comes last
+        assert prompt.turns[0] not in row["prompt"][: -len(prompt.turns[0])]  # and is not among the material
+        assert 0.9 * 512 * CHARS_PER_TOKEN <= len(row["prompt"]) <= 512 * CHARS_PER_TOKEN
+    with pytest.raises(Exception, match="at least 16"):
+        lengthened(pool[:1], pool, 8)

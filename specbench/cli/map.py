@@ -37,6 +37,10 @@ def map_(
     limit: Annotated[Optional[str], typer.Option(show_default="the largest batch size (at least 4)",
                                                  help="Prompts per dataset: the first N, or all.")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Cap on new tokens per turn.")] = 64,
+    context: Annotated[Optional[str], typer.Option(metavar="C[,C...]", show_default="the prompts as they are",
+                       help="Context lengths in tokens: each prompt is lengthened to about C tokens with the set's "
+                            "other records before it (a dataset labelled <name>-ctx<C> per length), so the map "
+                            "covers long contexts too.")] = None,
     tree_sizes: Annotated[Optional[str], typer.Option(metavar="N[,N...]", show_default="none", help="Tree methods: "
                           "map these sizes too, labelled <method>@<size> (`auto`: the method's own choice per "
                           "batch size).")] = None,
@@ -79,20 +83,43 @@ def map_(
     from ..run.config import RunConfig, default_out
 
     out_dir = out_dir or default_out()
-    cfg = RunConfig(methods=("ar", *methods), datasets=tuple(dataset), model=model, dtype=dtype, device=device,
+    contexts = sorted(set(int_list(context, "--context"))) if context else []
+    datasets = _context_datasets(dataset, contexts, prompts, out_dir) if contexts else list(dataset)
+    cfg = RunConfig(methods=("ar", *methods), datasets=tuple(datasets), model=model, dtype=dtype, device=device,
                     limit=prompts, max_new_tokens=max_new_tokens, seed=seed, warmup=warmup, retime=retime,
                     threads=threads, out=out_dir, resume=resume,
                     tree_sizes=tree_size_list(tree_sizes) if tree_sizes else (), batch_sizes=tuple(sizes),
                     batching="unpadded", options=given_method_options(ctx), compile=compile,
                     allow_disturbed_profile=allow_disturbed_profile)
     if profile == "fresh" and not (resume and (out_dir / "latency_profile.yaml").exists()):
-        _fresh_profile(cfg, out_dir, sizes)
+        _fresh_profile(cfg, out_dir, sizes, [128, 512, *contexts])
     run_dir = run_benchmark(cfg)
     write_run_report(run_dir)
     _print_map(run_dir)
 
 
-def _fresh_profile(cfg, out_dir: Path, sizes: list[int]) -> None:
+def _context_datasets(names: list[str], contexts: list[int], prompts: int, out_dir: Path) -> list[str]:
+    """One user file per dataset and context length (OUT/contexts/<name>-ctx<C>.jsonl), its prompts lengthened
+    (data/context_fill.py); the run reads them as --dataset files. Written again on --resume: same input, same text."""
+    import json
+
+    from ..data.context_fill import lengthened
+    from ..data.datasets import load_prompts
+
+    folder = out_dir / "contexts"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for name in names:
+        spec, pool = load_prompts(name, prompts + 200)  # the prompts, then the material that lengthens them
+        for size in contexts:
+            path = folder / f"{spec.name}-ctx{size}.jsonl"
+            rows = lengthened(pool[:prompts], pool, size)
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+            files.append(str(path))
+    return files
+
+
+def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) -> None:
     """L(B, w) at the grid's batch sizes, measured now and kept in the run folder (not filed: a run's choices keep
     reading the profile filed for this hardware)."""
     import gc
@@ -104,11 +131,12 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int]) -> None:
     from ..planning.profile import measure, save
     from ..report.map_table import PROFILE_COPY
 
-    widths, kv_lengths, repeats = [1, 2, 3, 4, 6, 8, 12, 16, 32], [128, 512], 5
+    widths, repeats = [1, 2, 3, 4, 6, 8, 12, 16, 32], 5
+    kv_lengths = sorted(set(kv_lengths))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     console.print(f"Measuring L(B, w) at B = {', '.join(map(str, sizes))} for the prediction (widths up to "
-                  f"{widths[-1]}, KV {' and '.join(map(str, kv_lengths))}) ...")
+                  f"{widths[-1]}, KV {', '.join(map(str, kv_lengths))}) ...")
     with planned(profile_workload(widths, kv_lengths, repeats, sizes)):
         target = load_model(cfg.model, cfg.dtype, cfg.device)
     room = target.context_length - repeats - widths[-1] - 1  # the longest KV a width-32 forward can sit on
