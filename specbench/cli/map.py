@@ -19,6 +19,7 @@ from .parse import int_list, prompt_limit, tree_size_list
 from .run import _check_methods
 
 PROFILE_CHOICES = ("fresh", "stored")
+SERVER = "Servers (--engine openai)"
 
 
 @app.command(name="map", cls=WithMethodOptions)
@@ -59,11 +60,29 @@ def map_(
                                        "profiles and trees measured on a disturbed machine.")] = False,
     out_dir: Annotated[Optional[Path], typer.Option("--out", show_default="results/<time>", help="Run folder.")]
     = None,
+    engine: Annotated[str, typer.Option(metavar="NAME", rich_help_panel=SERVER, help="specbench (its own batched "
+                      "engine) or openai: two OpenAI-compatible servers, speculation on (--base-url) against off "
+                      "(--baseline-url), mapped over --concurrency (measured only: no latency curve of a server is "
+                      "profiled here).")] = "specbench",
+    base_url: Annotated[Optional[str], typer.Option(metavar="URL", rich_help_panel=SERVER, show_default="none",
+                        help="--engine openai: the server with speculation on.")] = None,
+    baseline_url: Annotated[Optional[str], typer.Option(metavar="URL", rich_help_panel=SERVER, show_default="none",
+                            help="--engine openai: the same model served with speculation off.")] = None,
+    served_model: Annotated[Optional[str], typer.Option(metavar="NAME", rich_help_panel=SERVER, show_default="the "
+                            "server's first model", help="--engine openai: the model name to request.")] = None,
+    concurrency: Annotated[str, typer.Option(metavar="N[,N...]", rich_help_panel=SERVER, help="--engine openai: "
+                           "requests in flight, the grid of a server's map.")] = "1,4,16",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted map in --out.")] = False,
     # and one option per method option (methods/options.py), as for `run`
 ):
     """Where each method pays: throughput and per-user tokens/s against batch size, predicted from L(B, w) beside
     measured, and the batch size where each method stops beating [bold]ar[/] (map.csv, map.png, report.md)."""
+    if engine not in ("specbench", "openai"):
+        raise SpecbenchError(f"--engine {engine}: map runs specbench's own batched engine or openai servers "
+                             "(llama.cpp in process decodes one prompt at a time: no grid to map)")
+    if engine == "openai":
+        return _map_servers(ctx, base_url, baseline_url, served_model, concurrency, dataset, limit, max_new_tokens,
+                            seed, out_dir, resume)
     sizes = sorted(set(int_list(batch_size, "--batch-size")))
     if len(sizes) < 2 or sizes[0] < 1:
         raise SpecbenchError(f"--batch-size: a map needs at least two batch sizes >= 1 (got {batch_size}), e.g. "
@@ -93,6 +112,37 @@ def map_(
                     allow_disturbed_profile=allow_disturbed_profile)
     if profile == "fresh" and not (resume and (out_dir / "latency_profile.yaml").exists()):
         _fresh_profile(cfg, out_dir, sizes, [128, 512, *contexts])
+    run_dir = run_benchmark(cfg)
+    write_run_report(run_dir)
+    _print_map(run_dir)
+
+
+def _map_servers(ctx, base_url, baseline_url, served_model, concurrency: str, datasets: list[str], limit,
+                 max_new_tokens: int, seed: int, out_dir: Path | None, resume: bool) -> None:
+    """The map of two servers over concurrency levels: speculation on against off at each level, the break-even
+    level (measured only)."""
+    from ..engines.openai_options import parse_concurrency
+    from ..report.run_report import write_run_report
+    from ..run.benchmark import run as run_benchmark
+    from ..run.config import RunConfig, default_out
+
+    if not base_url or not baseline_url:
+        raise SpecbenchError("map --engine openai needs --base-url (speculation on) and --baseline-url (the same "
+                             "model with speculation off): a break-even is a comparison")
+    given = [f"--{n.replace('_', '-')}" for n in ("batch_size", "context", "tree_sizes", "compile")
+             if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"]
+    if given:
+        raise SpecbenchError(f"{', '.join(given)}: not options of a server's map (the servers decide how they "
+                             "batch and decode); --concurrency sets its grid")
+    levels = parse_concurrency(concurrency)
+    if len(levels) < 2:
+        raise SpecbenchError(f"--concurrency {concurrency}: a map needs at least two levels, e.g. 1,4,16")
+    prompts = prompt_limit(limit) if limit is not None else max(4, max(levels))
+    cfg = RunConfig(methods=("ar",), datasets=tuple(datasets), limit=prompts, max_new_tokens=max_new_tokens,
+                    seed=seed, out=out_dir or default_out(), resume=resume, engine="openai",
+                    engine_options={k: v for k, v in dict(base_url=base_url, baseline_url=baseline_url,
+                                                          served_model=served_model,
+                                                          concurrency=concurrency).items() if v is not None})
     run_dir = run_benchmark(cfg)
     write_run_report(run_dir)
     _print_map(run_dir)

@@ -41,6 +41,8 @@ def has_sweep(records: pd.DataFrame) -> bool:
 
 def run_profile(run_dir: Path, meta: dict) -> tuple[LatencyProfile | None, str]:
     """(the latency profile the run predicted from, where it came from) or (None, why none)."""
+    if (meta.get("settings") or {}).get("engine") == "openai":
+        return None, "a server's latency curve is not profiled here: measured only"
     copy = Path(run_dir) / PROFILE_COPY
     if copy.exists():
         return load_profile(copy), f"{PROFILE_COPY} (the run's copy)"
@@ -62,7 +64,7 @@ def _mode_rows(records: pd.DataFrame) -> pd.DataFrame:
                        batching=records.get("batching", pd.Series("-", index=records.index)).fillna("-"))
     for column in NUMERIC:
         r[column] = pd.to_numeric(r[column], errors="coerce") if column in r else math.nan
-    keep = (r.batch_size == 1) | (r.batching == "unpadded")
+    keep = (r.batch_size == 1) | r.batching.isin(["unpadded", "closed"])  # closed: a server's N in flight
     padded_only = {b for b, g in r[r.batch_size > 1].groupby("batch_size") if not (g.batching == "unpadded").any()}
     return r[keep | r.batch_size.isin(padded_only)]
 
@@ -72,12 +74,14 @@ def _step_numbers(g: pd.DataFrame, size: int) -> dict:
     num = lambda c: pd.to_numeric(g[c], errors="coerce").fillna(0)  # noqa: E731
     steps = (num("target_forwards") - 1).clip(lower=0)
     n_steps = float(steps.sum())
-    if n_steps <= 0:
-        return {}
-    out = {"width": float((num("target_tokens") - num("prompt_tokens")).sum()) / n_steps,
-           "tau": float((num("new_tokens") - 1).clip(lower=0).sum()) / n_steps,
+    out = {"width": float((num("target_tokens") - num("prompt_tokens")).sum()) / n_steps if n_steps else math.nan,
+           "tau": float((num("new_tokens") - 1).clip(lower=0).sum()) / n_steps if n_steps else math.nan,
            "kv": int(round(num("prompt_tokens").mean() + num("new_tokens").mean() / 2))}
-    if size == 1:
+    if (g.batching == "closed").any():  # a server's level: each row's wall_s is its share of the level's time
+        wall = float(num("wall_s").sum())
+        out["measured_tok_s"] = float(num("new_tokens").sum()) / wall if wall > 0 else math.nan
+        draft_s, drafted_steps = 0.0, 0.0
+    elif size == 1:
         draft_s, drafted_steps = float(num("draft_s").sum()), n_steps
         decode_s = float((num("latency_s" if "latency_s" in g else "wall_s") - num("ttft_s")).sum())
         out["measured_tok_s"] = float((num("new_tokens") - 1).clip(lower=0).sum()) / decode_s if decode_s > 0 else math.nan
@@ -89,6 +93,8 @@ def _step_numbers(g: pd.DataFrame, size: int) -> dict:
         decoded = float((num("new_tokens") - num("prefill_tokens")).sum())
         out["measured_tok_s"] = decoded / decode_s if decode_s > 0 else math.nan
     out["draft_ms_per_step"] = 1000.0 * draft_s / drafted_steps if drafted_steps else 0.0
+    if not n_steps and not math.isfinite(out.get("measured_tok_s", math.nan)):
+        return {}
     tpot = pd.to_numeric(g.get("tpot_ms"), errors="coerce")
     out["per_user_tok_s"] = float((1000.0 / tpot[tpot > 0]).mean()) if tpot is not None and (tpot > 0).any() \
         else math.nan
@@ -126,7 +132,7 @@ def table(records: pd.DataFrame, summary: pd.DataFrame | None, meta: dict,
         if not numbers:
             continue
         predicted = None
-        if profile is not None:
+        if profile is not None and math.isfinite(numbers["tau"]) and not (g.batching == "closed").any():
             predicted = predicted_tok_s(profile, StepShape(int(size), numbers["width"], numbers["tau"],
                                                            numbers["draft_ms_per_step"], numbers["kv"]))
         tree = (meta.get("trees") or {}).get(label) or {}
@@ -147,12 +153,13 @@ def table(records: pd.DataFrame, summary: pd.DataFrame | None, meta: dict,
     out["measured_speedup"] = out.measured_tok_s / ar_measured
     out["predicted_speedup"] = out.predicted_tok_s / ar_predicted
     out["break_even"], out["break_even_predicted"] = "", ""
+    axis = "N" if (out["mode"] == "closed").any() else "B"  # a server's requests in flight, or a batch size
     for (dataset, label), g in out.groupby(["dataset", "method"]):
         if label == "ar":
             continue
         idx = g.index
-        out.loc[idx, "break_even"] = break_even(list(zip(g.batch_size, g.measured_speedup))).text
-        out.loc[idx, "break_even_predicted"] = break_even(list(zip(g.batch_size, g.predicted_speedup))).text
+        out.loc[idx, "break_even"] = break_even(list(zip(g.batch_size, g.measured_speedup)), axis).text
+        out.loc[idx, "break_even_predicted"] = break_even(list(zip(g.batch_size, g.predicted_speedup)), axis).text
     out["best_at_batch"] = False
     family = out.method.str.split("@").str[0]
     for _, g in out.assign(family=family).groupby(["dataset", "family", "batch_size"]):
