@@ -78,7 +78,10 @@ class TreeMethod(Batchable, DecodeMethod):
 
     def time_drafting(self, tree=None) -> float | None:
         """The proposer's drafting of `tree` timed (pricing.DraftPricing): None, the tree the step decodes with once
-        planned, else the family's searched tree of the default size (a tree being built is not known yet)."""
+        planned, else the family's searched tree of the default size (a tree being built is not known yet); None
+        where nothing drafts beside the target's forward."""
+        if not (self.proposer.drafter_model or self.proposer.advance_drafts):
+            return None
         if tree is None:
             tree = (self.plan.tree_file if getattr(self, "plans", None) else self.shapes.searched_tree(
                 self.acceptance, plan.DEFAULT_SIZE, "", "priced")).tree(0)
