@@ -51,8 +51,8 @@ class SuffixDecoding(Batchable, DecodeMethod):
     def chosen(self) -> dict:
         """run.yaml's and report.md's label of the caches (the first prompt a run decodes is cold)."""
         if not self.cache.use_global:
-            return {"note": "suffix caches: each prompt's own index only (--suffix-global off): every prompt cold"}
-        return {"note": "suffix caches: each prompt's own index, and a global index of the outputs of the prompts "
+            return {"caches": "each prompt's own index only (--suffix-global off): every prompt cold"}
+        return {"caches": "each prompt's own index, and a global index of the outputs of the prompts "
                         "decoded before it in this process (never the same prompt's own output): cold for the "
                         "first prompt the run decodes (and each batch's first prompts), warm after"}
 
