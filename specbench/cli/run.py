@@ -107,6 +107,7 @@ def run(
                                        "disturbed machine (skipped otherwise, with a line saying which; "
                                        "`specbench list profiles` shows them).")] = False,
     synthetic_acceptance: Annotated[str | None, typer.Option("--synthetic-acceptance", metavar="RATES|FILE",
+                                    show_default="off: the model's own acceptance",
                                     help="Every method drafts and verifies for real, but which drafts are kept is "
                                     "drawn (seeded) from stated acceptance: rates per draft position, each given the "
                                     "previous accepted (0.8,0.6,0.4; ranks at a position by /: 0.6/0.1), or a file "
