@@ -41,6 +41,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SpecbenchError(f"--threads must be at least 1 (got {cfg.threads}); leave it out for torch's choice")
     for name in cfg.methods:
         get_method(name)
+    if cfg.synthetic_acceptance is not None:  # malformed rates or profile file: refused before any model loads
+        from ..core.acceptance_profile import read
+
+        read(cfg.synthetic_acceptance)
     for name in cfg.datasets:
         refuse_as_benchmark(name)
     tree_spec(cfg.options)  # a malformed --tree is refused before any model loads

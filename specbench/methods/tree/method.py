@@ -61,8 +61,9 @@ class TreeMethod(Batchable, DecodeMethod):
         self.guesser = self.guesser_type(target, self.options.artifact)  # the artefact, loaded
         self.shapes = self.guesser.shapes_type(self.guesser, self.name)  # the trees it takes
         self.proposer = (self.proposer_type or self.guesser.proposer_type)(target, self.guesser)  # decode time
-        # the rule the step accepts with: the proposer's, or Medusa's typical rule for a `-typical` twin
-        self.accept_rule = accept_rule.typical if self.typical else self.proposer.accept_rule
+        # the rule the step accepts with: the proposer's, or Medusa's typical rule for a `-typical` twin (a run's
+        # --synthetic-acceptance sets acceptance_rule, which the step takes instead)
+        self.tree_rule = accept_rule.typical if self.typical else self.proposer.accept_rule
         # rows: token distances the guesses cover; ept: ensemble copies; table: embeddings of the node inputs
         self.rows, self.ept, self.table = self.guesser.rows, self.guesser.ept, self.guesser.table
         self.tree_spec = plan.tree_spec(self.options)  # --tree, parsed once
@@ -169,10 +170,11 @@ class TreeMethod(Batchable, DecodeMethod):
             s.history.append(root)
             if s.gen.emit([root], stop_ids, max_new_tokens):
                 finished.append(s)
+        rule = self.tree_rule if self.acceptance_rule is None else accept_rule.stated(self.acceptance_rule)
         for s, h, d, past in zip(active, hidden, drafts, pasts):
             # 3. accept and 4. update cache (step.py), on this sample's own random stream
             emitted, s.scratch["state"] = verify_and_accept(
-                self.target.model, proposer, self.accept_rule, s.scratch["state"], d, h,
+                self.target.model, proposer, rule, s.scratch["state"], d, h,
                 lambda path, s=s, past=past: target.keep_offsets(s.slot, past, path), sampling, s.generator, s.gen)
             s.history += emitted
             if s.gen.emit(emitted, stop_ids, max_new_tokens):

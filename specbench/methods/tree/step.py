@@ -26,7 +26,7 @@ def verify_and_accept(model, proposer: Proposer, rule: AcceptRule, state, drafte
     all_logits = target_logits(model, h) if layout.combined_head else None  # [q, V]
     logits = all_logits[: tree.nodes] if layout.combined_head else target_logits(model, h[: tree.nodes])  # [N, V]
     # 3. accept: the longest verified path, then the target's own next token
-    path, root = rule(tokens, layout.parents, logits, drafted.q, sampling, generator)
+    path, root = rule(tokens, tree, logits, drafted.q, sampling, generator, gen)
     accepted = tokens[path[1:]].tolist()
     gen.count_draft(tree.depth, len(accepted))
     # 4. update cache: keep the root and the accepted path; the next guesses come from the last accepted node
