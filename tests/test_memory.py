@@ -53,6 +53,6 @@ def test_cuda_peak_is_reset_and_read_on_the_generations_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: calls.append(("max", device)) or 3 * 2**20)
     gpu = torch.device("cuda", 1)
     memory.reset_peak(gpu)
-    assert peak_memory_mb(gpu) == 3.0
+    assert memory.peak_mb(gpu) == 3.0
     assert calls == [("reset", gpu), ("max", gpu)]
     assert "max_memory_allocated" in memory.peak_label(gpu)

@@ -259,9 +259,9 @@ def _refuse_server_options(ctx, engine: str) -> None:
 
 
 def _refuse_retime(ctx, engine: str) -> None:
-    """--retime given to a backend that cannot time a turn again: one line with its reason, before anything runs
-    (its default stays quietly off there)."""
-    if getattr(ctx.get_parameter_source("retime"), "name", "DEFAULT") == "DEFAULT":
+    """--retime N (N > 0) on the command line for a backend that cannot time a turn again: one line with its
+    reason, before anything runs (the default, or SPECBENCH_RETIME set for every run, stays quietly off there)."""
+    if getattr(ctx.get_parameter_source("retime"), "name", "") != "COMMANDLINE" or not ctx.params.get("retime"):
         return
     from ..run.backend import backend_module
 
