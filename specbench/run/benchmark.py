@@ -23,7 +23,7 @@ from ..core.model import tensor_parallel as tp
 from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..progress import console, progress_bar
-from . import batch_schedule, noise, retime
+from . import batch_schedule, noise, retime, synthetic
 from .backend import Backend, backend_module
 from .config import RunConfig
 from .resume import Interrupted  # noqa: F401  (raised here; run/ray_shards and tests name it benchmark.Interrupted)
@@ -125,6 +125,8 @@ def run_turns(cfg: RunConfig, out: Path, backend: Backend, loaded: list[LoadedDa
     writer.close()
     backend.close(out)
     mark_complete(out)
+    if runner.synthetic:  # measured acceptance against the stated one: fails loudly on a disagreement
+        tp.on_writer(lambda: synthetic.finish(out, runner.synthetic_tallies))
     return out
 
 
@@ -142,6 +144,8 @@ def write_run_file(out: Path, cfg: RunConfig, backend: Backend, loaded: list[Loa
                         "profile": f"{profile.hardware} {profile.dtype}" if profile else None},
         "data_files": lookup.record(),
         **({"shard": shard_block(loaded, cfg.shard)} if cfg.shard else {}),
-        **({"roofline": roofline} if roofline else {}),
+        **({"roofline": roofline} if roofline else {}),  # report/roofline.py: the bandwidth bound of a forward
+        **({"synthetic_acceptance": synthetic.block(cfg, stated)} if (stated := getattr(backend, "synthetic", None))
+           else {}),
         "complete": False,
     }), sort_keys=False))

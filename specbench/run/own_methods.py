@@ -24,6 +24,7 @@ from ..methods.base import DecodeMethod, Generation
 from ..methods.sd.drafter import resolve_drafter
 from ..progress import console, status
 from . import compiled as compile_run
+from . import synthetic
 from .backend import Measures, timed, turn_seed
 from .config import RunConfig
 from .shard import resolved_trees
@@ -83,14 +84,24 @@ class OwnMethods:
         self.compiled: dict = {}  # --compile: run/compiled.py's state per model
         self.methods: dict[str, DecodeMethod] = {}  # label -> method (label = name, or name@size in a sweep)
         options = cfg.method_options()
+        # --synthetic-acceptance: a stated draw keeps the drafts; a method without an artefact gets random weights
+        self.synthetic = synthetic.profile_of(cfg)
+        # tree methods search and predict their trees with the stated rates (methods/tree/plan.py); None otherwise
+        target.extras[synthetic.EXTRAS_KEY] = self.synthetic
+        if self.synthetic:  # a drafter method without a drafter: one of the target's layers, untrained
+            self.drafter = drafter = synthetic.drafter_for(cfg.methods, target, drafter)
+        make = (lambda cls, opts, label: synthetic.build(cls, target, opts, drafter, label)) if self.synthetic \
+            else (lambda cls, opts, label: cls(target, opts, drafter))
         for name in cfg.methods:
             cls = get_method(name)
             if cfg.tree_sizes and cls.kind == "tree":
                 for n in cfg.tree_sizes:  # 0: `auto`, the method's own choice (per batch size: methods/tree/plan.py)
-                    self.methods[f"{name}@{n or 'auto'}"] = cls(target, {**options[name],
-                                                                       "tree": f"size={n}" if n else "auto"}, drafter)
+                    label = f"{name}@{n or 'auto'}"
+                    self.methods[label] = make(cls, {**options[name], "tree": f"size={n}" if n else "auto"}, label)
             else:
-                self.methods[name] = cls(target, options[name], drafter)
+                self.methods[name] = make(cls, options[name], name)
+        if self.synthetic:
+            synthetic.install(self.methods, self.synthetic, cfg.seed)
         self.labels = tuple(self.methods)
         batched = [b for b in cfg.batch_sizes if b > 1]
         for method in self.methods.values():

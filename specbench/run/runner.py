@@ -12,6 +12,7 @@ from ..core.machine import contention
 from ..core.model.tensor_parallel import from_writer
 from ..data import datasets as ds
 from ..methods.base import Generation
+from . import synthetic
 from .backend import Backend, turn_seed
 from .config import RunConfig
 from .records import LosslessCheck, TurnResult, build_record, compare, same_ids
@@ -24,6 +25,9 @@ class Runner:
     def __init__(self, cfg: RunConfig, backend: Backend):
         self.cfg, self.backend = cfg, backend
         self.prompt_cut: dict[tuple[ds.Prompt, int], int] = {}  # (prompt, turn) -> tokens cut to fit the context
+        # --synthetic-acceptance (own_methods.py): the output is not the model's; acceptance is tallied instead
+        self.synthetic = getattr(backend, "synthetic", None)
+        self.synthetic_tallies: dict[str, synthetic.Tally] = {}
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -84,7 +88,9 @@ class Runner:
             for r in results[label]:
                 key = (dataset, prompt.id, r.turn)
                 lossless, gap = "", math.nan
-                if self.cfg.sampling.greedy and label != "ar" and key in reference:
+                if self.synthetic:  # the output is not the model's: no lossless check applies
+                    synthetic.count(self.synthetic_tallies, label, r.gen)
+                elif self.cfg.sampling.greedy and label != "ar" and key in reference:
                     lossless = compare(r.gen.tokens, reference[key])
                     if lossless != "match":
                         gap, verdict = self.explain(dataset, prompt, r, reference, ar_ids, verdict)
@@ -133,7 +139,9 @@ class Runner:
                 disturbed=contention.disturbed(b.noise))  # batch jobs are flagged, not re-timed
             key = (dataset, b.prompt.id, b.turn)
             lossless, gap, verdict = "", math.nan, ""
-            if self.cfg.sampling.greedy and key in reference:
+            if self.synthetic:  # the output is not the model's: no lossless check applies
+                synthetic.count(self.synthetic_tallies, f"{label} B={r.batch['batch_size']} {mode}", b.gen)
+            elif self.cfg.sampling.greedy and key in reference:
                 lossless = compare(b.gen.tokens, reference[key])
                 if lossless != "match":
                     gap, verdicts[b.prompt.id] = self.explain(dataset, b.prompt, r, reference, {},
