@@ -30,7 +30,8 @@ def estimate(
     new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Greedy reference length per prompt.")] = 64,
     artifact: Annotated[Optional[str], typer.Option(show_default="the shipped one", help="The method's artefact "
                                                     "folder; ppd also takes untrained[:S] for random real-token "
-                                                    "embeddings.")] = None,
+                                                    "embeddings, eagle and medusa the authors' released "
+                                                    "checkpoints (docs/methods.md).")] = None,
     initial: Annotated[bool, typer.Option(help="Score the artefact's initial (untrained) embeddings.")] = False,
     drafter: Annotated[Optional[str], typer.Option("--drafter", show_default="the shipped one", help="sd and pearl: "
                                                    "the drafter (a model spec or a `specbench train drafter` "
