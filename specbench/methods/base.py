@@ -28,6 +28,8 @@ class Generation:
     accepted_drafts: int = 0  # of those, accepted
     accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts by draft position
     drafted_per_position: list[int] = field(default_factory=list)  # proposed drafts by draft position
+    # drafts proposed at a position whose previous draft was accepted (the denominator of the conditional rate)
+    reached_per_position: list[int] = field(default_factory=list)
     stopped: bool = False  # ended on a stop token (not the length cap)
     timeline: list[dict] = field(default_factory=list)  # per-step draft/target busy spans (sd, pearl; timeline.py)
     # batch > 1 (methods/batch_loop.py): this sample's share of the target's work, and its time in the batch
@@ -49,12 +51,17 @@ class Generation:
     # that ran eagerly (run/compiled.forwards); None when the run does not compile
     compiled_forwards: int | None = None
     eager_forwards: int | None = None
+    # --synthetic-acceptance (core/synthetic.py): the stated acceptance's expected accepted drafts over this
+    # generation's verifications, and their variance (the run checks the measured count against them)
+    synthetic_mean: float = 0.0
+    synthetic_var: float = 0.0
 
     def count_draft(self, proposed: int, accepted: int) -> None:
         """Record one verification of `proposed` draft tokens of which the first `accepted` were kept."""
         self.drafted += proposed
         self.accepted_drafts += accepted
-        for counts, n in ((self.drafted_per_position, proposed), (self.accepted_per_position, accepted)):
+        for counts, n in ((self.drafted_per_position, proposed), (self.accepted_per_position, accepted),
+                          (self.reached_per_position, min(proposed, accepted + 1))):
             if len(counts) < proposed:
                 counts.extend([0] * (proposed - len(counts)))
             for i in range(n):
@@ -95,6 +102,9 @@ class DecodeMethod:
     family: ClassVar[str | None] = None  # file-name key: acceptance/<model>/<family>.yaml, trees' `method`,
     # artifacts/<model>/<family>/ (ppd and ppd-typical share "ppd")
     one_state: ClassVar[bool] = False  # its tree has one state (a static candidate tree), not PPD's dynamic states
+    # which verified drafts are kept: None = the method's own rule (the target's logits); a SyntheticAcceptance
+    # (core/synthetic.py) under --synthetic-acceptance
+    acceptance_rule = None
 
     def __init__(self, target: LoadedModel, options: Mapping[str, Any] | None = None,
                  drafter: LoadedModel | None = None):

@@ -46,6 +46,7 @@ class Sample:
     draft: list[int] = field(default_factory=list)  # this step's drafts
     q: torch.Tensor | None = None  # their draft probabilities [k, V] (None: greedy or one-hot)
     scratch: dict = field(default_factory=dict)  # per-method state (sd: the tokens its drafter cache holds)
+    state: object = None  # a tree method's state between steps: its proposer's dataclass (methods/tree/proposer.py)
 
     def room(self, max_new_tokens: int) -> int:
         """Drafts that fit before the cap (the verify forward always yields one more token)."""
@@ -116,7 +117,10 @@ class Batchable:
                 s.scratch["origin"] = t0  # the timeline's zero
             # 3. accept: one rule whatever the batch, on this sample's own random stream (a newcomer without
             # drafts: its first token)
-            if s.draft or not joined:
+            if self.acceptance_rule is not None and s.draft:  # --synthetic-acceptance: a stated draw
+                n, tok = self.acceptance_rule.chain(torch.tensor(s.draft, dtype=torch.long, device=lg.device), lg,
+                                                    sampling, s.q, s.generator, gen=s.gen)
+            elif s.draft or not joined:
                 n, tok = accept(torch.tensor(s.draft, dtype=torch.long, device=lg.device), lg, sampling, s.q,
                                 s.generator)
             else:
