@@ -22,7 +22,7 @@ from specbench.engines.openai_load import closed_loop, open_loop, poisson_arriva
 from specbench.engines.openai_server import ask, parse_concurrency, parse_slo, Server
 from specbench.errors import SpecbenchError
 from specbench.methods.base import Generation
-from specbench.report.serving import goodput, percentile, serving_table
+from specbench.report.serving import goodput, percentile, serving_numbers, serving_table
 from specbench.run.records import serving_view
 
 cli = CliRunner()
@@ -74,12 +74,34 @@ def test_closed_loop_keeps_at_most_n_in_flight_and_the_items_order():
 
 
 def test_serving_view_of_token_times():
-    view = serving_view([0.5, 0.6, 0.6, 0.9])  # tokens 2 and 3 from one forward (an accepted draft): a 0 gap
+    view = serving_view([0.5, 0.6, 0.6, 0.9])  # tokens 2 and 3 from one forward (an accepted draft): one arrival
     assert view["ttft_s"] == 0.5
     assert view["tpot_ms"] == pytest.approx((0.9 - 0.5) * 1e3 / 3)
-    assert view["itl_p50_ms"] == pytest.approx(100.0)
-    assert view["itl_p99_ms"] == pytest.approx(296.0)  # gaps 0, 100, 300: 100 + 0.98 x 200
+    assert view["itl_gaps_ms"] == "100.000 300.000"  # one gap per arrival, as vLLM's bench serve counts them
+    assert view["itl_p50_ms"] == pytest.approx(200.0)
+    assert view["itl_p99_ms"] == pytest.approx(298.0)  # gaps 100, 300: 100 + 0.99 x 200
     assert math.isnan(serving_view([0.2])["tpot_ms"]) and math.isnan(serving_view([])["ttft_s"])
+    assert serving_view([0.2, 0.2])["itl_gaps_ms"] == "" and math.isnan(serving_view([0.2, 0.2])["itl_p50_ms"])
+
+
+def test_itl_is_pooled_over_every_gap_not_a_percentile_of_percentiles(tmp_path):
+    # one request with 99 gaps of 10 ms, one with a single gap of 1000 ms: pooled, the p50 is 10 ms and the p99
+    # lands among the 10 ms gaps; a percentile of the two requests' own p50s would be about 505 ms
+    fast = serving_view([0.1 + 0.01 * i for i in range(100)])
+    slow = serving_view([0.1, 1.1])
+    rows = pd.DataFrame([{"method": "server", "dataset": "d", "wall_s": 1.0, "new_tokens": 100, **fast},
+                         {"method": "server", "dataset": "d", "wall_s": 1.0, "new_tokens": 2, **slow}])
+    path = tmp_path / "records.csv"
+    rows.to_csv(path, index=False)
+    back = pd.read_csv(path)  # the one-gap cell reads back as a number, the gaps as text
+    table = serving_table(back)
+    assert table.itl_p50_ms[0] == pytest.approx(10.0, abs=0.01)
+    assert table.itl_p99_ms[0] == pytest.approx(10.0 + 0.01 * 990, abs=0.01)  # 99 of the 100 gaps are 10 ms
+    assert percentile(back.itl_p50_ms, 50) > 400  # what the old per-request reading gave
+    summary = serving_numbers(back)
+    assert summary["itl_p50_ms"] == pytest.approx(10.0, abs=0.01)
+    old = back.drop(columns="itl_gaps_ms")  # a run from before the gaps were kept: the per-request reading
+    assert serving_table(old).itl_p50_ms[0] == pytest.approx(percentile(back.itl_p50_ms, 50))
 
 
 def test_generation_times_each_kept_token_from_its_start():
