@@ -9,6 +9,7 @@ import json
 import math
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pandas as pd
@@ -18,8 +19,9 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.engines import openai_acceptance as acc
 from specbench.engines.openai_client import Endpoint, ServerError
-from specbench.engines.openai_load import closed_loop, open_loop, poisson_arrivals
-from specbench.engines.openai_server import ask, parse_concurrency, parse_slo, Server
+from specbench.engines.openai_load import closed_loop, open_loop, poisson_arrivals, request_arrivals
+from specbench.data.specs import Prompt
+from specbench.engines.openai_server import ask, converse, parse_concurrency, parse_slo, Server
 from specbench.errors import SpecbenchError
 from specbench.methods.base import Generation
 from specbench.report.serving import goodput, percentile, serving_numbers, serving_table
@@ -264,6 +266,27 @@ def test_a_500_then_200_is_retried_and_a_lasting_500_is_a_failed_request(fake):
     streamed, error, tries = ask(Server("spec", Endpoint(url, timeout=5), "tiny-model"),
                                  [{"role": "user", "content": "hi"}], 3)
     assert streamed is None and tries == 3 and "HTTP 500" in error and url in error
+
+
+def test_request_rate_counts_requests_not_conversations():
+    # four conversations of 2, 1, 3 and 1 turns: seven requests, seven Poisson arrivals dealt in order
+    turns = request_arrivals([2, 1, 3, 1], 4.0, seed=3)
+    assert [len(t) for t in turns] == [2, 1, 3, 1]
+    assert [t for conv in turns for t in conv] == poisson_arrivals(7, 4.0, seed=3)
+    many = request_arrivals([2] * 1000, 4.0, seed=3)  # 2000 requests at 4 per second: about 500 s, not 250
+    assert 450 < many[-1][-1] < 550
+
+
+def test_a_later_turn_waits_for_its_own_arrival(fake):
+    url, handler = fake()
+    server = Server("spec", Endpoint(url, timeout=5), "tiny-model")
+    prompt = Prompt("p", ("hello there", "and again"))
+    start = time.perf_counter()
+    out = converse(server, prompt, 3, arrivals=[1.0, 1.4])  # the call is the first arrival; the second 0.4 s on
+    assert time.perf_counter() - start >= 0.4 and [o.streamed is not None for o in out] == [True, True]
+    start = time.perf_counter()
+    out = converse(server, prompt, 3, arrivals=[0.0, 0.0])  # arrived already: sent when the first is answered
+    assert time.perf_counter() - start < 0.4 and handler.seen == 4
 
 
 def test_closed_port_and_timeout_are_clear_errors_without_a_run_folder(tmp_path, fake):
