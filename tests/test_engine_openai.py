@@ -149,28 +149,53 @@ def test_vllm_counters_differenced_around_a_measurement():
 
 
 def test_sglang_meta_info():
-    # SGLang's meta_info as its speculative tests read it (sgl-project/sglang, test/srt EAGLE tests: accept length =
-    # completion_tokens / spec_verify_ct); newer versions add spec_accept_token_num / spec_draft_token_num
+    # SGLang's meta_info (tokenizer_manager.py): spec_verify_ct verifications, spec_accept_token_num the drafts they
+    # accepted; the first token is the prefill's, so completion_tokens = 1 + spec_verify_ct + accepted
     old = acc.sglang_meta({"prompt_tokens": 20, "completion_tokens": 30, "spec_verify_ct": 12, "e2e_latency": 0.3})
-    assert (old.steps, old.accepted, old.drafted) == (12.0, 18.0, None)
-    assert old.summary()["acceptance_length"] == pytest.approx(2.5)
-    new = acc.sglang_meta({"completion_tokens": 30, "spec_verify_ct": 12, "spec_accept_token_num": 18,
+    assert (old.steps, old.accepted, old.drafted) == (12.0, 17.0, None)  # 30 = 1 + 12 + 17
+    assert old.summary()["acceptance_length"] == pytest.approx(1 + 17 / 12, abs=1e-4)  # SGLang's own 30 / 12 = 2.5
+    new = acc.sglang_meta({"completion_tokens": 30, "spec_verify_ct": 12, "spec_accept_token_num": 17,
                            "spec_draft_token_num": 36})
-    assert new.summary()["acceptance_rate"] == pytest.approx(0.5)
+    assert (new.steps, new.accepted) == (12.0, 17.0)  # the two readings agree on a consistent response
+    assert new.summary()["acceptance_rate"] == pytest.approx(17 / 36, abs=1e-4)
     assert acc.sglang_meta({"completion_tokens": 30}) is None  # speculation off
     assert acc.sglang_meta({"completion_tokens": 30, "spec_verify_ct": 0}) is None
 
 
 def test_llama_server_timings():
-    # llama.cpp's llama-server response `timings` (tools/server/README.md: prompt_n, predicted_n, ..., and with a
-    # draft model or n-gram drafting draft_n / draft_n_accepted)
+    # llama-server's `timings` (tools/server/server-context.cpp): predicted_n counts the prompt's token and then each
+    # decode step's accepted drafts plus one; 20 = 1 + 7 steps + 12 accepted
     timings = {"prompt_n": 6, "prompt_ms": 31.5, "predicted_n": 20, "predicted_ms": 87.6, "draft_n": 16,
                "draft_n_accepted": 12}
     c = acc.llama_timings(timings)
-    assert (c.drafted, c.accepted, c.steps) == (16.0, 12.0, 8.0)
+    assert (c.drafted, c.accepted, c.steps) == (16.0, 12.0, 7.0)
     assert acc.per_request({"timings": timings}).source == "llama.cpp timings"
     assert acc.llama_timings({"predicted_n": 20, "predicted_ms": 80.0}) is None  # no drafting: not exposed
     assert acc.per_request({}) is None
+
+
+def test_counters_of_recorded_server_payloads_give_the_tokens_per_step():
+    # the final chunk of a live llama-server stream (build b9251, a draft model on), as published with a benchmark
+    # script: 665 tokens, 604 drafted, 515 accepted -> 149 decode forwards after the prompt's, 1 + 515/149 per step
+    chunk = {"choices": [], "usage": {"completion_tokens": 665, "prompt_tokens": 808, "total_tokens": 1473},
+             "timings": {"cache_n": 804, "prompt_n": 4, "prompt_ms": 128.301, "predicted_n": 665,
+                         "predicted_ms": 20629.211, "draft_n": 604, "draft_n_accepted": 515}}
+    c = acc.per_request(chunk)
+    assert c.steps == 149.0 and 1 + c.steps + c.accepted == chunk["usage"]["completion_tokens"]
+    assert c.summary()["acceptance_length"] == pytest.approx(1 + 515 / 149, abs=1e-4)
+    # the row's target forwards: the prompt's plus the decode steps; tau = tokens / forwards
+    from specbench.engines.openai_client import Streamed
+    from specbench.engines.openai_server import Outcome, Phase, row
+    from specbench.run.config import RunConfig
+    from specbench.run.records import LosslessCheck
+
+    streamed = Streamed(tokens=["x"] * 665, text="x" * 665, token_times=[0.1 + i * 0.01 for i in range(665)],
+                        wall_s=7.0, unit="tokens", finish_reason="length", usage=chunk["usage"], extra=chunk)
+    env = {"dtype": "server", "device": "cpu", "hardware": "h", "threads": 1, "engine": "openai"}
+    record = row(RunConfig(), env, "m", Phase("spec", "-", 1), "d", Prompt("p", ("hi",)), Outcome(0, streamed),
+                 LosslessCheck(), 665)
+    assert record.target_forwards == 150 and record.tau == pytest.approx(665 / 150, abs=1e-4)
+    assert record.accepted_drafts == 515 and record.drafted == 604
 
 
 # ------------------------------------------------------------------------------------------- the client, for real
