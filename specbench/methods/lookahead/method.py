@@ -27,11 +27,11 @@ from ..options import Option
 from . import sizing
 from .window import Shape, Window, layout, trie
 
-WINDOW = Option("lookahead_window", int, None, "lookahead: Jacobi window W, the columns guessed ahead (default: the "
+WINDOW = Option("lookahead_window", int, None, "Jacobi window W, the columns guessed ahead (default: the "
                 "widest forward where this hardware's latency curve is still flat, else the paper's 15)", minimum=1)
-NGRAM = Option("lookahead_ngram", int, sizing.PAPER_NGRAM, "lookahead: n-gram size N (the window keeps N - 1 "
+NGRAM = Option("lookahead_ngram", int, sizing.PAPER_NGRAM, "n-gram size N (the window keeps N - 1 "
                "levels; each verified n-gram is N - 1 tokens after the last one)", minimum=2)
-GUESSES = Option("lookahead_guesses", int, None, "lookahead: G, the most n-grams verified a step (default: sized "
+GUESSES = Option("lookahead_guesses", int, None, "G, the most n-grams verified a step (default: sized "
                  "with --lookahead-window to this hardware's flat latency, else the paper's 15)", minimum=1)
 
 
