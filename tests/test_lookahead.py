@@ -17,7 +17,7 @@ from specbench.methods import get_method
 from specbench.methods.batch_loop import engine, generate_batch
 from specbench.methods.lookahead import method as lookahead_method
 from specbench.methods.lookahead import sizing
-from specbench.methods.lookahead.window import NgramPool, Shape, Window, layout, trie
+from specbench.methods.lookahead.window import NgramPool, Shape, Window, layout, rank_paths, trie
 
 from .conftest import prompt_ids
 from .test_sd import SAMPLING, exact_distribution, tv
@@ -59,6 +59,11 @@ def test_every_input_sees_the_sequence_it_stands_for(tiny):
     for k, path in enumerate(paths):
         assert torch.allclose(logits[shape.branch + k], causal_last_logits(model, context + [root] + path),
                               atol=1e-4), path
+
+
+def test_trie_nodes_rank_among_their_siblings():
+    tokens, parents, _ = trie([(1, 2), (1, 3), (4,)], 2)
+    assert tokens == [1, 2, 3, 4] and rank_paths(parents) == [(0,), (0, 0), (0, 1), (1,)]
 
 
 def test_trie_cuts_to_the_room_left():
@@ -173,3 +178,18 @@ def test_distribution_test_catches_accepting_the_first_candidate(tiny, monkeypat
     monkeypatch.setattr(lookahead_method, "tree_speculative_accept", greedy_first)
     got, _ = sampled(get_method("lookahead")(tiny, SMALL), ids, 600, 1)
     assert tv(got, exact) > 0.2
+
+
+def test_synthetic_acceptance_keeps_the_drawn_rank_of_the_trie(tiny):
+    """--synthetic-acceptance: every depth's rank-0 candidate is kept by a stated rate of 1 (the whole first n-gram
+    of the trie, then the target's token), and none by a rate near 0."""
+    from specbench.core.acceptance_profile import parse_rates
+    from specbench.core.synthetic import SyntheticAcceptance
+
+    ids = prompt_ids(1)
+    method = get_method("lookahead")(tiny, SMALL)
+    method.acceptance_rule = SyntheticAcceptance(parse_rates("1,1"), seed=0)
+    kept = method.generate(ids, 40, Sampling(), None)
+    assert kept.accepted_drafts == kept.drafted > 0  # each step's trie depth, all of it
+    method.acceptance_rule = SyntheticAcceptance(parse_rates("0.000001,0.000001"), seed=0)
+    assert method.generate(ids, 40, Sampling(), None).accepted_drafts == 0

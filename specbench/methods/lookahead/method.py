@@ -25,7 +25,7 @@ from ..base import DecodeMethod, register
 from ..batch_loop import Batchable
 from ..options import Option
 from . import sizing
-from .window import Shape, Window, layout, trie
+from .window import Shape, Window, layout, rank_paths, trie
 
 WINDOW = Option("lookahead_window", int, None, "Jacobi window W, the columns guessed ahead (default: the "
                 "widest forward where this hardware's latency curve is still flat, else the paper's 15)", minimum=1)
@@ -41,6 +41,7 @@ class Lookahead(Batchable, DecodeMethod):
     kind = "draft-free"
     summary = "lookahead decoding: Jacobi window makes n-grams, those starting with the last token verified at once"
     option_specs = (WINDOW, NGRAM, GUESSES)
+    said_when_loaded = ("lookahead_window", "lookahead_ngram", "lookahead_guesses", "lookahead_sized_from")
 
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
@@ -112,8 +113,12 @@ class Lookahead(Batchable, DecodeMethod):
             logits = target_logits(model, h[[0, *last, *range(b, b + len(tokens))]])  # [1 + W + K, V]
             nodes = torch.cat([logits[:1], logits[1 + len(last):]])  # root, then every trie node [1 + K, V]
             # 3. accept: the longest verified path of the trie, then the target's next token
-            path, nxt = tree_speculative_accept(torch.tensor([root, *tokens]), [-1, *parents], nodes, sampling,
-                                                s.generator)
+            if self.acceptance_rule is not None and tokens:  # --synthetic-acceptance: a stated draw over the trie
+                path, nxt = self.acceptance_rule.tree(torch.tensor([root, *tokens]), [-1, *parents],
+                                                      rank_paths(parents), nodes, sampling, s.generator, gen=s.gen)
+            else:
+                path, nxt = tree_speculative_accept(torch.tensor([root, *tokens]), [-1, *parents], nodes, sampling,
+                                                    s.generator)
             accepted = [tokens[node - 1] for node in path[1:]]
             if tokens:
                 s.gen.count_draft(max(depths), len(accepted))  # the trie's depth: the longest run a step could accept

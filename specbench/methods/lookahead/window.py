@@ -84,6 +84,18 @@ def trie(grams: list[tuple[int, ...]], depth: int) -> tuple[list[int], list[int]
     return tokens, parents, depths
 
 
+def rank_paths(parents: list[int]) -> list[tuple[int, ...]]:
+    """Each trie node's ranks from the root (its place among its siblings at every depth, in the order they are
+    tried): the candidates' paths as a tree's, for --synthetic-acceptance's stated draws."""
+    seen: dict[int, int] = {}
+    paths: list[tuple[int, ...]] = []
+    for parent in parents:
+        rank = seen.get(parent, 0)
+        seen[parent] = rank + 1
+        paths.append((paths[parent - 1] if parent else ()) + (rank,))
+    return paths
+
+
 def layout(shape: Shape, root: int, levels: list[list[int]], tokens: list[int], parents: list[int],
            depths: list[int]) -> tuple[list[int], list[int], torch.Tensor]:
     """One step's input: (token ids [q], position offsets from the root [q], visibility [q, q]) for the root, the
