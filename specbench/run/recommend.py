@@ -1,7 +1,8 @@
 """`specbench recommend`: which method to use for a model on this machine. Every lossless tree method's speedup is
 predicted from files (planning/predict.py: no decoding; a drafting method's missing tree is first built as
 `run --tree auto` builds it, and each tree's drafting is priced as a run's step pays it, timed here:
-price_drafting), the best `confirm` of them (and `pld` and `lookahead`, which need nothing and no model predicts) are
+price_drafting), the best `confirm` of them (and `pld`, `suffix` and `lookahead`, which need nothing and no model
+predicts) are
 measured beside `ar` in one short run (run/benchmark.py), and the pick is made by paired comparison with intervals
 (run/pick.py: the simplest method within the noise of the fastest; in bf16 a lossless or explained one), or the
 best predicted with `confirm` 0 (`ar` itself when nothing beats it).
@@ -30,14 +31,20 @@ from . import pick as picking
 from .config import RunConfig, results_root
 from .results import with_batch_columns
 
-MEASURED_ONLY = ("pld", "lookahead")  # need nothing and no model predicts them: measured whenever anything is
+MEASURED_ONLY = ("pld", "suffix", "lookahead")  # need nothing and no model predicts them: measured whenever anything is
 DRAFTER_METHODS = ("sd", "pearl")  # no acceptance model predicts them either: measured when a drafter exists
-NOT_PREDICTED = {"pld": "no acceptance model predicts prompt lookup: measured only (beside the confirmed methods)",
-                 "lookahead": "no acceptance model predicts lookahead decoding's n-grams: measured only (beside the "
-                              "confirmed methods)",
-                 "sd": "draft-model methods have no acceptance estimate: measured only, when the model has a drafter",
-                 "pearl": "draft-model methods have no acceptance estimate: measured only, when the model has a "
-                          "drafter"}
+# the chain methods: predicted from `specbench estimate --method M`'s acceptance file where the model has one
+# (planning/chain_plan.py), else measured only, for these reasons
+NOT_PREDICTED = {"pld": "no acceptance estimate of prompt lookup for this model (`specbench estimate --method pld`): "
+                        "measured only (beside the confirmed methods)",
+                 "suffix": "no acceptance model predicts suffix decoding (its drafts depend on what the text repeats):"
+                           " measured only (beside the confirmed methods)",
+                 "lookahead": "no acceptance model predicts lookahead decoding (its n-grams come from the Jacobi "
+                              "window's trajectories): measured only (beside the confirmed methods)",
+                 "sd": "no acceptance estimate of sd for this model (`specbench estimate --method sd`): measured "
+                       "only, when the model has a drafter",
+                 "pearl": "no acceptance estimate of pearl for this model (`specbench estimate --method pearl`): "
+                          "measured only, when the model has a drafter"}
 
 
 @dataclass
@@ -108,7 +115,7 @@ def recommend(req: RecommendRequest) -> Result:
     preds = predict_all(candidates(), req.model, hardware, dtype, dev.type, timed)
     rows = [Row("ar", predicted=1.0)] + [_row(p) for p in preds]
     measurable = measured_only(req.model)
-    rows += [Row(m, why_not=_unpredicted_why(m, req, measurable)) for m in NOT_PREDICTED if m in REGISTRY]
+    rows += [_chain_row(m, req, measurable, hardware, dtype) for m in NOT_PREDICTED if m in REGISTRY]
     out = req.out or results_root() / time.strftime("recommend-%Y%m%d-%H%M%S")
     confirm = [p.method for p in preds if p.available][: req.confirm]
     run_dir, why = None, []
@@ -131,14 +138,25 @@ def recommend(req: RecommendRequest) -> Result:
 
 
 def measured_only(model: str) -> list[str]:
-    """The methods no model predicts that a confirming run measures: pld and lookahead always, sd and pearl when the
-    model has a drafter artefact (artifacts/<model>/drafter here or shipped: what `run --method sd` would load)."""
+    """The methods no model predicts that a confirming run measures: pld, suffix and lookahead always, sd and pearl when
+    the model has a drafter artefact (artifacts/<model>/drafter here or shipped: what `run --method sd` would load)."""
     from ..methods.sd.drafter import is_artifact
 
     key = model_slug(model)
     drafter = any(is_artifact(p) for p in (store.artifact_dir(key, "drafter"),
                                             store.shipped_artifacts() / key / "drafter"))
     return [m for m in (*MEASURED_ONLY, *(DRAFTER_METHODS if drafter else ())) if m in REGISTRY]
+
+
+def _chain_row(method: str, req: RecommendRequest, measurable: list[str], hardware: str, dtype: str) -> Row:
+    """A chain method's row: predicted from its estimated acceptance (planning/chain_plan.py) where this model has
+    an acceptance file and this hardware a profile, else measured only (or why not)."""
+    from ..planning.chain_plan import predict_here
+
+    chain, _ = predict_here(method, req.model, hardware, dtype)
+    if chain is not None:
+        return Row(method, f"chain of {chain.k}", chain.k, chain.speedup)
+    return Row(method, why_not=_unpredicted_why(method, req, measurable))
 
 
 def _unpredicted_why(method: str, req: RecommendRequest, measurable: list[str]) -> str:
