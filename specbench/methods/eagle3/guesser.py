@@ -21,56 +21,69 @@ from ...core.machine.timing import median_call_ms
 from ...core.batch.cache import crop_to, new_cache
 from ...core.verify import next_token
 from ..base import register
-from ..eagle.drafting import DrafterState, PendingPairs
-from ..eagle.guesser import EagleDrafts
+from ..eagle.drafting import FeatureState
+from ..eagle.guesser import EAGLE_DEPTH, FeatureShapes
+from ..eagle.proposer import EagleProposer
 from ..options import ARTIFACT, TREE
 from ..sd.drafting import GAMMA
+from ..tree.guesser import Guesser
 from ..tree.method import TreeMethod
 from ..tree.pricing import GuessScorer
 from .layers import FeatureTap
 from .scoring import drafter_ranks
 
 
-class Eagle3Drafts(EagleDrafts):
-    """EagleDrafts with the EAGLE-3 drafter and the target's fused states as its first inputs."""
+class Eagle3Proposer(EagleProposer):
+    """EAGLE's drafting (one drafter forward per depth, EAGLE-2's dynamic tree, the drafter's engine at every batch
+    size) whose verified pairs carry the target's fused states, recorded around the target's forward."""
 
-    family, artifact = "eagle3", "eagle3 drafter"
+    def __init__(self, target, guesser):
+        super().__init__(target, guesser)
+        self.tap = FeatureTap(target.model)
 
-    def load(self):
-        self.art = e3.resolve(self.method.options.artifact, self.target)
-        self.tap = FeatureTap(self.target.model)
-        what = f"EAGLE-3 drafter {self.art.source} ({self.art.drafter.parameter_count():,} parameters)"
-        return self.depths(), 1, None, what
-
-    @classmethod
-    def scorer(cls, target, artifact, initial=False):
-        art = e3.resolve(artifact, target)
-        drafter = art.drafter
-        depths = cls.scored_depths(drafter)
-        ms = forward_ms(drafter, 1)
-        return GuessScorer(lambda ids, start: drafter_ranks(target, drafter, ids, start, depths), depths, art.source,
-                           {"mask_tokens": 0, "draft_forward_ms": ms, "draft_forward_rows": 1})
+    def propose(self, samples, states, plan, sampling):
+        self.tap.clear()  # rows of a forward nobody took (never expected) do not outlive the step
+        return super().propose(samples, states, plan, sampling)
 
     def around(self, parts):
         return self.tap.around(parts)
 
-    def draft_batch(self, samples, sampling):
-        self.tap.clear()  # rows of a forward nobody took (never expected) do not outlive the step
-        return super().draft_batch(samples, sampling)
-
-    def joined(self, sample, h, keep, sampling):
-        """h [T, H] -> (first token, the pending pairs (g_i, x_{i+1}) with the target's fused states g)."""
-        g = self.tap.take(h)  # [T, 3H]
+    def joined(self, sample, h, keep, sampling, plan):
+        """h [T, H] -> (first token, the pending pairs (g_i, x_{i+1}) with the target's fused states g [T, 3H])."""
+        g = self.tap.take(h)
         root = next_token(target_logits(self.target.model, h[-1]), sampling, sample.generator)
-        state = PendingPairs() if self._batch is not None else DrafterState(self.art.drafter)
+        state = FeatureState()
         state.commit(g, torch.tensor(sample.history[1:] + [root], device=h.device))
         return root, state
 
     def advance(self, state, h, layout, path, emitted, all_logits):
         """The accepted path's fused states, each with the token after it."""
-        g = self.tap.take(h)
-        state.commit(g[path], torch.tensor(emitted, device=h.device))
+        state.commit(self.tap.take(h)[path], torch.tensor(emitted, device=h.device))
         return state
+
+
+class Eagle3Drafts(Guesser):
+    """The EAGLE-3 drafter (artifact.py): a specbench artefact or a released EAGLE-3 folder."""
+
+    family, artifact = "eagle3", "eagle3 drafter"
+    shapes_type = FeatureShapes
+    proposer_type = Eagle3Proposer
+
+    def load(self, artifact):
+        self.art = e3.resolve(artifact, self.target)
+        self.rows, self.source = EAGLE_DEPTH, self.art.source
+        self.description = f"EAGLE-3 drafter {self.art.source} ({self.art.drafter.parameter_count():,} parameters)"
+
+    @classmethod
+    def scorer(cls, target, artifact, initial=False):
+        art = e3.resolve(artifact, target)
+        drafter = art.drafter
+        ms = forward_ms(drafter, 1)  # build-tree adds it per drafter forward to the target's step latency
+        return GuessScorer(lambda ids, start: drafter_ranks(target, drafter, ids, start, EAGLE_DEPTH), EAGLE_DEPTH,
+                           art.source, {"mask_tokens": 0, "draft_forward_ms": ms, "draft_forward_rows": 1})
+
+    def chosen(self, tree_source):
+        return {"tree": tree_source, "drafter": self.art.source}
 
 
 @torch.inference_mode()

@@ -10,8 +10,8 @@ a TreePlan (the tree file, its layouts, where it came from, EAGLE-2's dynamic sh
   tree at B > 1 is smaller): its file, else built now, else batch 1's with a note. `--tree PATH | size=N`,
   `--tree dynamic` and `--gamma` fix one tree for every batch size.
 - The per-rank acceptance the tree is searched and predicted with: acceptance/<model>/<family>.yaml, else a generic
-  table and a note. The family's guesser builds a tree of a size (searched_tree: PPD's dynamic sparse tree, or the
-  static candidate tree), checks that its artefact can guess a tree (check_tree) and lays it out (layouts).
+  table and a note. The family's tree shapes (shapes.py) build a tree of a size (searched_tree: PPD's dynamic sparse
+  tree, or the static candidate tree), check that its artefact can guess a tree (check_tree) and lay it out.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ...planning.treesearch import search, static_candidates
 from ...progress import console
 
 DEFAULT_SIZE = 16
+SYNTHETIC = "synthetic_acceptance"  # target.extras key: the stated AcceptanceProfile of a --synthetic-acceptance run
 
 
 def searched_tree(acc: list[list[float]], m: int, size: int, model: str = "", source: str = "") -> TreeFile:
@@ -68,6 +69,9 @@ def per_rank_acceptance(method, rows: int, model_name: str) -> tuple[list[list[f
     """(per-rank probabilities, the acceptance file they came from or None, that source in words for run.yaml and
     report.md); with no file for this model a generic table is used and a note printed once per model and family."""
     target, family = method.target, method.family
+    stated = target.extras.get(SYNTHETIC)
+    if stated is not None:  # --synthetic-acceptance: the tree is searched and predicted with the stated rates
+        return stated.per_rank_rows(rows), None, f"--synthetic-acceptance: {stated.source}"
     relative = store.acceptance_file(model_name, family)
     found = lookup.find(lookup.ACCEPTANCE, relative, f"{method.name} acceptance")
     acc_path = found.path if found else None
@@ -88,7 +92,7 @@ class TreePlan:
 
     tree_file: TreeFile
     source: str  # where it came from, in words (run.yaml, report.md)
-    layouts: dict  # state -> TreeLayout (guesser.layouts)
+    layouts: dict  # state -> TreeLayout (shapes.layouts)
     chosen_from: str  # "batch 1" (the method's own tree) | "L(B, w)" (a tree chosen for batch size B)
     dynamic: tuple[int, int, int] | None = None  # --tree dynamic: (candidates m, depth, top-k per expansion)
 
@@ -96,7 +100,7 @@ class TreePlan:
 def first_plan(method) -> TreePlan:
     """Batch 1's plan: --tree (or eagle's --gamma chain), checked against the artefact and laid out."""
     spec, gamma = method.tree_spec, getattr(method.options, "gamma", None)
-    guesser, model_name = method.guesser, model_slug(method.target.spec)
+    shapes, model_name = method.shapes, model_slug(method.target.spec)
     dynamic = None
     if spec.kind == "dynamic":
         if not families.get(method.family).dynamic_trees:
@@ -106,7 +110,7 @@ def first_plan(method) -> TreePlan:
             raise SpecbenchError(f"{method.name}: give --gamma (a chain of drafts) or --tree dynamic, not both")
         # the static tree of the size: the prefill, predictions and the artefact check read it
         tf, source = resolve(method, TreeSpec("auto") if spec.size is None else TreeSpec("size", spec.size))
-        dynamic = guesser.dynamic_shape(tf)
+        dynamic = shapes.dynamic_shape(tf)
         source = f"EAGLE-2 dynamic tree, {tf.size} candidates per step (the size of {source})"
     elif gamma is not None:
         if spec.kind != "auto":
@@ -118,10 +122,9 @@ def first_plan(method) -> TreePlan:
 
 
 def laid_out(method, tf: TreeFile, source: str, chosen_from: str, dynamic=None) -> TreePlan:
-    """A tree the method's artefact can guess (the guesser refuses one it cannot), laid out for its states."""
-    method.guesser.check_tree(tf, source, method.rows)
-    return TreePlan(tf, source, method.guesser.layouts(tf, method.table, method.ept, method.target.device),
-                    chosen_from, dynamic)
+    """A tree the method's artefact can guess (its shapes refuse one it cannot), laid out for its states."""
+    method.shapes.check_tree(tf, source)
+    return TreePlan(tf, source, method.shapes.layouts(tf, method.target.device), chosen_from, dynamic)
 
 
 def tree_spec(options) -> TreeSpec:
@@ -131,14 +134,16 @@ def tree_spec(options) -> TreeSpec:
 
 
 def resolve(method, spec: TreeSpec) -> tuple[TreeFile, str]:
-    """auto | PATH | size=N -> (tree file, where it came from); the family's guesser searches a tree of a size."""
+    """auto | PATH | size=N -> (tree file, where it came from); the family's shapes search a tree of a size."""
     target, model_name = method.target, model_slug(method.target.spec)
     hardware, dtype = hardware_slug(target.device), dtype_name(target.dtype)
     source = str(method.acceptance_file) if method.acceptance_file else "a generic table"
 
     def build(size: int) -> TreeFile:
-        return method.guesser.searched_tree(method.acceptance, method.rows, size, model_name, source)
+        return method.shapes.searched_tree(method.acceptance, size, model_name, source)
 
+    if spec.kind == "auto" and target.extras.get(SYNTHETIC) is not None:  # no hardware tree file: its acceptance
+        return build(DEFAULT_SIZE), f"searched at size {DEFAULT_SIZE} over the stated rates"  # is another's
     if spec.kind == "auto":
         return auto_tree(method, build, hardware, dtype)
     return resolve_tree(spec, hardware, build)
@@ -147,7 +152,8 @@ def resolve(method, spec: TreeSpec) -> tuple[TreeFile, str]:
 def plan_batches(method, sizes: list[int]) -> None:
     """Each batch size's plan in method.plans: under `--tree auto` (no --gamma) B > 1's own tree (its file, else
     built now from L(B, w)), else batch 1's."""
-    if method.tree_spec.kind != "auto" or getattr(method.options, "gamma", None) is not None:
+    if method.tree_spec.kind != "auto" or getattr(method.options, "gamma", None) is not None \
+            or method.target.extras.get(SYNTHETIC) is not None:  # stated rates: batch 1's searched tree
         return  # one tree for every batch size: batch 1's (start_batch falls back to it)
     for size in sorted({b for b in sizes if b > 1} - set(method.plans)):
         found = _batch_tree(method, size)
