@@ -32,9 +32,11 @@ WARM_SEED, CHECK_SEED = 0, 1
 #  - hidden-transfer: its layer hooks (`around`) read values inside the target's forward: every target forward eager
 #  - pearl*: drafter and target run through their own DynamicCaches (methods/sd/drafting.ModelState), not the batch
 #    engine: neither model's forwards ever reach the compile state (nothing compiled, nothing counted)
+#  - eagle3: its proposer reads the target's inner layers (`around`: the fused states): every target forward eager;
+#    its drafter as eagle's
 #  - eagle / parallelspec: their feature drafter is no decoder model with a compile state (guesser's engine on
 #    art.drafter): it runs eagerly, uncounted; the target's forwards compile
-EAGER_TARGET = {"hidden-transfer": "all"}
+EAGER_TARGET = {"hidden-transfer": "all", "eagle3": "all"}
 UNCOMPILED = {"pearl", "pearl-no-post", "pearl-no-pre"}
 
 
@@ -136,7 +138,7 @@ def test_compiled_tokens_equal_eager_and_ar(runs, name):
 
 
 # methods with decode forwards that never run compiled: summary.csv's eager_forwards > 0, named by report.md's verdict
-NOT_FULLY_COMPILED = UNCOMPILED | {"hidden-transfer", "eagle", "parallelspec"}
+NOT_FULLY_COMPILED = UNCOMPILED | {"hidden-transfer", "eagle", "eagle3", "parallelspec"}
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

@@ -74,23 +74,28 @@ def test_batched_equals_ar(deep, tmp_path):
 
 
 def test_oracle_path_is_accepted_deep(deep, tmp_path):
-    """A drafter fed its own features keeps the caches right through long accepted paths: with ar's tokens
-    forced into the chain, every step accepts the whole chain."""
+    """The fused states found per step keep the caches right through long accepted paths: with ar's tokens forced
+    into the drafted chain, every step accepts the whole chain."""
 
-    class Oracle(get_method("eagle3").guesser_type):
-        def draft(self, state, tree, root, sampling, generator):
-            tokens, q, forwards = super().draft(state, tree, root, sampling, generator)
-            at = state.length - self.method.prompt_len
-            chain = self.method.reference[at + 1: at + tree.nodes]
+    class Oracle(get_method("eagle3").guesser_type.proposer_type):
+        method = None
+
+        def draft_static(self, batch, samples, states, tree, sampling):
+            drafted = super().draft_static(batch, samples, states, tree, sampling)
+            m, s, tokens = self.method, samples[0], drafted[0].tokens
+            at = batch.lengths[s.slot] - m.prompt_len
+            assert m.reference[at] == s.history[-1]
+            chain = m.reference[at + 1: at + tree.nodes]
             tokens[1:1 + len(chain)] = torch.tensor(chain)
-            return tokens, q, forwards
+            return drafted
 
     class OracleMethod(get_method("eagle3")):
         name = "eagle3-oracle-test"
-        guesser_type = Oracle
+        proposer_type = Oracle
 
     ids = prompt_ids(4)
     m = OracleMethod(deep, {"artifact": str(eagle3_artifact(deep, tmp_path / "e3")), "gamma": 4})
+    m.proposer.method = m
     m.reference, m.prompt_len = _ar(deep, ids, 60), ids.shape[1]
     gen = m.generate(ids, 40, Sampling(), None)
     assert gen.tokens == m.reference[:40] and max(gen.accepted_lengths) == 5
@@ -193,3 +198,17 @@ def test_training_runs(deep, tmp_path, monkeypatch):
     assert art.meta["final_loss"] < art.meta["initial_loss"] * 10  # finite, not diverged
     with pytest.raises(SpecbenchError, match="--ttt-steps"):
         train(Eagle3Config(model=deep.spec, ttt_steps=0))
+
+
+def test_estimate_scores_the_drafter_per_depth(deep, tmp_path):
+    """estimate's scorer: ranks [positions, 6 depths] along the true path, the depths past the sequence's end marked
+    -1, and the drafter's forward time for build-tree."""
+    from specbench.methods.eagle3.guesser import Eagle3Drafts
+
+    art = eagle3_artifact(deep, tmp_path / "e3", scale=0.0)
+    scorer = Eagle3Drafts.scorer(deep, str(art))
+    ids = prompt_ids(3)[0].tolist()
+    ranks = scorer.ranks(ids, 10)
+    assert scorer.rows == 6 and ranks.shape == (len(ids) - 12, 6)
+    assert (ranks[-1, 1:] == -1).all() and (ranks[:, 0] >= 0).all()
+    assert scorer.extra["draft_forward_ms"] > 0
