@@ -5,9 +5,11 @@ each turn's compiled and eager forwards, decode ar's eager reference, and write 
 
 from __future__ import annotations
 
+from ..core.model import compile_wait
 from ..core.model.compile import (Compiled, attach, declared_tree_widths, declared_width, disable, enable, state_of,
                                   unsupported)
 from ..data import datasets as ds
+from ..methods.base import Generation
 from ..errors import SpecbenchError
 from ..progress import console, status
 
@@ -51,19 +53,35 @@ def capacity_for(runner, loaded, max_new_tokens: int, widest: int = 64) -> int:
 
 
 def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
-    """--compile: the target's (and the drafter's) static state, with the buckets the methods declare."""
-    widths = {name: (declared_width(m), declared_tree_widths(m)) for name, m in runner.methods.items()}
-    # a chain runs at its power-of-two bucket (Compiled.declare), a tree state at its own width
-    widest = max(max([1 << (chain - 1).bit_length(), *tree]) for chain, tree in widths.values())
+    """--compile: the target's (and the drafter's) static state, with the buckets the methods declare at every
+    batch size of the run, the cache sized from the widest of them, and the expected wait said."""
+    sizes = sorted(set(getattr(cfg, "batch_sizes", None) or (1,)) | {1})
+    batched = [b for b in sizes if b > 1]
+    methods = list(runner.methods.values())
+    chains = {m.name: declared_width(m) for m in methods}
+    trees = {b: {m.name: declared_tree_widths(m, b) for m in methods if b == 1 or getattr(m, "batchable", True)}
+             for b in sizes}
+    # a chain runs at its power-of-two bucket (Compiled.declare), a tree state at its own width; the drafter's
+    # forwards (sd's drafts and catch-up) are chains too
+    widest = max([1 << (c - 1).bit_length() for c in chains.values()]
+                 + [w for per in trees.values() for t in per.values() for w in t])
     capacity = capacity_for(runner, loaded, cfg.max_new_tokens, widest)
     states = {"target": enable(runner.target.model, capacity)}
     if drafter is not None and hasattr(drafter.model, "config"):
         states["drafter"] = enable(drafter.model, capacity)
-    for chain, tree in widths.values():
+    for chain in chains.values():
         for state in states.values():
             state.declare(chain)
-        states["target"].declare_tree(tree)  # trees verify on the target
-    eager = sorted(m.name for m in runner.methods.values() if not getattr(m, "static_engine", True))
+    for b, per in trees.items():
+        for tree in per.values():
+            states["target"].declare_tree(tree, b)  # trees verify on the target
+    for role, state in states.items():  # what warm-up and finish_warm_up will compile, about
+        tree_widths = {b: sorted(set().union(*per.values())) if role == "target" and per else [] for b, per in trees.items()}
+        state.expected = sum(len(state.chain) + len(tree_widths[b]) for b in sizes)
+        said = f" (buckets {state.chain}" + (f", tree widths {tree_widths[1]}" if tree_widths[1] else "") + \
+            (f"; at batch sizes {batched} too" if batched else "") + ")"
+        compile_wait.say_expected(role, state.device, state.expected, said)
+    eager = sorted(m.name for m in methods if not getattr(m, "static_engine", True))
     if eager:
         console.print(f"[yellow]note[/] --compile: {', '.join(eager)} decode(s) over their own caches, not the static "
                       "engine: they run eagerly (their speedups are eager steps against a compiled ar)")
@@ -112,6 +130,16 @@ def forwards(states: list[Compiled], before: list[tuple[int, int]], gen, method)
     if gen.draft_forwards and not drafter_counted:
         eager += gen.draft_forwards
     return compiled, eager
+
+
+def batch_forwards(states: list[Compiled], before: list[tuple[int, int]], gens, method) -> None:
+    """A batch's (compiled, eager) decode forwards (one forward serves every sample): the batch's counts on its
+    first row, 0 on the others, so that summary.csv's sums over rows count each forward once."""
+    total = Generation(target_forwards=max((g.target_forwards for g in gens), default=0),  # each sample's share
+                       draft_forwards=max((g.draft_forwards for g in gens), default=0))  # of the batch's forwards
+    compiled, eager = forwards(states, before, total, method)
+    for i, gen in enumerate(gens):
+        gen.compiled_forwards, gen.eager_forwards = (compiled, eager) if i == 0 else (0, 0)
 
 
 def eager_tokens(method, ids, max_new_tokens: int, sampling, models) -> list[int]:

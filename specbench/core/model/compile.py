@@ -91,6 +91,8 @@ class Compiled:
         # widths warm-up met (a tree's)
         self.buckets: dict[tuple[bool, bool, bool], list[int]] = {}
         self.trees: list[set[int]] = []  # each tree method's declared widths (every state of every tree it lays out)
+        self.batch_trees: dict[int, list[set[int]]] = {}  # the same per batch size > 1 (its own tree)
+        self.batch_buckets: dict[int, dict] = {}  # slots -> kind of input -> its buckets, at batch sizes > 1
         self.frozen = False
         self.shapes: dict[tuple, float] = {}  # (width, embeds, masked, hidden) -> seconds of its first call
         self.batch_shapes: dict[tuple, float] = {}  # (slots, width, embeds, masked, hidden) -> seconds, B > 1
@@ -111,20 +113,23 @@ class Compiled:
         first one holding it is a bucket."""
         top = 1 << max(0, math.ceil(math.log2(max(1, width))))
         self.chain = sorted(set(self.chain) | {1 << i for i in range(top.bit_length())})
-        for kind, sizes in self.buckets.items():
-            if not kind[1]:
-                self.buckets[kind] = sorted(set(sizes) | set(self.chain))
+        for table in (self.buckets, *self.batch_buckets.values()):
+            for kind, sizes in table.items():
+                if not kind[1]:
+                    table[kind] = sorted(set(sizes) | set(self.chain))
 
-    def declare_tree(self, widths: set[int]) -> None:
-        """A tree method verifies at these exact widths (one per tree state it lays out): when warm-up meets one of
-        them at a kind of input, all of them become that kind's buckets, so a state the warm-up prompt never reached
-        is compiled too."""
+    def declare_tree(self, widths: set[int], slots: int = 1) -> None:
+        """A tree method verifies at these exact widths at batch size `slots` (one per tree state it lays out): when
+        warm-up meets one of them at a kind of input, all of them become that kind's buckets, so a state the warm-up
+        prompt never reached is compiled too."""
         if widths:
-            self.trees.append(set(widths))
+            (self.trees if slots == 1 else self.batch_trees.setdefault(slots, [])).append(set(widths))
 
     def widest(self) -> int:
-        """The widest forward the run declared (chain or tree): the cache's room beyond the longest context."""
-        return max([*self.chain, *(w for t in self.trees for w in t)])
+        """The widest forward the run declared (chain or tree, any batch size): the cache's room beyond the longest
+        context."""
+        trees = [*self.trees, *(t for ts in self.batch_trees.values() for t in ts)]
+        return max([*self.chain, *(w for t in trees for w in t)])
 
     def batch_cache(self, slots: int) -> StaticKV:
         """The static cache of a batch of `slots` samples (one per batch size, allocated at its first forward)."""
@@ -138,19 +143,21 @@ class Compiled:
         None (run eagerly)."""
         if not self.frozen:
             self.met.setdefault(slots, set()).add(kind)
-        sizes = self.buckets.get(kind)
+        table = self.buckets if slots == 1 else self.batch_buckets.setdefault(slots, {})
+        sizes = table.get(kind)
         if sizes is None:
             if self.frozen:  # a kind of input warm-up never met: nothing compiled for it
                 self.eager_steps += 1
                 return None
-            sizes = self.buckets[kind] = [] if kind[1] else list(self.chain)
+            sizes = table[kind] = [] if kind[1] else list(self.chain)
         fits = [b for b in sizes if b >= width]
         if fits:
             return fits[0]
         if self.frozen:
             self.eager_steps += 1
             return None
-        grown = {width}.union(*(t for t in self.trees if width in t)) if kind[1] else {width}
+        trees = self.trees if slots == 1 else self.batch_trees.get(slots, [])
+        grown = {width}.union(*(t for t in trees if width in t)) if kind[1] else {width}
         sizes[:] = sorted(set(sizes) | grown)
         return width
 
@@ -244,7 +251,7 @@ class Compiled:
             if not kv.keys:
                 continue
             for kind in sorted(self.met.get(slots, ())):
-                for width in self.buckets.get(kind, ()):
+                for width in self.batch_buckets.get(slots, {}).get(kind, ()):
                     if (slots, width, *kind) not in self.batch_shapes:
                         self._dummy(width, *kind, start=0, slots=slots)
             kv.lengths = [0] * slots
@@ -270,6 +277,8 @@ class Compiled:
         """run.yaml's `compile:` block: the settings, the cache, every compiled shape's seconds, what ran eagerly."""
         return {**self.settings, "device": str(self.device),
                 "capacity": self.kv.capacity, "buckets": sorted({b for s in self.buckets.values() for b in s}),
+                **({"batch_buckets": {b: sorted({w for s in t.values() for w in s})
+                                      for b, t in sorted(self.batch_buckets.items())}} if self.batch_buckets else {}),
                 "shapes": [{"width": w, "inputs": "embeddings" if e else "tokens", "mask": "tree" if m else "causal",
                             "output": "hidden" if h else "logits", "seconds": round(s, 3)}
                            for (w, e, m, h), s in sorted(self.shapes.items())]
@@ -337,10 +346,12 @@ def unsupported(config) -> str | None:
     return None
 
 
-def declared_tree_widths(method) -> set[int]:
-    """The verify widths of every tree state a tree method lays out at batch 1 (its plan's layouts: root, prompt
-    inputs and candidates of each state); empty for a chain method or one off the static engine."""
-    plan = (getattr(method, "plans", None) or {}).get(1)
+def declared_tree_widths(method, slots: int = 1) -> set[int]:
+    """The verify widths of every tree state a tree method lays out at batch size `slots` (that size's plan, else
+    batch 1's, as the step picks it: root, prompt inputs and candidates of each state); empty for a chain method
+    or one off the static engine."""
+    plans = getattr(method, "plans", None) or {}
+    plan = plans.get(slots, plans.get(1))
     if plan is None or plan.dynamic is not None or not getattr(method, "static_engine", True):  # dynamic: per step
         return set()
     return {int(layout.visible.shape[0]) for layout in plan.layouts.values()}
