@@ -254,10 +254,6 @@ def test_batched_run_records_and_summary(tmp_path, prompts_file):
     (["--batch-size", "4", "--batching", "squeezed"], "--batching 'squeezed': choose unpadded, padded or both"),
     (["--batch-size", "4", "--method", "pearl"],
      "pearl cannot decode batches (--batch-size 4; pearl: its drafter and target run concurrently"),
-    (["--batch-size", "1,4", "--method", "eagle", "--tree", "dynamic"],
-     "--tree dynamic runs one prompt at a time: EAGLE-2's dynamic tree gives every sample its own tree shape"),
-    (["--batch-size", "2", "--method", "parallelspec", "--tree", "dynamic=5"],
-     "--tree dynamic=5 runs one prompt at a time"),
 ])
 def test_bad_batch_options(tmp_path, args, message):
     result = invoke("run", "--model", "random:tiny", "--out", tmp_path / "r", *args)

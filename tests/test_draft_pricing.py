@@ -17,13 +17,13 @@ def test_the_step_drafting_of_the_tree_is_timed(name, tiny, store_dir, monkeypat
     method, _ = make(name, tiny)
     guesser = method.guesser
     seen = []
-    inner = type(guesser)._draft_one
+    inner = type(guesser).draft_static
 
-    def recorded(state, tree, root, sampling, generator):
-        seen.append((tree, sum(f.shape[0] for f in state.features), state.length))
-        return inner(state, tree, root, sampling, generator)
+    def recorded(self, batch, samples, states, tree, sampling):
+        seen.append((tree, sum(f.shape[0] for f in states[0].features), batch.lengths[samples[0].slot]))
+        return inner(self, batch, samples, states, tree, sampling)
 
-    monkeypatch.setattr(type(guesser), "_draft_one", staticmethod(recorded))
+    monkeypatch.setattr(type(guesser), "draft_static", recorded)
     tree = Tree(((0,), (1,), (0, 0))) if name == "eagle" else Tree(((0,), (0, 0)))
     ms = method.pricing.ms_here(tree)
     assert ms > 0 and method.pricing.ms_here(tree) == ms  # timed once per tree

@@ -14,7 +14,8 @@ from specbench.core.verify import Sampling
 from specbench.errors import SpecbenchError
 from specbench.methods import get_method
 from specbench.methods.eagle.dynamic_tree import _Node, draft_dynamic, select, shape_of
-from specbench.methods.eagle.drafting import DrafterState
+from specbench.core.batch.engine import engine
+from specbench.methods.eagle.drafting import FeatureState, Probe
 
 from .conftest import feature_artifact, prompt_ids
 
@@ -35,8 +36,8 @@ def _drafter(deep):
 
 
 def _state(drafter, n=7):
-    """A drafter state with n committed-to-be pairs pending (as after a prefill)."""
-    state = DrafterState(drafter)
+    """A sample's state with n committed-to-be pairs pending (as after a prefill)."""
+    state = FeatureState()
     g = torch.Generator().manual_seed(1)
     state.commit(torch.randn(n, drafter.norm.weight.shape[0], generator=g), torch.randint(0, 256, (n,), generator=g))
     return state
@@ -62,11 +63,12 @@ def test_dynamic_tree_matches_sequential_drafting(deep):
     drafter = _drafter(deep)
     state = _state(drafter)
     pairs_f, pairs_t = torch.cat(state.features), torch.cat(state.tokens)
-    shape = draft_dynamic(state, root=5, m=20, depth=4, top_k=3)  # 3 + 9 + 9 + 9 drafted, so depth >= 3 is kept
-    tree = shape.tree
+    batch = engine(drafter, "single", 1, pairs_f.device)  # batch 1's drafter engine: one slot
+    shape, = draft_dynamic(batch, drafter, [Probe(history=[5])], [state], m=20, depth=4, top_k=3)  # 3 + 9 + 9 + 9
+    tree = shape.tree  # drafted, so depth >= 3 is kept
     assert tree.nodes - 1 == 20 and 3 <= tree.depth <= 4 and shape.tokens[0] == 5
     assert shape.forwards == 4  # one per depth: the root's feed, then depths 2..4
-    assert cache_length(state.cache) == state.length == len(pairs_t)  # drafted inputs left the cache
+    assert cache_length(batch.cache) == batch.lengths[0] == len(pairs_t)  # drafted inputs left the cache
     # every kept node's path value equals the sequential drafter's, and they come out in non-increasing order
     # along every path; the deepest kept node is reachable only through the batched, tree-masked forwards
     for node in range(1, tree.nodes):
@@ -152,3 +154,20 @@ def test_dynamic_tree_bad_inputs(deep, tmp_path):
         get_method("eagle")(deep, {"tree": "dynamic", "gamma": 3, "artifact": art})
     with pytest.raises(SpecbenchError, match="only eagle and parallelspec choose their tree per step"):
         get_method("ppd")(deep, {"tree": "dynamic", "artifact": "untrained"})
+
+
+@pytest.mark.parametrize("name,masks,tree", [("eagle", 0, "dynamic=8"), ("parallelspec", 2, "dynamic=5")])
+@pytest.mark.parametrize("mode", ["unpadded", "padded"])
+def test_dynamic_trees_batch_as_they_draft_alone(deep, tmp_path, name, masks, tree, mode):
+    """--tree dynamic at batch size 3: every sample drafts its own tree shape on its slot of the drafter's engine,
+    the same shapes, tokens and drafter forwards as alone, and ar's greedy tokens."""
+    from specbench.methods.batch_loop import generate_batch
+
+    art = feature_artifact(deep, tmp_path / name, name, masks)
+    method = get_method(name)(deep, {"tree": tree, "artifact": str(art)})
+    prompts = [prompt_ids(seed) for seed in range(4)]
+    alone = [method.generate(p, 30, Sampling(), None) for p in prompts]
+    gens, _ = generate_batch(method, prompts, 3, mode, True, 30, Sampling(), [None] * 4)
+    assert [g.tokens for g in gens] == [g.tokens for g in alone] == [_ar(deep, p, 30) for p in prompts]
+    assert [g.accepted_lengths for g in gens] == [g.accepted_lengths for g in alone]
+    assert [g.draft_forwards for g in gens] == [g.draft_forwards for g in alone]

@@ -84,14 +84,14 @@ def test_eagle_tree_drafts_one_forward_per_inner_depth(deep, tmp_path):
 class EagleOracleDrafts(get_method("eagle").guesser_type):
     """eagle's drafter whose chain is ar's next tokens (the drafter still runs, its guesses are replaced)."""
 
-    def draft(self, state, tree, root, sampling, generator):
-        tokens, q, forwards = super().draft(state, tree, root, sampling, generator)
-        oracle = self.method
-        at = state.length - oracle.prompt_len  # the drafter's committed pairs end with the root's
-        assert oracle.reference[at] == root
+    def draft_static(self, batch, samples, states, tree, sampling):
+        drafted = super().draft_static(batch, samples, states, tree, sampling)
+        oracle, s, tokens = self.method, samples[0], drafted[0].tokens
+        at = batch.lengths[s.slot] - oracle.prompt_len  # the drafter's committed pairs end with the root's
+        assert oracle.reference[at] == s.history[-1]
         chain = oracle.reference[at + 1: at + tree.nodes]
         tokens[1:1 + len(chain)] = torch.tensor(chain)
-        return tokens, q, forwards
+        return drafted
 
 
 class EagleOracle(get_method("eagle")):

@@ -106,6 +106,15 @@ def run(
                                        "--dtype auto and the noise guard use profiles and trees measured on a "
                                        "disturbed machine (skipped otherwise, with a line saying which; "
                                        "`specbench list profiles` shows them).")] = False,
+    synthetic_acceptance: Annotated[str | None, typer.Option("--synthetic-acceptance", metavar="RATES|FILE",
+                                    show_default="off: the model's own acceptance",
+                                    help="Every method drafts and verifies for real, but which drafts are kept is "
+                                    "drawn (seeded) from stated acceptance: rates per draft position, each given the "
+                                    "previous accepted (0.8,0.6,0.4; ranks at a position by /: 0.6/0.1), or a file "
+                                    "(`specbench estimate`'s, acceptance/published/..., a speculation_profile.json). "
+                                    "The output is not the model's: no lossless check; tau is checked against the "
+                                    "rates. Methods without a trained artefact get random weights of its shape.")]
+    = None,
     engine: Annotated[str, typer.Option(metavar="NAME", rich_help_panel=ENGINES, help="Who decodes: specbench (its "
                       "own PyTorch loop), llama.cpp (llama-cpp-python in process; --model FILE.gguf; pip install "
                       "'specbench\\[llamacpp]') or openai (an OpenAI-compatible server at --base-url).")]
@@ -173,6 +182,7 @@ def run(
         drafter_device_map=drafter_device_map, drafter_max_memory=drafter_max_memory, tp=tp,
         options=method_options, shard=Shard.parse(shard) if shard is not None else None,
         compile=compile, allow_disturbed_profile=allow_disturbed_profile, recommendation=followed,
+        synthetic_acceptance=synthetic_acceptance,
         engine=engine, engine_options={k: v for k, v in dict(
             base_url=base_url, baseline_url=baseline_url, served_model=served_model, api_key_env=api_key_env,
             concurrency=concurrency, request_rate=request_rate, slo=slo, timeout=timeout).items() if v is not None})

@@ -49,6 +49,10 @@ class Generation:
     # that ran eagerly (run/compiled.forwards); None when the run does not compile
     compiled_forwards: int | None = None
     eager_forwards: int | None = None
+    # --synthetic-acceptance (core/synthetic.py): the stated acceptance's expected accepted drafts over this
+    # generation's verifications, and their variance (the run checks the measured count against them)
+    synthetic_mean: float = 0.0
+    synthetic_var: float = 0.0
 
     def count_draft(self, proposed: int, accepted: int) -> None:
         """Record one verification of `proposed` draft tokens of which the first `accepted` were kept."""
@@ -95,6 +99,9 @@ class DecodeMethod:
     family: ClassVar[str | None] = None  # file-name key: acceptance/<model>/<family>.yaml, trees' `method`,
     # artifacts/<model>/<family>/ (ppd and ppd-typical share "ppd")
     one_state: ClassVar[bool] = False  # its tree has one state (a static candidate tree), not PPD's dynamic states
+    # which verified drafts are kept: None = the method's own rule (the target's logits); a SyntheticAcceptance
+    # (core/synthetic.py) under --synthetic-acceptance
+    acceptance_rule = None
 
     def __init__(self, target: LoadedModel, options: Mapping[str, Any] | None = None,
                  drafter: LoadedModel | None = None):

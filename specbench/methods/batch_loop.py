@@ -116,7 +116,10 @@ class Batchable:
                 s.scratch["origin"] = t0  # the timeline's zero
             # 3. accept: one rule whatever the batch, on this sample's own random stream (a newcomer without
             # drafts: its first token)
-            if s.draft or not joined:
+            if self.acceptance_rule is not None and s.draft:  # --synthetic-acceptance: a stated draw
+                n, tok = self.acceptance_rule.chain(torch.tensor(s.draft, dtype=torch.long, device=lg.device), lg,
+                                                    sampling, s.q, s.generator, gen=s.gen)
+            elif s.draft or not joined:
                 n, tok = accept(torch.tensor(s.draft, dtype=torch.long, device=lg.device), lg, sampling, s.q,
                                 s.generator)
             else:

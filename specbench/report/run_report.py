@@ -13,7 +13,7 @@ from ..core import random_weights
 from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..run.results import read_meta, with_batch_columns
-from . import batchreport, compact, comparison, context, roofline, timeline, verdict
+from . import acceptance, batchreport, compact, comparison, context, roofline, timeline, verdict
 from .lossless_check import LOSSLESS_TEXT, lossless_failed_section, unexplained_mismatches
 from .engines import cross_engine_section, engine_section
 from .markdown import markdown_table
@@ -57,7 +57,9 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     single_records = with_batch_columns(records)
     single_records = single_records[single_records.batch_size == 1] if len(single) < len(summary) else records
     write_plots(single.assign(partial=is_partial(meta)), run_dir, title=title)
-    md = [f"# specbench run: {run_dir.name}", "", f"{title}.", ""] + random_weights.lines(meta) + ["## Verdict", ""]
+    md = [f"# specbench run: {run_dir.name}", "", f"{title}.", ""] + acceptance.synthetic_lines(meta)
+    md += random_weights.lines(meta) + ["## Verdict", ""]
+    md += acceptance.never_drafted_lines(records)  # a speculative method with 0 draft tokens: an error, not 1.00x
     md += verdict.headline(summary, meta, records)  # the timing verdict is its first line
     line = roofline.verdict_line(summary, meta.get("roofline"))  # ar against the bandwidth bound, and why
     md += [line, ""] if line else []
@@ -69,7 +71,10 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     md += engine_section(records, meta)  # another engine's run (llama.cpp, a server): what it was, lossless plainly
     md += lossless_failed_section(records)  # the turns behind a "Lossless check FAILED" verdict
     md += shard_section(meta)  # a merged sharded run: hardware, prompts and ar tok/s of each shard
-    md += ["Lossy methods (typical acceptance) are labelled `lossy`. " + LOSSLESS_TEXT, ""]
+    md += acceptance.section(records, meta)  # tau token- and request-weighted, per position; the synthetic check
+    md += (["Lossless check: not applicable (synthetic acceptance: the kept drafts were drawn, not the model's).", ""]
+           if meta.get("synthetic_acceptance") else
+           ["Lossy methods (typical acceptance) are labelled `lossy`. " + LOSSLESS_TEXT, ""])
     floor = (meta.get("noise_guard") or {}).get("latency_floor", 1.0)
     md += category_section(single_records, single, run_dir, floor)
     md += context.cut_note(records)  # prompts cut from the left to fit the context

@@ -23,7 +23,7 @@ from ..core.model.load import load_model
 from ..data import datasets as ds
 from ..core.store import RunFolder
 from ..progress import console, progress_bar
-from . import batch_schedule, compiled as compile_run, noise, retime
+from . import batch_schedule, compiled as compile_run, noise, retime, synthetic
 from .config import RunConfig
 from .resume import Interrupted  # noqa: F401  (raised here; run/ray_shards and tests name it benchmark.Interrupted)
 from .resume import Done, drop_incomplete, mark_complete, missing_folders, plain, prepare_out
@@ -154,6 +154,8 @@ def run(cfg: RunConfig) -> Path:
     if compiled:  # eager steps the timed turns took (widths no bucket held)
         tp.on_writer(lambda: compile_run.record(RunFolder(out).meta, compiled))
     mark_complete(out)
+    if runner.synthetic:  # measured acceptance against the stated one: fails loudly on a disagreement
+        tp.on_writer(lambda: synthetic.finish(out, runner.synthetic_tallies))
     return out
 
 
@@ -176,6 +178,7 @@ def write_run_file(out: Path, cfg: RunConfig, runner: Runner, chosen: dict, shar
         "data_files": data_files(runner),
         **({"shard": shard} if shard else {}),
         **({"roofline": roofline} if roofline else {}),  # report/roofline.py: the bandwidth bound of a forward
+        **({"synthetic_acceptance": synthetic.block(cfg, runner.synthetic)} if runner.synthetic else {}),
         "complete": False,
     }, sort_keys=False))
 

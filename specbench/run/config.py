@@ -54,6 +54,7 @@ class RunConfig:
     # profiles and trees measured on a disturbed machine: skipped unless allowed (core/lookup.py)
     allow_disturbed_profile: bool = False
     recommendation: str | None = None  # --method auto: the recommendation file it followed (run.yaml names it)
+    synthetic_acceptance: str | None = None  # rates or an acceptance file: a stated draw keeps drafts (run/synthetic.py)
 
     @property
     def sampling(self) -> Sampling:

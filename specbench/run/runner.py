@@ -27,6 +27,7 @@ from ..methods import get_method
 from ..methods.base import DecodeMethod, Generation
 from ..progress import console, status
 from . import compiled as compile_run
+from . import synthetic
 from .config import RunConfig
 from .records import LosslessCheck, TurnResult, build_record, compare
 from .results import Record, RecordWriter, append_timeline
@@ -51,14 +52,25 @@ class Runner:
         self.drafter = drafter
         self.methods: dict[str, DecodeMethod] = {}  # label -> method (label = name, or name@size in a sweep)
         options = cfg.method_options()
+        # --synthetic-acceptance: a stated draw keeps the drafts; a method without an artefact gets random weights
+        self.synthetic = synthetic.profile_of(cfg)
+        # tree methods search and predict their trees with the stated rates (methods/tree/plan.py); None otherwise
+        target.extras[synthetic.EXTRAS_KEY] = self.synthetic
+        if self.synthetic:  # a drafter method without a drafter: one of the target's layers, untrained
+            self.drafter = drafter = synthetic.drafter_for(cfg.methods, target, drafter)
+        self.synthetic_tallies: dict[str, synthetic.Tally] = {}
+        make = (lambda cls, opts, label: synthetic.build(cls, target, opts, drafter, label)) if self.synthetic \
+            else (lambda cls, opts, label: cls(target, opts, drafter))
         for name in cfg.methods:
             cls = get_method(name)
             if cfg.tree_sizes and cls.kind == "tree":
                 for n in cfg.tree_sizes:  # 0: `auto`, the method's own choice (per batch size: methods/tree/plan.py)
-                    self.methods[f"{name}@{n or 'auto'}"] = cls(target, {**options[name],
-                                                                       "tree": f"size={n}" if n else "auto"}, drafter)
+                    label = f"{name}@{n or 'auto'}"
+                    self.methods[label] = make(cls, {**options[name], "tree": f"size={n}" if n else "auto"}, label)
             else:
-                self.methods[name] = cls(target, options[name], drafter)
+                self.methods[name] = make(cls, options[name], name)
+        if self.synthetic:
+            synthetic.install(self.methods, self.synthetic, cfg.seed)
         batched = [b for b in cfg.batch_sizes if b > 1]
         for method in self.methods.values():
             if batched and method.batchable:
@@ -219,7 +231,9 @@ class Runner:
             for r in results[label]:
                 key = (dataset, prompt.id, r.turn)
                 lossless, gap = "", math.nan
-                if self.cfg.sampling.greedy and label != "ar" and key in reference:
+                if self.synthetic:  # the output is not the model's: no lossless check applies
+                    synthetic.count(self.synthetic_tallies, label, r.gen)
+                elif self.cfg.sampling.greedy and label != "ar" and key in reference:
                     lossless = compare(r.gen.tokens, reference[key])
                     if lossless != "match":
                         gap, verdict = self.explain(dataset, prompt, r, reference, ar_ids, verdict)
@@ -272,7 +286,9 @@ class Runner:
                 disturbed=contention.disturbed(b.noise))  # batch jobs are flagged, not re-timed
             key = (dataset, b.prompt.id, b.turn)
             lossless, gap, verdict = "", math.nan, ""
-            if self.cfg.sampling.greedy and key in reference:
+            if self.synthetic:  # the output is not the model's: no lossless check applies
+                synthetic.count(self.synthetic_tallies, f"{label} B={r.batch['batch_size']} {mode}", b.gen)
+            elif self.cfg.sampling.greedy and key in reference:
                 lossless = compare(b.gen.tokens, reference[key])
                 if lossless != "match":
                     gap, verdicts[b.prompt.id] = self.explain(dataset, b.prompt, r, reference, {},

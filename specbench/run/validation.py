@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-from ..core.tree_file import TreeSpec
 from ..methods.tree.plan import tree_spec
 from ..data.trainsets import refuse_as_benchmark
 from ..errors import SpecbenchError
@@ -42,12 +41,16 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SpecbenchError(f"--threads must be at least 1 (got {cfg.threads}); leave it out for torch's choice")
     for name in cfg.methods:
         get_method(name)
+    if cfg.synthetic_acceptance is not None:  # malformed rates or profile file: refused before any model loads
+        from ..core.acceptance_profile import read
+
+        read(cfg.synthetic_acceptance)
     for name in cfg.datasets:
         refuse_as_benchmark(name)
-    tree = tree_spec(cfg.options)  # a malformed --tree is refused before any model loads
+    tree_spec(cfg.options)  # a malformed --tree is refused before any model loads
     if any(n < 0 for n in cfg.tree_sizes):  # 0: `auto` (the method's own --tree auto choice, labelled @auto)
         raise SpecbenchError("--tree-sizes: sizes must be positive integers or auto")
-    validate_batching(cfg, tree)
+    validate_batching(cfg)
     if cfg.shard and max(cfg.batch_sizes) > 1:
         raise SpecbenchError(f"--shard {cfg.shard}: sharded runs decode one prompt at a time (a batch's prompts "
                              "must share a device); run --batch-size > 1 unsharded")
@@ -87,7 +90,7 @@ def compiled_batching(cfg: RunConfig) -> str:
     return "padded"
 
 
-def validate_batching(cfg: RunConfig, tree: TreeSpec) -> None:
+def validate_batching(cfg: RunConfig) -> None:
     """--batch-size, --batching, --refill: refuse what cannot run, note what does nothing."""
     if not cfg.batch_sizes or any(b < 1 for b in cfg.batch_sizes):
         raise SpecbenchError(f"--batch-size: sizes must be at least 1 (got {', '.join(map(str, cfg.batch_sizes))})")
@@ -100,10 +103,5 @@ def validate_batching(cfg: RunConfig, tree: TreeSpec) -> None:
             raise SpecbenchError(f"{', '.join(unable)} cannot decode batches (--batch-size {max(cfg.batch_sizes)}; "
                                  f"{why}): methods that can: {able}. Run {', '.join(unable)} at --batch-size 1 in a "
                                  "separate run.")
-        if tree.kind == "dynamic":  # batched drafting (methods/eagle/batch.py) takes one static tree
-            raise SpecbenchError(f"--tree {tree} runs one prompt at a time: EAGLE-2's dynamic tree gives every sample "
-                                 "its own tree shape each step, which batched drafting does not draft; use --batch-size "
-                                 "1 for --tree dynamic, or a static tree (--tree auto, PATH or size=N) at "
-                                 f"--batch-size {max(cfg.batch_sizes)}")
     elif cfg.refill:
         console.print("[yellow]note[/] --refill does nothing at --batch-size 1 (one prompt at a time)")

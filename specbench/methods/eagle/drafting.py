@@ -1,80 +1,93 @@
-"""Drafting with a feature drafter (methods/eagle/artifact.py): its KV cache over the committed sequence, and the
-two ways it proposes a tree. `eagle` runs it once per tree depth on its own predicted features (EAGLE §4.2, tree
-drafting as EAGLE's Figure 6: every node that has children is one input at its depth); `parallelspec` runs it
-once over the new inputs plus k masks (ParallelSpec §4.1) and reads k + 1 distributions, one per depth.
+"""Drafting with a feature drafter (methods/eagle/artifact.py), one path at every batch size: every sample's drafter
+KV cache is a slot of one drafter engine in the target's mode (core/batch/engine.py: the single-sequence engine at
+batch 1, ragged.py unpadded, padded.py padded; as sd's drafter), reached through core/batch/decoder.DraftModule.
+`eagle` runs the drafter once per tree depth on its own predicted features (EAGLE §4.2, tree drafting as EAGLE's
+Figure 6: every node that has children is one input at its depth), one batched forward per depth over every
+sample's nodes of that depth; `parallelspec` runs it once over the new inputs plus k masks (ParallelSpec §4.1), one
+batched forward over every sample's pending pairs and masks, and reads k + 1 distributions, one per depth. EAGLE-2's
+dynamic tree (dynamic_tree.py) drafts on the same engine.
 
 Sequence bookkeeping: the drafter's input at position i pairs the target's feature f_i with token x_{i+1}. After
-a step the cache holds the pairs of every verified position before the root; the new pairs (the accepted path's
-features with the tokens after them, the last one ending in the new root) wait in `pending` until the next draft.
-Drafted inputs (tree nodes, masks) are dropped from the cache after each draft.
+a step a slot's cache holds the pairs of every verified position before the root; the new pairs (the accepted path's
+features with the tokens after them, the last one ending in the new root) wait in the sample's FeatureState until
+the next draft. Per sample the inputs, positions and masks: the pending pairs at the slot's committed length;
+EAGLE's depth-d nodes at committed length + d - 1, seeing the committed context, their ancestors (earlier depths of
+this step, in the cache: a tail mask, core/batch/ragged.Segment.mask) and themselves; ParallelSpec's masks after the
+pairs, causal. Drafted inputs (tree nodes, masks) leave each slot's cache after drafting.
 
 Children of a node: its top-c tokens at T = 0; at T > 0, c i.i.d. samples of its warped draft distribution q,
-which the tree acceptance needs per node (verify.tree_sampled_accept, ParallelSpec Algorithm 1).
+which the tree acceptance needs per node (verify.tree_sampled_accept, ParallelSpec Algorithm 1), drawn on each
+sample's own random stream in node order, whatever the batch.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .artifact import FeatureDrafter
-from ...core.tree import additive
-from ...core.batch.cache import crop_to, new_cache
+from ...core.batch.engine import engine
+from ...core.batch.ragged import Segment
 from ...core.tree import Tree
 from ...core.verify import Sampling, sample_children, warp_probs
 from ...planning.treesearch import optimal_candidates
 from ..tree.layout import TreeLayout
 
 
-class PendingPairs:
-    """The pairs (f_i, x_{i+1}) the target verified that the drafter has not fed yet (batch > 1's state per sample:
-    its cache is a row of the drafter's batch engine, batch.py)."""
+@dataclass
+class FeatureState:
+    """A sample's state between steps: the pairs (f_i, x_{i+1}) the target verified that the drafter has not fed
+    yet, and the tree this step drafted (EAGLE-2's dynamic tree; None: the plan's static tree)."""
 
-    def __init__(self):
-        self.features: list[torch.Tensor] = []  # pending f_i [m_i, H]
-        self.tokens: list[torch.Tensor] = []  # pending x_{i+1} [m_i]
+    features: list[torch.Tensor] = field(default_factory=list)  # pending f_i [m_i, H]
+    tokens: list[torch.Tensor] = field(default_factory=list)  # pending x_{i+1} [m_i]
+    drafted: TreeLayout | None = None
+    root: torch.Tensor | None = None  # the last fed pair's predicted feature [H] (the current root's)
 
     def commit(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
         """Queue pairs: the target's features [m, H] and the token after each [m]."""
         self.features.append(features)
         self.tokens.append(tokens)
 
-    def take(self, drafter: FeatureDrafter, extra: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
-        """The drafter's inputs for the pending pairs and `extra` inputs [e, H] after them (masks) [m + e, H], and
-        m; the pairs are no longer pending."""
+    def take(self, drafter: FeatureDrafter, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """The drafter's inputs for the pending pairs and `extra` inputs [e, H] after them (masks) [m + e, H]; the
+        pairs are no longer pending."""
         x = drafter.fuse(torch.cat(self.features), torch.cat(self.tokens))  # [m, H]
-        m = x.shape[0]
         if extra is not None:
             x = torch.cat([x, extra.to(x.dtype)])
         self.features, self.tokens = [], []
-        return x, m
+        return x
 
 
-class DrafterState(PendingPairs):
-    """The drafter's cache over committed pairs (positions 0..length-1) and the pairs not fed yet (batch 1)."""
+@dataclass(frozen=True)
+class Drafted:
+    """One sample's drafted tree: tokens [N] root first, draft q [N, V] or None (T = 0), batched drafter forwards
+    it took part in."""
 
-    def __init__(self, drafter: FeatureDrafter):
-        super().__init__()
-        self.drafter = drafter
-        self.cache = new_cache(drafter)
-        self.length = 0
-        self.last: torch.Tensor | None = None  # the last fed pair's predicted feature [1, H]
-        self.drafted = None  # this step's drafted tree layout (EAGLE-2's dynamic tree; None: the static tree)
+    tokens: torch.Tensor
+    q: torch.Tensor | None
+    forwards: int
 
-    def feed(self, extra: torch.Tensor | None = None) -> torch.Tensor:
-        """One drafter forward over the pending pairs (committed by it) and `extra` inputs [e, H] after them
-        (masks; dropped again by the caller) -> predicted features of the last pair and the extras [1 + e, H].
-        With nothing pending and no extras (a second draft in one step), the last pair's feature again."""
-        if not self.features and extra is None and self.last is not None:
-            return self.last
-        x, m = self.take(self.drafter, extra)
-        pos = torch.arange(self.length, self.length + x.shape[0], device=x.device)[None]
-        out = self.drafter.run(x[None], pos, self.cache)
-        self.length += m
-        self.last = out[m - 1:m]
-        return out[m - 1:]
+
+def feed(batch, drafter: FeatureDrafter, samples, states: list[FeatureState],
+         extra: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """One batched drafter forward over every sample's pending pairs (a newcomer's: its whole prompt, joining the
+    drafter's engine) and `extra` inputs [e, H] after them -> per sample the predicted features of its last pair
+    and the extras [1 + e, H]. The pairs stay in each slot's cache; the extras too, until the caller truncates.
+    A sample with nothing pending and no extras (a second drafting in one step: EAGLE-2's sampled tokens) takes
+    its last pair's feature again, without a forward."""
+    e = 0 if extra is None else extra.shape[0]
+    fed = [(s, st) for s, st in zip(samples, states) if st.features or extra is not None]
+    segments = [Segment(s.slot, [], keep=1 + e, embeds=st.take(drafter, extra)) for s, st in fed]
+    joining = [seg for seg in segments if seg.slot not in batch.rows]
+    stepping = [seg for seg in segments if seg.slot in batch.rows]
+    first, out = batch.forward(joining, stepping, hidden=True) if segments else ([], [])
+    by_slot = {seg.slot: o for seg, o in zip(joining + stepping, first + out)}
+    for s, st in fed:
+        st.root = by_slot[s.slot][0]
+    return [by_slot[s.slot] if s.slot in by_slot else st.root[None] for s, st in zip(samples, states)]
 
 
 def choose(logits: torch.Tensor, count: int, sampling: Sampling, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -88,9 +101,9 @@ def choose(logits: torch.Tensor, count: int, sampling: Sampling, generator) -> t
 
 @dataclass(frozen=True)
 class EaglePlan:
-    """What EAGLE's drafting of one static tree needs every step, computed once per tree: per node how many
-    choices its children take (highest child rank + 1), each node's rank among its siblings, and per inner depth
-    the nodes that are one drafter input there with the tree part of their mask [G, earlier inputs + G]."""
+    """What EAGLE's drafting of one tree needs every step, computed once per tree: per node how many choices its
+    children take (highest child rank + 1), each node's rank among its siblings, and per inner depth the nodes that
+    are one drafter input there with the tree part of their mask [G, earlier inputs + G]."""
 
     counts: tuple[int, ...]
     ranks: tuple[int, ...]
@@ -119,45 +132,60 @@ def eagle_plan(tree: Tree) -> EaglePlan:
                      tuple(levels))
 
 
-def draft_tree_eagle(state: DrafterState, tree: Tree, root: int, sampling: Sampling,
-                     generator) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """EAGLE's tree drafting: (tokens of every node [N] root first, draft q [N, V] or None, drafter forwards).
-    Depth d's nodes that have children are one drafter forward (their pair: the parent's predicted feature and
-    the node's token, at position length - 1 + d; each sees the committed context, its ancestors and itself)."""
-    drafter, device = state.drafter, state.drafter.norm.weight.device
-    plan = eagle_plan(tree)
-    feature = {0: state.feed()[-1]}  # node -> its predicted feature [H] (the root's: from the last pair)
-    base = state.length  # committed length, the pending pairs now fed
-    q_rows: dict[int, torch.Tensor] = {}
-    token_of = {0: root}
-    forwards = 1
-    frontier: tuple[int, ...] = (0,)
-    for depth in range(len(plan.levels) + 1):
-        # the children of this depth's nodes, from each node's draft distribution
-        feats = torch.stack([feature[u] for u in frontier])  # [F, H]
-        if sampling.greedy:  # every frontier node's top choices at once: one top-k, one copy to the host
-            picks = drafter.top_ids(feats, max(plan.counts[u] for u in frontier)).tolist()  # [F, c]
-            for row, u in enumerate(frontier):
-                for child in plan.children[u]:
-                    token_of[child] = picks[row][plan.ranks[child]]
-        else:
-            pick_children(plan, frontier, drafter.logits(feats), token_of, q_rows, sampling, generator)
-        if depth == len(plan.levels):
+def draft_trees_eagle(batch, drafter: FeatureDrafter, samples, states: list[FeatureState], trees: list[Tree],
+                      sampling: Sampling) -> list[Drafted]:
+    """EAGLE's tree drafting for every sample at once, each its own tree (a static tree: the same for all; EAGLE-2:
+    the shape drafted this step). Per depth, one head call over every sample's frontier and one batched drafter
+    forward over every sample's next-depth nodes that have children: [G, H] each at committed length + depth, mask
+    [G, earlier inputs of this step + G] (the earlier inputs are the slot's last cache entries)."""
+    device = drafter.norm.weight.device
+    plans = [eagle_plan(t) for t in trees]
+    forwards = [1 if st.features else 0 for st in states]  # the pending pairs' forward (none: fed this step)
+    roots = feed(batch, drafter, samples, states)  # [1, H] each
+    base = [batch.lengths[s.slot] for s in samples]  # committed lengths, the pending pairs now fed
+    feature = [{0: r[-1]} for r in roots]  # per sample: node -> its predicted feature [H]
+    token_of = [{0: s.history[-1]} for s in samples]
+    q_rows: list[dict[int, torch.Tensor]] = [{} for _ in samples]
+    frontier: list[tuple[int, ...]] = [(0,) for _ in samples]
+    for depth in range(max(len(p.levels) for p in plans) + 1):
+        # the children of this depth's nodes, from each node's draft distribution [sum F, H]
+        live = [i for i, p in enumerate(plans) if depth <= len(p.levels)]
+        feats = torch.stack([feature[i][u] for i in live for u in frontier[i]])
+        if sampling.greedy:  # every frontier's top choices at once: one top-k, one copy to the host
+            picks = drafter.top_ids(feats, max(plans[i].counts[u] for i in live for u in frontier[i])).tolist()
+            row = 0
+            for i in live:
+                plan = plans[i]
+                for u in frontier[i]:
+                    for child in plan.children[u]:
+                        token_of[i][child] = picks[row][plan.ranks[child]]
+                    row += 1
+        else:  # on each sample's own random stream, in batch 1's order
+            logits, row = drafter.logits(feats), 0  # [sum F, V]
+            for i in live:
+                rows = logits[row:row + len(frontier[i])]
+                row += len(frontier[i])
+                pick_children(plans[i], frontier[i], rows, token_of[i], q_rows[i], sampling, samples[i].generator)
+        growing = [i for i in live if depth < len(plans[i].levels)]
+        if not growing:
             break
-        # one forward over the next depth's nodes that have children
-        grow, tree_vis = plan.levels[depth]
-        x = drafter.fuse(torch.stack([feature[tree.parents[v]] for v in grow]),
-                         torch.tensor([token_of[v] for v in grow], device=device))  # [G, H]
-        vis = torch.cat([torch.ones(len(grow), base, dtype=torch.bool), tree_vis], 1).to(device)
-        pos = torch.full((1, len(grow)), base + depth, device=device)
-        out = drafter.run(x[None], pos, state.cache, additive(vis, x.dtype))
-        forwards += 1
-        for r, v in enumerate(grow):
-            feature[v] = out[r]
-        frontier = grow
-    crop_to(state.cache, base)
-    tokens = torch.tensor([token_of[i] for i in range(tree.nodes)], device=device)
-    return tokens, stack_q(q_rows, tree.nodes), forwards
+        segments = []
+        for i in growing:
+            grow, tree_vis = plans[i].levels[depth]
+            x = drafter.fuse(torch.stack([feature[i][trees[i].parents[v]] for v in grow]),
+                             torch.tensor([token_of[i][v] for v in grow], device=device))  # [G, H]
+            segments.append(Segment(samples[i].slot, [], positions=[base[i] + depth] * len(grow), mask=tree_vis,
+                                    embeds=x))
+        _, out = batch.forward([], segments, hidden=True)
+        for i, o in zip(growing, out):
+            forwards[i] += 1
+            for r, v in enumerate(plans[i].levels[depth][0]):
+                feature[i][v] = o[r]
+            frontier[i] = plans[i].levels[depth][0]
+    for s, b in zip(samples, base):  # the drafted inputs leave the cache
+        batch.truncate(s.slot, b)
+    return [Drafted(torch.tensor([t[n] for n in range(tree.nodes)], device=device), stack_q(q, tree.nodes), f)
+            for t, q, tree, f in zip(token_of, q_rows, trees, forwards)]
 
 
 def pick_children(plan: EaglePlan, frontier: tuple[int, ...], logits: torch.Tensor, token_of: dict[int, int],
@@ -173,25 +201,33 @@ def pick_children(plan: EaglePlan, frontier: tuple[int, ...], logits: torch.Tens
             token_of[child] = picks[plan.ranks[child]]
 
 
-def draft_tree_parallel(state: DrafterState, tree: Tree, root: int, sampling: Sampling,
-                        generator, dynamic: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """ParallelSpec's drafting: one forward over the pending pairs and the k masks gives q_1..q_{k+1}; depth d's
-    candidates are the top (or sampled) choices of q_d, shared by every parent at depth d - 1 (as Medusa's).
-    dynamic = m: the tree is this step's m most probable candidate paths under the drafter's own top
-    probabilities per depth (EAGLE-2's reranking where every depth is drafted at once), left in state.drafted; it
-    depends on the distributions only, never on sampled tokens, so T > 0 stays lossless."""
-    drafter = state.drafter
-    out = state.feed(drafter.masks)  # [1 + k, H]
-    crop_to(state.cache, state.length)  # the masks leave the cache
+def draft_trees_parallel(batch, drafter: FeatureDrafter, samples, states: list[FeatureState], tree: Tree,
+                         sampling: Sampling, dynamic: int | None = None) -> list[Drafted]:
+    """ParallelSpec's drafting for every sample in one batched forward over its pending pairs and the k masks:
+    q_1..q_{k+1}; depth d's candidates are the top (or sampled) choices of q_d, shared by every parent at depth
+    d - 1 (as Medusa's). dynamic = m: a sample's tree is this step's m most probable candidate paths under the
+    drafter's own top probabilities per depth (EAGLE-2's reranking where every depth is drafted at once), left in
+    its state's `drafted`; it depends on the distributions only, never on sampled tokens, so T > 0 stays lossless."""
+    k = drafter.mask_tokens
+    out = feed(batch, drafter, samples, states, drafter.masks)  # [1 + k, H] each
+    for s in samples:  # the masks leave the cache
+        batch.truncate(s.slot, batch.lengths[s.slot] - k)
+    trees = [tree] * len(samples)
     if dynamic is not None:
         # over the drafter's own head rows: the -inf entries of the full row add nothing to a softmax
-        probs = torch.softmax(drafter.head_logits(out).float(), -1).topk(min(dynamic, 8), -1).values  # [1 + k, W]
-        tree = Tree(tuple(optimal_candidates(probs.tolist(), dynamic, probs.shape[0])))
-        state.drafted = TreeLayout(tree, None, out.device)
-    if sampling.greedy:  # one top-k over every depth on the drafter's own head rows (drafter.top_ids)
-        topk = drafter.top_ids(out[:tree.depth], max(max((p[-1] for p in tree.paths), default=-1) + 1, 1))
-        return torch.cat([torch.tensor([root], device=topk.device), tree.candidate_tokens(topk)]), None, 1
-    return (*parallel_candidates(drafter.logits(out[:tree.depth]), tree, root, sampling, generator), 1)
+        probs = torch.softmax(drafter.head_logits(torch.cat(out)).float(), -1).topk(min(dynamic, 8), -1).values
+        for i, st in enumerate(states):
+            p = probs[i * (1 + k):(i + 1) * (1 + k)]  # [1 + k, W]
+            trees[i] = Tree(tuple(optimal_candidates(p.tolist(), dynamic, p.shape[0])))
+            st.drafted = TreeLayout(trees[i], None, out[i].device)
+    if sampling.greedy:  # one top-k over every sample's depths on the drafter's own head rows (drafter.top_ids)
+        width = max(max((p[-1] for p in t.paths), default=-1) + 1 for t in trees)
+        topk = drafter.top_ids(torch.cat(out), max(width, 1))  # [B * (1 + k), W]
+        return [Drafted(torch.cat([torch.tensor([s.history[-1]], device=topk.device),
+                                   t.candidate_tokens(topk[i * (1 + k):i * (1 + k) + t.depth])]), None, 1)
+                for i, (s, t) in enumerate(zip(samples, trees))]
+    return [Drafted(*parallel_candidates(drafter.logits(o[:t.depth]), t, s.history[-1], sampling, s.generator), 1)
+            for s, o, t in zip(samples, out, trees)]
 
 
 def parallel_candidates(logits: torch.Tensor, tree: Tree, root: int, sampling: Sampling,
@@ -225,26 +261,36 @@ def stack_q(q_rows: dict[int, torch.Tensor], nodes: int) -> torch.Tensor | None:
     return out
 
 
+@dataclass
+class Probe:
+    """The fields of a sample the drafting reads (slot, history's last token, random stream), for timing."""
+
+    slot: int = 0
+    history: list[int] = field(default_factory=lambda: [0])
+    generator: torch.Generator | None = None
+
+
 @torch.inference_mode()
 def step_drafting_ms(drafter: FeatureDrafter, draft, pending: int, context: int = 256, repeats: int = 10) -> float:
     """Median milliseconds of one step's drafting as the batch-1 step runs it (what DraftPricing prices a tree
-    with): on a drafter cache of `context` committed pairs, `pending` verified pairs wait (the last accepted path:
-    about tau of them), then draft(state) feeds them and drafts the tree (its widths, top-k, gathers and host
-    copies); the cache is cut back after each call. Random features and tokens: the cost does not depend on them."""
+    with): on batch 1's drafter engine holding `context` committed pairs, `pending` verified pairs wait (the last
+    accepted path: about tau of them), then draft(engine, [sample], [state]) feeds them and drafts the tree (its
+    widths, top-k, gathers and host copies); the slot is cut back after each call. Random features and tokens: the
+    cost does not depend on them."""
+    from ...core.machine.timing import median_call_ms
+
     weight = drafter.norm.weight
     hidden, device, dtype = weight.shape[0], weight.device, weight.dtype
-    state = DrafterState(drafter)
+    batch, probe, state = engine(drafter, "single", 1, device), Probe(), FeatureState()
     state.commit(torch.randn(context, hidden, device=device, dtype=dtype),
                  torch.randint(drafter.vocab_size, (context,), device=device))
-    state.feed()
+    feed(batch, drafter, [probe], [state])  # the slot joins with `context` pairs
     features = torch.randn(pending, hidden, device=device, dtype=dtype)  # [P, H]
     tokens = torch.randint(drafter.vocab_size, (pending,), device=device)  # [P]
 
     def reset():
-        crop_to(state.cache, context)
-        state.length, state.features, state.tokens = context, [features], [tokens]
-
-    from ...core.machine.timing import median_call_ms
+        batch.truncate(probe.slot, context)
+        state.features, state.tokens = [features], [tokens]
 
     reset()
-    return median_call_ms(lambda: draft(state), device, repeats, reset=reset)
+    return median_call_ms(lambda: draft(batch, [probe], [state]), device, repeats, reset=reset)

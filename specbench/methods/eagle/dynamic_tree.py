@@ -14,8 +14,9 @@ so the tree adapts to the context and its size to the machine.
 
 At T > 0 the shape must not depend on the sampled tokens (multi-candidate speculative sampling needs each node's
 children to be i.i.d. draws from its q, which a value-based selection of sampled tokens would bias). So the shape
-is drafted greedily as above, which depends only on the committed context, and then the static drafting
-(drafting.draft_tree_eagle) samples that shape's tokens: lossless, at twice the drafter's work.
+is drafted greedily as above, which depends only on the committed context, and then the tree drafting
+(drafting.draft_trees_eagle) samples that shape's tokens: lossless, at twice the drafter's work. Every sample draws
+its own shape, each on its own slot of the drafter's engine, in batched forwards (batch 1: one slot).
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...core.tree import additive
-from ...core.batch.cache import crop_to
+from ...core.batch.ragged import Segment
 from ...core.tree import Tree
-from .drafting import DrafterState
+from .artifact import FeatureDrafter
+from .drafting import FeatureState, feed
 
 DEFAULT_TOP_K = 8  # EAGLE-2 expands 8-10 nodes per depth with their top 8-10 tokens; capped by m here
 
@@ -75,57 +76,74 @@ def shape_of(nodes: list[_Node], kept: list[int]) -> tuple[Tree, list[int]]:
 
 
 @torch.inference_mode()
-def draft_dynamic(state: DrafterState, root: int, m: int, depth: int, top_k: int = DEFAULT_TOP_K) -> DynamicShape:
-    """EAGLE-2's expansion and reranking from the drafter's state (its pending pairs fed here and committed):
-    a tree of m candidates at most `depth` deep, greedy (top-k tokens, values from the drafter's probabilities)."""
-    drafter, device = state.drafter, state.drafter.norm.weight.device
+def draft_dynamic(batch, drafter: FeatureDrafter, samples, states: list[FeatureState], m: int, depth: int,
+                  top_k: int = DEFAULT_TOP_K) -> list[DynamicShape]:
+    """EAGLE-2's expansion and reranking for every sample at once on the drafter's engine (drafting.py; each
+    sample's pending pairs fed here and committed): per sample a tree of m candidates at most `depth` deep, greedy
+    (top-k tokens, values from the drafter's probabilities). Per depth one head call over every sample's expanded
+    nodes and one batched drafter forward: each sample's k best nodes of the depth just drafted [k, H] at committed
+    length + depth - 2, each seeing the committed context, its ancestors' inputs (expanded earlier this step: the
+    slot's last cache entries, a tail mask) and itself."""
+    device = drafter.norm.weight.device
     k = max(1, min(top_k, m))
-    base_feature = state.feed()[-1]  # [H]: the root's predicted feature
-    base = state.length  # committed length; drafted inputs go after it and leave the cache at the end
-    nodes: list[_Node] = []
-    features: dict[int, torch.Tensor] = {}  # expanded drafted node -> its predicted feature [H]
-    appended: list[int] = []  # drafted nodes already in the drafter's cache (in this order)
+    roots = feed(batch, drafter, samples, states)  # [1, H] each: the root's predicted feature last
+    base = [batch.lengths[s.slot] for s in samples]  # committed lengths; drafted inputs go after and leave at the end
+    nodes: list[list[_Node]] = [[] for _ in samples]
+    features: list[dict[int, torch.Tensor]] = [{} for _ in samples]  # expanded drafted node -> its feature [H]
+    appended: list[list[int]] = [[] for _ in samples]  # drafted nodes in each slot's cache (in this order)
 
-    def grow(parents: list[int], feats: torch.Tensor, d: int) -> list[int]:
-        """Each parent's top-k tokens as new nodes at depth d; returns their indices."""
+    def grow(parents: list[list[int]], feats: torch.Tensor, d: int) -> list[list[int]]:
+        """Each sample's parents' top-k tokens as new nodes at depth d (feats: every sample's parents' features in
+        order [sum P, H]); returns each sample's new indices."""
         # over the drafter's own head rows [P, K] (the full row's -inf entries add nothing), ids mapped to [0, V)
-        top = torch.log_softmax(drafter.head_logits(feats).float(), -1).topk(k, -1)  # [P, k]
+        top = torch.log_softmax(drafter.head_logits(feats).float(), -1).topk(k, -1)  # [sum P, k]
         ids = top.indices if drafter.vocab_ids is None else drafter.vocab_ids[top.indices]
         values, indices = top.values.tolist(), ids.tolist()  # one copy out, not 2 P k item() calls
-        new = []
-        for row, p in enumerate(parents):
-            start = nodes[p].value if p >= 0 else 0.0
-            for r in range(k):
-                nodes.append(_Node(p, r, indices[row][r], start + values[row][r], d))
-                new.append(len(nodes) - 1)
+        new, row = [], 0
+        for own, ps in zip(nodes, parents):
+            mine = []
+            for p in ps:
+                start = own[p].value if p >= 0 else 0.0
+                for r in range(k):
+                    own.append(_Node(p, r, indices[row][r], start + values[row][r], d))
+                    mine.append(len(own) - 1)
+                row += 1
+            new.append(mine)
         return new
 
-    frontier = grow([-1], base_feature[None], 1)
+    root_features = [r[-1] for r in roots]
+    frontier = grow([[-1] for _ in samples], torch.stack(root_features), 1)
     forwards = 1
     for d in range(2, depth + 1):
-        expand = sorted(sorted(frontier, key=lambda i: (-nodes[i].value, i))[:k])  # the depth's k best
-        x = drafter.fuse(torch.stack([features[nodes[i].parent] if nodes[i].parent >= 0 else base_feature
-                                      for i in expand]),
-                         torch.tensor([nodes[i].token for i in expand], device=device))  # [G, H]
-        # each input sees the committed context, its ancestors' inputs (all expanded earlier) and itself
-        vis = torch.zeros(len(expand), base + len(appended) + len(expand), dtype=torch.bool)
-        vis[:, :base] = True
-        slot = {node: base + j for j, node in enumerate(appended)}
-        for r, i in enumerate(expand):
-            a = nodes[i].parent
-            while a >= 0:
-                vis[r, slot[a]] = True
-                a = nodes[a].parent
-            vis[r, base + len(appended) + r] = True
-        pos = torch.full((1, len(expand)), base + d - 2, device=device)
-        out = drafter.run(x[None], pos, state.cache, additive(vis.to(device), x.dtype))  # [G, H]
+        segments, expanded = [], []
+        for i, s in enumerate(samples):
+            own = nodes[i]
+            expand = sorted(sorted(frontier[i], key=lambda j: (-own[j].value, j))[:k])  # the depth's k best
+            x = drafter.fuse(torch.stack([features[i][own[j].parent] if own[j].parent >= 0 else root_features[i]
+                                          for j in expand]),
+                             torch.tensor([own[j].token for j in expand], device=device))  # [k, H]
+            vis = torch.zeros(len(expand), len(appended[i]) + len(expand), dtype=torch.bool)
+            slot = {node: c for c, node in enumerate(appended[i])}
+            for r, j in enumerate(expand):
+                a = own[j].parent
+                while a >= 0:
+                    vis[r, slot[a]] = True
+                    a = own[a].parent
+                vis[r, len(appended[i]) + r] = True
+            segments.append(Segment(s.slot, [], positions=[base[i] + d - 2] * len(expand), mask=vis, embeds=x))
+            expanded.append(expand)
+        _, out = batch.forward([], segments, hidden=True)
         forwards += 1
-        for r, i in enumerate(expand):
-            features[i] = out[r]
-        appended += expand
-        frontier = grow(expand, out, d)
-    crop_to(state.cache, base)
-    kept = select(nodes, m)
-    tree, tokens = shape_of(nodes, kept)
-    return DynamicShape(tree, torch.tensor([root] + tokens, device=device), tuple(nodes[i].value for i in kept),
-                        forwards)
+        for i, (expand, o) in enumerate(zip(expanded, out)):
+            for r, j in enumerate(expand):
+                features[i][j] = o[r]
+            appended[i] += expand
+        frontier = grow(expanded, torch.cat(out), d)
+    shapes = []
+    for i, s in enumerate(samples):
+        batch.truncate(s.slot, base[i])  # the drafted inputs leave the cache
+        kept = select(nodes[i], m)
+        tree, tokens = shape_of(nodes[i], kept)
+        shapes.append(DynamicShape(tree, torch.tensor([s.history[-1]] + tokens, device=device),
+                                   tuple(nodes[i][j].value for j in kept), forwards))
+    return shapes

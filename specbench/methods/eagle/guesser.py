@@ -29,10 +29,9 @@ from ..sd.drafting import GAMMA
 from ..base import register
 from ..options import ARTIFACT, TREE
 from ..tree.method import TreeMethod
-from ..batch_loop import SINGLE, engine
+from ..batch_loop import engine
 from .dynamic_tree import DEFAULT_TOP_K, draft_dynamic
-from .batch import draft_trees_eagle
-from .drafting import DrafterState, PendingPairs, draft_tree_eagle, step_drafting_ms
+from .drafting import Drafted, FeatureState, draft_trees_eagle, step_drafting_ms
 from ..tree.guesser import Guesser
 from ..tree.pricing import GuessScorer
 from ..tree.layout import TreeLayout
@@ -43,9 +42,9 @@ EAGLE_DEPTH = 6  # depths `estimate --method eagle` measures (rows of its accept
 
 class FeatureDrafts(Guesser):
     """What eagle and parallelspec share: a feature drafter (artifact.py) on the target's last hidden states, a
-    one-state candidate tree, verification with the draft q, and the drafter's cache per sample. A family supplies
-    how deep its drafter drafts (depths, scored_depths, dynamic_depth) and how it drafts a tree (draft, and
-    _draft_trees for batch > 1)."""
+    one-state candidate tree, verification with the draft q, and the drafter's cache per sample, a slot of one
+    drafter engine at every batch size (drafting.py). A family supplies how deep its drafter drafts (depths,
+    scored_depths, dynamic_depth) and how it drafts every sample's tree (_draft; draft_static: a static tree's)."""
 
     drafter_model = True
 
@@ -75,8 +74,8 @@ class FeatureDrafts(Guesser):
         law (eagle: divided by the tree's depth; parallelspec drafts once a step)."""
         tree = tree if tree is not None else self.priced_tree()
         pending = max(1, round(1 + f_value(list(tree.paths), self.method.acceptance)))  # tau: the path's pairs
-        ms = step_drafting_ms(self.art.drafter, lambda state: self._draft_one(state, tree, 0, Sampling(), None),
-                              pending)
+        ms = step_drafting_ms(self.art.drafter, lambda batch, samples, states: self.draft_static(
+            batch, samples, states, tree, Sampling()), pending)
         return ms / max(tree.depth, 1) if self.per_depth else ms
 
     @classmethod
@@ -130,14 +129,14 @@ class FeatureDrafts(Guesser):
         state.commit(h[path], torch.tensor(emitted, device=h.device))
         return state
 
-    # the step: at batch 1 the sample's drafter cache is its own (DrafterState: drafting.py, EAGLE-2's dynamic tree
-    # included); at batch > 1 every sample's drafter cache is a slot of one drafter batch engine (batch.py)
+    # the step: every sample's drafter cache is a slot of one drafter engine in the target's mode, at every batch
+    # size (drafting.py; batch 1: the single-sequence engine); a sample's state is its FeatureState
 
     def start_batch(self, mode, slots):
-        self._batch = None if mode == SINGLE else engine(self.art.drafter, mode, slots, self.target.output_device)
+        self._batch = engine(self.art.drafter, mode, slots, self.target.output_device)
 
     def leave(self, sample):
-        if self._batch is not None and sample.slot in self._batch.rows:
+        if sample.slot in self._batch.rows:
             self._batch.release(sample.slot)
 
     def join(self, sample):
@@ -147,19 +146,13 @@ class FeatureDrafts(Guesser):
     def joined(self, sample, h, keep, sampling):
         """h [T, H] -> (first token, the pending pairs (f_i, x_{i+1}), the last pairing with the first token)."""
         root = next_token(target_logits(self.target.model, h[-1]), sampling, sample.generator)
-        state = PendingPairs() if self._batch is not None else DrafterState(self.art.drafter)
+        state = FeatureState()
         state.commit(h, torch.tensor(sample.history[1:] + [root], device=h.device))
         return root, state
 
     def draft_batch(self, samples, sampling):
-        if self._batch is None:  # batch 1: the sample's own drafter state (a static or a dynamic tree)
-            s = samples[0]
-            return [self.draft(s.scratch["guesses"], self.method.layouts[0].tree, s.history[-1], sampling,
-                               s.generator)]
-        drafts, forwards = self._draft_trees(self._batch, self.art.drafter, samples, self.method.layouts[0].tree,
-                                             sampling)
-        return [(tokens, q, forwards) for tokens, q in drafts]
-
+        states = [s.scratch["guesses"] for s in samples]
+        return [(d.tokens, d.q, d.forwards) for d in self._draft(self._batch, samples, states, sampling)]
 
 
 class EagleDrafts(FeatureDrafts):
@@ -181,22 +174,24 @@ class EagleDrafts(FeatureDrafts):
     def scored_depths(cls, drafter) -> int:
         return EAGLE_DEPTH
 
-    def draft(self, state: DrafterState, tree: Tree, root: int, sampling, generator):
-        """The drafter proposes the tree's tokens [N], their q [N, V] at T > 0, and its forwards. With --tree dynamic
-        it first drafts the tree (dynamic_tree.py), greedily; at T > 0 that shape's tokens are then sampled as a
-        static tree's are, so the shape never depends on the samples (lossless)."""
+    def _draft(self, batch, samples, states, sampling):
+        """The drafter proposes every sample's tree. With --tree dynamic it first drafts each sample's tree
+        (dynamic_tree.py), greedily; at T > 0 that shape's tokens are then sampled as a static tree's are, so the
+        shape never depends on the samples (lossless)."""
         if self.method.plan.dynamic is None:
-            return draft_tree_eagle(state, tree, root, sampling, generator)
+            return self.draft_static(batch, samples, states, self.method.layouts[0].tree, sampling)
         m, depth, top_k = self.method.plan.dynamic
-        shape = draft_dynamic(state, root, m, depth, top_k)
-        state.drafted = TreeLayout(shape.tree, None, shape.tokens.device)
+        shapes = draft_dynamic(batch, self.art.drafter, samples, states, m, depth, top_k)
+        for state, shape in zip(states, shapes):
+            state.drafted = TreeLayout(shape.tree, None, shape.tokens.device)
         if sampling.greedy:
-            return shape.tokens, None, shape.forwards
-        tokens, q, forwards = draft_tree_eagle(state, shape.tree, root, sampling, generator)
-        return tokens, q, shape.forwards + forwards
+            return [Drafted(shape.tokens, None, shape.forwards) for shape in shapes]
+        drafted = draft_trees_eagle(batch, self.art.drafter, samples, states, [x.tree for x in shapes], sampling)
+        return [Drafted(d.tokens, d.q, shape.forwards + d.forwards) for d, shape in zip(drafted, shapes)]
 
-    _draft_trees = staticmethod(draft_trees_eagle)
-    _draft_one = staticmethod(draft_tree_eagle)  # a static tree's drafting at batch 1 (what the pricing times)
+    def draft_static(self, batch, samples, states, tree, sampling):
+        """Every sample's drafting of one static tree (what the pricing times)."""
+        return draft_trees_eagle(batch, self.art.drafter, samples, states, [tree] * len(samples), sampling)
     per_depth = True  # one drafter forward per inner depth (its family's cost law)
 
 

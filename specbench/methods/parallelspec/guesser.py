@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from ...errors import SpecbenchError
 from ..base import register
-from ..eagle.batch import draft_trees_parallel
-from ..eagle.drafting import draft_tree_parallel
+from ..eagle.drafting import draft_trees_parallel
 from ..eagle.guesser import Eagle, FeatureDrafts
 from ..tree.method import TreeMethod
 
@@ -36,12 +35,14 @@ class ParallelDrafts(FeatureDrafts):
                                  f"({self.art.source}) drafts {rows} tokens per forward ({rows - 1} mask tokens); "
                                  f"use a tree at most {rows} deep (`specbench build-tree --method parallelspec`)")
 
-    def draft(self, state, tree, root, sampling, generator):
+    def _draft(self, batch, samples, states, sampling):
         dynamic = self.method.plan.dynamic
-        return draft_tree_parallel(state, tree, root, sampling, generator, dynamic and dynamic[0])
+        return draft_trees_parallel(batch, self.art.drafter, samples, states, self.method.layouts[0].tree, sampling,
+                                    dynamic and dynamic[0])
 
-    _draft_trees = staticmethod(draft_trees_parallel)
-    _draft_one = staticmethod(draft_tree_parallel)  # a static tree's drafting at batch 1 (what the pricing times)
+    def draft_static(self, batch, samples, states, tree, sampling):
+        """Every sample's drafting of one static tree (what the pricing times)."""
+        return draft_trees_parallel(batch, self.art.drafter, samples, states, tree, sampling)
     per_depth = False  # one drafter forward a step
 
 

@@ -125,8 +125,12 @@ class Pearl(DraftModelMethod):
                     checks = u + ([] if mode == "verify" else w[:1])
                     parts = [t for t in (qu, None if mode == "verify" or qw is None else qw[:1]) if t is not None]
                     q = torch.cat(parts) if parts and not sampling.greedy else None  # [len(checks), V]
-                    n, tok = accept(torch.tensor(checks, device=device), logits, sampling, q, generator,
-                                    bonus=mode == "verify")
+                    if self.acceptance_rule is not None:  # --synthetic-acceptance: a stated draw
+                        n, tok = self.acceptance_rule.chain(torch.tensor(checks, device=device), logits, sampling,
+                                                            q, generator, bonus=mode == "verify", gen=gen)
+                    else:
+                        n, tok = accept(torch.tensor(checks, device=device), logits, sampling, q, generator,
+                                        bonus=mode == "verify")
                     gen.count_draft(len(checks), n)
                     if tok is None:  # every check passed: the drafts made meanwhile wait for the next verification
                         new, u, qu = checks, w[1:], None if qw is None else qw[1:]

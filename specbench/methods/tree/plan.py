@@ -34,6 +34,7 @@ from ...planning.treesearch import search, static_candidates
 from ...progress import console
 
 DEFAULT_SIZE = 16
+SYNTHETIC = "synthetic_acceptance"  # target.extras key: the stated AcceptanceProfile of a --synthetic-acceptance run
 
 
 def searched_tree(acc: list[list[float]], m: int, size: int, model: str = "", source: str = "") -> TreeFile:
@@ -68,6 +69,9 @@ def per_rank_acceptance(method, rows: int, model_name: str) -> tuple[list[list[f
     """(per-rank probabilities, the acceptance file they came from or None, that source in words for run.yaml and
     report.md); with no file for this model a generic table is used and a note printed once per model and family."""
     target, family = method.target, method.family
+    stated = target.extras.get(SYNTHETIC)
+    if stated is not None:  # --synthetic-acceptance: the tree is searched and predicted with the stated rates
+        return stated.per_rank_rows(rows), None, f"--synthetic-acceptance: {stated.source}"
     relative = store.acceptance_file(model_name, family)
     found = lookup.find(lookup.ACCEPTANCE, relative, f"{method.name} acceptance")
     acc_path = found.path if found else None
@@ -139,6 +143,8 @@ def resolve(method, spec: TreeSpec) -> tuple[TreeFile, str]:
     def build(size: int) -> TreeFile:
         return method.guesser.searched_tree(method.acceptance, method.rows, size, model_name, source)
 
+    if spec.kind == "auto" and target.extras.get(SYNTHETIC) is not None:  # no hardware tree file: its acceptance
+        return build(DEFAULT_SIZE), f"searched at size {DEFAULT_SIZE} over the stated rates"  # is another's
     if spec.kind == "auto":
         return auto_tree(method, build, hardware, dtype)
     return resolve_tree(spec, hardware, build)
@@ -147,7 +153,8 @@ def resolve(method, spec: TreeSpec) -> tuple[TreeFile, str]:
 def plan_batches(method, sizes: list[int]) -> None:
     """Each batch size's plan in method.plans: under `--tree auto` (no --gamma) B > 1's own tree (its file, else
     built now from L(B, w)), else batch 1's."""
-    if method.tree_spec.kind != "auto" or getattr(method.options, "gamma", None) is not None:
+    if method.tree_spec.kind != "auto" or getattr(method.options, "gamma", None) is not None \
+            or method.target.extras.get(SYNTHETIC) is not None:  # stated rates: batch 1's searched tree
         return  # one tree for every batch size: batch 1's (start_batch falls back to it)
     for size in sorted({b for b in sizes if b > 1} - set(method.plans)):
         found = _batch_tree(method, size)

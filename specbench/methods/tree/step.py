@@ -25,7 +25,11 @@ def verify_and_accept(method, state, tokens: torch.Tensor, q: torch.Tensor | Non
     all_logits = target_logits(model, h) if layout.combined_head else None  # [q, V]
     logits = all_logits[: tree.nodes] if layout.combined_head else target_logits(model, h[: tree.nodes])  # [N, V]
     # 3. accept: the longest verified path, then the target's own next token
-    path, root = method.guesser.accept(tokens, layout.parents, logits, q, sampling, generator)
+    if method.acceptance_rule is not None:  # --synthetic-acceptance: a stated draw over the tree's ranks
+        path, root = method.acceptance_rule.tree(tokens, layout.parents, tree.paths, logits, sampling, generator,
+                                                 gen=gen)
+    else:
+        path, root = method.guesser.accept(tokens, layout.parents, logits, q, sampling, generator)
     accepted = tokens[path[1:]].tolist()
     gen.count_draft(tree.depth, len(accepted))
     # 4. update cache: keep the root and the accepted path; the next guesses come from the last accepted node

@@ -1,0 +1,195 @@
+"""--synthetic-acceptance: stated acceptance profiles (rates, acceptance files, speculation_profile.json), the seeded
+rule, a run that keeps drafts by it (report, run.yaml, the check that fails on a broken acceptance path), and the
+acceptance section's token- and request-weighted numbers."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from specbench.cli import app
+from specbench.core.acceptance_profile import parse_rates, read, speculation_profile, write_speculation_profile
+from specbench.core.synthetic import SyntheticAcceptance
+from specbench.core.verify import Sampling
+from specbench.errors import SpecbenchError
+from specbench.methods.base import Generation
+from specbench.report import acceptance
+
+
+# ------------------------------------------------------------------------------------------------ profiles
+
+def test_rates_give_conditional_marginal_and_the_chain_expectation():
+    p = parse_rates("0.8,0.6,0.4")
+    assert p.conditional == [0.8, 0.6, 0.4]
+    assert p.marginal == pytest.approx([0.8, 0.48, 0.192])
+    mean, var = p.chain_expectation(3)
+    assert mean == pytest.approx(0.8 + 0.48 + 0.192)
+    # beyond the stated positions nothing is accepted: a longer chain expects no more
+    assert p.chain_expectation(6)[0] == pytest.approx(mean)
+    # E[n^2] = P(n>=1) + 3 P(n>=2) + 5 P(n>=3)
+    assert var == pytest.approx(0.8 + 3 * 0.48 + 5 * 0.192 - mean ** 2)
+
+
+def test_per_rank_rates_and_a_tree_expectation():
+    p = parse_rates("0.6/0.2,0.5")
+    assert p.rate(1, 0) == 0.6 and p.rate(1, 1) == 0.2 and p.rate(2, 0) == 0.5 and p.rate(2, 1) == 0.0
+    mean, _ = p.tree_expectation([(0,), (1,), (0, 0), (1, 0)])
+    assert mean == pytest.approx(0.6 + 0.2 + 0.6 * 0.5 + 0.2 * 0.5)
+
+
+@pytest.mark.parametrize("bad, said", [("0.8,1.5", "outside (0, 1]"), ("0,0.5", "outside (0, 1]"),
+                                       ("0.8,abc", "no such file"), ("0.7/0.5", "sum to"),
+                                       ("0.8,x0.2", "no such file"), ("0.8,,0.4", "not a number")])
+def test_bad_rates_are_refused_with_one_line(bad, said):
+    with pytest.raises(SpecbenchError, match=said.replace("(", r"\(").replace(")", r"\)")) as err:
+        read(bad)
+    assert "\n" not in str(err.value)
+
+
+def test_acceptance_files_estimate_published_and_chain(tmp_path):
+    published = read("acceptance/published/vicuna-7b/eagle.yaml")
+    assert published.conditional[:2] == [0.79, 0.74] and len(published.per_rank[0]) == 10
+    chain = tmp_path / "pld.yaml"
+    chain.write_text(yaml.safe_dump({"method": "pld", "conditional": [0.5, 0.4, 0.0]}))
+    assert read(str(chain)).conditional == [0.5, 0.4]  # a position never accepted ends the profile
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(yaml.safe_dump({"per_rank": "high"}))
+    with pytest.raises(SpecbenchError, match="needs `per_rank`"):
+        read(str(wrong))
+    wrong.write_text(yaml.safe_dump({"per_rank": [[0.5, 1.7]]}))
+    with pytest.raises(SpecbenchError, match="probability"):
+        read(str(wrong))
+
+
+def test_speculation_profile_round_trip_with_categories(tmp_path):
+    payload = speculation_profile([0.8, 0.5], "pld", "random:tiny", mean_per_step=2.2,
+                                  per_category={"coding": {"conditional": [0.9, 0.6]}})
+    assert payload["marginal_accept_rates"] == [0.8, 0.4]
+    assert payload["validation"]["mean_consistency"]["implied_mean_accept_length"] == pytest.approx(2.2)
+    path = tmp_path / "speculation_profile.json"
+    write_speculation_profile(payload, path)
+    back = read(str(path))
+    assert back.conditional == [0.8, 0.5] and back.categories["coding"].conditional == [0.9, 0.6]
+    assert read(f"{path}#coding").conditional == [0.9, 0.6]
+    with pytest.raises(SpecbenchError, match="no category 'math'"):
+        read(f"{path}#math")
+    # a profile that states only the marginals (vLLM's convention)
+    path.write_text(json.dumps({"marginal_accept_rates": [0.8, 0.4, 0.1]}))
+    assert read(str(path)).conditional == pytest.approx([0.8, 0.5, 0.25])
+    path.write_text(json.dumps({"conditional_accept_rates": "0.8"}))
+    with pytest.raises(SpecbenchError, match="not a speculation profile"):
+        read(str(path))
+
+
+# ------------------------------------------------------------------------------------------------ the rule
+
+def test_chain_draws_follow_the_stated_rates_and_the_next_token_is_the_targets():
+    rule = SyntheticAcceptance(parse_rates("0.8,0.6,0.4"), seed=3)
+    logits = torch.zeros(4, 10)
+    logits[:, 7] = 1.0  # the target's argmax at every position
+    gen = Generation()
+    counts = [0] * 4
+    for _ in range(4000):
+        n, tok = rule.chain(torch.tensor([1, 2, 3]), logits, Sampling(), None, None, gen=gen)
+        counts[n] += 1
+        assert tok == 7
+    assert counts[0] / 4000 == pytest.approx(0.2, abs=0.03)
+    assert counts[3] / 4000 == pytest.approx(0.192, abs=0.03)
+    assert gen.synthetic_mean == pytest.approx(4000 * 1.472)
+    observed = sum(n * c for n, c in enumerate(counts))
+    assert abs(observed - gen.synthetic_mean) < 5 * gen.synthetic_var ** 0.5
+    # the same generator seed: the same draws (repeats and batch sizes see the same acceptance)
+    draws = []
+    for _ in range(2):
+        g = torch.Generator().manual_seed(11)
+        draws.append([rule.chain(torch.tensor([1, 2, 3]), logits, Sampling(), None, g)[0] for _ in range(50)])
+    assert draws[0] == draws[1]
+
+
+def test_tree_rule_descends_into_the_child_of_the_drawn_rank():
+    # root 0; depth 1: node 1 (rank 0), node 2 (rank 1); depth 2: node 3 under node 2 (rank 0)
+    paths, parents = [(0,), (1,), (1, 0)], [-1, 0, 0, 2]
+    rule = SyntheticAcceptance(parse_rates("0.000001/0.999999,1"), seed=0)
+    logits = torch.zeros(4, 10)
+    logits[3, 5] = 1.0
+    path, tok = rule.tree(torch.tensor([9, 1, 2, 3]), parents, paths, logits, Sampling(), None)
+    assert path == [0, 2, 3] and tok == 5
+    rule = SyntheticAcceptance(parse_rates("0.000001/0.999999,0.000001"), seed=0)
+    assert rule.tree(torch.tensor([9, 1, 2, 3]), parents, paths, logits, Sampling(), None)[0] == [0, 2]
+
+
+# ------------------------------------------------------------------------------------------------ a run
+
+def _run(tmp_path, prompts_file, rates, *methods):
+    out = tmp_path / "run"
+    args = ["run", "--model", "random:tiny", "--max-new-tokens", "40", "--warmup", "0", "--dataset",
+            str(prompts_file), "--limit", "3", "--out", str(out), "--synthetic-acceptance", rates]
+    for m in methods:
+        args += ["-m", m]
+    return out, CliRunner().invoke(app, args)
+
+
+def test_a_synthetic_run_reports_the_stated_acceptance(tmp_path, prompts_file, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    out, result = _run(tmp_path, prompts_file, "0.8,0.6,0.4", "medusa", "ppd", "pld")
+    assert result.exit_code == 0, result.output
+    report = (out / "report.md").read_text().splitlines()
+    assert "**Synthetic acceptance**" in "\n".join(report[:6])  # in its first lines
+    assert "Lossless check: not applicable" in "\n".join(report)
+    meta = yaml.safe_load((out / "run.yaml").read_text())
+    block = meta["synthetic_acceptance"]
+    assert block["conditional"] == [0.8, 0.6, 0.4] and meta["settings"]["synthetic_acceptance"] == "0.8,0.6,0.4"
+    assert set(block["checks"]) == {"medusa", "ppd", "pld"} and all(c["agrees"] for c in block["checks"].values())
+    records = pd.read_csv(out / "records.csv")
+    assert records.lossless.isna().all()  # no lossless verdict: the output is not the model's
+    tau = records.groupby("method").new_tokens.sum() / records.groupby("method").target_forwards.sum()
+    assert tau["medusa"] >= 1.5 and tau["ppd"] >= 1.5
+    # random artefacts of the right shape (4 Medusa heads) and the tree searched over the stated rates
+    assert meta["trees"]["medusa"]["acceptance"] == "--synthetic-acceptance: stated rates 0.8,0.6,0.4"
+
+
+def test_a_broken_acceptance_path_fails_the_run(tmp_path, prompts_file, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    # a rule that keeps every draft while still stating 0.5 per position: the measured count disagrees
+    monkeypatch.setattr(SyntheticAcceptance, "_true_rank", lambda self, depth, generator: 0)
+    out, result = _run(tmp_path, prompts_file, "0.5,0.5,0.5", "pld", "ppd")
+    assert result.exit_code != 0
+    assert "synthetic acceptance check FAILED" in result.output and "Traceback" not in result.output
+    checks = yaml.safe_load((out / "run.yaml").read_text())["synthetic_acceptance"]["checks"]
+    assert not checks["ppd"]["agrees"]
+
+
+def test_bad_rates_stop_the_run_before_loading(tmp_path, prompts_file):
+    out, result = _run(tmp_path, prompts_file, "0.8,1.2")
+    assert result.exit_code != 0 and "outside (0, 1]" in result.output and "Traceback" not in result.output
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------------ the report
+
+def test_token_and_request_weighted_tau_differ_only_by_averaging():
+    records = pd.DataFrame({
+        "method": ["pld", "pld", "ar"], "new_tokens": [90, 10, 50], "target_forwards": [30, 10, 50],
+        "tau": [3.0, 1.0, 1.0], "accepted_drafts": [60, 0, 0], "drafted": [80, 4, 0],
+        "accepted_per_position": ["29/29 20/29 11/22", "0/4", ""]})
+    t = acceptance.table(records).set_index("method")
+    assert t.loc["pld", "tau (token-weighted)"] == 2.5  # 100 tokens / 40 forwards
+    assert t.loc["pld", "tau per request"] == 2.0  # (3 + 1) / 2
+    conditional, marginal = acceptance.per_position(records[records.method == "pld"])
+    assert marginal == pytest.approx([29 / 33, 20 / 29, 11 / 22])
+    assert conditional[1] == pytest.approx((20 / 29) / (29 / 33))
+    assert acceptance.never_drafted(records) == []
+    assert acceptance.never_drafted(records.assign(drafted=[0, 0, 0])) == ["pld"]
+    assert "never drafted" in acceptance.never_drafted_lines(records.assign(drafted=[0, 0, 0]))[0]
+
+
+def test_every_draw_uses_the_seeded_stream_when_no_generator_is_given():
+    a, b = SyntheticAcceptance(parse_rates("0.5"), seed=4), SyntheticAcceptance(parse_rates("0.5"), seed=4)
+    assert [a._true_rank(1, None) for _ in range(20)] == [b._true_rank(1, None) for _ in range(20)]
+    assert random.Random(4).random() == SyntheticAcceptance(parse_rates("0.5"), seed=4).rng.random()
