@@ -57,7 +57,10 @@ def test_static_batch_gives_eager_tokens_and_counts_its_forwards(pair, name):
                                               [None] * 3)[0]]
     alone = [get_method("ar")(target, {}).generate(p, NEW_TOKENS, Sampling(), None).tokens for p in prompts]
     assert eager == alone
+    feature = compile_run.feature_drafter(method)  # EAGLE's / ParallelSpec's drafter module, compiled as a run does
     states = [cc.enable(target.model, 256), cc.enable(drafter.model, 256)]
+    if feature is not None:
+        states.append(cc.enable(feature, 256))
     try:
         counters = []
         for state in states:
@@ -74,8 +77,8 @@ def test_static_batch_gives_eager_tokens_and_counts_its_forwards(pair, name):
         gens, _ = generate_batch(method, prompts, 2, "padded", True, NEW_TOKENS, Sampling(), [None] * 3)
         compile_run.batch_forwards(states, before, gens, method)
     finally:
-        cc.disable(target.model)
-        cc.disable(drafter.model)
+        for state in states:
+            cc.disable(state.model)
     assert [g.tokens for g in gens] == eager
     assert [dict(s.batch_shapes) for s in states] == shapes  # nothing compiled after warm-up
     compiled, eager_forwards = gens[0].compiled_forwards, gens[0].eager_forwards
@@ -86,7 +89,47 @@ def test_static_batch_gives_eager_tokens_and_counts_its_forwards(pair, name):
         assert compiled > 0 and eager_forwards == 0 and states[0].eager_steps == 0
     if "drafter" in get_method(name).needs:
         assert states[1].compiled_steps > 0 and states[1].eager_steps == 0
+    if feature is not None:  # the feature drafter's forwards compiled too
+        assert states[2].compiled_steps > 0 and states[2].eager_steps == 0
     assert all(k[0] == 2 for s in states for k in s.batch_shapes)
+
+
+STATIC = sorted(n for n, c in REGISTRY.items() if getattr(c, "static_engine", True))  # PEARL: its own caches
+
+
+@pytest.mark.parametrize("name", STATIC)
+def test_static_sequence_compiles_every_drafter_at_batch_1(pair, name):
+    """B = 1: the target's, sd's drafter's and the feature drafters' decode forwards after warm-up are all
+    compiled-step calls (Hidden Transfer's hooked target forwards aside), tokens equal to eager's."""
+    target, drafter = pair
+    method = _method(name, target, drafter)
+    check = prompt_ids(1)
+    eager = method.generate(check, NEW_TOKENS, Sampling(), None).tokens
+    feature = compile_run.feature_drafter(method)
+    states = [cc.enable(target.model, 256), cc.enable(drafter.model, 256)]
+    if feature is not None:
+        states.append(cc.enable(feature, 256))
+    try:
+        for state in states:
+            state.fn = static.step
+            state.declare(cc.declared_width(method))
+        states[0].declare_tree(cc.declared_tree_widths(method))
+        method.generate(prompt_ids(0), NEW_TOKENS, Sampling(), None)  # warm-up
+        for state in states:
+            state.finish_warm_up()
+        before = compile_run.snapshot(states)
+        gen = method.generate(check, NEW_TOKENS, Sampling(), None)
+        compiled, eager_forwards = compile_run.forwards(states, before, gen, method)
+    finally:
+        for state in states:
+            cc.disable(state.model)
+    assert gen.tokens == eager
+    if name in HOOKED:
+        assert eager_forwards > 0
+    else:
+        assert compiled > 0 and eager_forwards == 0, (compiled, eager_forwards)
+    if feature is not None:
+        assert states[2].compiled_steps > 0 and states[2].eager_steps == 0
 
 
 def test_batch_tree_widths_declared_per_batch_size(tiny):

@@ -5,6 +5,8 @@ each turn's compiled and eager forwards, decode ar's eager reference, and write 
 
 from __future__ import annotations
 
+import weakref
+
 from ..core.model import compile_wait
 from ..core.model.compile import (Compiled, attach, declared_tree_widths, declared_width, disable, enable, state_of,
                                   unsupported)
@@ -69,6 +71,11 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
     states = {"target": enable(runner.target.model, capacity)}
     if drafter is not None and hasattr(drafter.model, "config"):
         states["drafter"] = enable(drafter.model, capacity)
+    for m in methods:  # a tree method's own drafter module (EAGLE's, ParallelSpec's) drafts through its engine too
+        module = feature_drafter(m)
+        if module is not None and state_of(module) is None:
+            states[f"{m.name} drafter"] = enable(module, capacity)
+            _FEATURE_STATES.append(weakref.ref(states[f"{m.name} drafter"]))
     for chain in chains.values():
         for state in states.values():
             state.declare(chain)
@@ -86,6 +93,20 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
         console.print(f"[yellow]note[/] --compile: {', '.join(eager)} decode(s) over their own caches, not the static "
                       "engine: they run eagerly (their speedups are eager steps against a compiled ar)")
     return states
+
+
+def feature_drafter(method):
+    """The drafter module a tree method's guesser drafts with through a drafter engine (EAGLE's and ParallelSpec's
+    feature drafter), or None."""
+    guesser = getattr(method, "guesser", None)
+    if not getattr(guesser, "drafter_model", False):
+        return None
+    module = getattr(getattr(guesser, "art", None), "drafter", None)
+    return module if hasattr(module, "config") else None
+
+
+# the feature drafters' compile states of the runs in this process (states_of lists the live ones)
+_FEATURE_STATES: list = []
 
 
 def finish_run_warm_up(states: dict[str, Compiled]) -> None:
@@ -108,9 +129,14 @@ def record(meta_path, states: dict[str, Compiled]) -> None:
 
 
 def states_of(*models) -> list[Compiled]:
-    """The compile states attached to these loaded models (target first, then the drafter); [] without --compile."""
+    """The compile states attached to these loaded models (target first, then the drafter), then the feature
+    drafters' (enable_run); [] without --compile."""
     found = [state_of(m.model) for m in models if m is not None]
-    return [s for s in found if s is not None]
+    found = [s for s in found if s is not None]
+    if not found:
+        return []
+    features = [ref() for ref in _FEATURE_STATES]
+    return found + [s for s in features if s is not None and s.model is not None and state_of(s.model) is s]
 
 
 def snapshot(states: list[Compiled]) -> list[tuple[int, int]]:
@@ -126,7 +152,7 @@ def forwards(states: list[Compiled], before: list[tuple[int, int]], gen, method)
         return 0, gen.target_forwards + gen.draft_forwards
     deltas = [(s.compiled_steps - c, s.eager_steps - e) for s, (c, e) in zip(states, before)]
     compiled, eager = sum(d[0] for d in deltas), sum(d[1] for d in deltas)
-    drafter_counted = len(deltas) > 1 and sum(deltas[1]) > 0
+    drafter_counted = any(sum(d) > 0 for d in deltas[1:])  # sd's drafter or a feature drafter
     if gen.draft_forwards and not drafter_counted:
         eager += gen.draft_forwards
     return compiled, eager
