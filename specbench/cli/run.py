@@ -98,9 +98,10 @@ def run(
     drafter_device_map: DrafterDeviceMap = None,
     drafter_max_memory: DrafterMaxMemory = None,
     tp: TensorParallel = 1,
-    compile: Annotated[bool, typer.Option("--compile", help="Batch-1 forwards of the target (and drafter) through "
-                       "torch.compile at static shapes: a preallocated KV cache, query widths bucketed; CUDA graphs "
-                       "on CUDA. Every shape compiles in warm-up; run.yaml's `compile:` block says how long.")]
+    compile: Annotated[bool, typer.Option("--compile", help="Forwards of the target and its drafters, at batch 1 "
+                       "and every batch size (padded batches), through torch.compile at static shapes: a "
+                       "preallocated KV cache, query widths bucketed; CUDA graphs on CUDA. Every shape compiles in "
+                       "warm-up, after a line with the expected wait; run.yaml's `compile:` block says how long.")]
     = False,
     allow_disturbed_profile: Annotated[bool, typer.Option("--allow-disturbed-profile", help="Let --tree auto, "
                                        "--dtype auto and the noise guard use profiles and trees measured on a "

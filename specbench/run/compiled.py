@@ -83,7 +83,8 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
         for tree in per.values():
             states["target"].declare_tree(tree, b)  # trees verify on the target
     for role, state in states.items():  # what warm-up and finish_warm_up will compile, about
-        tree_widths = {b: sorted(set().union(*per.values())) if role == "target" and per else [] for b, per in trees.items()}
+        tree_widths = {b: sorted(set().union(*per.values())) if role == "target" and per else []
+                       for b, per in trees.items()}
         state.expected = sum(len(state.chain) + len(tree_widths[b]) for b in sizes)
         said = f" (buckets {state.chain}" + (f", tree widths {tree_widths[1]}" if tree_widths[1] else "") + \
             (f"; at batch sizes {batched} too" if batched else "") + ")"

@@ -3,9 +3,9 @@
 A Compiled state is attached to a model (`enable`); from then on the batch-1 engine of that model is the static
 engine (core/batch/static.py), and its batch engine at B > 1 the static batch (core/batch/static_batch.py): each
 runs every decode forward through one compiled function at a bucketed query width over a preallocated KV cache
-(one per batch size, its slots side by side). On CUDA the function is compiled with mode="reduce-overhead": each shape is
-recorded once as a CUDA graph and replayed (one launch a forward instead of hundreds); on a CPU, inductor's C++
-kernels (there are no graphs to replay).
+(one per batch size, its slots side by side). On CUDA the function is compiled with mode="reduce-overhead": each
+shape is recorded once as a CUDA graph and replayed (one launch a forward instead of hundreds); on a CPU,
+inductor's C++ kernels (there are no graphs to replay).
 
 Buckets (query widths): powers of two up to the longest chain the run drafts (pld's --pld-draft-tokens + 1, sd's
 gamma + 1: `declare`), and, as warm-up meets them, the exact widths no bucket holds (a tree's verify width is fixed
@@ -282,8 +282,8 @@ class Compiled:
                 "shapes": [{"width": w, "inputs": "embeddings" if e else "tokens", "mask": "tree" if m else "causal",
                             "output": "hidden" if h else "logits", "seconds": round(s, 3)}
                            for (w, e, m, h), s in sorted(self.shapes.items())]
-                + [{"batch": b, "width": w, "inputs": "embeddings" if e else "tokens", "mask": "tree" if m else "causal",
-                    "output": "hidden" if h else "logits", "seconds": round(s, 3)}
+                + [{"batch": b, "width": w, "inputs": "embeddings" if e else "tokens",
+                    "mask": "tree" if m else "causal", "output": "hidden" if h else "logits", "seconds": round(s, 3)}
                    for (b, w, e, m, h), s in sorted(self.batch_shapes.items())],
                 "seconds": round(sum(self.shapes.values()) + sum(self.batch_shapes.values()), 3),
                 "compiled_steps": self.compiled_steps,
