@@ -161,7 +161,7 @@ def run(
     _check_methods(methods)
     followed = None
     if "auto" in methods:
-        methods, dtype, followed = _auto_method(methods, model, device, dtype, recommendation, method_options)
+        methods, dtype, followed = _auto_method(methods, model, device, dtype, recommendation, method_options, compile)
     elif recommendation is not None:
         raise SpecbenchError("--recommendation is read by --method auto only")
     from ..core.model.tensor_parallel import is_writer, rank_out
@@ -236,11 +236,12 @@ def _report_sharded(runs: list[Path], out_dir: Path) -> None:
 
 
 def _auto_method(methods: list[str], model: str, device: str, dtype: str, recommendation: Optional[Path],
-                 options: dict) -> tuple[list[str], str, str | None]:
-    """--method auto -> the method, tree and dtype `specbench recommend` chose for this model and hardware."""
+                 options: dict, compiled: bool = False) -> tuple[list[str], str, str | None]:
+    """--method auto -> the method, tree and dtype `specbench recommend` (`--compile`: `recommend --compile`) chose
+    for this model and hardware."""
     from ..run.recommend import read_choice
 
-    choice = read_choice(model, device, recommendation, dtype)
+    choice = read_choice(model, device, recommendation, dtype, compiled)
     console.print(f"[dim]{escape(choice.said)}[/]" if choice.confirmed else f"[yellow]{escape(choice.said)}[/]")
     rest = [m for m in methods if m != "auto"]
     alone = not [m for m in rest if m != "ar" and m not in choice.methods]  # its tree applies to it alone

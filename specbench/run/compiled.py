@@ -30,11 +30,44 @@ def check(cfg) -> None:
 def check_model(cfg) -> None:
     """Refuse, from the model's config and before its weights load, a model the static engine would decode
     wrongly (core/model/compile.unsupported says which)."""
+    from ..core import lookup
     from ..core.model.load import model_config
 
     why = unsupported(model_config(cfg.model))
     if why:
         raise SpecbenchError(f"--compile cannot decode {cfg.model} correctly: {why}. Run it without --compile")
+    lookup.compiled_run(True)  # --tree auto: compiled profiles and @compiled trees (planning/autotree.py)
+
+
+PROFILE_WIDTHS, PROFILE_KV = (1, 2, 4, 8, 16, 32, 64), (128, 512)  # the on-the-spot compiled profile's grid
+
+
+def ensure_profile(cfg, target) -> None:
+    """Before the methods choose their trees: a run whose tree methods take `--tree auto` needs this hardware's
+    compiled profile (trees are built from it); when there is none, it is measured now (profile --compile's
+    protocol, planning/profile_compiled.py: every shape compiled first, the wait said) and filed where `specbench
+    profile --compile` files it, so the next run finds it."""
+    from ..core import lookup
+    from ..core.machine.hardware import hardware_slug
+    from ..core.model.load import dtype_name, model_slug
+    from ..methods import get_method
+    from ..methods.tree.plan import tree_spec
+    from ..planning.profile import save
+    from ..planning.profile_compiled import measure_compiled
+
+    trees = [m for m in cfg.methods if get_method(m).kind == "tree"]
+    if not trees or tree_spec(cfg.options).kind != "auto":
+        return
+    found = lookup.find_profile(hardware_slug(target.device), model_slug(target.spec), dtype_name(target.dtype),
+                                compiled=True)
+    if found is not None and lookup.EAGER_FOR_COMPILED not in found.flags:
+        return
+    widths = [w for w in PROFILE_WIDTHS if w <= max(1, target.context_length // 4)]
+    kv = [k for k in PROFILE_KV if k + widths[-1] < target.context_length] or [min(PROFILE_KV)]
+    console.print(f"--compile: no compiled profile of {target.name} here for {', '.join(trees)}'s --tree auto: "
+                  f"measuring it now (widths {widths}, KV {kv}; filed for later runs)")
+    path = save(measure_compiled(target, widths, kv, repeats=5, warmup=1))
+    console.print(f"[dim]--compile: compiled profile filed: {path}[/]")
 
 
 def capacity_for(runner, loaded, max_new_tokens: int, widest: int = 64) -> int:

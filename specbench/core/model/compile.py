@@ -99,6 +99,7 @@ class Compiled:
         self.batch_kv: dict[int, StaticKV] = {}  # slots -> the static batch's cache (core/batch/static_batch.py)
         self.met: dict[int, set] = {}  # slots -> the kinds of input its forwards met (what finish_warm_up compiles)
         self.expected = 0  # shapes this state is expected to compile (the progress lines' total)
+        self.done = 0  # shapes it compiled so far (the progress lines' count)
         self.eager_steps = 0  # decode forwards run uncompiled after warm-up (a width no bucket holds)
         self.compiled_steps = 0  # decode forwards run through the compiled step after warm-up
         self.grown: list[int] = []  # capacities the cache grew to after warm-up (each a recompile)
@@ -228,8 +229,8 @@ class Compiled:
         if first:
             _sync(self.device)
             table[key] = time.perf_counter() - t0
-            done = len(self.shapes) + len(self.batch_shapes)
-            compile_wait.said(self.name, key if slots > 1 else (1, *key), table[key], done, self.expected)
+            self.done += 1
+            compile_wait.said(self.name, key if slots > 1 else (1, *key), table[key], self.done, self.expected)
         return out
 
     @torch.inference_mode()  # as every decode runs: a graph compiled outside it would compile again inside

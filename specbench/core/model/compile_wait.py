@@ -80,8 +80,9 @@ def remember(device: torch.device, seconds: list[float]) -> None:
         pass
 
 
-def say_expected(name: str, device: torch.device, shapes: int, detail: str = "") -> None:
-    """Before compiling: the shapes a model will compile and the expected wait."""
+def say_expected(name: str, device: torch.device, shapes: int, detail: str = "",
+                 before: str = "the first timed token") -> None:
+    """Before compiling: the shapes a model will compile and the expected wait (before `before`)."""
     from ...progress import console
 
     if shapes <= 0:
@@ -90,7 +91,7 @@ def say_expected(name: str, device: torch.device, shapes: int, detail: str = "")
     total = each * shapes
     wait = f"{total / 60:.1f} min" if total >= 90 else f"{total:.0f} s"
     console.print(f"[dim]--compile {name}: about {shapes} shape(s) to compile{detail}, ~{each:.0f} s each ({source}): "
-                  f"expect ~{wait} before the first timed token (not timed)[/]")
+                  f"expect ~{wait} before {before} (not timed)[/]")
 
 
 def say_start(name: str, device: torch.device) -> None:
