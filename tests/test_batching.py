@@ -109,9 +109,9 @@ def test_tree_segments_and_compaction_match_one_sample_at_a_time(tiny):
             assert torch.allclose(after[i], single(model, prompts[i], [7, 9, 5])[1][2:], atol=1e-4), mode
 
 
-def build(name: str, target):
+def build(name: str, target, extra: dict | None = None):
     cls = get_method(name)
-    options = {"gamma": 3} if name == "sd" else artifact_options(name, target)
+    options = {**({"gamma": 3} if name == "sd" else artifact_options(name, target)), **(extra or {})}
     return cls(target, options, layer_drafter(target, [0]) if "drafter" in cls.needs else None)
 
 
@@ -145,7 +145,7 @@ def test_tree_methods_draft_at_batch_size_three_what_they_draft_alone(tiny, name
     assert [g.tokens for g in gens] == [g.tokens for g in alone]
     assert [g.accepted_lengths for g in gens] == [g.accepted_lengths for g in alone]
     assert [g.draft_forwards for g in gens] == [g.draft_forwards for g in alone]
-    drafts_with_a_model = method.guesser.drafter_model or method.guesser.advance_drafts  # Medusa: its heads
+    drafts_with_a_model = method.proposer.drafter_model or method.proposer.advance_drafts  # Medusa: its heads
     assert (sum(g.draft_s for g in gens) > 0) == drafts_with_a_model
 
 
@@ -153,8 +153,10 @@ def test_tree_methods_draft_at_batch_size_three_what_they_draft_alone(tiny, name
 def test_every_method_samples_at_batch_size_three(tiny, name):
     """T > 0 at B > 1 runs for every drafting method, refilled, in both modes, and each sample's own random stream
     alone decides its tokens: the seeds of batch 1 give batch 1's tokens in either mode (sd's batch 1 draws its
-    first token in its first verify, the batch in a prefill of its own: its streams differ in order, not in law)."""
-    method = build(name, tiny)
+    first token in its first verify, the batch in a prefill of its own: its streams differ in order, not in law).
+    suffix runs on each prompt's own index here: its global index drafts from whatever finished before (the batch's
+    other prompts), and other trees consume the random stream differently (test_suffix.py batches it with it)."""
+    method = build(name, tiny, {"suffix_global": "off"} if name == "suffix" else None)
     alone = [method.generate(p, 12, SAMPLING, torch.Generator().manual_seed(i)).tokens for i, p in enumerate(PROMPTS)]
     for mode in ("unpadded", "padded"):
         gens, _ = generate_batch(method, PROMPTS, 3, mode, True, 12, SAMPLING,

@@ -98,7 +98,7 @@ def test_medusa_heads_are_drafting_not_host(tiny):
 
     medusa = get_method("medusa")(tiny, artifact_options("medusa", tiny))
     ppd = get_method("ppd")(tiny, {"artifact": "untrained"})
-    assert medusa.guesser.advance_drafts and not ppd.guesser.advance_drafts
+    assert medusa.proposer.advance_drafts and not ppd.proposer.advance_drafts
     with torch.inference_mode():
         gen = medusa.generate(prompt_ids(3), 16, Sampling(), None)
         plain = ppd.generate(prompt_ids(3), 16, Sampling(), None)

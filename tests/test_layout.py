@@ -48,7 +48,8 @@ def imports(path: Path) -> set[str]:
 
 ARTEFACTS, TRAIN = 3, 4
 # a module of a method family's folder -> its layer, by its role (the file name); the rest of methods/ is layer 6
-FAMILY_ROLES = {"artifact": ARTEFACTS, "drafter": ARTEFACTS, "layers": ARTEFACTS, "training": TRAIN}
+FAMILY_ROLES = {"artifact": ARTEFACTS, "drafter": ARTEFACTS, "layers": ARTEFACTS, "released": ARTEFACTS,
+                "training": TRAIN}
 
 
 def layer(module: str) -> int:

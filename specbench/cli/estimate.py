@@ -29,7 +29,8 @@ def estimate(
     new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Greedy reference length per prompt.")] = 64,
     artifact: Annotated[Optional[str], typer.Option(show_default="the shipped one", help="The method's artefact "
                                                     "folder; ppd also takes untrained[:S] for random real-token "
-                                                    "embeddings.")] = None,
+                                                    "embeddings, eagle and medusa the authors' released "
+                                                    "checkpoints (docs/methods.md).")] = None,
     initial: Annotated[bool, typer.Option(help="Score the artefact's initial (untrained) embeddings.")] = False,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",

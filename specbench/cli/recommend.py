@@ -27,7 +27,7 @@ def recommend(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
     dataset: Annotated[str, typer.Option(help="Dataset of the confirming run (name or .jsonl).")] = "gsm8k",
     confirm: Annotated[int, typer.Option(help="Measure the best K predicted methods beside ar, with the methods no "
-                                              "model predicts (pld; sd and pearl where the model has a drafter); 0 = "
+                                              "model predicts (pld, suffix; sd and pearl where the model has a drafter); 0 = "
                                               "prediction only, no decoding: the pick is filed as not confirmed.")]
     = 2,
     limit: Annotated[str, typer.Option(help="Prompts in the confirming run: the first N, or all.")] = "5",

@@ -75,6 +75,27 @@ def load_weights(path: Path, weights_file: str, names: dict[str, tuple]) -> dict
     return out
 
 
+def read_checkpoint(file: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a published checkpoint file by name: safetensors, or a PyTorch state dict (.bin / .pt, read
+    with weights_only: tensors only, no code runs)."""
+    import pickle
+
+    from safetensors import SafetensorError
+
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(file))
+        else:
+            state = torch.load(str(file), map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError, SafetensorError) as exc:
+        raise SpecbenchError(f"{file}: cannot read it ({str(exc).splitlines()[0] if str(exc) else exc!r})") from exc
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise SpecbenchError(f"{file}: expected a state dict of tensors by name")
+    return state
+
+
 def save(out: Path, weights_file: str, tensors: dict[str, torch.Tensor], meta_file: str, meta: dict) -> None:
     from safetensors.torch import save_file
 
@@ -87,12 +108,17 @@ def save(out: Path, weights_file: str, tensors: dict[str, torch.Tensor], meta_fi
         raise SpecbenchError(f"cannot write {out}: {exc.strerror or exc}") from exc
 
 
-def locate_dir(spec: str | None, target: LoadedModel, folder: str, meta_file: str, what: str, train: str) -> Path:
-    """--artifact: None = artifacts/<model>/<folder> (here, else the repo's); else the folder given."""
+def locate_dir(spec: str | None, target: LoadedModel, folder: str, meta_file: str, what: str, train: str,
+               released: str = "") -> Path:
+    """--artifact: None = artifacts/<model>/<folder> (here, else the repo's); else the folder given. `released`
+    names the files of the authors' published layout the family also reads, for the error of a folder that holds
+    neither."""
     path = Path(spec) if spec else default_dir(target, folder, meta_file)
     if not (path / meta_file).is_file():
         if spec:
-            raise SpecbenchError(f"{path}: not a {what} artefact (no {meta_file}); train one with "
+            where = f"{path}: no such folder" if not path.is_dir() else f"{path}: holds no {what}"
+            other = f", or {released}" if released else ""
+            raise SpecbenchError(f"{where} (expected {meta_file} from `{train}`{other}); train one with "
                                  f"`{train} --model {target.spec}`")
         raise SpecbenchError(f"no {what} for {target.spec} (looked for artifacts/{model_slug(target.spec)}/{folder} "
                              f"here and in the repo): train them with `{train} --model {target.spec}` (found by "

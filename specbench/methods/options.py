@@ -93,7 +93,8 @@ TREE = Option("tree", str, "auto", "the draft tree: auto (this hardware's tree f
               "path, size=N (searched now), or for eagle and parallelspec dynamic[=M] (EAGLE-2: M candidates chosen per step; "
               "M defaults to the size auto picks)")
 ARTIFACT = Option("artifact", str, None, "trained artefact (prompt tokens, heads, ...) to use instead of the shipped "
-                  "one", unset="shipped")
+                  "one; eagle and medusa also take the authors' released checkpoints (docs/methods.md)",
+                  unset="shipped")
 
 
 def all_options(registry: Mapping[str, type]) -> dict[str, tuple[Option, list[str]]]:

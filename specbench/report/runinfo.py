@@ -40,6 +40,8 @@ def settings_section(meta: dict) -> list[str]:
         said = plain(options)
         if said:
             md.append(f"- {method} options: {said}")
+    for label, chose in (meta.get("chosen") or {}).items():  # what a method chose or how it ran, in words
+        md += [f"- {label} {key}: {value}" for key, value in (chose or {}).items() if isinstance(value, str)]
     return md + data_file_lines(meta.get("data_files")) + [""]
 
 

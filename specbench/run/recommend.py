@@ -1,8 +1,8 @@
 """`specbench recommend`: which method to use for a model on this machine. Every lossless tree method's speedup is
 predicted from files (planning/predict.py: no decoding; a drafting method's missing tree is first built as
 `run --tree auto` builds it, and each tree's drafting is priced as a run's step pays it, timed here:
-price_drafting), the best `confirm` of them (and `pld`, which needs nothing and no model predicts) are measured
-beside `ar` in one short run (run/benchmark.py), and the pick is made by paired comparison with intervals
+price_drafting), the best `confirm` of them (and `pld` and `suffix`, which need nothing and no model predicts) are
+measured beside `ar` in one short run (run/benchmark.py), and the pick is made by paired comparison with intervals
 (run/pick.py: the simplest method within the noise of the fastest; in bf16 a lossless or explained one), or the
 best predicted with `confirm` 0 (`ar` itself when nothing beats it).
 The pick is written to DIR/recommendation.yaml and filed at recommendations/<model>/<hardware>.yaml, which
@@ -30,9 +30,11 @@ from . import pick as picking
 from .config import RunConfig, results_root
 from .results import with_batch_columns
 
-MEASURED_ONLY = ("pld",)  # needs nothing and no model predicts it: measured whenever anything is
+MEASURED_ONLY = ("pld", "suffix")  # need nothing and no model predicts them: measured whenever anything is
 DRAFTER_METHODS = ("sd", "pearl")  # no acceptance model predicts them either: measured when a drafter exists
 NOT_PREDICTED = {"pld": "no acceptance model predicts prompt lookup: measured only (beside the confirmed methods)",
+                 "suffix": "no acceptance model predicts suffix decoding (its drafts depend on what the text repeats):"
+                           " measured only (beside the confirmed methods)",
                  "sd": "draft-model methods have no acceptance estimate: measured only, when the model has a drafter",
                  "pearl": "draft-model methods have no acceptance estimate: measured only, when the model has a "
                           "drafter"}
@@ -137,8 +139,8 @@ def recommend(req: RecommendRequest) -> Result:
 
 
 def measured_only(model: str) -> list[str]:
-    """The methods no model predicts that a confirming run measures: pld always, sd and pearl when the model has a
-    drafter artefact (artifacts/<model>/drafter here or shipped: what `run --method sd` would load)."""
+    """The methods no model predicts that a confirming run measures: pld and suffix always, sd and pearl when the model
+    has a drafter artefact (artifacts/<model>/drafter here or shipped: what `run --method sd` would load)."""
     from ..methods.sd.drafter import is_artifact
 
     key = model_slug(model)

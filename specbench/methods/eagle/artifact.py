@@ -14,6 +14,8 @@ feature of position i+1+j: one forward gives k + 1 draft distributions. Embeddin
 Artefact folder (`specbench train eagle` -> artifacts/<model>/eagle; `train parallelspec` -> .../parallelspec):
   feature-drafter.safetensors   fc, layers.0.*, norm.* (+ masks [k, H], vocab_ids [K])
   eagle.yaml | parallelspec.yaml  model, model_key, hidden_size, vocab_size, mask_tokens, vocab_top, training facts
+`eagle` also reads the authors' released EAGLE-1/2 checkpoints (released.py): the same function with fc's bias
+on, the layer's input norm and the final norm off (`fc_bias`, `input_norm`, `final_norm`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from ...core.model.load import LoadedModel
 from ...errors import SpecbenchError
 from ...core import artifact_files as af
 from ..sd.drafter import SharedHeadDrafter, causal_mask
+from . import released
 
 WEIGHTS_FILE = "feature-drafter.safetensors"
+OWN_VARIANT = {"fc_bias": False, "input_norm": True, "final_norm": True}  # specbench's drafter (metadata defaults)
 META_FILES = {"eagle": "eagle.yaml", "parallelspec": "parallelspec.yaml"}
 TRAIN = {"eagle": "specbench train eagle", "parallelspec": "specbench train parallelspec"}
 
@@ -41,15 +45,27 @@ TRAIN = {"eagle": "specbench train eagle", "parallelspec": "specbench train para
 class FeatureDrafter(SharedHeadDrafter):
     """One decoder layer over fused (feature, next-token embedding) inputs, plus `mask_tokens` mask inputs."""
 
-    def __init__(self, target_model: torch.nn.Module, mask_tokens: int = 0, vocab_ids: torch.Tensor | None = None):
+    def __init__(self, target_model: torch.nn.Module, mask_tokens: int = 0, vocab_ids: torch.Tensor | None = None,
+                 *, fc_bias: bool = False, input_norm: bool = True, final_norm: bool = True):
         last = target_model.config.num_hidden_layers - 1
         super().__init__(target_model, [last], vocab_ids)
         weight = self.norm.weight
         hidden = weight.shape[0]
-        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False).to(weight.device, weight.dtype)
+        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=fc_bias).to(weight.device, weight.dtype)
         with torch.no_grad():  # start as f + e: both halves pass through unchanged
             self.fc.weight.copy_(torch.cat([torch.eye(hidden), torch.eye(hidden)], 1))
+            if fc_bias:
+                self.fc.bias.zero_()
         self.masks = torch.nn.Parameter(torch.zeros(mask_tokens, hidden, device=weight.device, dtype=weight.dtype))
+        if not input_norm:  # the fused input enters attention as it is (EAGLE's released drafters)
+            self.layers[0].input_layernorm = torch.nn.Identity()
+        self.final_norm = final_norm  # off: the LM head reads the layer's output directly
+
+    @property
+    def variant(self) -> dict:
+        """How this drafter departs from specbench's own (the metadata fields that rebuild it)."""
+        return {"fc_bias": self.fc.bias is not None, "final_norm": self.final_norm,
+                "input_norm": not isinstance(self.layers[0].input_layernorm, torch.nn.Identity)}
 
     @property
     def mask_tokens(self) -> int:
@@ -78,7 +94,7 @@ class FeatureDrafter(SharedHeadDrafter):
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=position_ids, **with_cache(cache),
                       use_cache=cache is not None, position_embeddings=pos_emb, **attention_kwargs)
-        return self.norm(h)
+        return self.norm(h) if self.final_norm else h
 
     def hidden(self, input_ids: torch.Tensor | None, position_ids: torch.Tensor, cache=None,
                attention_mask: torch.Tensor | None = None, *, inputs_embeds: torch.Tensor | None = None,
@@ -132,6 +148,7 @@ def save(drafter: FeatureDrafter, out: Path, meta: dict, method: str, storage_dt
     from safetensors.torch import save_file
 
     state = {n: (t.to(storage_dtype) if t.is_floating_point() else t) for n, t in drafter.own_state().items()}
+    meta = {**meta, **{k: v for k, v in drafter.variant.items() if v != OWN_VARIANT[k]}}  # rebuilt by `load`
     try:
         out.mkdir(parents=True, exist_ok=True)
         save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -143,7 +160,7 @@ def save(drafter: FeatureDrafter, out: Path, meta: dict, method: str, storage_dt
 def load(path: str | Path, target: LoadedModel, method: str) -> FeatureArtifact:
     path = Path(path)
     meta = af.read_meta(path, META_FILES[method], {"model": str, "hidden_size": int, "vocab_size": int,
-                                                   "mask_tokens": int})
+                                                   "mask_tokens": int}, {name: bool for name in OWN_VARIANT})
     af.check_model(meta, path, target, TRAIN[method])
     k = meta["mask_tokens"]
     if k < 0 or (method == "parallelspec" and k < 1):
@@ -158,20 +175,41 @@ def load(path: str | Path, target: LoadedModel, method: str) -> FeatureArtifact:
     vocab_ids = None
     if restricted:
         vocab_ids = af.load_weights(path, WEIGHTS_FILE, {"vocab_ids": (None,)})["vocab_ids"].long()
-    drafter = FeatureDrafter(target.model, k, vocab_ids)
-    shapes = {name: tuple(t.shape) for name, t in drafter.own_state().items() if name != "vocab_ids"}
-    tensors = af.load_weights(path, WEIGHTS_FILE, shapes)
+    drafter = FeatureDrafter(target.model, k, vocab_ids, **{n: meta.get(n, v) for n, v in OWN_VARIANT.items()})
+    return FeatureArtifact(_filled(drafter, af.load_weights(path, WEIGHTS_FILE, _own_shapes(drafter))), meta,
+                           str(path))
+
+
+def load_released(path: str | Path, target: LoadedModel) -> FeatureArtifact:
+    """An EAGLE-1/2 checkpoint as the authors publish it (released.py), refused when it belongs to another model."""
+    checkpoint = released.read(Path(path), target)
+    drafter = FeatureDrafter(target.model, **checkpoint.variant)
+    tensors = checkpoint.tensors(_own_shapes(drafter))
+    return FeatureArtifact(_filled(drafter, tensors), checkpoint.meta, checkpoint.source)
+
+
+def _own_shapes(drafter: FeatureDrafter) -> dict[str, tuple]:
+    """The tensors an artefact must give this drafter: its own state, less a final norm it skips and empty masks."""
+    return {name: tuple(t.shape) for name, t in drafter.own_state().items()
+            if name != "vocab_ids" and t.numel() and (drafter.final_norm or not name.startswith("norm."))}
+
+
+def _filled(drafter: FeatureDrafter, tensors: dict[str, torch.Tensor]) -> FeatureDrafter:
     dtype = drafter.norm.weight.dtype
     drafter.load_state_dict({n: t.to(dtype) for n, t in tensors.items()}, strict=False)
     drafter.requires_grad_(False).eval()
     prepack(drafter)
-    return FeatureArtifact(drafter, meta, str(path))
+    return drafter
 
 
 def resolve(spec: str | None, target: LoadedModel, method: str) -> FeatureArtifact:
-    """--artifact: None = this model's shipped drafter for `method`; else a folder written by `train <method>`."""
+    """--artifact: None = this model's shipped drafter for `method`; else a folder written by `train <method>`, or
+    for eagle an EAGLE-1/2 checkpoint in the authors' published layout (released.py)."""
+    if spec and method == "eagle" and released.holds(Path(spec)):
+        return load_released(spec, target)
     what = "EAGLE drafter" if method == "eagle" else "ParallelSpec drafter"
-    path = af.locate_dir(spec, target, method, META_FILES[method], what, TRAIN[method])
+    path = af.locate_dir(spec, target, method, META_FILES[method], what, TRAIN[method],
+                         released.EXPECTED if method == "eagle" else "")
     return load(path, target, method)
 
 

@@ -153,7 +153,8 @@ def _starting_drafter(cfg: FeatureConfig, target: LoadedModel, vocab_ids) -> tup
     if theirs_k and theirs_k != cfg.k:
         raise SpecbenchError(f"--init {art.source}: a parallelspec drafter with {theirs_k} masks, this run asks "
                              f"for --mask-tokens {cfg.k}; use the same k, or start from an eagle drafter")
-    drafter = fd.FeatureDrafter(target.model, cfg.k, None if theirs is None else theirs.to(target.device))
+    drafter = fd.FeatureDrafter(target.model, cfg.k, None if theirs is None else theirs.to(target.device),
+                                **art.drafter.variant)  # a release's layout too (fc bias, no input / final norm)
     state = {n: t for n, t in art.drafter.state_dict().items() if n != "masks" or theirs_k}
     drafter.load_state_dict(state, strict=False)
     before = art.meta.get("steps_total", art.meta.get("steps", 0))

@@ -11,6 +11,9 @@ tokens of the training data (`--vocab-top`), as the sd drafter can.
 Artefact folder (`specbench train medusa` writes artifacts/<model>/medusa; early exit: .../early-exit-l<layer>):
   heads.safetensors   weight [K, H, H], bias [K, H] (+ vocab_ids [V'] when restricted)
   medusa.yaml         model, model_key, hidden_size, vocab_size, heads, layer, training facts
+The authors' released heads (released.py) may stack more residual blocks per head (deeper_weight, deeper_bias) and
+give each head its own vocabulary projection W2_k (head_weight) in place of the target's LM head:
+    logits_k = W2_k(r_L(...r_1(h))),  r_j(s) = s + SiLU(W_kj s + b_kj)
 """
 
 from __future__ import annotations
@@ -25,31 +28,48 @@ from ...core.model.load import LoadedModel
 from ...core.machine.timing import median_call_ms
 from ...errors import SpecbenchError
 from ...core import artifact_files as af
+from . import released
 
 WEIGHTS_FILE, META_FILE = "heads.safetensors", "medusa.yaml"
 TRAIN = "specbench train medusa"
 
 
 class MedusaHeads(torch.nn.Module):
-    def __init__(self, hidden: int, heads: int, layer: int, vocab_ids: torch.Tensor | None = None):
+    def __init__(self, hidden: int, heads: int, layer: int, vocab_ids: torch.Tensor | None = None,
+                 blocks: int = 1, own_vocab: int = 0):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(heads, hidden, hidden))  # [K, H, H]
         self.bias = torch.nn.Parameter(torch.zeros(heads, hidden))  # [K, H]
         self.layer = layer
         self.register_buffer("vocab_ids", vocab_ids, persistent=False)  # [V'] or None
+        deeper = blocks > 1  # residual blocks 2..L of every head: [L-1, K, H, H], [L-1, K, H]
+        self.register_parameter("deeper_weight", torch.nn.Parameter(torch.zeros(blocks - 1, heads, hidden, hidden))
+                                if deeper else None)
+        self.register_parameter("deeper_bias", torch.nn.Parameter(torch.zeros(blocks - 1, heads, hidden))
+                                if deeper else None)
+        # each head's own vocabulary projection [K, V, H]; None: the target's LM head
+        self.register_parameter("head_weight", torch.nn.Parameter(torch.zeros(heads, own_vocab, hidden))
+                                if own_vocab else None)
 
     @property
     def heads(self) -> int:
         return self.weight.shape[0]
 
     def states(self, h: torch.Tensor) -> torch.Tensor:
-        """h [n, H] -> [K, n, H]: h + SiLU(W_k h + b_k) per head."""
+        """h [n, H] -> [K, n, H]: h + SiLU(W_k h + b_k) per head (then the deeper blocks, where there are)."""
         w, b = self.weight.to(h.device, h.dtype), self.bias.to(h.device, h.dtype)  # no-ops on one device
-        return h[None] + F.silu(torch.einsum("nh,koh->kno", h, w) + b[:, None])
+        s = h[None] + F.silu(torch.einsum("nh,koh->kno", h, w) + b[:, None])
+        if self.deeper_weight is not None:
+            for w, b in zip(self.deeper_weight.to(h.device, h.dtype), self.deeper_bias.to(h.device, h.dtype)):
+                s = s + F.silu(torch.einsum("knh,koh->kno", s, w) + b[:, None])  # w [K, H, H], b [K, H]
+        return s
 
     def logits(self, lm_head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
-        """h [n, H] -> logits [K, n, V] float32 over the full vocabulary (restricted heads: -inf outside it)."""
+        """h [n, H] -> logits [K, n, V] float32 over the full vocabulary (restricted heads: -inf outside it);
+        heads with their own projections ignore `lm_head`."""
         s = self.states(h)
+        if self.head_weight is not None:
+            return (s @ self.head_weight.to(s.device, s.dtype).transpose(1, 2)).float()  # [K, n, H] @ [K, H, V]
         if self.vocab_ids is None:
             return lm_head(s).float()
         from ...core.model.placement import weight_of
@@ -119,9 +139,25 @@ def load(path: str | Path, target: LoadedModel) -> HeadsArtifact:
     return HeadsArtifact(heads, meta, str(path))
 
 
+def load_released(path: Path, target: LoadedModel) -> HeadsArtifact:
+    """Medusa heads as the authors publish them (released.py), in the target's dtype (as the authors' code casts
+    them), refused when their shapes are not the target's."""
+    release = released.read(path, target)
+    with torch.device("meta"):  # no zeros of [K, V, H] first: the release's tensors become the parameters
+        heads = MedusaHeads(release.hidden, release.heads, target.model.config.num_hidden_layers, None,
+                            release.blocks, release.own_vocab)
+    heads.load_state_dict({n: t.to(target.dtype) for n, t in release.tensors.items()}, assign=True)
+    return HeadsArtifact(heads.requires_grad_(False), release.meta, release.source)
+
+
 def resolve(spec: str | None, target: LoadedModel, folder: str = "medusa") -> HeadsArtifact:
-    """--artifact: None = the shipped heads of this model; else a folder written by `specbench train medusa`."""
-    path = af.locate_dir(spec, target, folder, META_FILE, "Medusa heads", TRAIN)
+    """--artifact: None = the shipped heads of this model; else a folder written by `specbench train medusa`, or
+    Medusa heads in the authors' published layout (released.py)."""
+    if spec and released.holds(Path(spec)):
+        art = load_released(Path(spec), target)
+        art.heads.to(target.output_device)
+        return art
+    path = af.locate_dir(spec, target, folder, META_FILE, "Medusa heads", TRAIN, released.EXPECTED)
     art = load(path, target)
     art.heads.to(target.output_device)  # the heads read the final hidden states
     return art

@@ -1,0 +1,139 @@
+"""A suffix index over token sequences and the speculation tree it proposes (SuffixDecoding: Oliaro et al. 2024,
+"SuffixDecoding: Extreme Speculative Decoding for Emerging AI Applications", §3).
+
+The paper keeps a suffix tree of bounded depth: each node is a pattern P, its count the number of places P occurs
+(suffixes passing through or ending at it), a child P + c counts the places P is followed by c. This index answers
+the same questions from occurrence lists (token -> every place it occurs), O(N) memory: the places where P ends are
+the last token's places, filtered one earlier token at a time; a child's count is how many of them continue with c.
+Every pattern plus continuation stays within `max_depth` tokens, as a tree of that depth bounds it.
+
+Speculation (§3.2, §3.3): for each match length p of the context's end (1, 2, ... while the pattern still occurs) a
+tree of at most MAX_SPEC = alpha * p tokens is grown best-first by its nodes' scores D(N) = the product of
+count(child) / count(parent) along its path (the empirical probability of reaching it), stopping below
+`min_prob`; a tree's score is the sum of its nodes' D. The best-scoring tree over all p is the draft (ties go to
+the longer match, as ArcticInference's speculate does)."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+Place = tuple[int, int]  # (sequence id, index of a token in it)
+
+
+@dataclass
+class Draft:
+    """A speculation tree: tokens in the order they were chosen (a parent before its children), each one's parent
+    (an index into tokens; -1: the root, i.e. the context's last token) and score D."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    match_len: int = 0
+
+    @property
+    def score(self) -> float:
+        return sum(self.probs)
+
+    def paths(self) -> list[tuple[int, ...]]:
+        """Each token's root-to-node path of sibling ranks (core/tree.Tree's node names), in token order."""
+        paths: list[tuple[int, ...]] = []
+        children: dict[int, int] = {}
+        for parent in self.parents:
+            rank = children.get(parent, 0)
+            children[parent] = rank + 1
+            paths.append((paths[parent] if parent >= 0 else ()) + (rank,))
+        return paths
+
+    @property
+    def depth(self) -> int:
+        return max((len(p) for p in self.paths()), default=0)
+
+
+class SuffixIndex:
+    """Sequences of token ids and where each token occurs in them; sequences can be added to and retired."""
+
+    def __init__(self, max_depth: int):
+        self.max_depth = max_depth
+        self.seqs: dict[int, list[int]] = {}
+        self.places: dict[int, list[Place]] = {}  # token -> its places, in the order they were added
+        self.retired: set[int] = set()  # sequence ids no longer matched (their places are skipped)
+
+    def extend(self, seq_id: int, tokens: list[int]) -> None:
+        seq = self.seqs.setdefault(seq_id, [])
+        for token in tokens:
+            self.places.setdefault(token, []).append((seq_id, len(seq)))
+            seq.append(token)
+
+    def retire(self, seq_id: int) -> None:
+        """Stop matching a sequence (its places stay in the lists and are skipped)."""
+        if seq_id in self.seqs:
+            self.retired.add(seq_id)
+            self.seqs[seq_id] = []
+
+    def live(self, exclude: frozenset[int] = frozenset()) -> int:
+        """Sequences still matched, other than `exclude`."""
+        return sum(1 for s, seq in self.seqs.items() if seq and s not in self.retired and s not in exclude)
+
+    def speculate(self, context: list[int], max_tokens: int, alpha: float, min_prob: float,
+                  exclude: frozenset[int] = frozenset(), deepest: int | None = None) -> Draft:
+        """The best-scoring speculation tree for what follows `context`, from every sequence but `exclude`, no
+        deeper than `deepest` tokens (None: the index's depth bound alone)."""
+        context = context[-self.max_depth:]
+        if not context or max_tokens <= 0 or deepest == 0:
+            return Draft()
+        skip = self.retired | exclude
+        ends = [(s, j) for s, j in self.places.get(context[-1], ()) if s not in skip]
+        best = Draft()
+        for p in range(1, len(context)):
+            if not ends or not any(j + 1 < len(self.seqs[s]) for s, j in ends):
+                break  # no place of the pattern has a continuation: longer matches draft nothing either
+            draft = self._grow(ends, p, min(max_tokens, int(alpha * p + 1e-6)), min_prob, deepest)
+            if draft.tokens and draft.score >= best.score:
+                draft.match_len = p
+                best = draft
+            before = context[-p - 1]  # the pattern one token longer: the places it is preceded by that token
+            ends = [(s, j) for s, j in ends if j - p >= 0 and self.seqs[s][j - p] == before]
+        return best
+
+    def _children(self, members: list[Place], depth: int) -> list[tuple[int, list[Place]]]:
+        """The places `members` (ends of a pattern of length p, continued by `depth` - 1 tokens) grouped by the token
+        at continuation depth `depth`: the most frequent first, the most recent first among equals."""
+        groups: dict[int, list[Place]] = {}
+        latest: dict[int, int] = {}
+        for order, (s, j) in enumerate(members):
+            seq = self.seqs[s]
+            if j + depth < len(seq):
+                token = seq[j + depth]
+                groups.setdefault(token, []).append((s, j))
+                latest[token] = order
+        return sorted(groups.items(), key=lambda kv: (-len(kv[1]), -latest[kv[0]]))
+
+    def _grow(self, ends: list[Place], p: int, budget: int, min_prob: float, deepest: int | None) -> Draft:
+        """The tree of at most `budget` tokens (and `deepest` deep) after a pattern of length p ending at `ends`:
+        best-first by D."""
+        draft = Draft()
+        if budget <= 0:
+            return draft
+        heap: list[tuple[float, int, int, list[Place], int, int]] = []  # (-D, order, token, places, depth, parent)
+        order = 0
+
+        def push(members: list[Place], depth: int, prob: float, parent: int) -> None:
+            nonlocal order
+            if p + depth > self.max_depth or (deepest is not None and depth > deepest):
+                return
+            for token, group in self._children(members, depth):
+                child = prob * len(group) / len(members)
+                if child < min_prob:
+                    break  # the groups come most frequent first
+                heapq.heappush(heap, (-child, order, token, group, depth, parent))
+                order += 1
+
+        push(ends, 1, 1.0, -1)
+        while heap and len(draft.tokens) < budget:
+            neg, _, token, group, depth, parent = heapq.heappop(heap)
+            draft.tokens.append(token)
+            draft.parents.append(parent)
+            draft.probs.append(-neg)
+            push(group, depth + 1, -neg, len(draft.tokens) - 1)
+        return draft

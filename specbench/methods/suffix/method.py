@@ -1,0 +1,111 @@
+"""`suffix`: SuffixDecoding (Oliaro et al. 2024, "SuffixDecoding: Extreme Speculative Decoding for Emerging AI
+Applications"): a suffix index over the prompt and the output so far, and a global one over the outputs of the
+run's earlier prompts (cache.py), propose a speculation tree chosen by frequency scores with a length adaptive to
+the match (index.py); the target verifies the tree in one forward with a tree mask (core/tree.py) and accepts the
+longest verified path (core/verify.py). Training-free, no drafter; lossless: exact match at T = 0, multi-candidate
+speculative sampling over the (distinct, deterministic) siblings at T > 0.
+
+Each step, per sample: 0. a newcomer's prompt is prefilled (and indexed); 1. draft its tree from the indexes;
+2. one target forward over every newcomer's prompt and every active sample's root (its last token) and tree;
+3. accept the longest verified path, per sample on its own random stream; 4. keep the root and that path in the
+cache, index the emitted tokens. A finished sample's output joins the global index. Counters: `drafted` counts the
+tree's depth per step (the longest run that could be accepted), as the tree methods count it; `draft_s` the time
+spent choosing the trees."""
+
+from __future__ import annotations
+
+import torch
+
+from ...core.batch.ragged import Segment
+from ...core.machine.timing import now
+from ...core.tree import Tree
+from ...core.verify import next_token, tree_speculative_accept
+from ..base import DecodeMethod, register
+from ..batch_loop import Batchable
+from ..options import Option
+from .cache import SuffixCache
+
+MAX_DEPTH = Option("suffix_max_depth", int, 64, "the suffix trees' depth: longest pattern plus continuation indexed "
+                   "(ArcticInference's default)", minimum=2)
+ALPHA = Option("suffix_alpha", float, 1.0, "a tree holds at most alpha x the match length tokens (the paper's "
+               "MAX_SPEC = alpha p; ArcticInference's max_spec_factor default)", minimum=0.0)
+MIN_PROB = Option("suffix_min_prob", float, 0.1, "a node's score (the empirical probability of reaching it) must be "
+                  "at least this (ArcticInference's min_token_prob default)", minimum=0.0)
+MAX_SPEC = Option("suffix_max_spec", int, 16, "most tokens one tree holds (the verify forward's width less one)",
+                  minimum=1)
+GLOBAL = Option("suffix_global", str, "on", "the global index over earlier prompts' outputs (off: each prompt's "
+                "own index only, every prompt cold)", choices=("on", "off"))
+
+
+@register
+class SuffixDecoding(Batchable, DecodeMethod):
+    name = "suffix"
+    kind = "draft-free"
+    summary = "suffix decoding: suffix trees over the prompt, output and earlier outputs draft a tree, verified at once"
+    option_specs = (MAX_DEPTH, ALPHA, MIN_PROB, MAX_SPEC, GLOBAL)
+
+    def __init__(self, target, options=None, drafter=None):
+        super().__init__(target, options, drafter)
+        self.cache = SuffixCache(self.options.suffix_max_depth, self.options.suffix_global == "on")
+
+    def chosen(self) -> dict:
+        """run.yaml's and report.md's label of the caches (the first prompt a run decodes is cold)."""
+        if not self.cache.use_global:
+            return {"caches": "each prompt's own index only (--suffix-global off): every prompt cold"}
+        return {"caches": "each prompt's own index, and a global index of the outputs of the prompts "
+                        "decoded before it in this process (never the same prompt's own output): cold for the "
+                        "first prompt the run decodes (and each batch's first prompts), warm after"}
+
+    def leave(self, sample) -> None:
+        request = sample.scratch.pop("suffix", None)
+        if request is not None:
+            self.cache.finish(request, sample.gen.tokens)
+
+    def _draft(self, sample, max_new_tokens: int) -> tuple[Tree, list[int]]:
+        """1. draft: the sample's tree and its tokens, root first [N]; the time it took is drafting time."""
+        start = now()
+        o = self.options
+        # no deeper than the tokens still wanted (the verify always adds one more)
+        draft = self.cache.speculate(sample.scratch["suffix"], sample.history, o.suffix_max_spec, o.suffix_alpha,
+                                     o.suffix_min_prob, deepest=max(sample.room(max_new_tokens), 0))
+        tree = Tree(tuple(draft.paths()))
+        sample.gen.draft_s += now() - start
+        return tree, [sample.history[-1]] + draft.tokens
+
+    def decode_step(self, target, joining, active, max_new_tokens, sampling):
+        """Newcomers' prefill and every active sample's tree (root and candidates, its tree mask and positions) in
+        one forward of the batch engine."""
+        stop_ids = self.target.tokenizer.stop_ids
+        for s in joining:  # 0. a newcomer's own index over its prompt
+            s.scratch["suffix"] = self.cache.start(s.history)
+        steps = []
+        for s in active:
+            tree, tokens = self._draft(s, max_new_tokens)
+            past = target.lengths[s.slot]
+            s.scratch.update(tree=tree, tokens=tokens, past=past)
+            steps.append(Segment(s.slot, tokens, positions=(tree.offsets() + past).tolist(),
+                                 mask=tree.visible() if tree.paths else None))
+        # 2. verify: newcomers' prompts and every active sample's tree, in one batched forward
+        first, logits = target.forward([Segment(s.slot, s.history, keep=1) for s in joining], steps)
+        finished = []
+        for s, lg in zip(joining, first):
+            token = next_token(lg[-1], sampling, s.generator)
+            s.history.append(token)
+            s.scratch["suffix"].local.extend(0, [token])
+            if s.gen.emit([token], stop_ids, max_new_tokens):
+                finished.append(s)
+        for s, lg in zip(active, logits):  # lg: [N, V], the target's logits after each node's path
+            tree, tokens, past = s.scratch["tree"], s.scratch["tokens"], s.scratch["past"]
+            # 3. accept: the longest verified path and the target's next token, on this sample's random stream
+            path, token = tree_speculative_accept(torch.tensor(tokens, device=lg.device), tree.parents, lg, sampling,
+                                                  s.generator)
+            emitted = [tokens[i] for i in path[1:]] + [token]
+            if tree.paths:
+                s.gen.count_draft(tree.depth, len(path) - 1)
+                # 4. update cache: keep the root and the accepted path
+                target.keep_offsets(s.slot, past, path)
+            s.history += emitted
+            s.scratch["suffix"].local.extend(0, emitted)
+            if s.gen.emit(emitted, stop_ids, max_new_tokens):
+                finished.append(s)
+        return finished

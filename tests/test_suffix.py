@@ -1,0 +1,148 @@
+"""`suffix` (SuffixDecoding): the suffix index's counts, scores and adaptive length, the per-request and global caches
+(cold / warm, never a prompt's own output), drafting on the tiny model, and T > 0 sampling that keeps the target's
+distribution with trees of several siblings. Greedy equality with `ar` and batching: test_methods.py,
+test_batching.py (parametrised over the registry)."""
+
+from __future__ import annotations
+
+import torch
+
+from specbench.core.verify import Sampling
+from specbench.methods import get_method
+from specbench.methods.batch_loop import generate_batch
+from specbench.methods.suffix.cache import SuffixCache
+from specbench.methods.suffix.index import SuffixIndex
+
+from .conftest import prompt_ids
+from .test_sd import exact_distribution, tv
+
+SEQ = [1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 1, 2, 3, 4, 5, 9, 1, 2, 3]
+
+
+def test_the_tree_is_grown_by_empirical_probability_within_alpha_times_the_match():
+    """"1 2 3" occurs 4 times (the context's own end included, as a suffix tree counts it): 3 continue with 4 (D =
+    3/4); of those, 2 with 5 and 1 with 6 (D = 1/2, 1/4). The match of length 3 allows 3 tokens (alpha = 1)."""
+    index = SuffixIndex(64)
+    index.extend(0, SEQ)
+    draft = index.speculate(SEQ, 16, 1.0, 0.1)
+    assert (draft.tokens, draft.parents, draft.match_len) == ([4, 5, 6], [-1, 0, 0], 3)
+    assert draft.probs == [0.75, 0.5, 0.25] and draft.score == 1.5
+    assert draft.paths() == [(0,), (0, 0), (0, 1)] and draft.depth == 2
+    assert index.speculate(SEQ, 16, 0.5, 0.1).tokens == [4]  # alpha 0.5: 1 token at p = 2 and 3
+    assert index.speculate(SEQ, 16, 1.0, 0.3).tokens == [4, 5]  # 1/4 < 0.3: pruned
+    assert index.speculate(SEQ, 2, 1.0, 0.1).tokens == [4, 5]  # the cap on the tree's tokens
+    assert index.speculate(SEQ, 16, 1.0, 0.1, deepest=1).tokens == [4]
+    assert SuffixIndex(4).speculate(SEQ, 16, 1.0, 0.1).tokens != [4, 5, 6]  # depth 4: p + continuation <= 4
+
+
+def test_no_match_drafts_nothing():
+    index = SuffixIndex(64)
+    index.extend(0, [1, 2, 3])
+    assert index.speculate([1, 2, 3, 7], 16, 1.0, 0.1).tokens == []
+    assert index.speculate([], 16, 1.0, 0.1).tokens == []
+
+
+def test_the_global_index_offers_other_prompts_outputs_never_the_prompts_own():
+    cache = SuffixCache(64)
+    first = cache.start([10, 11, 12])
+    assert not first.warm and cache.starts == {"cold": 1, "warm": 0}
+    cache.finish(first, [20, 21, 22, 23, 24, 25])
+    again = cache.start([10, 11, 12])  # the same prompt (a repeat): its own output is not offered
+    assert not again.warm
+    assert cache.speculate(again, [10, 11, 12, 20, 21, 22], 16, 1.0, 0.1).tokens == []
+    other = cache.start([30, 31])
+    assert other.warm and cache.starts == {"cold": 2, "warm": 1}
+    draft = cache.speculate(other, [30, 31, 20, 21, 22], 16, 1.0, 0.1)
+    assert draft.tokens == [23, 24, 25]
+    cache.finish(again, [20, 21, 22, 40])  # a prompt's newer output replaces its older one
+    assert cache.speculate(other, [30, 31, 20, 21, 22], 16, 1.0, 0.1).tokens == [40]
+    off = SuffixCache(64, use_global=False)
+    off.finish(off.start([1]), [5, 6, 7])
+    request = off.start([2])
+    assert not request.warm and off.speculate(request, [2, 5, 6], 16, 1.0, 0.1).tokens == []
+
+
+def test_suffix_drafts_trees_and_saves_forwards_on_repetitive_prompts(tiny):
+    ids = prompt_ids(0)
+    ar = get_method("ar")(tiny, {}).generate(ids, 48, Sampling(), None)
+    gen = get_method("suffix")(tiny, {}).generate(ids, 48, Sampling(), None)
+    assert gen.tokens == ar.tokens
+    assert gen.accepted_drafts > 0 and gen.target_forwards < len(gen.tokens)
+    assert gen.draft_s > 0  # choosing the trees is drafting time
+
+
+def test_the_global_index_helps_a_second_prompt_that_repeats_the_first_ones_output(tiny):
+    """Prompt B differs from A in its first token: its output repeats A's, which B's own index lacks and the global
+    index holds once A finished. Both settings give ar's tokens; the global index saves forwards."""
+    a = prompt_ids(3)
+    b = a.clone()
+    b[0, 0] = (int(a[0, 0]) + 1) % 256
+    ar = get_method("ar")(tiny, {})
+    forwards = {}
+    for setting in ("on", "off"):
+        method = get_method("suffix")(tiny, {"suffix_global": setting})
+        method.generate(a, 48, Sampling(), None)
+        gen = method.generate(b, 48, Sampling(), None)
+        assert gen.tokens == ar.generate(b, 48, Sampling(), None).tokens
+        forwards[setting] = gen.target_forwards
+        assert method.cache.starts == ({"cold": 1, "warm": 1} if setting == "on" else {"cold": 2, "warm": 0})
+    assert forwards["on"] < forwards["off"]
+
+
+def _covering_prompt(tiny, rounds: int = 4) -> torch.Tensor:
+    """A prompt whose likely first tokens each occur in it followed by likely second tokens (several per first
+    token), so the step after the first sampled token drafts a tree of several siblings that is sometimes right."""
+    base = prompt_ids(0)[0, :20].tolist()
+    pairs: set[tuple[int, int]] = set()
+    ids = base
+    with torch.inference_mode():
+        for _ in range(rounds):
+            firsts = tiny.model(torch.tensor([ids])).logits[0, -1].topk(3).indices.tolist()
+            for t in firsts:
+                seconds = tiny.model(torch.tensor([ids + [t]])).logits[0, -1].topk(2).indices.tolist()
+                pairs |= {(t, s) for s in seconds}
+            ids = [x for pair in sorted(pairs) for x in pair] + base
+    return torch.tensor([ids])
+
+
+def test_sampling_with_sibling_trees_preserves_target_distribution(tiny):
+    """T > 0: SpecInfer's multi-candidate speculative sampling over the tree's siblings keeps the target's
+    distribution of 3-token continuations (27 outcomes), while trees were drafted, partly accepted and partly
+    rejected (a test that never drafts would prove nothing)."""
+    sampling = Sampling(temperature=1.0, top_k=3)
+    ids = _covering_prompt(tiny)
+    exact = exact_distribution(tiny.model, ids, sampling, 3)
+    method = get_method("suffix")(tiny, {"suffix_alpha": 4.0})  # a match of 1 token grows up to 4 siblings
+    g = torch.Generator().manual_seed(0)
+    counts: dict[tuple, int] = {}
+    drafted = accepted = 0
+    trials = 2000
+    siblings = []  # root children of every tree drafted
+    drafting = method._draft
+
+    def draft(sample, max_new_tokens):
+        tree, tokens = drafting(sample, max_new_tokens)
+        siblings.append(len(tree.children[0]))
+        return tree, tokens
+
+    method._draft = draft
+    for _ in range(trials):
+        gen = method.generate(ids, 3, sampling, g)
+        counts[tuple(gen.tokens)] = counts.get(tuple(gen.tokens), 0) + 1
+        drafted += gen.drafted > 0
+        accepted += gen.accepted_drafts > 0
+    distance = tv({k: v / trials for k, v in counts.items()}, exact)
+    assert distance < 0.1, f"TV {distance:.3f} between suffix samples and the target distribution"
+    assert drafted > trials // 2 and trials // 20 < accepted < drafted, (drafted, accepted)
+    assert sum(n >= 2 for n in siblings) > trials // 4, "the trees should often have several siblings"
+
+
+def test_batched_suffix_shares_finished_outputs_and_keeps_ar_tokens(tiny):
+    """B = 3, refilled: each sample's tokens are ar's whatever the global index held when it drafted."""
+    prompts = [prompt_ids(s, length=6 + 3 * s) for s in range(5)]
+    ar = get_method("ar")(tiny, {})
+    method = get_method("suffix")(tiny, {})
+    for mode in ("unpadded", "padded"):
+        gens, _ = generate_batch(method, prompts, 3, mode, True, 32, Sampling(), [None] * 5)
+        assert [g.tokens for g in gens] == [ar.generate(p, 32, Sampling(), None).tokens for p in prompts]
+    assert method.cache.starts["cold"] == 3 and method.cache.starts["warm"] == 7  # the first batch started cold
