@@ -130,12 +130,12 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
 
 
 def feature_drafter(method):
-    """The drafter module a tree method's guesser drafts with through a drafter engine (EAGLE's and ParallelSpec's
-    feature drafter), or None."""
-    guesser = getattr(method, "guesser", None)
-    if not getattr(guesser, "drafter_model", False):
+    """The drafter module a tree method drafts with through a drafter engine (EAGLE's and ParallelSpec's feature
+    drafter: its decode-time proposer's), or None."""
+    proposer = getattr(method, "proposer", None)
+    if not getattr(proposer, "drafter_model", False):
         return None
-    module = getattr(getattr(guesser, "art", None), "drafter", None)
+    module = getattr(proposer, "drafter", None)
     return module if hasattr(module, "config") else None
 
 
