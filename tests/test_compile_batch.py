@@ -68,6 +68,8 @@ def test_static_batch_gives_eager_tokens_and_counts_its_forwards(pair, name):
             counters.append(state.fn)
             state.declare(cc.declared_width(method))
             state.declare_tree(cc.declared_tree_widths(method, 2), 2)
+        if cc.declared_varying_width(method):
+            states[0].declare_varying_tree(cc.declared_varying_width(method))
         assert isinstance(engine(target.model, "padded", 2, target.device), StaticBatch)
         generate_batch(method, prompts[:2], 2, "padded", False, NEW_TOKENS, Sampling(), [None] * 2)  # warm-up
         for state in states:
@@ -114,6 +116,8 @@ def test_static_sequence_compiles_every_drafter_at_batch_1(pair, name):
             state.fn = static.step
             state.declare(cc.declared_width(method))
         states[0].declare_tree(cc.declared_tree_widths(method))
+        if cc.declared_varying_width(method):
+            states[0].declare_varying_tree(cc.declared_varying_width(method))
         method.generate(prompt_ids(0), NEW_TOKENS, Sampling(), None)  # warm-up
         for state in states:
             state.finish_warm_up()

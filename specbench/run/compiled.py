@@ -8,8 +8,8 @@ from __future__ import annotations
 import weakref
 
 from ..core.model import compile_wait
-from ..core.model.compile import (Compiled, attach, declared_tree_widths, declared_width, disable, enable, state_of,
-                                  unsupported)
+from ..core.model.compile import (Compiled, attach, declared_tree_widths, declared_varying_width, declared_width,
+                                  disable, enable, state_of, unsupported)
 from ..data import datasets as ds
 from ..methods.base import Generation
 from ..errors import SpecbenchError
@@ -98,7 +98,8 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
              for b in sizes}
     # a chain runs at its power-of-two bucket (Compiled.declare), a tree state at its own width; the drafter's
     # forwards (sd's drafts and catch-up) are chains too
-    widest = max([1 << (c - 1).bit_length() for c in chains.values()]
+    varying = {m.name: declared_varying_width(m) for m in methods}  # trees drafted afresh each step (suffix)
+    widest = max([1 << (c - 1).bit_length() for c in [*chains.values(), *(v for v in varying.values() if v)]]
                  + [w for per in trees.values() for t in per.values() for w in t])
     capacity = capacity_for(runner, loaded, cfg.max_new_tokens, widest)
     states = {"target": enable(runner.target.model, capacity)}
@@ -112,13 +113,16 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
     for chain in chains.values():
         for state in states.values():
             state.declare(chain)
+    for width in varying.values():
+        if width:
+            states["target"].declare_varying_tree(width)
     for b, per in trees.items():
         for tree in per.values():
             states["target"].declare_tree(tree, b)  # trees verify on the target
     for role, state in states.items():  # what warm-up and finish_warm_up will compile, about
         tree_widths = {b: sorted(set().union(*per.values())) if role == "target" and per else []
                        for b, per in trees.items()}
-        state.expected = sum(len(state.chain) + len(tree_widths[b]) for b in sizes)
+        state.expected = sum(len(state.chain) + len(tree_widths[b]) + len(state.tree_chain) for b in sizes)
         said = f" (buckets {state.chain}" + (f", tree widths {tree_widths[1]}" if tree_widths[1] else "") + \
             (f"; at batch sizes {batched} too" if batched else "") + ")"
         compile_wait.say_expected(role, state.device, state.expected, said)

@@ -35,6 +35,7 @@ from ..batch.static import StaticKV, step
 from ..model.placement import input_device
 from . import compile_wait, grouped_attention, linear_kernels
 from .compile_wait import CACHED_FILES, inductor_cache, say_start as _say_start  # noqa: F401 (tests read them here)
+from .compile_widths import declared_tree_widths, declared_varying_width, declared_width  # noqa: F401 (callers')
 
 # model -> its Compiled state (core/batch/engine.py asks state_of): kept beside the model, never on its module object
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -93,6 +94,8 @@ class Compiled:
         self.trees: list[set[int]] = []  # each tree method's declared widths (every state of every tree it lays out)
         self.batch_trees: dict[int, list[set[int]]] = {}  # the same per batch size > 1 (its own tree)
         self.batch_buckets: dict[int, dict] = {}  # slots -> kind of input -> its buckets, at batch sizes > 1
+        self.tree_chain: list[int] = []  # power-of-two buckets of trees whose width varies a step (suffix decoding)
+        self.declared_kinds: set = set()  # kinds of input compiled whether or not warm-up met them
         self.frozen = False
         self.shapes: dict[tuple, float] = {}  # (width, embeds, masked, hidden) -> seconds of its first call
         self.batch_shapes: dict[tuple, float] = {}  # (slots, width, embeds, masked, hidden) -> seconds, B > 1
@@ -119,6 +122,19 @@ class Compiled:
                 if not kind[1]:
                     table[kind] = sorted(set(sizes) | set(self.chain))
 
+    def declare_varying_tree(self, width: int, kind: tuple[bool, bool, bool] = (False, True, False)) -> None:
+        """A method verifies trees of any width up to `width` (drafted afresh each step; tokens in, logits out by
+        default): the masked kinds of input get power-of-two buckets up to the first one holding it, as chains do,
+        compiled even where warm-up drafted no tree (its prompt may find nothing to draft)."""
+        top = 1 << max(0, math.ceil(math.log2(max(1, width))))
+        self.tree_chain = sorted(set(self.tree_chain) | {1 << i for i in range(top.bit_length())})
+        self.declared_kinds.add(kind)
+        self.buckets.setdefault(kind, [])
+        for table in (self.buckets, *self.batch_buckets.values()):
+            for kind, sizes in table.items():
+                if kind in self.declared_kinds:
+                    table[kind] = sorted(set(sizes) | set(self.tree_chain))
+
     def declare_tree(self, widths: set[int], slots: int = 1) -> None:
         """A tree method verifies at these exact widths at batch size `slots` (one per tree state it lays out): when
         warm-up meets one of them at a kind of input, all of them become that kind's buckets, so a state the warm-up
@@ -130,7 +146,7 @@ class Compiled:
         """The widest forward the run declared (chain or tree, any batch size): the cache's room beyond the longest
         context."""
         trees = [*self.trees, *(t for ts in self.batch_trees.values() for t in ts)]
-        return max([*self.chain, *(w for t in trees for w in t)])
+        return max([*self.chain, *self.tree_chain, *(w for t in trees for w in t)])
 
     def batch_cache(self, slots: int) -> StaticKV:
         """The static cache of a batch of `slots` samples (one per batch size, allocated at its first forward)."""
@@ -150,7 +166,8 @@ class Compiled:
             if self.frozen:  # a kind of input warm-up never met: nothing compiled for it
                 self.eager_steps += 1
                 return None
-            sizes = table[kind] = [] if kind[1] else list(self.chain)
+            sizes = table[kind] = (list(self.tree_chain) if kind in self.declared_kinds else []) if kind[1] \
+                else list(self.chain)
         fits = [b for b in sizes if b >= width]
         if fits:
             return fits[0]
@@ -251,8 +268,11 @@ class Compiled:
         for slots, kv in sorted(self.batch_kv.items()):
             if not kv.keys:
                 continue
-            for kind in sorted(self.met.get(slots, ())):
-                for width in self.batch_buckets.get(slots, {}).get(kind, ()):
+            table = self.batch_buckets.setdefault(slots, {})
+            for kind in sorted(self.met.get(slots, set()) | self.declared_kinds):
+                sizes = table.setdefault(kind, list(self.tree_chain) if kind in self.declared_kinds
+                                         else [] if kind[1] else list(self.chain))
+                for width in sizes:
                     if (slots, width, *kind) not in self.batch_shapes:
                         self._dummy(width, *kind, start=0, slots=slots)
             kv.lengths = [0] * slots
@@ -345,28 +365,6 @@ def unsupported(config) -> str | None:
     if len(sizes) > 1:
         return f"{name} has sliding windows of different sizes {sizes}; the static engine's masks carry one"
     return None
-
-
-def declared_tree_widths(method, slots: int = 1) -> set[int]:
-    """The verify widths of every tree state a tree method lays out at batch size `slots` (that size's plan, else
-    batch 1's, as the step picks it: root, prompt inputs and candidates of each state); empty for a chain method
-    or one off the static engine."""
-    plans = getattr(method, "plans", None) or {}
-    plan = plans.get(slots, plans.get(1))
-    if plan is None or plan.dynamic is not None or not getattr(method, "static_engine", True):  # dynamic: per step
-        return set()
-    return {int(layout.visible.shape[0]) for layout in plan.layouts.values()}
-
-
-def declared_width(method) -> int:
-    """The longest chain a method verifies in one forward (its drafts + the last emitted token), where it says so:
-    pld's draft tokens, sd's gamma; 1 otherwise (a tree method's width joins the buckets when warm-up meets it), and 1
-    for a method that never decodes on the static engine (`static_engine = False`: PEARL's own caches)."""
-    if not getattr(method, "static_engine", True):
-        return 1
-    options = getattr(method, "options", None)
-    draft = getattr(options, "pld_draft_tokens", None) or getattr(method, "gamma", None) or 0
-    return int(draft) + 1
 
 
 def _round(n: int) -> int:
