@@ -84,6 +84,8 @@ def runs():
         for method in methods.values():
             for state in states.values():
                 state.declare(cc.declared_width(method))
+            if cc.declared_varying_width(method):  # suffix decoding's trees, drafted afresh each step
+                states["target"].declare_varying_tree(cc.declared_varying_width(method))
         failed: dict[str, BaseException] = {}
         for name, method in methods.items():  # warm-up: one prompt each, the shapes compile as they are met
             try:
