@@ -63,9 +63,9 @@ def test_a_defect_every_compiled_method_shares_fails_the_run(tmp_path, mistral_f
     """A static mask without the window (the compiled path of every method, ar included): the methods still equal
     the run's own compiled ar, but ar's eager reference catches it."""
     def windowless(kv, positions, write_at, allowed, dtype):  # causal or the tree's visibility, no window
-        if allowed is None:
-            allowed = torch.arange(kv.capacity)[None, :] <= write_at[:, None]
-        return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+        if allowed is None:  # write_at [S, w] -> [S, w, capacity]
+            allowed = torch.arange(kv.capacity)[None, None, :] <= write_at[:, :, None]
+        return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
     monkeypatch.setattr(static, "attention_masks", windowless)
     out = tmp_path / "broken"

@@ -290,7 +290,9 @@ class Compiled:
         allowed = (torch.arange(kv.capacity, device=self.device)[None, None, :] <= at[:, :, None]) if masked else None
         frozen, self.frozen = self.frozen, False
         try:
-            self.call(inputs, at, at, allowed, embeds, hidden, compiled=True, kv=kv)
+            # positions and write_at as two tensors, as every real call passes them (one object passed twice would
+            # compile a graph for aliased inputs, which a real call's guards then miss)
+            self.call(inputs, at.clone(), at, allowed, embeds, hidden, compiled=True, kv=kv)
         finally:
             self.frozen = frozen
 
