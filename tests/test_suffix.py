@@ -146,3 +146,20 @@ def test_batched_suffix_shares_finished_outputs_and_keeps_ar_tokens(tiny):
         gens, _ = generate_batch(method, prompts, 3, mode, True, 32, Sampling(), [None] * 5)
         assert [g.tokens for g in gens] == [ar.generate(p, 32, Sampling(), None).tokens for p in prompts]
     assert method.cache.starts["cold"] == 3 and method.cache.starts["warm"] == 7  # the first batch started cold
+
+
+def test_a_synthetic_acceptance_run_draws_suffix_trees_at_the_stated_rates(tmp_path, prompts_file, monkeypatch):
+    """--synthetic-acceptance: suffix's trees are kept by the stated draw over their ranks, and the run's check finds
+    the measured acceptance within sampling error of the stated one."""
+    import pandas as pd
+    import yaml
+
+    from .test_synthetic_acceptance import _run
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    out, result = _run(tmp_path, prompts_file, "0.8,0.6,0.4", "suffix")
+    assert result.exit_code == 0, result.output
+    check = yaml.safe_load((out / "run.yaml").read_text())["synthetic_acceptance"]["checks"]["suffix"]
+    assert check["agrees"], check
+    records = pd.read_csv(out / "records.csv")
+    assert records[records.method == "suffix"].drafted.sum() > 0

@@ -97,8 +97,12 @@ class SuffixDecoding(Batchable, DecodeMethod):
         for s, lg in zip(active, logits):  # lg: [N, V], the target's logits after each node's path
             tree, tokens, past = s.scratch["tree"], s.scratch["tokens"], s.scratch["past"]
             # 3. accept: the longest verified path and the target's next token, on this sample's random stream
-            path, token = tree_speculative_accept(torch.tensor(tokens, device=lg.device), tree.parents, lg, sampling,
-                                                  s.generator)
+            ids = torch.tensor(tokens, device=lg.device)  # [N]
+            if self.acceptance_rule is not None and tree.paths:  # --synthetic-acceptance: a stated draw over ranks
+                path, token = self.acceptance_rule.tree(ids, tree.parents, tree.paths, lg, sampling, s.generator,
+                                                        gen=s.gen)
+            else:
+                path, token = tree_speculative_accept(ids, tree.parents, lg, sampling, s.generator)
             emitted = [tokens[i] for i in path[1:]] + [token]
             if tree.paths:
                 s.gen.count_draft(tree.depth, len(path) - 1)
