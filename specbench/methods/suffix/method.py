@@ -52,9 +52,11 @@ class SuffixDecoding(Batchable, DecodeMethod):
         """run.yaml's and report.md's label of the caches (the first prompt a run decodes is cold)."""
         if not self.cache.use_global:
             return {"caches": "each prompt's own index only (--suffix-global off): every prompt cold"}
-        return {"caches": "each prompt's own index, and a global index of the outputs of the prompts "
-                        "decoded before it in this process (never the same prompt's own output): cold for the "
-                        "first prompt the run decodes (and each batch's first prompts), warm after"}
+        return {"caches": "each prompt's own index, and a global index of the outputs of the prompts decoded before "
+                          "it in this process, every dataset and batch size of the run (never the same prompt's own "
+                          "output): cold for the first prompts the run decodes (its first prompt at batch 1, or its "
+                          "first batch when it starts batched), warm after; batch sizes > 1 run after batch 1 and "
+                          "read its outputs"}
 
     def leave(self, sample) -> None:
         request = sample.scratch.pop("suffix", None)
