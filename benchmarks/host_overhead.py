@@ -101,7 +101,7 @@ def instrument(method, clock: Clock) -> None:
             if hasattr(drafter, "get_decoder"):  # a transformers model (a trained drafter has its own layers)
                 clock.wrap(drafter.get_decoder(), "forward", "drafter")
         return
-    clock.region(guesser, "draft_batch")
+    clock.region(method.proposer, "propose")
     if hasattr(guesser, "heads"):  # medusa: the heads on the accepted node's state, after verification
         clock.wrap(guesser.heads.heads, "logits", "drafter")
     art = getattr(guesser, "art", None)

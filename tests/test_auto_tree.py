@@ -120,7 +120,7 @@ def test_a_tree_built_by_a_run_is_priced_with_the_drafter_timed_there(name, tiny
     tree = store_dir / "trees" / "tiny" / f"{guesser.family}-{HW}-float32.yaml"
     sizes = {}
     for ms in (0.001, 40.0):  # nearly free, then dearer than four target forwards
-        monkeypatch.setattr(guesser, "time_drafting", lambda self, tree=None, ms=ms: ms)
+        monkeypatch.setattr(guesser.proposer_type, "time_drafting", lambda self, tree, acceptance, ms=ms: ms)
         monkeypatch.setattr(DraftPricing, "clock", lambda self: 1.0)  # the time as given (test_draft_pricing scales)
         tree.unlink(missing_ok=True)
         method, said = make(name, tiny)

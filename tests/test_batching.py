@@ -145,7 +145,7 @@ def test_tree_methods_draft_at_batch_size_three_what_they_draft_alone(tiny, name
     assert [g.tokens for g in gens] == [g.tokens for g in alone]
     assert [g.accepted_lengths for g in gens] == [g.accepted_lengths for g in alone]
     assert [g.draft_forwards for g in gens] == [g.draft_forwards for g in alone]
-    drafts_with_a_model = method.guesser.drafter_model or method.guesser.advance_drafts  # Medusa: its heads
+    drafts_with_a_model = method.proposer.drafter_model or method.proposer.advance_drafts  # Medusa: its heads
     assert (sum(g.draft_s for g in gens) > 0) == drafts_with_a_model
 
 

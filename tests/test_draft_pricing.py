@@ -15,15 +15,15 @@ from .test_auto_tree import make, store_dir  # noqa: F401  (store_dir: the fixtu
 @pytest.mark.parametrize("name", ["eagle", "parallelspec"])
 def test_the_step_drafting_of_the_tree_is_timed(name, tiny, store_dir, monkeypatch):  # noqa: F811
     method, _ = make(name, tiny)
-    guesser = method.guesser
+    proposer = method.proposer
     seen = []
-    inner = type(guesser).draft_static
+    inner = type(proposer).draft_static
 
     def recorded(self, batch, samples, states, tree, sampling):
         seen.append((tree, sum(f.shape[0] for f in states[0].features), batch.lengths[samples[0].slot]))
         return inner(self, batch, samples, states, tree, sampling)
 
-    monkeypatch.setattr(type(guesser), "draft_static", recorded)
+    monkeypatch.setattr(type(proposer), "draft_static", recorded)
     tree = Tree(((0,), (1,), (0, 0))) if name == "eagle" else Tree(((0,), (0, 0)))
     ms = method.pricing.ms_here(tree)
     assert ms > 0 and method.pricing.ms_here(tree) == ms  # timed once per tree
@@ -34,7 +34,7 @@ def test_the_step_drafting_of_the_tree_is_timed(name, tiny, store_dir, monkeypat
 def test_eagle_pays_per_depth_and_the_run_prices_its_own_tree(tiny, store_dir, monkeypatch):  # noqa: F811
     method, _ = make("eagle", tiny)
     times = {}
-    monkeypatch.setattr("specbench.methods.eagle.guesser.step_drafting_ms",
+    monkeypatch.setattr("specbench.methods.eagle.proposer.step_drafting_ms",
                         lambda drafter, draft, pending: times.setdefault("ms", 12.0))
     deep = Tree(((0,), (0, 0), (0, 0, 0)))
     assert method.pricing.ms_here(deep) == pytest.approx(4.0)  # 12 ms over 3 depths: the law multiplies back
@@ -57,5 +57,5 @@ def test_the_drafting_is_priced_on_the_profiles_clock(tiny, store_dir, monkeypat
     write_profile(store_dir)  # L(1) = 10 ms
     monkeypatch.setattr("specbench.core.batch.forward.timed_forward", lambda *args: 20.0)
     assert method.pricing.clock() == pytest.approx(0.5)
-    monkeypatch.setattr("specbench.methods.eagle.guesser.step_drafting_ms", lambda drafter, draft, pending: 6.0)
+    monkeypatch.setattr("specbench.methods.eagle.proposer.step_drafting_ms", lambda drafter, draft, pending: 6.0)
     assert method.pricing.ms_here(Tree(((0,), (0, 0)))) == pytest.approx(1.5)  # 6 ms, 2 depths, half the clock

@@ -104,14 +104,14 @@ def test_eagle_dynamic_tree_equals_ar(deep, tmp_path, tree):
     static_depth = method.tree_file.tree(0).depth  # the same-size tree build-tree's search chose here
     assert method.plan.dynamic[:2] == (m, max(1, min(static_depth, m)))  # no deeper: each depth is a forward
     seen = []
-    original = method.guesser.drafted_layout
+    original = method.proposer.propose
 
-    def watch(state, layout):
-        out = original(state, layout)
-        seen.append(out.tree.paths)
+    def watch(samples, states, plan, sampling):
+        out = original(samples, states, plan, sampling)
+        seen.extend(d.layout.tree.paths for d in out)
         return out
 
-    method.guesser.drafted_layout = watch
+    method.proposer.propose = watch
     for seed in range(3):
         ids = prompt_ids(seed)
         out = method.generate(ids, 40, Sampling(), None)

@@ -81,12 +81,14 @@ def test_eagle_tree_drafts_one_forward_per_inner_depth(deep, tmp_path):
     assert gen.draft_forwards == 3 * steps and gen.drafted == 3 * steps
 
 
-class EagleOracleDrafts(get_method("eagle").guesser_type):
+class EagleOracleDrafts(get_method("eagle").guesser_type.proposer_type):
     """eagle's drafter whose chain is ar's next tokens (the drafter still runs, its guesses are replaced)."""
+
+    oracle: "EagleOracle"  # the test's method: the reference tokens
 
     def draft_static(self, batch, samples, states, tree, sampling):
         drafted = super().draft_static(batch, samples, states, tree, sampling)
-        oracle, s, tokens = self.method, samples[0], drafted[0].tokens
+        oracle, s, tokens = self.oracle, samples[0], drafted[0].tokens
         at = batch.lengths[s.slot] - oracle.prompt_len  # the drafter's committed pairs end with the root's
         assert oracle.reference[at] == s.history[-1]
         chain = oracle.reference[at + 1: at + tree.nodes]
@@ -99,9 +101,13 @@ class EagleOracle(get_method("eagle")):
     bookkeeping."""
 
     name = "eagle-oracle-test"
-    guesser_type = EagleOracleDrafts
+    proposer_type = EagleOracleDrafts
     reference: list[int] = []
     prompt_len = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.proposer.oracle = self
 
 
 def test_oracle_drafts_are_accepted_deep(deep, tmp_path):

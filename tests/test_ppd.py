@@ -13,18 +13,21 @@ from specbench.errors import SpecbenchError
 from specbench.methods.ppd.scoring import score_sequence
 from specbench.planning.acceptance import read_per_rank
 from specbench.methods import get_method
-from specbench.methods.ppd.guesser import ParallelPromptDecoding, PromptTokens
+from specbench.methods.ppd.guesser import ParallelPromptDecoding
+from specbench.methods.tree.proposer import Proposer
 
 from .conftest import prompt_ids
 
 
-class OracleGuesses(PromptTokens):
-    """PPD's prompt tokens whose guesses put the true `ar` token at the method's `rank` (the real guesses are
+class OracleGuesses(Proposer):
+    """PPD's proposer whose guesses put the true `ar` token at the oracle method's `rank` (the real guesses are
     still computed, for their shape)."""
+
+    oracle: "Oracle"  # the test's method, which says where the step placed the root
 
     def next_guesses(self, h, layout, node, all_logits=None):
         real = super().next_guesses(h, layout, node, all_logits)  # [c, V] (shape and the real computation)
-        oracle = self.method
+        oracle = self.oracle
         node_pos = oracle.past + layout.tree.depths[node]
         fake = torch.randn_like(real)
         for j in range(real.shape[0]):
@@ -41,10 +44,14 @@ class Oracle(ParallelPromptDecoding):
     exercises accepted paths deeper than one, sibling choice and cache compaction."""
 
     name = "ppd-oracle-test"  # not registered
-    guesser_type = OracleGuesses
+    proposer_type = OracleGuesses
     reference: list[int] = []
     prompt_len = 0
     rank = 1
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.proposer.oracle = self
 
     def _placed(self, layout, past, prefix=0):  # where the step puts the root: its guesses' positions
         self.past = past + prefix

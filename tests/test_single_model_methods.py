@@ -40,13 +40,15 @@ def test_greedy_equals_ar(deep, tmp_path, name, size):
         assert sum(gen.accepted_lengths) == len(gen.tokens)
 
 
-class TransferOracleGuesses(get_method("hidden-transfer").guesser_type):
+class TransferOracleGuesses(get_method("hidden-transfer").guesser_type.proposer_type):
     """Hidden Transfer's guesses with ar's token first (the real transfer forward still runs; its guesses are
     replaced after)."""
 
+    oracle: "TransferOracle"  # the test's method, which says where the step placed the root
+
     def next_guesses(self, h, layout, node, all_logits=None):
         real = super().next_guesses(h, layout, node, all_logits)
-        oracle = self.method
+        oracle = self.oracle
         fake = torch.randn_like(real)
         for j in range(real.shape[0]):
             k = oracle.past + layout.tree.depths[node] + 2 + j - oracle.prompt_len
@@ -59,9 +61,13 @@ class TransferOracle(get_method("hidden-transfer")):
     """hidden-transfer whose guesses put ar's token first: deep accepted paths and cache compaction are exercised."""
 
     name = "hidden-transfer-oracle-test"
-    guesser_type = TransferOracleGuesses
+    proposer_type = TransferOracleGuesses
     reference: list[int] = []
     prompt_len = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.proposer.oracle = self
 
     def _placed(self, layout, past, prefix=0):  # where the step puts the root: its guesses' positions
         self.past = past + prefix

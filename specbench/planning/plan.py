@@ -113,7 +113,8 @@ def acceptance_folder(spec: str, model_key: str) -> Path:
     folder = Path(spec)
     if not folder.is_dir():
         raise SpecbenchError(f"--acceptance {spec}: not `published`, `published:MODEL` or a folder of acceptance "
-                             "files (acceptance/<model>/ as `specbench estimate` writes it)")
+                             "files (acceptance/<model>/ as `specbench estimate` writes it; <method>.json: a "
+                             "speculation_profile.json, e.g. a run's speculation_profiles/)")
     return folder
 
 
@@ -190,6 +191,8 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
               req: PlanRequest, trees: Path) -> MethodPlan:
     row = MethodPlan(method)
     path = folder / f"{method}.yaml"
+    if not path.is_file() and (folder / f"{method}.json").is_file():  # a speculation_profile.json (here or elsewhere)
+        path = folder / f"{method}.json"
     if not path.is_file():
         shown = store.relative_to_cwd(path)
         row.why_not = f"no {shown} (the paper gives no acceptance table: see the folder's README.md)" \
@@ -200,7 +203,7 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
     row.unverified = (fields.get("source") or {}).get("verified") is False
     row.paper = dict((fields.get("published") or {}).get("measured") or {})
     row.memory_gb = memory_gb(method, shape, params, fields, dtype, req.context)
-    rows = len(fields.get("per_rank") or [])
+    rows = len(fields.get("per_rank") or fields.get("conditional_accept_rates") or [])
     acc = read_per_rank(path, rows)
     trees.mkdir(parents=True, exist_ok=True)
     if not families.get(method).one_state:

@@ -90,6 +90,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     md += settings_section(meta) + environment_section(meta)
     md += ["## Appendix: every summary column", "", "The table summary.csv holds (formulas above).", "",
            markdown_table(named(summary)), ""]
+    acceptance.write_profiles(records, run_dir, meta)  # speculation_profiles/<method>.json: measured, portable
     RunFolder(run_dir).report.write_text("\n".join(md))
     return summary
 

@@ -18,10 +18,9 @@ class ToyTokens(PromptTokens):
     def scorer(cls, target, artifact, initial=False):
         return PromptTokens.scorer.__func__(cls, target, artifact or UNTRAINED, initial)
 
-    def load(self):
-        self.prompts = pt.resolve(self.method.options.artifact or UNTRAINED, self.target)
-        table = self.prompts.table(self.target.dtype, self.target.device)  # [S * E, H]
-        return self.prompts.count, self.prompts.ept, table, f"toy prompt tokens {self.prompts.source}"
+    def load(self, artifact):
+        super().load(artifact or UNTRAINED)
+        self.description = f"toy prompt tokens {self.prompts.source}"
 
 
 @register

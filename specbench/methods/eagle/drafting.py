@@ -62,7 +62,7 @@ class FeatureState:
 
 
 @dataclass(frozen=True)
-class Drafted:
+class Draft:
     """One sample's drafted tree: tokens [N] root first, draft q [N, V] or None (T = 0), batched drafter forwards
     it took part in."""
 
@@ -133,7 +133,7 @@ def eagle_plan(tree: Tree) -> EaglePlan:
 
 
 def draft_trees_eagle(batch, drafter: FeatureDrafter, samples, states: list[FeatureState], trees: list[Tree],
-                      sampling: Sampling) -> list[Drafted]:
+                      sampling: Sampling) -> list[Draft]:
     """EAGLE's tree drafting for every sample at once, each its own tree (a static tree: the same for all; EAGLE-2:
     the shape drafted this step). Per depth, one head call over every sample's frontier and one batched drafter
     forward over every sample's next-depth nodes that have children: [G, H] each at committed length + depth, mask
@@ -184,7 +184,7 @@ def draft_trees_eagle(batch, drafter: FeatureDrafter, samples, states: list[Feat
             frontier[i] = plans[i].levels[depth][0]
     for s, b in zip(samples, base):  # the drafted inputs leave the cache
         batch.truncate(s.slot, b)
-    return [Drafted(torch.tensor([t[n] for n in range(tree.nodes)], device=device), stack_q(q, tree.nodes), f)
+    return [Draft(torch.tensor([t[n] for n in range(tree.nodes)], device=device), stack_q(q, tree.nodes), f)
             for t, q, tree, f in zip(token_of, q_rows, trees, forwards)]
 
 
@@ -202,7 +202,7 @@ def pick_children(plan: EaglePlan, frontier: tuple[int, ...], logits: torch.Tens
 
 
 def draft_trees_parallel(batch, drafter: FeatureDrafter, samples, states: list[FeatureState], tree: Tree,
-                         sampling: Sampling, dynamic: int | None = None) -> list[Drafted]:
+                         sampling: Sampling, dynamic: int | None = None) -> list[Draft]:
     """ParallelSpec's drafting for every sample in one batched forward over its pending pairs and the k masks:
     q_1..q_{k+1}; depth d's candidates are the top (or sampled) choices of q_d, shared by every parent at depth
     d - 1 (as Medusa's). dynamic = m: a sample's tree is this step's m most probable candidate paths under the
@@ -223,10 +223,10 @@ def draft_trees_parallel(batch, drafter: FeatureDrafter, samples, states: list[F
     if sampling.greedy:  # one top-k over every sample's depths on the drafter's own head rows (drafter.top_ids)
         width = max(max((p[-1] for p in t.paths), default=-1) + 1 for t in trees)
         topk = drafter.top_ids(torch.cat(out), max(width, 1))  # [B * (1 + k), W]
-        return [Drafted(torch.cat([torch.tensor([s.history[-1]], device=topk.device),
+        return [Draft(torch.cat([torch.tensor([s.history[-1]], device=topk.device),
                                    t.candidate_tokens(topk[i * (1 + k):i * (1 + k) + t.depth])]), None, 1)
                 for i, (s, t) in enumerate(zip(samples, trees))]
-    return [Drafted(*parallel_candidates(drafter.logits(o[:t.depth]), t, s.history[-1], sampling, s.generator), 1)
+    return [Draft(*parallel_candidates(drafter.logits(o[:t.depth]), t, s.history[-1], sampling, s.generator), 1)
             for s, o, t in zip(samples, out, trees)]
 
 

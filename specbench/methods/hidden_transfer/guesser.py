@@ -22,6 +22,7 @@ from .scoring import transfer_ranks
 from ..base import register
 from ..tree.method import TreeMethod
 from ..tree.guesser import Guesser
+from ..tree.proposer import Proposer
 from ..tree.pricing import GuessScorer
 from ..tree.layout import TreeLayout
 
@@ -39,48 +40,25 @@ def transfer_slots(layout: TreeLayout, steps: int, prefix: int, device) -> tuple
     return as_tensor, [torch.tensor(x, dtype=torch.long, device=device) for x in sources]
 
 
-class TransferProjections(Guesser):
-    """Placeholders attached to nodes, turned into W_j h_i at the transfer layers by a forward hook."""
+class TransferProposer(Proposer):
+    """Placeholders attached to nodes, turned into W_j h_i at the transfer layers by a forward hook (around)."""
 
-    family, artifact = "hidden-transfer", "transfer projections"
-
-    @classmethod
-    def scorer(cls, target, artifact, initial=False):
-        art = tp.resolve(artifact, target)
-        proj = art.projections
-        return GuessScorer(lambda ids, start: transfer_ranks(target, proj, ids, start), proj.steps, art.source,
-                           {"transfer_layers": proj.layers})
-
-    def load(self):
+    def __init__(self, target, guesser):
+        super().__init__(target, guesser)
         self._slots: dict = {}  # (layout, prefix) -> transfer_slots
-        self.projections = tp.resolve(self.method.options.artifact, self.target)
-        proj = self.projections.projections
-        if proj.masked:
-            raise SpecbenchError(f"{self.projections.source}: these projections were trained with --masked (the "
-                                 "paper's Masked ablation, pseudo positions blind to each other), for accuracy "
-                                 "comparisons only; decoding needs projections trained without --masked")
-        hidden = self.target.model.config.hidden_size
-        table = torch.zeros(proj.steps, hidden, dtype=self.target.dtype, device=self.target.device)  # placeholders
-        return proj.steps, 1, table, (f"transfer layers {proj.layers} ({self.projections.source})")
-
-    def check_tree(self, tree_file, source, rows: int) -> None:
-        if tree_file.prompt_tokens > rows:
-            raise SpecbenchError(f"tree ({source}) gives nodes {tree_file.prompt_tokens} pseudo "
-                                 f"positions but the artefact ({self.projections.source}) has {rows} transfer steps; "
-                                 f"use a tree built for {rows} (`specbench build-tree --method hidden-transfer`)")
 
     def _transfer_slots(self, layout: TreeLayout, prefix: int, device) -> tuple[list[torch.Tensor], list]:
         """transfer_slots, kept per decode layout (prefix 0); a prefill's (prefix = its prompt) only until the next."""
         key = (id(layout), prefix)
         if key not in self._slots:
             self._slots = {k: v for k, v in self._slots.items() if k[1] == 0}
-            self._slots[key] = transfer_slots(layout, self.projections.projections.steps, prefix, device)
+            self._slots[key] = transfer_slots(layout, self.guesser.projections.projections.steps, prefix, device)
         return self._slots[key]
 
     def around(self, parts):
         """Every segment's pseudo positions: each segment's transfer slots and sources [P_j] mapped through where
         its inputs lie in the forward (places [w]) and joined per transfer step."""
-        proj = self.projections.projections
+        proj = self.guesser.projections.projections
         slots: list[list[torch.Tensor]] = [[] for _ in range(proj.steps)]
         sources: list[list[torch.Tensor]] = [[] for _ in range(proj.steps)]
         for layout, prefix, places in parts:
@@ -91,6 +69,34 @@ class TransferProjections(Guesser):
         empty = torch.zeros(0, dtype=torch.long)
         return transferred(self.target.model, proj.plan([torch.cat(x) if x else empty for x in slots],
                                                         [torch.cat(x) if x else empty for x in sources]))
+
+
+class TransferProjections(Guesser):
+    """The transfer projections W_j at their layers; the nodes' pseudo positions are placeholder rows."""
+
+    family, artifact = "hidden-transfer", "transfer projections"
+    node_inputs = "pseudo positions"
+    proposer_type = TransferProposer
+
+    @classmethod
+    def scorer(cls, target, artifact, initial=False):
+        art = tp.resolve(artifact, target)
+        proj = art.projections
+        return GuessScorer(lambda ids, start: transfer_ranks(target, proj, ids, start), proj.steps, art.source,
+                           {"transfer_layers": proj.layers})
+
+    def load(self, artifact):
+        self.projections = tp.resolve(artifact, self.target)
+        proj = self.projections.projections
+        if proj.masked:
+            raise SpecbenchError(f"{self.projections.source}: these projections were trained with --masked (the "
+                                 "paper's Masked ablation, pseudo positions blind to each other), for accuracy "
+                                 "comparisons only; decoding needs projections trained without --masked")
+        hidden = self.target.model.config.hidden_size
+        # placeholders [S, H]
+        self.table = torch.zeros(proj.steps, hidden, dtype=self.target.dtype, device=self.target.device)
+        self.rows, self.source = proj.steps, self.projections.source
+        self.description = f"transfer layers {proj.layers} ({self.projections.source})"
 
 
 @register

@@ -17,21 +17,53 @@ import torch
 from . import artifact as mh
 from ...core.machine.timing import median_call_ms
 from ...core.tree import Tree
-from ...core.verify import Sampling
-from ...errors import SpecbenchError
 from .scoring import medusa_ranks
 from ..base import register
 from ..tree.method import TreeMethod
 from ..tree.guesser import Guesser
 from ..tree.pricing import GuessScorer
 from ..tree.layout import TreeLayout
-from ..tree.plan import candidate_tree
+from ..tree.proposer import Proposer
+from ..tree.shapes import CandidateShapes
+
+
+class HeadShapes(CandidateShapes):
+    """Medusa's one-state candidate tree, at most one depth per head; its state is always the K heads' rows."""
+
+    def max_depth(self):
+        rows = self.guesser.rows
+        return rows, f"the artefact ({self.guesser.source}) has {rows} heads"
+
+    def layouts(self, tree_file, device) -> dict:
+        k, table = self.guesser.rows, self.guesser.table
+        # the step's guesses always come from K heads, so the state (guess rows) is always K
+        return {k: TreeLayout(tree_file.tree(0), table, device), 0: TreeLayout(Tree(()), table, device)}
+
+
+class HeadProposer(Proposer):
+    """The next guesses are the heads' logits on the accepted node's last hidden state."""
+
+    advance_drafts = True  # the next guesses are the heads' forward (and the LM head on them): timed as drafting
+
+    def next_guesses(self, h: torch.Tensor, layout: TreeLayout, node: int,
+                     all_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """The heads' logits [K, V] on `node`'s last hidden state (the next step's guesses by distance)."""
+        lm_head = self.target.model.get_output_embeddings()
+        return self.guesser.heads.heads.logits(lm_head, h[node:node + 1])[:, 0]
+
+    def time_drafting(self, tree, acceptance) -> float:
+        """The step's drafting as it runs it: the heads and their logits on the accepted node's state [1, H]
+        (advance), then the top-k per depth and the candidates' gather (propose)."""
+        weight = self.guesser.heads.heads.weight
+        h = torch.randn(1, weight.shape[-1], device=weight.device, dtype=self.target.dtype)  # [1, H]
+        return median_call_ms(lambda: self.candidates(self.next_guesses(h, None, 0), tree, 0), h.device, 20)
 
 
 class MedusaHeads(Guesser):
     """K Medusa heads: head d guesses the token d + 1 ahead of the node they read."""
 
     family, artifact = "medusa", "medusa heads"
+    shapes_type, proposer_type = HeadShapes, HeadProposer
 
     @classmethod
     def scorer(cls, target, artifact, initial=False):
@@ -43,43 +75,10 @@ class MedusaHeads(Guesser):
                            {"heads": heads.heads, "layer": heads.layer, "draft_forward_ms": ms,
                             "draft_forward_rows": 1})
 
-    advance_drafts = True  # the next guesses are the heads' forward (and the LM head on them): timed as drafting
-
-    def load(self):
-        self.heads = mh.resolve(self.method.options.artifact, self.target)
-        k = self.heads.heads.heads
-        return k, 1, None, f"{k} Medusa heads {self.heads.source}"
-
-    def time_drafting(self, tree=None) -> float:
-        """The step's drafting as it runs it: the heads and their logits on the accepted node's state [1, H]
-        (advance), then the top-k per depth and the candidates' gather (draft)."""
-        tree = tree if tree is not None else self.priced_tree()
-        h = torch.randn(1, self.heads.heads.weight.shape[-1], device=self.heads.heads.weight.device,
-                        dtype=self.target.dtype)  # [1, H]
-        return median_call_ms(lambda: self.draft(self.next_guesses(h, None, 0), tree, 0, Sampling(), None),
-                              h.device, 20)
-
-    def searched_tree(self, acc, rows, size, model_name, source):
-        return candidate_tree(acc, rows, size, model_name, source, self.method.family)
-
-    def check_tree(self, tf, source, rows: int) -> None:
-        if tf.prompt_tokens or set(tf.states) != {0}:
-            raise SpecbenchError(f"tree ({source}) is a {tf.method} tree with prompt tokens; medusa needs "
-                                 "a one-state tree without them (`specbench build-tree --method medusa`)")
-        if tf.tree(0).depth > rows:
-            raise SpecbenchError(f"tree ({source}) is {tf.tree(0).depth} deep but the artefact "
-                                 f"({self.heads.source}) has {rows} heads; use a tree at most {rows} deep")
-
-    def layouts(self, tree_file, table, ept, device) -> dict:
-        k = self.heads.heads.heads
-        # the step's guesses always come from K heads, so the state (guess rows) is always K
-        return {k: TreeLayout(tree_file.tree(0), table, device), 0: TreeLayout(Tree(()), table, device)}
-
-    def next_guesses(self, h: torch.Tensor, layout: TreeLayout, node: int,
-                     all_logits: torch.Tensor | None = None) -> torch.Tensor:
-        """The heads' logits [K, V] on `node`'s last hidden state (the next step's guesses by distance)."""
-        lm_head = self.target.model.get_output_embeddings()
-        return self.heads.heads.logits(lm_head, h[node:node + 1])[:, 0]
+    def load(self, artifact):
+        self.heads = mh.resolve(artifact, self.target)
+        self.rows, self.source = self.heads.heads.heads, self.heads.source
+        self.description = f"{self.rows} Medusa heads {self.heads.source}"
 
 
 @register

@@ -7,13 +7,13 @@ top-k guesses of the previously accepted node's prompt tokens, and the prompt to
 multi-candidate speculative sampling at T > 0, or typical acceptance for `ppd-typical`); the cache keeps only the
 root and the accepted path; the accepted node's prompt-token logits give the next candidates, and how many prompt
 tokens it carried is the next state of the dynamic sparse tree. Extra memory over `ar`: the S x EPT embeddings.
-The guesser's defaults (guesser.py) are PPD's; this file loads the prompt tokens and checks the tree.
+The tree shapes (methods/tree/shapes.py) and the proposer (methods/tree/proposer.py) are the defaults, PPD's; this
+file loads the prompt tokens.
 """
 
 from __future__ import annotations
 
 from . import artifact as pt
-from ...errors import SpecbenchError
 from .scoring import score_sequence
 from ..base import register
 from ..tree.method import TreeMethod
@@ -34,15 +34,11 @@ class PromptTokens(Guesser):
         return GuessScorer(lambda ids, start: score_sequence(target, tokens, ids, start), tokens.count, tokens.source,
                            {"prompt_tokens": tokens.count, "ept": tokens.ept})
 
-    def load(self):
-        self.prompts = pt.resolve(self.method.options.artifact, self.target)
-        table = self.prompts.table(self.target.dtype, self.target.device)  # [S * E, H]
-        return self.prompts.count, self.prompts.ept, table, f"prompt tokens {self.prompts.source}"
-
-    def check_tree(self, tree_file, source, rows: int) -> None:
-        if tree_file.prompt_tokens > rows:
-            raise SpecbenchError(f"tree ({source}) uses {tree_file.prompt_tokens} prompt tokens "
-                                 f"but the artefact ({self.prompts.source}) has {rows}; use a tree built for {rows}")
+    def load(self, artifact):
+        self.prompts = pt.resolve(artifact, self.target)
+        self.table = self.prompts.table(self.target.dtype, self.target.device)  # [S * E, H]
+        self.rows, self.ept, self.source = self.prompts.count, self.prompts.ept, self.prompts.source
+        self.description = f"prompt tokens {self.prompts.source}"
 
 
 @register

@@ -1,8 +1,10 @@
 """TreeMethod: one decoding step for every tree method (ppd, medusa, hidden-transfer, eagle, parallelspec),
 at every batch size: batch 1 is the batch loop (methods/batch_loop.py) with one slot on the single-sequence engine.
 
-A method is this class plus a Guesser (guesser.py) that supplies what differs: the artefact, the inputs attached
-to nodes, the drafts, the next guesses, the tree shapes it takes and its acceptance rule.
+A method is this class plus its family's three roles, which supply what differs: the artefact (guesser.py: Guesser),
+the tree shapes it takes (shapes.py: TreeShapes) and the decode-time proposer (proposer.py: Proposer: the inputs
+attached to nodes, the drafts, the next guesses); the step passes the proposer the tree plan and keeps the
+acceptance rule (accept_rule.py) it verifies with.
 Each step: 0. newcomers' prefill (the prompt, its last token carrying the root's node inputs); 1. draft every active
 sample's tree tokens; 2. one target forward over every newcomer's prompt and every active sample's root, candidates
 and node inputs (core/tree.py masks and positions them; the engine packs, pads or appends them); 3. accept the
@@ -27,18 +29,22 @@ from ..base import DecodeMethod
 from ..batch_loop import Batchable, share_drafting
 from ..options import ARTIFACT, TREE
 from . import plan
+from . import accept_rule
 from .guesser import Guesser
 from .layout import TreeLayout
 from .pricing import DraftPricing
+from .proposer import Proposer
 from .step import verify_and_accept
 
 
 class TreeMethod(Batchable, DecodeMethod):
-    """A tree method: the step composed with its guesser (the class attribute `guesser_type`)."""
+    """A tree method: the step composed with its family's roles (the class attribute `guesser_type`, the artefact,
+    names the other two; `proposer_type` replaces its proposer)."""
 
     kind = "tree"
     option_specs = (TREE, ARTIFACT)
     guesser_type: ClassVar[type[Guesser]]  # what this method guesses with (its own file)
+    proposer_type: ClassVar[type[Proposer] | None] = None  # None: the guesser's proposer_type
     typical = False  # the `-typical` variants: Medusa's typical acceptance at T > 0 (lossy)
     said_when_loaded = ("tree", "drafter")  # chosen() keys the load line below already printed (run says the rest)
 
@@ -52,19 +58,35 @@ class TreeMethod(Batchable, DecodeMethod):
 
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
-        self.guesser = self.guesser_type(self)
+        self.guesser = self.guesser_type(target, self.options.artifact)  # the artefact, loaded
+        self.shapes = self.guesser.shapes_type(self.guesser, self.name)  # the trees it takes
+        self.proposer = (self.proposer_type or self.guesser.proposer_type)(target, self.guesser)  # decode time
+        # the rule the step accepts with: the proposer's, or Medusa's typical rule for a `-typical` twin (a run's
+        # --synthetic-acceptance sets acceptance_rule, which the step takes instead)
+        self.tree_rule = accept_rule.typical if self.typical else self.proposer.accept_rule
         # rows: token distances the guesses cover; ept: ensemble copies; table: embeddings of the node inputs
-        self.rows, self.ept, self.table, artifact = self.guesser.load()
+        self.rows, self.ept, self.table = self.guesser.rows, self.guesser.ept, self.guesser.table
         self.tree_spec = plan.tree_spec(self.options)  # --tree, parsed once
         # per-rank probabilities the tree is searched and predicted with (acceptance_source: run.yaml, report.md)
         self.acceptance, self.acceptance_file, self.acceptance_source = plan.per_rank_acceptance(
             self, self.rows, model_slug(target.spec))
-        self.pricing = DraftPricing(self.guesser.time_drafting, target, self.family)  # the drafting's cost per step
+        self.pricing = DraftPricing(self.time_drafting, target, self.family)  # the drafting's cost per step
         # batch size -> its TreePlan (plan.py); `plan` is the one the step decodes with (start_batch picks it)
         self.plans: dict[int, plan.TreePlan] = {1: plan.first_plan(self)}
         self.plan = self.plans[1]
         console.print(f"[dim]{self.name}: tree {escape(self.tree_source)} (size {self.tree_file.size}), "
-                      f"{escape(artifact)}[/]")
+                      f"{escape(self.guesser.description)}[/]")
+
+    def time_drafting(self, tree=None) -> float | None:
+        """The proposer's drafting of `tree` timed (pricing.DraftPricing): None, the tree the step decodes with once
+        planned, else the family's searched tree of the default size (a tree being built is not known yet); None
+        where nothing drafts beside the target's forward."""
+        if not (self.proposer.drafter_model or self.proposer.advance_drafts):
+            return None
+        if tree is None:
+            tree = (self.plan.tree_file if getattr(self, "plans", None) else self.shapes.searched_tree(
+                self.acceptance, plan.DEFAULT_SIZE, "", "priced")).tree(0)
+        return self.proposer.time_drafting(tree, self.acceptance)
 
     # the active plan's parts, as the step and the records read them
     tree_file = property(lambda self: self.plan.tree_file)
@@ -73,7 +95,7 @@ class TreeMethod(Batchable, DecodeMethod):
     m = property(lambda self: self.plan.tree_file.prompt_tokens)  # prompt tokens the root carries
 
     def chosen(self) -> dict:
-        return {**self.guesser.chosen(), **plan.chosen(self)}
+        return {**self.guesser.chosen(self.tree_source), **plan.chosen(self)}
 
     def draft_cost(self, profile):
         """depth -> the drafter's ms per step on `profile`'s machine, for predicted speedups (None: no drafter): on
@@ -87,70 +109,72 @@ class TreeMethod(Batchable, DecodeMethod):
         """A segment is about to be verified: `layout`'s root at position past + prefix (after `prefix` causal
         tokens of a prefill). Nothing by default; a test's oracle reads where its guesses land."""
 
-    # the step (methods/batch_loop.py drives it): the guesser's hooks (guesser.py), verify and accept (step.py)
+    # the step (methods/batch_loop.py drives it): the proposer's calls (proposer.py), verify and accept (step.py);
+    # each sample's state between steps is the proposer's dataclass, in sample.state
 
     def start_batch(self, mode: str, slots: int) -> None:
-        self.plan = self.plans.get(slots, self.plans[1])  # this batch size's tree, before the guesser's batch state
-        self.guesser.start_batch(mode, slots)
+        self.plan = self.plans.get(slots, self.plans[1])  # this batch size's tree, before the proposer's batch state
+        self.proposer.start_batch(mode, slots)
 
     def leave(self, sample):
-        self.guesser.leave(sample)
+        self.proposer.leave(sample)
 
-    def _drafted_batch(self, samples, sampling) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """guesser.draft_batch; where it drafts with a model, each sample gets the forwards it took part in and an
+    def _proposed(self, samples, sampling) -> list:
+        """proposer.propose; where it drafts with a model, each sample gets the forwards it took part in and an
         equal share of the drafting time (so the rows' draft_s add up to the batch's, as their wall_s do)."""
         if not samples:  # a step of newcomers only
             return []
-        if not self.guesser.drafter_model:
-            return [d[:2] for d in self.guesser.draft_batch(samples, sampling)]
+        states = [s.state for s in samples]
+        if not self.proposer.drafter_model:
+            return self.proposer.propose(samples, states, self.plan, sampling)
         d0 = now(self.target.device)
-        drafts = self.guesser.draft_batch(samples, sampling)
+        drafts = self.proposer.propose(samples, states, self.plan, sampling)
         share_drafting(samples, now(self.target.device) - d0)
-        for s, (_, _, forwards) in zip(samples, drafts):
-            s.gen.draft_forwards += forwards
-        return [d[:2] for d in drafts]
+        for s, d in zip(samples, drafts):
+            s.gen.draft_forwards += d.forwards
+        return drafts
 
     def decode_step(self, target, joining, active, max_new_tokens, sampling):
         """Newcomers' prefill (the prompt, its last token carrying the root's node inputs) and every active sample's
         tree (root, candidates, node inputs; its tree mask and positions) in one forward of the batch engine."""
         stop_ids = self.target.tokenizer.stop_ids
-        placed = {}  # id(segment) -> (layout, prefix): what the guesser's hook around the forward reads
+        proposer = self.proposer
+        placed = {}  # id(segment) -> (layout, prefix): what the proposer's hook around the forward reads
         joined = []
-        for s in joining:  # 0. prefill (guesser.join)
-            seg, layout, prefix = self.guesser.join(s)
+        for s in joining:  # 0. prefill (proposer.join)
+            seg, layout, prefix = proposer.join(s, self.plan)
             self._placed(layout, 0, prefix)
             placed[id(seg)] = (layout, prefix)
             joined.append(seg)
-        # 1. draft: every active sample's tree tokens, root first [N] (and q [N, V] at T > 0 where the rule needs it)
-        drafts = self._drafted_batch(active, sampling)
-        steps = []
-        for s, (tokens, q) in zip(active, drafts):
-            layout = self.guesser.layout_for(s.scratch["guesses"])
-            layout = self.guesser.drafted_layout(s.scratch["guesses"], layout)  # EAGLE-2: drafted this step
+        # 1. draft: every active sample's tree tokens, root first [N] (and q [N, V] at T > 0 where the rule needs
+        # it), with the layout the target verifies (the plan's, or EAGLE-2's drafted this step)
+        drafts = self._proposed(active, sampling)
+        steps, pasts = [], []
+        for s, d in zip(active, drafts):
             past = target.lengths[s.slot]
-            self._placed(layout, past)
-            s.scratch.update(layout=layout, tokens=tokens, q=q, past=past)
-            steps.append(Segment(s.slot, tokens.tolist(), positions=position_ids(layout.offsets, past)[0].tolist(),
-                                 mask=layout.visible, embeds=self.guesser.embed(tokens, layout)[0]))
-            placed[id(steps[-1])] = (layout, 0)
+            self._placed(d.layout, past)
+            pasts.append(past)
+            steps.append(Segment(s.slot, d.tokens.tolist(), positions=position_ids(d.layout.offsets, past)[0].tolist(),
+                                 mask=d.layout.visible, embeds=proposer.embed(d.tokens, d.layout)[0]))
+            placed[id(steps[-1])] = (d.layout, 0)
 
-        def around(segments, places):  # the guesser's hook, told where each segment's inputs lie
-            return self.guesser.around([(*placed[id(seg)], at) for seg, at in zip(segments, places)])
+        def around(segments, places):  # the proposer's hook, told where each segment's inputs lie
+            return proposer.around([(*placed[id(seg)], at) for seg, at in zip(segments, places)])
 
         # 2. verify: one forward over every newcomer's prefill and every active sample's tree
         first, hidden = target.forward(joined, steps, hidden=True, around=around)
         finished = []
         for s, h in zip(joining, first):
-            root, s.scratch["guesses"] = self.guesser.joined(
-                s, h, lambda path, s=s: target.keep_offsets(s.slot, len(s.history) - 1, path), sampling)
+            root, s.state = proposer.joined(
+                s, h, lambda path, s=s: target.keep_offsets(s.slot, len(s.history) - 1, path), sampling, self.plan)
             s.history.append(root)
             if s.gen.emit([root], stop_ids, max_new_tokens):
                 finished.append(s)
-        for s, h in zip(active, hidden):
+        rule = self.tree_rule if self.acceptance_rule is None else accept_rule.stated(self.acceptance_rule)
+        for s, h, d, past in zip(active, hidden, drafts, pasts):
             # 3. accept and 4. update cache (step.py), on this sample's own random stream
-            past = s.scratch["past"]
-            emitted, s.scratch["guesses"] = verify_and_accept(
-                self, s.scratch["guesses"], s.scratch["tokens"], s.scratch["q"], h, s.scratch["layout"],
+            emitted, s.state = verify_and_accept(
+                self.target.model, proposer, rule, s.state, d, h,
                 lambda path, s=s, past=past: target.keep_offsets(s.slot, past, path), sampling, s.generator, s.gen)
             s.history += emitted
             if s.gen.emit(emitted, stop_ids, max_new_tokens):

@@ -10,8 +10,8 @@ a TreePlan (the tree file, its layouts, where it came from, EAGLE-2's dynamic sh
   tree at B > 1 is smaller): its file, else built now, else batch 1's with a note. `--tree PATH | size=N`,
   `--tree dynamic` and `--gamma` fix one tree for every batch size.
 - The per-rank acceptance the tree is searched and predicted with: acceptance/<model>/<family>.yaml, else a generic
-  table and a note. The family's guesser builds a tree of a size (searched_tree: PPD's dynamic sparse tree, or the
-  static candidate tree), checks that its artefact can guess a tree (check_tree) and lays it out (layouts).
+  table and a note. The family's tree shapes (shapes.py) build a tree of a size (searched_tree: PPD's dynamic sparse
+  tree, or the static candidate tree), check that its artefact can guess a tree (check_tree) and lay it out.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class TreePlan:
 
     tree_file: TreeFile
     source: str  # where it came from, in words (run.yaml, report.md)
-    layouts: dict  # state -> TreeLayout (guesser.layouts)
+    layouts: dict  # state -> TreeLayout (shapes.layouts)
     chosen_from: str  # "batch 1" (the method's own tree) | "L(B, w)" (a tree chosen for batch size B)
     dynamic: tuple[int, int, int] | None = None  # --tree dynamic: (candidates m, depth, top-k per expansion)
 
@@ -100,7 +100,7 @@ class TreePlan:
 def first_plan(method) -> TreePlan:
     """Batch 1's plan: --tree (or eagle's --gamma chain), checked against the artefact and laid out."""
     spec, gamma = method.tree_spec, getattr(method.options, "gamma", None)
-    guesser, model_name = method.guesser, model_slug(method.target.spec)
+    shapes, model_name = method.shapes, model_slug(method.target.spec)
     dynamic = None
     if spec.kind == "dynamic":
         if not families.get(method.family).dynamic_trees:
@@ -110,7 +110,7 @@ def first_plan(method) -> TreePlan:
             raise SpecbenchError(f"{method.name}: give --gamma (a chain of drafts) or --tree dynamic, not both")
         # the static tree of the size: the prefill, predictions and the artefact check read it
         tf, source = resolve(method, TreeSpec("auto") if spec.size is None else TreeSpec("size", spec.size))
-        dynamic = guesser.dynamic_shape(tf)
+        dynamic = shapes.dynamic_shape(tf)
         source = f"EAGLE-2 dynamic tree, {tf.size} candidates per step (the size of {source})"
     elif gamma is not None:
         if spec.kind != "auto":
@@ -122,10 +122,9 @@ def first_plan(method) -> TreePlan:
 
 
 def laid_out(method, tf: TreeFile, source: str, chosen_from: str, dynamic=None) -> TreePlan:
-    """A tree the method's artefact can guess (the guesser refuses one it cannot), laid out for its states."""
-    method.guesser.check_tree(tf, source, method.rows)
-    return TreePlan(tf, source, method.guesser.layouts(tf, method.table, method.ept, method.target.device),
-                    chosen_from, dynamic)
+    """A tree the method's artefact can guess (its shapes refuse one it cannot), laid out for its states."""
+    method.shapes.check_tree(tf, source)
+    return TreePlan(tf, source, method.shapes.layouts(tf, method.target.device), chosen_from, dynamic)
 
 
 def tree_spec(options) -> TreeSpec:
@@ -135,13 +134,13 @@ def tree_spec(options) -> TreeSpec:
 
 
 def resolve(method, spec: TreeSpec) -> tuple[TreeFile, str]:
-    """auto | PATH | size=N -> (tree file, where it came from); the family's guesser searches a tree of a size."""
+    """auto | PATH | size=N -> (tree file, where it came from); the family's shapes search a tree of a size."""
     target, model_name = method.target, model_slug(method.target.spec)
     hardware, dtype = hardware_slug(target.device), dtype_name(target.dtype)
     source = str(method.acceptance_file) if method.acceptance_file else "a generic table"
 
     def build(size: int) -> TreeFile:
-        return method.guesser.searched_tree(method.acceptance, method.rows, size, model_name, source)
+        return method.shapes.searched_tree(method.acceptance, size, model_name, source)
 
     if spec.kind == "auto" and target.extras.get(SYNTHETIC) is not None:  # no hardware tree file: its acceptance
         return build(DEFAULT_SIZE), f"searched at size {DEFAULT_SIZE} over the stated rates"  # is another's

@@ -1,4 +1,4 @@
-"""The planning side of a tree family, apart from its decode-time guesser: what `specbench estimate` scores
+"""The planning side of a tree family, apart from its decode-time proposer: what `specbench estimate` scores
 (GuessScorer) and what the family's drafting costs per step (DraftPricing: the predicted speedups a run and
 `recommend` print, and the trees a run builds with `--tree auto`)."""
 
@@ -30,22 +30,22 @@ class GuessScorer:
 
 class DraftPricing:
     """A method's drafting cost per step, as a run pays it: the step's own drafting of a tree (the pending rows, the
-    tree's widths, its top-k, gathers and host copies; the guesser's `time_drafting(tree)`) timed on the target's
+    tree's widths, its top-k, gathers and host copies; the proposer's `time_drafting`) timed on the target's
     device and dtype, once per tree; or, for another machine's profile, the acceptance file's time moved there.
 
     The price is per drafting forward as its family's declared cost law takes it (eagle pays it once per depth,
-    the others once a step; the guesser divides eagle's timed drafting of a tree by its depth). A bare forward of
+    the others once a step; the proposer divides eagle's timed drafting of a tree by its depth). A bare forward of
     the drafter (what `estimate` times) costs less than what the step pays (pending rows, widths, top-k, gathers:
     benchmarks/draft_pricing.py measures the factor)."""
 
     def __init__(self, time_drafting: Callable[[Tree | None], float | None], target=None, family: str = ""):
-        self.time_drafting = time_drafting  # the family's guesser times one step's drafting (None: nothing drafts)
+        self.time_drafting = time_drafting  # the method times one step's drafting (None: nothing drafts)
         self.target, self.family = target, family
-        self._timed: dict[tuple | None, float | None] = {}  # tree paths (None: the guesser's) -> ms, once taken
+        self._timed: dict[tuple | None, float | None] = {}  # tree paths (None: the method's) -> ms, once taken
 
     def ms_here(self, tree: Tree | None = None) -> float | None:
         """Milliseconds per drafting forward here (the cost law's unit), measured once per tree by drafting `tree`
-        as the step does (None: the tree the guesser prices by default, before any tree is planned). The acceptance
+        as the step does (None: the tree the method prices by default, before any tree is planned). The acceptance
         file's time, moved from the machine `estimate` ran on by the target's forward there and here, misses how
         the drafter's share changes between machines; the two can differ many times over
         (benchmarks/RESULTS-gpu.md). None where the guesses ride in the target's forward."""
