@@ -167,6 +167,8 @@ class OwnMethods:
         self.warm_up_single(prompts)
         if batch_sizes:
             self.warm_up_batches(prompts, batch_labels, batch_sizes)
+        for method in self.methods.values():
+            method.warmed_up()  # e.g. suffix forgets the warm-up's outputs: the run's first timed prompt is cold
         if self.compiled:  # run.yaml's `compile:` block
             from ..core.store import RunFolder
 

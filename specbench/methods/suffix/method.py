@@ -58,6 +58,10 @@ class SuffixDecoding(Batchable, DecodeMethod):
                           "first batch when it starts batched), warm after; batch sizes > 1 run after batch 1 and "
                           "read its outputs"}
 
+    def warmed_up(self) -> None:
+        """The warm-up's outputs leave the global index (the run's first timed prompt is cold)."""
+        self.cache = SuffixCache(self.options.suffix_max_depth, self.options.suffix_global == "on")
+
     def leave(self, sample) -> None:
         request = sample.scratch.pop("suffix", None)
         if request is not None:
