@@ -32,7 +32,7 @@ WARM_SEED, CHECK_SEED = 0, 1
 #  - hidden-transfer: its layer hooks (`around`) read values inside the target's forward: every target forward eager
 #  - pearl*: drafter and target run through their own DynamicCaches (methods/sd/drafting.ModelState), not the batch
 #    engine: neither model's forwards ever reach the compile state (nothing compiled, nothing counted)
-#  - eagle / parallelspec: their feature drafter is no decoder model with a compile state (guesser's engine on
+#  - eagle / parallelspec: their feature drafter is no decoder model with a compile state (the proposer's engine on
 #    art.drafter): it runs eagerly, uncounted; the target's forwards compile
 EAGER_TARGET = {"hidden-transfer": "all"}
 UNCOMPILED = {"pearl", "pearl-no-post", "pearl-no-pre"}

@@ -90,7 +90,7 @@ def test_gpu_forwards_timed_with_event_pairs_read_at_the_end():
 
 def test_medusa_heads_are_drafting_not_host(tiny):
     """Medusa's next guesses are its heads' forward (and the LM head on them): timed as draft_s (step.py), so they
-    leave host_s; a guesser that runs no model of its own in `advance` (ppd) adds no drafting time."""
+    leave host_s; a proposer that runs no model of its own in `advance` (ppd) adds no drafting time."""
     from specbench.core.verify import Sampling
     from specbench.methods import get_method
 

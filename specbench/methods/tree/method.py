@@ -78,9 +78,9 @@ class TreeMethod(Batchable, DecodeMethod):
                       f"{escape(self.guesser.description)}[/]")
 
     def time_drafting(self, tree=None) -> float | None:
-        """The proposer's drafting of `tree` timed (pricing.DraftPricing): None, the tree the step decodes with once
-        planned, else the family's searched tree of the default size (a tree being built is not known yet); None
-        where nothing drafts beside the target's forward."""
+        """The proposer's drafting of `tree` timed, in ms per drafting forward (pricing.DraftPricing); tree None:
+        the one the step decodes with once planned, else the family's searched tree of the default size (a tree
+        being built is not known yet). None where nothing drafts beside the target's forward."""
         if not (self.proposer.drafter_model or self.proposer.advance_drafts):
             return None
         if tree is None:
