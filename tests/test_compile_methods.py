@@ -33,7 +33,8 @@ WARM_SEED, CHECK_SEED = 0, 1
 #  - pearl*: drafter and target run through their own DynamicCaches (methods/sd/drafting.ModelState), not the batch
 #    engine: neither model's forwards ever reach the compile state (nothing compiled, nothing counted)
 #  - eagle / parallelspec: their feature drafter drafts through a drafter engine with a compile state of its own
-#    (run/compiled.feature_drafter, as enable_run attaches it): its forwards compile with the target's
+#    (run/compiled.feature_drafter, as enable_run attaches it on the proposer's drafter): its forwards compile with
+#    the target's
 EAGER_TARGET = {"hidden-transfer": "all"}
 UNCOMPILED = {"pearl", "pearl-no-post", "pearl-no-pre"}
 

@@ -83,12 +83,12 @@ def test_refused_before_loading_a_model_it_cannot_decode(tmp_path, prompts_file,
     path = tmp_path / "chunked.json"
     path.write_text(json.dumps(dict(MISTRAL, model_type="llama", sliding_window=None, attention_chunk_size=8,
                                     layer_types=["full_attention", "chunked_attention"])))
-    from specbench.run import benchmark
+    from specbench.run import own_methods
 
     def never(*args, **kwargs):
         raise AssertionError("weights loaded before the refusal")
 
-    monkeypatch.setattr(benchmark, "load_model", never)
+    monkeypatch.setattr(own_methods, "load_model", never)
     result = _run(tmp_path / "r", path, prompts_file, methods=("ar",))
     assert result.exit_code != 0
     assert "--compile" in result.output and "chunked_attention" in result.output

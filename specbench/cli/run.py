@@ -157,6 +157,7 @@ def run(
         raise SpecbenchError("--tp N runs under torchrun and --shards N on Ray: launch `torchrun ... specbench run "
                              "--tp N --shard I/N` per shard instead")
     _refuse_server_options(ctx, engine)
+    _refuse_retime(ctx, engine)
     methods = list(method)
     _check_methods(methods)
     followed = None
@@ -267,6 +268,18 @@ def _refuse_server_options(ctx, engine: str) -> None:
                              f"only (an OpenAI-compatible server); --engine {engine} would ignore "
                              f"{'them' if len(given) > 1 else 'it'}. Drop {'them' if len(given) > 1 else 'it'}, or "
                              "add --engine openai --base-url URL.")
+
+
+def _refuse_retime(ctx, engine: str) -> None:
+    """--retime N (N > 0) on the command line for a backend that cannot time a turn again: one line with its
+    reason, before anything runs (the default, or SPECBENCH_RETIME set for every run, stays quietly off there)."""
+    if getattr(ctx.get_parameter_source("retime"), "name", "") != "COMMANDLINE" or not ctx.params.get("retime"):
+        return
+    from ..run.backend import backend_module
+
+    measures = backend_module(engine).MEASURES
+    if not measures.retime:
+        raise SpecbenchError(f"--retime does not apply to --engine {engine}: {measures.why_not_retime}. Drop --retime.")
 
 
 def _newest_run() -> Path:

@@ -32,12 +32,16 @@ from .results import with_batch_columns
 
 MEASURED_ONLY = ("pld", "suffix")  # need nothing and no model predicts them: measured whenever anything is
 DRAFTER_METHODS = ("sd", "pearl")  # no acceptance model predicts them either: measured when a drafter exists
-NOT_PREDICTED = {"pld": "no acceptance model predicts prompt lookup: measured only (beside the confirmed methods)",
+# the chain methods: predicted from `specbench estimate --method M`'s acceptance file where the model has one
+# (planning/chain_plan.py), else measured only, for these reasons
+NOT_PREDICTED = {"pld": "no acceptance estimate of prompt lookup for this model (`specbench estimate --method pld`): "
+                        "measured only (beside the confirmed methods)",
                  "suffix": "no acceptance model predicts suffix decoding (its drafts depend on what the text repeats):"
                            " measured only (beside the confirmed methods)",
-                 "sd": "draft-model methods have no acceptance estimate: measured only, when the model has a drafter",
-                 "pearl": "draft-model methods have no acceptance estimate: measured only, when the model has a "
-                          "drafter"}
+                 "sd": "no acceptance estimate of sd for this model (`specbench estimate --method sd`): measured "
+                       "only, when the model has a drafter",
+                 "pearl": "no acceptance estimate of pearl for this model (`specbench estimate --method pearl`): "
+                          "measured only, when the model has a drafter"}
 
 
 @dataclass
@@ -116,7 +120,7 @@ def recommend(req: RecommendRequest) -> Result:
     preds = predict_all(candidates(), req.model, hardware, dtype, dev.type, timed)
     rows = [Row("ar", predicted=1.0)] + [_row(p) for p in preds]
     measurable = measured_only(req.model)
-    rows += [Row(m, why_not=_unpredicted_why(m, req, measurable)) for m in NOT_PREDICTED if m in REGISTRY]
+    rows += [_chain_row(m, req, measurable, hardware, dtype) for m in NOT_PREDICTED if m in REGISTRY]
     out = req.out or results_root() / time.strftime("recommend-%Y%m%d-%H%M%S")
     confirm = [p.method for p in preds if p.available][: req.confirm]
     run_dir, why = None, []
@@ -147,6 +151,17 @@ def measured_only(model: str) -> list[str]:
     drafter = any(is_artifact(p) for p in (store.artifact_dir(key, "drafter"),
                                             store.shipped_artifacts() / key / "drafter"))
     return [m for m in (*MEASURED_ONLY, *(DRAFTER_METHODS if drafter else ())) if m in REGISTRY]
+
+
+def _chain_row(method: str, req: RecommendRequest, measurable: list[str], hardware: str, dtype: str) -> Row:
+    """A chain method's row: predicted from its estimated acceptance (planning/chain_plan.py) where this model has
+    an acceptance file and this hardware a profile, else measured only (or why not)."""
+    from ..planning.chain_plan import predict_here
+
+    chain, _ = predict_here(method, req.model, hardware, dtype)
+    if chain is not None:
+        return Row(method, f"chain of {chain.k}", chain.k, chain.speedup)
+    return Row(method, why_not=_unpredicted_why(method, req, measurable))
 
 
 def _unpredicted_why(method: str, req: RecommendRequest, measurable: list[str]) -> str:
