@@ -247,7 +247,7 @@ def test_resume_of_a_finished_run_says_so_without_loading_the_model(tmp_path, pr
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("specbench.run.benchmark.load_model", no_model)
+    monkeypatch.setattr("specbench.run.own_methods.load_model", no_model)
     again = invoke(*args, "--resume")
     assert again.exit_code == 0, again.output
     assert f"Nothing to resume: every prompt of {tmp_path / 'r'} has run" in said(again)

@@ -22,7 +22,8 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not ins
                                 "'specbench[llamacpp]'; `make test` installs it)")
 
 from specbench.engines import llama_cpp as engine  # noqa: E402  (needs llama_cpp importable for its hooks)
-from specbench.engines.common import check_methods, load_work  # noqa: E402
+from specbench.engines.common import check_methods  # noqa: E402
+from specbench.run.work import load_datasets as load_work  # noqa: E402
 
 # 1 thread: llama.cpp's OpenMP threads spin at their barriers, and on a loaded 2-core runner 2 threads crawl
 QUICK = dict(max_new_tokens=24, threads=1, warmup=0, engine="llama.cpp", model="smollm2-135m")
@@ -98,16 +99,16 @@ def test_counts_on_a_known_answer(prompts):
     cfg = check_methods(RunConfig(methods=("ar", "pld"), datasets=(str(prompts),), **QUICK), engine.SUPPORTED,
                         "llama.cpp")
     loaded = load_work(cfg)
-    llm = engine.Engine(cfg, engine.gguf_file("smollm2-135m", "--model"), None, loaded)
+    llm = engine.LlamaCpp(cfg, engine.gguf_file("smollm2-135m", "--model"), None, loaded)
     prompt = loaded[0].prompts[1]  # counting: a deterministic answer
-    ids = llm.prompt_ids(ds.conversation(prompt, 0, []), prompt)
-    answer = llm.generate("ar", ids, 24).tokens
+    ids, _ = llm.prompt_ids(ds.conversation(prompt, 0, []), prompt)
+    answer = llm.generate_once("ar", ids, 24).tokens
     for k in (3, 5):
         target = llm.llms["pld"]
         target.draft_model = MeteredDraft(Oracle(len(ids), answer, k), target.meter)
-        turn = llm.generate("pld", ids, 24)
+        turn = llm.generate_once("pld", ids, 24)
         assert turn.tokens == answer  # the engine's verification kept ar's tokens on this prompt
-        assert (turn.target_forwards, turn.drafted, turn.accepted) == expected(len(answer), k)
+        assert (turn.target_forwards, turn.drafted, turn.accepted_drafts) == expected(len(answer), k)
         assert turn.accepted_per_position == turn.drafted_per_position  # every position always accepted
 
 
@@ -118,9 +119,9 @@ def test_lossless_gap_from_ars_logits(prompts):
 
     cfg = check_methods(RunConfig(methods=("ar",), datasets=(str(prompts),), **QUICK), ("ar",), "llama.cpp")
     loaded = load_work(cfg)
-    llm = engine.Engine(cfg, engine.gguf_file("smollm2-135m", "--model"), None, loaded)
-    ids = llm.prompt_ids(ds.conversation(loaded[0].prompts[0], 0, []), loaded[0].prompts[0])
-    ar = llm.generate("ar", ids, 8).tokens
+    llm = engine.LlamaCpp(cfg, engine.gguf_file("smollm2-135m", "--model"), None, loaded)
+    ids, _ = llm.prompt_ids(ds.conversation(loaded[0].prompts[0], 0, []), loaded[0].prompts[0])
+    ar = llm.generate_once("ar", ids, 8).tokens
     logits = llm.ar_logits(ids, ar, 5)
     assert int(np.argmax(logits)) == ar[5]
     worst = int(np.argmin(logits))
@@ -129,7 +130,7 @@ def test_lossless_gap_from_ars_logits(prompts):
 
 
 def test_errors_are_clear(prompts, tmp_path, monkeypatch):
-    from specbench.engines.llama_cpp import run
+    from specbench.run.benchmark import run
 
     with pytest.raises(SpecbenchError, match="no such file"):
         run(RunConfig(**{**QUICK, "model": str(tmp_path / "missing.gguf")}, out=tmp_path / "a"))
@@ -212,20 +213,63 @@ def test_resume_runs_only_the_missing_prompt(llama_run, prompts, tmp_path):
 def test_ctrl_c_keeps_whole_prompts(prompts, tmp_path, monkeypatch):
     """Ctrl-C while the second prompt decodes: the first prompt's rows stay (both methods), the error says how many
     and to resume (exit 130), run.yaml stays incomplete."""
-    from specbench.engines.common import Interrupted
     from specbench.run.benchmark import run
+    from specbench.run.resume import Interrupted
+    from specbench.run.runner import Runner
 
-    real = engine.Engine.run_prompt
+    real = Runner.run_prompt
 
-    def stop_at_second(self, prompt, label, order):
+    def stop_at_second(self, prompt, index, label, order):
         if prompt.id == "count":
             raise KeyboardInterrupt
-        return real(self, prompt, label, order)
+        return real(self, prompt, index, label, order)
 
-    monkeypatch.setattr(engine.Engine, "run_prompt", stop_at_second)
+    monkeypatch.setattr(Runner, "run_prompt", stop_at_second)
     with pytest.raises(Interrupted, match="2 records kept .* --resume") as stopped:
         run(RunConfig(methods=("ar", "pld"), datasets=(str(prompts),), out=tmp_path / "run", **QUICK))
     assert stopped.value.exit_code == 130
     records = pd.read_csv(tmp_path / "run" / "records.csv", keep_default_na=False, dtype=str)
     assert list(zip(records.method, records.prompt_id)) == [("ar", "repeat"), ("pld", "repeat")]
     assert yaml.safe_load((tmp_path / "run" / "run.yaml").read_text())["complete"] is False
+
+
+def test_retime_and_run_yaml_are_the_runners(prompts, tmp_path, monkeypatch):
+    """llama.cpp is a backend of the same runner: a turn whose first timing ran beside foreign load is timed again
+    (every method of the turn, the quiet timing kept, the tries counted) as for specbench's own methods, and run.yaml
+    carries the noise guard and the data files like any run."""
+    import dataclasses
+
+    from specbench.core.machine import contention
+    from specbench.run.benchmark import run
+    from specbench.run.runner import Runner
+
+    real, timings = Runner.time_turn, []
+
+    def first_ar_busy(self, label, ids, index, turn, order):
+        r = real(self, label, ids, index, turn, order)
+        timings.append(label)
+        if label == "ar" and index == 0 and timings.count("ar") == 1:
+            return dataclasses.replace(r, noise={**r.noise, "foreign_cpu": contention.FOREIGN_CPU_LIMIT + 1})
+        return r
+
+    monkeypatch.setattr(Runner, "time_turn", first_ar_busy)
+    monkeypatch.setattr(contention, "between", lambda before, after: {"foreign_cpu": 0.0, "steal": 0.0})  # this
+    # machine's real load aside: only the injected reading is disturbed
+    out = run(RunConfig(methods=("ar", "pld"), datasets=(str(prompts),), out=tmp_path / "run", retime=2, limit=1,
+                        **QUICK))
+    assert timings == ["ar", "pld", "pld", "ar"]  # the turn again, every method, the order rotated once more
+    records = pd.read_csv(out / "records.csv", keep_default_na=False, dtype=str).set_index("method")
+    assert set(records.timing_tries) == {"2"} and set(records.timing_disturbed) == {"False"}
+    meta = yaml.safe_load((out / "run.yaml").read_text())
+    assert meta["noise_guard"] == {"latency_floor": 1.0, "profile": None}
+    assert set(meta["data_files"]) >= {"used", "skipped"} and meta["engine"]["name"] == "llama.cpp"
+
+
+def test_retime_is_refused_where_a_backend_cannot_time_a_turn_again(tmp_path):
+    """--engine openai measures load phases the server schedules: --retime given with it is one line, before any
+    request."""
+    result = CliRunner().invoke(app, ["run", "--engine", "openai", "--base-url", "http://127.0.0.1:9/v1", "--retime",
+                                      "2", "--out", str(tmp_path / "x")])
+    text = " ".join(result.output.split())
+    assert result.exit_code != 0 and "--retime does not apply to --engine openai" in text and "Traceback" not in text
+    assert not (tmp_path / "x").exists()

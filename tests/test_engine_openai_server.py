@@ -119,3 +119,19 @@ def test_spec_against_baseline_at_concurrency_1_and_2(servers, tmp_path, prompts
     assert (out / "throughput_latency.png").exists()
     tokens = [json.loads(line) for line in (out / "tokens.jsonl").read_text().splitlines()]
     assert len(tokens) == len(records) and all(isinstance(t, str) for row in tokens for t in row["tokens"])
+
+
+def test_map_of_two_servers_over_concurrency(servers, tmp_path, prompts_file):
+    """`specbench map --engine openai`: speculation on against off at each level, measured only, a break-even."""
+    plain, lookup = servers
+    out = tmp_path / "map"
+    result = CliRunner().invoke(app, ["map", "--engine", "openai", "--base-url", lookup, "--baseline-url", plain,
+                                      "--concurrency", "1,2", "--dataset", str(prompts_file), "--limit", "2",
+                                      "--max-new-tokens", "16", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    frame = pd.read_csv(out / "map.csv")
+    assert set(frame.batch_size) == {1, 2} and set(frame.method) == {"ar", "spec"}
+    assert frame.measured_tok_s.gt(0).all() and frame.predicted_tok_s.isna().all()  # no curve of a server here
+    spec = frame[frame.method == "spec"]
+    assert spec.measured_speedup.notna().all() and spec.break_even.str.contains("N").all()
+    assert "measured only" in (out / "report.md").read_text()

@@ -12,7 +12,7 @@ from specbench.core.batch.forward import count_fed_tokens, forward
 from specbench.core.batch.cache import new_cache
 from specbench.run.config import RunConfig
 from specbench.run.records import TurnResult, host_split
-from specbench.run.runner import Runner
+from specbench.run.own_methods import OwnMethods
 
 from .conftest import prompt_ids
 
@@ -23,12 +23,12 @@ def runner(tiny):
                     options={"artifact": "untrained"})
     from specbench.methods.sd.drafter import layer_drafter
 
-    return Runner(cfg, tiny, layer_drafter(tiny, [0]))
+    return OwnMethods(cfg, tiny, layer_drafter(tiny, [0]))
 
 
 @pytest.mark.parametrize("label", ["ar", "pld", "ppd", "sd"])
 def test_forward_and_drafting_fit_in_the_wall_time(runner, label):
-    gen, seconds, _ = runner.generate(runner.methods[label], prompt_ids(3), seed=0)
+    gen, seconds, _ = runner.run_method(runner.methods[label], prompt_ids(3), seed=0)
     assert gen.forward_s > 0 and gen.target_forwards >= 1
     assert gen.forward_s + gen.draft_s <= seconds  # the median call's own parts (runner.timed keeps them together)
     if label == "sd":
@@ -40,7 +40,7 @@ def test_forward_and_drafting_fit_in_the_wall_time(runner, label):
 
 
 def test_batched_rows_and_untimed_turns_are_nan(runner):
-    gen, seconds, _ = runner.generate(runner.methods["ar"], prompt_ids(1), seed=0)
+    gen, seconds, _ = runner.run_method(runner.methods["ar"], prompt_ids(1), seed=0)
     batched = host_split(TurnResult("ar", 0, prompt_ids(1), gen, seconds, 0.0, {}, 0, batch={"batch_size": 2}))
     assert math.isnan(batched["forward_s"]) and math.isnan(batched["host_s"])
     gen.forward_s = 0.0  # an engine that timed no forward
@@ -90,7 +90,7 @@ def test_gpu_forwards_timed_with_event_pairs_read_at_the_end():
 
 def test_medusa_heads_are_drafting_not_host(tiny):
     """Medusa's next guesses are its heads' forward (and the LM head on them): timed as draft_s (step.py), so they
-    leave host_s; a guesser that runs no model of its own in `advance` (ppd) adds no drafting time."""
+    leave host_s; a proposer that runs no model of its own in `advance` (ppd) adds no drafting time."""
     from specbench.core.verify import Sampling
     from specbench.methods import get_method
 

@@ -13,10 +13,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "specbench"
 # families: the torch-free family declarations, read by every layer above; they import only errors
 LAYERS = {"errors": 0, "progress": 0, "__init__": 0, "families": 0.5, "core": 1, "data": 2, "train": 4,
           "planning": 5, "methods": 6, "run": 7, "engines": 8, "report": 9, "ci": 10, "cli": 11, "__main__": 12}
-# The one import allowed to run up the layers, and why. `run.benchmark.run` is every caller's entry to a run (the
-# CLI, recommend, Ray shards) and hands a `--engine` run to engines/, which writes its run folder with run/'s
-# records, resume and work lists; it goes once specbench's loop and the engines are backends of one runner.
-UPWARD = {("specbench.run.benchmark", "specbench.engines")}
+# Imports allowed to run up the layers, each with its reason; none now: `--engine` backends (engines/) are named
+# to run/ by module in run/backend.BACKENDS and loaded when a run asks for one.
+UPWARD: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:

@@ -324,3 +324,17 @@ def test_training_goes_on_from_a_release_in_its_layout(tiny, tmp_path, monkeypat
     with torch.no_grad():
         a, b = (d.logits(d.run(d.fuse(feats, tokens)[None], torch.arange(6)[None])) for d in (start, tuned.drafter))
     assert torch.allclose(a, b, atol=0.05, rtol=0.05)  # bfloat16 storage rounds
+
+
+def test_released_drafters_keep_the_target_distribution(tiny, tmp_path):
+    """T > 0: drafts sampled from a release's q (Medusa's own projections, EAGLE's layout) are accepted by
+    multi-candidate speculative sampling: the target's distribution."""
+    from .test_sd import check_distribution
+
+    head = tiny.model.get_output_embeddings().weight.detach()
+    state = {k: (head + 0.05 * torch.randn_like(head) if k.endswith(".1.weight") else v)
+             for k, v in medusa_state(tiny, heads=3).items()}  # near the target's head: acceptance is partial
+    medusa = get_method("medusa")(tiny, {"artifact": str(write_medusa(tmp_path / "m", state)), "tree": "size=8"})
+    assert check_distribution(medusa, tiny, trials=800) < 0.1
+    eagle = get_method("eagle")(tiny, {"artifact": str(write_eagle(tmp_path / "e", tiny)), "tree": "size=6"})
+    assert check_distribution(eagle, tiny, trials=800) < 0.1

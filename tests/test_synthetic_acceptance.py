@@ -182,8 +182,9 @@ def test_token_and_request_weighted_tau_differ_only_by_averaging():
     assert t.loc["pld", "tau (token-weighted)"] == 2.5  # 100 tokens / 40 forwards
     assert t.loc["pld", "tau per request"] == 2.0  # (3 + 1) / 2
     conditional, marginal = acceptance.per_position(records[records.method == "pld"])
-    assert marginal == pytest.approx([29 / 33, 20 / 29, 11 / 22])
-    assert conditional[1] == pytest.approx((20 / 29) / (29 / 33))
+    # position 2 was reached by at most the 29 steps that kept position 1; position 3 by at most the 20 that kept 2
+    assert conditional == pytest.approx([29 / 33, 20 / 29, 11 / 20])
+    assert marginal == pytest.approx([29 / 33, 29 / 33 * 20 / 29, 29 / 33 * 20 / 29 * 11 / 20])
     assert acceptance.never_drafted(records) == []
     assert acceptance.never_drafted(records.assign(drafted=[0, 0, 0])) == ["pld"]
     assert "never drafted" in acceptance.never_drafted_lines(records.assign(drafted=[0, 0, 0]))[0]
@@ -193,3 +194,117 @@ def test_every_draw_uses_the_seeded_stream_when_no_generator_is_given():
     a, b = SyntheticAcceptance(parse_rates("0.5"), seed=4), SyntheticAcceptance(parse_rates("0.5"), seed=4)
     assert [a._true_rank(1, None) for _ in range(20)] == [b._true_rank(1, None) for _ in range(20)]
     assert random.Random(4).random() == SyntheticAcceptance(parse_rates("0.5"), seed=4).rng.random()
+
+
+# ------------------------------------------------------------------------------------------ chain profiles, portable
+
+def test_reached_counts_the_drafts_after_a_kept_one():
+    gen = Generation()
+    gen.count_draft(3, 1)  # kept draft 1, rejected draft 2: draft 3 was never reached
+    gen.count_draft(2, 2)
+    assert gen.reached_per_position == [2, 2, 0] and gen.accepted_per_position == [2, 1, 0]
+
+
+def test_a_chain_methods_profile_is_estimated_and_drives_synthetic_runs_and_plan(tiny, prompts_file, tmp_path):
+    from specbench.methods.sd.drafter import layer_drafter
+    from specbench.run import chain_estimate
+
+    result = chain_estimate.estimate(tiny, "pld", str(prompts_file), 4, 40, None)
+    assert result["drafted_per_position"][0] > 0
+    conditional = result["conditional"]
+    assert conditional and all(0 < c <= 1 for c in conditional)
+    assert result["per_rank"] == [[c] for c in conditional]
+    first = result["accepted_per_position"][0] / result["drafted_per_position"][0]
+    assert conditional[0] == pytest.approx(first, abs=1e-5)
+    path = tmp_path / "acc" / "pld.yaml"
+    from specbench.planning import acceptance as pa
+
+    pa.write(result, path)
+    profile_path = chain_estimate.write_profile(result, path)
+    assert read(str(path)).conditional == pytest.approx(conditional)  # the YAML drives a synthetic run
+    exported = json.loads(profile_path.read_text())
+    assert exported["conditional_accept_rates"] == pytest.approx(conditional, abs=1e-6)
+    assert read(str(profile_path)).conditional == pytest.approx(conditional, abs=1e-6)
+    sd = chain_estimate.estimate(tiny, "sd", str(prompts_file), 2, 24, None, layer_drafter(tiny, [0]))
+    assert sd["drafted_per_position"][0] > 0 and sd["method"] == "sd"
+    with pytest.raises(SpecbenchError, match="not a chain method"):
+        chain_estimate.estimate(tiny, "ppd", str(prompts_file), 2, 24, None)
+
+
+def test_plan_reads_a_speculation_profile_from_elsewhere(tmp_path):
+    from specbench.planning.plan import PlanRequest, plan
+
+    folder = tmp_path / "acc"
+    write_speculation_profile(speculation_profile([0.7, 0.5, 0.3], "medusa", "vicuna-7b"), folder / "medusa.json")
+    result = plan(PlanRequest("random:vicuna-7b", gpu="a100", acceptance=str(folder), methods=("medusa",),
+                              max_size=16, out=tmp_path / "plan"))
+    row = result.rows[0]
+    assert row.acceptance.endswith("medusa.json") and not row.why_not
+    # a chain profile (rank 0 only): the tree is a chain, its tau at most 1 + sum of the marginals
+    assert 1.0 < row.tau <= 1 + 0.7 + 0.35 + 0.105 + 1e-6
+
+
+def test_a_run_exports_each_methods_profile_and_a_synthetic_run_reads_it(tmp_path, prompts_file, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "real"
+    result = CliRunner().invoke(app, ["run", "--model", "random:tiny", "--max-new-tokens", "40", "--warmup", "0",
+                                      "--dataset", str(prompts_file), "--limit", "3", "--out", str(out), "-m", "pld"])
+    assert result.exit_code == 0, result.output
+    exported = out / "speculation_profiles" / "pld.json"
+    profile = json.loads(exported.read_text())
+    assert profile["method"] == "pld" and profile["conditional_accept_rates"]
+    assert not (out / "speculation_profiles" / "ar.json").exists()  # ar drafts nothing: no profile
+    records = pd.read_csv(out / "records.csv")
+    conditional, _ = acceptance.per_position(records[records.method == "pld"])
+    assert profile["conditional_accept_rates"][0] == pytest.approx(conditional[0], abs=1e-6)
+    out2, result = _run(tmp_path, prompts_file, str(exported), "pld")
+    assert result.exit_code == 0, result.output
+    block = yaml.safe_load((out2 / "run.yaml").read_text())["synthetic_acceptance"]
+    assert block["source"] == f"speculation profile {exported}" and block["checks"]["pld"]["agrees"]
+    assert not (out2 / "speculation_profiles").exists()  # a synthetic run's acceptance is stated, not measured
+
+
+def test_a_method_that_never_drafted_is_an_error_row_not_a_speedup():
+    from specbench.report import compact
+
+    summary = pd.DataFrame({"method": ["ar", "pld", "sd"], "dataset": ["d"] * 3, "prompts": [3] * 3,
+                            "tokens_per_s": [10.0, 9.5, 12.0], "speedup": [1.0, 0.95, 1.2], "tau": [1.0, 1.0, 1.6],
+                            "drafted": [0, 0, 40], "timing": ["ok"] * 3})
+    cells = dict(zip(summary.method, compact.table(summary)["speedup vs ar"]))
+    assert cells == {"ar": "1.00x", "pld": "ERROR: 0 drafts", "sd": "1.20x"}
+
+
+def test_plan_prices_chain_methods_from_their_profiles(tmp_path):
+    from specbench.planning.plan import PlanRequest, plan
+
+    folder = tmp_path / "acc"
+    folder.mkdir()
+    (folder / "pld.yaml").write_text(yaml.safe_dump({"method": "pld", "conditional": [0.6, 0.5, 0.4]}))
+    (folder / "sd.yaml").write_text(yaml.safe_dump({"method": "sd", "conditional": [0.9, 0.9, 0.9, 0.9],
+                                                    "drafter_share": 0.05}))
+    (folder / "pearl.yaml").write_text(yaml.safe_dump({"method": "pearl", "conditional": [0.9, 0.9, 0.9, 0.9]}))
+    result = plan(PlanRequest("random:vicuna-7b", gpu="a100", acceptance=str(folder),
+                              methods=("pld", "sd", "pearl"), out=tmp_path / "plan"))
+    rows = {r.method: r for r in result.rows}
+    assert rows["pld"].tau <= 1 + 0.6 + 0.3 + 0.12 + 1e-6 and rows["pld"].speedup > 1
+    assert rows["pld"].draft_ms == 0 and rows["pld"].tree.startswith("chain of")
+    assert rows["sd"].draft_ms > 0 and rows["sd"].tau > rows["pld"].tau
+    assert "drafter_share" in rows["pearl"].why_not or rows["pearl"].speedup is None
+
+
+def test_recommend_predicts_a_chain_method_from_its_estimated_acceptance(tmp_path, monkeypatch):
+    from .test_auto_tree import write_profile
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    write_profile(tmp_path)
+    (tmp_path / "acceptance" / "tiny").mkdir(parents=True)
+    (tmp_path / "acceptance" / "tiny" / "pld.yaml").write_text(yaml.safe_dump({"method": "pld",
+                                                                                "conditional": [0.7, 0.6, 0.5]}))
+    result = CliRunner().invoke(app, ["recommend", "--model", "random:tiny", "--confirm", "0", "--out", "rec"])
+    assert result.exit_code == 0, result.output
+    rec = yaml.safe_load((tmp_path / "rec" / "recommendation.yaml").read_text())
+    rows = {m["method"]: m for m in rec["methods"]}
+    assert rows["pld"]["predicted"] > 1 and rows["pld"]["tree"].startswith("chain of")
+    assert rows["sd"].get("predicted") is None and "estimate --method sd" in rows["sd"]["why_not"] or \
+        "drafter" in rows["sd"]["why_not"]

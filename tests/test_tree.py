@@ -214,3 +214,28 @@ def test_tree_option_is_parsed_once_and_refused_before_a_model_loads():
     for bad, usage in bad_values:
         with pytest.raises(SpecbenchError, match=usage):
             validate(RunConfig(methods=("ppd",), options={"tree": bad}))
+
+
+@pytest.mark.parametrize("name", ["ppd", "medusa", "eagle"])
+def test_the_step_accepts_with_the_rule_it_is_given(tiny, name):
+    """The acceptance rule is a callable the tree step receives: a rule that keeps no draft leaves every step one
+    token (the target's own, so still ar's greedy tokens), and it is called once per verified tree with the tree
+    the proposer drafted."""
+    from specbench.core.verify import Sampling, next_token
+    from specbench.methods import get_method
+
+    from .conftest import artifact_options, prompt_ids
+
+    method = get_method(name)(tiny, artifact_options(name, tiny))
+    seen = []
+
+    def keep_none(tokens, tree, logits, q, sampling, generator, gen=None):
+        seen.append((tokens.shape[0], tree.nodes))
+        return [0], next_token(logits[0], sampling, generator)
+
+    method.tree_rule = keep_none
+    ids = prompt_ids(2)
+    gen = method.generate(ids, 12, Sampling(), None)
+    assert gen.tokens == get_method("ar")(tiny).generate(ids, 12, Sampling(), None).tokens
+    assert set(gen.accepted_lengths) == {1} and len(seen) == gen.target_forwards - 1  # every step but the prefill
+    assert all(n == nodes > 1 for n, nodes in seen)

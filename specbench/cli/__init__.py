@@ -3,4 +3,5 @@ the stage that owns the work, and printing. Importing the modules registers thei
 --help` lists them in workflow order (app.WORKFLOW). None of them imports torch at module level."""
 
 from . import estimate, info, merge, plan, recommend, report, run, train, train_eval, trees  # noqa: F401 (registration)
+from . import map as _map  # noqa: F401, E402 (registration; `map` the command, not the builtin)
 from .app import app, main  # noqa: F401

@@ -24,7 +24,7 @@ invocation: list[str] = []
 
 # The order a user walks the commands: look at the machine and what is there, measure the hardware and the
 # guesses, build trees, train, pick a method, run, join shards, report.
-WORKFLOW = ("env", "list", "profile", "estimate", "build-tree", "plan", "train", "recommend", "run", "merge", "report")
+WORKFLOW = ("env", "list", "profile", "estimate", "build-tree", "plan", "train", "recommend", "run", "map", "merge", "report")
 
 
 class _Root(SpecbenchGroup):

@@ -20,7 +20,8 @@ from .parse import float_list, int_list, prompt_limit
 @app.command()
 def estimate(
     method: Annotated[str, typer.Option(help="Method whose guesses are scored: ppd, medusa, hidden-transfer, eagle "
-                                             "or parallelspec.")] = "ppd",
+                                             "or parallelspec; or a chain method (pld, sd, pearl), whose acceptance "
+                                             "per draft position is counted while it decodes the prompts.")] = "ppd",
     model: Annotated[str, typer.Option(help="Model spec.")] = "smollm2-135m",
     data: Annotated[str, typer.Option("--dataset", metavar="DATASET", help="Validation prompts (held out of "
                                                                          "training).")]
@@ -32,6 +33,9 @@ def estimate(
                                                     "embeddings, eagle and medusa the authors' released "
                                                     "checkpoints (docs/methods.md).")] = None,
     initial: Annotated[bool, typer.Option(help="Score the artefact's initial (untrained) embeddings.")] = False,
+    drafter: Annotated[Optional[str], typer.Option("--drafter", show_default="the shipped one", help="sd and pearl: "
+                                                   "the drafter (a model spec or a `specbench train drafter` "
+                                                   "folder).")] = None,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
     device_map: DeviceMap = None,
@@ -65,6 +69,10 @@ def estimate(
     from ..planning import acceptance
 
     scored = [f.name for f in families.FAMILIES.values() if f.scorer]  # the tree families (ppd, medusa, ...)
+    if method not in scored and families.find(method) is not None and families.get(method).kind != "baseline":
+        _estimate_chain(method, model, data, prompt_limit(limit), new_tokens, data_file, dtype, device, device_map,
+                        max_memory, drafter, out_path)
+        return
     if method not in scored:
         raise SpecbenchError(f"--method {method}: not a tree method{did_you_mean(method, scored)}; choose one of "
                              f"{', '.join(scored)} (or --padding)")
@@ -94,6 +102,33 @@ def estimate(
     out.print(table)
     console.print(f"Wrote {escape(store.said_where(path))} ({sum(result['positions'])} scored guesses, "
                   f"{result['seconds']:.0f} s)")
+
+
+def _estimate_chain(method, model, data, limit, new_tokens, data_file, dtype, device, device_map, max_memory,
+                    drafter_spec, out_path) -> None:
+    """A chain method's acceptance per draft position (run/chain_estimate.py), its YAML and speculation profile."""
+    from ..core import store
+    from ..core.model.load import load_model
+    from ..methods.sd.drafter import resolve_drafter
+    from ..planning import acceptance
+    from ..run import chain_estimate
+
+    target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory))
+    drafter = resolve_drafter(drafter_spec, target, dtype, device) if drafter_spec else None
+    result = chain_estimate.estimate(target, method, data, limit, new_tokens, data_file, drafter)
+    path = out_path or store.filed(acceptance.default_path(model, method))
+    acceptance.write(result, path)
+    profile = chain_estimate.write_profile(result, path)
+    table = Table(title=f"{method} acceptance per draft position, {target.spec} {result['dtype']}, "
+                        f"{result['prompts']} {data} prompts")
+    for col in ("position", "conditional", "marginal", "drafted"):
+        table.add_column(col, justify="right")
+    for i, (c, m) in enumerate(zip(result["conditional"], result["marginal"])):
+        table.add_row(str(i + 1), f"{c:.3f}", f"{m:.3f}", str(result["drafted_per_position"][i]))
+    out.print(table)
+    console.print(f"tokens per decode step {result['mean_per_step']:.3f} (every step pooled; per request "
+                  f"{result['mean_per_request']:.3f}). Wrote {escape(store.said_where(path))} and "
+                  f"{escape(str(profile))} (speculation_profile.json)")
 
 
 def _estimate_padding(accuracy: str, batch_sizes: str, max_accept: int, run: Optional[Path],

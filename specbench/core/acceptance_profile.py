@@ -88,6 +88,22 @@ class AcceptanceProfile:
         return [[self.rate(d, r) for r in range(ranks)] for d in range(1, rows + 1)]
 
 
+def rates(accepted: list[int], drafted: list[int], reached: list[int] | None = None
+          ) -> tuple[list[float], list[float]]:
+    """Measured counts per draft position -> (conditional, marginal). accepted_i: steps that kept draft i; drafted_i:
+    steps that drafted it; reached_i: steps that drafted it after keeping draft i - 1 (Generation counts it; without
+    it min(accepted_{i-1}, drafted_i) bounds it, exact when every step drafts the same length). conditional_i =
+    accepted_i / reached_i; marginal_i = the product of the conditionals to i (a chain that always drafts i)."""
+    if reached is None:
+        reached = [min(d, accepted[i - 1]) if i else d for i, d in enumerate(drafted)]
+    conditional = [min(a / r, 1.0) if r else 0.0 for a, r in zip(accepted, reached)]
+    marginal, run = [], 1.0
+    for c in conditional:
+        run *= c
+        marginal.append(run)
+    return conditional, marginal
+
+
 def _checked(rows: list[list[float]], what: str) -> tuple[tuple[float, ...], ...]:
     if not rows or not all(rows):
         raise SpecbenchError(f"{what}: no rates (give one per draft position, e.g. 0.8,0.6,0.4)")

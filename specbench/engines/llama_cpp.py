@@ -10,7 +10,8 @@ logits, logits_all, which costs ar nothing when ar has its own). Prompts are the
 GGUF's own chat template (the template specbench's tokenizer takes from the same file for the embedded model) and
 tokenized by llama.cpp. Methods run interleaved per prompt, every turn from a fresh context (no prompt cache), after
 --warmup untimed generations; tau and acceptance come from the engine's own hooks (llama_hooks.py), per-token times
-from its token stream, the lossless check from common.EngineRun.
+from its token stream. It is a backend of specbench's runner (run/backend.py: `check`, `prepare`, `LlamaCpp`), so
+resume, --retime, the noise guard, records and the lossless check are the runner's, as for specbench's own methods.
 """
 
 from __future__ import annotations
@@ -22,24 +23,28 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
-from ..core.machine import contention, memory
 from ..data import datasets as ds
 from ..errors import SpecbenchError
-from ..progress import console, progress_bar, status
+from ..progress import console, status
+from ..methods.base import Generation
+from ..run.backend import Measures, timed
 from ..run.config import RunConfig
-from ..run.work import PromptWork, fit_prompt
+from ..run.work import fit_prompt
 from .llama_files import extra_buffers_work, ftype_name, gguf_file, import_engine  # noqa: F401
-from .common import EngineRun, EngineTurn, check_methods, load_work, local_environment, near_tie
+from .common import check_methods, local_environment, near_tie
 
 ENGINE = "llama.cpp"
 SUPPORTED = ("ar", "pld", "sd")
 SD_GAMMA = 5  # sd's draft length when --gamma is not given: llama.cpp's long-standing default n_draft
 CONTEXT_MARGIN = 64  # tokens of room in each context beyond the longest planned conversation
 CPU = torch.device("cpu")  # where the engine runs here (in this process): peak memory is this process's RSS
+# a turn generated again from the same ids and seed gives the same tokens: --retime applies as to specbench's own
+MEASURES = Measures(retime=True, resume=True, batches=False)
 
 
-def run(cfg: RunConfig) -> Path:
-    """Run cfg's methods on llama.cpp and write the run folder (common.EngineRun); returns it."""
+def check(cfg: RunConfig) -> RunConfig:
+    """What llama.cpp cannot run, refused before anything is written: methods beyond ar / pld / sd, sd without a
+    draft GGUF, files that are not GGUFs, the extra not installed; `ar` first in the method list."""
     cfg = check_methods(cfg, SUPPORTED, ENGINE)
     if "sd" in cfg.methods and not cfg.drafter:
         raise SpecbenchError("-m sd under --engine llama.cpp needs --draft-model SMALL.gguf (a GGUF with the target's "
@@ -48,37 +53,23 @@ def run(cfg: RunConfig) -> Path:
     if cfg.drafter and "sd" not in cfg.methods:
         console.print(f"[yellow]note[/] --draft-model {escape(cfg.drafter)} is only used by -m sd: ignored")
     import_engine()
-    target = gguf_file(cfg.model, "--model")
+    gguf_file(cfg.model, "--model")
+    if "sd" in cfg.methods:
+        gguf_file(cfg.drafter, "--draft-model")
+    return cfg
+
+
+def prepare(cfg: RunConfig, loaded) -> "LlamaCpp":
+    """The GGUF(s) loaded, one Llama per method."""
     draft = gguf_file(cfg.drafter, "--draft-model") if "sd" in cfg.methods else None
-    loaded = load_work(cfg)
-    engine = Engine(cfg, target, draft, loaded)
-    run = EngineRun.open(cfg, loaded, engine.env, model=engine.model_block(), engine=engine.facts(),
-                         chosen=engine.chosen())
-    if run.nothing_left:
-        return run.out
-    work = run.pending()
-    if len(run.done):
-        console.print(f"{sum(len(w.labels) for w in work)} method x prompt results to go.")
-    try:
-        engine.warm_up(loaded[0].prompts)
-        with progress_bar() as bar:
-            task = bar.add_task("decoding", total=sum(len(w.labels) for w in work), info="")
-            for w in work:
-                results = {}
-                for order, label in enumerate(w.labels):
-                    bar.update(task, description=f"{w.dataset} {label} (llama.cpp)")
-                    results[label] = engine.run_prompt(w.prompt, label, order)
-                    n, s = sum(len(t.tokens) for t in results[label]), sum(t.wall_s for t in results[label])
-                    bar.update(task, advance=1, info=f"{n / s if s else 0:6.1f} tok/s")
-                run.finish_prompt(w, results, explain=engine.explainer(results, run.reference))
-    except KeyboardInterrupt:
-        raise run.interrupted() from None
-    return run.complete()
+    return LlamaCpp(cfg, gguf_file(cfg.model, "--model"), draft, loaded)
 
 
-class Engine:
-    """The loaded GGUF(s): one MeteredLlama per method, the prompt rendering, timed turns and the lossless
-    explanation (ar's logits at a divergence)."""
+class LlamaCpp:
+    """The backend of `--engine llama.cpp` (run/backend.py): the loaded GGUF(s), one MeteredLlama per method, the
+    prompt rendering, timed turns and the lossless explanation (ar's logits at a divergence)."""
+
+    measures = MEASURES
 
     def __init__(self, cfg: RunConfig, target: Path, draft: Path | None, loaded):
         import llama_cpp
@@ -86,6 +77,7 @@ class Engine:
         from .llama_hooks import GreedyDraft, MeteredDraft, MeteredLlama
 
         self.cfg, self.target_path, self.draft_path = cfg, target, draft
+        self.labels, self.model_spec = tuple(cfg.methods), cfg.model
         self.threads = cfg.threads or torch.get_num_threads()  # specbench's own default: torch's thread count
         options = cfg.method_options()
         pld = options.get("pld", {})
@@ -167,16 +159,25 @@ class Engine:
         text = "\n\n".join(m["content"] for m in messages)
         return vocab.tokenize(text.encode("utf-8"), add_bos=True, special=False)
 
-    def prompt_ids(self, messages: list[dict], prompt: ds.Prompt) -> list[int] | None:
-        """Rendered and fitted into the trained context as specbench's runner does (left-truncated with a
-        warning, or None: skipped)."""
-        return fit_prompt(self.render(messages), self.n_ctx_train, self.cfg.max_new_tokens, prompt.id)
+    def prompt_ids(self, messages: list[dict], prompt: ds.Prompt) -> tuple[list[int], int] | None:
+        """Rendered and fitted into the trained context as specbench's own backend does (left-truncated with a
+        warning, or None: skipped), with the tokens cut."""
+        rendered = self.render(messages)
+        ids = fit_prompt(rendered, self.n_ctx_train, self.cfg.max_new_tokens, prompt.id)
+        return None if ids is None else (ids, len(rendered) - len(ids))
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.vocab.detokenize(tokens).decode("utf-8", "replace")
 
     # --------------------------------------------------------------------------------------------- generation
 
-    def generate(self, label: str, ids: list[int], max_new_tokens: int) -> EngineTurn:
-        """One generation from a fresh context, timed from the prompt's evaluation to the last token; each token's
-        arrival time from the engine's stream; counts from the hooks (llama_hooks.tally)."""
+    def generate(self, label: str, ids: list[int], seed: int) -> tuple[Generation, float, float]:
+        """One timed turn (run/backend.timed: the median of --repeats, this process's peak memory)."""
+        return timed(lambda: self.generate_once(label, ids, self.cfg.max_new_tokens, seed), self.cfg.repeats, CPU)
+
+    def generate_once(self, label: str, ids: list[int], max_new_tokens: int, seed: int = 0) -> Generation:
+        """One generation from a fresh context; each token's arrival time from the engine's stream (seconds from
+        the prompt's evaluation); counts from the hooks (llama_hooks.tally)."""
         from .llama_hooks import tally
 
         llm = self.llms[label]
@@ -188,69 +189,46 @@ class Engine:
         cfg = self.cfg
         sampling = dict(temp=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=0.0, repeat_penalty=1.0)
         if cfg.temperature > 0:
-            llm.set_seed(cfg.seed)
-        tokens, times, emitted = [], [], []
-        stopped = False
-        memory.reset_peak(CPU)
+            llm.set_seed(seed)
+        gen = Generation()
+        emitted = []
         start = time.perf_counter()
         stream = llm.generate(ids, **sampling)
         for tok in stream:
-            times.append(time.perf_counter() - start)
-            tokens.append(int(tok))
+            gen.token_times.append(time.perf_counter() - start)
+            gen.tokens.append(int(tok))
             emitted.append((int(tok), len(llm.meter.fed) - 1))
             if llm.is_eog(tok):
-                stopped = True
+                gen.stopped = True
                 break
-            if len(tokens) >= max_new_tokens:
+            if len(gen.tokens) >= max_new_tokens:
                 break
-        wall = time.perf_counter() - start
         stream.close()
-        peak = memory.peak_mb(CPU)
         counts = tally(llm.meter.fed, emitted)
-        draft_forwards = len(self.draft_llm.meter.fed) if label == "sd" else 0
-        return EngineTurn(tokens=tokens, wall_s=wall, prompt_tokens=len(ids), token_times=times,
-                          target_forwards=counts.forwards, drafted=counts.drafted, accepted=counts.accepted,
-                          draft_forwards=draft_forwards, draft_s=llm.meter.draft_s, forward_s=llm.meter.forward_s,
-                          drafted_per_position=counts.drafted_per_position,
-                          accepted_per_position=counts.accepted_per_position, stopped=stopped, peak_mem_mb=peak,
-                          prompt_ids=list(ids))
+        gen.target_forwards, gen.drafted, gen.accepted_drafts = counts.forwards, counts.drafted, counts.accepted
+        gen.drafted_per_position = counts.drafted_per_position
+        gen.accepted_per_position = counts.accepted_per_position
+        gen.draft_forwards = len(self.draft_llm.meter.fed) if label == "sd" else 0
+        gen.draft_s, gen.forward_s = llm.meter.draft_s, llm.meter.forward_s
+        return gen
 
-    def timed_turn(self, label: str, ids: list[int], turn: int, order: int) -> EngineTurn:
-        """--repeats generations (the same tokens each time), the median-time one kept, with what else the machine
-        did meanwhile (core/machine/contention.py)."""
-        before = contention.snapshot()
-        tries = [self.generate(label, ids, self.cfg.max_new_tokens) for _ in range(self.cfg.repeats)]
-        noise = contention.between(before, contention.snapshot())
-        kept = sorted(tries, key=lambda t: t.wall_s)[len(tries) // 2]
-        kept.noise, kept.turn, kept.order = noise, turn, order
-        kept.text = self.vocab.detokenize(kept.tokens).decode("utf-8", "replace")
-        return kept
+    def reference(self, label: str, ids: list[int]) -> None:
+        return None  # batch-1 `ar` is the only reference
 
-    def run_prompt(self, prompt: ds.Prompt, label: str, order: int) -> list[EngineTurn]:
-        """Every turn of one prompt with one method (a later turn carries the method's own earlier answers)."""
-        answers: list[str] = []
-        out = []
-        for turn in range(len(prompt.turns)):
-            messages = ds.conversation(prompt, turn, answers)
-            ids = self.prompt_ids(messages, prompt)
-            if ids is None:
-                break
-            out.append(self.timed_turn(label, ids, turn, order))
-            out[-1].prompt_cut = len(self.render(messages)) - len(ids)
-            answers.append(out[-1].text)
-        return out
-
-    def warm_up(self, prompts: list[ds.Prompt]) -> None:
+    def warm_up(self, prompts: list[ds.Prompt], batch_labels=(), batch_sizes=(), out=None) -> None:
         """--warmup untimed generations per method (up to 32 tokens) on the first prompt."""
         if not prompts or self.cfg.warmup == 0:
             return
-        ids = self.prompt_ids(ds.conversation(prompts[0], 0, []), prompts[0])
-        if ids is None:
+        fitted = self.prompt_ids(ds.conversation(prompts[0], 0, []), prompts[0])
+        if fitted is None:
             return
         with status("Warming up llama.cpp (not timed)"):
             for label in self.llms:
                 for _ in range(self.cfg.warmup):
-                    self.generate(label, ids, min(self.cfg.max_new_tokens, 32))
+                    self.generate_once(label, fitted[0], min(self.cfg.max_new_tokens, 32))
+
+    def close(self, out) -> None:
+        pass
 
     # ----------------------------------------------------------------------------------------------- lossless
 
@@ -266,27 +244,11 @@ class Engine:
             llm.eval([tok])
         return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).copy()
 
-    def explainer(self, results: dict[str, list[EngineTurn]], reference: dict):
-        """common.Explain for one prompt: (gap, verdict) at a method's first divergence from ar, from ar's logits
-        there; None when the turn's prompt is not ar's (an earlier turn diverged). reference: EngineRun.reference,
-        ar's tokens by (dataset, prompt id, turn), a resumed run's earlier ones included (ar's prompt is then the
-        method's own when every earlier turn of the method matched ar: the same conversation)."""
-        def explain(label: str, work: PromptWork, t: EngineTurn, index: int):
-            ar = {a.turn: a for a in results.get("ar", [])}
-            if t.turn in ar:
-                same_prompt = ar[t.turn].prompt_ids == t.prompt_ids
-            else:
-                earlier = [u for u in results.get(label, []) if u.turn < t.turn]
-                same_prompt = all(u.tokens == reference.get((work.dataset, work.prompt.id, u.turn)) for u in earlier)
-            ar_tokens = reference.get((work.dataset, work.prompt.id, t.turn))
-            if not same_prompt or ar_tokens is None:
-                return None
-            if index >= len(ar_tokens) or index >= len(t.tokens):
-                return math.nan, "unexplained"  # a length difference: no token to compare
-            logits = self.ar_logits(t.prompt_ids, ar_tokens, index)
-            return near_tie(logits, ar_tokens[index], t.tokens[index], self.layers)
-
-        return explain
+    def explain(self, ids: list[int], ar_tokens: list[int], tokens: list[int], index: int) -> tuple[float, str]:
+        """(gap, verdict) at a method's first divergence from ar, from ar's logits there (common.near_tie)."""
+        if index >= len(ar_tokens) or index >= len(tokens):
+            return math.nan, "unexplained"  # a length difference: no token to compare
+        return near_tie(self.ar_logits(ids, ar_tokens, index), ar_tokens[index], tokens[index], self.layers)
 
     # ------------------------------------------------------------------------------------------------ run.yaml
 
@@ -306,6 +268,14 @@ class Engine:
                           "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
                           "extra_buffers": self.extra, "extra_buffers_why": self.extra_why},
                 "draft_model": str(self.draft_path) if self.draft_path else None}
+
+    def profile(self):
+        return None  # no latency profile of a GGUF: the noise guard's floor stays 1.0
+
+    def run_blocks(self, loaded) -> dict:
+        """run.yaml's model, engine, chosen and peak-memory blocks."""
+        return {"model": self.model_block(), "engine": self.facts(), "chosen": self.chosen(),
+                "peak_memory": "peak RSS during the generation (the engine runs in this process)"}
 
     def chosen(self) -> dict:
         """What each method ran with, in the engine's own terms."""

@@ -36,7 +36,10 @@ from ..run.config import RunConfig
 from ..run.records import LosslessCheck, compare
 from ..run.work import LoadedDataset
 from . import openai_acceptance as acc
-from .common import EngineRun, EngineTurn, engine_record, load_work, local_environment
+from ..run.backend import Measures
+from ..run.resume import mark_complete
+from ..run.results import RecordWriter
+from .common import EngineTurn, engine_record, local_environment
 from .openai_client import Endpoint, ServerError, Streamed, unreachable
 from .openai_load import closed_loop, open_loop, poisson_arrivals
 from .openai_options import Options, parse_concurrency, parse_slo  # noqa: F401  (tests read them here)
@@ -44,6 +47,11 @@ from .openai_options import Options, parse_concurrency, parse_slo  # noqa: F401 
 RETRIES = 3  # tries of one request before it is recorded as failed
 BACKOFF_S = 0.5  # wait before the second try (doubled each time)
 SERVING_FILE = "serving.json"  # per phase: wall time, requests, failures, acceptance; every failed request
+MEASURES = Measures(retime=False, resume=False, phases=True,
+                    why_not_retime="a server's requests are measured in load phases the server schedules (many in "
+                                   "flight), so one turn cannot be timed again beside the same load; disturbed rows "
+                                   "are flagged",
+                    why_not_resume="a server run is not resumable (the server's state between two runs is not known)")
 
 
 @dataclass
@@ -156,55 +164,83 @@ def read_counts(server: Server) -> acc.Counts | None:
         return None
 
 
-def run(cfg: RunConfig) -> Path:
-    """Run every load level on the server(s) and write the run folder; returns it."""
-    opts = Options.of(cfg)
-    if cfg.resume:
-        raise SpecbenchError("--resume: a server run is not resumable (the server's state between two runs is not "
-                             "known); run it again into a new --out")
+def check(cfg: RunConfig) -> RunConfig:
+    """The server options checked and greedy decoding required, before any request or file; the run's methods are
+    the servers' (no specbench method runs)."""
+    Options.of(cfg)
     if cfg.temperature != 0:
         raise SpecbenchError("--engine openai measures greedy decoding (temperature 0, what the lossless check "
                              "compares); drop --temperature")
+    return replace(cfg, methods=())
+
+
+def prepare(cfg: RunConfig, loaded: list[LoadedDataset]) -> "Servers":
+    """The server(s) connected and warmed up (a server that fails here leaves no run folder behind)."""
+    opts = Options.of(cfg)
     servers = [connect(opts.base_url, opts, "spec" if opts.baseline_url else "server")]
     if opts.baseline_url:
         servers.insert(0, connect(opts.baseline_url, opts, "ar"))
-    loaded = load_work(cfg)
-    for server in servers:  # before the run folder is made: a server that fails here leaves nothing behind
+    for server in servers:
         warm_up(server, loaded, cfg)
-    env = local_environment("openai", threads=cfg.threads or 0, dtype="server",
-                            placement=f"openai:{opts.base_url}")
-    run_cfg = replace(cfg, methods=())  # the servers decide how they decode: no specbench method runs
-    engine = {"name": "openai", "version": "; ".join(f"{s.label}: {server_version(s)}" for s in servers),
-              "servers": {s.label: {"url": s.endpoint.base_url, "model": s.model} for s in servers},
-              "concurrency": list(opts.concurrency), "request_rate": opts.request_rate, "slo": opts.slo,
-              "labels": "ar: the --baseline-url server, spec: the --base-url server" if opts.baseline_url
-              else "server: the --base-url server"}
-    er = EngineRun.open(run_cfg, loaded, env, model={"spec": servers[-1].model, "name": servers[-1].model,
-                                                     "source": opts.base_url, "rendering": "the server's chat template"},
-                        engine=engine)
-    phases, failed = [], []
-    try:
-        for level in measure(servers, loaded, cfg, opts):  # each level's rows written as soon as it has run
-            phases += level
-            failed += write_rows(er, cfg, env, servers, loaded, level)
-    except KeyboardInterrupt:
-        er.writer.close()
-        write_serving(er.out, servers, phases, failed, opts)
-        kept = max(sum(1 for _ in open(er.writer.records_path)) - 1, 0)
-        stop = SpecbenchError(f"Interrupted: {kept} rows kept in {er.out} (the load levels that finished; `specbench "
-                              "report` reports them). A server run is not resumable: run it again into a new --out.")
-        stop.exit_code = 130
-        raise stop from None
-    write_serving(er.out, servers, phases, failed, opts)
-    unit = "tokens" if all(s.logprobs for s in servers) else "text"
-    er.complete()
-    if failed:
-        console.print(f"[yellow]{len(failed)} request(s) failed after {RETRIES} tries: listed in "
-                      f"{er.out / SERVING_FILE} and in report.md[/]")
-    if opts.baseline_url:
-        console.print(f"[dim]lossless check: spec against ar compared as {unit} (the servers' "
-                      f"{'token strings, from logprobs' if unit == 'tokens' else 'streamed text'})[/]")
-    return er.out
+    return Servers(cfg, opts, servers, loaded)
+
+
+class Servers:
+    """The backend of `--engine openai` (run/backend.py): the servers of the run, measured in load phases of its
+    own (measure()), since the server schedules the requests in flight; the run folder, run.yaml and records are the
+    runner's."""
+
+    measures = MEASURES
+
+    def __init__(self, cfg: RunConfig, opts: Options, servers: list[Server], loaded: list[LoadedDataset]):
+        self.cfg, self.opts, self.servers, self.loaded = cfg, opts, servers, loaded
+        self.labels = tuple(s.label for s in servers)
+        self.model_spec = servers[-1].model
+        self.env = local_environment("openai", threads=cfg.threads or 0, dtype="server",
+                                     placement=f"openai:{opts.base_url}")
+
+    def profile(self):
+        return None  # the server's hardware is not profiled here: the noise guard's floor stays 1.0
+
+    def run_blocks(self, loaded) -> dict:
+        opts, servers = self.opts, self.servers
+        engine = {"name": "openai", "version": "; ".join(f"{s.label}: {server_version(s)}" for s in servers),
+                  "servers": {s.label: {"url": s.endpoint.base_url, "model": s.model} for s in servers},
+                  "concurrency": list(opts.concurrency), "request_rate": opts.request_rate, "slo": opts.slo,
+                  "labels": "ar: the --baseline-url server, spec: the --base-url server" if opts.baseline_url
+                  else "server: the --base-url server"}
+        return {"model": {"spec": self.model_spec, "name": self.model_spec, "source": opts.base_url,
+                          "rendering": "the server's chat template"},
+                "engine": engine, "chosen": {}, "peak_memory": ""}
+
+    def measure(self, out: Path, writer: RecordWriter) -> Path:
+        """Every load level on the server(s), each level's rows written as soon as it has run; serving.json."""
+        cfg, opts, servers = self.cfg, self.opts, self.servers
+        phases, failed = [], []
+        try:
+            for level in measure(servers, self.loaded, cfg, opts):
+                phases += level
+                failed += write_rows(writer, cfg, self.env, servers, self.loaded, level)
+        except KeyboardInterrupt:
+            writer.close()
+            write_serving(out, servers, phases, failed, opts)
+            kept = max(sum(1 for _ in open(writer.records_path)) - 1, 0)
+            stop = SpecbenchError(f"Interrupted: {kept} rows kept in {out} (the load levels that finished; "
+                                  "`specbench report` reports them). A server run is not resumable: run it again "
+                                  "into a new --out.")
+            stop.exit_code = 130
+            raise stop from None
+        write_serving(out, servers, phases, failed, opts)
+        unit = "tokens" if all(s.logprobs for s in servers) else "text"
+        writer.close()
+        mark_complete(out)
+        if failed:
+            console.print(f"[yellow]{len(failed)} request(s) failed after {RETRIES} tries: listed in "
+                          f"{out / SERVING_FILE} and in report.md[/]")
+        if opts.baseline_url:
+            console.print(f"[dim]lossless check: spec against ar compared as {unit} (the servers' "
+                          f"{'token strings, from logprobs' if unit == 'tokens' else 'streamed text'})[/]")
+        return out
 
 
 def warm_up(server: Server, loaded: list[LoadedDataset], cfg: RunConfig) -> None:
@@ -274,7 +310,7 @@ def request_counts(phase: Phase) -> acc.Counts | None:
     return total
 
 
-def write_rows(er: EngineRun, cfg: RunConfig, env: dict, servers: list[Server], loaded: list[LoadedDataset],
+def write_rows(writer: RecordWriter, cfg: RunConfig, env: dict, servers: list[Server], loaded: list[LoadedDataset],
                phases: list[Phase]) -> list[dict]:
     """records.csv + tokens.jsonl rows of one level's finished requests (the reference's first); returns the failed
     requests."""
@@ -295,7 +331,7 @@ def write_rows(er: EngineRun, cfg: RunConfig, env: dict, servers: list[Server], 
                         continue
                     check = lossless(o, reference, (d.name, prompt.id), text_only)
                     record = row(cfg, env, models[phase.label], phase, d.name, prompt, o, check, tokens_total)
-                    er.writer.write(record, o.streamed.tokens if not text_only else [o.streamed.text])
+                    writer.write(record, o.streamed.tokens if not text_only else [o.streamed.text])
     return failed
 
 

@@ -28,6 +28,8 @@ class Generation:
     accepted_drafts: int = 0  # of those, accepted
     accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts by draft position
     drafted_per_position: list[int] = field(default_factory=list)  # proposed drafts by draft position
+    # drafts proposed at a position whose previous draft was accepted (the denominator of the conditional rate)
+    reached_per_position: list[int] = field(default_factory=list)
     stopped: bool = False  # ended on a stop token (not the length cap)
     timeline: list[dict] = field(default_factory=list)  # per-step draft/target busy spans (sd, pearl; timeline.py)
     # batch > 1 (methods/batch_loop.py): this sample's share of the target's work, and its time in the batch
@@ -58,7 +60,8 @@ class Generation:
         """Record one verification of `proposed` draft tokens of which the first `accepted` were kept."""
         self.drafted += proposed
         self.accepted_drafts += accepted
-        for counts, n in ((self.drafted_per_position, proposed), (self.accepted_per_position, accepted)):
+        for counts, n in ((self.drafted_per_position, proposed), (self.accepted_per_position, accepted),
+                          (self.reached_per_position, min(proposed, accepted + 1))):
             if len(counts) < proposed:
                 counts.extend([0] * (proposed - len(counts)))
             for i in range(n):
@@ -125,6 +128,10 @@ class DecodeMethod:
     def chosen(self) -> dict:
         """Settings this method chose itself (defaults it measured or looked up), for run.yaml and the console."""
         return {}
+
+    def warmed_up(self) -> None:
+        """The run's untimed warm-up is over: drop what it left that timed turns must not read (suffix: the warm-up's
+        outputs in its global index)."""
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling: Sampling,
                  generator: torch.Generator | None) -> Generation:

@@ -46,6 +46,7 @@ class Sample:
     draft: list[int] = field(default_factory=list)  # this step's drafts
     q: torch.Tensor | None = None  # their draft probabilities [k, V] (None: greedy or one-hot)
     scratch: dict = field(default_factory=dict)  # per-method state (sd: the tokens its drafter cache holds)
+    state: object = None  # a tree method's state between steps: its proposer's dataclass (methods/tree/proposer.py)
 
     def room(self, max_new_tokens: int) -> int:
         """Drafts that fit before the cap (the verify forward always yields one more token)."""

@@ -41,7 +41,12 @@ def default_path(model: str, method: str = "ppd") -> Path:
 
 
 def read_per_rank(path: str | Path, rows: int) -> list[list[float]]:
-    """per_rank rows for distances 1..rows from an acceptance file (clear errors naming the file)."""
+    """per_rank rows for distances 1..rows from an acceptance file (clear errors naming the file); a
+    speculation_profile.json gives its conditional rates as rank 0's, zeros beyond its positions."""
+    if str(path).endswith(".json"):
+        from ..core.acceptance_profile import read
+
+        return read(str(path)).per_rank_rows(rows, TOP_K)
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:

@@ -15,8 +15,11 @@ from .markdown import markdown_table
 HEADLINE = ("Headline: **token-weighted** tau (all steps of all requests pooled: total tokens / total target "
             "forwards, the prefill's first token included). `tau per request` is the mean of each request's own tau; "
             "they differ only by averaging (a short request weighs as much as a long one in the second). Per "
-            "position: `conditional` = P(draft i accepted | draft i - 1 accepted), `marginal` = P(drafts 1..i all "
-            "accepted), both over the steps that drafted position i.")
+            "position: `conditional` = P(draft i accepted | draft i - 1 accepted), over the steps that drafted "
+            "position i; `marginal` = P(drafts 1..i all accepted) = the product of the conditionals to i (a chain "
+            "that always drafts i). Each speculative method's rates are also written as "
+            "speculation_profiles/<method>.json (Model Optimizer's speculation_profile.json): `plan --acceptance "
+            "speculation_profiles` and `run --synthetic-acceptance speculation_profiles/<method>.json` read them.")
 
 
 def synthetic_lines(meta: dict) -> list[str]:
@@ -43,8 +46,9 @@ def _positions(text) -> list[tuple[int, int]]:
 
 
 def per_position(records: pd.DataFrame) -> tuple[list[float], list[float]]:
-    """(conditional, marginal) per draft position, pooled over the records' steps: marginal_i = accepted_i /
-    drafted_i, conditional_i = marginal_i / marginal_{i-1}."""
+    """(conditional, marginal) per draft position, pooled over the records' steps (core/acceptance_profile.rates:
+    the records hold accepted and drafted counts per position, so a position's reached steps are bounded by the
+    previous position's accepted ones)."""
     accepted: list[int] = []
     drafted: list[int] = []
     for text in records.get("accepted_per_position", pd.Series(dtype=object)):
@@ -54,10 +58,9 @@ def per_position(records: pd.DataFrame) -> tuple[list[float], list[float]]:
                 drafted.append(0)
             accepted[i] += a
             drafted[i] += d
-    marginal = [a / d if d else 0.0 for a, d in zip(accepted, drafted)]
-    conditional = [m / (marginal[i - 1] if i else 1.0) if (marginal[i - 1] if i else 1.0) > 0 else 0.0
-                   for i, m in enumerate(marginal)]
-    return conditional, marginal
+    from ..core.acceptance_profile import rates
+
+    return rates(accepted, drafted)
 
 
 def table(records: pd.DataFrame) -> pd.DataFrame:
@@ -114,3 +117,49 @@ def section(records: pd.DataFrame, meta: dict) -> list[str]:
         md += ["Synthetic acceptance check (accepted drafts against the stated rates' expectation, 5 sd):", "",
                markdown_table(pd.DataFrame(rows)), ""]
     return md
+
+
+def _decode_mean(r: pd.DataFrame) -> float:
+    """Tokens per decode step (the prefill's forward and its first token left out), over every step pooled."""
+    steps = (r.target_forwards - 1).clip(lower=0).sum()
+    return float((r.new_tokens - 1).clip(lower=0).sum() / steps) if steps else 1.0
+
+
+def write_profiles(records: pd.DataFrame, run_dir, meta: dict) -> list:
+    """speculation_profiles/<method>.json: each speculative method's measured acceptance in Model Optimizer's
+    speculation_profile.json shape (conditional and marginal rates per position, the per-step and per-request
+    means, per category), so `plan` and `run --synthetic-acceptance` can read it here or elsewhere. None for a
+    synthetic run (its acceptance is the stated one, not a measurement)."""
+    from pathlib import Path
+
+    from ..core.acceptance_profile import speculation_profile, write_speculation_profile
+
+    if meta.get("synthetic_acceptance") or records.empty or "accepted_per_position" not in records:
+        return []
+    model = str((meta.get("model") or {}).get("spec") or records.model.iloc[0])
+    settings = meta.get("settings") or {}
+    written = []
+    for method, r in records.groupby("method", sort=False):
+        conditional, _ = per_position(r)
+        while conditional and conditional[-1] == 0:
+            conditional.pop()
+        if not conditional:  # ar, or a method that never drafted
+            continue
+        cats = {}
+        if "category" in r and r.category.nunique() > 1:
+            for cat, c in r.groupby("category"):
+                cond, _ = per_position(c)
+                cats[str(cat)] = {"conditional": cond, "mean_per_step": _decode_mean(c),
+                                  "mean_per_request": float(((c.new_tokens - 1).clip(lower=0)
+                                                             / (c.target_forwards - 1).clip(lower=1)).mean())}
+        payload = speculation_profile(
+            conditional, str(method), model, _decode_mean(r),
+            float(((r.new_tokens - 1).clip(lower=0) / (r.target_forwards - 1).clip(lower=1)).mean()), cats or None,
+            {"tool": "specbench run", "datasets": sorted(map(str, r.dataset.unique())), "turns": int(len(r)),
+             "temperature": settings.get("temperature"), "dtype": str(r.dtype.iloc[0]) if "dtype" in r else None,
+             "note": "rates per draft position over the steps that drafted it; a tree method's are its accepted "
+                     "path's depth rates"})
+        path = Path(run_dir) / "speculation_profiles" / f"{str(method).replace('/', '_')}.json"
+        write_speculation_profile(payload, path)
+        written.append(path)
+    return written

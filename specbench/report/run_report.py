@@ -13,7 +13,7 @@ from ..core import random_weights
 from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..run.results import read_meta, with_batch_columns
-from . import acceptance, batchreport, compact, comparison, context, roofline, timeline, verdict
+from . import acceptance, batchreport, compact, comparison, context, map_report, roofline, timeline, verdict
 from .lossless_check import LOSSLESS_TEXT, lossless_failed_section, unexplained_mismatches
 from .engines import cross_engine_section, engine_section
 from .markdown import markdown_table
@@ -81,6 +81,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     md += context.section(single_records, run_dir, title, floor)  # tau and speedup by prompt length
     ems = summary[summary.batching.isin(["-", "padded", "unpadded"])]  # a server's load levels: serving.py
     md += batchreport.section(ems, run_dir, title, meta.get("chosen"), meta.get("trees"))
+    md += map_report.write(run_dir, records, summary, meta, title)  # a batch-size sweep: where each method pays
     md += serving_section(records, run_dir, meta, title)  # ttft / itl / tpot percentiles, throughput, goodput
     md += noise_section(summary, meta, records)
     md += ["## Formulas", "", "```", FORMULAS, "```", ""]
@@ -90,6 +91,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     md += settings_section(meta) + environment_section(meta)
     md += ["## Appendix: every summary column", "", "The table summary.csv holds (formulas above).", "",
            markdown_table(named(summary)), ""]
+    acceptance.write_profiles(records, run_dir, meta)  # speculation_profiles/<method>.json: measured, portable
     RunFolder(run_dir).report.write_text("\n".join(md))
     return summary
 

@@ -18,6 +18,7 @@ from ..core.machine import contention
 from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..methods.batch_loop import MODES, generate_batch
+from . import compiled as compile_run
 from .work import BatchJob, BatchLabel, IndexedPrompt, LoadedDataset
 
 REFILL_GROUP = 4  # with --refill, a job streams REFILL_GROUP x B prompts through B slots
@@ -86,7 +87,8 @@ class BatchTurn:
 
 def run_label(runner, job: BatchJob, method_name: str, mode: str, refill: bool) -> list[BatchTurn]:
     """Decode every prompt turn of the job with one label; returns its rows (turn by turn, batch by batch)."""
-    method = runner.methods[method_name]
+    backend = runner.backend  # own_methods.OwnMethods: the one backend that decodes batches
+    method = backend.methods[method_name]
     cfg = runner.cfg
     answers: dict[str, list[str]] = {p.prompt.id: [] for p in job.prompts}
     live = {p.index: p.prompt for p in job.prompts}  # index -> prompt still going (a skipped turn ends its prompt)
@@ -105,13 +107,18 @@ def run_label(runner, job: BatchJob, method_name: str, mode: str, refill: bool) 
             break
 
         def once():
-            generators = [torch.Generator(device=runner.target.device).manual_seed(runner.seed(entry.index, turn))
+            generators = [torch.Generator(device=backend.target.device).manual_seed(runner.seed(entry.index, turn))
                           for entry in batch]
-            return generate_batch(method, [entry.ids for entry in batch], job.batch_size, mode, refill,
-                                  cfg.max_new_tokens, cfg.sampling, generators)
+            states = compile_run.states_of(backend.target, backend.drafter)  # --compile: count compiled / eager
+            before = compile_run.snapshot(states)
+            gens, steps = generate_batch(method, [entry.ids for entry in batch], job.batch_size, mode, refill,
+                                         cfg.max_new_tokens, cfg.sampling, generators)
+            if states:
+                compile_run.batch_forwards(states, before, gens, method)
+            return gens, steps
 
         before = contention.snapshot()
-        (gens, steps), seconds, mem = runner.timed(once)
+        (gens, steps), seconds, mem = backend.timed(once)
         load = contention.between(before, contention.snapshot())
         total = max(sum(len(g.tokens) for g in gens), 1)
         # the prefill-only steps' time (of the last repeat; the median's run when --repeats is 1), capped by the
@@ -122,5 +129,5 @@ def run_label(runner, job: BatchJob, method_name: str, mode: str, refill: bool) 
             share = len(gen.tokens) / total
             rows.append(BatchTurn(entry.index, entry.prompt, turn, entry.ids, gen, batch_id, seconds,
                                   seconds * share, seconds * 1e3 / max(steps, 1), prefill * share, mem, load))
-            answers[entry.prompt.id].append(runner.target.tokenizer.decode(gen.tokens))
+            answers[entry.prompt.id].append(backend.decode(gen.tokens))
     return rows

@@ -107,6 +107,15 @@ def pending_batches(jobs: list[BatchJob], done: Done) -> list[BatchWork]:
     return [w for w in work if w.labels]
 
 
+def load_datasets(cfg: RunConfig) -> list[LoadedDataset]:
+    """The run's prompts, whichever backend decodes them (--dataset, --limit, --data-file, --per-category); a
+    --per-category run of a set without categories is refused."""
+    loaded = [LoadedDataset(*ds.load_prompts(name, cfg.limit, cfg.data_file, per_category=cfg.per_category))
+              for name in cfg.datasets]
+    check_categories(cfg, loaded)
+    return loaded
+
+
 def check_categories(cfg: RunConfig, loaded: list[LoadedDataset]) -> None:
     """--per-category on sets whose records carry no `category`: refused when no set has one (the option would do
     nothing), a note naming the sets that take their first --limit prompts instead when only some have one."""

@@ -78,9 +78,9 @@ class TreeMethod(Batchable, DecodeMethod):
                       f"{escape(self.guesser.description)}[/]")
 
     def time_drafting(self, tree=None) -> float | None:
-        """The proposer's drafting of `tree` timed (pricing.DraftPricing): None, the tree the step decodes with once
-        planned, else the family's searched tree of the default size (a tree being built is not known yet); None
-        where nothing drafts beside the target's forward."""
+        """The proposer's drafting of `tree` timed, in ms per drafting forward (pricing.DraftPricing); tree None:
+        the one the step decodes with once planned, else the family's searched tree of the default size (a tree
+        being built is not known yet). None where nothing drafts beside the target's forward."""
         if not (self.proposer.drafter_model or self.proposer.advance_drafts):
             return None
         if tree is None:
@@ -110,7 +110,7 @@ class TreeMethod(Batchable, DecodeMethod):
         tokens of a prefill). Nothing by default; a test's oracle reads where its guesses land."""
 
     # the step (methods/batch_loop.py drives it): the proposer's calls (proposer.py), verify and accept (step.py);
-    # each sample's state between steps is the proposer's dataclass, in sample.scratch["state"]
+    # each sample's state between steps is the proposer's dataclass, in sample.state
 
     def start_batch(self, mode: str, slots: int) -> None:
         self.plan = self.plans.get(slots, self.plans[1])  # this batch size's tree, before the proposer's batch state
@@ -124,7 +124,7 @@ class TreeMethod(Batchable, DecodeMethod):
         equal share of the drafting time (so the rows' draft_s add up to the batch's, as their wall_s do)."""
         if not samples:  # a step of newcomers only
             return []
-        states = [s.scratch["state"] for s in samples]
+        states = [s.state for s in samples]
         if not self.proposer.drafter_model:
             return self.proposer.propose(samples, states, self.plan, sampling)
         d0 = now(self.target.device)
@@ -165,7 +165,7 @@ class TreeMethod(Batchable, DecodeMethod):
         first, hidden = target.forward(joined, steps, hidden=True, around=around)
         finished = []
         for s, h in zip(joining, first):
-            root, s.scratch["state"] = proposer.joined(
+            root, s.state = proposer.joined(
                 s, h, lambda path, s=s: target.keep_offsets(s.slot, len(s.history) - 1, path), sampling, self.plan)
             s.history.append(root)
             if s.gen.emit([root], stop_ids, max_new_tokens):
@@ -173,8 +173,8 @@ class TreeMethod(Batchable, DecodeMethod):
         rule = self.tree_rule if self.acceptance_rule is None else accept_rule.stated(self.acceptance_rule)
         for s, h, d, past in zip(active, hidden, drafts, pasts):
             # 3. accept and 4. update cache (step.py), on this sample's own random stream
-            emitted, s.scratch["state"] = verify_and_accept(
-                self.target.model, proposer, rule, s.scratch["state"], d, h,
+            emitted, s.state = verify_and_accept(
+                self.target.model, proposer, rule, s.state, d, h,
                 lambda path, s=s, past=past: target.keep_offsets(s.slot, past, path), sampling, s.generator, s.gen)
             s.history += emitted
             if s.gen.emit(emitted, stop_ids, max_new_tokens):
