@@ -113,6 +113,11 @@ class Eagle3Drafter(DraftModule):
         return [self.midlayer]
 
     @property
+    def input_width(self) -> int:
+        """Its inputs' width, 2H (what a compiled warm-up feeds it)."""
+        return 2 * self.config.hidden_size
+
+    @property
     def mask_tokens(self) -> int:
         return 0
 
@@ -126,6 +131,9 @@ class Eagle3Drafter(DraftModule):
 
     def get_input_embeddings(self):
         return self._shared[0]
+
+    def get_output_embeddings(self):
+        return self.lm_head  # its own head over the draft vocabulary
 
     def fuse(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """features [n, 3H_t] (the target's fused states g_i) or [n, H] (the drafter's own o), tokens [n] (the token
@@ -154,10 +162,13 @@ class Eagle3Drafter(DraftModule):
 
     def hidden(self, input_ids, position_ids, cache=None, attention_mask=None, *, inputs_embeds=None,
                **attention_kwargs) -> torch.Tensor:
-        """What the batch engines run: inputs_embeds [B, n, 2H] (fused pairs) -> o [B, n, H]."""
-        if inputs_embeds is None:
-            raise ValueError("the EAGLE-3 drafter reads fused pairs (inputs_embeds), never token ids alone")
-        return self.features(inputs_embeds, position_ids, cache, attention_mask, **attention_kwargs)
+        """What the batch engines run: inputs_embeds [B, n, 2H] (fused pairs) -> o [B, n, H]. Token embeddings
+        alone [B, n, H] (a compiled warm-up's plain-token shape; drafting never feeds them) pair with a zero
+        feature."""
+        x = inputs_embeds if inputs_embeds is not None else self._shared[0](input_ids)
+        if x.shape[-1] != self.input_width:
+            x = torch.cat([x, torch.zeros_like(x)], -1)
+        return self.features(x, position_ids, cache, attention_mask, **attention_kwargs)
 
     def head_logits(self, o: torch.Tensor) -> torch.Tensor:
         """o [..., H] -> logits over the draft vocabulary [..., K]."""
