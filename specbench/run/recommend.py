@@ -60,6 +60,13 @@ class RecommendRequest:
     data_file: str | None = None
     threads: int | None = None
     allow_disturbed_profile: bool = False  # use profiles and trees measured on a disturbed machine (core/lookup.py)
+    compile: bool = False  # pick for `run --compile`: compiled profile and trees, a compiled confirming run
+
+
+def recommendation_file(model: str, hardware: str, compiled: bool = False) -> Path:
+    """recommendations/<model>/<hardware>.yaml; a pick for compiled decoding (`recommend --compile`, read by
+    `run --method auto --compile`) <hardware>@compiled.yaml, apart from eager decoding's."""
+    return store.recommendation_file(model, f"{hardware}@compiled" if compiled else hardware)
 
 
 @dataclass
@@ -110,6 +117,7 @@ def recommend(req: RecommendRequest) -> Result:
         raise SpecbenchError("--confirm must be >= 0, --limit and --max-new-tokens >= 1")
     model_config(req.model)  # an unknown model is refused here (its config; no weights), not filed as "use ar"
     lookup.start(req.allow_disturbed_profile)
+    lookup.compiled_run(req.compile)  # predictions from the compiled profile and @compiled trees
     dev, hardware, dtype = here(req.model, req.dtype, req.device)
     timed = price_drafting(req, candidates(), hardware, dtype)
     preds = predict_all(candidates(), req.model, hardware, dtype, dev.type, timed)
@@ -129,8 +137,8 @@ def recommend(req: RecommendRequest) -> Result:
         why = [f"not confirmed: {pick.method} is the best prediction; {', '.join(unseen)} were not considered (no "
                "model predicts them, and --confirm 0 measures nothing); `specbench recommend --confirm 2` measures "
                "them beside the best predicted"]
-    result = Result(pick, rows, hardware, dtype, str(dev), out, run_dir, store.filed(store.recommendation_file(
-        model_slug(req.model), hardware)))
+    result = Result(pick, rows, hardware, dtype, str(dev), out, run_dir, store.filed(recommendation_file(
+        model_slug(req.model), hardware, req.compile)))
     result.notes += why + profile_notes(req.model, hardware, dtype) + [
         f"{p.method}'s drafting: {p.draft_price}" for p in preds if p.available and p.draft_price]
     write(result, req)
@@ -240,7 +248,7 @@ def _confirm(req: RecommendRequest, methods: list[str], dtype: str, out: Path) -
     cfg = RunConfig(methods=("ar", *methods), datasets=(req.dataset,), model=req.model, dtype=dtype,
                     device=req.device, limit=req.limit, max_new_tokens=req.max_new_tokens, warmup=1,
                     threads=req.threads, data_file=req.data_file, out=out,
-                    allow_disturbed_profile=req.allow_disturbed_profile)
+                    allow_disturbed_profile=req.allow_disturbed_profile, compile=req.compile)
     return run(cfg)  # records only: the command writes the report (cli/recommend.py), as `specbench run` does
 
 
@@ -343,18 +351,21 @@ class Choice:
     path: str | None = None  # the recommendation file followed (run.yaml's data_files names it)
 
 
-def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto") -> Choice:
-    """The recommendation for this model and hardware (`path`, else recommendations/<model>/<hardware>.yaml); a
-    clear error that says to run `specbench recommend` when there is none."""
+def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto", compiled: bool = False) -> Choice:
+    """The recommendation for this model and hardware (`path`, else recommendations/<model>/<hardware>.yaml, or
+    <hardware>@compiled.yaml for `run --compile`); a clear error that says to run `specbench recommend` when there is
+    none."""
     dev = resolve_device(device)
     hardware = hardware_slug(dev)
-    found = None if path else lookup.find(lookup.RECOMMENDATION, store.recommendation_file(model_slug(model),
-                                                                                          hardware))
+    found = None if path else lookup.find(lookup.RECOMMENDATION, recommendation_file(model_slug(model), hardware,
+                                                                                    compiled))
     where = path or (found.path if found else None)
     if where is None or not Path(where).is_file():
-        looked = path or store.recommendation_file(model_slug(model), hardware)
-        raise SpecbenchError(f"--method auto: no recommendation for {model} on {hardware} (looked for {looked}); "
-                             f"run `specbench recommend --model {model}` first, or pass --recommendation FILE")
+        looked = path or recommendation_file(model_slug(model), hardware, compiled)
+        again = " --compile" if compiled else ""
+        raise SpecbenchError(f"--method auto: no recommendation for {model} on {hardware}{' (compiled)' * compiled} "
+                             f"(looked for {looked}); run `specbench recommend --model {model}{again}` first, or "
+                             "pass --recommendation FILE")
     try:
         data = yaml.safe_load(Path(where).read_text())
     except (OSError, yaml.YAMLError) as exc:
