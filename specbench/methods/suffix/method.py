@@ -48,6 +48,11 @@ class SuffixDecoding(Batchable, DecodeMethod):
         super().__init__(target, options, drafter)
         self.cache = SuffixCache(self.options.suffix_max_depth, self.options.suffix_global == "on")
 
+    @property
+    def max_verify_width(self) -> int:
+        """The widest verify forward (a tree of up to --suffix-max-spec tokens and its root): --compile's buckets."""
+        return self.options.suffix_max_spec + 1
+
     def chosen(self) -> dict:
         """run.yaml's and report.md's label of the caches (the first prompt a run decodes is cold)."""
         if not self.cache.use_global:
