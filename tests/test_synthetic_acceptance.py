@@ -262,3 +262,57 @@ def test_a_run_exports_each_methods_profile_and_a_synthetic_run_reads_it(tmp_pat
     block = yaml.safe_load((out2 / "run.yaml").read_text())["synthetic_acceptance"]
     assert block["source"] == f"speculation profile {exported}" and block["checks"]["pld"]["agrees"]
     assert not (out2 / "speculation_profiles").exists()  # a synthetic run's acceptance is stated, not measured
+
+
+def test_a_method_that_never_drafted_is_an_error_row_not_a_speedup():
+    from specbench.report import compact
+
+    summary = pd.DataFrame({"method": ["ar", "pld", "sd"], "dataset": ["d"] * 3, "prompts": [3] * 3,
+                            "tokens_per_s": [10.0, 9.5, 12.0], "speedup": [1.0, 0.95, 1.2], "tau": [1.0, 1.0, 1.6],
+                            "drafted": [0, 0, 40], "timing": ["ok"] * 3})
+    cells = dict(zip(summary.method, compact.table(summary)["speedup vs ar"]))
+    assert cells == {"ar": "1.00x", "pld": "ERROR: 0 drafts", "sd": "1.20x"}
+
+
+def test_plan_prices_chain_methods_from_their_profiles(tmp_path):
+    from specbench.planning.plan import PlanRequest, plan
+
+    folder = tmp_path / "acc"
+    folder.mkdir()
+    (folder / "pld.yaml").write_text(yaml.safe_dump({"method": "pld", "conditional": [0.6, 0.5, 0.4]}))
+    (folder / "sd.yaml").write_text(yaml.safe_dump({"method": "sd", "conditional": [0.9, 0.9, 0.9, 0.9],
+                                                    "drafter_share": 0.05}))
+    (folder / "pearl.yaml").write_text(yaml.safe_dump({"method": "pearl", "conditional": [0.9, 0.9, 0.9, 0.9]}))
+    result = plan(PlanRequest("random:vicuna-7b", gpu="a100", acceptance=str(folder),
+                              methods=("pld", "sd", "pearl"), out=tmp_path / "plan"))
+    rows = {r.method: r for r in result.rows}
+    assert rows["pld"].tau <= 1 + 0.6 + 0.3 + 0.12 + 1e-6 and rows["pld"].speedup > 1
+    assert rows["pld"].draft_ms == 0 and rows["pld"].tree.startswith("chain of")
+    assert rows["sd"].draft_ms > 0 and rows["sd"].tau > rows["pld"].tau
+    assert "drafter_share" in rows["pearl"].why_not or rows["pearl"].speedup is None
+
+
+def test_recommend_predicts_a_chain_method_from_its_estimated_acceptance(tmp_path, monkeypatch):
+    from .test_auto_tree import write_profile
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    write_profile(tmp_path)
+    (tmp_path / "acceptance" / "tiny").mkdir(parents=True)
+    (tmp_path / "acceptance" / "tiny" / "pld.yaml").write_text(yaml.safe_dump({"method": "pld",
+                                                                                "conditional": [0.7, 0.6, 0.5]}))
+    result = CliRunner().invoke(app, ["recommend", "--model", "random:tiny", "--confirm", "0", "--out", "rec"])
+    assert result.exit_code == 0, result.output
+    rec = yaml.safe_load((tmp_path / "rec" / "recommendation.yaml").read_text())
+    rows = {m["method"]: m for m in rec["methods"]}
+    assert rows["pld"]["predicted"] > 1 and rows["pld"]["tree"].startswith("chain of")
+    assert rows["sd"].get("predicted") is None and "estimate --method sd" in rows["sd"]["why_not"] or \
+        "drafter" in rows["sd"]["why_not"]
+
+
+def test_another_engine_is_refused_with_synthetic_acceptance(tmp_path, prompts_file):
+    result = CliRunner().invoke(app, ["run", "--engine", "openai", "--base-url", "http://127.0.0.1:9", "--dataset",
+                                      str(prompts_file), "--out", str(tmp_path / "r"), "--synthetic-acceptance",
+                                      "0.8"])
+    assert result.exit_code != 0 and "--synthetic-acceptance decides acceptance" in " ".join(result.output.split())
+    assert "Traceback" not in result.output

@@ -30,8 +30,11 @@ def plan(
     dtype: Annotated[str, typer.Option(help="auto (bfloat16), float32, bfloat16, float16")] = "auto",
     acceptance: Annotated[str, typer.Option(metavar="published|published:MODEL|DIR", help="Acceptance figures: the "
                           "papers' tables for this model (acceptance/published/<model>/), another model's "
-                          "(published:vicuna-7b), or a folder `specbench estimate` wrote.")] = "published",
-    methods: Annotated[str, typer.Option(metavar="M[,M...]", help="Tree methods to plan.")]
+                          "(published:vicuna-7b), or a folder `specbench estimate` wrote (<method>.yaml, or <method>.json: a "
+                          "speculation_profile.json, e.g. a run's speculation_profiles/).")] = "published",
+    methods: Annotated[str, typer.Option(metavar="M[,M...]", help="Methods to plan: tree methods, and chain methods "
+                                         "(pld, sd, pearl: their best draft length) where the folder has their "
+                                         "acceptance.")]
     = "ppd,hidden-transfer,medusa,eagle,parallelspec",
     kv_length: Annotated[int, typer.Option(help="KV length whose latency curve is read.")] = 512,
     context: Annotated[int, typer.Option(help="Tokens of context (prompt + new tokens) the KV cache holds, for "

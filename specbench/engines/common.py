@@ -19,7 +19,8 @@ from ..errors import SpecbenchError
 from ..methods import get_method
 from ..run.config import RunConfig
 from ..run.lossless import NEAR_TIE, UNEXPLAINED, CALIBRATION_LAYERS, DTYPE_ULPS, FLOAT32_ULPS
-from ..run.records import LosslessCheck, serving_view
+from ..methods.base import Generation
+from ..run.records import LosslessCheck, TurnResult, build_record
 from ..run.results import Record
 
 
@@ -95,28 +96,13 @@ def near_tie(logits: np.ndarray, ar_token: int, method_token: int, layers: int =
 
 def engine_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: str, prompt: ds.Prompt,
                   t: EngineTurn, check: LosslessCheck) -> Record:
-    """The records.csv row of one engine turn (the columns specbench's own rows fill, engine=env["engine"])."""
-    n = len(t.tokens)
-    known = t.target_forwards is not None
-    forwards = int(t.target_forwards or 0)
-    per_pos = " ".join(f"{a}/{d}" for a, d in zip(t.accepted_per_position, t.drafted_per_position))
-    gap = check.gap
-    host = (t.wall_s - t.forward_s - t.draft_s) if math.isfinite(t.forward_s) else math.nan
-    return Record(
-        method=method, dataset=dataset, prompt_id=str(prompt.id), category=prompt.category, turn=t.turn,
-        prompt_tokens=t.prompt_tokens, new_tokens=n, wall_s=round(t.wall_s, 6),
-        tokens_per_s=round(n / t.wall_s, 4) if t.wall_s else 0.0,
-        target_forwards=forwards, tau=round(n / max(forwards, 1), 4) if known else math.nan,
-        drafted=t.drafted, draft_forwards=t.draft_forwards, draft_s=round(t.draft_s, 6), accepted_drafts=t.accepted,
-        acceptance_rate=round(t.accepted / t.drafted, 4) if t.drafted else math.nan,
-        lossless=check.lossless, stopped=t.stopped, peak_mem_mb=round(t.peak_mem_mb, 1), accepted_per_position=per_pos,
-        temperature=cfg.temperature, model=model, dtype=env["dtype"], device=env["device"],
-        hardware=env["hardware"], threads=env["threads"], torch=env.get("torch", ""),
-        transformers=env.get("transformers", ""), git=env.get("git", ""),
-        mismatch_logit_gap=round(gap, 6) if math.isfinite(gap) else math.nan, mismatch_explained=check.verdict,
-        forward_ms=round(t.wall_s * 1e3 / forwards, 3) if forwards else math.nan, order=t.order,
-        placement=env.get("placement", ""), target_tokens=0, batch_wall_s=round(t.wall_s, 6),
-        latency_s=round(t.wall_s, 6), kv_padding_ratio=0.0, engine=env.get("engine", "specbench"),
-        forward_s=round(t.forward_s, 6) if math.isfinite(t.forward_s) else math.nan,
-        host_s=round(host, 6) if math.isfinite(host) else math.nan, prompt_cut=t.prompt_cut,
-        **serving_view(t.token_times), **t.noise)  # ttft, tpot, itl percentiles: one definition for all rows
+    """The records.csv row of one engine turn: run/records.build_record's, from the turn's counts (an unknown
+    forward count leaves tau and forward_ms empty; seconds inside forwards not measured: no host split)."""
+    gen = Generation(tokens=list(t.tokens), target_forwards=int(t.target_forwards or 0), drafted=t.drafted,
+                     draft_forwards=t.draft_forwards, draft_s=t.draft_s, accepted_drafts=t.accepted,
+                     accepted_per_position=list(t.accepted_per_position),
+                     drafted_per_position=list(t.drafted_per_position), stopped=t.stopped,
+                     token_times=list(t.token_times), forward_s=t.forward_s if math.isfinite(t.forward_s) else 0.0)
+    turn = TurnResult(method, t.turn, list(t.prompt_ids), gen, t.wall_s, t.peak_mem_mb, dict(t.noise), t.order)
+    return build_record(cfg, env, model, method, dataset, prompt, turn, check, prompt_cut=t.prompt_cut,
+                        prompt_tokens=t.prompt_tokens)

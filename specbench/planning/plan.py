@@ -33,6 +33,11 @@ from .profile import LatencyProfile
 PUBLISHED = Path(store.ACCEPTANCE) / "published"
 
 
+def chain_methods() -> tuple[str, ...]:
+    """The chain families plan covers from their estimated acceptance (chain_plan.py): pld, sd, pearl."""
+    return tuple(f.name for f in families.FAMILIES.values() if f.kind in ("draft-free", "draft-model"))
+
+
 def tree_methods() -> tuple[str, ...]:
     """The tree families plan covers: dynamic sparse trees first, then one-state trees of the best candidates."""
     return tuple(sorted(families.tree_families(), key=lambda name: families.get(name).one_state))
@@ -154,10 +159,11 @@ def plan(req: PlanRequest) -> Plan:
                              "path")
     if req.context < 1 or req.kv_length < 1 or req.max_size < 2:
         raise SpecbenchError("--context and --kv-length must be >= 1, --max-size >= 2")
-    known = tree_methods()
+    known = tree_methods() + chain_methods()
     unknown = [m for m in req.methods if m not in known]
     if unknown:
-        raise SpecbenchError(f"--methods: {', '.join(unknown)} not a tree method; choose from {', '.join(known)}")
+        raise SpecbenchError(f"--methods: {', '.join(unknown)} not a tree method nor a chain method plan covers; "
+                             f"choose from {', '.join(known)}")
     key = model_slug(req.model)
     config = model_config(req.model)
     dtype = build_dtype(req.dtype, req.gpu, lambda: "bfloat16")
@@ -203,6 +209,17 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
     row.unverified = (fields.get("source") or {}).get("verified") is False
     row.paper = dict((fields.get("published") or {}).get("measured") or {})
     row.memory_gb = memory_gb(method, shape, params, fields, dtype, req.context)
+    if method in chain_methods():  # a chain: its fastest draft length (chain_plan.py)
+        from .chain_plan import plan_chain
+
+        try:
+            chain = plan_chain(method, path, fields, profile, req.kv_length)
+        except SpecbenchError as exc:  # this row cannot be priced (say why); the other rows still plan
+            row.why_not = str(exc)
+            return row
+        row.tree, row.size, row.tau, row.speedup, row.draft_ms = (f"chain of {chain.k}", chain.k, chain.tau,
+                                                                   chain.speedup, chain.draft_ms)
+        return row
     rows = len(fields.get("per_rank") or fields.get("conditional_accept_rates") or [])
     acc = read_per_rank(path, rows)
     trees.mkdir(parents=True, exist_ok=True)

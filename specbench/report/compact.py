@@ -4,6 +4,7 @@ report.md and a comparison's summary.md. Every column of the summary is in summa
 One row per summary row:
     method | dataset | prompts | tok/s | speedup vs ar | 95% interval | median ratio | tau | accept | lossless |
     [padding | tau min, when some row ran at batch > 1] | timing
+A speculative method that drafted nothing shows "ERROR: 0 drafts" for its speedup.
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ def interval_text(r) -> str:
     return "n/a (1 prompt)" if single else "-"
 
 
+def _never_drafted(r) -> bool:
+    """A speculative method's row (not a baseline's) that drafted no token at all."""
+    from ..methods import REGISTRY
+
+    cls = REGISTRY.get(str(getattr(r, "method", "")).split("@")[0])
+    drafted = getattr(r, "drafted", math.nan)
+    return cls is not None and cls.kind != "baseline" and _fmt(drafted) != "-" and float(drafted) == 0
+
+
 def table(summary: pd.DataFrame) -> pd.DataFrame:
     """The compact table (module docstring); a `run` column first when the summary has one (a comparison)."""
     batched = _batched(summary)
@@ -69,6 +79,8 @@ def table(summary: pd.DataFrame) -> pd.DataFrame:
                "tok/s": _fmt(r.tokens_per_s), "speedup vs ar": _fmt(r.speedup, "{:.2f}x"), "95% interval": span,
                "median ratio": _fmt(getattr(r, "speedup_median", math.nan), "{:.2f}x"), "tau": _fmt(r.tau),
                "accept": _fmt(getattr(r, "acceptance_rate", math.nan)), "lossless": _lossless(r)}
+        if _never_drafted(r):  # its speed is ar's plus overhead: an error, not a 1.00x row
+            row["speedup vs ar"] = "ERROR: 0 drafts"
         if batched:
             row.update({"padding": _fmt(getattr(r, "padding_ratio", math.nan), "{:.0%}"),
                         "tau min": _fmt(getattr(r, "tau_batch_min", math.nan))})

@@ -77,8 +77,13 @@ def estimate(target: LoadedModel, method: str, data: str, limit: int | None, new
         conditional.pop()
     categories = {name: {"conditional": rates(a, d, h)[0], "mean_per_request": sum(r) / len(r) if r else None}
                   for name, (a, d, h, r) in by_category.items() if name and any(d)}
+    share = {}
+    if decoder.drafter is not None:  # the drafter's weights read per forward over the target's (plan prices it)
+        own = sum(p.numel() for p in decoder.drafter.model.parameters())
+        share = {"drafter": decoder.drafter.spec,
+                 "drafter_share": round(own / max(sum(p.numel() for p in target.model.parameters()), 1), 5)}
     return {
-        "method": method, "model": target.spec, "dtype": dtype_name(target.dtype), "data": data,
+        "method": method, "model": target.spec, **share, "dtype": dtype_name(target.dtype), "data": data,
         "prompts": len(prompts), "new_tokens": new_tokens, "seconds": round(since(t0), 1),
         "accepted_per_position": accepted, "drafted_per_position": drafted, "reached_per_position": reached,
         "conditional": [round(x, 5) for x in conditional], "marginal": [round(x, 5) for x in marginal[:len(conditional)]],

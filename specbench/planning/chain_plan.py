@@ -1,0 +1,83 @@
+"""`plan` for the chain methods (pld, sd, pearl): the draft length k that a latency curve and an acceptance profile
+(`specbench estimate --method pld|sd|pearl`, or a speculation_profile.json from elsewhere) make fastest.
+
+  tau(k)     = 1 + sum_{i<=k} marginal_i                      (a chain that drafts k, its stated acceptance)
+  step(k)    = L(k + 1) + drafting(k)                         (sd: the drafter's k forwards follow each other)
+             = max(L(k + 1), drafting(k))                     (pearl: drafter and target run at the same time)
+  drafting   = k x L(1) x drafter share                       (draft-free methods such as pld: 0, host work)
+  speedup(k) = tau(k) L(1) / step(k)
+
+The drafter share is its weights read per forward over the target's (`drafter_share` in the acceptance file, which
+`estimate` writes from the drafter it ran), on the same curve, as plan.py argues for the tree methods' drafters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import families
+from ..core.acceptance_profile import read
+from ..errors import SpecbenchError
+from .profile import LatencyProfile
+
+MAX_DRAFT = 16  # the longest chain searched
+PARALLEL = ("pearl",)  # methods whose drafter runs beside the target's verification
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    k: int
+    tau: float
+    speedup: float
+    draft_ms: float
+
+
+def plan_chain(method: str, path: Path, fields: dict, profile: LatencyProfile, kv_length: int) -> ChainPlan:
+    """The fastest draft length for `method` on `profile` with the acceptance in `path`."""
+    marginal = read(str(path)).marginal
+    share = 0.0
+    if families.get(method).kind != "draft-free":  # a drafter model's forwards
+        share = fields.get("drafter_share")
+        if not isinstance(share, (int, float)) or share <= 0:
+            raise SpecbenchError(f"{path}: no `drafter_share` (the drafter's weights per forward over the "
+                                 f"target's) to price {method}'s drafting; `specbench estimate --method {method} "
+                                 "--drafter D` writes it")
+    one = profile.latency_ms(1, kv_length)
+    best = None
+    for k in range(1, min(len(marginal), MAX_DRAFT) + 1):
+        tau = 1.0 + sum(marginal[:k])
+        draft = k * one * share
+        verify = profile.latency_ms(k + 1, kv_length)
+        step = max(verify, draft) if method in PARALLEL else verify + draft
+        plan = ChainPlan(k, round(tau, 3), round(tau * one / step, 3), round(draft, 3))
+        if best is None or plan.speedup > best.speedup:
+            best = plan
+    if best is None:
+        raise SpecbenchError(f"{path}: no acceptance per position to plan {method} with")
+    return best
+
+
+def predict_here(method: str, model_spec: str, hardware: str, dtype: str, kv_length: int = 512
+                 ) -> tuple[ChainPlan | None, str]:
+    """`recommend`'s prediction of a chain method on this hardware: (its plan, "") from this hardware's profile and
+    the method's acceptance file (acceptance/<model>/<method>.yaml), else (None, what is missing and the command that
+    makes it)."""
+    from ..core import lookup, store
+    from ..core.model.load import model_slug
+    from .acceptance import read_fields
+    from .profile import load_profile
+
+    key = model_slug(model_spec)
+    relative = store.acceptance_file(key, method)
+    found = lookup.find(lookup.ACCEPTANCE, relative, f"{method} acceptance")
+    if found is None:
+        return None, (f"no {relative}: `specbench estimate --method {method} --model {model_spec}` measures its "
+                      "acceptance per draft position")
+    hit = lookup.find_profile(hardware, key, dtype)
+    if hit is None:
+        return None, f"no {key} {dtype} profile for {hardware}: `specbench profile --model {model_spec}`"
+    try:
+        return plan_chain(method, found.path, read_fields(found.path), load_profile(hit.path), kv_length), ""
+    except SpecbenchError as exc:
+        return None, str(exc)
