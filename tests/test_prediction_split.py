@@ -59,6 +59,33 @@ def test_an_older_run_yaml_without_step_ms_still_splits_by_the_speedups(tmp_path
     assert math.isnan(none["cost_part"]) and none["misses"] == "-"
 
 
+def test_the_split_reads_decode_steps_not_the_prefill(tmp_path):
+    # ar: 2 turns of 11 tokens in 11 forwards, 110 ms each turn of which 30 ms to the first token (the prefill);
+    # eagle: 11 tokens in 6 forwards (1 prefill + 5 decode steps of 2 tokens), 90 ms of which 30 to the first token
+    from specbench.report.summary import decode_steps
+
+    ar = pd.DataFrame({"new_tokens": [11, 11], "target_forwards": [11, 11], "wall_s": [0.11, 0.11],
+                       "ttft_s": [0.03, 0.03]})
+    eagle = ar.assign(target_forwards=[6, 6], wall_s=[0.09, 0.09])
+    d_ar, d_eagle = decode_steps(ar), decode_steps(eagle)
+    assert d_ar == {"decode_tau": 1.0, "decode_step_ms": pytest.approx(8.0)}
+    assert d_eagle["decode_tau"] == 2.0 and d_eagle["decode_step_ms"] == pytest.approx(12.0)  # 60 ms / 5 steps
+    assert eagle.new_tokens.sum() / eagle.target_forwards.sum() == pytest.approx(11 / 6)  # prefill counted: lower
+    table = pd.DataFrame([
+        {"method": "ar", "dataset": "gsm8k", "tau": 1.0, "speedup": 1.0, "forward_ms": 10.0, "batch_size": 1,
+         **d_ar},
+        {"method": "eagle", "dataset": "gsm8k", "tau": 11 / 6, "speedup": 110 / 90, "forward_ms": 15.0,
+         "batch_size": 1, **d_eagle}])
+    predicted = {"eagle": {"size": 5, "predicted_tau": 2.0, "predicted_speedup": round(2.0 * 10 / 15, 4),
+                           "predicted_step_ms": 15.0, "ar_step_ms": 10.0}}  # 1.5 ar steps a step, tau 2
+    tree_section(table, predicted, tmp_path)
+    row = pd.read_csv(tmp_path / "tree_sizes.csv").iloc[0]
+    assert row.decode_tau == 2.0 and row.tau_part == 1.0  # read with the prefill as a step, tau would miss by 8%
+    assert row.step_ms == 12.0 and row.cost_part == pytest.approx(1.5 / 1.5)  # 12 ms over ar's 8: 1.5 ar steps
+    assert row.decode_speedup == pytest.approx(2.0 * 8 / 12, abs=1e-3) and row.misses == "neither"
+    assert row.tau_part * row.cost_part == pytest.approx(row.decode_speedup / row.predicted_speedup, rel=2e-3)
+
+
 def test_a_prediction_carries_the_step_it_rests_on_drafting_included(tmp_path):
     from specbench.core.tree_file import TreeFile
     from specbench.methods import REGISTRY  # noqa: F401 (planning.acceptance imports the methods first)
@@ -86,7 +113,12 @@ def test_a_run_reports_the_split_for_its_trees(store):  # noqa: F811 (the fixtur
     assert said["predicted_step_ms"] > said["ar_step_ms"] > 0  # the profile's L(1) and the tree's step, drafting in
     row = pd.read_csv(store / "run" / "tree_sizes.csv").iloc[0]
     assert row.step_ms > 0 and row.predicted_step_ms == pytest.approx(said["predicted_step_ms"], abs=1e-3)
-    assert row.tau_part * row.cost_part == pytest.approx(row.speedup / row.predicted_speedup, rel=0.02)
+    # the prediction is the decode's (the prefill is not a step): the parts multiply to the decode's speedup
+    assert row.tau_part * row.cost_part == pytest.approx(row.decode_speedup / row.predicted_speedup, rel=0.02)
+    summary = pd.read_csv(store / "run" / "summary.csv")
+    medusa = summary[summary.method == "medusa"].iloc[0]
+    assert row.decode_tau == pytest.approx(medusa.decode_tau, abs=1e-3) and medusa.decode_tau >= medusa.tau
+    assert row.step_ms == pytest.approx(medusa.decode_step_ms, abs=1e-3)
     assert "`cost_part` = predicted step / measured step" in (store / "run" / "report.md").read_text()
 
 

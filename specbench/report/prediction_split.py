@@ -1,17 +1,20 @@
 """A tree's measured speedup against its prediction, the error split in two: the acceptance part and
 the step-cost part, so report.md says which one misses.
 
-At batch 1 a run's tokens/s is tau / step, where step = decode seconds / steps = wall_s / target_forwards of the
-records (summary.csv's forward_ms; the prefill forward is one of the steps, as in tau = new_tokens /
-target_forwards), and ar's is 1 / its step (tau 1). The prediction is tau_p L(1) / step_p on the profile's clock
-(buildtree.predict: predicted_step_ms = verify forward + drafting, ar_step_ms = L(1)). So
+The prediction prices decode steps: tau_p tokens per verification and step_p ms per verification (buildtree.predict:
+predicted_step_ms = verify forward + drafting, ar_step_ms = L(1)); the prefill is not a step. So the measurement is
+read on decode steps too (summary.py's decode_steps: decode_tau = (new tokens - 1) / (forwards - 1), step = (wall_s -
+ttft_s) / (forwards - 1), the same for ar), and
 
-    speedup / predicted_speedup = (tau / tau_p) x ((step_p / L(1)) / (step / ar's step))
-                                =  tau_part     x  cost_part
+    decode_speedup / predicted_speedup = (tau / tau_p) x ((step_p / L(1)) / (step / ar's step))
+                                       =  tau_part     x  cost_part
 
-Both step costs are counted in ar steps, so a machine that runs slower or faster than when it was profiled (the
-absolute ms differ) moves neither part. cost_part is what the pricing controls (the verify forward from the profile,
-the drafting as a run pays it); tau_part comes from the acceptance file (often estimated on another dataset).
+where decode_speedup = tau x ar's step / step (the speedup of the decode alone, what the prediction is). Both step
+costs are counted in ar steps, so a machine that runs slower or faster than when it was profiled (the absolute ms
+differ) moves neither part. cost_part is what the pricing controls (the verify forward from the profile, the drafting
+as a run pays it); tau_part comes from the acceptance file (often estimated on another dataset). A summary without
+the decode columns (an older run) is read with the prefill as a step (tau = new_tokens / target_forwards, step =
+wall_s / target_forwards).
 """
 
 from __future__ import annotations
@@ -21,22 +24,34 @@ import math
 import pandas as pd
 
 GOAL = 0.05  # a part misses when it is more than 5% from 1 (the accuracy a prediction aims for)
-SPLIT_COLUMNS = ["predicted_step_ms", "step_ms", "tau_part", "cost_part", "misses"]
+SPLIT_COLUMNS = ["predicted_step_ms", "step_ms", "decode_tau", "decode_speedup", "tau_part", "cost_part", "misses"]
 
 
 def split(row: dict, info: dict, ar_step_ms: float) -> dict:
-    """The split columns of one tree row: `row` has the measured tau, speedup and forward_ms (ms per step), `info`
-    is run.yaml's prediction of the tree (predicted_tau, predicted_speedup, predicted_step_ms, ar_step_ms), and
-    `ar_step_ms` is ar's measured ms per step on the same turns. NaN (and misses "-") where a number is missing:
-    no profile, or a run.yaml from before predicted_step_ms (then cost_part is the speedup ratio over tau_part)."""
-    step, pred_step, pred_ar = _num(row.get("forward_ms")), _num(info.get("predicted_step_ms")), _num(
-        info.get("ar_step_ms"))
-    tau_part = _ratio(_num(row.get("tau")), _num(info.get("predicted_tau")))
+    """The split columns of one tree row: `row` has the measured tau, speedup and ms per step (decode_tau and
+    decode_step_ms where the summary has them, else tau and forward_ms), `info` is run.yaml's prediction of the tree
+    (predicted_tau, predicted_speedup, predicted_step_ms, ar_step_ms), and `ar_step_ms` is ar's measured ms per step
+    on the same turns, read the same way. NaN (and misses "-") where a number is missing: no profile, or a run.yaml
+    from before predicted_step_ms (then cost_part is the speedup ratio over tau_part)."""
+    step, tau = measured(row)
+    pred_step, pred_ar = _num(info.get("predicted_step_ms")), _num(info.get("ar_step_ms"))
+    tau_part = _ratio(tau, _num(info.get("predicted_tau")))
     cost_part = _ratio(_ratio(pred_step, pred_ar), _ratio(step, _num(ar_step_ms)))
+    decode_speedup = tau * _ratio(_num(ar_step_ms), step)
     if math.isnan(cost_part):  # an older run.yaml: what the tau part leaves of the speedup's error
         cost_part = _ratio(_ratio(_num(row.get("speedup")), _num(info.get("predicted_speedup"))), tau_part)
-    return {"predicted_step_ms": round(pred_step, 3), "step_ms": round(step, 3), "tau_part": round(tau_part, 3),
+    return {"predicted_step_ms": round(pred_step, 3), "step_ms": round(step, 3), "decode_tau": round(tau, 3),
+            "decode_speedup": round(decode_speedup, 3), "tau_part": round(tau_part, 3),
             "cost_part": round(cost_part, 3), "misses": misses(tau_part, cost_part)}
+
+
+def measured(row: dict) -> tuple[float, float]:
+    """(ms per decode step, tokens per decode step) of a summary row; the prefill counted as a step where the row
+    has no decode columns."""
+    step, tau = _num(row.get("decode_step_ms")), _num(row.get("decode_tau"))
+    if math.isnan(step) or math.isnan(tau):
+        return _num(row.get("forward_ms")), _num(row.get("tau"))
+    return step, tau
 
 
 def misses(tau_part: float, cost_part: float) -> str:
@@ -48,11 +63,12 @@ def misses(tau_part: float, cost_part: float) -> str:
 
 
 def ar_steps(summary: pd.DataFrame) -> dict:
-    """dataset -> ar's measured ms per step (forward_ms) in a batch-1 summary."""
-    if "forward_ms" not in summary:
+    """dataset -> ar's measured ms per decode step (decode_step_ms; forward_ms in a summary without it) in a
+    batch-1 summary."""
+    if "forward_ms" not in summary and "decode_step_ms" not in summary:
         return {}
     ar = summary[(summary.method == "ar") & (summary.batch_size == 1 if "batch_size" in summary else True)]
-    return {d: _num(ms) for d, ms in zip(ar.dataset, ar.forward_ms)}
+    return {r["dataset"]: measured(r)[0] for r in ar.to_dict("records")}
 
 
 def lines(frame: pd.DataFrame) -> list[str]:
@@ -60,9 +76,12 @@ def lines(frame: pd.DataFrame) -> list[str]:
     if "cost_part" not in frame or frame.cost_part.isna().all():
         return []
     md = ["`predicted_step_ms`: the prediction's ms per step (verify forward + drafting, the profile's clock); "
-          "`step_ms`: measured, decode seconds / steps (wall_s / target_forwards, summary.csv's forward_ms). "
-          "speedup / predicted_speedup = `tau_part` x `cost_part`: `tau_part` = tau / predicted_tau (the acceptance "
-          "file's estimate), `cost_part` = predicted step / measured step, each in ar steps (profile L(1), ar's "
+          "`step_ms`: measured, decode seconds / decode steps ((wall_s - ttft_s) / (target_forwards - 1): the "
+          "prefill is not a step); `decode_tau`: tokens per decode step ((new_tokens - 1) / (target_forwards - 1)); "
+          "`decode_speedup`: decode_tau x ar's step / step, the decode's speedup, which is what is predicted. "
+          "decode_speedup / predicted_speedup = `tau_part` x `cost_part`: `tau_part` = decode_tau / predicted_tau "
+          "(the acceptance file's estimate), `cost_part` = predicted step / measured step, each in ar steps "
+          "(profile L(1), ar's "
           f"measured step): below 1 the step costs more than it was priced, above 1 less. The pricing controls "
           f"`cost_part`; the goal is within {GOAL:.0%} of 1. `misses` names the parts more than {GOAL:.0%} off. "
           "These columns are also in tree_sizes.csv.", ""]

@@ -60,7 +60,7 @@ SUMMARY_COLUMNS = ["method", "dataset", "prompts", "turns", "new_tokens", "wall_
                    "timing", "batch_size", "batching", "target_tokens", "padding_tokens", "padding_ratio", "kv_padding",
                    "tau_batch_min", "tau_sample_mean", "decode_tokens_per_s", "decode_speedup", "kv_padding_ratio",
                    "sample_tokens_per_s", "roofline_tok_s", "of_roofline", "host_overhead", "compiled_forwards",
-                   "eager_forwards"]
+                   "eager_forwards", "decode_tau", "decode_step_ms"]
 
 SUMMARY_COLUMNS += SUMMARY_SERVING  # time to first token, time per output token, inter-token latency (serving.py)
 
@@ -148,6 +148,7 @@ def _summarize(records: pd.DataFrame, latency_floor: float | None, roofline: dic
             "extra_mem_mb": round(peak - ar_peak, 1) if not math.isnan(peak) and not math.isnan(ar_peak) else math.nan,
             "forward_ms": round(fwd * 1e3, 3), "forward_ratio": round(fwd / ar_fwd, 3) if ar_fwd > 0 else math.nan,
             **_draft_numbers(g), **_batch_numbers(g), **_decode_numbers(g, ar_d), **serving_numbers(g),
+            **decode_steps(g),
             "sample_tokens_per_s": sample_rate(g), **_roofline_numbers(g, tps, roofline),
             "compiled_forwards": _count_sum(g, "compiled_forwards"), "eager_forwards": _count_sum(g, "eager_forwards"),
         })
@@ -245,6 +246,21 @@ def sample_rate(g: pd.DataFrame) -> float:
 def _total(g: pd.DataFrame, column: str) -> float:
     """Sum of a numeric column (0 where the records lack it: runs older than the column, blank cells)."""
     return float(pd.to_numeric(g[column], errors="coerce").fillna(0).sum()) if column in g else 0.0
+
+
+def decode_steps(g: pd.DataFrame) -> dict:
+    """The decode steps alone (the prefill's forward yields a turn's first token and is not a step): decode_tau =
+    (new tokens - 1) / (target forwards - 1) and decode_step_ms = (wall_s - ttft_s) / (target forwards - 1), summed
+    over the turns; NaN where the rows have no first-token time or no decode step."""
+    forwards = pd.to_numeric(g.target_forwards, errors="coerce")
+    ttft = pd.to_numeric(g.get("ttft_s", pd.Series(math.nan, index=g.index)), errors="coerce")
+    steps = (forwards - 1).clip(lower=0)
+    if steps.sum() <= 0:
+        return {"decode_tau": math.nan, "decode_step_ms": math.nan}
+    tau = (g.new_tokens - 1).clip(lower=0).sum() / steps.sum()
+    seconds = (g.wall_s - ttft).sum() if ttft.notna().all() else math.nan
+    return {"decode_tau": round(tau, 4),
+            "decode_step_ms": round(seconds * 1e3 / steps.sum(), 4) if math.isfinite(seconds) else math.nan}
 
 
 def _decode_numbers(g: pd.DataFrame, ar: pd.DataFrame) -> dict:
