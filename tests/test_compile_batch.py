@@ -173,3 +173,19 @@ def test_compiled_batch_samples_the_targets_distribution(tiny):
         cc.disable(tiny.model)
     distance = tv({k: v / 600 for k, v in counts.items()}, exact_distribution(tiny.model, ids, SAMPLING, 2))
     assert distance < 0.1, f"TV {distance:.3f} between compiled batched ppd samples and the target distribution"
+
+
+def test_compile_history_keeps_real_compiles_only(tiny, tmp_path, monkeypatch):
+    """The expected wait's history (core/model/compile_wait.py) records torch.compile's seconds, never a step run
+    uncompiled (tests, tools): its ~0 s would promise a wait of nothing."""
+    from specbench.core.model import compile_wait
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    state = cc.Compiled(tiny.model, 128)
+    state.fn = static.step
+    static.StaticSequence(tiny.model, state).forward([static.Segment(0, [1, 2, 3], keep=1)], [])
+    state.finish_warm_up()
+    assert state.shapes and not (tmp_path / compile_wait.HISTORY).exists()
+    compile_wait.remember(torch.device("cpu"), [30.0, 50.0])
+    each, source = compile_wait.per_shape(torch.device("cpu"))
+    assert each == 40.0 and "median of 2 shapes" in source
