@@ -9,7 +9,8 @@ forward the state does not compile runs eagerly, counted (`eager_steps`). Each c
 the checked prompt ran compiled, so a method that silently bypasses the static engine is visible.
 
 Compiling costs seconds a shape on 2 cores, so every method shares one state per model and the shapes are few:
-pld drafts 1 token, sd and PEARL gamma 2 (buckets 1, 2, 4), every tree method a 6-node tree."""
+pld drafts 1 token, lookahead verifies a 2-column window and 2 bigrams (widths 2 to 4), sd and PEARL gamma 2
+(buckets 1, 2, 4), every tree method a 6-node tree."""
 
 from __future__ import annotations
 
@@ -32,10 +33,12 @@ WARM_SEED, CHECK_SEED = 0, 1
 #  - hidden-transfer: its layer hooks (`around`) read values inside the target's forward: every target forward eager
 #  - pearl*: drafter and target run through their own DynamicCaches (methods/sd/drafting.ModelState), not the batch
 #    engine: neither model's forwards ever reach the compile state (nothing compiled, nothing counted)
+#  - eagle3: its proposer reads the target's inner layers (`around`: the fused states): every target forward eager;
+#    its drafter as eagle's
 #  - eagle / parallelspec: their feature drafter drafts through a drafter engine with a compile state of its own
 #    (run/compiled.feature_drafter, as enable_run attaches it on the proposer's drafter): its forwards compile with
 #    the target's
-EAGER_TARGET = {"hidden-transfer": "all"}
+EAGER_TARGET = {"hidden-transfer": "all", "eagle3": "all"}
 UNCOMPILED = {"pearl", "pearl-no-post", "pearl-no-pre"}
 
 
@@ -44,6 +47,8 @@ def _options(name: str, target) -> dict:
     options = dict(artifact_options(name, target))
     if name == "pld":
         options["pld_draft_tokens"] = 1
+    if name == "lookahead":  # a 2 x 2 window and 2 bigrams: widths 2 to 4
+        options.update(lookahead_window=2, lookahead_ngram=2, lookahead_guesses=2)
     if cls.kind == "tree":
         options["tree"] = "size=6"
     if "drafter" in cls.needs:
@@ -145,7 +150,7 @@ def test_compiled_tokens_equal_eager_and_ar(runs, name):
 
 
 # methods with decode forwards that never run compiled: summary.csv's eager_forwards > 0, named by report.md's verdict
-NOT_FULLY_COMPILED = UNCOMPILED | {"hidden-transfer"}
+NOT_FULLY_COMPILED = UNCOMPILED | {"hidden-transfer", "eagle3"}
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

@@ -285,7 +285,8 @@ class Compiled:
         the next prefill starts afresh, or beyond the live lengths after a growth)."""
         kv = self.kv if slots == 1 else self.batch_kv[slots]
         embedding = self.model.get_input_embeddings().weight
-        inputs = (torch.zeros(slots, width, embedding.shape[1], dtype=embedding.dtype, device=self.device) if embeds
+        wide = getattr(self.model, "input_width", None) or embedding.shape[1]  # a drafter's inputs may be wider
+        inputs = (torch.zeros(slots, width, wide, dtype=embedding.dtype, device=self.device) if embeds
                   else torch.zeros(slots, width, dtype=torch.long, device=self.device))
         at = torch.arange(start, start + width, device=self.device).repeat(slots, 1)  # [S, w], contiguous as a call's
         allowed = (torch.arange(kv.capacity, device=self.device)[None, None, :] <= at[:, :, None]) if masked else None
