@@ -131,6 +131,21 @@ def test_w_and_g_sit_where_the_curve_is_flat():
     assert sizing.sized(Curve(knee=1), 5, None, None)[:2] == (1, 1)  # a steep curve: the least there is
 
 
+def test_each_batch_size_sizes_w_and_g_from_its_own_curve(tiny, monkeypatch):
+    """--batch-size: B's W and G from L(B, w) where the profile has it (a steeper curve: smaller), else batch 1's."""
+    steep = Curve(knee=8)
+    steep.meta = {"batch_size": 2}
+    monkeypatch.setattr(lookahead_method, "batch_view", lambda target, b: (steep, "") if b == 2 else (None, "no L(B)"))
+    method = get_method("lookahead")(tiny, {"lookahead_ngram": 3})
+    method.plan_batches([1, 2, 4])
+    assert method.shapes[1][0].window == 15  # no profile of random:tiny: the paper's
+    assert (method.shapes[2][0].window, method.shapes[2][0].guesses) == (2, 2) and "L(B=2, w)" in method.shapes[2][1]
+    assert method.shapes[4][0] == method.shapes[1][0] and "no L(B)" in method.shapes[4][1]
+    method.start_batch("unpadded", 2)
+    assert method.shape.window == 2
+    assert method.chosen()["lookahead_per_batch_size"][2] == {"window": 2, "guesses": 2, "from": method.shapes[2][1]}
+
+
 def fixed_candidates(monkeypatch, grams):
     """Every root's candidates are `grams` (chosen before the step's draws, as the pool's are: still lossless)."""
     monkeypatch.setattr(NgramPool, "get", lambda self, key: list(grams))

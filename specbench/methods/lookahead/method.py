@@ -74,7 +74,7 @@ class Lookahead(Batchable, DecodeMethod):
             return
         for size in sorted({b for b in sizes if b > 1} - set(self.shapes)):
             view, why = batch_view(self.target, size)
-            self.shapes[size] = self._shape(view) if view is not None else (self.shape, f"batch 1's ({why})")
+            self.shapes[size] = self._shape(view) if view is not None else (self.shapes[1][0], f"batch 1's: {why}")
             s = self.shapes[size][0]
             console.print(f"[dim]{self.name}: batch size {size}: W {s.window}, G {s.guesses} "
                           f"({escape(self.shapes[size][1])})[/]")
