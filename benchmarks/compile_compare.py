@@ -6,7 +6,12 @@ run, compiled tok/s over eager tok/s, the compiled run's distance to the rooflin
 verdicts, and how many generations gave the same tokens in both runs (tokens.jsonl). The compiled run's
 `compile:` block is summed (shapes, seconds, forwards run eagerly after warm-up).
 
-Usage: python benchmarks/compile_compare.py EAGER_RUN_DIR COMPILED_RUN_DIR
+Also, per method and batch size of the compiled run, its compiled and eager decode forwards (summary.csv's
+compiled_forwards / eager_forwards: "fully" where none ran eagerly). With `--goal-ar X` it exits 1 unless the
+compiled `ar` runs at least X times the eager `ar`'s tok/s on every dataset (benchmarks/gpu_pass.sh: CUDA graphs'
+goal of 3).
+
+Usage: python benchmarks/compile_compare.py EAGER_RUN_DIR COMPILED_RUN_DIR [--goal-ar X]
 """
 
 from __future__ import annotations
@@ -58,13 +63,48 @@ def compile_summary(compiled: Path) -> str:
     return "; ".join(parts) or "no compile block"
 
 
+def fully_compiled(compiled: Path) -> pd.DataFrame:
+    """Per method and batch size of the compiled run: compiled and eager decode forwards, and whether it ran fully
+    compiled (no eager forward)."""
+    b = pd.read_csv(compiled / "summary.csv")
+    if "compiled_forwards" not in b:
+        return pd.DataFrame(columns=["method", "batch_size", "compiled_forwards", "eager_forwards", "fully"])
+    g = b.groupby(["method", "batch_size"], as_index=False)[["compiled_forwards", "eager_forwards"]].sum()
+    g["fully"] = (g.eager_forwards == 0) & (g.compiled_forwards > 0)
+    return g
+
+
+def ar_goal(df: pd.DataFrame, goal: float) -> tuple[bool, str]:
+    """(met, words): compiled ar's tok/s over eager ar's on every dataset against `goal`."""
+    ar = df[df.method == "ar"]
+    if ar.empty:
+        return False, "no ar rows in both runs"
+    ratios = dict(zip(ar.dataset, ar.compiled_over_eager))
+    met = all(r >= goal for r in ratios.values())
+    said = ", ".join(f"{d} {r:.2f}x" for d, r in ratios.items())
+    return met, f"compiled ar over eager ar: {said} (goal {goal}x: {'met' if met else 'NOT met'})"
+
+
 def main() -> None:
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    goal = None
+    if "--goal-ar" in args:
+        i = args.index("--goal-ar")
+        goal = float(args[i + 1])
+        args = args[:i] + args[i + 2:]
+    if len(args) != 2:
         sys.exit(__doc__)
-    eager, compiled = Path(sys.argv[1]), Path(sys.argv[2])
+    eager, compiled = Path(args[0]), Path(args[1])
+    df = table(eager, compiled)
     with pd.option_context("display.width", 250, "display.max_columns", 20):
-        print(table(eager, compiled).to_string(index=False))
+        print(df.to_string(index=False))
+        print(fully_compiled(compiled).to_string(index=False))
     print(compile_summary(compiled))
+    if goal is not None:
+        met, said = ar_goal(df, goal)
+        print(said)
+        if not met:
+            sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@
 # against the static one), run-batch-large and amx-cpu-bf16 (the host's CPU) run only when named.
 #   DEADLINE=575 LIMIT=10 TOK=64 bash .gpu2/gpu_pass.sh        (STASH: where the first call left p1)
 #   STEPS="run-dynamic run-static run-batch-large" DEADLINE=250 bash .gpu2/gpu_pass.sh
-# Issue 44's CUDA-graph steps run only when named, after run-fp32 (the eager side, same GSM8K prompts):
-#   STEPS="profile-graphs trees-graphs run-graphs" DEADLINE=575 bash .gpu2/gpu_pass.sh
+# The CUDA-graph steps run only when named, after run-fp32 (the eager side, same GSM8K prompts):
+#   STEPS="run-fp32 profile-graphs run-graphs run-graphs-batch graphs-goal" DEADLINE=575 bash .gpu2/gpu_pass.sh
 set -u
 DEADLINE=${DEADLINE:-575}
 DEV=${DEV:-cuda}
@@ -75,13 +75,16 @@ step run-batch-large 110 $S run --device "$DEV" --dtype float32 -m sd -b 4,16,32
 # the host's CPU (an AMX Xeon on the H200 machines) held to 2 cores has this project's AMX key, cpu-intel-xeon-amx-2c
 # (another model underneath: the identity says which): issue 29's bfloat16 goal there, when no AMX machine is lent
 step amx-cpu-bf16 240 taskset -c 0,1 $S recommend --device cpu --dtype bfloat16 --dataset gsm8k --limit "$LIMIT" --max-new-tokens "$TOK" --confirm 3 --threads 2 --out results/amx-cpu-recommend
-# issue 44: every method under CUDA graphs (run --compile) on GSM8K, against run-fp32's eager run on the same prompts;
-# the trees rebuilt from a profile taken under graphs (profile --compile), all in results/graphs/: a tree filed in
-# the working directory is read before the repo's, so the eager steps' trees stay as they were. Compile time is in
-# results/graphs/run/run.yaml (compile:), never in a timed turn.
+# Every method under CUDA graphs (run --compile, target and drafters, batch 1 and B = 4) on GSM8K, against run-fp32's
+# eager run on the same prompts. Inside results/graphs/ (a working directory's files are read first): the profile
+# taken under graphs (profile --compile, filed as <model>-float32@compiled.yaml), from which the compiled run builds
+# its own @compiled trees on the spot (a compiled run takes no eager tree); graphs-goal then prints which methods ran
+# fully compiled and fails unless compiled ar >= 3x eager ar (benchmarks/compile_compare.py, tested on CPU by
+# tests/test_compile_compare.py). Compile time is in run.yaml (compile:), never in a timed turn.
 G=$PWD/results/graphs; mkdir -p "$G"
-step profile-graphs 150 $S profile --device "$DEV" --dtype float32 --compile --widths 1,2,4,8,16,32,64 --kv-length 512 --repeats 5 --out "$G/profile.yaml"
-step trees-graphs 60 bash -c "cd '$G' && for m in ppd hidden-transfer medusa eagle parallelspec; do $S build-tree --method \$m --gpu profile.yaml --dtype float32 --kv-length 512 --max-size 64 || exit 1; done"
+step profile-graphs 150 bash -c "cd '$G' && $S profile --device '$DEV' --dtype float32 --compile --widths 1,2,4,8,16,32,64 --kv-length 128,512 --repeats 5"
 step run-graphs 300 bash -c "cd '$G' && $S run --device '$DEV' --dtype float32 --compile $M -d gsm8k --limit '$LIMIT' --max-new-tokens '$TOK' --out '$G/run'"
+step run-graphs-batch 150 bash -c "cd '$G' && $S run --device '$DEV' --dtype float32 --compile -m sd -m ppd -m eagle -b 1,4 -d gsm8k --limit 8 --max-new-tokens 64 --out '$G/batch'"
+step graphs-goal 30 python3 benchmarks/compile_compare.py results/gpu-fp32 "$G/run" --goal-ar 3
 step hf-generate 45 python3 benchmarks/ar_vs_hf_generate.py --dataset gsm8k --limit 4 --max-new-tokens 64 --dtype float32 --device "$DEV"
 echo "all done t=${SECONDS}s"

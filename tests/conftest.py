@@ -107,6 +107,21 @@ def feature_artifact(target, folder, method="eagle", mask_tokens=0, scale=0.05, 
     return folder
 
 
+def eagle3_artifact(target, folder, scale=0.05, seed=0, draft_tokens=None):
+    """A random EAGLE-3 drafter in the published layout (the target's last layer plus noise; draft_tokens: a draft
+    vocabulary of the first that many ids, else the full vocabulary)."""
+    from specbench.methods.eagle3 import artifact as e3
+    from specbench.methods.eagle3.drafter import initial
+
+    torch.manual_seed(seed)
+    d = initial(target.model, torch.arange(draft_tokens or target.vocab_size))
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(scale * torch.randn_like(p))
+    e3.save(d, folder, _meta(target))
+    return folder
+
+
 _ARTIFACTS: dict = {}
 
 
@@ -119,7 +134,7 @@ def artifact_options(name: str, target) -> dict:
     if "prompt tokens" in needs:
         return {"artifact": "untrained"}
     kinds = {"medusa heads": "medusa", "transfer projections": "transfer", "eagle drafter": "eagle",
-             "parallelspec drafter": "parallelspec"}
+             "parallelspec drafter": "parallelspec", "eagle3 drafter": "eagle3"}
     kind = next((kinds[n] for n in needs if n in kinds), None)
     if kind is None:
         return {}
@@ -130,6 +145,7 @@ def artifact_options(name: str, target) -> dict:
         folder = Path(tempfile.mkdtemp()) / kind
         make = {"medusa": lambda: heads_artifact(target, folder),
                 "transfer": lambda: projections_artifact(target, folder), "eagle": lambda: feature_artifact(target, folder),
-                "parallelspec": lambda: feature_artifact(target, folder, "parallelspec", 3)}
+                "parallelspec": lambda: feature_artifact(target, folder, "parallelspec", 3),
+                "eagle3": lambda: eagle3_artifact(target, folder)}
         _ARTIFACTS[key] = str(make[kind]())
     return {"artifact": _ARTIFACTS[key]}

@@ -9,7 +9,8 @@ forward the state does not compile runs eagerly, counted (`eager_steps`). Each c
 the checked prompt ran compiled, so a method that silently bypasses the static engine is visible.
 
 Compiling costs seconds a shape on 2 cores, so every method shares one state per model and the shapes are few:
-pld drafts 1 token, sd and PEARL gamma 2 (buckets 1, 2, 4), every tree method a 6-node tree."""
+pld drafts 1 token, lookahead verifies a 2-column window and 2 bigrams (widths 2 to 4), sd and PEARL gamma 2
+(buckets 1, 2, 4), every tree method a 6-node tree."""
 
 from __future__ import annotations
 
@@ -32,9 +33,12 @@ WARM_SEED, CHECK_SEED = 0, 1
 #  - hidden-transfer: its layer hooks (`around`) read values inside the target's forward: every target forward eager
 #  - pearl*: drafter and target run through their own DynamicCaches (methods/sd/drafting.ModelState), not the batch
 #    engine: neither model's forwards ever reach the compile state (nothing compiled, nothing counted)
-#  - eagle / parallelspec: their feature drafter is no decoder model with a compile state (the proposer's engine on
-#    art.drafter): it runs eagerly, uncounted; the target's forwards compile
-EAGER_TARGET = {"hidden-transfer": "all"}
+#  - eagle3: its proposer reads the target's inner layers (`around`: the fused states): every target forward eager;
+#    its drafter as eagle's
+#  - eagle / parallelspec: their feature drafter drafts through a drafter engine with a compile state of its own
+#    (run/compiled.feature_drafter, as enable_run attaches it on the proposer's drafter): its forwards compile with
+#    the target's
+EAGER_TARGET = {"hidden-transfer": "all", "eagle3": "all"}
 UNCOMPILED = {"pearl", "pearl-no-post", "pearl-no-pre"}
 
 
@@ -43,6 +47,8 @@ def _options(name: str, target) -> dict:
     options = dict(artifact_options(name, target))
     if name == "pld":
         options["pld_draft_tokens"] = 1
+    if name == "lookahead":  # a 2 x 2 window and 2 bigrams: widths 2 to 4
+        options.update(lookahead_window=2, lookahead_ngram=2, lookahead_guesses=2)
     if cls.kind == "tree":
         options["tree"] = "size=6"
     if "drafter" in cls.needs:
@@ -73,6 +79,10 @@ def runs():
     check = prompt_ids(CHECK_SEED)
     eager = {name: m.generate(check, NEW_TOKENS, Sampling(), None).tokens for name, m in methods.items()}
     states = {"target": cc.enable(target.model, 256), "drafter": cc.enable(drafter.model, 256)}
+    for name, method in methods.items():
+        feature = compile_run.feature_drafter(method)
+        if feature is not None:
+            states[f"{name} drafter"] = cc.enable(feature, 256)
     try:
         counters = {role: _Counted(state.fn) for role, state in states.items()}
         for role, state in states.items():
@@ -80,6 +90,8 @@ def runs():
         for method in methods.values():
             for state in states.values():
                 state.declare(cc.declared_width(method))
+            if cc.declared_varying_width(method):  # suffix decoding's trees, drafted afresh each step
+                states["target"].declare_varying_tree(cc.declared_varying_width(method))
         failed: dict[str, BaseException] = {}
         for name, method in methods.items():  # warm-up: one prompt each, the shapes compile as they are met
             try:
@@ -95,7 +107,7 @@ def runs():
                 out[name] = failed[name]
                 continue
             before = {role: (s.eager_steps, counters[role].calls) for role, s in states.items()}
-            ordered = [states["target"], states["drafter"]]  # as the runner lists them (run/compiled.states_of)
+            ordered = list(states.values())  # as the runner lists them (run/compiled.states_of)
             counted = compile_run.snapshot(ordered)
             try:
                 gen = method.generate(check, NEW_TOKENS, Sampling(), None)
@@ -109,8 +121,8 @@ def runs():
         assert {role: dict(s.shapes) for role, s in states.items()} == shapes  # nothing compiled after warm-up
         yield {"eager": eager, "compiled": out, "states": states}
     finally:
-        cc.disable(target.model)
-        cc.disable(drafter.model)
+        for state in states.values():
+            cc.disable(state.model)
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
@@ -133,16 +145,18 @@ def test_compiled_tokens_equal_eager_and_ar(runs, name):
         assert got["drafter_compiled"] > 0 and got["drafter_eager"] == 0
     else:
         assert got["drafter_compiled"] == got["drafter_eager"] == 0
+    if f"{name} drafter_compiled" in got:  # eagle / parallelspec: the feature drafter's forwards compile too
+        assert got[f"{name} drafter_compiled"] > 0 and got[f"{name} drafter_eager"] == 0
 
 
 # methods with decode forwards that never run compiled: summary.csv's eager_forwards > 0, named by report.md's verdict
-NOT_FULLY_COMPILED = UNCOMPILED | {"hidden-transfer", "eagle", "parallelspec"}
+NOT_FULLY_COMPILED = UNCOMPILED | {"hidden-transfer", "eagle3"}
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_forwards_counted_as_a_run_reports_them(runs, name):
-    """run/compiled.forwards (records' compiled_forwards / eager_forwards): a method off the static engine, a hooked
-    target forward or a drafter without a compile state counts eager forwards; every other method none."""
+    """run/compiled.forwards (records' compiled_forwards / eager_forwards): a method off the static engine or a hooked
+    target forward counts eager forwards; every other method none (the feature drafters' compiled with the target)."""
     got = runs["compiled"][name]
     if isinstance(got, BaseException):
         raise got

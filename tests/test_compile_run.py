@@ -63,9 +63,9 @@ def test_a_defect_every_compiled_method_shares_fails_the_run(tmp_path, mistral_f
     """A static mask without the window (the compiled path of every method, ar included): the methods still equal
     the run's own compiled ar, but ar's eager reference catches it."""
     def windowless(kv, positions, write_at, allowed, dtype):  # causal or the tree's visibility, no window
-        if allowed is None:
-            allowed = torch.arange(kv.capacity)[None, :] <= write_at[:, None]
-        return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+        if allowed is None:  # write_at [S, w] -> [S, w, capacity]
+            allowed = torch.arange(kv.capacity)[None, None, :] <= write_at[:, :, None]
+        return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
     monkeypatch.setattr(static, "attention_masks", windowless)
     out = tmp_path / "broken"
@@ -170,3 +170,22 @@ def test_enable_run_sizes_the_cache_from_the_widest_declared_forward(tiny):
         assert compile_run.capacity_for(runner, [], 8, target.widest()) == 8 + target.widest()
     finally:
         cc.disable(tiny.model)
+
+
+def test_compiled_batches_run_padded_and_fully_compiled(tmp_path, mistral_file, prompts_file):
+    """--batch-size 2 under --compile: the static batch engine (padded, said), every decode forward compiled, the
+    batch's count on one row of its rows; --batching unpadded is refused with the reason."""
+    args = ["run", "--model", f"random:{mistral_file}", "--dtype", "float32", "--device", "cpu", "--dataset",
+            str(prompts_file), "--limit", "2", "--max-new-tokens", "8", "--compile", "--pld-draft-tokens", "1",
+            "-m", "ar", "-m", "pld", "-b", "2"]
+    refused = CliRunner().invoke(app, [*args, "--batching", "unpadded", "--out", str(tmp_path / "no")])
+    assert refused.exit_code != 0 and "--batching padded" in refused.output and "Traceback" not in refused.output
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "batches run padded" in " ".join(result.output.split())
+    summary = pd.read_csv(out / "summary.csv")
+    batched = summary[summary.batch_size == 2]
+    assert set(batched.method) == {"ar", "pld"} and set(batched.batching) == {"padded"}
+    assert (batched.compiled_forwards > 0).all() and (batched.eager_forwards == 0).all()
+    assert "Not fully compiled" not in (out / "report.md").read_text()

@@ -146,3 +146,56 @@ def test_batched_suffix_shares_finished_outputs_and_keeps_ar_tokens(tiny):
         gens, _ = generate_batch(method, prompts, 3, mode, True, 32, Sampling(), [None] * 5)
         assert [g.tokens for g in gens] == [ar.generate(p, 32, Sampling(), None).tokens for p in prompts]
     assert method.cache.starts["cold"] == 3 and method.cache.starts["warm"] == 7  # the first batch started cold
+
+
+def test_a_synthetic_acceptance_run_draws_suffix_trees_at_the_stated_rates(tmp_path, prompts_file, monkeypatch):
+    """--synthetic-acceptance: suffix's trees are kept by the stated draw over their ranks, and the run's check finds
+    the measured acceptance within sampling error of the stated one."""
+    import pandas as pd
+    import yaml
+
+    from .test_synthetic_acceptance import _run
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    out, result = _run(tmp_path, prompts_file, "0.8,0.6,0.4", "suffix")
+    assert result.exit_code == 0, result.output
+    check = yaml.safe_load((out / "run.yaml").read_text())["synthetic_acceptance"]["checks"]["suffix"]
+    assert check["agrees"], check
+    records = pd.read_csv(out / "records.csv")
+    assert records[records.method == "suffix"].drafted.sum() > 0
+
+
+def test_the_warm_up_leaves_nothing_in_the_global_index(tiny, tmp_path, prompts_file, monkeypatch):
+    """The run calls warmed_up() after its untimed warm-up (batch 1 and batched), and suffix then forgets the
+    warm-up's outputs: the first timed prompt starts cold."""
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+    from specbench.methods.suffix.method import SuffixDecoding
+
+    method = get_method("suffix")(tiny, {})
+    method.generate(prompt_ids(1), 8, Sampling(), None)  # a warm-up of another prompt
+    method.warmed_up()
+    method.generate(prompt_ids(2), 8, Sampling(), None)
+    assert method.cache.starts == {"cold": 1, "warm": 0}
+    calls = []
+    monkeypatch.setattr(SuffixDecoding, "warmed_up", lambda self: calls.append(self.cache.starts.copy()))
+    result = CliRunner().invoke(app, ["run", "--model", "random:tiny", "-m", "suffix", "--dataset", str(prompts_file),
+                                      "--limit", "2", "--max-new-tokens", "8", "--warmup", "1", "-b", "1,2",
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 1 and sum(calls[0].values()) >= 3  # after batch 1's warm-up and the batched one
+
+
+def test_estimate_measures_suffix_per_depth_for_plan_and_recommend(tmp_path, monkeypatch):
+    """`estimate --method suffix` writes its acceptance per tree depth, which plan and recommend price it with."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["estimate", "--method", "suffix", "--model", "random:tiny", "--limit", "2"])
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load((tmp_path / "acceptance" / "tiny" / "suffix.yaml").read_text())
+    assert data["marginal"] and 0 < data["marginal"][0] <= 1

@@ -290,3 +290,29 @@ def test_plan_prices_chain_methods_from_their_profiles(tmp_path):
     assert rows["pld"].draft_ms == 0 and rows["pld"].tree.startswith("chain of")
     assert rows["sd"].draft_ms > 0 and rows["sd"].tau > rows["pld"].tau
     assert "drafter_share" in rows["pearl"].why_not or rows["pearl"].speedup is None
+
+
+def test_recommend_predicts_a_chain_method_from_its_estimated_acceptance(tmp_path, monkeypatch):
+    from .test_auto_tree import write_profile
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    write_profile(tmp_path)
+    (tmp_path / "acceptance" / "tiny").mkdir(parents=True)
+    (tmp_path / "acceptance" / "tiny" / "pld.yaml").write_text(yaml.safe_dump({"method": "pld",
+                                                                                "conditional": [0.7, 0.6, 0.5]}))
+    result = CliRunner().invoke(app, ["recommend", "--model", "random:tiny", "--confirm", "0", "--out", "rec"])
+    assert result.exit_code == 0, result.output
+    rec = yaml.safe_load((tmp_path / "rec" / "recommendation.yaml").read_text())
+    rows = {m["method"]: m for m in rec["methods"]}
+    assert rows["pld"]["predicted"] > 1 and rows["pld"]["tree"].startswith("chain of")
+    assert rows["sd"].get("predicted") is None and "estimate --method sd" in rows["sd"]["why_not"] or \
+        "drafter" in rows["sd"]["why_not"]
+
+
+def test_another_engine_is_refused_with_synthetic_acceptance(tmp_path, prompts_file):
+    result = CliRunner().invoke(app, ["run", "--engine", "openai", "--base-url", "http://127.0.0.1:9", "--dataset",
+                                      str(prompts_file), "--out", str(tmp_path / "r"), "--synthetic-acceptance",
+                                      "0.8"])
+    assert result.exit_code != 0 and "--synthetic-acceptance decides acceptance" in " ".join(result.output.split())
+    assert "Traceback" not in result.output

@@ -40,6 +40,9 @@ def recommend(
     allow_disturbed_profile: Annotated[bool, typer.Option("--allow-disturbed-profile", help="Use profiles and trees "
                                        "measured on a disturbed machine (skipped otherwise, with a line saying "
                                        "which).")] = False,
+    compile: Annotated[bool, typer.Option("--compile", help="Pick for `run --compile`: predictions from the "
+                       "compiled profile (`profile --compile`) and trees built from it, the confirming run compiled; "
+                       "filed apart (<hardware>@compiled.yaml), read by `run --method auto --compile`.")] = False,
 ):
     """Which method to use for a model on this machine: predicted from files, confirmed by a short measured run."""
     from ..run.recommend import RecommendRequest
@@ -49,7 +52,7 @@ def recommend(
 
     result = run_recommend(RecommendRequest(model, dtype, device, dataset, confirm, prompt_limit(limit),
                                             max_new_tokens, out_dir, data_file, threads,
-                                            allow_disturbed_profile))
+                                            allow_disturbed_profile, compile))
     if result.run:
         write_run_report(result.run)  # summary.csv, report.md and plots beside the records, as `specbench run` writes
     table = Table(title=f"{model} on {result.hardware} ({result.dtype}): predicted and measured speedup over ar")

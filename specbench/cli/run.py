@@ -98,9 +98,10 @@ def run(
     drafter_device_map: DrafterDeviceMap = None,
     drafter_max_memory: DrafterMaxMemory = None,
     tp: TensorParallel = 1,
-    compile: Annotated[bool, typer.Option("--compile", help="Batch-1 forwards of the target (and drafter) through "
-                       "torch.compile at static shapes: a preallocated KV cache, query widths bucketed; CUDA graphs "
-                       "on CUDA. Every shape compiles in warm-up; run.yaml's `compile:` block says how long.")]
+    compile: Annotated[bool, typer.Option("--compile", help="Forwards of the target and its drafters, at batch 1 "
+                       "and every batch size (padded batches), through torch.compile at static shapes: a "
+                       "preallocated KV cache, query widths bucketed; CUDA graphs on CUDA. Every shape compiles in "
+                       "warm-up, after a line with the expected wait; run.yaml's `compile:` block says how long.")]
     = False,
     allow_disturbed_profile: Annotated[bool, typer.Option("--allow-disturbed-profile", help="Let --tree auto, "
                                        "--dtype auto and the noise guard use profiles and trees measured on a "
@@ -161,7 +162,7 @@ def run(
     _check_methods(methods)
     followed = None
     if "auto" in methods:
-        methods, dtype, followed = _auto_method(methods, model, device, dtype, recommendation, method_options)
+        methods, dtype, followed = _auto_method(methods, model, device, dtype, recommendation, method_options, compile)
     elif recommendation is not None:
         raise SpecbenchError("--recommendation is read by --method auto only")
     from ..core.model.tensor_parallel import is_writer, rank_out
@@ -236,11 +237,12 @@ def _report_sharded(runs: list[Path], out_dir: Path) -> None:
 
 
 def _auto_method(methods: list[str], model: str, device: str, dtype: str, recommendation: Optional[Path],
-                 options: dict) -> tuple[list[str], str, str | None]:
-    """--method auto -> the method, tree and dtype `specbench recommend` chose for this model and hardware."""
+                 options: dict, compiled: bool = False) -> tuple[list[str], str, str | None]:
+    """--method auto -> the method, tree and dtype `specbench recommend` (`--compile`: `recommend --compile`) chose
+    for this model and hardware."""
     from ..run.recommend import read_choice
 
-    choice = read_choice(model, device, recommendation, dtype)
+    choice = read_choice(model, device, recommendation, dtype, compiled)
     console.print(f"[dim]{escape(choice.said)}[/]" if choice.confirmed else f"[yellow]{escape(choice.said)}[/]")
     rest = [m for m in methods if m != "auto"]
     alone = not [m for m in rest if m != "ar" and m not in choice.methods]  # its tree applies to it alone

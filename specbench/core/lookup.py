@@ -60,6 +60,7 @@ class Found:
 class _Ledger:
     allow_disturbed: bool = False
     quiet: bool = False  # `specbench list`: skips recorded, not said (its table says them)
+    compiled: bool = False  # a `--compile` run: --tree auto reads and files compiled profiles and trees
     used: dict = field(default_factory=dict)  # path -> entry (purposes merged)
     skipped: dict = field(default_factory=dict)  # path -> entry
     said: set = field(default_factory=set)
@@ -73,6 +74,14 @@ def start(allow_disturbed: bool = False, quiet: bool = False) -> None:
     """A new ledger (a run, a command): nothing used or skipped yet; disturbed files allowed or not."""
     global _ledger
     _ledger = _Ledger(allow_disturbed=allow_disturbed, quiet=quiet)
+
+
+def compiled_run(on: bool | None = None) -> bool:
+    """Whether this ledger's run decodes under `--compile` (set once by run/compiled.check_model): its `--tree auto`
+    builds from the compiled profile and files `@compiled` trees apart from eager decoding's."""
+    if on is not None:
+        _ledger.compiled = on
+    return _ledger.compiled
 
 
 def allow_disturbed(on: bool) -> None:

@@ -129,6 +129,10 @@ class DecodeMethod:
         """Settings this method chose itself (defaults it measured or looked up), for run.yaml and the console."""
         return {}
 
+    def warmed_up(self) -> None:
+        """The run's untimed warm-up is over: drop what it left that timed turns must not read (suffix: the warm-up's
+        outputs in its global index)."""
+
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling: Sampling,
                  generator: torch.Generator | None) -> Generation:
         """input_ids: [1, T] prompt. Returns the new tokens and counters."""

@@ -33,20 +33,22 @@ class Inputs:
 
 
 def inputs(model_spec: str, family: str, hardware: str, dtype: str, use_for: str | None = None) -> Inputs:
-    """The eager profile (trees are built for eager decoding; a disturbed one is skipped unless allowed:
-    core/lookup.py) and the acceptance file; `use_for`: record both in the run's ledger."""
-    key = model_slug(model_spec)
-    prof, acc = store.profile_file(hardware, key, dtype), store.acceptance_file(key, family)
-    profile = lookup.find_profile(hardware, key, dtype, use_for=use_for)
+    """The profile (eager decoding's; a `--compile` run's compiled one, core/lookup.compiled_run; a disturbed one is
+    skipped unless allowed: core/lookup.py) and the acceptance file; `use_for`: record both in the run's ledger."""
+    key, compiled = model_slug(model_spec), lookup.compiled_run()
+    prof = store.profile_file(hardware, key, dtype, "compiled" if compiled else "")
+    acc = store.acceptance_file(key, family)
+    profile = lookup.find_profile(hardware, key, dtype, compiled=compiled, use_for=use_for)
     acceptance = lookup.find(lookup.ACCEPTANCE, acc, use_for)
     return Inputs(profile.path if profile else None, acceptance.path if acceptance else None, prof, acc)
 
 
 def tree_relative(model_spec: str, family: str, hardware: str, dtype: str, batch_size: int = 1) -> Path:
     """This hardware's tree of the method inside a data root (trees/<model>/<family prefix><hardware>-<dtype>.yaml;
-    at batch size B > 1 with -b<B> added): what lookups search every source for."""
-    return store.tree_file(model_slug(model_spec), store.batch_stem(tree_stem(family, f"{hardware}-{dtype}"),
-                                                                    batch_size))
+    at batch size B > 1 with -b<B> added; a `--compile` run's, built from the compiled profile, with @compiled
+    added): what lookups search every source for."""
+    stem = store.batch_stem(tree_stem(family, f"{hardware}-{dtype}"), batch_size)
+    return store.tree_file(model_slug(model_spec), stem + ("@compiled" if lookup.compiled_run() else ""))
 
 
 def tree_path(model_spec: str, family: str, hardware: str, dtype: str, batch_size: int = 1) -> Path:
@@ -83,10 +85,11 @@ def missing_steps(model_spec: str, family: str, hardware: str, dtype: str, devic
         disturbed = [f for f in lookup.copies(lookup.PROFILE, found.profile_rel) if f.disturbed]
         steps.append((f"{disturbed[0].said()} was measured on a disturbed machine (skipped; {lookup.ALLOW_FLAG} "
                       "uses it): re-measure on a quiet machine with " if disturbed else f"no {found.profile_rel}: ")
-                     + f"`specbench profile --model {model_spec} --dtype {dtype} --device {device}`")
+                     + f"`specbench profile --model {model_spec} --dtype {dtype} --device {device}"
+                     + (" --compile`" if lookup.compiled_run() else "`"))
     if found.acceptance is None:
         steps.append(f"no {found.acceptance_rel}: `specbench estimate --method {family} --model {model_spec}`")
-    gpu = "cpu" if hardware.startswith("cpu") else str(found.profile or found.profile_rel)
+    gpu = "cpu" if hardware.startswith("cpu") and not lookup.compiled_run() else str(found.profile or found.profile_rel)
     steps.append(f"then `specbench build-tree --model {model_spec}{method_flag(family)} --gpu {gpu} --dtype {dtype}` "
                  f"-> {tree_path(model_spec, family, hardware, dtype)}")
     return steps

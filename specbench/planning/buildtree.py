@@ -95,7 +95,8 @@ def tree_file(curve: SizeCurve, m: int, model: str, profile: LatencyProfile, acc
         "predicted_speedup": curve.speedup[i],
         "stationary_distribution": [round(p, 4) for p in best.pi],
         "latency_profile": {"hardware": profile.hardware, "source": profile.source, "dtype": profile.dtype,
-                            "kv_length": kv_length, "identity": profile.identity},
+                            "kv_length": kv_length, "identity": profile.identity,
+                            **_compiled(profile)},
         "acceptance": store.relative_to_cwd(acceptance_source),  # a shipped tree names the repo's file
         "curves": {"size": curve.sizes, "tau": curve.tau, "latency_ms": curve.latency_ms,
                    "speedup": curve.speedup, "static_tau": curve.static_tau, "random_tau": curve.random_tau},
@@ -103,6 +104,12 @@ def tree_file(curve: SizeCurve, m: int, model: str, profile: LatencyProfile, acc
     return TreeFile(states, m, model=model, hardware=profile.hardware, dtype=profile.dtype, method=method,
                     built_by="specbench build-tree: PPD dynamic sparse tree, size maximising tau(n) / L_fp(n)",
                     source=profile.source, predicted_tau=best.tau, extra=extra)
+
+
+def _compiled(profile: LatencyProfile) -> dict:
+    """{"compiled": True} for a curve taken under --compile (profile --compile; a tree a compiled run decodes with)."""
+    meta = profile.meta or {}
+    return {"compiled": True} if meta.get("placement") == "compiled" or isinstance(meta.get("compile"), dict) else {}
 
 
 def plot(curve: SizeCurve, profile: LatencyProfile, path: Path) -> None:
@@ -211,7 +218,8 @@ def candidate_tree_file(curve: CandidateCurve, method: str, model: str, profile:
     extra = {
         "predicted_speedup": curve.speedup[i],
         "latency_profile": {"hardware": profile.hardware, "source": profile.source, "dtype": profile.dtype,
-                            "kv_length": kv_length, "identity": profile.identity},
+                            "kv_length": kv_length, "identity": profile.identity,
+                            **_compiled(profile)},
         "acceptance": store.relative_to_cwd(acceptance_source),  # a shipped tree names the repo's file
         "curves": {"size": curve.sizes, "tau": curve.tau, "latency_ms": curve.latency_ms, "speedup": curve.speedup},
     }

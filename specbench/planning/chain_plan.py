@@ -56,3 +56,28 @@ def plan_chain(method: str, path: Path, fields: dict, profile: LatencyProfile, k
     if best is None:
         raise SpecbenchError(f"{path}: no acceptance per position to plan {method} with")
     return best
+
+
+def predict_here(method: str, model_spec: str, hardware: str, dtype: str, kv_length: int = 512
+                 ) -> tuple[ChainPlan | None, str]:
+    """`recommend`'s prediction of a chain method on this hardware: (its plan, "") from this hardware's profile and
+    the method's acceptance file (acceptance/<model>/<method>.yaml), else (None, what is missing and the command that
+    makes it)."""
+    from ..core import lookup, store
+    from ..core.model.load import model_slug
+    from .acceptance import read_fields
+    from .profile import load_profile
+
+    key = model_slug(model_spec)
+    relative = store.acceptance_file(key, method)
+    found = lookup.find(lookup.ACCEPTANCE, relative, f"{method} acceptance")
+    if found is None:
+        return None, (f"no {relative}: `specbench estimate --method {method} --model {model_spec}` measures its "
+                      "acceptance per draft position")
+    hit = lookup.find_profile(hardware, key, dtype)
+    if hit is None:
+        return None, f"no {key} {dtype} profile for {hardware}: `specbench profile --model {model_spec}`"
+    try:
+        return plan_chain(method, found.path, read_fields(found.path), load_profile(hit.path), kv_length), ""
+    except SpecbenchError as exc:
+        return None, str(exc)

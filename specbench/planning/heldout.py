@@ -31,7 +31,7 @@ from .acceptance import tabulate
 
 PROMPTS = 30  # held-out prompts per source (estimate scores alpaca-eval's first 30 too)
 NEW_TOKENS = 64  # reference length (estimate's default)
-META_FILES = ("eagle.yaml", "parallelspec.yaml", "medusa.yaml", "hidden-transfer.yaml", "ppd.yaml")
+META_FILES = ("eagle.yaml", "parallelspec.yaml", "eagle3.yaml", "medusa.yaml", "hidden-transfer.yaml", "ppd.yaml")
 
 
 def meta_file(folder: Path) -> Path:
@@ -39,7 +39,7 @@ def meta_file(folder: Path) -> Path:
     found = [folder / name for name in META_FILES if (folder / name).is_file()]
     if not found:
         raise SpecbenchError(f"{folder}: no artefact metadata ({', '.join(META_FILES)}); give the folder of a "
-                             "trained eagle, parallelspec, medusa, hidden-transfer or ppd artefact")
+                             "trained eagle, parallelspec, eagle3, medusa, hidden-transfer or ppd artefact")
     return found[0]
 
 

@@ -2,8 +2,11 @@
 shape (core/model/compile.py; CUDA graphs on CUDA) on the static engine's preallocated cache (core/batch/static.py).
 
 The same protocol as planning/profile.measure (widths round-robin, one token more in the cache after every round,
-median and p10 / p90 of `repeats`), batch 1 only. Every width is compiled once, before anything is timed (the first
-KV length's warm-up), and the compile seconds go into the profile's meta. The profile is filed beside the eager one
+median and p10 / p90 of `repeats`), batch 1 only. The KV axis is real: a compiled forward attends over its whole
+static cache, and a run sizes that cache to its own context (run/compiled.capacity_for), so each KV length is
+measured over a cache sized to it (its capacity: the length, the rounds and the widest width, rounded up as a
+run rounds it), not over one cache for every length. Every (capacity, width) shape is compiled before anything is
+timed, and the compile seconds go into the profile's meta. The profile is filed beside the eager one
 with `@compiled` in its name (placement "compiled"), so that trees built for eager decoding keep reading the eager
 curve: to build trees from it, put it where build-tree and `run --tree auto` look in a folder of their own
 (benchmarks/gpu_pass.sh's `graphs` steps do).
@@ -14,11 +17,11 @@ from __future__ import annotations
 import torch
 
 from ..core.batch.ragged import Segment
-from ..core.batch.static import StaticSequence
+from ..core.batch.static import StaticKV, StaticSequence
 from ..core.machine import contention, ideal
 from ..core.machine.hardware import slug_of
 from ..core.machine.timing import call_ms
-from ..core.model import compile as cc
+from ..core.model import compile as cc, compile_wait
 from ..core.model.load import LoadedModel, dtype_name, model_slug
 from ..core.profile_file import LatencyProfile
 from ..errors import SpecbenchError
@@ -33,17 +36,33 @@ def measure_compiled(target: LoadedModel, widths, kv_lengths, repeats: int = 7, 
     widths, kv_lengths = sorted(set(widths)), sorted(set(kv_lengths))
     check_grid(target, widths, kv_lengths, repeats, warmup)
     model, device = target.model, target.device
-    state = cc.enable(model, kv_lengths[-1] + repeats + widths[-1] + 1)
+    capacities = {kv: cc._round(kv + repeats + widths[-1] + 1) for kv in kv_lengths}  # as a run of that context
+    state = cc.enable(model, capacities[kv_lengths[0]])
     state.buckets[(False, False, False)] = list(widths)  # every width its own shape: no padding in the curve
+    caches = {cap: StaticKV(cap, state.windows) for cap in sorted(set(capacities.values()))}
+    state.expected = len(caches) * len(widths)
+    compile_wait.say_expected("profile", device, state.expected, f" ({len(widths)} widths x {len(caches)} cache "
+                              "sizes, one per KV length)", before="the first timed forward")
     gen = torch.Generator().manual_seed(0)
     vocab = min(target.vocab_size, 32000)
     curves: dict[int, dict[str, list[float]]] = {}
-    before = None  # the contention check starts once every width has compiled (inductor's compile workers are other
-    # processes: counted from the start, they made a quiet machine's profile read as disturbed)
+    compiled: list[dict] = []
     try:
+        for cap, kv_cache in caches.items():  # compile every shape first: compile workers never overlap timing
+            state.kv, state.shapes, state.frozen = kv_cache, {}, False
+            engine = StaticSequence(model, state)
+            engine.forward([Segment(0, [1] * min(16, cap - widths[-1] - 1), keep=1)], [])
+            for n in widths:
+                length = engine.lengths[0]
+                engine.forward([], [Segment(0, [1] * n)])
+                engine.truncate(0, length)
+            compiled += [{**shape, "capacity": cap} for shape in state.report()["shapes"]]
+        state.frozen = True
+        before = contention.snapshot()
         with progress_bar() as bar:
             task = bar.add_task("profiling (compiled)", total=len(kv_lengths) * repeats, info="")
             for kv in kv_lengths:
+                state.kv = caches[capacities[kv]]
                 engine = StaticSequence(model, state)
                 engine.forward([Segment(0, torch.randint(0, vocab, (kv,), generator=gen).tolist(), keep=1)], [])
                 inputs = {n: torch.randint(0, vocab, (n,), generator=gen).tolist() for n in widths}
@@ -54,12 +73,9 @@ def measure_compiled(target: LoadedModel, widths, kv_lengths, repeats: int = 7, 
                     engine.truncate(0, length)
                     return ms
 
-                for _ in range(max(warmup, 1)):  # the first KV length's first round compiles every width
+                for _ in range(max(warmup, 1)):
                     for n in widths:
                         timed(n)
-                state.frozen = True
-                if before is None:
-                    before = contention.snapshot()
                 times: dict[int, list[float]] = {n: [] for n in widths}
                 for r in range(repeats):
                     for n in (widths if r % 2 == 0 else widths[::-1]):
@@ -76,7 +92,9 @@ def measure_compiled(target: LoadedModel, widths, kv_lengths, repeats: int = 7, 
     if state.eager_steps:
         raise SpecbenchError(f"profile --compile: {state.eager_steps} forwards ran uncompiled; the curve would mix "
                              "compiled and eager forwards")
-    meta = {**profile_meta(target, before, repeats, warmup, PLACEMENT), "compile": state.report(),
+    report = {**state.report(), "shapes": compiled, "seconds": round(sum(c["seconds"] for c in compiled), 3),
+              "capacity_per_kv": capacities}
+    meta = {**profile_meta(target, before, repeats, warmup, PLACEMENT), "compile": report,
             "ideal": ideal.of_profile(target, widths, curves)}
     return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(meta["identity"]),
                           "measured", list(widths), curves, meta, {})

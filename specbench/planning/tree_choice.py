@@ -59,8 +59,9 @@ class Choice:
 
 def find(model_spec: str, family: str, hardware: str, dtype: str, batch_size: int = 1) -> tuple[TreeFile, str] | None:
     """Step 1: the tree file build-tree filed for this family, hardware, dtype and batch size, with where it came
-    from, or None."""
-    if batch_size == 1:
+    from, or None. A `--compile` run takes only a tree built for compiled decoding (its @compiled file), else it
+    builds one from the compiled profile (step 2)."""
+    if batch_size == 1 and not lookup.compiled_run():
         return find_auto_tree(model_slug(model_spec), family, hardware, dtype)
     # searched by its path inside a data root in every source, a disturbed one skipped unless allowed (core/lookup)
     hit = lookup.find(lookup.TREE, autotree.tree_relative(model_spec, family, hardware, dtype, batch_size))

@@ -18,6 +18,7 @@ from ..core.machine import contention
 from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..methods.batch_loop import MODES, generate_batch
+from . import compiled as compile_run
 from .work import BatchJob, BatchLabel, IndexedPrompt, LoadedDataset
 
 REFILL_GROUP = 4  # with --refill, a job streams REFILL_GROUP x B prompts through B slots
@@ -108,8 +109,13 @@ def run_label(runner, job: BatchJob, method_name: str, mode: str, refill: bool) 
         def once():
             generators = [torch.Generator(device=backend.target.device).manual_seed(runner.seed(entry.index, turn))
                           for entry in batch]
-            return generate_batch(method, [entry.ids for entry in batch], job.batch_size, mode, refill,
-                                  cfg.max_new_tokens, cfg.sampling, generators)
+            states = compile_run.states_of(backend.target, backend.drafter)  # --compile: count compiled / eager
+            before = compile_run.snapshot(states)
+            gens, steps = generate_batch(method, [entry.ids for entry in batch], job.batch_size, mode, refill,
+                                         cfg.max_new_tokens, cfg.sampling, generators)
+            if states:
+                compile_run.batch_forwards(states, before, gens, method)
+            return gens, steps
 
         before = contention.snapshot()
         (gens, steps), seconds, mem = backend.timed(once)

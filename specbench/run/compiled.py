@@ -5,9 +5,13 @@ each turn's compiled and eager forwards, decode ar's eager reference, and write 
 
 from __future__ import annotations
 
-from ..core.model.compile import (Compiled, attach, declared_tree_widths, declared_width, disable, enable, state_of,
-                                  unsupported)
+import weakref
+
+from ..core.model import compile_wait
+from ..core.model.compile import (Compiled, attach, declared_tree_widths, declared_varying_width, declared_width,
+                                  disable, enable, state_of, unsupported)
 from ..data import datasets as ds
+from ..methods.base import Generation
 from ..errors import SpecbenchError
 from ..progress import console, status
 
@@ -26,11 +30,44 @@ def check(cfg) -> None:
 def check_model(cfg) -> None:
     """Refuse, from the model's config and before its weights load, a model the static engine would decode
     wrongly (core/model/compile.unsupported says which)."""
+    from ..core import lookup
     from ..core.model.load import model_config
 
     why = unsupported(model_config(cfg.model))
     if why:
         raise SpecbenchError(f"--compile cannot decode {cfg.model} correctly: {why}. Run it without --compile")
+    lookup.compiled_run(True)  # --tree auto: compiled profiles and @compiled trees (planning/autotree.py)
+
+
+PROFILE_WIDTHS, PROFILE_KV = (1, 2, 4, 8, 16, 32, 64), (128, 512)  # the on-the-spot compiled profile's grid
+
+
+def ensure_profile(cfg, target) -> None:
+    """Before the methods choose their trees: a run whose tree methods take `--tree auto` needs this hardware's
+    compiled profile (trees are built from it); when there is none, it is measured now (profile --compile's
+    protocol, planning/profile_compiled.py: every shape compiled first, the wait said) and filed where `specbench
+    profile --compile` files it, so the next run finds it."""
+    from ..core import lookup
+    from ..core.machine.hardware import hardware_slug
+    from ..core.model.load import dtype_name, model_slug
+    from ..methods import get_method
+    from ..methods.tree.plan import tree_spec
+    from ..planning.profile import save
+    from ..planning.profile_compiled import measure_compiled
+
+    trees = [m for m in cfg.methods if get_method(m).kind == "tree"]
+    if not trees or tree_spec(cfg.options).kind != "auto":
+        return
+    found = lookup.find_profile(hardware_slug(target.device), model_slug(target.spec), dtype_name(target.dtype),
+                                compiled=True)
+    if found is not None and lookup.EAGER_FOR_COMPILED not in found.flags:
+        return
+    widths = [w for w in PROFILE_WIDTHS if w <= max(1, target.context_length // 4)]
+    kv = [k for k in PROFILE_KV if k + widths[-1] < target.context_length] or [min(PROFILE_KV)]
+    console.print(f"--compile: no compiled profile of {target.name} here for {', '.join(trees)}'s --tree auto: "
+                  f"measuring it now (widths {widths}, KV {kv}; filed for later runs)")
+    path = save(measure_compiled(target, widths, kv, repeats=5, warmup=1))
+    console.print(f"[dim]--compile: compiled profile filed: {path}[/]")
 
 
 def capacity_for(runner, loaded, max_new_tokens: int, widest: int = 64) -> int:
@@ -51,23 +88,63 @@ def capacity_for(runner, loaded, max_new_tokens: int, widest: int = 64) -> int:
 
 
 def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
-    """--compile: the target's (and the drafter's) static state, with the buckets the methods declare."""
-    widths = {name: (declared_width(m), declared_tree_widths(m)) for name, m in runner.methods.items()}
-    # a chain runs at its power-of-two bucket (Compiled.declare), a tree state at its own width
-    widest = max(max([1 << (chain - 1).bit_length(), *tree]) for chain, tree in widths.values())
+    """--compile: the target's (and the drafter's) static state, with the buckets the methods declare at every
+    batch size of the run, the cache sized from the widest of them, and the expected wait said."""
+    sizes = sorted(set(getattr(cfg, "batch_sizes", None) or (1,)) | {1})
+    batched = [b for b in sizes if b > 1]
+    methods = list(runner.methods.values())
+    chains = {m.name: declared_width(m) for m in methods}
+    trees = {b: {m.name: declared_tree_widths(m, b) for m in methods if b == 1 or getattr(m, "batchable", True)}
+             for b in sizes}
+    # a chain runs at its power-of-two bucket (Compiled.declare), a tree state at its own width; the drafter's
+    # forwards (sd's drafts and catch-up) are chains too
+    varying = {m.name: declared_varying_width(m) for m in methods}  # trees drafted afresh each step (suffix)
+    widest = max([1 << (c - 1).bit_length() for c in [*chains.values(), *(v for v in varying.values() if v)]]
+                 + [w for per in trees.values() for t in per.values() for w in t])
     capacity = capacity_for(runner, loaded, cfg.max_new_tokens, widest)
     states = {"target": enable(runner.target.model, capacity)}
     if drafter is not None and hasattr(drafter.model, "config"):
         states["drafter"] = enable(drafter.model, capacity)
-    for chain, tree in widths.values():
+    for m in methods:  # a tree method's own drafter module (EAGLE's, ParallelSpec's) drafts through its engine too
+        module = feature_drafter(m)
+        if module is not None and state_of(module) is None:
+            states[f"{m.name} drafter"] = enable(module, capacity)
+            _FEATURE_STATES.append(weakref.ref(states[f"{m.name} drafter"]))
+    for chain in chains.values():
         for state in states.values():
             state.declare(chain)
-        states["target"].declare_tree(tree)  # trees verify on the target
-    eager = sorted(m.name for m in runner.methods.values() if not getattr(m, "static_engine", True))
+    for width in varying.values():
+        if width:
+            states["target"].declare_varying_tree(width)
+    for b, per in trees.items():
+        for tree in per.values():
+            states["target"].declare_tree(tree, b)  # trees verify on the target
+    for role, state in states.items():  # what warm-up and finish_warm_up will compile, about
+        tree_widths = {b: sorted(set().union(*per.values())) if role == "target" and per else []
+                       for b, per in trees.items()}
+        state.expected = sum(len(state.chain) + len(tree_widths[b]) + len(state.tree_chain) for b in sizes)
+        said = f" (buckets {state.chain}" + (f", tree widths {tree_widths[1]}" if tree_widths[1] else "") + \
+            (f"; at batch sizes {batched} too" if batched else "") + ")"
+        compile_wait.say_expected(role, state.device, state.expected, said)
+    eager = sorted(m.name for m in methods if not getattr(m, "static_engine", True))
     if eager:
         console.print(f"[yellow]note[/] --compile: {', '.join(eager)} decode(s) over their own caches, not the static "
                       "engine: they run eagerly (their speedups are eager steps against a compiled ar)")
     return states
+
+
+def feature_drafter(method):
+    """The drafter module a tree method drafts with through a drafter engine (EAGLE's and ParallelSpec's feature
+    drafter: its decode-time proposer's), or None."""
+    proposer = getattr(method, "proposer", None)
+    if not getattr(proposer, "drafter_model", False):
+        return None
+    module = getattr(proposer, "drafter", None)
+    return module if hasattr(module, "config") else None
+
+
+# the feature drafters' compile states of the runs in this process (states_of lists the live ones)
+_FEATURE_STATES: list = []
 
 
 def finish_run_warm_up(states: dict[str, Compiled]) -> None:
@@ -90,9 +167,14 @@ def record(meta_path, states: dict[str, Compiled]) -> None:
 
 
 def states_of(*models) -> list[Compiled]:
-    """The compile states attached to these loaded models (target first, then the drafter); [] without --compile."""
+    """The compile states attached to these loaded models (target first, then the drafter), then the feature
+    drafters' (enable_run); [] without --compile."""
     found = [state_of(m.model) for m in models if m is not None]
-    return [s for s in found if s is not None]
+    found = [s for s in found if s is not None]
+    if not found:
+        return []
+    features = [ref() for ref in _FEATURE_STATES]
+    return found + [s for s in features if s is not None and s.model is not None and state_of(s.model) is s]
 
 
 def snapshot(states: list[Compiled]) -> list[tuple[int, int]]:
@@ -108,10 +190,20 @@ def forwards(states: list[Compiled], before: list[tuple[int, int]], gen, method)
         return 0, gen.target_forwards + gen.draft_forwards
     deltas = [(s.compiled_steps - c, s.eager_steps - e) for s, (c, e) in zip(states, before)]
     compiled, eager = sum(d[0] for d in deltas), sum(d[1] for d in deltas)
-    drafter_counted = len(deltas) > 1 and sum(deltas[1]) > 0
+    drafter_counted = any(sum(d) > 0 for d in deltas[1:])  # sd's drafter or a feature drafter
     if gen.draft_forwards and not drafter_counted:
         eager += gen.draft_forwards
     return compiled, eager
+
+
+def batch_forwards(states: list[Compiled], before: list[tuple[int, int]], gens, method) -> None:
+    """A batch's (compiled, eager) decode forwards (one forward serves every sample): the batch's counts on its
+    first row, 0 on the others, so that summary.csv's sums over rows count each forward once."""
+    total = Generation(target_forwards=max((g.target_forwards for g in gens), default=0),  # each sample's share
+                       draft_forwards=max((g.draft_forwards for g in gens), default=0))  # of the batch's forwards
+    compiled, eager = forwards(states, before, total, method)
+    for i, gen in enumerate(gens):
+        gen.compiled_forwards, gen.eager_forwards = (compiled, eager) if i == 0 else (0, 0)
 
 
 def eager_tokens(method, ids, max_new_tokens: int, sampling, models) -> list[int]:

@@ -61,6 +61,8 @@ def prepare(cfg: RunConfig, loaded: list[LoadedDataset]) -> "OwnMethods":
                               drafter_placement(cfg.drafter_device_map, cfg.drafter_max_memory)) \
         if cfg.drafter else None
     tp.watch_ranks()  # --tp: the other ranks are this run's siblings, not foreign load
+    if cfg.compile:  # trees built from the compiled profile: measured now when this hardware has none
+        compile_run.ensure_profile(cfg, target)
     backend = OwnMethods(cfg, target, drafter)
     backend.compiled = compile_run.enable_run(cfg, backend, loaded, drafter) if cfg.compile else {}
     tp.same_on_every_rank({label: {b: t["digest"] for b, t in trees.items()}
@@ -167,6 +169,8 @@ class OwnMethods:
         self.warm_up_single(prompts)
         if batch_sizes:
             self.warm_up_batches(prompts, batch_labels, batch_sizes)
+        for method in self.methods.values():
+            method.warmed_up()  # e.g. suffix forgets the warm-up's outputs: the run's first timed prompt is cold
         if self.compiled:  # run.yaml's `compile:` block
             from ..core.store import RunFolder
 

@@ -1,10 +1,11 @@
 """`specbench recommend`: which method to use for a model on this machine. Every lossless tree method's speedup is
 predicted from files (planning/predict.py: no decoding; a drafting method's missing tree is first built as
 `run --tree auto` builds it, and each tree's drafting is priced as a run's step pays it, timed here:
-price_drafting), the best `confirm` of them (and `pld` and `suffix`, which need nothing and no model predicts) are
-measured beside `ar` in one short run (run/benchmark.py), and the pick is made by paired comparison with intervals
-(run/pick.py: the simplest method within the noise of the fastest; in bf16 a lossless or explained one), or the
-best predicted with `confirm` 0 (`ar` itself when nothing beats it).
+price_drafting), the best `confirm` of them (and `pld`, `suffix` and `lookahead`, which need nothing: predicted from
+their acceptance estimates where the model has them, measured either way) are measured beside `ar` in one short
+run (run/benchmark.py), and the pick is made by paired comparison with intervals (run/pick.py: the simplest method
+within the noise of the fastest; in bf16 a lossless or explained one), or the best predicted with `confirm` 0 (`ar`
+itself when nothing beats it).
 The pick is written to DIR/recommendation.yaml and filed at recommendations/<model>/<hardware>.yaml, which
 `run --method auto` reads.
 """
@@ -30,14 +31,20 @@ from . import pick as picking
 from .config import RunConfig, results_root
 from .results import with_batch_columns
 
-MEASURED_ONLY = ("pld", "suffix")  # need nothing and no model predicts them: measured whenever anything is
+MEASURED_ONLY = ("pld", "suffix", "lookahead")  # need nothing and no model predicts them: measured whenever anything is
 DRAFTER_METHODS = ("sd", "pearl")  # no acceptance model predicts them either: measured when a drafter exists
-NOT_PREDICTED = {"pld": "no acceptance model predicts prompt lookup: measured only (beside the confirmed methods)",
-                 "suffix": "no acceptance model predicts suffix decoding (its drafts depend on what the text repeats):"
-                           " measured only (beside the confirmed methods)",
-                 "sd": "draft-model methods have no acceptance estimate: measured only, when the model has a drafter",
-                 "pearl": "draft-model methods have no acceptance estimate: measured only, when the model has a "
-                          "drafter"}
+# the chain methods: predicted from `specbench estimate --method M`'s acceptance file where the model has one
+# (planning/chain_plan.py), else measured only, for these reasons
+NOT_PREDICTED = {"pld": "no acceptance estimate of prompt lookup for this model (`specbench estimate --method pld`): "
+                        "measured only (beside the confirmed methods)",
+                 "suffix": "no acceptance estimate of suffix decoding for this model (`specbench estimate --method "
+                           "suffix`): measured only (beside the confirmed methods)",
+                 "lookahead": "no acceptance model predicts lookahead decoding (its n-grams come from the Jacobi "
+                              "window's trajectories): measured only (beside the confirmed methods)",
+                 "sd": "no acceptance estimate of sd for this model (`specbench estimate --method sd`): measured "
+                       "only, when the model has a drafter",
+                 "pearl": "no acceptance estimate of pearl for this model (`specbench estimate --method pearl`): "
+                          "measured only, when the model has a drafter"}
 
 
 @dataclass
@@ -53,6 +60,13 @@ class RecommendRequest:
     data_file: str | None = None
     threads: int | None = None
     allow_disturbed_profile: bool = False  # use profiles and trees measured on a disturbed machine (core/lookup.py)
+    compile: bool = False  # pick for `run --compile`: compiled profile and trees, a compiled confirming run
+
+
+def recommendation_file(model: str, hardware: str, compiled: bool = False) -> Path:
+    """recommendations/<model>/<hardware>.yaml; a pick for compiled decoding (`recommend --compile`, read by
+    `run --method auto --compile`) <hardware>@compiled.yaml, apart from eager decoding's."""
+    return store.recommendation_file(model, f"{hardware}@compiled" if compiled else hardware)
 
 
 @dataclass
@@ -103,12 +117,13 @@ def recommend(req: RecommendRequest) -> Result:
         raise SpecbenchError("--confirm must be >= 0, --limit and --max-new-tokens >= 1")
     model_config(req.model)  # an unknown model is refused here (its config; no weights), not filed as "use ar"
     lookup.start(req.allow_disturbed_profile)
+    lookup.compiled_run(req.compile)  # predictions from the compiled profile and @compiled trees
     dev, hardware, dtype = here(req.model, req.dtype, req.device)
     timed = price_drafting(req, candidates(), hardware, dtype)
     preds = predict_all(candidates(), req.model, hardware, dtype, dev.type, timed)
     rows = [Row("ar", predicted=1.0)] + [_row(p) for p in preds]
     measurable = measured_only(req.model)
-    rows += [Row(m, why_not=_unpredicted_why(m, req, measurable)) for m in NOT_PREDICTED if m in REGISTRY]
+    rows += [_chain_row(m, req, measurable, hardware, dtype) for m in NOT_PREDICTED if m in REGISTRY]
     out = req.out or results_root() / time.strftime("recommend-%Y%m%d-%H%M%S")
     confirm = [p.method for p in preds if p.available][: req.confirm]
     run_dir, why = None, []
@@ -122,8 +137,8 @@ def recommend(req: RecommendRequest) -> Result:
         why = [f"not confirmed: {pick.method} is the best prediction; {', '.join(unseen)} were not considered (no "
                "model predicts them, and --confirm 0 measures nothing); `specbench recommend --confirm 2` measures "
                "them beside the best predicted"]
-    result = Result(pick, rows, hardware, dtype, str(dev), out, run_dir, store.filed(store.recommendation_file(
-        model_slug(req.model), hardware)))
+    result = Result(pick, rows, hardware, dtype, str(dev), out, run_dir, store.filed(recommendation_file(
+        model_slug(req.model), hardware, req.compile)))
     result.notes += why + profile_notes(req.model, hardware, dtype) + [
         f"{p.method}'s drafting: {p.draft_price}" for p in preds if p.available and p.draft_price]
     write(result, req)
@@ -131,14 +146,25 @@ def recommend(req: RecommendRequest) -> Result:
 
 
 def measured_only(model: str) -> list[str]:
-    """The methods no model predicts that a confirming run measures: pld and suffix always, sd and pearl when the model
-    has a drafter artefact (artifacts/<model>/drafter here or shipped: what `run --method sd` would load)."""
+    """The methods no model predicts that a confirming run measures: pld, suffix and lookahead always, sd and pearl when
+    the model has a drafter artefact (artifacts/<model>/drafter here or shipped: what `run --method sd` would load)."""
     from ..methods.sd.drafter import is_artifact
 
     key = model_slug(model)
     drafter = any(is_artifact(p) for p in (store.artifact_dir(key, "drafter"),
                                             store.shipped_artifacts() / key / "drafter"))
     return [m for m in (*MEASURED_ONLY, *(DRAFTER_METHODS if drafter else ())) if m in REGISTRY]
+
+
+def _chain_row(method: str, req: RecommendRequest, measurable: list[str], hardware: str, dtype: str) -> Row:
+    """A chain method's row: predicted from its estimated acceptance (planning/chain_plan.py) where this model has
+    an acceptance file and this hardware a profile, else measured only (or why not)."""
+    from ..planning.chain_plan import predict_here
+
+    chain, _ = predict_here(method, req.model, hardware, dtype)
+    if chain is not None:
+        return Row(method, f"chain of {chain.k}", chain.k, chain.speedup)
+    return Row(method, why_not=_unpredicted_why(method, req, measurable))
 
 
 def _unpredicted_why(method: str, req: RecommendRequest, measurable: list[str]) -> str:
@@ -222,7 +248,7 @@ def _confirm(req: RecommendRequest, methods: list[str], dtype: str, out: Path) -
     cfg = RunConfig(methods=("ar", *methods), datasets=(req.dataset,), model=req.model, dtype=dtype,
                     device=req.device, limit=req.limit, max_new_tokens=req.max_new_tokens, warmup=1,
                     threads=req.threads, data_file=req.data_file, out=out,
-                    allow_disturbed_profile=req.allow_disturbed_profile)
+                    allow_disturbed_profile=req.allow_disturbed_profile, compile=req.compile)
     return run(cfg)  # records only: the command writes the report (cli/recommend.py), as `specbench run` does
 
 
@@ -325,18 +351,21 @@ class Choice:
     path: str | None = None  # the recommendation file followed (run.yaml's data_files names it)
 
 
-def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto") -> Choice:
-    """The recommendation for this model and hardware (`path`, else recommendations/<model>/<hardware>.yaml); a
-    clear error that says to run `specbench recommend` when there is none."""
+def read_choice(model: str, device: str, path: Path | None, dtype: str = "auto", compiled: bool = False) -> Choice:
+    """The recommendation for this model and hardware (`path`, else recommendations/<model>/<hardware>.yaml, or
+    <hardware>@compiled.yaml for `run --compile`); a clear error that says to run `specbench recommend` when there is
+    none."""
     dev = resolve_device(device)
     hardware = hardware_slug(dev)
-    found = None if path else lookup.find(lookup.RECOMMENDATION, store.recommendation_file(model_slug(model),
-                                                                                          hardware))
+    found = None if path else lookup.find(lookup.RECOMMENDATION, recommendation_file(model_slug(model), hardware,
+                                                                                    compiled))
     where = path or (found.path if found else None)
     if where is None or not Path(where).is_file():
-        looked = path or store.recommendation_file(model_slug(model), hardware)
-        raise SpecbenchError(f"--method auto: no recommendation for {model} on {hardware} (looked for {looked}); "
-                             f"run `specbench recommend --model {model}` first, or pass --recommendation FILE")
+        looked = path or recommendation_file(model_slug(model), hardware, compiled)
+        again = " --compile" if compiled else ""
+        raise SpecbenchError(f"--method auto: no recommendation for {model} on {hardware}{' (compiled)' * compiled} "
+                             f"(looked for {looked}); run `specbench recommend --model {model}{again}` first, or "
+                             "pass --recommendation FILE")
     try:
         data = yaml.safe_load(Path(where).read_text())
     except (OSError, yaml.YAMLError) as exc:

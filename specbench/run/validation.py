@@ -55,7 +55,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise SpecbenchError(f"--shard {cfg.shard}: sharded runs decode one prompt at a time (a batch's prompts "
                              "must share a device); run --batch-size > 1 unsharded")
     methods = ("ar",) + tuple(dict.fromkeys(m for m in cfg.methods if m != "ar"))
-    cfg = RunConfig(**{**cfg.__dict__, "methods": methods})
+    cfg = RunConfig(**{**cfg.__dict__, "methods": methods, "batching": compiled_batching(cfg)})
     declared = all_options(REGISTRY)
     unknown = sorted(set(cfg.options) - set(declared))
     if unknown:
@@ -74,6 +74,20 @@ def validate(cfg: RunConfig) -> RunConfig:
             console.print(f"[yellow]note[/] --gamma applies to {', '.join(m for m in methods if m in takers)}; "
                           f"it is ignored by {', '.join(others)} (a tree method's tree sets how far it drafts)")
     return cfg
+
+
+def compiled_batching(cfg: RunConfig) -> str:
+    """--batching under --compile: batches run the static batch engine (core/batch/static_batch.py: every sample
+    padded to one bucket a step, one compiled graph), a padded batch; EMS-SD's unpadded engine runs eagerly only."""
+    if not cfg.compile or max(cfg.batch_sizes) <= 1 or cfg.batching == "padded":
+        return cfg.batching
+    if cfg.batching == "unpadded":
+        raise SpecbenchError("--batching unpadded runs eagerly only: under --compile batches pad every sample to one "
+                             "static shape a step (--batching padded); leave out --compile to measure EMS-SD's "
+                             "unpadded engine")
+    console.print("[yellow]note[/] --compile: batches run padded to one static shape a step (--batching padded); "
+                  "the unpadded / padded comparison is an eager run's")
+    return "padded"
 
 
 def validate_batching(cfg: RunConfig) -> None:

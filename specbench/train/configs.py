@@ -216,5 +216,31 @@ class ParallelSpecConfig(FeatureConfig):
     seed: int = option(0, "Data order, groups and noise.")
 
 
+@dataclass(frozen=True)
+class Eagle3Config(TrainSettings):
+    """Train the EAGLE-3 drafter for `eagle3` (one decoder layer over the target's fused low, middle and high-layer
+    states and the next token's embedding, its own head over a reduced draft vocabulary), by training-time test."""
+
+    command = "eagle3"
+    trainer = "specbench.methods.eagle3.training"
+    options = ("model", "vocab_top", "ttt_steps", "columns", "data", "steps", "sequences", "lr", "prompts",
+               "held_out", "new_tokens", "out", "dtype", "device", "device_map", "max_memory", "save_every", "resume",
+               "seed", "data_file", "eval_prompts", "dry_run")
+
+    vocab_top: int = option(8192, "Draft vocabulary: the K " + VOCAB_TOP_HELP.format(what="drafts")
+                            + " 0: the full vocabulary.")
+    ttt_steps: int = option(6, "Training-time test: the drafter's unrolled steps, each fed its own previous "
+                            "outputs (EAGLE-3: 7; here as deep as the trees draft).")
+    columns: int = option(64, "Positions per sequence unrolled past the first step (every position trains the "
+                          "first step).")
+    steps: int = 1500
+    sequences: int = option(4, "Sequences per step.")
+    lr: float = 5e-4
+
+    def out_dir(self) -> Path:
+        return self.artifact_out(self.command)
+
+
 # one `specbench train` command each: the config each family's declaration names, in the registry's order
 CONFIGS = tuple(families.load(family.train_config) for family in families.trained())
+

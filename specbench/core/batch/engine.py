@@ -8,6 +8,8 @@ sample is released. Three engines implement it:
   under `--compile` (a model with a core/model/compile.Compiled state) static.py's, over a static cache, compiled;
 - `unpadded` (ragged.py): EMS-SD's unpad KV cache and unpad input tokens;
 - `padded` (padded.py): the vanilla padded batch EMS-SD compares against.
+Under `--compile` both batching modes of a model with a compile state run static_batch.py's engine: every slot at
+one static shape a step, compiled (padded to the step's bucket: the modes' comparison is an eager one).
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ def engine(model, mode: str, slots: int, device: torch.device) -> BatchEngine:
 
             return StaticSequence(model, compiled)
         return SingleSequence(model)
+    if mode in MODES:
+        from ..model.compile import state_of
+
+        compiled = state_of(model)  # --compile: core/model/compile.py
+        if compiled is not None:
+            from .static_batch import StaticBatch
+
+            return StaticBatch(model, compiled, slots)
     if mode == "unpadded":
         return RaggedBatch(model, slots)
     if mode == "padded":

@@ -183,7 +183,9 @@ class PaddedBatch:
         embeds = None
         if any(s.embeds is not None for s in segments):
             table = self.model.get_input_embeddings()
-            embeds = torch.zeros(n, wide, table.weight.shape[1], dtype=table.weight.dtype, device=self.device)
+            # a segment's own inputs set the width (a drafter's fused inputs may be wider than a token's embedding)
+            width = next(s.embeds.shape[-1] for s in segments if s.embeds is not None)
+            embeds = torch.zeros(n, wide, width, dtype=table.weight.dtype, device=self.device)
         new_valid = torch.zeros(n, wide, dtype=torch.bool)
         pos = torch.zeros(n, wide, dtype=torch.long)
         own = torch.zeros(n, wide, wide, dtype=torch.bool)  # [R, W, W] new-token mask

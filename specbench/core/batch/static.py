@@ -36,49 +36,67 @@ from .ragged import Segment, packed_embeddings
 
 
 class StaticKV:
-    """Per-layer key / value tensors [1, kv_heads, capacity, head_dim] at fixed addresses, and the sample's length."""
+    """Per-layer key / value tensors [batch, kv_heads, capacity, head_dim] at fixed addresses, and each slot's
+    length (`length`: slot 0's, the single sample of batch 1)."""
 
-    def __init__(self, capacity: int, windows: tuple[int | None, ...] = ()):
+    def __init__(self, capacity: int, windows: tuple[int | None, ...] = (), batch: int = 1):
         self.capacity = capacity
         self.windows = windows  # per decoder layer: its sliding window, None for full attention (cache.sliding_windows)
+        self.batch = batch
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self.length = 0  # entries the sample holds: positions 0..length-1 (later entries are stale)
+        self.lengths = [0] * batch  # entries each slot holds: positions 0..length-1 (later entries are stale)
+
+    @property
+    def length(self) -> int:
+        return self.lengths[0]
+
+    @length.setter
+    def length(self, value: int) -> None:
+        self.lengths[0] = value
 
     def allocate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
-        """The layer's tensors, shaped like its new keys / values [1, kv_heads, ., head_dim] (first forward only)."""
+        """The layer's tensors, shaped like its new keys / values [., kv_heads, ., head_dim] (first forward only)."""
         while len(self.keys) <= layer:
             self.keys.append(None)
             self.values.append(None)
         if self.keys[layer] is None:
             for store, like in ((self.keys, key), (self.values, value)):
-                t = like.new_zeros(1, like.shape[1], self.capacity, like.shape[-1])
+                t = like.new_zeros(self.batch, like.shape[1], self.capacity, like.shape[-1])
                 torch._dynamo.mark_static_address(t)  # a CUDA graph writes it in place: its address must not move
                 store[layer] = t
 
-    def keep_offsets(self, start: int, offsets: list[int]) -> None:
-        """Tree compaction: of the entries from `start`, keep those at `offsets` (the accepted path), moved to
-        start, start+1, ... (in place: the addresses stay)."""
+    def keep_offsets(self, start: int, offsets: list[int], slot: int = 0) -> None:
+        """Tree compaction: of the slot's entries from `start`, keep those at `offsets` (the accepted path), moved
+        to start, start+1, ... (in place: the addresses stay)."""
         if offsets != list(range(len(offsets))) and self.keys:
             index = torch.tensor(offsets, dtype=torch.long, device=self.keys[0].device) + start  # one copy over
             for store in (*self.keys, *self.values):
-                store[:, :, start:start + len(offsets)] = store[:, :, index]
-        self.length = start + len(offsets)
+                store[slot, :, start:start + len(offsets)] = store[slot, :, index]
+        self.lengths[slot] = start + len(offsets)
 
 
 class _Writer:
-    """The cache a transformers decoder sees during one static forward: each layer's new keys / values [1, kv, w, d]
-    go to positions `write_at` [w] of the layer's preallocated tensors, and attention reads all `capacity` keys."""
+    """The cache a transformers decoder sees during one static forward: each layer's new keys / values [S, kv, w, d]
+    go to positions `write_at` [S, w] of the layer's preallocated tensors (of slot `slot` only when one is named: a
+    newcomer's prefill into a batch cache), and attention reads all `capacity` keys."""
 
-    def __init__(self, kv: StaticKV, write_at: torch.Tensor):
-        self.kv, self.write_at = kv, write_at
+    def __init__(self, kv: StaticKV, write_at: torch.Tensor, slot: int | None = None):
+        self.kv, self.write_at, self.slot = kv, write_at, slot
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
         if len(self.kv.keys) <= layer_idx or self.kv.keys[layer_idx] is None:
             self.kv.allocate(layer_idx, key, value)
         keys, values = self.kv.keys[layer_idx], self.kv.values[layer_idx]
-        keys.index_copy_(2, self.write_at, key)
-        values.index_copy_(2, self.write_at, value)
+        if self.slot is not None:  # one slot of a batch cache: a view, written in place
+            keys, values = keys[self.slot:self.slot + 1], values[self.slot:self.slot + 1]
+        if keys.shape[0] == 1:
+            keys.index_copy_(2, self.write_at[0], key)
+            values.index_copy_(2, self.write_at[0], value)
+        else:  # every slot at its own rows: [S, w, kv, d] through the (slot, row) index pairs
+            slots = torch.arange(keys.shape[0], device=keys.device)[:, None]  # [S, 1]
+            keys[slots, :, self.write_at] = key.transpose(1, 2)
+            values[slots, :, self.write_at] = value.transpose(1, 2)
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -86,21 +104,22 @@ class _Writer:
 
 
 def step(model, kv: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, write_at: torch.Tensor,
-         allowed: torch.Tensor | None, embeds: bool, hidden: bool) -> torch.Tensor:
-    """One forward at a static shape (what compile.py compiles; the prefill and eager steps call it as is).
-    inputs: token ids [1, w] or embeddings [1, w, H] (`embeds`); positions [1, w] (rotary); write_at [w] (cache
-    rows); allowed: [w, capacity] bool (True = may attend), or None for causal over the cache (key k visible to row r
-    iff k <= write_at[r]). Returns the decoder's normed hidden states [w, H] (`hidden`) or the target's logits
-    [w, V] (float)."""
+         allowed: torch.Tensor | None, embeds: bool, hidden: bool, slot: int | None = None) -> torch.Tensor:
+    """One forward at a static shape (what compile.py compiles; the prefill and eager steps call it as is), S samples
+    side by side (S = 1 at batch 1; a batch cache's slots under core/batch/static_batch.py).
+    inputs: token ids [S, w] or embeddings [S, w, H] (`embeds`); positions [S, w] (rotary); write_at [S, w] (cache
+    rows); allowed: [S, w, capacity] bool (True = may attend), or None for causal over the cache (key k visible to
+    row r iff k <= write_at[r]); slot: the one slot of a batch cache a single row writes (a prefill), else None.
+    Returns the decoder's normed hidden states [S, w, H] (`hidden`) or the target's logits [S, w, V] (float)."""
     mask = attention_masks(kv, positions, write_at, allowed, model.get_input_embeddings().weight.dtype)
-    embedded = inputs if embeds else model.get_input_embeddings()(inputs)  # [1, w, H]
-    h = decoder.hidden(model, None, positions, _Writer(kv, write_at), mask, inputs_embeds=embedded)[0]  # [w, H]
+    embedded = inputs if embeds else model.get_input_embeddings()(inputs)  # [S, w, H]
+    h = decoder.hidden(model, None, positions, _Writer(kv, write_at, slot), mask, inputs_embeds=embedded)  # [S, w, H]
     return h if hidden else decoder.logits(model, h).float()  # a drafter's: -inf off its --vocab-top tokens
 
 
 def attention_masks(kv: StaticKV, positions: torch.Tensor, write_at: torch.Tensor, allowed: torch.Tensor | None,
                     dtype: torch.dtype):
-    """The additive mask [1, 1, w, capacity] a static forward attends under (0 where visible, the dtype's min
+    """The additive mask [S, 1, w, capacity] a static forward attends under (0 where visible, the dtype's min
     elsewhere, as core/tree.additive makes it for the single engine), with the layers' sliding windows applied as
     transformers applies them (a query at position p sees keys at positions > p - window): one windowed mask when
     every layer slides, {"full_attention": ..., "sliding_attention": ...} (what hybrid models such as Gemma 2/3 and
@@ -109,23 +128,35 @@ def attention_masks(kv: StaticKV, positions: torch.Tensor, write_at: torch.Tenso
     sequence in order), `positions` for the rows it writes (a tree's nodes share depths); stale rows are masked."""
     keys = torch.arange(kv.capacity, device=write_at.device)
     if allowed is None:
-        allowed = keys[None, :] <= write_at[:, None]  # [w, capacity]
+        allowed = keys[None, None, :] <= write_at[:, :, None]  # [S, w, capacity]
 
     def additive(visible):
         return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
-            ~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, w, capacity]
+            ~visible, torch.finfo(dtype).min)[:, None]  # [S, 1, w, capacity]
 
     mask = additive(allowed)
     sizes = {w for w in kv.windows if w is not None}
     if not sizes:
         return mask
     window = max(sizes)  # one size: the compile check refuses several (run/compiled.check_model)
-    query = positions[0].to(keys.device)  # [w]
-    key_pos = keys.index_copy(0, write_at, query)  # [capacity]
-    windowed = additive(allowed & ((query[:, None] - key_pos[None, :]) < window))
+    query = positions.to(keys.device)  # [S, w]
+    key_pos = keys.expand(write_at.shape[0], -1).scatter(1, write_at, query)  # [S, capacity]
+    windowed = additive(allowed & ((query[:, :, None] - key_pos[:, None, :]) < window))
     if all(w is not None for w in kv.windows):
         return windowed
     return {"full_attention": mask, "sliding_attention": windowed}
+
+
+def visibility(seg: Segment, past: int, width: int, capacity: int) -> torch.Tensor:
+    """[width, capacity] bool on the CPU: a segment's rows as every engine masks them (Segment.visible over the
+    slot's `past` entries), then its padding rows up to the bucket `width`, each seeing keys 0..its own write
+    position (finite outputs, never read)."""
+    w = seg.width
+    grid = torch.zeros(width, capacity, dtype=torch.bool)
+    grid[:w, :past + w] = seg.visible(past)
+    for r in range(w, width):
+        grid[r, :past + r + 1] = True
+    return grid
 
 
 def head_logits(model, h: torch.Tensor) -> torch.Tensor:
@@ -188,18 +219,14 @@ class StaticSequence:
             inputs = torch.cat([e, e.new_zeros(1, pad, e.shape[-1])], 1) if pad else e
         own = seg.positions if seg.positions is not None else list(range(past, past + w))
         positions = torch.tensor([own + list(range(past + w, past + width))], device=device)  # [1, width]
-        write_at = torch.arange(past, past + width, device=device)  # [width]
+        write_at = torch.arange(past, past + width, device=device)[None]  # [1, width]
         allowed = None
-        if seg.mask is not None:  # the single engine's visibility, padded to [width, capacity]
-            grid = torch.zeros(width, state.kv.capacity, dtype=torch.bool)
-            grid[:w, :past + w] = seg.visible(past)
-            for r in range(w, width):  # padding rows: keys 0..their own write position (finite, never seen)
-                grid[r, :past + r + 1] = True
-            allowed = grid.to(device)
+        if seg.mask is not None:  # the single engine's visibility, padded to [1, width, capacity]
+            allowed = visibility(seg, past, width, state.kv.capacity)[None].to(device)
         with context:
             if bucket is None:  # the LM head on the kept rows only (a prompt's prefill keeps one)
                 out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=True,
-                                 compiled=False)[w - keep:w]
+                                 compiled=False)[0, w - keep:w]
                 out = out if hidden else head_logits(self.model, out)
             else:  # the model's hooks run around the graph, not in it (_Hooks)
                 hooks = _Hooks(self.model)
@@ -207,7 +234,7 @@ class StaticSequence:
                 with hooks.stripped():
                     out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=hidden,
                                      compiled=True)
-                out = out[w - keep:w].clone()  # a CUDA graph's output buffer is rewritten by its next replay
+                out = out[0, w - keep:w].clone()  # a CUDA graph's output buffer is rewritten by its next replay
                 hooks.after(out)
         state.kv.length = past + w
         return out, width
@@ -240,8 +267,8 @@ class _Hooks:
         self.modules = [m for m in (stack, *layers, model.get_output_embeddings()) if m is not None]
 
     def before(self, inputs: torch.Tensor) -> None:
-        width = inputs.shape[1]
-        for module, args in ((self.decoder, (inputs,)), (self.first, (torch.empty(1, width, 0, device="meta"),))):
+        rows, width = inputs.shape[:2]
+        for module, args in ((self.decoder, (inputs,)), (self.first, (torch.empty(rows, width, 0, device="meta"),))):
             if module is None:
                 continue
             for key, hook in list(module._forward_pre_hooks.items()):

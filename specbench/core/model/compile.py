@@ -1,10 +1,11 @@
-"""`--compile`: a model's batch-1 forwards through torch.compile at static shapes, compiled in warm-up.
+"""`--compile`: a model's decode forwards through torch.compile at static shapes, compiled in warm-up.
 
 A Compiled state is attached to a model (`enable`); from then on the batch-1 engine of that model is the static
-engine (core/batch/static.py), which runs every decode forward through one compiled function at a bucketed query
-width over a preallocated KV cache. On CUDA the function is compiled with mode="reduce-overhead": each shape is
-recorded once as a CUDA graph and replayed (one launch a forward instead of hundreds); on a CPU, inductor's C++
-kernels (there are no graphs to replay).
+engine (core/batch/static.py), and its batch engine at B > 1 the static batch (core/batch/static_batch.py): each
+runs every decode forward through one compiled function at a bucketed query width over a preallocated KV cache
+(one per batch size, its slots side by side). On CUDA the function is compiled with mode="reduce-overhead": each
+shape is recorded once as a CUDA graph and replayed (one launch a forward instead of hundreds); on a CPU,
+inductor's C++ kernels (there are no graphs to replay).
 
 Buckets (query widths): powers of two up to the longest chain the run drafts (pld's --pld-draft-tokens + 1, sd's
 gamma + 1: `declare`), and, as warm-up meets them, the exact widths no bucket holds (a tree's verify width is fixed
@@ -14,18 +15,17 @@ When compiling happens: the run's warm-up (run/runner.warm_up) meets the shapes 
 `finish_warm_up` then compiles every bucket (and every kind of input the warm-up met) it has not met yet, and
 freezes the state: from then on nothing compiles. A timed turn that meets a width no bucket holds runs that forward
 eagerly (uncompiled) and counts it (`eager_steps` in run.yaml's `compile:` block). Compile time is the time of each
-shape's first call (compile, plus one forward), reported per shape in run.yaml and never inside a timed turn.
+shape's first call (compile, plus one forward), reported per shape in run.yaml and never inside a timed turn; the
+wait is said before it starts (compile_wait.py). A batch size compiles only the kinds of input its warm-up met.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import time
 import types
 import warnings
-from pathlib import Path
 import weakref
 
 import torch
@@ -33,7 +33,9 @@ import torch
 from ..batch.cache import sliding_windows
 from ..batch.static import StaticKV, step
 from ..model.placement import input_device
-from . import grouped_attention, linear_kernels
+from . import compile_wait, grouped_attention, linear_kernels
+from .compile_wait import CACHED_FILES, inductor_cache, say_start as _say_start  # noqa: F401 (tests read them here)
+from .compile_widths import declared_tree_widths, declared_varying_width, declared_width  # noqa: F401 (callers')
 
 # model -> its Compiled state (core/batch/engine.py asks state_of): kept beside the model, never on its module object
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -90,8 +92,17 @@ class Compiled:
         # widths warm-up met (a tree's)
         self.buckets: dict[tuple[bool, bool, bool], list[int]] = {}
         self.trees: list[set[int]] = []  # each tree method's declared widths (every state of every tree it lays out)
+        self.batch_trees: dict[int, list[set[int]]] = {}  # the same per batch size > 1 (its own tree)
+        self.batch_buckets: dict[int, dict] = {}  # slots -> kind of input -> its buckets, at batch sizes > 1
+        self.tree_chain: list[int] = []  # power-of-two buckets of trees whose width varies a step (suffix decoding)
+        self.declared_kinds: set = set()  # kinds of input compiled whether or not warm-up met them
         self.frozen = False
         self.shapes: dict[tuple, float] = {}  # (width, embeds, masked, hidden) -> seconds of its first call
+        self.batch_shapes: dict[tuple, float] = {}  # (slots, width, embeds, masked, hidden) -> seconds, B > 1
+        self.batch_kv: dict[int, StaticKV] = {}  # slots -> the static batch's cache (core/batch/static_batch.py)
+        self.met: dict[int, set] = {}  # slots -> the kinds of input its forwards met (what finish_warm_up compiles)
+        self.expected = 0  # shapes this state is expected to compile (the progress lines' total)
+        self.done = 0  # shapes it compiled so far (the progress lines' count)
         self.eager_steps = 0  # decode forwards run uncompiled after warm-up (a width no bucket holds)
         self.compiled_steps = 0  # decode forwards run through the compiled step after warm-up
         self.grown: list[int] = []  # capacities the cache grew to after warm-up (each a recompile)
@@ -106,74 +117,113 @@ class Compiled:
         first one holding it is a bucket."""
         top = 1 << max(0, math.ceil(math.log2(max(1, width))))
         self.chain = sorted(set(self.chain) | {1 << i for i in range(top.bit_length())})
-        for kind, sizes in self.buckets.items():
-            if not kind[1]:
-                self.buckets[kind] = sorted(set(sizes) | set(self.chain))
+        for table in (self.buckets, *self.batch_buckets.values()):
+            for kind, sizes in table.items():
+                if not kind[1]:
+                    table[kind] = sorted(set(sizes) | set(self.chain))
 
-    def declare_tree(self, widths: set[int]) -> None:
-        """A tree method verifies at these exact widths (one per tree state it lays out): when warm-up meets one of
-        them at a kind of input, all of them become that kind's buckets, so a state the warm-up prompt never reached
-        is compiled too."""
+    def declare_varying_tree(self, width: int, kind: tuple[bool, bool, bool] = (False, True, False)) -> None:
+        """A method verifies trees of any width up to `width` (drafted afresh each step; tokens in, logits out by
+        default): the masked kinds of input get power-of-two buckets up to the first one holding it, as chains do,
+        compiled even where warm-up drafted no tree (its prompt may find nothing to draft)."""
+        top = 1 << max(0, math.ceil(math.log2(max(1, width))))
+        self.tree_chain = sorted(set(self.tree_chain) | {1 << i for i in range(top.bit_length())})
+        self.declared_kinds.add(kind)
+        self.buckets.setdefault(kind, [])
+        for table in (self.buckets, *self.batch_buckets.values()):
+            for kind, sizes in table.items():
+                if kind in self.declared_kinds:
+                    table[kind] = sorted(set(sizes) | set(self.tree_chain))
+
+    def declare_tree(self, widths: set[int], slots: int = 1) -> None:
+        """A tree method verifies at these exact widths at batch size `slots` (one per tree state it lays out): when
+        warm-up meets one of them at a kind of input, all of them become that kind's buckets, so a state the warm-up
+        prompt never reached is compiled too."""
         if widths:
-            self.trees.append(set(widths))
+            (self.trees if slots == 1 else self.batch_trees.setdefault(slots, [])).append(set(widths))
 
     def widest(self) -> int:
-        """The widest forward the run declared (chain or tree): the cache's room beyond the longest context."""
-        return max([*self.chain, *(w for t in self.trees for w in t)])
+        """The widest forward the run declared (chain or tree, any batch size): the cache's room beyond the longest
+        context."""
+        trees = [*self.trees, *(t for ts in self.batch_trees.values() for t in ts)]
+        return max([*self.chain, *self.tree_chain, *(w for t in trees for w in t)])
 
-    def bucket(self, width: int, kind: tuple[bool, bool, bool]) -> int | None:
+    def batch_cache(self, slots: int) -> StaticKV:
+        """The static cache of a batch of `slots` samples (one per batch size, allocated at its first forward)."""
+        if slots not in self.batch_kv:
+            self.batch_kv[slots] = StaticKV(self.kv.capacity, self.windows, batch=slots)
+        return self.batch_kv[slots]
+
+    def bucket(self, width: int, kind: tuple[bool, bool, bool], slots: int = 1) -> int | None:
         """The query width a segment of `width` tokens of `kind` (embeds, masked, hidden) runs at: the smallest of
         the kind's buckets >= width; in warm-up a width none holds becomes one (a tree's width); after warm-up,
         None (run eagerly)."""
-        sizes = self.buckets.get(kind)
+        if not self.frozen:
+            self.met.setdefault(slots, set()).add(kind)
+        table = self.buckets if slots == 1 else self.batch_buckets.setdefault(slots, {})
+        sizes = table.get(kind)
         if sizes is None:
             if self.frozen:  # a kind of input warm-up never met: nothing compiled for it
                 self.eager_steps += 1
                 return None
-            sizes = self.buckets[kind] = [] if kind[1] else list(self.chain)
+            sizes = table[kind] = (list(self.tree_chain) if kind in self.declared_kinds else []) if kind[1] \
+                else list(self.chain)
         fits = [b for b in sizes if b >= width]
         if fits:
             return fits[0]
         if self.frozen:
             self.eager_steps += 1
             return None
-        grown = {width}.union(*(t for t in self.trees if width in t)) if kind[1] else {width}
+        trees = self.trees if slots == 1 else self.batch_trees.get(slots, [])
+        grown = {width}.union(*(t for t in trees if width in t)) if kind[1] else {width}
         sizes[:] = sorted(set(sizes) | grown)
         return width
 
-    def make_room(self, need: int) -> None:
-        """Entries the next forward writes up to (exclusive); beyond the capacity the cache is reallocated at twice
-        the size (new addresses: every shape compiles again, so capacity is sized up front: `capacity_for`)."""
-        if need <= self.kv.capacity:
+    def make_room(self, need: int, kv: StaticKV | None = None) -> None:
+        """Entries the next forward writes up to (exclusive), in `kv` (batch 1's by default); beyond the capacity
+        the cache is reallocated at twice the size (new addresses: every shape of that batch size compiles again,
+        so capacity is sized up front: run/compiled.capacity_for)."""
+        old = kv or self.kv
+        if need <= old.capacity:
             return
-        old = self.kv
-        self.kv = StaticKV(_round(max(need, 2 * old.capacity)), self.windows)
+        new = StaticKV(_round(max(need, 2 * old.capacity)), self.windows, batch=old.batch)
         for layer, (k, v) in enumerate(zip(old.keys, old.values)):
-            self.kv.allocate(layer, k, v)
-            self.kv.keys[layer][:, :, :old.capacity] = k
-            self.kv.values[layer][:, :, :old.capacity] = v
-        self.kv.length = old.length
+            new.allocate(layer, k, v)
+            new.keys[layer][:, :, :old.capacity] = k
+            new.values[layer][:, :, :old.capacity] = v
+        new.lengths = list(old.lengths)
+        if old is self.kv:
+            self.kv = new
+        else:
+            self.batch_kv[old.batch] = new
         if self.frozen:  # every compiled shape again at the new capacity, now: the rest of the run stays compiled
             from ...progress import console
             from ..batch.static import _Hooks
 
-            self.grown.append(self.kv.capacity)
+            self.grown.append(new.capacity)
             t0 = time.perf_counter()
+            keys = sorted(self.shapes) if new.batch == 1 else [k[1:] for k in sorted(self.batch_shapes)
+                                                                if k[0] == new.batch]
             with _Hooks(self.model).stripped(), torch.inference_mode():  # the runner's counters see no dummy forward
-                for key in sorted(self.shapes):
-                    self._dummy(*key, start=self.kv.capacity - key[0])
+                for key in keys:
+                    self._dummy(*key, start=new.capacity - key[0], slots=new.batch)
             console.print(f"[yellow]warning[/] --compile: a context longer than the static cache's {old.capacity} "
-                          f"entries; grown to {self.kv.capacity}, its {len(self.shapes)} shapes compiled again in "
+                          f"entries; grown to {new.capacity}, its {len(keys)} shapes compiled again in "
                           f"{time.perf_counter() - t0:.1f} s inside a timed turn (run.yaml: grown_to)")
 
-    def call(self, inputs, positions, write_at, allowed, embeds: bool, hidden: bool, compiled: bool) -> torch.Tensor:
-        """The static step, compiled or eager; a compiled shape's first call is timed as its compile time."""
+    def call(self, inputs, positions, write_at, allowed, embeds: bool, hidden: bool, compiled: bool,
+             kv: StaticKV | None = None, slot: int | None = None) -> torch.Tensor:
+        """The static step over `kv` (batch 1's by default), compiled or eager; a compiled shape's first call is
+        timed as its compile time."""
+        kv = kv or self.kv
         if not compiled:
-            return step(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
+            return step(self.model, kv, inputs, positions, write_at, allowed, embeds, hidden, slot)
+        slots = inputs.shape[0]
         key = (inputs.shape[1], embeds, allowed is not None, hidden)
-        first = key not in self.shapes
+        table, key = (self.shapes, key) if slots == 1 else (self.batch_shapes, (slots, *key))
+        first = key not in table
         if first:
-            if not self.shapes:  # the first compile of this model: say how long the wait may be
+            if not self.shapes and not self.batch_shapes:  # the first compile of this model: the wait to expect
                 _say_start(self.name, self.device)
             _sync(self.device)
             t0 = time.perf_counter()
@@ -182,50 +232,69 @@ class Compiled:
         if self.frozen:  # nothing compiles after warm-up: a shape that would recompile runs eagerly, counted
             try:
                 with torch._dynamo.config.patch(error_on_recompile=True):
-                    out = self.fn(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
+                    out = self.fn(self.model, kv, inputs, positions, write_at, allowed, embeds, hidden)
             except torch._dynamo.exc.RecompileError:
                 self.eager_steps += 1
-                return step(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
+                return step(self.model, kv, inputs, positions, write_at, allowed, embeds, hidden)
             self.compiled_steps += 1
         else:
             with warnings.catch_warnings():  # torch's compiler stack warns of its own deprecated internals
                 if first:
                     warnings.simplefilter("ignore", DeprecationWarning)
                     warnings.simplefilter("ignore", FutureWarning)
-                out = self.fn(self.model, self.kv, inputs, positions, write_at, allowed, embeds, hidden)
+                out = self.fn(self.model, kv, inputs, positions, write_at, allowed, embeds, hidden)
         if first:
             _sync(self.device)
-            self.shapes[key] = time.perf_counter() - t0
-            _said(self.name, key, self.shapes[key])
+            table[key] = time.perf_counter() - t0
+            self.done += 1
+            compile_wait.said(self.name, key if slots > 1 else (1, *key), table[key], self.done, self.expected)
         return out
 
     @torch.inference_mode()  # as every decode runs: a graph compiled outside it would compile again inside
     def finish_warm_up(self) -> None:
         """Compile every bucket at every kind of input the warm-up met that it has not compiled yet (a dummy forward
-        each, into the cache's stale rows: the next sample's prefill starts it afresh), then freeze."""
-        if not self.kv.keys:  # nothing ran (no warm-up): the cache's layers are unknown; shapes compile at first use
+        each, into the cache's stale rows: the next sample's prefill starts it afresh), at batch 1 and at every
+        batch size warm-up ran (the kinds that batch size met only), then freeze."""
+        if not self.kv.keys and not self.batch_kv:  # nothing ran (no warm-up): nothing to compile ahead
             self.frozen = True
             return
-        # plain tokens to logits (every chain's verify, sd's drafts): the declared chain, met in warm-up or not
-        self.buckets.setdefault((False, False, False), list(self.chain))
-        for (embeds, masked, hidden), sizes in sorted(self.buckets.items()):
-            for width in sizes:
-                if (width, embeds, masked, hidden) not in self.shapes:
-                    self._dummy(width, embeds, masked, hidden, start=0)
-        self.kv.length = 0
+        if self.kv.keys:  # plain tokens to logits (every chain's verify, sd's drafts): the declared chain
+            self.buckets.setdefault((False, False, False), list(self.chain))
+            for (embeds, masked, hidden), sizes in sorted(self.buckets.items()):
+                for width in sizes:
+                    if (width, embeds, masked, hidden) not in self.shapes:
+                        self._dummy(width, embeds, masked, hidden, start=0)
+            self.kv.length = 0
+        for slots, kv in sorted(self.batch_kv.items()):
+            if not kv.keys:
+                continue
+            table = self.batch_buckets.setdefault(slots, {})
+            for kind in sorted(self.met.get(slots, set()) | self.declared_kinds):
+                sizes = table.setdefault(kind, list(self.tree_chain) if kind in self.declared_kinds
+                                         else [] if kind[1] else list(self.chain))
+                for width in sizes:
+                    if (slots, width, *kind) not in self.batch_shapes:
+                        self._dummy(width, *kind, start=0, slots=slots)
+            kv.lengths = [0] * slots
         self.frozen = True
+        if hasattr(self.fn, "_torchdynamo_orig_callable"):  # torch.compile's own function: real compile seconds
+            compile_wait.remember(self.device, [*self.shapes.values(), *self.batch_shapes.values()])
 
-    def _dummy(self, width: int, embeds: bool, masked: bool, hidden: bool, start: int) -> None:
-        """One forward of a shape on zeros, written to cache rows start..start+width-1 (stale rows: the next
-        prefill starts afresh, or beyond the live length after a growth)."""
+    def _dummy(self, width: int, embeds: bool, masked: bool, hidden: bool, start: int, slots: int = 1) -> None:
+        """One forward of a shape on zeros, written to cache rows start..start+width-1 of every slot (stale rows:
+        the next prefill starts afresh, or beyond the live lengths after a growth)."""
+        kv = self.kv if slots == 1 else self.batch_kv[slots]
         embedding = self.model.get_input_embeddings().weight
-        inputs = (torch.zeros(1, width, embedding.shape[1], dtype=embedding.dtype, device=self.device) if embeds
-                  else torch.zeros(1, width, dtype=torch.long, device=self.device))
-        at = torch.arange(start, start + width, device=self.device)
-        allowed = (torch.arange(self.kv.capacity, device=self.device)[None, :] <= at[:, None]) if masked else None
+        wide = getattr(self.model, "input_width", None) or embedding.shape[1]  # a drafter's inputs may be wider
+        inputs = (torch.zeros(slots, width, wide, dtype=embedding.dtype, device=self.device) if embeds
+                  else torch.zeros(slots, width, dtype=torch.long, device=self.device))
+        at = torch.arange(start, start + width, device=self.device).repeat(slots, 1)  # [S, w], contiguous as a call's
+        allowed = (torch.arange(kv.capacity, device=self.device)[None, None, :] <= at[:, :, None]) if masked else None
         frozen, self.frozen = self.frozen, False
         try:
-            self.call(inputs, at[None], at, allowed, embeds, hidden, compiled=True)
+            # positions and write_at as two tensors, as every real call passes them (one object passed twice would
+            # compile a graph for aliased inputs, which a real call's guards then miss)
+            self.call(inputs, at.clone(), at, allowed, embeds, hidden, compiled=True, kv=kv)
         finally:
             self.frozen = frozen
 
@@ -233,10 +302,16 @@ class Compiled:
         """run.yaml's `compile:` block: the settings, the cache, every compiled shape's seconds, what ran eagerly."""
         return {**self.settings, "device": str(self.device),
                 "capacity": self.kv.capacity, "buckets": sorted({b for s in self.buckets.values() for b in s}),
+                **({"batch_buckets": {b: sorted({w for s in t.values() for w in s})
+                                      for b, t in sorted(self.batch_buckets.items())}} if self.batch_buckets else {}),
                 "shapes": [{"width": w, "inputs": "embeddings" if e else "tokens", "mask": "tree" if m else "causal",
                             "output": "hidden" if h else "logits", "seconds": round(s, 3)}
-                           for (w, e, m, h), s in sorted(self.shapes.items())],
-                "seconds": round(sum(self.shapes.values()), 3), "compiled_steps": self.compiled_steps,
+                           for (w, e, m, h), s in sorted(self.shapes.items())]
+                + [{"batch": b, "width": w, "inputs": "embeddings" if e else "tokens",
+                    "mask": "tree" if m else "causal", "output": "hidden" if h else "logits", "seconds": round(s, 3)}
+                   for (b, w, e, m, h), s in sorted(self.batch_shapes.items())],
+                "seconds": round(sum(self.shapes.values()) + sum(self.batch_shapes.values()), 3),
+                "compiled_steps": self.compiled_steps,
                 "eager_steps": self.eager_steps,
                 **({"grown_to": self.grown} if self.grown else {})}
 
@@ -294,67 +369,6 @@ def unsupported(config) -> str | None:
     if len(sizes) > 1:
         return f"{name} has sliding windows of different sizes {sizes}; the static engine's masks carry one"
     return None
-
-
-def declared_tree_widths(method) -> set[int]:
-    """The verify widths of every tree state a tree method lays out at batch 1 (its plan's layouts: root, prompt
-    inputs and candidates of each state); empty for a chain method or one off the static engine."""
-    plan = (getattr(method, "plans", None) or {}).get(1)
-    if plan is None or plan.dynamic is not None or not getattr(method, "static_engine", True):  # dynamic: per step
-        return set()
-    return {int(layout.visible.shape[0]) for layout in plan.layouts.values()}
-
-
-def declared_width(method) -> int:
-    """The longest chain a method verifies in one forward (its drafts + the last emitted token), where it says so:
-    pld's draft tokens, sd's gamma; 1 otherwise (a tree method's width joins the buckets when warm-up meets it), and 1
-    for a method that never decodes on the static engine (`static_engine = False`: PEARL's own caches)."""
-    if not getattr(method, "static_engine", True):
-        return 1
-    options = getattr(method, "options", None)
-    draft = getattr(options, "pld_draft_tokens", None) or getattr(method, "gamma", None) or 0
-    return int(draft) + 1
-
-
-CACHED_FILES = 50  # files in inductor's cache from which earlier builds are taken to be there (counted up to this)
-
-
-def inductor_cache() -> tuple[Path | None, int]:
-    """(inductor's on-disk cache folder, files in it): compiled kernels a later compile of the same shapes reads
-    back instead of building them again. (None, 0) where torch does not say where it is."""
-    try:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-        folder = Path(cache_dir())
-    except (ImportError, AttributeError, OSError):
-        return None, 0
-    if not folder.is_dir():
-        return folder, 0
-    return folder, sum(1 for _ in itertools.islice((p for p in folder.rglob("*") if p.is_file()), CACHED_FILES))
-
-
-def _say_start(name: str, device: torch.device) -> None:
-    """Before the first shape compiles: the wait to expect, from whether inductor's cache holds earlier builds."""
-    from ...progress import console
-
-    folder, files = inductor_cache()
-    if folder is None:
-        return
-    wait = ("seconds per shape: inductor's cache holds earlier builds" if files >= CACHED_FILES else
-            "minutes per shape on a CPU (C++ kernels built from scratch; later runs read them back)"
-            if device.type == "cpu" else "a minute or so per shape (Triton kernels built from scratch)")
-    held = f"{files}+" if files >= CACHED_FILES else str(files)
-    console.print(f"[dim]--compile {name}: compiling its first shape: expect {wait} ({folder}: {held} files)[/]")
-
-
-def _said(name: str, key: tuple, seconds: float) -> None:
-    """One line per compiled shape as warm-up meets it (minutes on a 2-core CPU: the user sees progress)."""
-    from ...progress import console
-
-    width, embeds, masked, hidden = key
-    console.print(f"[dim]--compile {name}: width {width} ({'embeddings' if embeds else 'tokens'}, "
-                  f"{'tree' if masked else 'causal'} mask, {'hidden' if hidden else 'logits'}) compiled in "
-                  f"{seconds:.1f} s (not timed)[/]")
 
 
 def _round(n: int) -> int:

@@ -4,9 +4,9 @@ A draft comes from whichever index proposes the higher-scoring tree (the per-req
 ArcticInference's SuffixDecodingCache.speculate chooses.
 
 A request is keyed by its prompt's token ids: the global index never offers a request the output of the same prompt
-(a --repeats timing, a re-timed turn, the warm-up's run of the first prompt), which would be its own answer. A request
-is `warm` when the global index held another prompt's output as it started, `cold` otherwise (the run's first
-prompt, every prompt with --suffix-global off)."""
+(a --repeats timing, a re-timed turn), which would be its own answer; a run's warm-up outputs are dropped before
+its timed turns (SuffixDecoding.warmed_up). A request is `warm` when the global index held another prompt's output
+as it started, `cold` otherwise (the run's first prompt, every prompt with --suffix-global off)."""
 
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)  # each token's depth below the root (1: the next token)
     match_len: int = 0
 
     @property
@@ -47,7 +48,11 @@ class Draft:
 
     @property
     def depth(self) -> int:
-        return max((len(p) for p in self.paths()), default=0)
+        return max(self.depths, default=0)
+
+    def first(self, count: int) -> Draft:
+        """The tree of its first `count` tokens (a parent comes before its children, so it is a tree)."""
+        return Draft(self.tokens[:count], self.parents[:count], self.probs[:count], self.depths[:count])
 
 
 class SuffixIndex:
@@ -85,10 +90,18 @@ class SuffixIndex:
         skip = self.retired | exclude
         ends = [(s, j) for s, j in self.places.get(context[-1], ()) if s not in skip]
         best = Draft()
+        grown = None  # the best-first expansion of the current places, resumed as the budget grows
         for p in range(1, len(context)):
             if not ends or not any(j + 1 < len(self.seqs[s]) for s, j in ends):
                 break  # no place of the pattern has a continuation: longer matches draft nothing either
-            draft = self._grow(ends, p, min(max_tokens, int(alpha * p + 1e-6)), min_prob, deepest)
+            budget = min(max_tokens, int(alpha * p + 1e-6))
+            reach = self.max_depth - p if deepest is None else min(deepest, self.max_depth - p)
+            if grown is None or grown.places != len(ends):  # ends only shrink as p grows: same count, same places
+                grown = _Expansion(self, ends, reach, min_prob)
+            draft = grown.upto(budget)
+            if draft.depth > reach:  # the shorter depth bound of this longer match cuts that tree: grow it again
+                grown = _Expansion(self, ends, reach, min_prob)
+                draft = grown.upto(budget)
             if draft.tokens and draft.score >= best.score:
                 draft.match_len = p
                 best = draft
@@ -98,42 +111,51 @@ class SuffixIndex:
 
     def _children(self, members: list[Place], depth: int) -> list[tuple[int, list[Place]]]:
         """The places `members` (ends of a pattern of length p, continued by `depth` - 1 tokens) grouped by the token
-        at continuation depth `depth`: the most frequent first, the most recent first among equals."""
+        at continuation depth `depth`: the most frequent first, the most recent first among equals (a place added
+        later compares higher: a later sequence id, or a later index in the same sequence)."""
         groups: dict[int, list[Place]] = {}
-        latest: dict[int, int] = {}
-        for order, (s, j) in enumerate(members):
-            seq = self.seqs[s]
-            if j + depth < len(seq):
-                token = seq[j + depth]
-                groups.setdefault(token, []).append((s, j))
-                latest[token] = order
-        return sorted(groups.items(), key=lambda kv: (-len(kv[1]), -latest[kv[0]]))
+        seqs = self.seqs
+        for place in members:
+            seq = seqs[place[0]]
+            at = place[1] + depth
+            if at < len(seq):
+                groups.setdefault(seq[at], []).append(place)
+        return sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[1][-1]), reverse=True)
 
-    def _grow(self, ends: list[Place], p: int, budget: int, min_prob: float, deepest: int | None) -> Draft:
-        """The tree of at most `budget` tokens (and `deepest` deep) after a pattern of length p ending at `ends`:
-        best-first by D."""
-        draft = Draft()
-        if budget <= 0:
-            return draft
-        heap: list[tuple[float, int, int, list[Place], int, int]] = []  # (-D, order, token, places, depth, parent)
-        order = 0
 
-        def push(members: list[Place], depth: int, prob: float, parent: int) -> None:
-            nonlocal order
-            if p + depth > self.max_depth or (deepest is not None and depth > deepest):
-                return
-            for token, group in self._children(members, depth):
-                child = prob * len(group) / len(members)
-                if child < min_prob:
-                    break  # the groups come most frequent first
-                heapq.heappush(heap, (-child, order, token, group, depth, parent))
-                order += 1
 
-        push(ends, 1, 1.0, -1)
-        while heap and len(draft.tokens) < budget:
-            neg, _, token, group, depth, parent = heapq.heappop(heap)
+class _Expansion:
+    """The tree after a pattern ending at `places`, grown best-first by D (the highest-scoring node next, ties to
+    the earlier one): its first b tokens are the tree of budget b, so one expansion serves every budget, resumed
+    when a budget asks for more. Nodes deeper than `reach` below the root, or scoring below `min_prob`, are left
+    out (the first b tokens of a deeper expansion with none deeper than a smaller reach are that reach's tree)."""
+
+    def __init__(self, index: SuffixIndex, places: list[Place], reach: int, min_prob: float):
+        self.index, self.reach, self.min_prob = index, reach, min_prob
+        self.places = len(places)
+        self.heap: list[tuple[float, int, int, list[Place], int, int]] = []  # (-D, order, token, places, depth, parent)
+        self.order = 0
+        self.draft = Draft()
+        self._push(places, 1, 1.0, -1)
+
+    def _push(self, members: list[Place], depth: int, prob: float, parent: int) -> None:
+        if depth > self.reach:
+            return
+        for token, group in self.index._children(members, depth):
+            child = prob * len(group) / len(members)
+            if child < self.min_prob:
+                break  # the groups come most frequent first
+            heapq.heappush(self.heap, (-child, self.order, token, group, depth, parent))
+            self.order += 1
+
+    def upto(self, budget: int) -> Draft:
+        """The tree of at most `budget` tokens."""
+        draft = self.draft
+        while self.heap and len(draft.tokens) < budget:
+            neg, _, token, group, depth, parent = heapq.heappop(self.heap)
             draft.tokens.append(token)
             draft.parents.append(parent)
             draft.probs.append(-neg)
-            push(group, depth + 1, -neg, len(draft.tokens) - 1)
-        return draft
+            draft.depths.append(depth)
+            self._push(group, depth + 1, -neg, len(draft.tokens) - 1)
+        return draft.first(budget)

@@ -48,13 +48,24 @@ class SuffixDecoding(Batchable, DecodeMethod):
         super().__init__(target, options, drafter)
         self.cache = SuffixCache(self.options.suffix_max_depth, self.options.suffix_global == "on")
 
+    @property
+    def max_verify_width(self) -> int:
+        """The widest verify forward (a tree of up to --suffix-max-spec tokens and its root): --compile's buckets."""
+        return self.options.suffix_max_spec + 1
+
     def chosen(self) -> dict:
         """run.yaml's and report.md's label of the caches (the first prompt a run decodes is cold)."""
         if not self.cache.use_global:
             return {"caches": "each prompt's own index only (--suffix-global off): every prompt cold"}
-        return {"caches": "each prompt's own index, and a global index of the outputs of the prompts "
-                        "decoded before it in this process (never the same prompt's own output): cold for the "
-                        "first prompt the run decodes (and each batch's first prompts), warm after"}
+        return {"caches": "each prompt's own index, and a global index of the outputs of the prompts decoded before "
+                          "it in this process, every dataset and batch size of the run (never the same prompt's own "
+                          "output): cold for the first prompts the run decodes (its first prompt at batch 1, or its "
+                          "first batch when it starts batched), warm after; batch sizes > 1 run after batch 1 and "
+                          "read its outputs"}
+
+    def warmed_up(self) -> None:
+        """The warm-up's outputs leave the global index (the run's first timed prompt is cold)."""
+        self.cache = SuffixCache(self.options.suffix_max_depth, self.options.suffix_global == "on")
 
     def leave(self, sample) -> None:
         request = sample.scratch.pop("suffix", None)
@@ -97,8 +108,12 @@ class SuffixDecoding(Batchable, DecodeMethod):
         for s, lg in zip(active, logits):  # lg: [N, V], the target's logits after each node's path
             tree, tokens, past = s.scratch["tree"], s.scratch["tokens"], s.scratch["past"]
             # 3. accept: the longest verified path and the target's next token, on this sample's random stream
-            path, token = tree_speculative_accept(torch.tensor(tokens, device=lg.device), tree.parents, lg, sampling,
-                                                  s.generator)
+            ids = torch.tensor(tokens, device=lg.device)  # [N]
+            if self.acceptance_rule is not None and tree.paths:  # --synthetic-acceptance: a stated draw over ranks
+                path, token = self.acceptance_rule.tree(ids, tree.parents, tree.paths, lg, sampling, s.generator,
+                                                        gen=s.gen)
+            else:
+                path, token = tree_speculative_accept(ids, tree.parents, lg, sampling, s.generator)
             emitted = [tokens[i] for i in path[1:]] + [token]
             if tree.paths:
                 s.gen.count_draft(tree.depth, len(path) - 1)

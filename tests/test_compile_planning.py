@@ -1,0 +1,91 @@
+"""A `--compile` run plans from compiled decoding's curve: its compiled profile taken on the spot when this hardware
+has none (every KV length over a cache sized to it), its --tree auto trees built from that profile and filed apart
+(@compiled), and `recommend --compile` / `run --method auto --compile` a pick of their own.
+
+The compiled profile here runs the static step uncompiled (compile_step patched: the same engine, seconds instead
+of minutes on 2 cores); tests/test_compile.py profiles through torch.compile for real."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import yaml
+
+from specbench.core import lookup
+from specbench.core.batch import static
+from specbench.core.model import compile as cc
+from specbench.core.profile_file import load_profile
+from specbench.errors import SpecbenchError
+from specbench.planning import autotree, tree_choice
+from specbench.run import compiled as compile_run
+from specbench.run.recommend import read_choice
+
+from .test_auto_tree import HW, write_acceptance, write_profile
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cc, "compile_step", lambda device, name: static.step)
+    monkeypatch.setattr(compile_run, "PROFILE_WIDTHS", (1, 2, 4))
+    monkeypatch.setattr(compile_run, "PROFILE_KV", (16, 200))
+    lookup.start()
+    yield tmp_path
+    lookup.start()
+
+
+def _cfg(**kw):
+    return types.SimpleNamespace(**{"methods": ("ar", "ppd"), "options": {}, **kw})
+
+
+def test_compiled_profile_taken_on_the_spot_with_a_real_kv_axis(here, tiny, monkeypatch):
+    write_profile(here)  # an eager profile: it must not stand in for the compiled one
+    lookup.compiled_run(True)
+    compile_run.ensure_profile(_cfg(), tiny)
+    path = here / "profiles" / HW / "tiny-float32@compiled.yaml"
+    profile = load_profile(path)
+    assert sorted(profile.curves) == [16, 200] and profile.widths == [1, 2, 4]
+    capacities = profile.meta["compile"]["capacity_per_kv"]
+    assert capacities[16] < capacities[200]  # each KV length over a cache sized to it, not one for all
+    assert {s["capacity"] for s in profile.meta["compile"]["shapes"]} == set(capacities.values())
+    assert cc.state_of(tiny.model) is None
+
+    def never(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr("specbench.planning.profile_compiled.measure_compiled", never)
+    compile_run.ensure_profile(_cfg(), tiny)  # found now: nothing measured
+    compile_run.ensure_profile(_cfg(methods=("ar", "pld")), tiny)  # no tree method: nothing needed
+
+
+def test_a_compiled_run_builds_its_trees_from_the_compiled_profile(here, tiny):
+    write_profile(here)
+    write_acceptance(here, "ppd")
+    lookup.compiled_run(True)
+    compile_run.ensure_profile(_cfg(), tiny)
+    found = autotree.inputs("random:tiny", "ppd", HW, "float32")
+    assert found.profile.name == "tiny-float32@compiled.yaml"
+    choice = tree_choice.choose("random:tiny", "ppd", HW, "float32", one_state=False, rows=3)
+    assert choice.built is not None and choice.built.name.endswith("@compiled.yaml")
+    assert yaml.safe_load(choice.built.read_text())["latency_profile"]["compiled"] is True
+    again = tree_choice.find("random:tiny", "ppd", HW, "float32")  # the next compiled run finds it
+    assert again is not None and again[1].endswith("@compiled.yaml")
+    lookup.compiled_run(False)  # an eager run never takes it
+    assert autotree.tree_relative("random:tiny", "ppd", HW, "float32").name == f"{HW}-float32.yaml"
+
+
+def test_method_auto_under_compile_reads_the_compiled_recommendation(here):
+    folder = here / "recommendations" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / f"{HW}@compiled.yaml").write_text(yaml.safe_dump({"method": "pld", "dtype": "float32",
+                                                                  "hardware": HW, "measured": 1.2}))
+    choice = read_choice("random:tiny", "cpu", None, compiled=True)
+    assert choice.methods == ["pld"] and choice.path.endswith("@compiled.yaml")
+    with pytest.raises(SpecbenchError, match="recommend --model random:tiny`"):
+        read_choice("random:tiny", "cpu", None)  # the eager pick is another file, absent here
+    (folder / f"{HW}@compiled.yaml").unlink()
+    with pytest.raises(SpecbenchError, match="recommend --model random:tiny --compile"):
+        read_choice("random:tiny", "cpu", None, compiled=True)
