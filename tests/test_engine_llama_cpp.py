@@ -147,7 +147,7 @@ def test_errors_are_clear(prompts, tmp_path, monkeypatch):
         run(RunConfig(**QUICK, methods=("ar", "medusa"), out=tmp_path / "d"))
     with pytest.raises(SpecbenchError, match="--compile compiles specbench's own loop, not --engine llama.cpp"):
         run(RunConfig(**QUICK, compile=True, out=tmp_path / "g"))
-    with pytest.raises(SpecbenchError, match="--synthetic-acceptance draws acceptance inside specbench's own"):
+    with pytest.raises(SpecbenchError, match="--synthetic-acceptance decides acceptance inside specbench's own"):
         run(RunConfig(**QUICK, synthetic_acceptance="0.5", out=tmp_path / "h"))
     with pytest.raises(SpecbenchError, match="--draft-model SMALL.gguf"):
         run(RunConfig(**QUICK, methods=("ar", "sd"), out=tmp_path / "e"))

@@ -76,8 +76,9 @@ def refuse_own_options(cfg: RunConfig, engine: str) -> None:
     if cfg.compile:
         raise SpecbenchError(f"--compile compiles specbench's own loop, not --engine {engine}: leave one out")
     if cfg.synthetic_acceptance is not None:
-        raise SpecbenchError(f"--synthetic-acceptance draws acceptance inside specbench's own methods, not --engine "
-                             f"{engine}: leave one out")
+        raise SpecbenchError(f"--synthetic-acceptance decides acceptance inside specbench's own decode step; --engine "
+                             f"{engine} accepts in its own code. Drop one of them (a server's own synthetic "
+                             "acceptance, e.g. vLLM's, is set on the server)")
 
 
 def local_environment(engine: str, threads: int, dtype: str, placement: str = "") -> dict:
