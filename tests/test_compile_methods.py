@@ -9,7 +9,8 @@ forward the state does not compile runs eagerly, counted (`eager_steps`). Each c
 the checked prompt ran compiled, so a method that silently bypasses the static engine is visible.
 
 Compiling costs seconds a shape on 2 cores, so every method shares one state per model and the shapes are few:
-pld drafts 1 token, sd and PEARL gamma 2 (buckets 1, 2, 4), every tree method a 6-node tree."""
+pld drafts 1 token, lookahead verifies a 2-column window and 2 bigrams (widths 2 to 4), sd and PEARL gamma 2
+(buckets 1, 2, 4), every tree method a 6-node tree."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def _options(name: str, target) -> dict:
     options = dict(artifact_options(name, target))
     if name == "pld":
         options["pld_draft_tokens"] = 1
+    if name == "lookahead":  # a 2 x 2 window and 2 bigrams: widths 2 to 4
+        options.update(lookahead_window=2, lookahead_ngram=2, lookahead_guesses=2)
     if cls.kind == "tree":
         options["tree"] = "size=6"
     if "drafter" in cls.needs:

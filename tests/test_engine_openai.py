@@ -9,6 +9,7 @@ import json
 import math
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pandas as pd
@@ -18,11 +19,12 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.engines import openai_acceptance as acc
 from specbench.engines.openai_client import Endpoint, ServerError
-from specbench.engines.openai_load import closed_loop, open_loop, poisson_arrivals
-from specbench.engines.openai_server import ask, parse_concurrency, parse_slo, Server
+from specbench.engines.openai_load import closed_loop, open_loop, poisson_arrivals, request_arrivals
+from specbench.data.specs import Prompt
+from specbench.engines.openai_server import ask, converse, parse_concurrency, parse_slo, Server
 from specbench.errors import SpecbenchError
 from specbench.methods.base import Generation
-from specbench.report.serving import goodput, percentile, serving_table
+from specbench.report.serving import goodput, percentile, serving_numbers, serving_table
 from specbench.run.records import serving_view
 
 cli = CliRunner()
@@ -74,12 +76,34 @@ def test_closed_loop_keeps_at_most_n_in_flight_and_the_items_order():
 
 
 def test_serving_view_of_token_times():
-    view = serving_view([0.5, 0.6, 0.6, 0.9])  # tokens 2 and 3 from one forward (an accepted draft): a 0 gap
+    view = serving_view([0.5, 0.6, 0.6, 0.9])  # tokens 2 and 3 from one forward (an accepted draft): one arrival
     assert view["ttft_s"] == 0.5
     assert view["tpot_ms"] == pytest.approx((0.9 - 0.5) * 1e3 / 3)
-    assert view["itl_p50_ms"] == pytest.approx(100.0)
-    assert view["itl_p99_ms"] == pytest.approx(296.0)  # gaps 0, 100, 300: 100 + 0.98 x 200
+    assert view["itl_gaps_ms"] == "100.000 300.000"  # one gap per arrival, as vLLM's bench serve counts them
+    assert view["itl_p50_ms"] == pytest.approx(200.0)
+    assert view["itl_p99_ms"] == pytest.approx(298.0)  # gaps 100, 300: 100 + 0.99 x 200
     assert math.isnan(serving_view([0.2])["tpot_ms"]) and math.isnan(serving_view([])["ttft_s"])
+    assert serving_view([0.2, 0.2])["itl_gaps_ms"] == "" and math.isnan(serving_view([0.2, 0.2])["itl_p50_ms"])
+
+
+def test_itl_is_pooled_over_every_gap_not_a_percentile_of_percentiles(tmp_path):
+    # one request with 99 gaps of 10 ms, one with a single gap of 1000 ms: pooled, the p50 is 10 ms and the p99
+    # lands among the 10 ms gaps; a percentile of the two requests' own p50s would be about 505 ms
+    fast = serving_view([0.1 + 0.01 * i for i in range(100)])
+    slow = serving_view([0.1, 1.1])
+    rows = pd.DataFrame([{"method": "server", "dataset": "d", "wall_s": 1.0, "new_tokens": 100, **fast},
+                         {"method": "server", "dataset": "d", "wall_s": 1.0, "new_tokens": 2, **slow}])
+    path = tmp_path / "records.csv"
+    rows.to_csv(path, index=False)
+    back = pd.read_csv(path)  # the one-gap cell reads back as a number, the gaps as text
+    table = serving_table(back)
+    assert table.itl_p50_ms[0] == pytest.approx(10.0, abs=0.01)
+    assert table.itl_p99_ms[0] == pytest.approx(10.0 + 0.01 * 990, abs=0.01)  # 99 of the 100 gaps are 10 ms
+    assert percentile(back.itl_p50_ms, 50) > 400  # what the old per-request reading gave
+    summary = serving_numbers(back)
+    assert summary["itl_p50_ms"] == pytest.approx(10.0, abs=0.01)
+    old = back.drop(columns="itl_gaps_ms")  # a run from before the gaps were kept: the per-request reading
+    assert serving_table(old).itl_p50_ms[0] == pytest.approx(percentile(back.itl_p50_ms, 50))
 
 
 def test_generation_times_each_kept_token_from_its_start():
@@ -125,28 +149,54 @@ def test_vllm_counters_differenced_around_a_measurement():
 
 
 def test_sglang_meta_info():
-    # SGLang's meta_info as its speculative tests read it (sgl-project/sglang, test/srt EAGLE tests: accept length =
-    # completion_tokens / spec_verify_ct); newer versions add spec_accept_token_num / spec_draft_token_num
+    # SGLang's meta_info (tokenizer_manager.py): spec_verify_ct verifications, spec_accept_token_num the drafts they
+    # accepted; the first token is the prefill's, so completion_tokens = 1 + spec_verify_ct + accepted
     old = acc.sglang_meta({"prompt_tokens": 20, "completion_tokens": 30, "spec_verify_ct": 12, "e2e_latency": 0.3})
-    assert (old.steps, old.accepted, old.drafted) == (12.0, 18.0, None)
-    assert old.summary()["acceptance_length"] == pytest.approx(2.5)
-    new = acc.sglang_meta({"completion_tokens": 30, "spec_verify_ct": 12, "spec_accept_token_num": 18,
+    assert (old.steps, old.accepted, old.drafted) == (12.0, 17.0, None)  # 30 = 1 + 12 + 17
+    assert old.summary()["acceptance_length"] == pytest.approx(1 + 17 / 12, abs=1e-4)  # SGLang's own 30 / 12 = 2.5
+    new = acc.sglang_meta({"completion_tokens": 30, "spec_verify_ct": 12, "spec_accept_token_num": 17,
                            "spec_draft_token_num": 36})
-    assert new.summary()["acceptance_rate"] == pytest.approx(0.5)
+    assert (new.steps, new.accepted) == (12.0, 17.0)  # the two readings agree on a consistent response
+    assert new.summary()["acceptance_rate"] == pytest.approx(17 / 36, abs=1e-4)
     assert acc.sglang_meta({"completion_tokens": 30}) is None  # speculation off
     assert acc.sglang_meta({"completion_tokens": 30, "spec_verify_ct": 0}) is None
 
 
 def test_llama_server_timings():
-    # llama.cpp's llama-server response `timings` (tools/server/README.md: prompt_n, predicted_n, ..., and with a
-    # draft model or n-gram drafting draft_n / draft_n_accepted)
+    # llama-server's `timings` (tools/server/server-context.cpp): predicted_n counts the prompt's token and then each
+    # decode step's accepted drafts plus one; 20 = 1 + 7 steps + 12 accepted
     timings = {"prompt_n": 6, "prompt_ms": 31.5, "predicted_n": 20, "predicted_ms": 87.6, "draft_n": 16,
                "draft_n_accepted": 12}
     c = acc.llama_timings(timings)
-    assert (c.drafted, c.accepted, c.steps) == (16.0, 12.0, 8.0)
+    assert (c.drafted, c.accepted, c.steps) == (16.0, 12.0, 7.0)
     assert acc.per_request({"timings": timings}).source == "llama.cpp timings"
     assert acc.llama_timings({"predicted_n": 20, "predicted_ms": 80.0}) is None  # no drafting: not exposed
     assert acc.per_request({}) is None
+
+
+def test_counters_of_recorded_server_payloads_give_the_tokens_per_step():
+    # the final chunk of a live llama-server stream (build b9251, a draft model on), as published with a benchmark
+    # script: 665 tokens, 604 drafted, 515 accepted -> 149 decode forwards after the prompt's, 1 + 515/149 per step
+    chunk = {"choices": [], "usage": {"completion_tokens": 665, "prompt_tokens": 808, "total_tokens": 1473},
+             "timings": {"cache_n": 804, "prompt_n": 4, "prompt_ms": 128.301, "predicted_n": 665,
+                         "predicted_ms": 20629.211, "draft_n": 604, "draft_n_accepted": 515}}
+    c = acc.per_request(chunk)
+    assert c.steps == 149.0 and 1 + c.steps + c.accepted == chunk["usage"]["completion_tokens"]
+    assert c.summary()["acceptance_length"] == pytest.approx(1 + 515 / 149, abs=1e-4)
+    # the row's target forwards: the prompt's plus the decode steps; tau = tokens / forwards
+    from specbench.engines.openai_client import Streamed
+    from specbench.engines.openai_server import Outcome, Phase, row
+    from specbench.run.config import RunConfig
+    from specbench.run.records import LosslessCheck
+
+    streamed = Streamed(tokens=["x"] * 665, text="x" * 665, token_times=[0.1 + i * 0.01 for i in range(665)],
+                        wall_s=7.0, unit="tokens", finish_reason="length", usage=chunk["usage"], extra=chunk)
+    env = {"dtype": "server", "device": "cpu", "hardware": "h", "threads": 1, "engine": "openai", "torch": "",
+           "transformers": "", "git": "", "placement": "openai:test"}
+    record = row(RunConfig(), env, "m", Phase("spec", "-", 1), "d", Prompt("p", ("hi",)), Outcome(0, streamed),
+                 LosslessCheck(), 665)
+    assert record.target_forwards == 150 and record.tau == pytest.approx(665 / 150, abs=1e-4)
+    assert record.accepted_drafts == 515 and record.drafted == 604
 
 
 # ------------------------------------------------------------------------------------------- the client, for real
@@ -242,6 +292,27 @@ def test_a_500_then_200_is_retried_and_a_lasting_500_is_a_failed_request(fake):
     streamed, error, tries = ask(Server("spec", Endpoint(url, timeout=5), "tiny-model"),
                                  [{"role": "user", "content": "hi"}], 3)
     assert streamed is None and tries == 3 and "HTTP 500" in error and url in error
+
+
+def test_request_rate_counts_requests_not_conversations():
+    # four conversations of 2, 1, 3 and 1 turns: seven requests, seven Poisson arrivals dealt in order
+    turns = request_arrivals([2, 1, 3, 1], 4.0, seed=3)
+    assert [len(t) for t in turns] == [2, 1, 3, 1]
+    assert [t for conv in turns for t in conv] == poisson_arrivals(7, 4.0, seed=3)
+    many = request_arrivals([2] * 1000, 4.0, seed=3)  # 2000 requests at 4 per second: about 500 s, not 250
+    assert 450 < many[-1][-1] < 550
+
+
+def test_a_later_turn_waits_for_its_own_arrival(fake):
+    url, handler = fake()
+    server = Server("spec", Endpoint(url, timeout=5), "tiny-model")
+    prompt = Prompt("p", ("hello there", "and again"))
+    start = time.perf_counter()
+    out = converse(server, prompt, 3, arrivals=[1.0, 1.4])  # the call is the first arrival; the second 0.4 s on
+    assert time.perf_counter() - start >= 0.4 and [o.streamed is not None for o in out] == [True, True]
+    start = time.perf_counter()
+    out = converse(server, prompt, 3, arrivals=[0.0, 0.0])  # arrived already: sent when the first is answered
+    assert time.perf_counter() - start < 0.4 and handler.seen == 4
 
 
 def test_closed_port_and_timeout_are_clear_errors_without_a_run_folder(tmp_path, fake):

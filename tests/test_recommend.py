@@ -57,28 +57,29 @@ def test_prediction_only(store):
     assert trees["eagle"] == f"trees/tiny/eagle-{HW}-float32.yaml"  # relative: the file can be shipped
     assert yaml.safe_load((store / "recommendations" / "tiny" / f"{HW}.yaml").read_text()) == rec
     assert not (store / "rec" / "run").exists()
-    assert rec["confirmed"] is False and {"pld", "suffix", "sd", "pearl"} <= set(rec["not_considered"])
-    assert "not confirmed" in said and "pld, suffix, sd, pearl were not considered" in said
+    assert rec["confirmed"] is False and {"pld", "suffix", "lookahead", "sd", "pearl"} <= set(rec["not_considered"])
+    assert "not confirmed" in said and "pld, suffix, lookahead, sd, pearl were not considered" in said
 
 
 def test_an_unconfirmed_recommendation_says_so_when_run_auto_follows_it(store):
     sb("recommend", "--model", "random:tiny", "--confirm", 0, "--out", "rec")
     said = sb("run", "--method", "auto", "--model", "random:tiny", "--dataset", "prompts.jsonl", "--limit", 1,
               "--max-new-tokens", 8, "--warmup", 0, "--out", "auto")
-    assert "NOT CONFIRMED: a prediction never measured here" in said and "pld, suffix, sd, pearl were not considered" in said
+    assert "NOT CONFIRMED: a prediction never measured here" in said
+    assert "pld, suffix, lookahead, sd, pearl were not considered" in said
 
 
 def test_sd_and_pearl_are_measured_where_the_model_has_a_drafter(store):
     from specbench.run import recommend
 
-    assert recommend.measured_only("random:tiny") == ["pld", "suffix"]  # no drafter: the draft-free ones
+    assert recommend.measured_only("random:tiny") == ["pld", "suffix", "lookahead"]  # no drafter: the draft-free ones
     from specbench.methods.sd.drafter import META_FILE, WEIGHTS_FILE
 
     folder = store / "artifacts" / "tiny" / "drafter"
     folder.mkdir(parents=True)
     for name in (META_FILE, WEIGHTS_FILE):  # what `run --method sd` looks for (its contents are read on load)
         (folder / name).write_text("")
-    assert recommend.measured_only("random:tiny") == ["pld", "suffix", "sd", "pearl"]
+    assert recommend.measured_only("random:tiny") == ["pld", "suffix", "lookahead", "sd", "pearl"]
 
 
 def test_a_tree_built_with_a_timed_drafter_is_predicted_with_that_time(store):
@@ -167,9 +168,10 @@ def test_a_confirmed_recommendation_is_what_run_auto_runs(store):
     assert rec["run"] == "rec/run" and (store / "rec" / "run" / "records.csv").is_file()
     assert (store / "rec" / "run" / "summary.csv").is_file() and (store / "rec" / "run" / "report.md").is_file()
     measured = {m["method"]: m.get("measured") for m in rec["methods"]}
-    # pld and suffix: measured beside the best predicted
+    # pld, suffix and lookahead: measured beside the best predicted
     assert measured["ar"] == 1.0 and measured["pld"] is not None and measured["suffix"] is not None
-    assert sum(v is not None for v in measured.values()) == 4
+    assert measured["lookahead"] is not None
+    assert sum(v is not None for v in measured.values()) == 5
     assert rec["measured"] == measured[rec["method"]] and f"Use {rec['method']}" in said
     assert rec["confirmed"] is True
     said = sb("run", "--method", "auto", "--model", "random:tiny", "--dataset", "prompts.jsonl", "--limit", 1,

@@ -185,3 +185,17 @@ def test_the_warm_up_leaves_nothing_in_the_global_index(tiny, tmp_path, prompts_
                                       "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert len(calls) == 1 and sum(calls[0].values()) >= 3  # after batch 1's warm-up and the batched one
+
+
+def test_estimate_measures_suffix_per_depth_for_plan_and_recommend(tmp_path, monkeypatch):
+    """`estimate --method suffix` writes its acceptance per tree depth, which plan and recommend price it with."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["estimate", "--method", "suffix", "--model", "random:tiny", "--limit", "2"])
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load((tmp_path / "acceptance" / "tiny" / "suffix.yaml").read_text())
+    assert data["marginal"] and 0 < data["marginal"][0] <= 1

@@ -308,3 +308,11 @@ def test_recommend_predicts_a_chain_method_from_its_estimated_acceptance(tmp_pat
     assert rows["pld"]["predicted"] > 1 and rows["pld"]["tree"].startswith("chain of")
     assert rows["sd"].get("predicted") is None and "estimate --method sd" in rows["sd"]["why_not"] or \
         "drafter" in rows["sd"]["why_not"]
+
+
+def test_another_engine_is_refused_with_synthetic_acceptance(tmp_path, prompts_file):
+    result = CliRunner().invoke(app, ["run", "--engine", "openai", "--base-url", "http://127.0.0.1:9", "--dataset",
+                                      str(prompts_file), "--out", str(tmp_path / "r"), "--synthetic-acceptance",
+                                      "0.8"])
+    assert result.exit_code != 0 and "--synthetic-acceptance decides acceptance" in " ".join(result.output.split())
+    assert "Traceback" not in result.output

@@ -5,9 +5,16 @@
             vllm:spec_decode_num_accepted_tokens_total, vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}
             (server-wide, one series per engine / model_name label set: summed; differenced around a measurement)
   SGLang    per request, the response's meta_info: spec_verify_ct (verification forwards), completion_tokens, and in
-            newer versions spec_accept_token_num / spec_draft_token_num (accept length = completion_tokens /
-            spec_verify_ct, as SGLang's own speculative tests compute it)
-  llama.cpp llama-server's per-response `timings`: draft_n (drafted), draft_n_accepted, predicted_n
+            newer versions spec_accept_token_num / spec_draft_token_num (tokenizer_manager.py fills them from the
+            scheduler's per-request spec_verify_ct and spec_accepted_tokens, the drafts accepted, bonus excluded).
+            The first token comes from the prefill, not from a verification, so completion_tokens = 1 +
+            spec_verify_ct + accepted; SGLang's own accept length, completion_tokens / spec_verify_ct, counts that
+            token too (a little above the tokens one verification yields)
+  llama.cpp llama-server's per-response `timings` (tools/server/server-context.cpp, get_timings): predicted_n is the
+            slot's n_decoded, which counts the token sampled after the prompt (1) and then each decode step's
+            accepted drafts plus its own token (ids.size()); draft_n_accepted adds ids.size() - 1 per step and
+            draft_n the drafted tokens. So decode forwards = predicted_n - 1 - draft_n_accepted (a step that drafted
+            nothing is a forward too)
 
 Every reader returns Counts or None ("not exposed by this server"): a missing number is never read as zero.
 """
@@ -109,8 +116,8 @@ def _number(d: dict, key: str) -> float | None:
 
 def sglang_meta(meta: dict | None) -> Counts | None:
     """One SGLang response's meta_info -> Counts (steps = spec_verify_ct; accepted = spec_accept_token_num, else
-    completion_tokens - spec_verify_ct: each verification yields its accepted drafts plus one), or None without
-    spec_verify_ct (speculation off, or not SGLang)."""
+    completion_tokens - 1 - spec_verify_ct: the prefill's token, then each verification's accepted drafts plus
+    one), or None without spec_verify_ct (speculation off, or not SGLang)."""
     if not isinstance(meta, dict):
         return None
     steps = _number(meta, "spec_verify_ct")
@@ -121,21 +128,22 @@ def sglang_meta(meta: dict | None) -> Counts | None:
         completion = _number(meta, "completion_tokens")
         if completion is None:
             return None
-        accepted = completion - steps
+        accepted = max(completion - 1 - steps, 0.0)
     return Counts("sglang meta_info", accepted, _number(meta, "spec_draft_token_num"), steps)
 
 
 def llama_timings(timings: dict | None) -> Counts | None:
-    """One llama-server response's `timings` -> Counts (drafted draft_n, accepted draft_n_accepted; steps =
-    predicted_n - draft_n_accepted, each verification yielding its accepted drafts plus one), or None without
-    draft_n (no draft model or n-gram drafting configured)."""
+    """One llama-server response's `timings` -> Counts (drafted draft_n, accepted draft_n_accepted; steps, the decode
+    forwards = predicted_n - 1 - draft_n_accepted: the prompt's forward yields the first token, each decode forward
+    its accepted drafts plus one), or None without draft_n (no draft model or n-gram drafting configured)."""
     if not isinstance(timings, dict):
         return None
     drafted, accepted = _number(timings, "draft_n"), _number(timings, "draft_n_accepted")
     if drafted is None or accepted is None:
         return None
     predicted = _number(timings, "predicted_n")
-    return Counts("llama.cpp timings", accepted, drafted, predicted - accepted if predicted is not None else None)
+    steps = max(predicted - 1 - accepted, 0.0) if predicted is not None else None
+    return Counts("llama.cpp timings", accepted, drafted, steps)
 
 
 def per_request(extra: dict) -> Counts | None:

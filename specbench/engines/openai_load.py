@@ -1,7 +1,9 @@
 """Load generation against a server: a closed loop (N conversations in flight, the next one starts when one ends)
-and an open loop (conversations arrive at seeded Poisson times, whatever is in flight). A conversation is one
-prompt's turns, sent one after the other (a later turn carries the server's earlier answers), so every row of a
-multi-turn prompt sees the same conversation as specbench's own runs.
+and an open loop (requests arrive at seeded Poisson times, whatever is in flight). A conversation is one prompt's
+turns, sent one after the other (a later turn carries the server's earlier answers), so every row of a multi-turn
+prompt sees the same conversation as specbench's own runs. A request is one turn: under a request rate R, a
+two-turn prompt is two of the Poisson arrivals (request_arrivals), its second sent at its own arrival or when its
+first is answered, whichever is later.
 
 Both loops run `job(item)` on threads (the work is waiting on sockets, not Python) and return, in the items' order,
 what each job returned, plus the phase's wall time from its first send to its last answer.
@@ -32,6 +34,18 @@ def poisson_arrivals(count: int, rate: float, seed: int) -> list[float]:
             now += rng.expovariate(rate)
         times.append(now)
     return times
+
+
+def request_arrivals(turns: Sequence[int], rate: float, seed: int) -> list[list[float]]:
+    """Per conversation, the arrival time of each of its turns: `sum(turns)` seeded Poisson arrivals at `rate`
+    requests per second, dealt to the conversations' turns in order (conversation 0's turns first), so the rate
+    counts requests, not conversations."""
+    times = poisson_arrivals(sum(turns), rate, seed)
+    out, at = [], 0
+    for n in turns:
+        out.append(times[at:at + n])
+        at += n
+    return out
 
 
 def closed_loop(items: Sequence[T], concurrency: int, job: Callable[[T], R]) -> tuple[list[R], float]:

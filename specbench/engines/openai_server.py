@@ -11,7 +11,8 @@ Load levels, a row each per request:
                                    prompt (order rotated), as specbench interleaves its methods
   --concurrency N (N > 1)          batch_size N, batching "closed": N conversations in flight; the servers' phases
                                    take turns (order rotated per level)
-  --request-rate R                 batch_size 0, batching "poisson@R": seeded Poisson arrivals (--seed)
+  --request-rate R                 batch_size 0, batching "poisson@R": seeded Poisson arrivals (--seed) of R
+                                   requests (prompt turns, not conversations) per second
   At N > 1 and under Poisson a row's wall_s is its share of the phase's wall time (the phase's time x its share of
   the phase's tokens), so sums over rows give the phase's output throughput, as batched rows do; latency_s is the
   request's own end-to-end time, ttft_s / tpot_ms / itl_* its streaming view.
@@ -39,9 +40,9 @@ from . import openai_acceptance as acc
 from ..run.backend import Measures
 from ..run.resume import mark_complete
 from ..run.results import RecordWriter
-from .common import EngineTurn, engine_record, local_environment
+from .common import EngineTurn, engine_record, local_environment, refuse_own_options
 from .openai_client import Endpoint, ServerError, Streamed, unreachable
-from .openai_load import closed_loop, open_loop, poisson_arrivals
+from .openai_load import closed_loop, open_loop, request_arrivals
 from .openai_options import Options, parse_concurrency, parse_slo  # noqa: F401  (tests read them here)
 
 RETRIES = 3  # tries of one request before it is recorded as failed
@@ -130,15 +131,22 @@ def ask(server: Server, messages: list[dict], max_tokens: int) -> tuple[Streamed
     return None, error, RETRIES
 
 
-def converse(server: Server, prompt: ds.Prompt, max_tokens: int, order: int = 0) -> list[Outcome]:
+def converse(server: Server, prompt: ds.Prompt, max_tokens: int, order: int = 0,
+             arrivals: list[float] | None = None) -> list[Outcome]:
     """A prompt's turns in order, each with the server's own earlier answers; a failed turn ends the conversation
-    (the later turns are recorded as failed too: they could not be asked)."""
+    (the later turns are recorded as failed too: they could not be asked). `arrivals` (an open loop's, seconds from
+    the phase's start, one per turn; the call starts at the first): a later turn waits for its own arrival."""
     answers: list[str] = []
     out: list[Outcome] = []
+    started = time.perf_counter()
     for turn in range(len(prompt.turns)):
         if out and out[-1].streamed is None:
             out.append(Outcome(turn, None, f"not sent: turn {turn - 1} failed", 0, order))
             continue
+        if arrivals and turn < len(arrivals):
+            delay = started + arrivals[turn] - arrivals[0] - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
         streamed, error, tries = ask(server, ds.conversation(prompt, turn, answers), max_tokens)
         out.append(Outcome(turn, streamed, error, tries, order))
         if streamed is not None:
@@ -168,6 +176,7 @@ def check(cfg: RunConfig) -> RunConfig:
     """The server options checked and greedy decoding required, before any request or file; the run's methods are
     the servers' (no specbench method runs)."""
     Options.of(cfg)
+    refuse_own_options(cfg, "openai")
     if cfg.temperature != 0:
         raise SpecbenchError("--engine openai measures greedy decoding (temperature 0, what the lossless check "
                              "compares); drop --temperature")
@@ -271,11 +280,14 @@ def measure(servers: list[Server], loaded: list[LoadedDataset], cfg: RunConfig, 
         for position, server in enumerate(order):
             phase = Phase(server.label, level, size)
             before = read_counts(server)
-            job = lambda item, s=server, at=position: converse(s, item[1], cfg.max_new_tokens, at)  # noqa: E731
             if rate is None:
+                job = lambda item, s=server, at=position: converse(s, item[1], cfg.max_new_tokens, at)  # noqa: E731
                 results, phase.wall_s = closed_loop(items, size, job)
-            else:
-                results, phase.wall_s = open_loop(items, poisson_arrivals(len(items), rate, cfg.seed), job)
+            else:  # the rate counts requests: each turn is an arrival of its own
+                turns = request_arrivals([len(p.turns) for _, p in items], rate, cfg.seed)
+                job = lambda i, s=server, at=position: converse(s, items[i][1], cfg.max_new_tokens, at,  # noqa: E731
+                                                                turns[i])
+                results, phase.wall_s = open_loop(range(len(items)), [t[0] for t in turns], job)
             phase.outcomes = {(d, p.id): r for (d, p), r in zip(items, results)}
             phase.counts = acc.difference(before, read_counts(server)) or request_counts(phase)
             phases.append(phase)

@@ -10,7 +10,7 @@ here, and its line in FAMILIES' list below (the order of `specbench list methods
 from __future__ import annotations
 
 from ..errors import SpecbenchError
-from . import ar, eagle, eagle3, hidden_transfer, medusa, parallelspec, pearl, pld, ppd, sd, suffix
+from . import ar, eagle, eagle3, hidden_transfer, lookahead, medusa, parallelspec, pearl, pld, ppd, sd, suffix
 from .record import Artefact, Family, load
 
 __all__ = ["Artefact", "Family", "load", "register", "get", "find", "tree_families", "trained", "tree_stem", "method_flag",
@@ -63,5 +63,5 @@ def method_flag(name: str) -> str:
 
 
 # one entry per family, in the order of `specbench list methods`
-for _module in (ar, ppd, medusa, eagle, eagle3, parallelspec, hidden_transfer, pld, suffix, sd, pearl):
+for _module in (ar, ppd, medusa, eagle, eagle3, parallelspec, hidden_transfer, pld, suffix, lookahead, sd, pearl):
     register(_module.FAMILY)

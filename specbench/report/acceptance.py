@@ -72,7 +72,7 @@ def table(records: pd.DataFrame) -> pd.DataFrame:
         rows.append({
             "method": method,
             "tau (token-weighted)": round(r.new_tokens.sum() / max(r.target_forwards.sum(), 1), 3),
-            "tau per request": round(r.tau.mean(), 3),
+            "tau per request": round(pd.to_numeric(r.tau, errors="coerce").mean(), 3),  # empty for a server
             "accepted/step (token-weighted)": round(r.accepted_drafts.sum() / max(steps.sum(), 1), 3),
             "accepted/step per request": round((r.accepted_drafts / steps.clip(lower=1)).mean(), 3),
             "conditional by position": " ".join(f"{x:.2f}" for x in conditional[:8]) or "-",

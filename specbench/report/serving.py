@@ -3,8 +3,11 @@ reads. Per method x dataset x load level (batch size / concurrency and batching)
 
   ttft_pQ_s      the Q-th percentile over requests (prompt turns) of the time to first token
   tpot_pQ_ms     the Q-th percentile over requests of the time per output token after the first
-  itl_pQ_ms      the Q-th percentile over requests of each request's own Q-th percentile inter-token latency (the
-                 records keep a request's percentiles, not its every gap)
+  itl_pQ_ms      the Q-th percentile of every inter-token gap of every request, pooled (as vLLM's `bench serve`
+                 defines ITL: vllm/benchmarks/serve.py, calculate_metrics, extends one list with each request's
+                 gaps; one gap per streamed chunk after the first, so a chunk of several accepted tokens is one
+                 gap). The gaps are records.csv's itl_gaps_ms; rows without them (older runs) fall back to the
+                 percentile over requests of each request's own percentile, and the report says so
   request_throughput   requests / sum wall_s (a row's wall_s is its share of its batch's or phase's time, so the sum
                        is the time the level took)
   output_throughput    new tokens / sum wall_s (tokens/s in total, every request together)
@@ -44,6 +47,27 @@ def percentile(values, q: float) -> float:
     return float(np.percentile(arr, q)) if arr.size else math.nan
 
 
+def pooled_gaps(g: pd.DataFrame) -> np.ndarray | None:
+    """Every inter-token gap (ms) of the rows, pooled over requests (records.csv's itl_gaps_ms), or None where the
+    rows do not keep their gaps (records from before the column)."""
+    if "itl_gaps_ms" not in g:
+        return None
+    # a cell of one gap reads back from CSV as a number, an empty cell as NaN
+    cells = [str(c) for c in g.itl_gaps_ms if not (c is None or (isinstance(c, float) and math.isnan(c)))
+             and str(c).strip()]
+    if not cells and pd.to_numeric(g.get("itl_p50_ms"), errors="coerce").notna().any():
+        return None  # percentiles but no gaps: an older record's
+    return np.array([float(v) for c in cells for v in c.split()], dtype=float)
+
+
+def itl_percentile(g: pd.DataFrame, q: float) -> float:
+    """The q-th percentile of the pooled gaps; for records without their gaps, that of each request's own q-th."""
+    gaps = pooled_gaps(g)
+    if gaps is None:
+        return percentile(g[f"itl_p{q}_ms"], q) if f"itl_p{q}_ms" in g else math.nan
+    return float(np.percentile(gaps, q)) if gaps.size else math.nan
+
+
 def goodput(g: pd.DataFrame, slo: dict) -> float:
     """Requests per second that met the SLO (ttft_ms, tpot_ms: either may be absent; a request without a tpot, one
     token long, meets any tpot limit) over the rows' time; NaN without an SLO."""
@@ -64,8 +88,11 @@ def serving_numbers(g: pd.DataFrame) -> dict:
     out = {}
     for column, unit in (("ttft", "s"), ("tpot", "ms"), ("itl", "ms")):
         for q in (50, 99):
-            source = "ttft_s" if column == "ttft" else ("tpot_ms" if column == "tpot" else f"itl_p{q}_ms")
-            value = percentile(g[source], q) if source in g else math.nan
+            source = "ttft_s" if column == "ttft" else "tpot_ms"
+            if column == "itl":
+                value = itl_percentile(g, q)
+            else:
+                value = percentile(g[source], q) if source in g else math.nan
             out[f"{column}_p{q}_{unit}"] = round(value, 4) if math.isfinite(value) else math.nan
     return out
 
@@ -93,9 +120,10 @@ def serving_table(records: pd.DataFrame, slo: dict | None = None, failed: list[d
                "failed": sum(1 for f in failed or [] if f.get("server") == method and f.get("dataset") == dataset
                              and f.get("level") == mode and int(f.get("batch_size", 1)) == int(size))}
         for q in QUANTILES:
-            for name, column, scale in (("ttft", "ttft_s", 1), ("tpot", "tpot_ms", 1), ("itl", f"itl_p{q}_ms", 1)):
+            for name, column in (("ttft", "ttft_s"), ("tpot", "tpot_ms")):
                 unit = "s" if name == "ttft" else "ms"
-                row[f"{name}_p{q}_{unit}"] = percentile(g[column], q) * scale if column in g else math.nan
+                row[f"{name}_p{q}_{unit}"] = percentile(g[column], q) if column in g else math.nan
+            row[f"itl_p{q}_ms"] = itl_percentile(g, q)
         row.update(request_throughput=len(g) / seconds if seconds > 0 else math.nan,
                    output_throughput=g.new_tokens.sum() / seconds if seconds > 0 else math.nan,
                    tokens_per_s_per_user=g.new_tokens.sum() / latency.sum() if latency.sum() > 0 else math.nan,
@@ -167,11 +195,14 @@ def section(records: pd.DataFrame, run_dir: Path, meta: dict, title: str = "") -
     shown = table if slo else table.drop(columns="goodput")
     md = ["## Serving: time to first token, inter-token latency, throughput", "",
           "Per request (a prompt turn): `ttft` time to first token, `tpot` time per output token after the first, "
-          "`itl` inter-token latency; p50 / p90 / p99 over the requests (itl: of each request's own percentile). "
+          "`itl` inter-token latency; ttft and tpot: p50 / p90 / p99 over the requests; itl: over every gap of every "
+          "request pooled, as vLLM's `bench serve` reports it" + ("" if pooled_gaps(records) is not None else
+                                                                  " (these records keep no gaps: of each request's "
+                                                                  "own percentile)") + ". "
           "`request_throughput` and `output_throughput` (tokens/s in total) over the time the level took; "
           "`tokens_per_s_per_user` over each request's own time. Tokens that arrive together (a draft accepted in "
-          "one verification, a chunk of several tokens) give inter-token latencies near 0: a speculative engine's "
-          "itl p50 can be far below its tpot.", ""]
+          "one verification, a chunk of several tokens) are one gap: a speculative engine's itl is a verification "
+          "step's time, above its tpot by about its tokens per step.", ""]
     if serving:
         md += ["Measured from this machine's side of the connection (network and the server's queue included); "
                "`batch_size` is the concurrency (closed loop, `closed`; 1: one at a time, `-`), 0 for an open loop "

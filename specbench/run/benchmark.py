@@ -18,7 +18,6 @@ import yaml
 from rich.markup import escape
 
 from ..core import lookup
-from ..core.machine import contention
 from ..core.model import tensor_parallel as tp
 from ..core.store import RunFolder
 from ..errors import SpecbenchError

@@ -1,10 +1,11 @@
 """`specbench recommend`: which method to use for a model on this machine. Every lossless tree method's speedup is
 predicted from files (planning/predict.py: no decoding; a drafting method's missing tree is first built as
 `run --tree auto` builds it, and each tree's drafting is priced as a run's step pays it, timed here:
-price_drafting), the best `confirm` of them (and `pld` and `suffix`, which need nothing and no model predicts) are
-measured beside `ar` in one short run (run/benchmark.py), and the pick is made by paired comparison with intervals
-(run/pick.py: the simplest method within the noise of the fastest; in bf16 a lossless or explained one), or the
-best predicted with `confirm` 0 (`ar` itself when nothing beats it).
+price_drafting), the best `confirm` of them (and `pld`, `suffix` and `lookahead`, which need nothing: predicted from
+their acceptance estimates where the model has them, measured either way) are measured beside `ar` in one short
+run (run/benchmark.py), and the pick is made by paired comparison with intervals (run/pick.py: the simplest method
+within the noise of the fastest; in bf16 a lossless or explained one), or the best predicted with `confirm` 0 (`ar`
+itself when nothing beats it).
 The pick is written to DIR/recommendation.yaml and filed at recommendations/<model>/<hardware>.yaml, which
 `run --method auto` reads.
 """
@@ -30,14 +31,16 @@ from . import pick as picking
 from .config import RunConfig, results_root
 from .results import with_batch_columns
 
-MEASURED_ONLY = ("pld", "suffix")  # need nothing and no model predicts them: measured whenever anything is
+MEASURED_ONLY = ("pld", "suffix", "lookahead")  # need nothing and no model predicts them: measured whenever anything is
 DRAFTER_METHODS = ("sd", "pearl")  # no acceptance model predicts them either: measured when a drafter exists
 # the chain methods: predicted from `specbench estimate --method M`'s acceptance file where the model has one
 # (planning/chain_plan.py), else measured only, for these reasons
 NOT_PREDICTED = {"pld": "no acceptance estimate of prompt lookup for this model (`specbench estimate --method pld`): "
                         "measured only (beside the confirmed methods)",
-                 "suffix": "no acceptance model predicts suffix decoding (its drafts depend on what the text repeats):"
-                           " measured only (beside the confirmed methods)",
+                 "suffix": "no acceptance estimate of suffix decoding for this model (`specbench estimate --method "
+                           "suffix`): measured only (beside the confirmed methods)",
+                 "lookahead": "no acceptance model predicts lookahead decoding (its n-grams come from the Jacobi "
+                              "window's trajectories): measured only (beside the confirmed methods)",
                  "sd": "no acceptance estimate of sd for this model (`specbench estimate --method sd`): measured "
                        "only, when the model has a drafter",
                  "pearl": "no acceptance estimate of pearl for this model (`specbench estimate --method pearl`): "
@@ -143,8 +146,8 @@ def recommend(req: RecommendRequest) -> Result:
 
 
 def measured_only(model: str) -> list[str]:
-    """The methods no model predicts that a confirming run measures: pld and suffix always, sd and pearl when the model
-    has a drafter artefact (artifacts/<model>/drafter here or shipped: what `run --method sd` would load)."""
+    """The methods no model predicts that a confirming run measures: pld, suffix and lookahead always, sd and pearl when
+    the model has a drafter artefact (artifacts/<model>/drafter here or shipped: what `run --method sd` would load)."""
     from ..methods.sd.drafter import is_artifact
 
     key = model_slug(model)

@@ -72,7 +72,8 @@ def build_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: st
     per_pos = " ".join(f"{a}/{d}" for a, d in zip(gen.accepted_per_position, gen.drafted_per_position))
     fields = dict(
         method=method, dataset=dataset, prompt_id=str(prompt.id), category=prompt.category, turn=r.turn,
-        prompt_tokens=prompt_length(r.ids) if prompt_tokens is None else prompt_tokens, new_tokens=n, wall_s=round(seconds, 6),
+        prompt_tokens=prompt_length(r.ids) if prompt_tokens is None else prompt_tokens, new_tokens=n,
+        wall_s=round(seconds, 6),
         tokens_per_s=round(n / seconds, 4) if seconds else 0.0,
         target_forwards=gen.target_forwards, tau=round(n / gen.target_forwards, 4) if counted else math.nan,
         drafted=gen.drafted, draft_forwards=gen.draft_forwards, draft_s=round(gen.draft_s, 6),
@@ -84,7 +85,8 @@ def build_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: st
         transformers=env["transformers"], git=env["git"], hardware=env["hardware"],
         placement=env.get("placement", ""),
         mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=check.verdict,
-        forward_ms=round(r.forward_ms, 3) if counted else math.nan, order=r.order, timing_tries=r.tries, timing_disturbed=r.disturbed,
+        forward_ms=round(r.forward_ms, 3) if counted else math.nan, order=r.order, timing_tries=r.tries,
+        timing_disturbed=r.disturbed,
         prompt_cut=prompt_cut, compiled_forwards=_count(gen.compiled_forwards),
         eager_forwards=_count(gen.eager_forwards), **r.noise)
     fields.update(batch_fields(r))  # a batched row's forward_ms is its batch's time per batched step
@@ -111,20 +113,30 @@ def _count(n: int | None) -> float:
 
 def serving_view(token_times: list[float]) -> dict:
     """A turn's serving columns from its tokens' emission times (seconds from its start: Generation.token_times):
-    time to first token, time per output token after the first ((last - first) / (n - 1), ms) and the p50 / p90 /
-    p99 of the inter-token latencies (ms; the tokens of one forward share a time, so accepted drafts give 0 gaps).
-    NaN where there are no times (or one token: no tpot, no latency between tokens)."""
+    time to first token, time per output token after the first ((last - first) / (n - 1), ms), the request's
+    inter-token gaps and their p50 / p90 / p99 (ms). A gap is between two arrivals, as vLLM's `bench serve` counts
+    them (one per streamed chunk after the first): tokens that share a time (one forward's accepted drafts, one
+    chunk of several tokens) are one arrival. `itl_gaps_ms` keeps every gap, space-separated, so the report pools
+    them over requests (report/serving.py). NaN (and "") where there are no times or no second arrival."""
     out = {"ttft_s": math.nan, "tpot_ms": math.nan, "itl_p50_ms": math.nan, "itl_p90_ms": math.nan,
-           "itl_p99_ms": math.nan}
+           "itl_p99_ms": math.nan, "itl_gaps_ms": ""}
     if not token_times:
         return out
     out["ttft_s"] = round(token_times[0], 6)
     if len(token_times) > 1:
         out["tpot_ms"] = round((token_times[-1] - token_times[0]) * 1e3 / (len(token_times) - 1), 4)
-        gaps = np.diff(np.asarray(token_times, dtype=float)) * 1e3
+    gaps = arrival_gaps_ms(token_times)
+    if gaps:
         for q in (50, 90, 99):
             out[f"itl_p{q}_ms"] = round(float(np.percentile(gaps, q)), 4)
+        out["itl_gaps_ms"] = " ".join(f"{g:.3f}" for g in gaps)
     return out
+
+
+def arrival_gaps_ms(token_times: list[float]) -> list[float]:
+    """The gaps (ms) between consecutive distinct arrival times: [t0, t1, t1, t2] -> [t1 - t0, t2 - t1]."""
+    arrivals = [t for i, t in enumerate(token_times) if i == 0 or t != token_times[i - 1]]
+    return [float(b - a) * 1e3 for a, b in zip(arrivals, arrivals[1:])]
 
 
 def host_split(r: TurnResult) -> dict:

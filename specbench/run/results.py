@@ -92,12 +92,15 @@ class Record:
     # which engine decoded this row: specbench's own loop, llama.cpp in process, an OpenAI-compatible server
     engine: str = "specbench"
     # the serving view of the turn (a request's): time to first token, time per output token after the first
-    # ((wall - ttft) / (new tokens - 1)), and the percentiles of its inter-token latencies
+    # ((wall - ttft) / (new tokens - 1)), the percentiles of its inter-token latencies (one gap per arrival: a
+    # forward's or a chunk's tokens arrive together) and those gaps themselves (ms, space-separated: the report
+    # pools them over requests)
     ttft_s: float = float("nan")
     tpot_ms: float = float("nan")
     itl_p50_ms: float = float("nan")
     itl_p90_ms: float = float("nan")
     itl_p99_ms: float = float("nan")
+    itl_gaps_ms: str = ""
     # where the turn's time went: target forwards, and the rest after drafting (wall - forward - draft:
     # masks, tree building, top-k, host syncs, acceptance); NaN where not measured
     forward_s: float = float("nan")
