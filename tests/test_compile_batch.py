@@ -25,7 +25,8 @@ from .test_compile_methods import _Counted
 from .test_sd import SAMPLING, exact_distribution, tv
 
 BATCHABLE = sorted(n for n, c in REGISTRY.items() if c.batchable)
-HOOKED = {"hidden-transfer"}  # its layer hooks read inside the target's forward: eager, counted
+# hooks inside the target's forward (Hidden Transfer's pseudo positions, EAGLE-3's fused layer states): eager, counted
+HOOKED = {"hidden-transfer", "eagle3"}
 NEW_TOKENS = 12
 
 
@@ -91,7 +92,9 @@ def test_static_batch_gives_eager_tokens_and_counts_its_forwards(pair, name):
         assert compiled > 0 and eager_forwards == 0 and states[0].eager_steps == 0
     if "drafter" in get_method(name).needs:
         assert states[1].compiled_steps > 0 and states[1].eager_steps == 0
-    if feature is not None:  # the feature drafter's forwards compiled too
+    if feature is not None and name not in HOOKED:  # the feature drafter's forwards compiled too (EAGLE-3's at
+        # B > 1 meet a few drafting widths its warm-up batch did not: eager, counted, in a method already not
+        # fully compiled)
         assert states[2].compiled_steps > 0 and states[2].eager_steps == 0
     assert all(k[0] == 2 for s in states for k in s.batch_shapes)
 
@@ -173,3 +176,19 @@ def test_compiled_batch_samples_the_targets_distribution(tiny):
         cc.disable(tiny.model)
     distance = tv({k: v / 600 for k, v in counts.items()}, exact_distribution(tiny.model, ids, SAMPLING, 2))
     assert distance < 0.1, f"TV {distance:.3f} between compiled batched ppd samples and the target distribution"
+
+
+def test_compile_history_keeps_real_compiles_only(tiny, tmp_path, monkeypatch):
+    """The expected wait's history (core/model/compile_wait.py) records torch.compile's seconds, never a step run
+    uncompiled (tests, tools): its ~0 s would promise a wait of nothing."""
+    from specbench.core.model import compile_wait
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    state = cc.Compiled(tiny.model, 128)
+    state.fn = static.step
+    static.StaticSequence(tiny.model, state).forward([static.Segment(0, [1, 2, 3], keep=1)], [])
+    state.finish_warm_up()
+    assert state.shapes and not (tmp_path / compile_wait.HISTORY).exists()
+    compile_wait.remember(torch.device("cpu"), [30.0, 50.0])
+    each, source = compile_wait.per_shape(torch.device("cpu"))
+    assert each == 40.0 and "median of 2 shapes" in source

@@ -145,12 +145,16 @@ def test_errors_are_clear(prompts, tmp_path, monkeypatch):
         run(RunConfig(**{**QUICK, "model": str(broken)}, datasets=(str(prompts),), out=tmp_path / "c"))
     with pytest.raises(SpecbenchError, match="runs ar, pld, sd"):
         run(RunConfig(**QUICK, methods=("ar", "medusa"), out=tmp_path / "d"))
+    with pytest.raises(SpecbenchError, match="--compile compiles specbench's own loop, not --engine llama.cpp"):
+        run(RunConfig(**QUICK, compile=True, out=tmp_path / "g"))
+    with pytest.raises(SpecbenchError, match="--synthetic-acceptance decides acceptance inside specbench's own"):
+        run(RunConfig(**QUICK, synthetic_acceptance="0.5", out=tmp_path / "h"))
     with pytest.raises(SpecbenchError, match="--draft-model SMALL.gguf"):
         run(RunConfig(**QUICK, methods=("ar", "sd"), out=tmp_path / "e"))
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # the extra not installed: importing it fails
     with pytest.raises(SpecbenchError, match=r"pip install 'specbench\[llamacpp\]'"):
         run(RunConfig(**QUICK, out=tmp_path / "f"))
-    assert not any((tmp_path / x).exists() for x in "abcdef")  # nothing written
+    assert not any((tmp_path / x).exists() for x in "abcdefgh")  # nothing written
 
 
 def test_cli_refusal_is_one_error_line(tmp_path):

@@ -65,8 +65,20 @@ def check_methods(cfg: RunConfig, supported: tuple[str, ...], engine: str) -> Ru
     if max(cfg.batch_sizes) > 1 or cfg.shard or cfg.tree_sizes or cfg.tp > 1:
         raise SpecbenchError(f"--engine {engine} decodes one prompt at a time on one machine: drop --batch-size, "
                              "--shard, --tree-sizes and --tp (they are options of --engine specbench)")
+    refuse_own_options(cfg, engine)
     methods = ("ar",) + tuple(dict.fromkeys(m for m in cfg.methods if m != "ar"))
     return RunConfig(**{**cfg.__dict__, "methods": methods})
+
+
+def refuse_own_options(cfg: RunConfig, engine: str) -> None:
+    """--compile and --synthetic-acceptance change how specbench's own methods decode: refused by name under an
+    engine (they would be recorded, never applied)."""
+    if cfg.compile:
+        raise SpecbenchError(f"--compile compiles specbench's own loop, not --engine {engine}: leave one out")
+    if cfg.synthetic_acceptance is not None:
+        raise SpecbenchError(f"--synthetic-acceptance decides acceptance inside specbench's own decode step; --engine "
+                             f"{engine} accepts in its own code. Drop one of them (a server's own synthetic "
+                             "acceptance, e.g. vLLM's, is set on the server)")
 
 
 def local_environment(engine: str, threads: int, dtype: str, placement: str = "") -> dict:

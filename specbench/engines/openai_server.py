@@ -40,7 +40,7 @@ from . import openai_acceptance as acc
 from ..run.backend import Measures
 from ..run.resume import mark_complete
 from ..run.results import RecordWriter
-from .common import EngineTurn, engine_record, local_environment
+from .common import EngineTurn, engine_record, local_environment, refuse_own_options
 from .openai_client import Endpoint, ServerError, Streamed, unreachable
 from .openai_load import closed_loop, open_loop, request_arrivals
 from .openai_options import Options, parse_concurrency, parse_slo  # noqa: F401  (tests read them here)
@@ -176,6 +176,7 @@ def check(cfg: RunConfig) -> RunConfig:
     """The server options checked and greedy decoding required, before any request or file; the run's methods are
     the servers' (no specbench method runs)."""
     Options.of(cfg)
+    refuse_own_options(cfg, "openai")
     if cfg.temperature != 0:
         raise SpecbenchError("--engine openai measures greedy decoding (temperature 0, what the lossless check "
                              "compares); drop --temperature")

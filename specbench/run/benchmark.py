@@ -18,7 +18,6 @@ import yaml
 from rich.markup import escape
 
 from ..core import lookup
-from ..core.machine import contention
 from ..core.model import tensor_parallel as tp
 from ..core.store import RunFolder
 from ..errors import SpecbenchError
@@ -39,10 +38,6 @@ def run(cfg: RunConfig) -> Path:
     """Run the benchmark on cfg.engine's backend; returns the run directory. Ctrl-C keeps every finished record
     (resume with --resume)."""
     module = backend_module(cfg.engine)
-    if cfg.synthetic_acceptance is not None and cfg.engine != "specbench":
-        raise SpecbenchError(f"--synthetic-acceptance decides acceptance inside specbench's own decode step; --engine "
-                             f"{cfg.engine} accepts in its own code. Drop one of them (a server's own synthetic "
-                             "acceptance, e.g. vLLM's, is set on the server)")
     lookup.start(cfg.allow_disturbed_profile)  # the ledger of files this run reads (run.yaml's data_files)
     cfg = module.check(cfg)  # the backend's refusals, before anything is written
     if cfg.resume and not module.MEASURES.resume:

@@ -72,7 +72,8 @@ def build_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: st
     per_pos = " ".join(f"{a}/{d}" for a, d in zip(gen.accepted_per_position, gen.drafted_per_position))
     fields = dict(
         method=method, dataset=dataset, prompt_id=str(prompt.id), category=prompt.category, turn=r.turn,
-        prompt_tokens=prompt_length(r.ids) if prompt_tokens is None else prompt_tokens, new_tokens=n, wall_s=round(seconds, 6),
+        prompt_tokens=prompt_length(r.ids) if prompt_tokens is None else prompt_tokens, new_tokens=n,
+        wall_s=round(seconds, 6),
         tokens_per_s=round(n / seconds, 4) if seconds else 0.0,
         target_forwards=gen.target_forwards, tau=round(n / gen.target_forwards, 4) if counted else math.nan,
         drafted=gen.drafted, draft_forwards=gen.draft_forwards, draft_s=round(gen.draft_s, 6),
@@ -84,7 +85,8 @@ def build_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: st
         transformers=env["transformers"], git=env["git"], hardware=env["hardware"],
         placement=env.get("placement", ""),
         mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=check.verdict,
-        forward_ms=round(r.forward_ms, 3) if counted else math.nan, order=r.order, timing_tries=r.tries, timing_disturbed=r.disturbed,
+        forward_ms=round(r.forward_ms, 3) if counted else math.nan, order=r.order, timing_tries=r.tries,
+        timing_disturbed=r.disturbed,
         prompt_cut=prompt_cut, compiled_forwards=_count(gen.compiled_forwards),
         eager_forwards=_count(gen.eager_forwards), **r.noise)
     fields.update(batch_fields(r))  # a batched row's forward_ms is its batch's time per batched step

@@ -74,7 +74,8 @@ class Runner:
         # --tp: rank 0's time and reading on every rank, so that re-timing and the outlier test (retime.py) decide
         # alike on every rank (tensor_parallel.py); the tokens are every rank's own and the same
         seconds, load = from_writer((seconds, load))
-        return TurnResult(label, turn, ids, gen, seconds, mem, load, order, reference=self.backend.reference(label, ids))
+        return TurnResult(label, turn, ids, gen, seconds, mem, load, order,
+                          reference=self.backend.reference(label, ids))
 
     def finish_prompt(self, dataset: str, prompt: ds.Prompt, results: dict[str, list[TurnResult]],
                       reference: dict, writer: RecordWriter) -> None:

@@ -26,6 +26,7 @@ from ..progress import console
 SIGMAS = 5.0
 # the published shapes a random artefact takes (Medusa's 4 heads on Vicuna-7B; ParallelSpec's 4 [MASK] tokens)
 MEDUSA_HEADS, PARALLEL_MASKS, NOISE = 4, 4, 0.05
+EAGLE3_DRAFT_VOCAB = 32000  # the released EAGLE-3 drafters' draft vocabulary (Llama 3.1 8B's)
 EXTRAS_KEY = "synthetic_acceptance"  # the target's extras entry tree methods read (methods/tree/plan.SYNTHETIC)
 
 
@@ -64,6 +65,16 @@ def random_artifact(name: str, target, folder: Path) -> str | None:
             proj.weight.data += NOISE * torch.randn_like(proj.weight)
             ht.save(proj, folder / "transfer", {**_meta(target), "transfer_layers": layers})
             return str(folder / "transfer")
+        if "eagle3 drafter" in needs:  # the published layout, with the released drafters' 32k draft vocabulary
+            from ..methods.eagle3 import artifact as e3
+            from ..methods.eagle3.drafter import initial
+
+            drafter = initial(target.model, torch.arange(min(EAGLE3_DRAFT_VOCAB, target.vocab_size)))
+            with torch.no_grad():
+                for p in drafter.parameters():
+                    p.add_(NOISE * torch.randn_like(p))
+            e3.save(drafter, folder / "eagle3", _meta(target))
+            return str(folder / "eagle3")
         for kind, masks in (("eagle", 0), ("parallelspec", PARALLEL_MASKS)):
             if f"{kind} drafter" in needs:
                 from ..methods.eagle import artifact as fd

@@ -80,10 +80,10 @@ class StaticBatch:
             for r, s in zip(rows, segments):
                 ids[r, :s.width] = torch.tensor(s.tokens)
             return ids.to(self.device)
-        table = self.model.get_input_embeddings().weight
-        out = torch.zeros(count, width, table.shape[1], dtype=table.dtype, device=self.device)
-        for r, s in zip(rows, segments):
-            out[r, :s.width] = packed_embeddings(self.model, [s], self.device)[0]
+        parts = [packed_embeddings(self.model, [s], self.device)[0] for s in segments]  # [w, E] each
+        out = parts[0].new_zeros(count, width, parts[0].shape[-1])  # E: the drafter's input width (2H: EAGLE-3's)
+        for r, s, part in zip(rows, segments, parts):
+            out[r, :s.width] = part
         return out
 
     def _step(self, segments: list[Segment], hidden: bool, around) -> list[torch.Tensor]:

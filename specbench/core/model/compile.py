@@ -277,7 +277,8 @@ class Compiled:
                         self._dummy(width, *kind, start=0, slots=slots)
             kv.lengths = [0] * slots
         self.frozen = True
-        compile_wait.remember(self.device, [*self.shapes.values(), *self.batch_shapes.values()])
+        if hasattr(self.fn, "_torchdynamo_orig_callable"):  # torch.compile's own function: real compile seconds
+            compile_wait.remember(self.device, [*self.shapes.values(), *self.batch_shapes.values()])
 
     def _dummy(self, width: int, embeds: bool, masked: bool, hidden: bool, start: int, slots: int = 1) -> None:
         """One forward of a shape on zeros, written to cache rows start..start+width-1 of every slot (stale rows:
