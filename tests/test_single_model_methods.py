@@ -203,8 +203,10 @@ def test_cli_estimate_build_tree_and_run(deep, tmp_path, monkeypatch):
                               "--out", str(tmp_path / "run2")])
     assert res.exit_code == 0, res.output
     assert res.output.count("100%") >= 2  # both lossless against ar
-    bad = runner.invoke(app, ["estimate", "--method", "sd", "--model", spec])
-    assert bad.exit_code != 0 and "choose one of" in bad.output
+    bad = runner.invoke(app, ["estimate", "--method", "ar", "--model", spec])
+    assert bad.exit_code != 0 and "choose one of" in bad.output and "pld" in bad.output
+    no_drafter = runner.invoke(app, ["estimate", "--method", "sd", "--model", spec])  # sd's acceptance needs a drafter
+    assert no_drafter.exit_code != 0 and "--drafter" in no_drafter.output and "Traceback" not in no_drafter.output
     assert m_art.is_dir()
 
 

@@ -74,8 +74,10 @@ def estimate(
                         max_memory, drafter, out_path)
         return
     if method not in scored:
-        raise SpecbenchError(f"--method {method}: not a tree method{did_you_mean(method, scored)}; choose one of "
-                             f"{', '.join(scored)} (or --padding)")
+        chains = [f.name for f in families.FAMILIES.values() if not f.scorer and f.kind != "baseline"]
+        raise SpecbenchError(f"--method {method}: nothing to estimate{did_you_mean(method, scored + chains)}; choose "
+                             f"one of {', '.join(scored)} (tree methods), {', '.join(chains)} (chain methods) or "
+                             "--padding")
     limit = prompt_limit(limit)
     if new_tokens < 3:
         raise SpecbenchError(f"--max-new-tokens must be at least 3 (got {new_tokens})")
