@@ -131,3 +131,20 @@ def test_plan_says_when_a_preset_predicts_above_the_papers_measurement(tmp_path)
     assert "flatter" in note and "2.18x the paper measured" in note and "upper bound" in note
     # the drafter's forwards carry their fixed cost: at least one launch cost per drafted depth
     assert eagle.draft_ms >= 1.25
+
+
+def test_a_chain_drafter_pays_its_fixed_cost_per_forward_on_a_preset(tmp_path):
+    from specbench.planning.chain_plan import plan_chain
+    from specbench.planning.latency_estimate import fixed_forward_ms
+
+    path = tmp_path / "sd.yaml"
+    fields = {"method": "sd", "conditional": [0.9, 0.9, 0.9, 0.9], "drafter_share": 0.05}
+    path.write_text(yaml.safe_dump(fields))
+    curves = {512: {"median_ms": [18.0, 18.2, 18.4, 18.6, 18.8]}}
+    preset = LatencyProfile("m", "float16", "a100", "estimated", [1, 2, 3, 4, 5], curves, {"overhead_ms": 9.0})
+    measured = LatencyProfile("m", "float16", "cpu", "measured", [1, 2, 3, 4, 5], curves, {})
+    on_preset, on_measured = plan_chain("sd", path, fields, preset, 512, 2.0), plan_chain("sd", path, fields,
+                                                                                          measured, 512, 2.0)
+    assert on_preset.draft_ms == pytest.approx(on_preset.k * (fixed_forward_ms(2.0) + 0.05 * 9.0), abs=1e-3)
+    assert on_measured.draft_ms == pytest.approx(on_measured.k * 0.05 * 18.0, abs=1e-3)
+    assert on_preset.speedup < on_measured.speedup  # the launches make each drafted token dearer

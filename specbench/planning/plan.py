@@ -240,7 +240,9 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
         from .chain_plan import plan_chain
 
         try:
-            chain = plan_chain(method, path, fields, profile, req.kv_length)
+            share = fields.get("drafter_share") if isinstance(fields.get("drafter_share"), (int, float)) else 0.0
+            chain = plan_chain(method, path, fields, profile, req.kv_length,
+                               drafter_layers=share * params / shape.weights_per_layer)
         except SpecbenchError as exc:  # this row cannot be priced (say why); the other rows still plan
             row.why_not = str(exc)
             return row
