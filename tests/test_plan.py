@@ -108,3 +108,43 @@ def test_checked_acceptance_ranks_first_and_unchecked_rows_are_marked_in_the_tab
     assert "UNVERIFIED" in eagle_line and "(?)" in eagle_line and "Best predicted: medusa" in said.output
     only_unchecked = plan(PlanRequest("random:vicuna-7b", "a100", methods=("eagle",), max_size=32, out=tmp_path / "e"))
     assert only_unchecked.pick.method == "eagle"  # nothing checked: the unchecked row is still the best there is
+
+
+def test_drafting_pays_a_fixed_cost_per_forward_on_a_preset():
+    from specbench.core.profile_file import LatencyProfile
+    from specbench.planning.latency_estimate import drafting_forward_ms, fixed_forward_ms
+
+    curves = {512: {"median_ms": [18.0, 18.5]}}
+    preset = LatencyProfile("m", "float16", "a100", "estimated", [1, 2], curves, {"overhead_ms": 9.0})
+    measured = LatencyProfile("m", "float16", "cpu", "measured", [1, 2], curves, {})
+    # a one-layer drafter reading 5% of the target's weights: its own launches, then 5% of the 9 ms of reading
+    assert drafting_forward_ms(preset, 512, 0.05, 1.0) == pytest.approx(fixed_forward_ms(1) + 0.05 * 9.0)
+    assert drafting_forward_ms(preset, 512, 0.05, 1.0) > 0.05 * 18.0 + 0.5  # not a 20th of the target's forward
+    assert drafting_forward_ms(measured, 512, 0.05, 1.0) == pytest.approx(0.05 * 18.0)  # L(1) not split: its share
+
+
+def test_plan_says_when_a_preset_predicts_above_the_papers_measurement(tmp_path):
+    result = plan(PlanRequest("random:vicuna-7b", "a100", methods=("eagle",), max_size=32, out=tmp_path))
+    eagle = result.rows[0]
+    assert eagle.paper["speedup"] == 2.18 and eagle.speedup > 1.1 * 2.18
+    note = next(n for n in result.notes if n.startswith("eagle: predicted"))
+    assert "flatter" in note and "2.18x the paper measured" in note and "upper bound" in note
+    # the drafter's forwards carry their fixed cost: at least one launch cost per drafted depth
+    assert eagle.draft_ms >= 1.25
+
+
+def test_a_chain_drafter_pays_its_fixed_cost_per_forward_on_a_preset(tmp_path):
+    from specbench.planning.chain_plan import plan_chain
+    from specbench.planning.latency_estimate import fixed_forward_ms
+
+    path = tmp_path / "sd.yaml"
+    fields = {"method": "sd", "conditional": [0.9, 0.9, 0.9, 0.9], "drafter_share": 0.05}
+    path.write_text(yaml.safe_dump(fields))
+    curves = {512: {"median_ms": [18.0, 18.2, 18.4, 18.6, 18.8]}}
+    preset = LatencyProfile("m", "float16", "a100", "estimated", [1, 2, 3, 4, 5], curves, {"overhead_ms": 9.0})
+    measured = LatencyProfile("m", "float16", "cpu", "measured", [1, 2, 3, 4, 5], curves, {})
+    on_preset, on_measured = plan_chain("sd", path, fields, preset, 512, 2.0), plan_chain("sd", path, fields,
+                                                                                          measured, 512, 2.0)
+    assert on_preset.draft_ms == pytest.approx(on_preset.k * (fixed_forward_ms(2.0) + 0.05 * 9.0), abs=1e-3)
+    assert on_measured.draft_ms == pytest.approx(on_measured.k * 0.05 * 18.0, abs=1e-3)
+    assert on_preset.speedup < on_measured.speedup  # the launches make each drafted token dearer

@@ -71,6 +71,7 @@ def test_the_split_reads_decode_steps_not_the_prefill(tmp_path):
     assert d_ar == {"decode_tau": 1.0, "decode_step_ms": pytest.approx(8.0)}
     assert d_eagle["decode_tau"] == 2.0 and d_eagle["decode_step_ms"] == pytest.approx(12.0)  # 60 ms / 5 steps
     assert eagle.new_tokens.sum() / eagle.target_forwards.sum() == pytest.approx(11 / 6)  # prefill counted: lower
+    assert math.isnan(decode_steps(eagle.assign(batch_size=4))["decode_step_ms"])  # a batch's share: no own step
     table = pd.DataFrame([
         {"method": "ar", "dataset": "gsm8k", "tau": 1.0, "speedup": 1.0, "forward_ms": 10.0, "batch_size": 1,
          **d_ar},

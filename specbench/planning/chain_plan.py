@@ -4,7 +4,9 @@
   tau(k)     = 1 + sum_{i<=k} marginal_i                      (a chain that drafts k, its stated acceptance)
   step(k)    = L(k + 1) + drafting(k)                         (sd: the drafter's k forwards follow each other)
              = max(L(k + 1), drafting(k))                     (pearl: drafter and target run at the same time)
-  drafting   = k x L(1) x drafter share                       (draft-free methods such as pld: 0, host work)
+  drafting   = k x a drafter forward                          (draft-free methods such as pld: 0, host work)
+  a drafter forward = L(1) x drafter share on a measured profile; on a GPU preset its own fixed cost plus its share
+             of the target's reading time (latency_estimate.drafting_forward_ms)
   speedup(k) = tau(k) L(1) / step(k)
 
 The drafter share is its weights read per forward over the target's (`drafter_share` in the acceptance file, which
@@ -19,6 +21,7 @@ from pathlib import Path
 from .. import families
 from ..core.acceptance_profile import read
 from ..errors import SpecbenchError
+from .latency_estimate import drafting_forward_ms
 from .profile import LatencyProfile
 
 MAX_DRAFT = 16  # the longest chain searched
@@ -33,8 +36,10 @@ class ChainPlan:
     draft_ms: float
 
 
-def plan_chain(method: str, path: Path, fields: dict, profile: LatencyProfile, kv_length: int) -> ChainPlan:
-    """The fastest draft length for `method` on `profile` with the acceptance in `path`."""
+def plan_chain(method: str, path: Path, fields: dict, profile: LatencyProfile, kv_length: int,
+               drafter_layers: float = 1.0) -> ChainPlan:
+    """The fastest draft length for `method` on `profile` with the acceptance in `path` (`drafter_layers`: the
+    drafter's size in target decoder layers, for its fixed cost per forward on a preset)."""
     marginal = read(str(path)).marginal
     share = 0.0
     if families.get(method).kind != "draft-free":  # a drafter model's forwards
@@ -44,10 +49,11 @@ def plan_chain(method: str, path: Path, fields: dict, profile: LatencyProfile, k
                                  f"target's) to price {method}'s drafting; `specbench estimate --method {method} "
                                  "--drafter D` writes it")
     one = profile.latency_ms(1, kv_length)
+    forward = drafting_forward_ms(profile, kv_length, share, drafter_layers) if share else 0.0
     best = None
     for k in range(1, min(len(marginal), MAX_DRAFT) + 1):
         tau = 1.0 + sum(marginal[:k])
-        draft = k * one * share
+        draft = k * forward
         verify = profile.latency_ms(k + 1, kv_length)
         step = max(verify, draft) if method in PARALLEL else verify + draft
         plan = ChainPlan(k, round(tau, 3), round(tau * one / step, 3), round(draft, 3))

@@ -84,7 +84,25 @@ class ModelShape:
 def default_overhead_ms(shape: ModelShape) -> float:
     """Fixed per-forward cost (kernel launches, Python) when no measured profile supplies it: an assumption of
     about 0.25 ms per decoder layer plus 1 ms, typical of eager PyTorch on a GPU."""
-    return 1.0 + 0.25 * shape.layers
+    return fixed_forward_ms(shape.layers)
+
+
+def fixed_forward_ms(layers: float) -> float:
+    """The assumed fixed cost of one forward through `layers` decoder layers (default_overhead_ms's law)."""
+    return 1.0 + 0.25 * max(layers, 1.0)
+
+
+def drafting_forward_ms(profile, kv_length: int, share: float, layers: float) -> float:
+    """One drafting forward on `profile`: its fixed cost plus the drafter's `share` of the target's weight-reading
+    time. An estimated profile states the target's fixed cost (overhead_ms), so the drafter pays its own fixed cost
+    (fixed_forward_ms of its `layers`) plus share x (L(1) - the target's fixed cost): a one-layer drafter's forward is
+    not 1/32 of a 32-layer target's when launches dominate. A measured profile does not split L(1), so there the
+    forward is share x L(1)."""
+    one = profile.latency_ms(1, kv_length)
+    overhead = (profile.meta or {}).get("overhead_ms") if profile.source == "estimated" else None
+    if not isinstance(overhead, (int, float)) or share <= 0:
+        return one * share
+    return fixed_forward_ms(layers) + share * max(one - overhead, 0.0)
 
 
 # Share of the datasheet peaks that eager PyTorch kernels reach in practice (assumptions, stated in every

@@ -27,7 +27,7 @@ from ..core import store
 from ..errors import SpecbenchError
 from .acceptance import read_fields, read_per_rank
 from .buildtree import PROFILE_WIDTHS, build_dtype, candidate_curve, candidate_tree_file, size_curve, tree_file
-from .latency_estimate import GPU_CHOICES, ModelShape, resolve_profile
+from .latency_estimate import GPU_CHOICES, ModelShape, drafting_forward_ms, resolve_profile
 from .profile import LatencyProfile
 
 PUBLISHED = Path(store.ACCEPTANCE) / "published"
@@ -183,6 +183,7 @@ def plan(req: PlanRequest) -> Plan:
     if profile.source == "estimated":
         result.notes.append(f"latency: a roofline estimate of {profile.meta.get('chip', req.gpu)} from its published "
                             "peak rates (planning/latency_estimate.py), not a measurement")
+    result.notes += flatter_notes(result.rows, profile)
     unchecked = [r.method for r in result.rows if r.unverified]
     if unchecked:
         result.notes.append(f"acceptance of {', '.join(unchecked)}: recalled, not checked against the paper's table "
@@ -191,6 +192,32 @@ def plan(req: PlanRequest) -> Plan:
         result.notes.append(f"acceptance borrowed from {folder.name}'s published tables, not measured on {key}")
     write(result, req)
     return result
+
+
+FLATTER = 1.1  # a preset's prediction this far above the paper's measurement on the same chip is called out
+
+
+def flatter_notes(rows: list[MethodPlan], profile: LatencyProfile) -> list[str]:
+    """On a GPU preset (an estimated profile), the rows predicted well above what their paper measured on the same
+    chip: the preset's curve is flatter than that hardware's (verifying many tokens costs about what one does on a
+    roofline, with an assumed fixed cost per forward), so its speedups are an upper bound there."""
+    if profile.source != "estimated":
+        return []
+    chip, key = str(profile.meta.get("chip", profile.hardware)), str(profile.hardware).lower()  # key: a100, h100
+    widths = profile.widths
+    kv = min(profile.curves) if profile.curves else 512
+    slope = profile.latency_ms(max(widths), kv) / profile.latency_ms(1, kv) if widths else float("nan")
+    out = []
+    for r in rows:
+        paper, gpu = r.paper.get("speedup"), str(r.paper.get("gpu", "")).lower()
+        if r.speedup is None or not isinstance(paper, (int, float)) or key not in gpu:
+            continue
+        if r.speedup > FLATTER * paper:
+            out.append(f"{r.method}: predicted {r.speedup:.2f}x on the {key} preset ({chip}) against {paper:.2f}x the paper "
+                       f"measured ({r.paper.get('gpu')}): the preset's curve is flatter than that hardware's (L("
+                       f"{max(widths)}) = {slope:.2f} x L(1) on its roofline), so its speedup is an upper bound; "
+                       "a measured profile (`specbench profile` on the GPU) prices the verify width as it is")
+    return out
 
 
 def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: int, profile: LatencyProfile, dtype: str,
@@ -213,7 +240,9 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
         from .chain_plan import plan_chain
 
         try:
-            chain = plan_chain(method, path, fields, profile, req.kv_length)
+            share = fields.get("drafter_share") if isinstance(fields.get("drafter_share"), (int, float)) else 0.0
+            chain = plan_chain(method, path, fields, profile, req.kv_length,
+                               drafter_layers=share * params / shape.weights_per_layer)
         except SpecbenchError as exc:  # this row cannot be priced (say why); the other rows still plan
             row.why_not = str(exc)
             return row
@@ -229,9 +258,9 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
                            sizes=_sizes(req.max_size, m))
         made = tree_file(curve, m, key, profile, str(path), req.kv_length, method)
     else:
-        share = drafter_layers(method, shape, fields) / (shape.layers + shape.vocab * shape.hidden
-                                                         / shape.weights_per_layer)
-        forward_ms = profile.latency_ms(1, req.kv_length) * share
+        read = drafter_layers(method, shape, fields)
+        share = read / (shape.layers + shape.vocab * shape.hidden / shape.weights_per_layer)
+        forward_ms = drafting_forward_ms(profile, req.kv_length, share, read)
         draft = families.get(method).cost_law(forward_ms)
         curve = candidate_curve(acc, profile, req.max_size, req.kv_length, draft)
         made = candidate_tree_file(curve, method, key, profile, str(path), req.kv_length)

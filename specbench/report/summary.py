@@ -251,14 +251,17 @@ def _total(g: pd.DataFrame, column: str) -> float:
 def decode_steps(g: pd.DataFrame) -> dict:
     """The decode steps alone (the prefill's forward yields a turn's first token and is not a step): decode_tau =
     (new tokens - 1) / (target forwards - 1) and decode_step_ms = (wall_s - ttft_s) / (target forwards - 1), summed
-    over the turns; NaN where the rows have no first-token time or no decode step."""
+    over the turns; NaN where the rows have no first-token time or no decode step (the step time also for batched
+    rows)."""
     forwards = pd.to_numeric(g.target_forwards, errors="coerce")
     ttft = pd.to_numeric(g.get("ttft_s", pd.Series(math.nan, index=g.index)), errors="coerce")
     steps = (forwards - 1).clip(lower=0)
     if steps.sum() <= 0:
         return {"decode_tau": math.nan, "decode_step_ms": math.nan}
     tau = (g.new_tokens - 1).clip(lower=0).sum() / steps.sum()
-    seconds = (g.wall_s - ttft).sum() if ttft.notna().all() else math.nan
+    batched = "batch_size" in g and (pd.to_numeric(g.batch_size, errors="coerce").fillna(1) != 1).any()
+    # a batched row's wall_s is its share of the batch's time, not its own: no step time of its own
+    seconds = (g.wall_s - ttft).sum() if ttft.notna().all() and not batched else math.nan
     return {"decode_tau": round(tau, 4),
             "decode_step_ms": round(seconds * 1e3 / steps.sum(), 4) if math.isfinite(seconds) else math.nan}
 
