@@ -14,6 +14,7 @@ import inspect
 
 import torch
 
+from ..machine.forward_clock import clock_of
 
 def _cache_keyword() -> str:
     """The keyword that hands a KV cache to a transformers model or decoder layer: `cache` where the installed
@@ -38,10 +39,18 @@ MULTIPLY_LOGITS_SCALING = ("hyperclovax",)
 
 
 def target_logits(model, hidden: torch.Tensor) -> torch.Tensor:
-    """The target's logits from its decoder's final (normed) hidden states [..., H] -> float [..., V]: the LM head,
-    then the model's own final processing, as its causal-LM forward applies it. Every method reads the target's
-    logits from hidden states through this function: sampling from a bare head's logits is lossy at T > 0 on these
-    models. Known processing (config fields; None or 0 means none): Cohere's `logit_scale` (logits * s), Granite's
+    """The target's logits from its decoder's final (normed) hidden states [..., H] -> float [..., V] (final_logits),
+    timed as the target's forward when `hidden` is the output an engine just returned (core/machine/forward_clock.py).
+    Every method reads the target's logits from hidden states through this function: sampling from a bare head's
+    logits is lossy at T > 0 on these models."""
+    with clock_of(model).head(hidden):
+        return final_logits(model, hidden)
+
+
+def final_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """Hidden states [..., H] -> float logits [..., V]: the LM head, then the model's own final processing, as its
+    causal-LM forward applies it; no clock (the engines call it inside their own span, a compiled step inside its
+    graph). Known processing (config fields; None or 0 means none): Cohere's `logit_scale` (logits * s), Granite's
     `logits_scaling` (logits / s), HyperCLOVAX's `logits_scaling` (logits * s), Gemma 2/3's
     `final_logit_softcapping` (cap * tanh(logits / cap)). check_final_logits proves the match once per loaded model."""
     logits = model.get_output_embeddings()(hidden).float()  # [..., V]
@@ -109,8 +118,7 @@ class DraftModule(torch.nn.Module):
 
 
 def decoder_module(model) -> torch.nn.Module:
-    """The module the hidden states come out of: a causal LM's base model, a drafter module itself (forward hooks that
-    count or time the decoder attach here)."""
+    """The module the hidden states come out of: a causal LM's base model, a drafter module itself."""
     return model if isinstance(model, DraftModule) else getattr(model, "base_model", model)
 
 
@@ -136,5 +144,5 @@ def hidden(model, input_ids: torch.Tensor | None, position_ids: torch.Tensor, ca
 
 def logits(model, h: torch.Tensor) -> torch.Tensor:
     """Hidden states [..., H] -> logits [..., V]: the target's with its final processing (float), a drafter
-    module's own (-inf outside its --vocab-top tokens)."""
-    return model.logits(h) if isinstance(model, DraftModule) else target_logits(model, h)
+    module's own (-inf outside its --vocab-top tokens). No clock: the engines call it inside their span."""
+    return model.logits(h) if isinstance(model, DraftModule) else final_logits(model, h)

@@ -25,6 +25,7 @@ import torch
 from transformers import AttentionInterface
 
 from ...errors import SpecbenchError
+from ..machine.forward_clock import clock_of
 from .attention import attend, check_batchable, layer_extras
 from .cache import preallocated, sliding_windows
 from . import decoder
@@ -224,11 +225,15 @@ class PaddedBatch:
         allowed = self._mask(valid, new_valid, own, tails)  # [R, W, L + W]
         step = _Step(self, rows, lo, at, wide, allowed, pos, torch.cat([key_pos, pos], 1))
         # the mask the decoder is given (its own mask building wants one); _attend reads each layer's from the step
-        with attention_implementation(self.model, ATTENTION), (around(segments, places) if around else nullcontext()):
+        clock = clock_of(self.model)  # one span: the decoder on every row and the head on the rows read
+        with (attention_implementation(self.model, ATTENTION), (around(segments, places) if around else nullcontext()),
+              clock.forward(n * wide)):
             h = decoder.hidden(self.model, ids.to(self.device), pos.to(self.device), None,
                                step.mask(None, self.device), inputs_embeds=embeds, padded=step)  # [R, W, H]
-        h = h[torch.tensor(read_rows, device=h.device), torch.tensor(read_cols, device=h.device)]  # [sum keep, H]
-        out = h if hidden else decoder.logits(self.model, h)  # [sum keep, V]: the head on the rows read only
+            h = h[torch.tensor(read_rows, device=h.device), torch.tensor(read_cols, device=h.device)]  # [sum keep, H]
+            out = h if hidden else decoder.logits(self.model, h)  # [sum keep, V]: the head on the rows read only
+        if hidden:
+            clock.output(out)
         result = list(out.split([s.keep or s.width for s in segments]))
         return result, torch.cat([valid, new_valid], 1), torch.cat([key_pos, pos], 1)
 

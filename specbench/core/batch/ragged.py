@@ -33,6 +33,7 @@ from ...errors import SpecbenchError
 from .attention import UnsupportedAttention, attend, check_batchable, layer_extras  # noqa: F401
 from .cache import preallocated, sliding_windows
 from . import decoder
+from ..machine.forward_clock import clock_of
 from ..model.placement import input_device, is_dispatched
 
 NAME = "specbench_ragged"
@@ -219,7 +220,9 @@ def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: b
     positions = step.positions.unsqueeze(0).to(device)  # [1, N]
     starts = [e - w for e, w in zip(ends, widths)]
     places = [torch.arange(a, a + w, device=device) for a, w in zip(starts, widths)]  # [w] per segment, packed
-    with attention_implementation(model, NAME), (around(segments, places) if around else nullcontext()):
+    clock = clock_of(model)  # one span: the packed decoder call and the head on the kept rows
+    with (attention_implementation(model, NAME), (around(segments, places) if around else nullcontext()),
+          clock.forward(positions.shape[1])):
         if hidden or any(s.embeds is not None for s in segments):
             embeds = packed_embeddings(model, segments, device)  # [1, N, H]
             h = decoder.hidden(model, None, positions, inputs_embeds=embeds, ragged=step)[0, rows]  # [sum keep, H]
@@ -228,6 +231,8 @@ def ragged_forward(model, cache: RaggedCache, segments: list[Segment], hidden: b
             ids = torch.tensor([[t for s in segments for t in s.tokens]], device=device)  # [1, N]
             out = model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=rows,
                         ragged=step).logits[0]
+    if hidden:
+        clock.output(out)
     for s, w in zip(segments, widths):
         cache.lengths[s.slot] += w
     return list(out.split(keeps))

@@ -15,6 +15,7 @@ from contextlib import nullcontext
 import torch
 
 from ...errors import SpecbenchError
+from ..machine.forward_clock import clock_of
 from ..model.placement import input_device
 from ..tree import additive
 from .cache import crop_to, keep_positions, new_cache, window_mask
@@ -71,10 +72,14 @@ class SingleSequence:
         if hasattr(model, "config"):  # a transformers model: its sliding windows (a drafter module has none)
             mask = window_mask(model, mask, positions)
         places = [torch.arange(w, device=device)]  # the segment's inputs are rows 0..w-1 of [w, H]
-        with around([seg], places) if around else nullcontext():
-            out = decoder.hidden(model, None, positions, cache, mask, inputs_embeds=embeds)
-        h = out[0, w - keep:]  # [keep, H]
-        return h if hidden else decoder.logits(model, h)
+        clock = clock_of(model)
+        # the decoder and the head on the kept rows: one span of the model's clock
+        with around([seg], places) if around else nullcontext(), clock.forward(w):
+            h = decoder.hidden(model, None, positions, cache, mask, inputs_embeds=embeds)[0, w - keep:]  # [keep, H]
+            out = h if hidden else decoder.logits(model, h)
+        if hidden:
+            clock.output(h)  # a method's head call on these rows is the target's forward too
+        return out
 
     def truncate(self, slot: int, length: int) -> None:
         crop_to(self.cache, length)

@@ -24,12 +24,12 @@ the forward: Hidden Transfer), counted as an eager step.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import torch
 
 from ...errors import SpecbenchError
+from ..machine.forward_clock import clock_of
 from ..model.placement import input_device
 from . import decoder
 from .ragged import Segment, packed_embeddings
@@ -110,7 +110,8 @@ def step(model, kv: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, wri
     inputs: token ids [S, w] or embeddings [S, w, H] (`embeds`); positions [S, w] (rotary); write_at [S, w] (cache
     rows); allowed: [S, w, capacity] bool (True = may attend), or None for causal over the cache (key k visible to
     row r iff k <= write_at[r]); slot: the one slot of a batch cache a single row writes (a prefill), else None.
-    Returns the decoder's normed hidden states [S, w, H] (`hidden`) or the target's logits [S, w, V] (float)."""
+    Returns the decoder's normed hidden states [S, w, H] (`hidden`) or the target's logits [S, w, V] (float).
+    Nothing here reads a clock: the engines time the call from outside (core/machine/forward_clock.py)."""
     mask = attention_masks(kv, positions, write_at, allowed, model.get_input_embeddings().weight.dtype)
     embedded = inputs if embeds else model.get_input_embeddings()(inputs)  # [S, w, H]
     h = decoder.hidden(model, None, positions, _Writer(kv, write_at, slot), mask, inputs_embeds=embedded)  # [S, w, H]
@@ -223,19 +224,18 @@ class StaticSequence:
         allowed = None
         if seg.mask is not None:  # the single engine's visibility, padded to [1, width, capacity]
             allowed = visibility(seg, past, width, state.kv.capacity)[None].to(device)
-        with context:
+        clock = clock_of(self.model)  # one span, opened around the call (a graph must not read the host's clock)
+        with context, clock.forward(width):
             if bucket is None:  # the LM head on the kept rows only (a prompt's prefill keeps one)
                 out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=True,
                                  compiled=False)[0, w - keep:w]
                 out = out if hidden else head_logits(self.model, out)
-            else:  # the model's hooks run around the graph, not in it (_Hooks)
-                hooks = _Hooks(self.model)
-                hooks.before(inputs)
-                with hooks.stripped():
-                    out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=hidden,
-                                     compiled=True)
+            else:
+                out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=hidden,
+                                 compiled=True)
                 out = out[0, w - keep:w].clone()  # a CUDA graph's output buffer is rewritten by its next replay
-                hooks.after(out)
+        if hidden:
+            clock.output(out)  # a method's head call on these rows is the target's forward (the single engine's too)
         state.kv.length = past + w
         return out, width
 
@@ -249,53 +249,3 @@ class StaticSequence:
 
     def release(self, slot: int) -> None:
         self.rows.remove(slot)
-
-
-
-class _Hooks:
-    """Forward hooks on the decoder, its first layer and the LM head (the runner's token counter and forward clock:
-    core/batch/forward.count_fed_tokens) run around a compiled call as around an eager forward: a graph must not
-    trace them (they change every turn, and a clock reads the host's time), so they are taken off the modules for
-    the call and replayed: the decoder's and the first layer's pre-hooks before, on the inputs (the layer's on a
-    meta tensor [1, width, 0]: its shape only), the decoder's post-hooks after, on the returned rows (a later head
-    call on them is then the target's forward, as the single engine's view of the decoder's output is). A hook that
-    reads values inside the forward (Hidden Transfer's) comes with `around` and runs eagerly instead."""
-
-    def __init__(self, model):
-        stack, layers = decoder.decoder_module(model), decoder.decoder_layers(model)
-        self.decoder, self.first = stack, (layers[0] if len(layers) else None)
-        self.modules = [m for m in (stack, *layers, model.get_output_embeddings()) if m is not None]
-
-    def before(self, inputs: torch.Tensor) -> None:
-        rows, width = inputs.shape[:2]
-        for module, args in ((self.decoder, (inputs,)), (self.first, (torch.empty(rows, width, 0, device="meta"),))):
-            if module is None:
-                continue
-            for key, hook in list(module._forward_pre_hooks.items()):
-                if key in module._forward_pre_hooks_with_kwargs:
-                    hook(module, args, {})
-                else:
-                    hook(module, args)
-
-    def after(self, out: torch.Tensor) -> None:
-        module = self.decoder
-        for key, hook in list(module._forward_hooks.items()):
-            if key in module._forward_hooks_with_kwargs:
-                hook(module, (), {}, out)
-            else:
-                hook(module, (), out)
-
-    @contextmanager
-    def stripped(self):
-        names = ("_forward_pre_hooks", "_forward_hooks")
-        saved = [(m, [getattr(m, n) for n in names]) for m in self.modules
-                 if any(getattr(m, n) for n in names)]
-        for m, _ in saved:
-            for n in names:
-                setattr(m, n, OrderedDict())
-        try:
-            yield
-        finally:
-            for m, dicts in saved:
-                for n, d in zip(names, dicts):
-                    setattr(m, n, d)

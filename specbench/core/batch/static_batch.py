@@ -21,9 +21,10 @@ from contextlib import nullcontext
 
 import torch
 
+from ..machine.forward_clock import clock_of
 from ..model.placement import input_device
 from .ragged import Segment, packed_embeddings
-from .static import _Hooks, head_logits, visibility
+from .static import head_logits, visibility
 
 
 class StaticBatch:
@@ -63,12 +64,16 @@ class StaticBatch:
         own = torch.tensor([seg.positions], device=self.device) if seg.positions is not None else at
         allowed = visibility(seg, 0, w, self.kv.capacity)[None].to(self.device) if seg.mask is not None else None
         context = around([seg], [torch.arange(w, device=self.device)]) if around else nullcontext()
-        with context:
+        clock = clock_of(self.model)  # one span: the decoder and the head on the kept rows
+        with context, clock.forward(w):
             out = self.state.call(inputs, own, at, allowed, embeds=inputs.is_floating_point(), hidden=True,
                                   compiled=False, kv=self.kv, slot=seg.slot)[0, w - keep:w]
+            out = out if hidden else head_logits(self.model, out)
+        if hidden:
+            clock.output(out)
         self.kv.lengths[seg.slot] = w
         self.target_tokens[seg.slot] += w
-        return out if hidden else head_logits(self.model, out)
+        return out
 
     def _inputs(self, segments: list[Segment], width: int, rows: list[int] | None = None) -> torch.Tensor:
         """Token ids [R, width] (0 as padding), or embeddings [R, width, H] when any segment brings its own;
@@ -117,18 +122,14 @@ class StaticBatch:
                                    else visibility(Segment(slot, [0] * width), 0, width, self.kv.capacity)
                                    for slot in range(self.slots)]).to(device)
         embeds = inputs.is_floating_point()
-        with context:
-            if bucket is None:
-                out = state.call(inputs, positions, write_at, allowed, embeds, hidden=hidden, compiled=False,
-                                 kv=self.kv)
-            else:  # the model's hooks run around the graph, not in it (static._Hooks)
-                hooks = _Hooks(self.model)
-                hooks.before(inputs)
-                with hooks.stripped():
-                    out = state.call(inputs, positions, write_at, allowed, embeds, hidden=hidden, compiled=True,
-                                     kv=self.kv)
+        clock = clock_of(self.model)  # one span, opened around the call (a graph must not read the host's clock)
+        with context, clock.forward(inputs.shape[0] * inputs.shape[1]):
+            out = state.call(inputs, positions, write_at, allowed, embeds, hidden=hidden, compiled=bucket is not None,
+                             kv=self.kv)
+            if bucket is not None:
                 out = out.clone()  # a CUDA graph's output buffer is rewritten by its next replay
-                hooks.after(out)
+        if hidden:
+            clock.output(out)
         results = []
         for s in segments:
             keep = s.keep or s.width

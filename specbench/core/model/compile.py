@@ -61,8 +61,8 @@ def compile_step(device: torch.device, name: str):
     both). Guards on nn.Module attributes are skipped (torch.compiler.skip_guard_on_all_nn_modules_unsafe): with one
     model's weights and buffers as graph inputs dynamo's guard check grows with the layers and costs a share of
     every call (benchmarks/RESULTS-cpu.md), and
-    nothing here changes a module's attributes between calls (the runner's hooks are taken off for the call:
-    static._Hooks); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
+    nothing here changes a module's attributes between calls (no hook measures the model: the engines time the
+    call from outside, core/machine/forward_clock.py); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
     inputs read from the model at every call, never baked into a graph."""
     said = settings(device)
     options = dict(torch._inductor.list_mode_options(said["mode"]))  # reduce-overhead: {"triton.cudagraphs": True}
@@ -198,13 +198,12 @@ class Compiled:
             self.batch_kv[old.batch] = new
         if self.frozen:  # every compiled shape again at the new capacity, now: the rest of the run stays compiled
             from ...progress import console
-            from ..batch.static import _Hooks
 
             self.grown.append(new.capacity)
             t0 = time.perf_counter()
             keys = sorted(self.shapes) if new.batch == 1 else [k[1:] for k in sorted(self.batch_shapes)
                                                                 if k[0] == new.batch]
-            with _Hooks(self.model).stripped(), torch.inference_mode():  # the runner's counters see no dummy forward
+            with torch.inference_mode():  # (the static step reads no clock: no counter sees a dummy forward)
                 for key in keys:
                     self._dummy(*key, start=new.capacity - key[0], slots=new.batch)
             console.print(f"[yellow]warning[/] --compile: a context longer than the static cache's {old.capacity} "
