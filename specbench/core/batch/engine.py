@@ -10,6 +10,8 @@ sample is released. Three engines implement it:
 - `padded` (padded.py): the vanilla padded batch EMS-SD compares against.
 Under `--compile` both batching modes of a model with a compile state run static_batch.py's engine: every slot at
 one static shape a step, compiled (padded to the step's bucket: the modes' comparison is an eager one).
+Every engine measures its own model calls: one span of the model's clock (core/machine/forward_clock.py) around
+the decoder call and the head on the rows it keeps, counting the tokens it fed; no hook sits on the model.
 """
 
 from __future__ import annotations
