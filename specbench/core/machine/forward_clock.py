@@ -96,8 +96,10 @@ class ForwardClock:
 
     def head(self, x: torch.Tensor):
         """A context timing the LM head on x when x is the decoder's own output (or a view of it), else nothing."""
-        if self._open is None and self._decoder_out is not None and _storage(x) == _storage(self._decoder_out):
-            return self._head_span()
+        if self._open is None and self._decoder_out is not None:
+            at = _storage(x)
+            if at is not None and at == _storage(self._decoder_out):
+                return self._head_span()
         return nullcontext()
 
     @contextmanager
