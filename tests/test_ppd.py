@@ -182,7 +182,7 @@ def test_estimate_and_run_commands(tmp_path):
                                    "--out", str(tmp_path / "run")])
     assert res.exit_code == 0, res.output
     assert "ppd" in res.output and "100%" in res.output  # lossless against ar
-    bad = CliRunner().invoke(app, ["estimate", "--method", "sd", "--model", "random:tiny"])
+    bad = CliRunner().invoke(app, ["estimate", "--method", "ar", "--model", "random:tiny"])  # nothing to estimate
     assert bad.exit_code != 0 and "choose one of" in bad.output
 
 

@@ -31,7 +31,7 @@ def test_each_trainer_has_one_recipe():
     from specbench.train.configs import CONFIGS
 
     assert {recipe_class(c.trainer).__name__ for c in CONFIGS} == {
-        "PPDRecipe", "DrafterRecipe", "MedusaRecipe", "TransferRecipe", "FeatureRecipe"}
+        "PPDRecipe", "DrafterRecipe", "MedusaRecipe", "TransferRecipe", "FeatureRecipe", "Eagle3Recipe"}
 
 
 def test_the_command_prints_the_measurements_and_the_projection(tmp_path, monkeypatch):

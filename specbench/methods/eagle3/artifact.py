@@ -23,6 +23,7 @@ import yaml
 from ...core import artifact_files as af
 from ...core.model.cpu_kernels import prepack
 from ...core.model.load import LoadedModel
+from ...core.model.placement import resident, weight_of
 from ...errors import SpecbenchError
 from .drafter import Eagle3Drafter, drafter_config
 
@@ -141,7 +142,7 @@ def load(path: str | Path, target: LoadedModel) -> Eagle3Artifact:
     if draft_ids.numel() != k or draft_ids.min() < 0 or draft_ids.max() >= vocab:
         raise SpecbenchError(f"{path}: d2t maps its {d2t.shape[0]} draft tokens outside the target's vocabulary "
                              f"of {vocab} (or draft_vocab_size {k} differs)")
-    embeddings = model.get_input_embeddings()
+    embeddings = resident(model.get_input_embeddings())  # a resident copy where the target's is offloaded
     if "embed_tokens.weight" in tensors:
         embeddings = torch.nn.Embedding.from_pretrained(tensors.pop("embed_tokens.weight"), freeze=True)
     elif cfg["hidden_size"] != t_hidden:
@@ -154,12 +155,12 @@ def load(path: str | Path, target: LoadedModel) -> Eagle3Artifact:
                           cfg.get("max_position_embeddings", 2048), vocab, cfg.get("head_dim"), rope)
     drafter = Eagle3Drafter(dcfg, t_hidden, draft_ids, embeddings)
     _check_shapes(path, drafter, tensors)
-    weight = model.get_output_embeddings().weight
+    weight = weight_of(model.get_output_embeddings())
     dtype = weight.dtype
     drafter.load_state_dict({n: (t.to(dtype) if t.is_floating_point() else t) for n, t in tensors.items()
                              if n in drafter.state_dict()}, strict=False)
     drafter.place(weight.device, dtype)
-    if embeddings is not model.get_input_embeddings():
+    if embeddings is not model.get_input_embeddings():  # its own, or a resident copy of an offloaded one
         drafter._shared = (embeddings.to(weight.device, dtype),)
     drafter.requires_grad_(False).eval()
     prepack(drafter)

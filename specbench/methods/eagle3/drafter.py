@@ -203,13 +203,15 @@ def initial(target_model: torch.nn.Module, draft_ids: torch.Tensor) -> Eagle3Dra
     """An untrained drafter for `target_model`: the layer starts as the target's last layer reading the sum of both
     halves (its q, k, v projections twice, both norms its input norm), fc passes the high-layer state through, and
     the head is the target's LM head rows of the draft vocabulary."""
+    from ...core.model.placement import materialized, resident, weight_of
+
     base = target_model.base_model
     last = base.layers[-1]
     cfg = config_from_target(target_model.config)
-    weight = target_model.get_output_embeddings().weight
-    drafter = Eagle3Drafter(cfg, cfg.hidden_size, draft_ids.cpu(), target_model.get_input_embeddings())
+    weight = weight_of(target_model.get_output_embeddings())  # a real copy where the head is offloaded
+    drafter = Eagle3Drafter(cfg, cfg.hidden_size, draft_ids.cpu(), resident(target_model.get_input_embeddings()))
     h = cfg.hidden_size
-    with torch.no_grad():
+    with torch.no_grad(), materialized(last), materialized(base.norm):  # offloaded layers' weights, real inside
         for name in ("q_proj", "k_proj", "v_proj"):
             w = getattr(last.self_attn, name).weight.detach().float().cpu()
             getattr(drafter.midlayer.self_attn, name).weight.copy_(torch.cat([w, w], 1))
