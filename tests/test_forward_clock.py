@@ -19,11 +19,11 @@ from specbench.core.machine import forward_clock
 from specbench.core.machine.forward_clock import IDLE, ForwardClock, clock_of, measuring
 from specbench.core.model import compile as cc
 from specbench.core.verify import Sampling
-from specbench.methods import REGISTRY, get_method
+from specbench.methods import REGISTRY
 from specbench.methods.batch_loop import generate_batch
-from specbench.methods.sd.drafter import layer_drafter
 
-from .conftest import artifact_options, prompt_ids
+from .conftest import prompt_ids
+from .test_compile_batch import _method, pair  # noqa: F401 (pair: the fixture; one method builder for both)
 
 NEW_TOKENS = 10
 
@@ -47,21 +47,6 @@ class Witness:
     def remove(self):
         for handle in self.handles:
             handle.remove()
-
-
-def _method(name, target, drafter):
-    cls = get_method(name)
-    options = dict(artifact_options(name, target))
-    if cls.kind == "tree":
-        options["tree"] = "size=6"
-    if "drafter" in cls.needs:
-        options["gamma"] = 2
-    return cls(target, options, drafter if "drafter" in cls.needs else None)
-
-
-@pytest.fixture(scope="module")
-def pair(tiny):
-    return tiny, layer_drafter(tiny, [0])
 
 
 def _measured(model, run):
