@@ -13,7 +13,8 @@ from ..core import random_weights
 from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..run.results import read_meta, with_batch_columns
-from . import acceptance, batchreport, compact, comparison, context, map_report, roofline, timeline, verdict
+from . import (acceptance, batchreport, compact, comparison, context, map_report, roofline, synthetic_plan,
+               timeline, verdict)
 from .lossless_check import LOSSLESS_TEXT, lossless_failed_section, unexplained_mismatches
 from .engines import cross_engine_section, engine_section
 from .markdown import markdown_table
@@ -75,6 +76,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     md += (["Lossless check: not applicable (synthetic acceptance: the kept drafts were drawn, not the model's).", ""]
            if meta.get("synthetic_acceptance") else
            ["Lossy methods (typical acceptance) are labelled `lossy`. " + LOSSLESS_TEXT, ""])
+    md += synthetic_plan.section(run_dir, single, single_records, meta)  # synthetic: plan's prediction beside
     floor = (meta.get("noise_guard") or {}).get("latency_floor", 1.0)
     md += category_section(single_records, single, run_dir, floor)
     md += context.cut_note(records)  # prompts cut from the left to fit the context

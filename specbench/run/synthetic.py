@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..core.acceptance_profile import AcceptanceProfile, read
+from ..core.acceptance_profile import AcceptanceProfile
 from ..core.store import RunFolder
-from ..core.synthetic import SyntheticAcceptance
+from ..core.synthetic import PerMethodAcceptance, SyntheticAcceptance, read_stated, stated_for
 from ..errors import SpecbenchError
 from ..methods import get_method
 from ..progress import console
@@ -30,8 +30,22 @@ EAGLE3_DRAFT_VOCAB = 32000  # the released EAGLE-3 drafters' draft vocabulary (L
 EXTRAS_KEY = "synthetic_acceptance"  # the target's extras entry tree methods read (methods/tree/plan.SYNTHETIC)
 
 
-def profile_of(cfg) -> AcceptanceProfile | None:
-    return read(cfg.synthetic_acceptance) if cfg.synthetic_acceptance else None
+def profile_of(cfg) -> AcceptanceProfile | PerMethodAcceptance | None:
+    return read_stated(cfg.synthetic_acceptance) if cfg.synthetic_acceptance else None
+
+
+def key_of(method) -> str:
+    """A method's file key in a folder of stated acceptance: its family (ppd and ppd-typical share ppd.yaml), else
+    its name."""
+    return getattr(method, "family", None) or method.name
+
+
+def check_methods(stated, names) -> None:
+    """Refuse, before any model loads, a folder of stated acceptance without a file for one of the run's methods."""
+    for name in names:
+        cls = get_method(name)
+        if cls.kind != "baseline":
+            stated_for(stated, key_of(cls))
 
 
 def _meta(target) -> dict:
@@ -122,9 +136,10 @@ def drafter_for(methods, target, drafter):
     return layer_drafter(target, [0])
 
 
-def install(methods: dict, profile: AcceptanceProfile, seed: int) -> None:
+def install(methods: dict, profile: AcceptanceProfile | PerMethodAcceptance, seed: int) -> None:
     for method in methods.values():
-        method.acceptance_rule = SyntheticAcceptance(profile, seed)
+        if method.kind != "baseline":
+            method.acceptance_rule = SyntheticAcceptance(stated_for(profile, key_of(method)), seed)
 
 
 @dataclass
@@ -157,12 +172,19 @@ def count(tallies: dict, label: str, gen) -> None:
     tallies.setdefault(label, Tally()).add(gen)
 
 
-def block(cfg, profile: AcceptanceProfile) -> dict:
-    """run.yaml's `synthetic_acceptance`: what was stated, before any check."""
-    return {"source": profile.source, "given": cfg.synthetic_acceptance,
-            "conditional": [round(x, 6) for x in profile.conditional],
+def _rates(profile: AcceptanceProfile) -> dict:
+    return {"conditional": [round(x, 6) for x in profile.conditional],
             "marginal": [round(x, 6) for x in profile.marginal],
             "per_rank": [list(r) for r in profile.per_rank]}
+
+
+def block(cfg, profile: AcceptanceProfile | PerMethodAcceptance) -> dict:
+    """run.yaml's `synthetic_acceptance`: what was stated, before any check (per method for a folder)."""
+    if isinstance(profile, PerMethodAcceptance):
+        keys = {key_of(get_method(m)) for m in cfg.methods if get_method(m).kind != "baseline"}
+        return {"source": profile.source, "given": cfg.synthetic_acceptance,
+                "per_method": {k: {"source": profile.of(k).source, **_rates(profile.of(k))} for k in sorted(keys)}}
+    return {"source": profile.source, "given": cfg.synthetic_acceptance, **_rates(profile)}
 
 
 def finish(out: Path, tallies: dict) -> None:

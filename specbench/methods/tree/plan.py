@@ -25,6 +25,7 @@ from ... import families
 from ...core import lookup, store
 from ...core.machine.hardware import hardware_slug
 from ...core.model.load import dtype_name, model_slug
+from ...core.synthetic import stated_for
 from ...core.tree_file import TreeFile, TreeSpec, resolve_tree
 from ...errors import SpecbenchError
 from ...planning import tree_choice
@@ -71,6 +72,7 @@ def per_rank_acceptance(method, rows: int, model_name: str) -> tuple[list[list[f
     target, family = method.target, method.family
     stated = target.extras.get(SYNTHETIC)
     if stated is not None:  # --synthetic-acceptance: the tree is searched and predicted with the stated rates
+        stated = stated_for(stated, family)  # a folder of them: the family's own
         return stated.per_rank_rows(rows), None, f"--synthetic-acceptance: {stated.source}"
     relative = store.acceptance_file(model_name, family)
     found = lookup.find(lookup.ACCEPTANCE, relative, f"{method.name} acceptance")
