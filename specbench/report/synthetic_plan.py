@@ -87,7 +87,8 @@ def section(run_dir: Path, summary: pd.DataFrame, records: pd.DataFrame, meta: d
         folder = _acceptance_folder(str(block.get("given")), methods, Path(run_dir) / "plan" / "acceptance")
         result = plan(PlanRequest(model=model, gpu=str(profile), dtype=dtype, acceptance=str(folder),
                                   methods=tuple(methods), kv_length=_kv(records), context=2 * _kv(records),
-                                  out=Path(run_dir) / "plan", sizes=sizes))
+                                  out=Path(run_dir) / "plan", sizes=sizes,
+                                  max_size=max([16, *sizes.values()])))  # the run's sizes: no wider search
     except (SpecbenchError, OSError) as exc:
         return md + [f"No prediction beside the measurement: plan could not price this run ({exc}).", ""]
     ar_ms = prediction_split.ar_steps(summary)
