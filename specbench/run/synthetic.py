@@ -104,6 +104,31 @@ def random_artifact(name: str, target, folder: Path) -> str | None:
         torch.random.set_rng_state(generator_state)
 
 
+def artifact_bytes(cfg) -> tuple[tuple[str, int], ...]:
+    """The random artefacts a synthetic run may build, in bytes (float32, as they are built), for the fit check's
+    workload (core/model/memory_need.Workload.extra): heads, a drafter layer and its input projection, projections.
+    Counted for every method that takes one, trained or not (an upper bound); () where the model's shape is unknown."""
+    if not cfg.synthetic_acceptance:
+        return ()
+    from ..core.model.load import model_config
+    from ..planning.latency_estimate import ModelShape
+
+    try:
+        shape = ModelShape.from_config(model_config(cfg.model))
+    except Exception:  # noqa: BLE001  (a model whose config cannot be read here: its loader says why later)
+        return ()
+    h, layer = shape.hidden, shape.weights_per_layer
+    sizes = {"medusa heads": MEDUSA_HEADS * (h * h + h), "transfer projections": 3 * h * h,
+             "eagle drafter": layer + 2 * h * h, "parallelspec drafter": layer + 2 * h * h,
+             "eagle3 drafter": layer + 3 * h * h + EAGLE3_DRAFT_VOCAB * h}
+    out = []
+    for name in cfg.methods:
+        for need, params in sizes.items():
+            if need in get_method(name).needs:
+                out.append((f"{name}'s random {need}", 4 * params))
+    return tuple(out)
+
+
 def build(cls, target, options: dict, drafter, label: str):
     """The method, on a random artefact of its shape where none was given and none is found for the model."""
     if options.get("artifact") or "artifact" not in {o.name for o in cls.option_specs}:
