@@ -17,11 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.engines import openai_acceptance as acc
-from specbench.engines.openai_client import Endpoint, ServerError
-from specbench.engines.openai_load import closed_loop, open_loop, poisson_arrivals, request_arrivals
+from specbench.backends import openai_acceptance as acc
+from specbench.backends.openai_client import Endpoint, ServerError
+from specbench.backends.openai_load import closed_loop, open_loop, poisson_arrivals, request_arrivals
 from specbench.data.specs import Prompt
-from specbench.engines.openai_server import ask, converse, parse_concurrency, parse_slo, Server
+from specbench.backends.openai_server import ask, converse, parse_concurrency, parse_slo, Server
 from specbench.errors import SpecbenchError
 from specbench.methods.base import Generation
 from specbench.report.serving import goodput, percentile, serving_numbers, serving_table
@@ -184,8 +184,8 @@ def test_counters_of_recorded_server_payloads_give_the_tokens_per_step():
     assert c.steps == 149.0 and 1 + c.steps + c.accepted == chunk["usage"]["completion_tokens"]
     assert c.summary()["acceptance_length"] == pytest.approx(1 + 515 / 149, abs=1e-4)
     # the row's target forwards: the prompt's plus the decode steps; tau = tokens / forwards
-    from specbench.engines.openai_client import Streamed
-    from specbench.engines.openai_server import Outcome, Phase, row
+    from specbench.backends.openai_client import Streamed
+    from specbench.backends.openai_server import Outcome, Phase, row
     from specbench.run.config import RunConfig
     from specbench.run.records import LosslessCheck
 

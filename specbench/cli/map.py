@@ -121,7 +121,7 @@ def _map_servers(ctx, base_url, baseline_url, served_model, concurrency: str, da
                  max_new_tokens: int, seed: int, out_dir: Path | None, resume: bool) -> None:
     """The map of two servers over concurrency levels: speculation on against off at each level, the break-even
     level (measured only)."""
-    from ..engines.openai_options import parse_concurrency
+    from ..backends.openai_options import parse_concurrency
     from ..report.run_report import write_run_report
     from ..run.benchmark import run as run_benchmark
     from ..run.config import RunConfig, default_out

@@ -1,4 +1,4 @@
-"""A server run's records (engines/openai_server.py measures it): the server, each request's outcome and each load
+"""A server run's records (backends/openai_server.py measures it): the server, each request's outcome and each load
 level's phase (Server, Outcome, Phase), and what is made of them: one records.csv row per request and load level
 (the lossless check of a spec row against the baseline's same prompt turn and level), the phases' speculative
 decoding counts where the server exposes none (request_counts), and serving.json."""
@@ -16,7 +16,7 @@ from ..run.records import LosslessCheck, compare
 from ..run.results import RecordWriter
 from ..run.work import LoadedDataset
 from . import openai_acceptance as acc
-from .common import EngineTurn, engine_record
+from .common import BackendTurn, backend_record
 from .openai_client import Endpoint, Streamed
 from .openai_options import Options
 
@@ -115,17 +115,17 @@ def lossless(o: Outcome, reference: Phase | None, key: tuple, text_only: bool) -
 
 def row(cfg: RunConfig, env: dict, model: str, phase: Phase, dataset: str, prompt: ds.Prompt, o: Outcome,
         check: LosslessCheck, phase_tokens: int):
-    """The records.csv row of one request (common.engine_record's, with the load level's batching columns)."""
+    """The records.csv row of one request (common.backend_record's, with the load level's batching columns)."""
     s = o.streamed
     counts = acc.per_request(s.extra)
     n = s.completion_tokens
     tokens = s.tokens if len(s.tokens) == n else (s.tokens + [""] * n)[:n]  # usage's count wins
     times = s.token_times if len(s.token_times) == n else _stretch(s.token_times, n)
-    turn = EngineTurn(tokens=tokens, wall_s=s.wall_s, prompt_tokens=int(s.usage.get("prompt_tokens") or 0),
+    turn = BackendTurn(tokens=tokens, wall_s=s.wall_s, prompt_tokens=int(s.usage.get("prompt_tokens") or 0),
                       token_times=times, turn=o.turn, text=s.text, stopped=s.finish_reason == "stop", order=o.order,
                       target_forwards=int(counts.steps) + 1 if counts and counts.steps is not None else None,
                       drafted=int(counts.drafted or 0) if counts else 0, accepted=int(counts.accepted) if counts else 0)
-    record = engine_record(cfg, env, model, phase.label, dataset, prompt, turn, check)
+    record = backend_record(cfg, env, model, phase.label, dataset, prompt, turn, check)
     if phase.batch_size == 1:
         return replace(record, timing_tries=o.tries)
     share = phase.wall_s * n / phase_tokens if phase_tokens else s.wall_s
