@@ -187,14 +187,14 @@ def test_counters_of_recorded_server_payloads_give_the_tokens_per_step():
     from specbench.backends.openai_client import Streamed
     from specbench.backends.openai_server import Outcome, Phase, row
     from specbench.run.config import RunConfig
-    from specbench.run.records import LosslessCheck
+    from specbench.run.records import LosslessOutcome
 
     streamed = Streamed(tokens=["x"] * 665, text="x" * 665, token_times=[0.1 + i * 0.01 for i in range(665)],
                         wall_s=7.0, unit="tokens", finish_reason="length", usage=chunk["usage"], extra=chunk)
     env = {"dtype": "server", "device": "cpu", "hardware": "h", "threads": 1, "engine": "openai", "torch": "",
            "transformers": "", "git": "", "placement": "openai:test"}
     record = row(RunConfig(), env, "m", Phase("spec", "-", 1), "d", Prompt("p", ("hi",)), Outcome(0, streamed),
-                 LosslessCheck(), 665)
+                 LosslessOutcome(), 665)
     assert record.target_forwards == 150 and record.tau == pytest.approx(665 / 150, abs=1e-4)
     assert record.accepted_drafts == 515 and record.drafted == 604
 

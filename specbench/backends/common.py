@@ -20,7 +20,7 @@ from ..methods import get_method
 from ..run.config import RunConfig
 from ..run.lossless import NEAR_TIE, UNEXPLAINED, CALIBRATION_LAYERS, DTYPE_ULPS, FLOAT32_ULPS
 from ..methods.base import Generation
-from ..run.records import LosslessCheck, TurnResult, build_record
+from ..run.records import LosslessOutcome, TurnResult, build_record
 from ..run.results import Record
 
 
@@ -107,7 +107,7 @@ def near_tie(logits: np.ndarray, ar_token: int, method_token: int, layers: int =
 
 
 def backend_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: str, prompt: ds.Prompt,
-                  t: BackendTurn, check: LosslessCheck) -> Record:
+                  t: BackendTurn, check: LosslessOutcome) -> Record:
     """The records.csv row of one backend turn: run/records.build_record's, from the turn's counts (an unknown
     forward count leaves tau and forward_ms empty; seconds inside forwards not measured: no host split)."""
     gen = Generation(tokens=list(t.tokens), target_forwards=int(t.target_forwards or 0), drafted=t.drafted,

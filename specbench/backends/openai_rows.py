@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..data import datasets as ds
 from ..run.config import RunConfig
-from ..run.records import LosslessCheck, compare
+from ..run.records import LosslessOutcome, compare
 from ..run.results import RecordWriter
 from ..run.work import LoadedDataset
 from . import openai_acceptance as acc
@@ -100,21 +100,21 @@ def write_rows(writer: RecordWriter, cfg: RunConfig, env: dict, servers: list[Se
     return failed
 
 
-def lossless(o: Outcome, reference: Phase | None, key: tuple, text_only: bool) -> LosslessCheck:
+def lossless(o: Outcome, reference: Phase | None, key: tuple, text_only: bool) -> LosslessOutcome:
     """spec's greedy output against ar's on the same prompt turn and level: token strings when both servers gave
     logprobs, else the text (the index is then a character's)."""
     if reference is None:
-        return LosslessCheck()
+        return LosslessOutcome()
     ref = next((r for r in reference.outcomes.get(key, []) if r.turn == o.turn and r.streamed), None)
     if ref is None:
-        return LosslessCheck()
+        return LosslessOutcome()
     if text_only or o.streamed.unit != "tokens" or ref.streamed.unit != "tokens":
-        return LosslessCheck(compare(list(o.streamed.text), list(ref.streamed.text)))
-    return LosslessCheck(compare(o.streamed.tokens, ref.streamed.tokens))
+        return LosslessOutcome(compare(list(o.streamed.text), list(ref.streamed.text)))
+    return LosslessOutcome(compare(o.streamed.tokens, ref.streamed.tokens))
 
 
 def row(cfg: RunConfig, env: dict, model: str, phase: Phase, dataset: str, prompt: ds.Prompt, o: Outcome,
-        check: LosslessCheck, phase_tokens: int):
+        check: LosslessOutcome, phase_tokens: int):
     """The records.csv row of one request (common.backend_record's, with the load level's batching columns)."""
     s = o.streamed
     counts = acc.per_request(s.extra)

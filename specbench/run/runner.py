@@ -15,7 +15,7 @@ from ..methods.base import Generation
 from . import synthetic
 from .backend import Backend, turn_seed
 from .config import RunConfig
-from .records import LosslessCheck, TurnResult, build_record, compare, same_ids
+from .records import LosslessOutcome, TurnResult, build_record, compare, same_ids
 from .results import Record, RecordWriter, append_timeline
 
 
@@ -100,7 +100,7 @@ class Runner:
                     if lossless != "match":
                         gap, verdict = self.backend.explain(r.ids, r.reference, r.gen.tokens,
                                                             int(lossless.split("@")[1]))
-                check = LosslessCheck(lossless, gap, verdict if lossless not in ("", "match") else "")
+                check = LosslessOutcome(lossless, gap, verdict if lossless not in ("", "match") else "")
                 writer.write(self.record(label, dataset, prompt, r, check), r.gen.tokens,
                              self.backend.decode(r.gen.tokens))
                 if r.gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
@@ -122,7 +122,7 @@ class Runner:
         index = int(compare(r.gen.tokens, ar_tokens).split("@")[1])
         return self.backend.explain(ids, ar_tokens, r.gen.tokens, index)
 
-    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: LosslessCheck) -> Record:
+    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: LosslessOutcome) -> Record:
         """The records.csv row of one checked turn (records.py)."""
         return build_record(self.cfg, self.backend.env, self.backend.model_spec, method, dataset, prompt, r, check,
                             prompt_cut=self.prompt_cut.get((prompt, r.turn), 0))
@@ -148,5 +148,5 @@ class Runner:
                     gap, verdicts[b.prompt.id] = self.explain(dataset, b.prompt, r, reference, {},
                                                               verdicts.get(b.prompt.id, ""))
                     verdict = verdicts[b.prompt.id]
-            record = self.record(label, dataset, b.prompt, r, LosslessCheck(lossless, gap, verdict))
+            record = self.record(label, dataset, b.prompt, r, LosslessOutcome(lossless, gap, verdict))
             writer.write(record, b.gen.tokens, self.backend.decode(b.gen.tokens))
