@@ -62,14 +62,14 @@ def pseudo_forward(target: LoadedModel, proj: tp.TransferProjections, cache, pas
                    captured: dict[int, torch.Tensor]) -> torch.Tensor:
     """Hidden states [len(points), k, H] of k pseudo positions inserted after each of `points` (real positions in
     `cache`, whose states entering layer l_j are captured[l_j] [past, H]); the cache is left as it was."""
-    model, k = target.model, proj.steps
+    model, k = target.model, proj.depth
     mask, pos, rows = pt.insertion_inputs(points, k, 1, past, target.dtype, target.device,  # rows: step j
                                           see_earlier=not proj.masked)
     at = torch.tensor(points, device=target.device)
     slots = [torch.nonzero(rows == j).flatten() for j in range(k)]  # [P] input indices of step j
     sources = [captured[layer][at] for layer in proj.layers]  # [P, H] each
     placeholder = torch.zeros(1, rows.shape[0], model.config.hidden_size, dtype=target.dtype, device=target.device)
-    with transferred(model, proj.plan(slots, sources)):
+    with transferred(model, proj.transfers(slots, sources)):
         h = pt.hidden(model, placeholder, mask, pos, cache)  # [P * k, H]
     crop_to(cache, past)
     return h.view(len(points), k, -1)
@@ -88,7 +88,7 @@ def real_forward(target: LoadedModel, seq: list[int], layers: list[int]):
 
 def make_step_loss(target: LoadedModel, proj: tp.TransferProjections, seqs, insertions: int):
     head = target.model.get_output_embeddings()
-    k = proj.steps
+    k = proj.depth
 
     def step_loss(rng: random.Random) -> torch.Tensor:
         seq, first = seqs[rng.randrange(len(seqs))]
@@ -109,7 +109,7 @@ def make_step_loss(target: LoadedModel, proj: tp.TransferProjections, seqs, inse
 def top1_agreement(target: LoadedModel, proj: tp.TransferProjections, seqs) -> list[float]:
     """Per step j: share of reply positions where the pseudo state's top-1 guess is the target's greedy token."""
     head = target.model.get_output_embeddings()
-    k = proj.steps
+    k = proj.depth
     hits, total = [0] * k, 0
     for seq, first in seqs:
         points = list(range(first - 1, len(seq) - k - 1))
