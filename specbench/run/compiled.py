@@ -51,7 +51,7 @@ def ensure_profile(cfg, target) -> None:
     from ..core.machine.hardware import hardware_slug
     from ..core.model.load import dtype_name, model_slug
     from ..methods import get_method
-    from ..methods.tree.plan import tree_spec
+    from ..methods.tree.batch_trees import tree_spec
     from ..planning.profile import save
     from ..planning.profile_compiled import measure_compiled
 
