@@ -27,7 +27,7 @@ from specbench.data import datasets as ds
 from specbench.methods.hidden_transfer import artifact as tp
 from specbench.train.selfdistill import greedy_continuations, render, training_sequences
 from specbench.train.settings import TRAINING_MIX
-from specbench.methods.hidden_transfer.training import make_step_loss
+from specbench.methods.hidden_transfer.training import make_update_loss
 from specbench.train.optimiser import optimise
 from specbench.methods.hidden_transfer.scoring import transfer_ranks
 
@@ -69,7 +69,7 @@ def main() -> None:
         proj = tp.TransferProjections(hidden, chosen)
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as scratch:  # the loop's checkpoint is not kept
-            optimise(proj, make_step_loss(target, proj, seqs, 32), steps=args.steps, lr=1e-3, save_every=10 ** 9,
+            optimise(proj, make_update_loss(target, proj, seqs, 32), steps=args.steps, lr=1e-3, save_every=10 ** 9,
                      ckpt_path=Path(scratch) / "state.pt", settings={}, resume=False, label=f"layers {chosen}")
         proj.requires_grad_(False)
         return accuracy(target, proj, refs), time.perf_counter() - t0

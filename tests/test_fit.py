@@ -107,7 +107,7 @@ def test_training_counts_the_optimiser_state_and_the_cached_features(monkeypatch
     """A Medusa run on an 8B target: 15 GiB of bf16 weights fit in 18 GiB, the heads' AdamW state (3 heads of
     4096 x 4096, float32 value + gradient + two moments) and the features cached for 600 sequences do not."""
     from specbench.train.configs import MedusaConfig
-    from specbench.train.steps import load_target
+    from specbench.train.recipe import load_target
 
     monkeypatch.setattr(fit, "free_memory_bytes", lambda device: 18 * 2**30)
     cfg = MedusaConfig(model="random:llama-3.1-8b", dtype="bfloat16", device="cpu")

@@ -32,7 +32,7 @@ from .layers import capture, check_transfer_layers, transferred
 from ...errors import SpecbenchError
 from ...train.configs import TransferConfig  # noqa: F401  (its settings and `train hidden-transfer` options)
 from ...train.selfdistill import check_sources
-from ...train.steps import Recipe, run
+from ...train.recipe import Recipe, run
 
 
 # Transfer layers measured per model. smollm2-135m: the per-layer sweep (`python benchmarks/transfer_layers.py`,
@@ -86,11 +86,11 @@ def real_forward(target: LoadedModel, seq: list[int], layers: list[int]):
     return cache, h, {layer: s[0] for layer, s in seen.items()}
 
 
-def make_step_loss(target: LoadedModel, proj: tp.TransferProjections, seqs, insertions: int):
+def make_update_loss(target: LoadedModel, proj: tp.TransferProjections, seqs, insertions: int):
     head = target.model.get_output_embeddings()
     k = proj.depth
 
-    def step_loss(rng: random.Random) -> torch.Tensor:
+    def update_loss(rng: random.Random) -> torch.Tensor:
         seq, first = seqs[rng.randrange(len(seqs))]
         span = range(first - 1, len(seq) - k - 1)  # the reply's positions whose k future targets exist
         points = sorted(rng.sample(span, min(insertions, len(span))))
@@ -102,7 +102,7 @@ def make_step_loss(target: LoadedModel, proj: tp.TransferProjections, seqs, inse
             teacher = F.log_softmax(head(last[at]).float(), -1)  # [P, k, V]
         return (teacher.exp() * (teacher - student)).sum(-1).mean(0).sum()
 
-    return step_loss
+    return update_loss
 
 
 @torch.no_grad()
@@ -156,8 +156,8 @@ class TransferRecipe(Recipe):
     def settings(self) -> dict:
         return self.cfg.settings() | {"transfer_layers": self.layers}
 
-    def step_loss(self, proj: tp.TransferProjections):
-        return make_step_loss(self.target, proj, self.seqs, self.cfg.insertions)
+    def update_loss(self, proj: tp.TransferProjections):
+        return make_update_loss(self.target, proj, self.seqs, self.cfg.insertions)
 
     def agreement(self, proj: tp.TransferProjections) -> list[float]:
         held = self.seqs[:: max(1, len(self.seqs) // 12)][:12]  # a sample of the data (before and after)
