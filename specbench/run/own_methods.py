@@ -51,10 +51,10 @@ def prepare(cfg: RunConfig, loaded: list[LoadedDataset]) -> "OwnMethods":
     what each chose."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    from ..core.model.memory_need import planned, run_workload
+    from ..core.model.memory_need import stated_workload, run_workload
     from ..core.model.placement import drafter_placement, target_placement
 
-    with planned(run_workload(cfg.max_new_tokens, cfg.batch_sizes)):  # what the fit check counts
+    with stated_workload(run_workload(cfg.max_new_tokens, cfg.batch_sizes)):  # what the fit check counts
         target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True,
                             placement=target_placement(cfg.device_map, cfg.max_memory, cfg.tp), compiled=cfg.compile)
     drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device,

@@ -22,7 +22,7 @@ from ..core.machine.memory import peak_mb, reset_peak
 from ..core.machine.timing import now, since
 from ..progress import console, out
 from .settings import TrainSettings
-from .recipe import Recipe, load_target, planned_sequences
+from .recipe import Recipe, load_target, distilled_sequences
 
 DRY_SEQUENCES = 8  # random sequences the dry run prepares (the full recipe's count is projected from them)
 PROMPT_TOKENS = 64  # a rendered chat prompt's length, as the dry run's random sequences have it
@@ -58,8 +58,8 @@ class DryRun:
 
 
 def full_sequences(cfg: TrainSettings, recipe: Recipe) -> int:
-    """Sequences the full recipe self-distils (recipe.planned_sequences at the command's default --steps)."""
-    return planned_sequences(replace(cfg, steps=default_of(cfg, "steps")), recipe.prompts)
+    """Sequences the full recipe self-distils (recipe.distilled_sequences at the command's default --steps)."""
+    return distilled_sequences(replace(cfg, steps=default_of(cfg, "steps")), recipe.prompts)
 
 
 def default_of(cfg: TrainSettings, name: str):

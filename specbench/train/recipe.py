@@ -29,17 +29,17 @@ Sequences = list[tuple[list[int], int]]  # (prompt + greedy reply token ids, pro
 def load_target(cfg: TrainSettings, prompts: int | None = None) -> LoadedModel:
     """The target model, frozen (only the method's own parts train); its fit check counts the training
     (memory_need.train_workload: the trained part's optimiser state, cached features, a sequence's forward)."""
-    from ..core.model.memory_need import planned
+    from ..core.model.memory_need import stated_workload
     from ..core.model.placement import build_placement
 
-    with planned(training_workload(cfg, prompts)):
+    with stated_workload(training_workload(cfg, prompts)):
         target = load_model(cfg.model, cfg.dtype, cfg.device,
                             placement=build_placement(cfg.device_map, cfg.max_memory))
     target.model.requires_grad_(False)
     return target
 
 
-def planned_sequences(cfg: TrainSettings, prompts: int | None = None) -> int:
+def distilled_sequences(cfg: TrainSettings, prompts: int | None = None) -> int:
     """Sequences a run self-distils: prompts per source (the recipe's, else the config's; PPD's default: one per step,
     at most 300) x sources."""
     per_source = prompts if prompts is not None else cfg.prompts
@@ -59,7 +59,7 @@ def training_workload(cfg: TrainSettings, prompts: int | None = None):
         dtype = resolve_dtype(cfg.dtype, resolve_device(cfg.device))
     except Exception:  # a hub id offline, a bad spec: the load refuses it with its own message
         return Workload()
-    return train_workload(cfg.command, cfg, config, dtype, planned_sequences(cfg, prompts))
+    return train_workload(cfg.command, cfg, config, dtype, distilled_sequences(cfg, prompts))
 
 
 def self_distilled(cfg: TrainSettings, target: LoadedModel, min_reply: int,

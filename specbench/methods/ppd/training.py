@@ -99,13 +99,13 @@ class PPDRecipe(Recipe):
         self.sources = source_names(cfg.data)
 
     def before_data(self) -> None:
-        """The prompts per source (given, the resumed run's, or what the steps use) and the plan, said up front."""
+        """The prompts per source (given, the resumed run's, or what the steps use) and the training ahead, said up front."""
         cfg = self.cfg
         ckpt_path = checkpoint_path(cfg.out_dir)
         saved = torch.load(ckpt_path) if cfg.resume and ckpt_path.exists() else None
         self.prompts = (cfg.prompts or (saved or {}).get("settings", {}).get("prompts")
                         or auto_prompts(cfg.steps, len(self.sources)))
-        announce_plan(self.target, cfg, self.prompts, len(self.sources), cfg.steps - (saved["step"] if saved else 0))
+        announce_training(self.target, cfg, self.prompts, len(self.sources), cfg.steps - (saved["step"] if saved else 0))
 
     def min_reply(self) -> int:
         return self.cfg.prompt_tokens + 3
@@ -171,7 +171,7 @@ def train(cfg: TrainConfig) -> Path:
     return run(PPDRecipe(cfg))
 
 
-def announce_plan(target: LoadedModel, cfg: TrainConfig, prompts: int, sources: int, steps: int) -> None:
+def announce_training(target: LoadedModel, cfg: TrainConfig, prompts: int, sources: int, steps: int) -> None:
     """Say up front what training will do and about how long it takes here, before the slow part starts: data from
     timed forwards of 1 and 129 tokens (selfdistill.generation_seconds), training from one timed step."""
     todo = pending_prompts(target, cfg.data, cfg.held_out, prompts, cfg.new_tokens, cfg.data_file)
