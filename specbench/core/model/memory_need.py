@@ -20,8 +20,9 @@ from ... import families
 GIB = 2**30
 RUNTIME_HEADROOM = 512 * 2**20  # the process itself (python, torch, transformers, tokenizer) and allocator slack
 KV_HEADROOM_TOKENS = 4096  # the KV cache a check counts on without a workload: a long prompt and reply
-# Measured: `profile` of random 0.5B-3B models in bf16 peaked 7-10% of their weights above weights + KV + activations
-# + working memory on the AMX Xeon (the model build's transients, the KV fill's kernels; benchmarks/RESULTS-cpu.md). A check that runs forwards counts this share of the weights on top, so it errs high, not low.
+# A forward's peak passes weights + KV + activations + working memory by a share of the weights (the model build's
+# transients, the KV fill's kernels; measured by `profile`: benchmarks/RESULTS-cpu.md). A check that runs forwards
+# counts this share of the weights on top, a little above the measured one, so it errs high, not low.
 FORWARD_SLACK = 0.12
 
 
