@@ -33,10 +33,10 @@ from specbench.methods.hidden_transfer.scoring import transfer_ranks
 
 
 def accuracy(target, proj, refs) -> list[tuple[float, float]]:
-    """Per step: (top-1, top-5) accuracy over every reply position of the held-out references."""
+    """Per transfer: (top-1, top-5) accuracy over every reply position of the held-out references."""
     ranks = torch.cat([transfer_ranks(target, proj, ids, start) for ids, start in refs])  # [P, k]
     out = []
-    for j in range(proj.steps):
+    for j in range(proj.depth):
         col = ranks[:, j][ranks[:, j] >= 0]
         out.append((float((col < 1).float().mean()), float((col < 5).float().mean())))
     return out
