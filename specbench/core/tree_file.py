@@ -1,7 +1,7 @@
 """The trees/*.yaml file format (TreeFile: provenance plus one Tree per state, core/tree.py) and the `--tree`
-option's parts every command shares: its value (TreeSpec, parsed once: methods/tree/batch_trees.tree_spec), where `--tree
-auto` looks (find_auto_tree; the choice itself is planning/tree_choice.py), and a tree read or built for a file or
-size (resolve_tree)."""
+option's parts every command shares: its value (TreeSpec, parsed once: methods/tree/batch_trees.tree_spec), where
+`--tree auto` looks (find_auto_tree; the choice itself is planning/tree_choice.py), and a tree read or built for a
+file or size (resolve_tree)."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ class PPDRecipe(Recipe):
         self.sources = source_names(cfg.data)
 
     def before_data(self) -> None:
-        """The prompts per source (given, the resumed run's, or what the steps use) and the training ahead, said up front."""
+        """The prompts per source (given, the resumed run's, or what the steps use), and the training said first."""
         cfg = self.cfg
         ckpt_path = checkpoint_path(cfg.out_dir)
         saved = torch.load(ckpt_path) if cfg.resume and ckpt_path.exists() else None
