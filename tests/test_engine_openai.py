@@ -476,6 +476,12 @@ def test_a_ctrl_c_server_run_resumes_its_unfinished_levels(tmp_path, fake, promp
     assert set(records.batching) == {"-"} and len(records) == 2 * 2  # the first level kept whole
     serving = json.loads((out / "serving.json").read_text())
     assert {p["batching"] for p in serving["phases"]} == {"-"}
+    with monkeypatch.context() as patch:  # a server upgraded since: its levels would not compare with the kept ones
+        patch.setattr(openai_server, "server_version", lambda server: "9.9")
+        result = server_run(out, spec, baseline, prompts_file, "--concurrency", "1,2", "--resume")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "measured on other servers" in said and "9.9" in said
+    assert "Traceback" not in result.output and len(pd.read_csv(out / "records.csv")) == 4
     sent = ar_handler.seen + spec_handler.seen
     result = server_run(out, spec, baseline, prompts_file, "--concurrency", "1,2", "--resume")
     assert result.exit_code == 0, result.output
