@@ -1,7 +1,7 @@
-"""What the production decoders' backends share beside the runner (run/backend.py): the methods a
-backend runs and the options it refuses (check_methods), the environment its records carry (local_environment),
-the lossless explanation from a backend's logits (near_tie), and a server request's row (BackendTurn,
-backend_record: openai_server.py's load phases).
+"""What the production decoders' backends share beside the runner (run/backend.py): the methods a backend runs
+and the options it refuses (check_methods), the environment its records carry (local_environment), and the
+lossless explanation from a decoder's logits (near_tie: llama.cpp's, and a server's where it returns logits,
+openai_lossless.py).
 
 near_tie's rule: at the first divergence, gap = ar's logit of its own token minus its logit of the method's token,
 "near-tie" within the arithmetic's rounding (run/lossless.py's rule), else "unexplained".
@@ -10,44 +10,13 @@ near_tie's rule: at the first divergence, gap = ar's logit of its own token minu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..data import datasets as ds
 from ..errors import SpecbenchError
 from ..methods import get_method
 from ..run.config import RunConfig
 from ..run.lossless import NEAR_TIE, UNEXPLAINED, CALIBRATION_LAYERS, DTYPE_ULPS, FLOAT32_ULPS
-from ..methods.base import Generation
-from ..run.records import LosslessOutcome, TurnResult, build_record
-from ..run.results import Record
-
-
-@dataclass
-class BackendTurn:
-    """One timed generation of one prompt turn by a backend, before it is checked and written."""
-
-    tokens: list[int]  # new token ids, a stop token included when the decoder emitted one
-    wall_s: float  # from sending the prompt (prefill included) to the last token
-    prompt_tokens: int
-    token_times: list[float] = field(default_factory=list)  # seconds from the turn's start to each token's arrival
-    target_forwards: int | None = None  # target evaluations (prefill included); None: the decoder does not say
-    drafted: int = 0  # draft tokens proposed for verification
-    accepted: int = 0  # of those, accepted
-    draft_forwards: int = 0  # draft-model evaluations (0: no draft model)
-    draft_s: float = 0.0  # seconds inside drafting (the draft model's / prompt lookup's calls)
-    forward_s: float = math.nan  # seconds inside the target's evaluations; NaN where not measured
-    drafted_per_position: list[int] = field(default_factory=list)  # proposed drafts by draft position
-    accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts by draft position
-    stopped: bool = False  # ended on a stop token (not the length cap)
-    noise: dict = field(default_factory=dict)  # core.machine.contention.between(): foreign_cpu, steal, load_*
-    peak_mem_mb: float = math.nan
-    order: int = -1  # position of this method among the methods run on this prompt
-    turn: int = 0
-    text: str = ""  # the decoded answer (a later turn's conversation carries it)
-    prompt_ids: list[int] = field(default_factory=list)  # what the decoder was given (the lossless explanation)
-    prompt_cut: int = 0  # tokens cut from the rendered prompt's left to fit the context (records.csv prompt_cut)
 
 
 def check_methods(cfg: RunConfig, supported: tuple[str, ...], backend: str) -> RunConfig:
@@ -71,7 +40,7 @@ def check_methods(cfg: RunConfig, supported: tuple[str, ...], backend: str) -> R
 
 
 def refuse_own_options(cfg: RunConfig, backend: str) -> None:
-    """--compile and --synthetic-acceptance change how specbench's own methods decode: refused by name under an
+    """--compile and --synthetic-acceptance change how specbench's own methods decode: refused by name under another
     backend (they would be recorded, never applied)."""
     if cfg.compile:
         raise SpecbenchError(f"--compile compiles specbench's own loop, not --engine {backend}: leave one out")
@@ -104,17 +73,3 @@ def near_tie(logits: np.ndarray, ar_token: int, method_token: int, layers: int =
     depth = math.sqrt(max(1.0, layers / CALIBRATION_LAYERS))
     tolerance = float(np.abs(row).max()) * (DTYPE_ULPS * eps + FLOAT32_ULPS * float(np.finfo(np.float32).eps)) * depth
     return gap, (NEAR_TIE if math.isfinite(gap) and abs(gap) <= tolerance else UNEXPLAINED)
-
-
-def backend_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: str, prompt: ds.Prompt,
-                  t: BackendTurn, check: LosslessOutcome) -> Record:
-    """The records.csv row of one backend turn: run/records.build_record's, from the turn's counts (an unknown
-    forward count leaves tau and forward_ms empty; seconds inside forwards not measured: no host split)."""
-    gen = Generation(tokens=list(t.tokens), target_forwards=int(t.target_forwards or 0), drafted=t.drafted,
-                     draft_forwards=t.draft_forwards, draft_s=t.draft_s, accepted_drafts=t.accepted,
-                     accepted_per_position=list(t.accepted_per_position),
-                     drafted_per_position=list(t.drafted_per_position), stopped=t.stopped,
-                     token_times=list(t.token_times), forward_s=t.forward_s if math.isfinite(t.forward_s) else 0.0)
-    turn = TurnResult(method, t.turn, list(t.prompt_ids), gen, t.wall_s, t.peak_mem_mb, dict(t.noise), t.order)
-    return build_record(cfg, env, model, method, dataset, prompt, turn, check, prompt_cut=t.prompt_cut,
-                        prompt_tokens=t.prompt_tokens)

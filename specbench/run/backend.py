@@ -45,8 +45,12 @@ class Measures:
     resume: bool = True  # a run folder can be continued (--resume): a turn's result does not depend on the session
     why_not_resume: str = ""  # the reason, when resume is False
     batches: bool = False  # decodes batch > 1 jobs (--batch-size)
-    phases: bool = False  # measures load phases of its own (measure()) instead of the runner's turns
+    phases: bool = False  # measures load levels whole (load_levels.py: a server's concurrency) instead of turns
     why_not_retime: str = ""  # the reason, when retime is False
+    noise: bool = True  # this machine's /proc readings can tell a disturbed turn (records' foreign_cpu, steal)
+    why_not_noise: str = ""  # the reason, when noise is False
+    explain: bool = True  # a mismatch with ar is explained from logits (near-tie or not)
+    why_not_explain: str = ""  # where it cannot always be: when and why (the row's verdict names its case)
 
 
 class Backend(Protocol):

@@ -106,7 +106,7 @@ def lossless_verdicts(records: pd.DataFrame) -> pd.Series:
     out[lossless == "match"] = "match"
     out[mismatch] = "unexplained"
     out[mismatch & (explained == "near-tie")] = "near-tie"
-    out[mismatch & explained.isin(["", "nan"])] = "no verdict"
+    out[mismatch & (explained.isin(["", "nan"]) | explained.str.startswith("no verdict"))] = "no verdict"
     return out
 
 

@@ -35,6 +35,7 @@ class TurnResult:
     tries: int = 1  # timings taken of this turn (--retime: run/retime.py)
     reference: list[int] | None = None  # --compile, ar: eager ar's tokens of the same prompt (the lossless reference)
     disturbed: bool = False  # the kept timing was still disturbed
+    tokens_compared: list | None = None  # what the lossless check compares instead of gen.tokens (a server's text)
 
     @property
     def forward_ms(self) -> float:
