@@ -124,7 +124,7 @@ def _map_servers(ctx, base_url, baseline_url, served_model, concurrency: str, da
                  max_new_tokens: int, seed: int, out_dir: Path | None, resume: bool) -> None:
     """The map of two servers over concurrency levels: speculation on against off at each level, the break-even
     level (measured only)."""
-    from ..engines.openai_options import parse_concurrency
+    from ..backends.openai_options import parse_concurrency
     from ..report.run_report import write_run_report
     from ..run.benchmark import run as run_benchmark
     from ..run.config import RunConfig, default_out
@@ -180,7 +180,7 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) 
     import torch
 
     from ..core.model.load import load_model
-    from ..core.model.memory_need import planned, profile_workload
+    from ..core.model.memory_need import stated_workload, profile_workload
     from ..planning.profile import measure, save
     from ..report.map_table import PROFILE_COPY
 
@@ -190,7 +190,7 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) 
         torch.set_num_threads(cfg.threads)
     console.print(f"Measuring L(B, w) at B = {', '.join(map(str, sizes))} for the prediction (widths up to "
                   f"{widths[-1]}, KV {', '.join(map(str, kv_lengths))}) ...")
-    with planned(profile_workload(widths, kv_lengths, repeats, sizes)):
+    with stated_workload(profile_workload(widths, kv_lengths, repeats, sizes)):
         target = load_model(cfg.model, cfg.dtype, cfg.device)
     room = target.context_length - repeats - widths[-1] - 1  # the longest KV a width-32 forward can sit on
     kv_lengths = sorted({min(kv, room) for kv in kv_lengths})
@@ -214,7 +214,7 @@ def _step_profile(cfg, run_dir: Path) -> None:
     import torch
 
     from ..core.model.load import load_model
-    from ..core.model.memory_need import planned, profile_workload
+    from ..core.model.memory_need import profile_workload, stated_workload
     from ..planning.spot_profile import grid_widths, measure_on_the_spot
     from ..report.map_table import STEP_COPY, grid_needs
 
@@ -232,7 +232,7 @@ def _step_profile(cfg, run_dir: Path) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     flat = sorted({w for ws in widths.values() for w in ws})
-    with planned(profile_workload(flat, kvs, repeats + 4, sorted(widths))):
+    with stated_workload(profile_workload(flat, kvs, repeats + 4, sorted(widths))):
         target = load_model(cfg.model, cfg.dtype, cfg.device)
     result = measure_on_the_spot(target, widths, kvs, repeats=repeats)
     path.write_text(result.to_yaml())

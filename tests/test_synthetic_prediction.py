@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.core.synthetic import PerMethodAcceptance, read_stated, stated_for
 from specbench.errors import SpecbenchError
-from specbench.report import synthetic_plan
+from specbench.report import synthetic_prediction
 
 PER_RANK = [[0.8, 0.1], [0.6, 0.1], [0.4, 0.1]]
 
@@ -70,8 +70,8 @@ def test_plan_beside_each_measured_speedup(tmp_path, prompts_file, monkeypatch):
     assert block["per_method"]["ppd"]["conditional"] == pytest.approx([0.7, 0.5, 0.3])
     text = (out / "report.md").read_text()
     assert "**Synthetic acceptance**" in "\n".join(text.splitlines()[:6])
-    assert synthetic_plan.TITLE in text
-    frame = pd.read_csv(out / "synthetic_plan.csv")
+    assert synthetic_prediction.TITLE in text
+    frame = pd.read_csv(out / "synthetic_prediction.csv")
     assert set(frame.method) == {"medusa", "ppd"}
     assert frame["plan speedup"].gt(0).all() and frame["plan tau"].gt(1).all()
     assert (frame["tree (plan)"] == frame["tree (run)"]).all()  # priced at the run's tree size
@@ -86,6 +86,6 @@ def test_without_a_profile_the_section_says_the_command_that_takes_one():
     meta = {"synthetic_acceptance": {"given": "0.8,0.6"}, "environment": {"dtype": "bfloat16"},
             "settings": {"methods": ["ar", "ppd"], "model": "random:qwen2.5-0.5b", "dtype": "bfloat16"}}
     summary = pd.DataFrame({"method": ["ar", "ppd"], "dataset": ["d", "d"], "batch_size": [1, 1]})
-    text = "\n".join(synthetic_plan.section(None, summary, pd.DataFrame(), meta))
+    text = "\n".join(synthetic_prediction.section(None, summary, pd.DataFrame(), meta))
     assert "specbench profile --model random:qwen2.5-0.5b --dtype bfloat16" in text
-    assert synthetic_plan.section(None, summary, pd.DataFrame(), {}) == []  # not a synthetic run
+    assert synthetic_prediction.section(None, summary, pd.DataFrame(), {}) == []  # not a synthetic run

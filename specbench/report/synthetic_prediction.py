@@ -111,7 +111,7 @@ def section(run_dir: Path, summary: pd.DataFrame, records: pd.DataFrame, meta: d
     if not rows:
         return []
     frame = pd.DataFrame(rows)
-    frame.to_csv(Path(run_dir) / "synthetic_plan.csv", index=False)
+    frame.to_csv(Path(run_dir) / "synthetic_prediction.csv", index=False)
     md += [markdown_table(frame.drop(columns=["why not"]) if not frame["why not"].any() else frame), "",
            f"`plan speedup`: `specbench plan --model {model} --gpu {store.relative_to_cwd(profile)} --dtype {dtype} "
            f"--acceptance <the stated acceptance>` at the run's tree size and KV length {_kv(records)} (its files in "
