@@ -18,11 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.engines import openai_acceptance as acc
-from specbench.engines.openai_client import Endpoint, ServerError
-from specbench.engines.openai_load import closed_loop, open_loop, poisson_arrivals, request_arrivals
+from specbench.backends import openai_acceptance as acc
+from specbench.backends.openai_client import Endpoint, ServerError
+from specbench.backends.openai_load import closed_loop, open_loop, poisson_arrivals, request_arrivals
 from specbench.data.specs import Prompt
-from specbench.engines.openai_server import ask, converse, parse_concurrency, parse_slo, Server
+from specbench.backends.openai_server import ask, converse, parse_concurrency, parse_slo, Server
 from specbench.errors import SpecbenchError
 from specbench.methods.base import Generation
 from specbench.report.serving import goodput, percentile, serving_numbers, serving_table
@@ -185,17 +185,17 @@ def test_counters_of_recorded_server_payloads_give_the_tokens_per_step():
     assert c.steps == 149.0 and 1 + c.steps + c.accepted == chunk["usage"]["completion_tokens"]
     assert c.summary()["acceptance_length"] == pytest.approx(1 + 515 / 149, abs=1e-4)
     # the row's target forwards: the prompt's plus the decode steps; tau = tokens / forwards
-    from specbench.engines.openai_client import Streamed
-    from specbench.engines.openai_server import Outcome, Phase, row
+    from specbench.backends.openai_client import Streamed
+    from specbench.backends.openai_server import Outcome, Phase, row
     from specbench.run.config import RunConfig
-    from specbench.run.records import LosslessCheck
+    from specbench.run.records import LosslessOutcome
 
     streamed = Streamed(tokens=["x"] * 665, text="x" * 665, token_times=[0.1 + i * 0.01 for i in range(665)],
                         wall_s=7.0, unit="tokens", finish_reason="length", usage=chunk["usage"], extra=chunk)
     env = {"dtype": "server", "device": "cpu", "hardware": "h", "threads": 1, "engine": "openai", "torch": "",
            "transformers": "", "git": "", "placement": "openai:test"}
     record = row(RunConfig(), env, "m", Phase("spec", "-", 1), "d", Prompt("p", ("hi",)), Outcome(0, streamed),
-                 LosslessCheck(), 665)
+                 LosslessOutcome(), 665)
     assert record.target_forwards == 150 and record.tau == pytest.approx(665 / 150, abs=1e-4)
     assert record.accepted_drafts == 515 and record.drafted == 604
 
@@ -458,7 +458,7 @@ def test_a_server_run_is_checked_by_the_runner_and_its_speedups_are_the_shared_c
 def test_a_ctrl_c_server_run_resumes_its_unfinished_levels(tmp_path, fake, prompts_file, monkeypatch):
     import yaml
 
-    from specbench.engines import openai_server
+    from specbench.backends import openai_server
 
     baseline, ar_handler = fake()
     spec, spec_handler = fake()
@@ -526,7 +526,7 @@ def test_a_servers_mismatch_is_explained_from_the_baselines_logits(tmp_path, fak
 
 
 def test_scores_verdict_reads_logits_and_refuses_log_probabilities():
-    from specbench.engines.openai_lossless import are_logits, scores_verdict
+    from specbench.backends.openai_lossless import are_logits, scores_verdict
 
     assert are_logits(np.array([12.0, 11.0])) and are_logits(np.array([-0.01, -0.02]))  # exp sums above 1
     assert not are_logits(np.array([-0.1, -3.0]))

@@ -121,7 +121,7 @@ def _map_servers(ctx, base_url, baseline_url, served_model, concurrency: str, da
                  max_new_tokens: int, seed: int, out_dir: Path | None, resume: bool) -> None:
     """The map of two servers over concurrency levels: speculation on against off at each level, the break-even
     level (measured only)."""
-    from ..engines.openai_options import parse_concurrency
+    from ..backends.openai_options import parse_concurrency
     from ..report.run_report import write_run_report
     from ..run.benchmark import run as run_benchmark
     from ..run.config import RunConfig, default_out
@@ -177,7 +177,7 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) 
     import torch
 
     from ..core.model.load import load_model
-    from ..core.model.memory_need import planned, profile_workload
+    from ..core.model.memory_need import stated_workload, profile_workload
     from ..planning.profile import measure, save
     from ..report.map_table import PROFILE_COPY
 
@@ -187,7 +187,7 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) 
         torch.set_num_threads(cfg.threads)
     console.print(f"Measuring L(B, w) at B = {', '.join(map(str, sizes))} for the prediction (widths up to "
                   f"{widths[-1]}, KV {', '.join(map(str, kv_lengths))}) ...")
-    with planned(profile_workload(widths, kv_lengths, repeats, sizes)):
+    with stated_workload(profile_workload(widths, kv_lengths, repeats, sizes)):
         target = load_model(cfg.model, cfg.dtype, cfg.device)
     room = target.context_length - repeats - widths[-1] - 1  # the longest KV a width-32 forward can sit on
     kv_lengths = sorted({min(kv, room) for kv in kv_lengths})

@@ -75,7 +75,7 @@ def run_turns(cfg: RunConfig, out: Path, backend: Backend, loaded: list[LoadedDa
     writer = RecordWriter(out)
     prompt_work = select(pending_prompts(loaded, single_labels(cfg, list(runner.labels)), done), loaded, cfg.shard)
     labels = batch_schedule.batch_labels(runner.labels, batch_schedule.modes_for(cfg.batching))
-    jobs = batch_schedule.plan(loaded, list(cfg.batch_sizes), labels, cfg.refill) if backend.measures.batches else []
+    jobs = batch_schedule.jobs(loaded, list(cfg.batch_sizes), labels, cfg.refill) if backend.measures.batches else []
     batch_work = pending_batches(jobs, done)
     say_batches(cfg, loaded)
     to_go = sum(len(w.labels) for w in prompt_work) + sum(len(w.labels) for w in batch_work)

@@ -51,7 +51,7 @@ def ensure_profile(cfg, target) -> None:
     from ..core.machine.hardware import hardware_slug
     from ..core.model.load import dtype_name, model_slug
     from ..methods import get_method
-    from ..methods.tree.plan import tree_spec
+    from ..methods.tree.batch_trees import tree_spec
     from ..planning.profile import save
     from ..planning.profile_compiled import measure_compiled
 
@@ -125,7 +125,7 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
         state.expected = sum(len(state.chain) + len(tree_widths[b]) + len(state.tree_chain) for b in sizes)
         said = f" (buckets {state.chain}" + (f", tree widths {tree_widths[1]}" if tree_widths[1] else "") + \
             (f"; at batch sizes {batched} too" if batched else "") + ")"
-        compile_wait.say_expected(role, state.device, state.expected, said)
+        compile_wait.say_expected(role, state.device, state.expected, said, model=state.model)
     eager = sorted(m.name for m in methods if not getattr(m, "static_engine", True))
     if eager:
         console.print(f"[yellow]note[/] --compile: {', '.join(eager)} decode(s) over their own caches, not the static "

@@ -1,4 +1,4 @@
-"""Building result records: one timed prompt turn (TurnResult) plus its lossless check (LosslessCheck) -> one
+"""Building result records: one timed prompt turn (TurnResult) plus its lossless check (LosslessOutcome) -> one
 Record row.
 
 The check compares a method's tokens with ar's (greedy runs only); a mismatch carries ar's logit gap at the first
@@ -44,7 +44,7 @@ class TurnResult:
 
 
 @dataclass(frozen=True)
-class LosslessCheck:
+class LosslessOutcome:
     """A turn's lossless check against ar: "match", "mismatch@<index>" or "" (no greedy reference), and at a
     mismatch ar's logit gap and the verdict."""
 
@@ -62,7 +62,7 @@ def compare(tokens: list[int], reference: list[int]) -> str:
 
 
 def build_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: str, prompt: ds.Prompt,
-                 r: TurnResult, check: LosslessCheck, prompt_cut: int = 0, prompt_tokens: int | None = None) -> Record:
+                 r: TurnResult, check: LosslessOutcome, prompt_cut: int = 0, prompt_tokens: int | None = None) -> Record:
     """The records.csv row of one turn, whichever backend decoded it (env: the backend's environment, its dtype,
     placement and engine included; model: the model as the run names it; prompt_cut: tokens cut from the prompt's
     left to fit the context; prompt_tokens: the prompt's length where the decoder, not `r.ids`, knows it). No target

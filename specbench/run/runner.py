@@ -15,7 +15,7 @@ from ..methods.base import Generation
 from . import synthetic
 from .backend import Backend, turn_seed
 from .config import RunConfig
-from .records import LosslessCheck, TurnResult, build_record, compare, same_ids
+from .records import LosslessOutcome, TurnResult, build_record, compare, same_ids
 from .results import Record, RecordWriter, append_timeline
 
 
@@ -90,7 +90,7 @@ class Runner:
                                 r.gen.timeline)
 
     def check_prompt(self, dataset: str, prompt: ds.Prompt, results: dict[str, list[TurnResult]],
-                     reference: dict) -> list[tuple[str, TurnResult, LosslessCheck]]:
+                     reference: dict) -> list[tuple[str, TurnResult, LosslessOutcome]]:
         """The lossless check of one prompt's turns, every method's against ar's (a mismatch explained from the
         backend's logits: lossless.py), in the registry's method order: (label, turn, check). ar's compared
         sequences are added to `reference`, (dataset, prompt id, turn) -> sequence."""
@@ -114,8 +114,8 @@ class Runner:
                     if lossless != "match":
                         gap, verdict = self.backend.explain(r.ids, r.reference, r.gen.tokens,
                                                             int(lossless.split("@")[1]))
-                checked.append((label, r, LosslessCheck(lossless, gap,
-                                                        verdict if lossless not in ("", "match") else "")))
+                checked.append((label, r, LosslessOutcome(lossless, gap,
+                                                          verdict if lossless not in ("", "match") else "")))
         return checked
 
     def explain(self, dataset: str, prompt: ds.Prompt, r: TurnResult, reference: dict, ar_ids: dict,
@@ -132,7 +132,7 @@ class Runner:
         index = int(compare(compared(r), ar_tokens).split("@")[1])
         return self.backend.explain(ids, ar_tokens, compared(r), index)
 
-    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: LosslessCheck) -> Record:
+    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: LosslessOutcome) -> Record:
         """The records.csv row of one checked turn (records.py)."""
         return build_record(self.cfg, self.backend.env, self.backend.model_spec, method, dataset, prompt, r, check,
                             prompt_cut=self.prompt_cut.get((prompt, r.turn), 0))
@@ -158,7 +158,7 @@ class Runner:
                     gap, verdicts[b.prompt.id] = self.explain(dataset, b.prompt, r, reference, {},
                                                               verdicts.get(b.prompt.id, ""))
                     verdict = verdicts[b.prompt.id]
-            record = self.record(label, dataset, b.prompt, r, LosslessCheck(lossless, gap, verdict))
+            record = self.record(label, dataset, b.prompt, r, LosslessOutcome(lossless, gap, verdict))
             writer.write(record, b.gen.tokens, self.backend.decode(b.gen.tokens))
 
 

@@ -27,7 +27,7 @@ SIGMAS = 5.0
 # the published shapes a random artefact takes (Medusa's 4 heads on Vicuna-7B; ParallelSpec's 4 [MASK] tokens)
 MEDUSA_HEADS, PARALLEL_MASKS, NOISE = 4, 4, 0.05
 EAGLE3_DRAFT_VOCAB = 32000  # the released EAGLE-3 drafters' draft vocabulary (Llama 3.1 8B's)
-EXTRAS_KEY = "synthetic_acceptance"  # the target's extras entry tree methods read (methods/tree/plan.SYNTHETIC)
+EXTRAS_KEY = "synthetic_acceptance"  # the target's extras entry tree methods read (methods/tree/batch_trees.SYNTHETIC)
 
 
 def profile_of(cfg) -> AcceptanceProfile | None:

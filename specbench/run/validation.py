@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..methods.tree.plan import tree_spec
+from ..methods.tree.batch_trees import tree_spec
 from ..data.trainsets import refuse_as_benchmark
 from ..errors import SpecbenchError
 from ..methods import REGISTRY, all_options, get_method

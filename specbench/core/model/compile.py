@@ -99,6 +99,7 @@ class Compiled:
         self.frozen = False
         self.shapes: dict[tuple, float] = {}  # (width, embeds, masked, hidden) -> seconds of its first call
         self.batch_shapes: dict[tuple, float] = {}  # (slots, width, embeds, masked, hidden) -> seconds, B > 1
+        self.read_back: dict[tuple, bool] = {}  # a key of either table -> inductor's cache served its first call
         self.batch_kv: dict[int, StaticKV] = {}  # slots -> the static batch's cache (core/batch/static_batch.py)
         self.met: dict[int, set] = {}  # slots -> the kinds of input its forwards met (what finish_warm_up compiles)
         self.expected = 0  # shapes this state is expected to compile (the progress lines' total)
@@ -225,7 +226,7 @@ class Compiled:
             if not self.shapes and not self.batch_shapes:  # the first compile of this model: the wait to expect
                 _say_start(self.name, self.device)
             _sync(self.device)
-            t0 = time.perf_counter()
+            t0, hits = time.perf_counter(), compile_wait.cache_hits()
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed (cloned)
         if self.frozen:  # nothing compiles after warm-up: a shape that would recompile runs eagerly, counted
@@ -245,8 +246,10 @@ class Compiled:
         if first:
             _sync(self.device)
             table[key] = time.perf_counter() - t0
+            self.read_back[key] = compile_wait.cache_hits() > hits  # inductor's cache served it: not built here
             self.done += 1
-            compile_wait.said(self.name, key if slots > 1 else (1, *key), table[key], self.done, self.expected)
+            compile_wait.said(self.name, key if slots > 1 else (1, *key), table[key], self.done, self.expected,
+                              self.read_back[key])
         return out
 
     @torch.inference_mode()  # as every decode runs: a graph compiled outside it would compile again inside
@@ -277,7 +280,8 @@ class Compiled:
             kv.lengths = [0] * slots
         self.frozen = True
         if hasattr(self.fn, "_torchdynamo_orig_callable"):  # torch.compile's own function: real compile seconds
-            compile_wait.remember(self.device, [*self.shapes.values(), *self.batch_shapes.values()])
+            compile_wait.remember(self.device, [(seconds, self.read_back.get(key, False)) for key, seconds in
+                                                [*self.shapes.items(), *self.batch_shapes.items()]], self.model)
 
     def _dummy(self, width: int, embeds: bool, masked: bool, hidden: bool, start: int, slots: int = 1) -> None:
         """One forward of a shape on zeros, written to cache rows start..start+width-1 of every slot (stale rows:

@@ -55,7 +55,7 @@ def check_transfer_layers(layers: Sequence[int], num_layers: int, model: str = "
 
 
 @dataclass
-class TransferStep:
+class LayerTransfer:
     """One transfer at one layer: inputs `slots` [P] of the forward become project(source) [P, H].
 
     sources: LongTensor [P] = indices of real inputs of the same forward (their hidden states entering `layer`), or
@@ -68,30 +68,31 @@ class TransferStep:
 
 
 @contextmanager
-def transferred(model, steps: Sequence[TransferStep]):
-    """Within this block every forward of `model` applies the transfer steps. Slots and sources index the hidden
+def transferred(model, transfers: Sequence[LayerTransfer]):
+    """Within this block every forward of `model` applies the transfers. Slots and sources index the hidden
     states flattened over batch and sequence ([B, q, H] as [B * q, H]): at batch 1 the input index itself; in a
     batched forward, where each sample's inputs lie (core/batch/ragged.py's and core/batch/padded.py's `places`)."""
     layers = decoder_layers(model)
     handles = []
-    for step in steps:
-        if not step.slots.numel():
+    for transfer in transfers:
+        if not transfer.slots.numel():
             continue
 
-        def hook(_module, args, kwargs, step=step):
+        def hook(_module, args, kwargs, transfer=transfer):
             hidden = args[0] if args else kwargs["hidden_states"]  # [B, q, H]
             dev = hidden.device  # under a device map: the previous layer's device (this hook runs before accelerate's)
             flat = hidden.reshape(-1, hidden.shape[-1])  # [B * q, H]
-            if step.sources.dtype == torch.long:
-                src = flat[step.sources.to(dev)]  # [P, H]
+            if transfer.sources.dtype == torch.long:
+                src = flat[transfer.sources.to(dev)]  # [P, H]
             else:
-                src = step.sources.to(dev, hidden.dtype)
-            new = flat.index_copy(0, step.slots.to(dev), step.project(src).to(dev, hidden.dtype)).view_as(hidden)
+                src = transfer.sources.to(dev, hidden.dtype)
+            moved = transfer.project(src).to(dev, hidden.dtype)
+            new = flat.index_copy(0, transfer.slots.to(dev), moved).view_as(hidden)
             if args:
                 return (new, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": new}
 
-        handles.append(layers[step.layer].register_forward_pre_hook(hook, with_kwargs=True))
+        handles.append(layers[transfer.layer].register_forward_pre_hook(hook, with_kwargs=True))
     try:
         yield
     finally:

@@ -1,4 +1,4 @@
-"""A server run's rows (engines/openai_server.py measures them): the server, each request's outcome and each load
+"""A server run's rows (backends/openai_server.py measures them): the server, each request's outcome and each load
 level's phase (Server, Outcome, Phase), and what is made of them: each answered request as a timed turn the run
 loop checks and records (run/load_levels.py), the phases' speculative decoding counts where the server exposes
 none (request_counts), and serving.json."""
@@ -14,7 +14,7 @@ from ..data import datasets as ds
 from ..methods.base import Generation
 from ..run.config import RunConfig
 from ..run.load_levels import LevelRow
-from ..run.records import LosslessCheck, TurnResult, build_record
+from ..run.records import LosslessOutcome, TurnResult, build_record
 from ..run.results import Record
 from ..run.work import LoadedDataset
 from . import openai_acceptance as acc
@@ -139,7 +139,7 @@ def turn_result(phase: Phase, o: Outcome, phase_tokens: int) -> TurnResult:
 
 
 def row(cfg: RunConfig, env: dict, model: str, phase: Phase, dataset: str, prompt: ds.Prompt, o: Outcome,
-        check: LosslessCheck, phase_tokens: int) -> Record:
+        check: LosslessOutcome, phase_tokens: int) -> Record:
     """The records.csv row of one request (run/records.build_record's, as the run loop writes it)."""
     return build_record(cfg, env, model, phase.label, dataset, prompt, turn_result(phase, o, phase_tokens), check,
                         prompt_tokens=prompt_tokens(o.streamed))

@@ -1,6 +1,6 @@
 """A server's lossless mismatch explained, where the server allows it: the spec server's greedy output left the
 baseline's (`ar`) at token `index`; was that a near-tie the arithmetic can flip (common.near_tie, the rule every
-engine shares), or not?
+backend shares), or not?
 
 The baseline server is asked once more, untimed, for the same conversation up to the divergence (max_tokens =
 index + 1) with its top_logprobs. The near-tie tolerance scales with the largest |logit| at that position, so the
