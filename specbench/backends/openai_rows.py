@@ -139,9 +139,9 @@ def turn_result(phase: Phase, o: Outcome, phase_tokens: int) -> TurnResult:
 
 
 def row(cfg: RunConfig, env: dict, model: str, phase: Phase, dataset: str, prompt: ds.Prompt, o: Outcome,
-        check: LosslessOutcome, phase_tokens: int) -> Record:
+        outcome: LosslessOutcome, phase_tokens: int) -> Record:
     """The records.csv row of one request (run/records.build_record's, as the run loop writes it)."""
-    return build_record(cfg, env, model, phase.label, dataset, prompt, turn_result(phase, o, phase_tokens), check,
+    return build_record(cfg, env, model, phase.label, dataset, prompt, turn_result(phase, o, phase_tokens), outcome,
                         prompt_tokens=prompt_tokens(o.streamed))
 
 

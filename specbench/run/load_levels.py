@@ -128,9 +128,9 @@ def write_level(runner: Runner, run: LevelRun, writer: RecordWriter) -> None:
         for turns in results.values():
             turns.sort(key=lambda r: r.turn)
         prompt = rows[next((r.label, dataset, prompt_id, r.turn) for t in results.values() for r in t)].prompt
-        for label, r, check in runner.check_prompt(dataset, prompt, results, {}):
+        for label, r, outcome in runner.check_prompt(dataset, prompt, results, {}):
             row = rows[(label, dataset, prompt_id, r.turn)]
-            record = build_record(runner.cfg, runner.backend.env, row.model, label, dataset, prompt, r, check,
+            record = build_record(runner.cfg, runner.backend.env, row.model, label, dataset, prompt, r, outcome,
                                   prompt_tokens=row.prompt_tokens)
             writer.write(record, row.saved)
 

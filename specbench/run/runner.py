@@ -81,8 +81,8 @@ class Runner:
                       reference: dict, writer: RecordWriter) -> None:
         """Check every method's tokens against ar's (check_prompt) and write the records, in the registry's method
         order whatever order they ran in."""
-        for label, r, check in self.check_prompt(dataset, prompt, results, reference):
-            writer.write(self.record(label, dataset, prompt, r, check), r.gen.tokens,
+        for label, r, outcome in self.check_prompt(dataset, prompt, results, reference):
+            writer.write(self.record(label, dataset, prompt, r, outcome), r.gen.tokens,
                          self.backend.decode(r.gen.tokens))
             if r.gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
                 append_timeline(writer.records_path.parent, {"method": label, "dataset": dataset,
@@ -92,7 +92,7 @@ class Runner:
     def check_prompt(self, dataset: str, prompt: ds.Prompt, results: dict[str, list[TurnResult]],
                      reference: dict) -> list[tuple[str, TurnResult, LosslessOutcome]]:
         """The lossless check of one prompt's turns, every method's against ar's (a mismatch explained from the
-        backend's logits: lossless.py), in the registry's method order: (label, turn, check). ar's compared
+        backend's logits: lossless.py), in the registry's method order: (label, turn, outcome). ar's compared
         sequences are added to `reference`, (dataset, prompt id, turn) -> sequence."""
         for r in results.get("ar", []):
             reference[(dataset, prompt.id, r.turn)] = compared(r)
@@ -132,9 +132,9 @@ class Runner:
         index = int(compare(compared(r), ar_tokens).split("@")[1])
         return self.backend.explain(ids, ar_tokens, compared(r), index)
 
-    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: LosslessOutcome) -> Record:
+    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, outcome: LosslessOutcome) -> Record:
         """The records.csv row of one checked turn (records.py)."""
-        return build_record(self.cfg, self.backend.env, self.backend.model_spec, method, dataset, prompt, r, check,
+        return build_record(self.cfg, self.backend.env, self.backend.model_spec, method, dataset, prompt, r, outcome,
                             prompt_cut=self.prompt_cut.get((prompt, r.turn), 0))
 
     def finish_batch(self, dataset: str, label: str, mode: str, rows: list, reference: dict, writer: RecordWriter,
