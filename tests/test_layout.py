@@ -213,3 +213,31 @@ def test_the_code_layout_page_has_the_glossary():
     page = (PACKAGE.parent / "docs" / "code-layout.md").read_text()
     for word in FORMS:
         assert re.search(rf"^\| \*\*{word}\*\* \|", page, re.M), f"docs/code-layout.md's Names table has no {word}"
+
+
+def test_the_families_import_nothing_but_errors():
+    """The family declarations stay torch-free below the core (docs/code-layout.md: they import nothing but
+    `errors`), so `--help`, planning and the store read them."""
+    wrong = [f"{module_name(p)} imports {other}" for p in (PACKAGE / "families").glob("*.py") for other in imports(p)
+             if other != "specbench.errors" and not other.startswith("specbench.families")]
+    assert not wrong, "\n".join(wrong)
+
+
+# what edits a transformers KV cache: only core/batch/cache.py names it (docs/code-layout.md, core/batch/)
+CACHE_EDITS = {"DynamicCache", "DynamicLayer", "StaticCache", "crop", "batch_select_indices", "reorder_cache",
+               "batch_repeat_interleave"}
+
+
+def test_only_cache_py_edits_transformers_caches():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path == PACKAGE / "core" / "batch" / "cache.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                found = {a.name for a in node.names}
+            else:
+                found = {getattr(node, "attr", None), getattr(node, "id", None)}
+            for hit in found & CACHE_EDITS:
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {hit}")
+    assert not offenders, "transformers' caches edited outside core/batch/cache.py:\n" + "\n".join(offenders)
