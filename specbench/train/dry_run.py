@@ -91,7 +91,7 @@ def dry_run(recipe: Recipe, steps: int) -> DryRun:
     load_s, load_peak = since(t), peak_mb(recipe.target.device)
     device = recipe.target.device
     full_steps = default_of(cfg, "steps")
-    recipe.cfg = replace(cfg, steps=full_steps)  # the plan (prompts per source) of the full recipe, not the dry one's
+    recipe.cfg = replace(cfg, steps=full_steps)  # the full recipe's prompts per source, not the dry one's
     recipe.before_data()
     recipe.cfg = cfg
     sequences = full_sequences(cfg, recipe)
