@@ -47,7 +47,7 @@ class TransferProjections(torch.nn.Module):
     def plan(self, slots: list[torch.Tensor], sources: list[torch.Tensor]) -> list[TransferStep]:
         """Transfer steps for one forward: slots[j] [P_j] are the pseudo inputs of step j, sources[j] their real
         sources (indices into the same forward, or hidden states [P_j, H] captured at layer l_j)."""
-        return [TransferStep(self.layers[j], slots[j], sources[j], self.project(j))
+        return [TransferStep(self.layers[j], slots[j], sources[j], self.project(j), self.weight[j])
                 for j in range(min(self.steps, len(slots)))]
 
 

@@ -41,7 +41,10 @@ def transfer_slots(layout: TreeLayout, steps: int, prefix: int, device) -> tuple
 
 
 class TransferProposer(Proposer):
-    """Placeholders attached to nodes, turned into W_j h_i at the transfer layers by a forward hook (around)."""
+    """Placeholders attached to nodes, turned into W_j h_i at the transfer layers: by a forward hook (around), or
+    inside a compiled step as its layer edits (core/model/compile_graph.py)."""
+
+    edits_layers = True
 
     def __init__(self, target, guesser):
         super().__init__(target, guesser)
