@@ -90,7 +90,10 @@ def runs():
     calls = {f"{name} {label}": compile_call.enable(module, function, f"{name} {label}", target.device)
              for name, method in methods.items()
              for label, (module, function) in compile_run.compiled_calls(method).items()}
-    states["target"].take_edits()  # Hidden Transfer's layer edits, before anything compiles (as enable_run does)
+    for method in methods.values():  # Hidden Transfer's layer edits, every tree state's (as enable_run declares them)
+        for width, edits in getattr(getattr(method, "proposer", None), "declared_edits", lambda plan: [])(
+                getattr(method, "plans", {1: None})[1]):
+            states["target"].declare_edits(width, (True, True, True), edits)
     try:
         counters = {role: _Counted(state.fn) for role, state in states.items()}
         for role, state in states.items():

@@ -120,8 +120,10 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
     # trees verify on the target; a tree verified with layer edits (Hidden Transfer's) compiles the states warm-up
     # meets, with its edits, and no plain graph of the others (its capacity still counts them: `widest` above)
     edits = {m.name for m in methods if getattr(getattr(m, "proposer", None), "edits_layers", False)}
-    if edits:  # its layers take the edits before anything compiles
-        states["target"].take_edits()
+    for m in methods:  # its layers take the edits before anything compiles; every tree state's edits at batch 1
+        if m.name in edits:  # compiled in warm-up (a state its warm-up prompt never reaches too)
+            for width, layer_edits in m.proposer.declared_edits(m.plans[1]):
+                states["target"].declare_edits(width, (True, True, True), layer_edits)
     for b, per in trees.items():
         for name, tree in per.items():
             if name not in edits:

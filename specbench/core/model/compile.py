@@ -22,9 +22,7 @@ wait is said before it starts (compile_wait.py). A batch size compiles only the 
 from __future__ import annotations
 
 import math
-import os
 import time
-import types
 import warnings
 import weakref
 
@@ -34,45 +32,13 @@ from ..batch.cache import sliding_windows
 from ..batch.static import StaticKV, step
 from ..model.placement import input_device
 from . import compile_graph, compile_wait, grouped_attention, linear_kernels
+from .compile_graph import CPP_WRAPPER, compile_step, settings  # noqa: F401 (tests and callers read them here)
 from .compile_wait import CACHED_FILES, inductor_cache, say_start as _say_start  # noqa: F401 (tests read them here)
 from .compile_widths import declared_tree_widths, declared_varying_width, declared_width  # noqa: F401 (callers')
 
 # model -> its Compiled state (core/batch/engine.py asks state_of): kept beside the model, never on its module object
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 ROUND = 128  # the cache's capacity is a multiple of this
-CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on CPU (faster compile, slower calls)
-
-
-def settings(device: torch.device) -> dict:
-    """How the step compiles on this device (run.yaml's compile block reports it): CUDA graphs on CUDA (gpt-fast's
-    "reduce-overhead"), inductor's C++ kernels elsewhere, called from a C++ wrapper (`cpp_wrapper`: the per-kernel
-    Python calls of a many-layer forward are a visible share of a CPU decode step, benchmarks/RESULTS-cpu.md; it
-    costs a slower first compile, and later runs read inductor's cache;
-    $SPECBENCH_COMPILE_CPP_WRAPPER=0 leaves it out). Shapes are static (dynamic=False): one graph per bucket, never a symbolic one."""
-    cuda = device.type == "cuda"
-    wrapper = not cuda and os.environ.get(CPP_WRAPPER, "1").strip() != "0"
-    return {"backend": "inductor", "mode": "reduce-overhead" if cuda else "default", "dynamic": False,
-            "fullgraph": True, "cpp_wrapper": wrapper, "guards": "module attributes skipped"}
-
-
-def compile_step(device: torch.device, name: str):
-    """torch.compile of a copy of `step` of this state's own (its own code object: dynamo keeps a function's compiled
-    graphs on its code object, so the target's and the drafter's graphs would share one list, every call checking
-    both). Guards on nn.Module attributes are skipped (torch.compiler.skip_guard_on_all_nn_modules_unsafe): with one
-    model's weights and buffers as graph inputs dynamo's guard check grows with the layers and costs a share of
-    every call (benchmarks/RESULTS-cpu.md), and
-    nothing here changes a module's attributes between calls (no hook measures the model: the engines time the
-    call from outside, core/machine/forward_clock.py); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
-    inputs read from the model at every call, never baked into a graph."""
-    said = settings(device)
-    options = dict(torch._inductor.list_mode_options(said["mode"]))  # reduce-overhead: {"triton.cudagraphs": True}
-    options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
-    if said["cpp_wrapper"]:
-        options["cpp_wrapper"] = True
-    code = step.__code__.replace(co_name=f"step_{name}")
-    own = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
-    return torch.compile(own, backend=said["backend"], dynamic=said["dynamic"], fullgraph=said["fullgraph"],
-                         options=options)
 
 
 class Compiled:
@@ -105,6 +71,7 @@ class Compiled:
         # ([slots,] width, embeds, masked, hidden, ((layer, rows) per layer edit)) -> seconds: shapes with layer edits
         self.edit_shapes: dict[tuple, float] = {}
         self.edited: set[tuple] = set()  # (slots, width, embeds, masked, hidden) warm-up met with layer edits
+        self.edits_ahead: list[tuple] = []  # (width, kind, edits) of batch 1 compiled by finish_warm_up (declare_edits)
         self.batch_kv: dict[int, StaticKV] = {}  # slots -> the static batch's cache (core/batch/static_batch.py)
         self.met: dict[int, set] = {}  # slots -> the kinds of input its forwards met (what finish_warm_up compiles)
         self.expected = 0  # shapes this state is expected to compile (the progress lines' total)
@@ -162,6 +129,12 @@ class Compiled:
         if not self.takes_edits:
             compile_graph.take_edits(self.graph)
             self.takes_edits = True
+
+    def declare_edits(self, width: int, kind: tuple[bool, bool, bool], edits: tuple) -> None:
+        """A batch-1 forward of `width` inputs of `kind` with these layer edits (a tree state of Hidden Transfer's):
+        compiled by finish_warm_up where warm-up did not meet it."""
+        self.take_edits()
+        self.edits_ahead.append((width, kind, edits))
 
     def accepts_edits(self) -> bool:
         """Whether a compiled call may bring layer edits: in warm-up, or once its layers take them (after warm-up
@@ -302,6 +275,8 @@ class Compiled:
                     if (width, embeds, masked, hidden) not in self.shapes \
                             and (1, width, embeds, masked, hidden) not in self.edited:
                         self._dummy(width, embeds, masked, hidden, start=0)
+            for width, kind, edits in self.edits_ahead:
+                self._dummy(width, *kind, start=0, edits=edits)
             self.kv.length = 0
         for slots, kv in sorted(self.batch_kv.items()):
             if not kv.keys:
@@ -319,7 +294,8 @@ class Compiled:
             compile_wait.remember(self.device, [*self.shapes.values(), *self.batch_shapes.values(),
                                                 *self.edit_shapes.values()])
 
-    def _dummy(self, width: int, embeds: bool, masked: bool, hidden: bool, start: int, slots: int = 1) -> None:
+    def _dummy(self, width: int, embeds: bool, masked: bool, hidden: bool, start: int, slots: int = 1,
+               edits: tuple | None = None) -> None:
         """One forward of a shape on zeros, written to cache rows start..start+width-1 of every slot (stale rows:
         the next prefill starts afresh, or beyond the live lengths after a growth)."""
         kv = self.kv if slots == 1 else self.batch_kv[slots]
@@ -333,7 +309,7 @@ class Compiled:
         try:
             # positions and write_at as two tensors, as every real call passes them (one object passed twice would
             # compile a graph for aliased inputs, which a real call's guards then miss)
-            self.call(inputs, at.clone(), at, allowed, embeds, hidden, compiled=True, kv=kv)
+            self.call(inputs, at.clone(), at, allowed, embeds, hidden, compiled=True, kv=kv, edits=edits)
         finally:
             self.frozen = frozen
 

@@ -19,6 +19,7 @@ import weakref
 import torch
 
 from . import compile_wait
+from .compile_graph import settings
 
 # module -> its CompiledCall (kept beside the module, never on it)
 _CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -32,8 +33,6 @@ class CompiledCall:
     """One module's function, compiled per static input shape; its counts and compile seconds."""
 
     def __init__(self, module: torch.nn.Module, function, name: str, device: torch.device):
-        from .compile import settings
-
         self._model = weakref.ref(module)
         self.function = function  # (module, *args) -> tensor: the eager path, and what is compiled
         self.name, self.device = name, torch.device(device)

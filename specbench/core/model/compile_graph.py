@@ -1,5 +1,6 @@
-"""The model a compiled step runs (core/model/compile.py): a twin of the model's module tree that carries what only
-the compiled graph needs, so that nothing of the model's own modules is replaced or added to.
+"""The compiled step of core/model/compile.py: how it compiles (`settings`, `compile_step`), and the model it runs,
+a twin of the model's module tree that carries what only the compiled graph needs, so that nothing of the model's
+own modules is replaced or added to.
 
 The twin: every module a shallow copy of the model's (sharing its parameters, buffers, config and attributes; the
 same tensors, no second copy of any weight) with children and forward hooks of its own. In it:
@@ -17,13 +18,16 @@ The model's eager forwards (the prefill, an eager step, the lossless reference) 
 from __future__ import annotations
 
 import copy
+import os
+import types
 
 import torch
 
 from ..batch.decoder import decoder_layers
-from ..batch.static import LAYER_EDITS  # the decoder keyword carrying the edits of one forward to its layers
+from ..batch.static import LAYER_EDITS, step  # the decoder keyword carrying the edits of one forward to its layers
 from .linear_kernels import ChosenLinear, linears
 
+CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on CPU (faster compile, slower calls)
 _HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
           "_forward_pre_hooks_with_kwargs")
 
@@ -91,3 +95,36 @@ def graph_model(model: torch.nn.Module, choice: dict[int, str] | None = None) ->
         return copied
 
     return twin(model)
+
+
+def settings(device: torch.device) -> dict:
+    """How the step compiles on this device (run.yaml's compile block reports it): CUDA graphs on CUDA (gpt-fast's
+    "reduce-overhead"), inductor's C++ kernels elsewhere, called from a C++ wrapper (`cpp_wrapper`: the per-kernel
+    Python calls of a many-layer forward are a visible share of a CPU decode step, benchmarks/RESULTS-cpu.md; it
+    costs a slower first compile, and later runs read inductor's cache;
+    $SPECBENCH_COMPILE_CPP_WRAPPER=0 leaves it out). Shapes are static (dynamic=False): one graph per bucket, never a symbolic one."""
+    cuda = device.type == "cuda"
+    wrapper = not cuda and os.environ.get(CPP_WRAPPER, "1").strip() != "0"
+    return {"backend": "inductor", "mode": "reduce-overhead" if cuda else "default", "dynamic": False,
+            "fullgraph": True, "cpp_wrapper": wrapper, "guards": "module attributes skipped"}
+
+
+def compile_step(device: torch.device, name: str):
+    """torch.compile of a copy of `step` of this state's own (its own code object: dynamo keeps a function's compiled
+    graphs on its code object, so the target's and the drafter's graphs would share one list, every call checking
+    both). Guards on nn.Module attributes are skipped (torch.compiler.skip_guard_on_all_nn_modules_unsafe): with one
+    model's weights and buffers as graph inputs dynamo's guard check grows with the layers and costs a share of
+    every call (benchmarks/RESULTS-cpu.md), and
+    nothing here changes a module's attributes between calls (no hook measures the model: the engines time the
+    call from outside, core/machine/forward_clock.py; the twin's layer-edit hooks go in before a run compiles
+    anything: compile.Compiled.take_edits); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
+    inputs read from the model at every call, never baked into a graph."""
+    said = settings(device)
+    options = dict(torch._inductor.list_mode_options(said["mode"]))  # reduce-overhead: {"triton.cudagraphs": True}
+    options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    if said["cpp_wrapper"]:
+        options["cpp_wrapper"] = True
+    code = step.__code__.replace(co_name=f"step_{name}")
+    own = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
+    return torch.compile(own, backend=said["backend"], dynamic=said["dynamic"], fullgraph=said["fullgraph"],
+                         options=options)

@@ -58,6 +58,17 @@ class TransferProposer(Proposer):
             self._slots[key] = transfer_slots(layout, self.guesser.projections.projections.steps, prefix, device)
         return self._slots[key]
 
+    def declared_edits(self, plan) -> list[tuple[int, tuple]]:
+        """(width, layer edits) of the verify forward of every tree state of `plan` at batch 1 (its inputs at rows
+        0..width-1): what a compiled run compiles ahead of the timed turns (core/model/compile.Compiled.declare_edits)."""
+        out = []
+        for layout in {id(x): x for x in plan.layouts.values()}.values():
+            width = layout.visible.shape[0]
+            edits = self.around([(layout, 0, torch.arange(width, device=self.target.device))]).layer_edits()
+            if edits:
+                out.append((width, edits))
+        return out
+
     def around(self, parts):
         """Every segment's pseudo positions: each segment's transfer slots and sources [P_j] mapped through where
         its inputs lie in the forward (places [w]) and joined per transfer step."""
