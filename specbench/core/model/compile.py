@@ -346,7 +346,8 @@ def enable(model, capacity: int) -> Compiled:
     if chosen:
         state.settings["linear"] = chosen
         state.linear_choice = chosen["choice"]
-    state.graph  # its twin, run by every compiled call (compile_graph.py), after the attention switch above
+    # its twin, run by every compiled call (compile_graph.py), made after the attention switch above
+    state._graph = compile_graph.graph_model(model, state.linear_choice)
     return state
 
 
