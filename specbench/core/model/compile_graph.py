@@ -2,13 +2,14 @@
 a twin of the model's module tree that carries what only the compiled graph needs, so that nothing of the model's
 own modules is replaced or added to.
 
-The twin: every module a shallow copy of the model's (sharing its parameters, buffers, config and attributes; the
-same tensors, no second copy of any weight) with children and forward hooks of its own. In it:
+The twin: every module a shallow copy of the model's (sharing its parameters, buffers, config, attributes and hook
+tables; the same tensors, no second copy of any weight) with children of its own. In it:
 - every CPU nn.Linear is a linear_kernels.ChosenLinear around the model's own layer (each width bucket's kernel,
   chosen by measurement);
-- its decoder layers take layer edits (once a forward brings some: take_edits): `LAYER_EDITS` passed to the decoder
-  (core/batch/static.step's `edits`) reaches each layer's call, and a pre-hook of the twin's own layer replaces the
-  rows it names before the layer runs:
+- its decoder layers take layer edits (once a run brings some: take_edits): `LAYER_EDITS` passed to the decoder
+  (core/batch/static.step's `edits`) reaches each layer's call, and the twin's layer copy (an instance of its
+  class's edited subclass; the model's own layers keep their class) replaces the rows it names before the layer's
+  own forward runs:
   for (layer, slots [P], sources [P], weight [H, H]), rows `slots` of the hidden states entering that layer, flattened
   to [S * w, H], become weight @ (rows `sources`). This is Hidden Transfer's transfer step
   (methods/hidden_transfer/layers.py) as data inside the graph, where the eager forward hooks the model's layer.
@@ -28,8 +29,6 @@ from ..batch.static import LAYER_EDITS, step  # the decoder keyword carrying the
 from .linear_kernels import ChosenLinear, linears
 
 CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on CPU (faster compile, slower calls)
-_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-          "_forward_pre_hooks_with_kwargs")
 
 
 def apply_edits(index: int, hidden: torch.Tensor, edits) -> torch.Tensor:
@@ -58,24 +57,33 @@ def padded(edits: tuple) -> tuple:
     return tuple(out)
 
 
-def _edit_hook(index: int):
-    def hook(_module, args, kwargs):
-        edits = kwargs.pop(LAYER_EDITS, None)  # (every layer's own call: the keyword stops here)
-        if not edits:
-            return args, kwargs
-        if args:
-            return (apply_edits(index, args[0], edits), *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": apply_edits(index, kwargs["hidden_states"], edits)}
+_EDITED: dict[type, type] = {}  # a decoder layer class -> its subclass that takes layer edits
 
-    return hook
+
+def _edited_class(base: type) -> type:
+    """`base` (a decoder layer class) with a forward that takes LAYER_EDITS: the rows it names are replaced in the
+    hidden states entering the layer (apply_edits at the layer's own `edit_index`), then base's forward runs."""
+    if base not in _EDITED:
+        def forward(self, *args, **kwargs):
+            edits = kwargs.pop(LAYER_EDITS, None)  # (every layer's own call: the keyword stops here)
+            if edits:
+                if args:
+                    args = (apply_edits(self.edit_index, args[0], edits), *args[1:])
+                else:
+                    kwargs["hidden_states"] = apply_edits(self.edit_index, kwargs["hidden_states"], edits)
+            return base.forward(self, *args, **kwargs)
+
+        _EDITED[base] = type(f"Edited{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
+    return _EDITED[base]
 
 
 def take_edits(graph: torch.nn.Module) -> None:
-    """Let the graph model's decoder layers take layer edits: a pre-hook on each of the twin's own layers, added at
-    the first forward with edits (graphs traced before it hold no hook and never see edits: the hooks change nothing
-    of a forward without them)."""
+    """Let the graph model's decoder layers take layer edits: each of the twin's own layer copies becomes an instance
+    of its class's edited subclass (_edited_class), knowing its index. A forward without edits runs as before."""
     for index, layer in enumerate(decoder_layers(graph)):
-        layer.register_forward_pre_hook(_edit_hook(index), with_kwargs=True)
+        if type(layer) not in _EDITED.values():
+            layer.__class__ = _edited_class(type(layer))
+        layer.edit_index = index
 
 
 def graph_model(model: torch.nn.Module, choice: dict[int, str] | None = None) -> torch.nn.Module:
@@ -87,9 +95,6 @@ def graph_model(model: torch.nn.Module, choice: dict[int, str] | None = None) ->
         if id(module) in wrapped:
             return ChosenLinear(module, choice)
         copied = copy.copy(module)  # __dict__ shallow: the same parameter and buffer dicts, config, attributes
-        for name in _HOOKS:
-            if isinstance(module.__dict__.get(name), dict):
-                copied.__dict__[name] = type(module.__dict__[name])(module.__dict__[name])
         copied.__dict__["_modules"] = {name: None if child is None else twin(child)
                                        for name, child in module._modules.items()}
         return copied
@@ -116,8 +121,8 @@ def compile_step(device: torch.device, name: str):
     model's weights and buffers as graph inputs dynamo's guard check grows with the layers and costs a share of
     every call (benchmarks/RESULTS-cpu.md), and
     nothing here changes a module's attributes between calls (no hook measures the model: the engines time the
-    call from outside, core/machine/forward_clock.py; the twin's layer-edit hooks go in before a run compiles
-    anything: compile.Compiled.take_edits); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
+    call from outside, core/machine/forward_clock.py; the twin's layers take edits before a run compiles anything
+    that brings some: compile.Compiled.take_edits); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
     inputs read from the model at every call, never baked into a graph."""
     said = settings(device)
     options = dict(torch._inductor.list_mode_options(said["mode"]))  # reduce-overhead: {"triton.cudagraphs": True}
