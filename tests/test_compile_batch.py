@@ -192,6 +192,12 @@ def test_compile_history_keeps_real_compiles_only(tiny, tmp_path, monkeypatch):
     static.StaticSequence(tiny.model, state).forward([static.Segment(0, [1, 2, 3], keep=1)], [])
     state.finish_warm_up()
     assert state.shapes and not (tmp_path / compile_wait.HISTORY).exists()
-    compile_wait.remember(torch.device("cpu"), [30.0, 50.0])
-    each, source = compile_wait.per_shape(torch.device("cpu"))
-    assert each == 40.0 and "median of 2 shapes" in source
+    compile_wait.remember(torch.device("cpu"), [30.0, 50.0], tiny.model)
+    built, read, source = compile_wait.per_shape(torch.device("cpu"), tiny.model)
+    assert built == 40.0 and "built: median of 2 shapes" in source and "read: a guess" in source
+    compile_wait.remember(torch.device("cpu"), [(2.0, True), (60.0, False)], tiny.model)
+    built, read, _ = compile_wait.per_shape(torch.device("cpu"), tiny.model)
+    assert (built, read) == (50.0, 2.0)
+    # another model's history promises nothing for this one: a tiny model's seconds never stand in for a real one's
+    other, _, source = compile_wait.per_shape(torch.device("cpu"), torch.nn.Linear(4, 4))
+    assert other == compile_wait.DEFAULT_S[("cpu", "built")] and "guess" in source

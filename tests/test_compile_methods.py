@@ -91,8 +91,8 @@ def runs():
              for name, method in methods.items()
              for label, (module, function) in compile_run.compiled_calls(method).items()}
     for method in methods.values():  # Hidden Transfer's layer edits, every tree state's (as enable_run declares them)
-        for width, edits in getattr(getattr(method, "proposer", None), "declared_edits", lambda plan: [])(
-                getattr(method, "plans", {1: None})[1]):
+        for width, edits in getattr(getattr(method, "proposer", None), "declared_edits", lambda tree: [])(
+                getattr(method, "trees", {1: None})[1]):
             states["target"].declare_edits(width, (True, True, True), edits)
     try:
         counters = {role: _Counted(state.fn) for role, state in states.items()}

@@ -52,7 +52,7 @@ def ensure_profile(cfg, target) -> None:
     from ..core.machine.hardware import hardware_slug
     from ..core.model.load import dtype_name, model_slug
     from ..methods import get_method
-    from ..methods.tree.plan import tree_spec
+    from ..methods.tree.batch_trees import tree_spec
     from ..planning.profile import save
     from ..planning.profile_compiled import measure_compiled
 
@@ -122,7 +122,7 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
     edits = {m.name for m in methods if getattr(getattr(m, "proposer", None), "edits_layers", False)}
     for m in methods:  # its layers take the edits before anything compiles; every tree state's edits at batch 1
         if m.name in edits:  # compiled in warm-up (a state its warm-up prompt never reaches too)
-            for width, layer_edits in m.proposer.declared_edits(m.plans[1]):
+            for width, layer_edits in m.proposer.declared_edits(m.trees[1]):
                 states["target"].declare_edits(width, (True, True, True), layer_edits)
     for b, per in trees.items():
         for name, tree in per.items():
@@ -134,14 +134,14 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
         state.expected = sum(len(state.chain) + len(tree_widths[b]) + len(state.tree_chain) for b in sizes)
         said = f" (buckets {state.chain}" + (f", tree widths {tree_widths[1]}" if tree_widths[1] else "") + \
             (f"; at batch sizes {batched} too" if batched else "") + ")"
-        compile_wait.say_expected(role, state.device, state.expected, said)
+        compile_wait.say_expected(role, state.device, state.expected, said, model=state.model)
     for m in methods:  # a method's small forwards of its own (Medusa's heads), each its own static-shape graph
         for name, (module, function) in compiled_calls(m).items():
             if compile_call.call_of(module) is None:
                 role = f"{m.name} {name}"
                 states[role] = compile_call.enable(module, function, role, states["target"].device)
                 _FEATURE_STATES.append(weakref.ref(states[role]))
-                compile_wait.say_expected(role, states[role].device, 1, " (one row)")
+                compile_wait.say_expected(role, states[role].device, 1, " (one row)", model=module)
     eager = sorted(m.name for m in methods if not getattr(m, "static_engine", True))
     if eager:
         console.print(f"[yellow]note[/] --compile: {', '.join(eager)} decode(s) over their own caches, not the static "

@@ -72,6 +72,7 @@ class Compiled:
         self.edit_shapes: dict[tuple, float] = {}
         self.edited: set[tuple] = set()  # (slots, width, embeds, masked, hidden) warm-up met with layer edits
         self.edits_ahead: list[tuple] = []  # (width, kind, edits) of batch 1 compiled by finish_warm_up (declare_edits)
+        self.read_back: dict[tuple, bool] = {}  # a key of any table -> inductor's cache served its first call
         self.batch_kv: dict[int, StaticKV] = {}  # slots -> the static batch's cache (core/batch/static_batch.py)
         self.met: dict[int, set] = {}  # slots -> the kinds of input its forwards met (what finish_warm_up compiles)
         self.expected = 0  # shapes this state is expected to compile (the progress lines' total)
@@ -231,7 +232,7 @@ class Compiled:
             if not self.shapes and not self.batch_shapes:  # the first compile of this model: the wait to expect
                 _say_start(self.name, self.device)
             _sync(self.device)
-            t0 = time.perf_counter()
+            t0, hits = time.perf_counter(), compile_wait.cache_hits()
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed (cloned)
         if self.frozen:  # nothing compiles after warm-up: a shape that would recompile runs eagerly, counted
@@ -255,9 +256,10 @@ class Compiled:
         if first:
             _sync(self.device)
             table[key] = time.perf_counter() - t0
+            self.read_back[key] = compile_wait.cache_hits() > hits  # inductor's cache served it: not built here
             self.done += 1
             said = (slots, *key[-5:-1]) if edits else key if slots > 1 else (1, *key)
-            compile_wait.said(self.name, said, table[key], self.done, self.expected)
+            compile_wait.said(self.name, said, table[key], self.done, self.expected, self.read_back[key])
         return out
 
     @torch.inference_mode()  # as every decode runs: a graph compiled outside it would compile again inside
@@ -291,8 +293,9 @@ class Compiled:
             kv.lengths = [0] * slots
         self.frozen = True
         if hasattr(self.fn, "_torchdynamo_orig_callable"):  # torch.compile's own function: real compile seconds
-            compile_wait.remember(self.device, [*self.shapes.values(), *self.batch_shapes.values(),
-                                                *self.edit_shapes.values()])
+            compile_wait.remember(self.device, [(seconds, self.read_back.get(key, False)) for key, seconds in
+                                                [*self.shapes.items(), *self.batch_shapes.items(),
+                                                 *self.edit_shapes.items()]], self.model)
 
     def _dummy(self, width: int, embeds: bool, masked: bool, hidden: bool, start: int, slots: int = 1,
                edits: tuple | None = None) -> None:

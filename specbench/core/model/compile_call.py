@@ -100,7 +100,7 @@ class CompiledCall:
         """Freeze: the shapes warm-up met are compiled; nothing compiles from here on."""
         self.frozen = True
         if self.shapes and hasattr(self.fn, "_torchdynamo_orig_callable"):
-            compile_wait.remember(self.device, list(self.shapes.values()))
+            compile_wait.remember(self.device, list(self.shapes.values()), self.model)
 
     def report(self) -> dict:
         """Its part of run.yaml's `compile:` block."""

@@ -55,13 +55,13 @@ def check_transfer_layers(layers: Sequence[int], num_layers: int, model: str = "
 
 
 @dataclass
-class TransferStep:
+class LayerTransfer:
     """One transfer at one layer: inputs `slots` [P] of the forward become project(source) [P, H].
 
     sources: LongTensor [P] = indices of real inputs of the same forward (their hidden states entering `layer`), or
     a float tensor [P, H] of hidden states given directly (captured earlier, e.g. for positions in the KV cache).
     weight: project's matrix [H, H] where project(h) = h @ weight^T (what a compiled forward applies inside its graph),
-    None where the step is only a function."""
+    None where the transfer is only a function."""
 
     layer: int  # decoder layer index (0-based) whose input is replaced: the state after `layer` layers
     slots: torch.Tensor  # [P] long: input indices of the pseudo positions
@@ -71,41 +71,42 @@ class TransferStep:
 
 
 class transferred:
-    """Within this block every forward of `model` applies the transfer steps (a pre-hook on each transfer layer).
+    """Within this block every forward of `model` applies the transfers (a pre-hook on each transfer layer).
     Slots and sources index the hidden states flattened over batch and sequence ([B, q, H] as [B * q, H]): at batch 1
     the input index itself; in a batched forward, where each sample's inputs lie (core/batch/ragged.py's and
     core/batch/padded.py's `places`).
-    `layer_edits()`: the same steps as data, for a compiled forward that applies them inside its graph (the static
+    `layer_edits()`: the same transfers as data, for a compiled forward that applies them inside its graph (the static
     engines under --compile: core/model/compile_graph.py) instead of entering the block."""
 
-    def __init__(self, model, steps: Sequence[TransferStep]):
-        self.model, self.steps = model, [s for s in steps if s.slots.numel()]
+    def __init__(self, model, transfers: Sequence[LayerTransfer]):
+        self.model, self.transfers = model, [t for t in transfers if t.slots.numel()]
         self._handles: list = []
 
     def layer_edits(self) -> tuple | None:
-        """((layer, slots [P], sources [P], weight [H, H]), ...): every step with in-forward sources and a weight;
-        None where a step has neither (captured sources, a bare function): such steps run eagerly only."""
-        if any(s.weight is None or s.sources.dtype != torch.long for s in self.steps):
+        """((layer, slots [P], sources [P], weight [H, H]), ...): every transfer with in-forward sources and a weight;
+        None where one has neither (captured sources, a bare function): such transfers run eagerly only."""
+        if any(t.weight is None or t.sources.dtype != torch.long for t in self.transfers):
             return None
-        return tuple((s.layer, s.slots, s.sources, s.weight) for s in self.steps)
+        return tuple((t.layer, t.slots, t.sources, t.weight) for t in self.transfers)
 
     def __enter__(self):
         layers = decoder_layers(self.model)
-        for step in self.steps:
-            def hook(_module, args, kwargs, step=step):
+        for transfer in self.transfers:
+            def hook(_module, args, kwargs, transfer=transfer):
                 hidden = args[0] if args else kwargs["hidden_states"]  # [B, q, H]
                 dev = hidden.device  # under a device map: the previous layer's device (runs before accelerate's)
                 flat = hidden.reshape(-1, hidden.shape[-1])  # [B * q, H]
-                if step.sources.dtype == torch.long:
-                    src = flat[step.sources.to(dev)]  # [P, H]
+                if transfer.sources.dtype == torch.long:
+                    src = flat[transfer.sources.to(dev)]  # [P, H]
                 else:
-                    src = step.sources.to(dev, hidden.dtype)
-                new = flat.index_copy(0, step.slots.to(dev), step.project(src).to(dev, hidden.dtype)).view_as(hidden)
+                    src = transfer.sources.to(dev, hidden.dtype)
+                moved = transfer.project(src).to(dev, hidden.dtype)
+                new = flat.index_copy(0, transfer.slots.to(dev), moved).view_as(hidden)
                 if args:
                     return (new, *args[1:]), kwargs
                 return args, {**kwargs, "hidden_states": new}
 
-            self._handles.append(layers[step.layer].register_forward_pre_hook(hook, with_kwargs=True))
+            self._handles.append(layers[transfer.layer].register_forward_pre_hook(hook, with_kwargs=True))
         return self
 
     def __exit__(self, *exc) -> None:
