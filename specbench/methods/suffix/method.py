@@ -35,8 +35,9 @@ MAX_DEPTH = Option("suffix_max_depth", int, 64, "the suffix trees' depth: longes
                    "(ArcticInference's default)", minimum=2)
 ALPHA = Option("suffix_alpha", float, 1.0, "a tree holds at most alpha x the match length + --suffix-offset tokens "
                "(the paper's MAX_SPEC = alpha p; ArcticInference's max_spec_factor default)", minimum=0.0)
-OFFSET = Option("suffix_offset", float, 0.0, "tokens a tree may hold beyond alpha x the match length "
-                "(ArcticInference's max_spec_offset)", minimum=0.0)
+OFFSET = Option("suffix_offset", float, 4.0, "tokens a tree may hold beyond alpha x the match length, so that a short "
+                "match still drafts a few (ArcticInference's max_spec_offset; 0: the paper's MAX_SPEC = alpha p)",
+                minimum=0.0)
 MIN_PROB = Option("suffix_min_prob", float, 0.1, "a node's score (the empirical probability of reaching it) must be "
                   "at least this (ArcticInference's min_token_prob default)", minimum=0.0)
 MAX_SPEC = Option("suffix_max_spec", int, 16, "most tokens one tree holds (the verify forward's width less one)",
