@@ -51,7 +51,7 @@ def main() -> None:
           f"{'pred (step)':>11} {'tau':>5}")
     for name in args.methods.split(","):
         method = get_method(name)(target, {"tree": "auto"})
-        tf = method.plan.tree_file
+        tf = method.batch_tree.tree_file
         tree = tf.tree(0)
         # both on the profile's clock (DraftPricing.clock: profile L(1) over the target's forward timed now)
         bare, step = bare_ms(method) * method.pricing.clock(), method.pricing.ms_here(tree)

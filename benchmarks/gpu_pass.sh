@@ -14,6 +14,9 @@
 #   STEPS="run-dynamic run-static run-batch-large" DEADLINE=250 bash .gpu2/gpu_pass.sh
 # The CUDA-graph steps run only when named, after run-fp32 (the eager side, same GSM8K prompts):
 #   STEPS="run-fp32 profile-graphs run-graphs run-graphs-batch graphs-goal" DEADLINE=575 bash .gpu2/gpu_pass.sh
+# Vicuna-7B's shape end to end under synthetic acceptance (PPD's, Medusa's and EAGLE's published acceptance, each
+# its own), eager and under CUDA graphs, each beside plan's prediction and the papers' 2.24x / 2.09x / 2.18x (A100):
+#   STEPS="synth-7b synth-7b-graphs" DEADLINE=575 bash .gpu2/gpu_pass.sh
 set -u
 DEADLINE=${DEADLINE:-575}
 DEV=${DEV:-cuda}
@@ -86,5 +89,16 @@ step profile-graphs 150 bash -c "cd '$G' && $S profile --device '$DEV' --dtype f
 step run-graphs 300 bash -c "cd '$G' && $S run --device '$DEV' --dtype float32 --compile $M -d gsm8k --limit '$LIMIT' --max-new-tokens '$TOK' --out '$G/run'"
 step run-graphs-batch 150 bash -c "cd '$G' && $S run --device '$DEV' --dtype float32 --compile -m sd -m ppd -m eagle -b 1,4 -d gsm8k --limit 8 --max-new-tokens 64 --out '$G/batch'"
 step graphs-goal 30 python3 benchmarks/compile_compare.py results/gpu-fp32 "$G/run" --goal-ar 3
+# random:vicuna-7b (Vicuna-7B's shape, random weights built on the GPU) in float16: its profile filed inside
+# results/synth-7b/ (eager, and @compiled for graphs), then ppd, medusa and eagle with random heads / drafter of the
+# published shapes, every drafted token kept or not by a seeded draw from acceptance/published/vicuna-7b/<method>.yaml
+# (run --synthetic-acceptance FOLDER). report.md's "Synthetic acceptance: measured vs plan" puts plan's prediction on
+# the same curve and acceptance beside each measured speedup (the error split into tau and step cost) and the
+# paper's measured speedup beside both.
+Y=$PWD/results/synth-7b; ACC=$PWD/acceptance/published/vicuna-7b; mkdir -p "$Y"
+SY="--model random:vicuna-7b --device $DEV --dtype float16"
+SYRUN="-m ppd -m medusa -m eagle --synthetic-acceptance $ACC -d gsm8k --limit 3 --max-new-tokens 128"
+step synth-7b 240 bash -c "cd '$Y' && $S profile $SY --widths 1,2,4,8,16,32,64 --kv-length 512 --repeats 5 && $S run $SY $SYRUN --out '$Y/eager'"
+step synth-7b-graphs 300 bash -c "cd '$Y' && $S profile $SY --compile --widths 1,2,4,8,16,32,64 --kv-length 512 --repeats 5 && $S run $SY --compile $SYRUN --out '$Y/graphs'"
 step hf-generate 45 python3 benchmarks/ar_vs_hf_generate.py --dataset gsm8k --limit 4 --max-new-tokens 64 --dtype float32 --device "$DEV"
 echo "all done t=${SECONDS}s"

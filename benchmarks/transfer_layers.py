@@ -27,16 +27,16 @@ from specbench.data import datasets as ds
 from specbench.methods.hidden_transfer import artifact as tp
 from specbench.train.selfdistill import greedy_continuations, render, training_sequences
 from specbench.train.settings import TRAINING_MIX
-from specbench.methods.hidden_transfer.training import make_step_loss
+from specbench.methods.hidden_transfer.training import make_update_loss
 from specbench.train.optimiser import optimise
 from specbench.methods.hidden_transfer.scoring import transfer_ranks
 
 
 def accuracy(target, proj, refs) -> list[tuple[float, float]]:
-    """Per step: (top-1, top-5) accuracy over every reply position of the held-out references."""
+    """Per transfer: (top-1, top-5) accuracy over every reply position of the held-out references."""
     ranks = torch.cat([transfer_ranks(target, proj, ids, start) for ids, start in refs])  # [P, k]
     out = []
-    for j in range(proj.steps):
+    for j in range(proj.depth):
         col = ranks[:, j][ranks[:, j] >= 0]
         out.append((float((col < 1).float().mean()), float((col < 5).float().mean())))
     return out
@@ -69,7 +69,7 @@ def main() -> None:
         proj = tp.TransferProjections(hidden, chosen)
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as scratch:  # the loop's checkpoint is not kept
-            optimise(proj, make_step_loss(target, proj, seqs, 32), steps=args.steps, lr=1e-3, save_every=10 ** 9,
+            optimise(proj, make_update_loss(target, proj, seqs, 32), steps=args.steps, lr=1e-3, save_every=10 ** 9,
                      ckpt_path=Path(scratch) / "state.pt", settings={}, resume=False, label=f"layers {chosen}")
         proj.requires_grad_(False)
         return accuracy(target, proj, refs), time.perf_counter() - t0

@@ -87,7 +87,7 @@ def progress_bar() -> Progress:
 
 
 # The ETA's rate is taken over this much of the recent past: a run's steps (a method's turn: seconds to minutes) are
-# uneven, and rich's default 30 s holds one or two of them, so its ETA swung with whichever method ran last.
+# uneven, and rich's default 30 s holds one or two of them, so its ETA would swing with whichever method ran last.
 SPEED_WINDOW_S = 600.0
 
 

@@ -115,7 +115,7 @@ def make(name, tiny):
 
 def plan(method, sizes):
     with console.capture() as said:
-        method.plan_batches(sizes)
+        method.choose_per_batch_size(sizes)
     return " ".join(said.get().split())
 
 
@@ -127,20 +127,20 @@ def test_tree_auto_per_batch_size_builds_uses_and_switches(tiny, store_dir):
     said = plan(method, [2, 4])
     b4 = store_dir / "trees" / "tiny" / f"{HW}-float32-b4.yaml"
     assert b4.is_file() and "built it now from L(B=4, w)" in said
-    assert method.plans[4].tree_file.size < one.size  # steep L(4, w): a smaller tree
+    assert method.trees[4].tree_file.size < one.size  # steep L(4, w): a smaller tree
     # the profile has no batch size 2: batch 1's tree, and the note names the command that measures it
-    assert method.plans[2] is method.plans[1]
+    assert method.trees[2] is method.trees[1]
     assert "batch size 2 decodes with batch 1's tree" in said and "--batch-size 1,2" in said
     assert method.tree_file is one  # planning leaves batch 1's tree active
     method.start_batch("unpadded", 4)
-    assert method.tree_file is method.plans[4].tree_file and method.layouts is method.plans[4].layouts
+    assert method.tree_file is method.trees[4].tree_file and method.layouts is method.trees[4].layouts
     gen = method.generate(prompt_ids(0), 8, Sampling(), None)
     assert len(gen.tokens) == 8 and method.tree_file is one  # batch 1 decodes with batch 1's tree
     chosen = method.chosen()["tree_per_batch_size"]
     assert chosen[1]["size"] == one.size and chosen[4]["from"] == "L(B, w)" and chosen[2]["from"] == "batch 1"
     again, _ = make("ppd", tiny)
     assert "built it now" not in plan(again, [4])  # the next run finds the filed tree
-    assert again.plans[4].tree_file.size == method.plans[4].tree_file.size
+    assert again.trees[4].tree_file.size == method.trees[4].tree_file.size
 
 
 def test_fixed_trees_are_not_chosen_per_batch_size(tiny, store_dir):
@@ -148,7 +148,7 @@ def test_fixed_trees_are_not_chosen_per_batch_size(tiny, store_dir):
     write_acceptance(store_dir, "ppd")
     method = get_method("ppd")(tiny, {**artifact_options("ppd", tiny), "tree": "size=6"})
     plan(method, [4])
-    assert set(method.plans) == {1} and not (store_dir / "trees").exists()
+    assert set(method.trees) == {1} and not (store_dir / "trees").exists()
 
 
 def test_batched_ppd_with_its_batch_tree_equals_batch_one_ar(tiny, store_dir):

@@ -159,7 +159,7 @@ def test_enable_run_sizes_the_cache_from_the_widest_declared_forward(tiny):
 
     ppd = get_method("ppd")(tiny, dict(artifact_options("ppd", tiny), tree="size=6"))
     widths = cc.declared_tree_widths(ppd)
-    assert widths == {int(layout.visible.shape[0]) for layout in ppd.plans[1].layouts.values()} and widths
+    assert widths == {int(layout.visible.shape[0]) for layout in ppd.trees[1].layouts.values()} and widths
     pld = get_method("pld")(tiny, {"pld_draft_tokens": 2})  # verifies 3 tokens at bucket 4
     runner = types.SimpleNamespace(target=tiny, methods={"ppd": ppd, "pld": pld})
     try:

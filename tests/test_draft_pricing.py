@@ -45,7 +45,7 @@ def test_eagle_pays_per_depth_and_the_run_prices_its_own_tree(tiny, store_dir, m
 
     here = LatencyProfile("tiny", "float32", hardware_slug(tiny.device), "measured", [1, 2], {512: {"median_ms": [1.0, 1.1]}})
     assert method.draft_cost(here)(2) == pytest.approx(2.0)
-    assert priced == [method.plan.tree_file.tree(0)]
+    assert priced == [method.batch_tree.tree_file.tree(0)]
 
 
 def test_the_drafting_is_priced_on_the_profiles_clock(tiny, store_dir, monkeypatch):  # noqa: F811

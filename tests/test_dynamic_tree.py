@@ -102,7 +102,7 @@ def test_eagle_dynamic_tree_equals_ar(deep, tmp_path, tree):
     method = get_method("eagle")(deep, {"tree": tree, "artifact": str(art)})
     m = int(tree.split("=")[1])
     static_depth = method.tree_file.tree(0).depth  # the same-size tree build-tree's search chose here
-    assert method.plan.dynamic[:2] == (m, max(1, min(static_depth, m)))  # no deeper: each depth is a forward
+    assert method.batch_tree.dynamic[:2] == (m, max(1, min(static_depth, m)))  # no deeper: each depth is a forward
     seen = []
     original = method.proposer.propose
 
@@ -117,7 +117,7 @@ def test_eagle_dynamic_tree_equals_ar(deep, tmp_path, tree):
         out = method.generate(ids, 40, Sampling(), None)
         assert out.tokens == _ar(deep, ids, 40), f"{tree} prompt {seed}"
         assert sum(out.accepted_lengths) == len(out.tokens) and out.draft_s > 0
-    assert all(len(paths) == m and max(len(p) for p in paths) <= method.plan.dynamic[1] for paths in seen)
+    assert all(len(paths) == m and max(len(p) for p in paths) <= method.batch_tree.dynamic[1] for paths in seen)
     if tree == "dynamic=12":
         assert len(set(seen)) > 1  # the tree adapts to the context
 

@@ -21,8 +21,8 @@ from specbench.run.config import RunConfig
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install "
                                 "'specbench[llamacpp]'; `make test` installs it)")
 
-from specbench.engines import llama_cpp as engine  # noqa: E402  (needs llama_cpp importable for its hooks)
-from specbench.engines.common import check_methods  # noqa: E402
+from specbench.backends import llama_cpp as engine  # noqa: E402  (needs llama_cpp importable for its hooks)
+from specbench.backends.common import check_methods  # noqa: E402
 from specbench.run.work import load_datasets as load_work  # noqa: E402
 
 # 1 thread: llama.cpp's OpenMP threads spin at their barriers, and on a loaded 2-core runner 2 threads crawl
@@ -94,7 +94,7 @@ def test_counts_on_a_known_answer(prompts):
     """The hooks count what the engine did: with a draft that proposes ar's own answer, every draft is accepted
     and the forwards are exactly 1 + ceil((n - 1) / (k + 1))."""
     from specbench.data import datasets as ds
-    from specbench.engines.llama_hooks import MeteredDraft
+    from specbench.backends.llama_hooks import MeteredDraft
 
     cfg = check_methods(RunConfig(methods=("ar", "pld"), datasets=(str(prompts),), **QUICK), engine.SUPPORTED,
                         "llama.cpp")
@@ -170,10 +170,10 @@ def test_reports_say_the_engine_and_compare_engines(llama_run, tmp_path):
     its ar agreement is known: every turn equal, tok/s ratio 1)."""
     import shutil
 
-    from specbench.report.engines import cross_engine_section, cross_engine_table, engine_section
+    from specbench.report.backends import cross_backend_section, cross_backend_table, backend_section
     from specbench.report.summary import read_records
 
-    report = "\n".join(engine_section(read_records(llama_run), yaml.safe_load((llama_run / "run.yaml").read_text())))
+    report = "\n".join(backend_section(read_records(llama_run), yaml.safe_load((llama_run / "run.yaml").read_text())))
     assert "## Engine: llama.cpp" in report and "`pld` matched llama.cpp `ar` on " in report
     twin = tmp_path / "specbench"
     shutil.copytree(llama_run, twin)
@@ -182,13 +182,13 @@ def test_reports_say_the_engine_and_compare_engines(llama_run, tmp_path):
     (twin / "run.yaml").write_text(yaml.safe_dump(meta))
     records = pd.read_csv(twin / "records.csv", keep_default_na=False, dtype=str)
     records.assign(engine="specbench").to_csv(twin / "records.csv", index=False)
-    table, shared = cross_engine_table([twin, llama_run])
+    table, shared = cross_backend_table([twin, llama_run])
     assert shared == 2 and set(table.engine) == {"specbench", "llama.cpp"}
     ar = table[(table.engine == "llama.cpp") & (table.method == "ar")].iloc[0]
     assert ar.same_as_specbench_ar == "2/2" and ar.vs_specbench_ar == 1.0 and ar.same_prompt_length == "2/2"
     pld = table[(table.engine == "llama.cpp") & (table.method == "pld")].iloc[0]
     assert pld.speedup > 0 and pld.tau > 1 and pld.lossless.endswith("/2")
-    section = cross_engine_section([twin, llama_run], tmp_path)  # what `specbench report A B` adds to summary.md
+    section = cross_backend_section([twin, llama_run], tmp_path)  # what `specbench report A B` adds to summary.md
     assert section[0] == "## Across engines" and (tmp_path / "engines.csv").exists()
     assert "llama.cpp `ar` (run) ran 1.00x specbench `ar`'s tok/s" in "\n".join(section)
 

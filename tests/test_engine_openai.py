@@ -12,16 +12,17 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.engines import openai_acceptance as acc
-from specbench.engines.openai_client import Endpoint, ServerError
-from specbench.engines.openai_load import closed_loop, open_loop, poisson_arrivals, request_arrivals
+from specbench.backends import openai_acceptance as acc
+from specbench.backends.openai_client import Endpoint, ServerError
+from specbench.backends.openai_load import closed_loop, open_loop, poisson_arrivals, request_arrivals
 from specbench.data.specs import Prompt
-from specbench.engines.openai_server import ask, converse, parse_concurrency, parse_slo, Server
+from specbench.backends.openai_server import ask, converse, parse_concurrency, parse_slo, Server
 from specbench.errors import SpecbenchError
 from specbench.methods.base import Generation
 from specbench.report.serving import goodput, percentile, serving_numbers, serving_table
@@ -184,17 +185,17 @@ def test_counters_of_recorded_server_payloads_give_the_tokens_per_step():
     assert c.steps == 149.0 and 1 + c.steps + c.accepted == chunk["usage"]["completion_tokens"]
     assert c.summary()["acceptance_length"] == pytest.approx(1 + 515 / 149, abs=1e-4)
     # the row's target forwards: the prompt's plus the decode steps; tau = tokens / forwards
-    from specbench.engines.openai_client import Streamed
-    from specbench.engines.openai_server import Outcome, Phase, row
+    from specbench.backends.openai_client import Streamed
+    from specbench.backends.openai_server import Outcome, Phase, row
     from specbench.run.config import RunConfig
-    from specbench.run.records import LosslessCheck
+    from specbench.run.records import LosslessOutcome
 
     streamed = Streamed(tokens=["x"] * 665, text="x" * 665, token_times=[0.1 + i * 0.01 for i in range(665)],
                         wall_s=7.0, unit="tokens", finish_reason="length", usage=chunk["usage"], extra=chunk)
     env = {"dtype": "server", "device": "cpu", "hardware": "h", "threads": 1, "engine": "openai", "torch": "",
            "transformers": "", "git": "", "placement": "openai:test"}
     record = row(RunConfig(), env, "m", Phase("spec", "-", 1), "d", Prompt("p", ("hi",)), Outcome(0, streamed),
-                 LosslessCheck(), 665)
+                 LosslessOutcome(), 665)
     assert record.target_forwards == 150 and record.tau == pytest.approx(665 / 150, abs=1e-4)
     assert record.accepted_drafts == 515 and record.drafted == 604
 
@@ -215,6 +216,8 @@ class Fake(BaseHTTPRequestHandler):
     hang = False
     refuse_logprobs = False  # answers 400 to a request asking for logprobs (as some servers do)
     seen = 0
+    reply = ("He", "llo", "!")  # the streamed tokens
+    top = None  # per position, {token: score}: returned as top_logprobs when a request asks for them
 
     def log_message(self, *args):  # quiet
         pass
@@ -240,10 +243,12 @@ class Fake(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        for tok in ("He", "llo", "!"):
+        for i, tok in enumerate(self.reply):
+            entry = {"token": tok, "logprob": -0.1}
+            if body.get("top_logprobs") and self.top:
+                entry["top_logprobs"] = [{"token": t, "logprob": v} for t, v in self.top[i].items()]
             delta = {"choices": [{"index": 0, "delta": {"content": tok}, "finish_reason": None,
-                                  "logprobs": {"content": [{"token": tok, "logprob": -0.1}]} if body.get("logprobs")
-                                  else None}]}
+                                  "logprobs": {"content": [entry]} if body.get("logprobs") else None}]}
             self.wfile.write(f"data: {json.dumps(delta)}\n\n".encode())
             self.wfile.flush()
         end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
@@ -405,3 +410,129 @@ def test_a_server_without_logprobs_is_compared_as_text(tmp_path, fake, prompts_f
     assert (records[records.method == "spec"].lossless == "match").all()
     assert json.loads((out / "serving.json").read_text())["lossless_unit"] == "text"
     assert pd.read_csv(out / "summary.csv").set_index("method").speedup["ar"] == 1.0
+
+
+# ------------------------------------------------------------------------------- a server run in the one run loop
+
+def server_run(out, spec, baseline, prompts_file, *extra):
+    return cli.invoke(app, ["run", "--engine", "openai", "--base-url", spec, "--baseline-url", baseline,
+                            "--dataset", str(prompts_file), "--limit", "2", "--max-new-tokens", "3", "--warmup", "0",
+                            "--out", str(out), *extra])
+
+
+def test_a_server_run_is_checked_by_the_runner_and_its_speedups_are_the_shared_comparisons(tmp_path, fake,
+                                                                                           prompts_file, monkeypatch):
+    from specbench.run import intervals
+    from specbench.run.runner import Runner
+
+    checked = []
+    check_prompt = Runner.check_prompt
+
+    def spy(self, dataset, prompt, results, reference):
+        checked.append((prompt.id, tuple(sorted(results))))
+        return check_prompt(self, dataset, prompt, results, reference)
+
+    monkeypatch.setattr(Runner, "check_prompt", spy)
+    baseline, _ = fake()
+    spec, _ = fake()
+    out = tmp_path / "run"
+    result = server_run(out, spec, baseline, prompts_file, "--concurrency", "1,2")
+    assert result.exit_code == 0, result.output
+    # every prompt at each of the two levels went through the runner's lossless check, both servers together
+    assert len(checked) == 4 and all(labels == ("ar", "spec") for _, labels in checked)
+    records = pd.read_csv(out / "records.csv", keep_default_na=False, dtype={"prompt_id": str})
+    assert (records[records.method == "spec"].lossless == "match").all()
+    assert sorted(set(zip(records.batch_size, records.batching))) == [(1, "-"), (2, "closed")]
+    # the summary's spec row at concurrency 1: the pooled speedup and the bootstrap interval of run/intervals.py
+    one = records[records.batch_size == 1].assign(wall_s=lambda r: r.wall_s.astype(float))
+    pairs = intervals.turn_pairs(one[one.method == "spec"], one[one.method == "ar"], ["dataset", "prompt_id", "turn"])
+    low, high = intervals.interval(pairs)
+    summary = pd.read_csv(out / "summary.csv")
+    row = summary[(summary.method == "spec") & (summary.batch_size == 1)].iloc[0]
+    pooled = (pairs.new_tokens.sum() / pairs.wall_s.sum()) / (pairs.new_tokens_ar.sum() / pairs.wall_s_ar.sum())
+    assert row.speedup == pytest.approx(pooled, rel=2e-3)
+    assert (row.speedup_lo, row.speedup_hi) == (pytest.approx(low, abs=1e-3), pytest.approx(high, abs=1e-3))
+    assert len(summary[summary.method == "spec"]) == 2  # one speedup row per level
+
+
+def test_a_ctrl_c_server_run_resumes_its_unfinished_levels(tmp_path, fake, prompts_file, monkeypatch):
+    import yaml
+
+    from specbench.backends import openai_server
+
+    baseline, ar_handler = fake()
+    spec, spec_handler = fake()
+    out = tmp_path / "run"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:  # Ctrl-C while the second level (2 in flight) runs
+        patch.setattr(openai_server, "closed_loop", interrupted)
+        result = server_run(out, spec, baseline, prompts_file, "--concurrency", "1,2")
+    said = " ".join(result.output.split())  # the console wraps long lines
+    assert result.exit_code == 130 and "--resume" in said and "whole load levels" in said
+    records = pd.read_csv(out / "records.csv", keep_default_na=False)
+    assert set(records.batching) == {"-"} and len(records) == 2 * 2  # the first level kept whole
+    serving = json.loads((out / "serving.json").read_text())
+    assert {p["batching"] for p in serving["phases"]} == {"-"}
+    with monkeypatch.context() as patch:  # a server upgraded since: its levels would not compare with the kept ones
+        patch.setattr(openai_server, "server_version", lambda server: "9.9")
+        result = server_run(out, spec, baseline, prompts_file, "--concurrency", "1,2", "--resume")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "measured on other servers" in said and "9.9" in said
+    assert "Traceback" not in result.output and len(pd.read_csv(out / "records.csv")) == 4
+    sent = ar_handler.seen + spec_handler.seen
+    result = server_run(out, spec, baseline, prompts_file, "--concurrency", "1,2", "--resume")
+    assert result.exit_code == 0, result.output
+    assert "1 load level(s) kept, 1 to go" in " ".join(result.output.split())
+    assert ar_handler.seen + spec_handler.seen - sent == 2 * 2  # the second level only: 2 servers x 2 prompts
+    records = pd.read_csv(out / "records.csv", keep_default_na=False)
+    assert sorted(set(zip(records.batch_size, records.batching))) == [(1, "-"), (2, "closed")] and len(records) == 8
+    assert not records.duplicated(["method", "prompt_id", "turn", "batch_size", "batching"]).any()
+    tokens = (out / "tokens.jsonl").read_text().splitlines()
+    assert len(tokens) == len(records)
+    serving = json.loads((out / "serving.json").read_text())
+    assert sorted((p["server"], p["batching"]) for p in serving["phases"]) == [
+        ("ar", "-"), ("ar", "closed"), ("spec", "-"), ("spec", "closed")]
+    assert yaml.safe_load((out / "run.yaml").read_text())["complete"] is True
+    result = server_run(out, spec, baseline, prompts_file, "--concurrency", "1,2", "--resume")
+    assert result.exit_code == 0 and "Nothing to resume" in " ".join(result.output.split())
+
+
+def test_a_servers_mismatch_is_explained_from_the_baselines_logits(tmp_path, fake, prompts_file):
+    # the baseline answers "He llo !", the spec server "He y !": a mismatch at token 1, where the baseline's scores
+    # (asked again with top_logprobs) are logits 0.01 apart: within the rounding's tolerance, a near-tie
+    logits = [{"He": 20.0, "Hi": 3.0}, {"llo": 12.0, "y": 11.99, "i": 2.0}, {"!": 9.0}]
+    baseline, ar_handler = fake(top=logits)
+    spec, _ = fake(reply=("He", "y", "!"))
+    out = tmp_path / "run"
+    result = server_run(out, spec, baseline, prompts_file)
+    assert result.exit_code == 0, result.output
+    records = pd.read_csv(out / "records.csv", keep_default_na=False)
+    spec_rows = records[records.method == "spec"]
+    assert (spec_rows.lossless == "mismatch@1").all() and (spec_rows.mismatch_explained == "near-tie").all()
+    assert spec_rows.mismatch_logit_gap.astype(float).tolist() == pytest.approx([0.01, 0.01], abs=1e-6)
+    assert ar_handler.seen == 2 + 2  # two measured requests and one explaining request per mismatch
+    # log-probabilities carry no logit scale: the gap, and no verdict with the reason
+    logprobs = [{"He": -0.01}, {"llo": -0.7, "y": -0.71}, {"!": -0.1}]
+    baseline, _ = fake(top=logprobs)
+    out = tmp_path / "run2"
+    assert server_run(out, spec, baseline, prompts_file).exit_code == 0
+    records = pd.read_csv(out / "records.csv", keep_default_na=False)
+    spec_rows = records[records.method == "spec"]
+    assert spec_rows.mismatch_explained.str.startswith("no verdict: the server gives log-probabilities").all()
+    assert spec_rows.mismatch_logit_gap.astype(float).tolist() == pytest.approx([0.01, 0.01], abs=1e-6)
+
+
+def test_scores_verdict_reads_logits_and_refuses_log_probabilities():
+    from specbench.backends.openai_lossless import are_logits, scores_verdict
+
+    assert are_logits(np.array([12.0, 11.0])) and are_logits(np.array([-0.01, -0.02]))  # exp sums above 1
+    assert not are_logits(np.array([-0.1, -3.0]))
+    assert scores_verdict({"a": 12.0, "b": 11.99}, "a", "b")[1] == "near-tie"
+    gap, verdict = scores_verdict({"a": 12.0, "b": 6.0}, "a", "b")
+    assert verdict == "unexplained" and gap == pytest.approx(6.0)
+    assert scores_verdict({"a": 12.0, "b": 6.0}, "a", "z")[1] == "unexplained"  # below every listed score
+    assert scores_verdict({"a": -0.1, "b": -3.0}, "a", "b")[1].startswith("no verdict")
+    assert scores_verdict({"b": 1.0}, "a", "b")[1].startswith("no verdict")

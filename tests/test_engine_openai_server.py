@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("lla
                                                    reason="llama_cpp not installed (pip install 'specbench[llamacpp]')")]
 
 # The server, with llama.cpp's extra weight buffers off: llama-cpp-python 0.3.36 built natively on an AMX Xeon
-# crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the Q4_1 GGUF with them on (engines/llama_cpp.py checks it the
+# crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the Q4_1 GGUF with them on (backends/llama_cpp.py checks it the
 # same way); Llama takes no argument for it, so the default model parameters are patched before the server loads.
 LAUNCH = """
 import sys

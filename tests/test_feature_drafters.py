@@ -57,6 +57,20 @@ def test_group_training_matches_cached_inference(deep):
             assert torch.allclose(group_out[g], masks, atol=1e-5)
 
 
+def test_restricted_head_logits_keep_leading_dims(deep):
+    """A drafter restricted to --vocab-top tokens gives the same logits per row whether the features come as [n, H]
+    (a proposer) or [B, n, H] (a batch engine's step, the compiled static step included), -inf off its tokens."""
+    torch.manual_seed(0)
+    vocab = deep.model.config.vocab_size
+    d = fd.FeatureDrafter(deep.model, 0, torch.tensor([3, 7, 11, 200])).eval()
+    feats = torch.randn(5, deep.model.config.hidden_size)
+    with torch.no_grad():
+        flat, batched = d.logits(feats), d.logits(feats[None])
+    assert flat.shape == (5, vocab) and batched.shape == (1, 5, vocab)
+    assert torch.equal(batched[0], flat)
+    assert torch.isinf(flat[:, 4]).all() and torch.isfinite(flat[:, [3, 7, 11, 200]]).all()
+
+
 @pytest.mark.parametrize("name,options", [("eagle", {"tree": "size=1"}), ("eagle", {"tree": "size=6"}),
                                           ("eagle", {"tree": "size=16"}), ("eagle", {"gamma": 4}),
                                           ("parallelspec", {"tree": "size=2"}), ("parallelspec", {"tree": "size=10"})])

@@ -47,7 +47,7 @@ def test_without_a_workload_the_check_is_the_load_and_a_default_kv(monkeypatch):
     params, total = fit.memory_need(qwen(), torch.float32, CPU)
     kv = 24 * 2 * 2 * 64 * 4 * mn.KV_HEADROOM_TOKENS
     assert total >= params * 4 + kv + mn.RUNTIME_HEADROOM  # float32 weights (+ a packed copy for small models)
-    with mn.planned(mn.Workload(tokens=8192, batch=2, what="a stated workload")):
+    with mn.stated_workload(mn.Workload(tokens=8192, batch=2, what="a stated workload")):
         _, planned_total = fit.memory_need(qwen(), torch.float32, CPU)
     assert planned_total - total == 24 * 2 * 2 * 64 * 4 * (8192 * 2 - mn.KV_HEADROOM_TOKENS)
     assert mn.current() == mn.Workload()  # the block's workload ends with it
@@ -58,18 +58,18 @@ def test_a_refusal_names_the_parts_and_flags_that_fit(monkeypatch):
     free = 20 * 2**30
     monkeypatch.setattr(fit, "free_memory_bytes", lambda device: free)
     work = mn.Workload(tokens=8192, batch=8, width=128, what="8192 tokens x batch 8")
-    with mn.planned(work), pytest.raises(SpecbenchError) as err:
+    with mn.stated_workload(work), pytest.raises(SpecbenchError) as err:
         fit.check_memory("meta-llama/Llama-3.1-8B", cfg, torch.float32, CPU)
     said = str(err.value)
     assert "weights 29.92 (8.03B parameters in float32)" in said and "KV cache 16.00 (8192 tokens x batch 8)" in said
     assert "20.0 GiB of memory available" in said
     assert "--dtype bfloat16 (needs" in said and "--device-map auto --max-memory cpu=18GiB" in said
-    with mn.planned(work), pytest.raises(SpecbenchError) as err:  # random weights are built whole: no map helps
+    with mn.stated_workload(work), pytest.raises(SpecbenchError) as err:  # random weights are built whole: no map helps
         fit.check_memory("random:llama-3.1-8b", cfg, torch.float32, CPU)
     said = str(err.value)
     assert "--device-map" not in said  # float32 with the same KV: 1.5B of the presets fits in 20 GiB, 7B does not
     assert said.endswith("the largest preset that fits here: --model random:qwen2.5-1.5b.")
-    with mn.planned(work), pytest.raises(SpecbenchError) as err:  # bf16: 15 GiB of weights + 4 GiB KV at batch 8
+    with mn.stated_workload(work), pytest.raises(SpecbenchError) as err:  # bf16: 15 GiB of weights + 4 GiB KV at batch 8
         fit.check_memory("random:llama-3.1-8b", cfg, torch.bfloat16, CPU)
     flag = str(err.value).split("--batch-size ")[1].split(" ")[0]
     smaller = mn.need("", cfg, torch.bfloat16, CPU, mn.Workload(tokens=8192, batch=int(flag), width=128))
@@ -107,7 +107,7 @@ def test_training_counts_the_optimiser_state_and_the_cached_features(monkeypatch
     """A Medusa run on an 8B target: 15 GiB of bf16 weights fit in 18 GiB, the heads' AdamW state (3 heads of
     4096 x 4096, float32 value + gradient + two moments) and the features cached for 600 sequences do not."""
     from specbench.train.configs import MedusaConfig
-    from specbench.train.steps import load_target
+    from specbench.train.recipe import load_target
 
     monkeypatch.setattr(fit, "free_memory_bytes", lambda device: 18 * 2**30)
     cfg = MedusaConfig(model="random:llama-3.1-8b", dtype="bfloat16", device="cpu")

@@ -176,7 +176,7 @@ def test_each_batch_size_sizes_its_shape_from_its_own_curve(tiny, monkeypatch):
     steep.meta = {"batch_size": 2}
     monkeypatch.setattr(lookahead_method, "batch_view", lambda target, b: (steep, "") if b == 2 else (None, "no L(B)"))
     method = get_method("lookahead")(tiny, {"lookahead_ngram": 3})
-    method.plan_batches([1, 2, 4])
+    method.choose_per_batch_size([1, 2, 4])
     assert method.shapes[1][0].window == 15  # no profile of random:tiny: the paper's
     assert (method.shapes[2][0].window, method.shapes[2][0].guesses) == (2, 2) and "L(B=2, w)" in method.shapes[2][1]
     assert method.shapes[4][0] == method.shapes[1][0] and "no L(B)" in method.shapes[4][1]

@@ -110,6 +110,8 @@ def test_map_end_to_end_on_a_tiny_model(tmp_path, prompts_file):
     assert set(frame.batch_size) == {1, 2} and set(frame.method) == {"ar", "pld"}
     assert frame.predicted_tok_s.notna().all() and frame.measured_tok_s.gt(0).all()
     assert (out / map_table.PROFILE_COPY).exists() and (out / "map.png").exists()
+    assert (out / map_table.STEP_COPY).exists()  # the grid's steps, measured after the run on its engines
+    assert frame.steps_predicted.gt(0).all() and frame.step_ms_predicted.gt(0).all()
     assert "Where each method pays" in (out / "report.md").read_text()
 
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from specbench.cli import app
 from specbench.core.model.load import load_model
-from specbench.methods.hidden_transfer.layers import TransferStep, capture, check_transfer_layers, transferred
+from specbench.methods.hidden_transfer.layers import LayerTransfer, capture, check_transfer_layers, transferred
 from specbench.core.verify import Sampling
 from specbench.methods.medusa import artifact as mh
 from specbench.methods.hidden_transfer import artifact as tp
@@ -109,7 +109,7 @@ def test_transfer_split_matches_a_manual_replacement(deep):
     mask = torch.zeros(n + 1, n + 1).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
     pos = torch.arange(n + 1)[None]
     w = torch.randn(64, 64) * 0.1
-    step = TransferStep(2, torch.tensor([n]), torch.tensor([n - 1]), lambda h: h @ w.T)
+    step = LayerTransfer(2, torch.tensor([n]), torch.tensor([n - 1]), lambda h: h @ w.T)
     with torch.no_grad(), transferred(model, [step]), capture(model, [2]) as seen:  # capture after the swap
         out = model.get_decoder()(inputs_embeds=x, attention_mask=mask, position_ids=pos).last_hidden_state[0]
     plain = model.get_decoder()(inputs_embeds=emb[None]).last_hidden_state[0]

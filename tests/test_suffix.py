@@ -268,7 +268,7 @@ def test_suffix_reads_each_batch_sizes_curve(tiny, monkeypatch):
     method = get_method("suffix")(tiny, {})
     assert method.costs[:8] == [1.0] * 8 and method.costs[9] == 1.2  # widths 1-8 flat, 10 costs 1.2x
     assert "profile test" in method.chosen()["suffix_width_from"]
-    method.plan_batches([1, 2, 4])
+    method.choose_per_batch_size([1, 2, 4])
     assert "L(B=2, w)" in method.widths[2][1] and "no L(B)" in method.widths[4][1]
     method.start_batch("unpadded", 4)
     assert method.costs == method.widths[1][0]

@@ -17,8 +17,8 @@ def test_a_dry_run_times_the_recipes_steps_and_projects_the_full_one(cls, extra,
     monkeypatch.chdir(tmp_path)
     cfg = cls(model="random:tiny", dtype="float32", device="cpu", new_tokens=24, prompts=30, **extra)
     result = run_dry(cls, cfg, 2)
-    assert len(result.step_s) == 2 and all(t > 0 for t in result.step_s)
-    assert result.per_step == result.step_s[1]  # the first step (optimiser state allocated) is not the typical one
+    assert len(result.update_s) == 2 and all(t > 0 for t in result.update_s)
+    assert result.per_update == result.update_s[1]  # the first step (optimiser state allocated) is not the typical one
     assert result.full_steps == {MedusaConfig: 400, EagleConfig: 1500}[cls]  # the command's default, not the 2 run
     assert result.sequences == 30 * 5  # prompts x the five sources of the default training mix
     assert result.peak_mb >= result.load_peak_mb * 0.5 > 0 and result.data_s > 0

@@ -10,7 +10,7 @@ import yaml
 
 from specbench.core.batch.cache import new_cache
 from specbench.methods.ppd import artifact as pt
-from specbench.methods.ppd.training import TrainConfig, step_loss, train
+from specbench.methods.ppd.training import TrainConfig, update_loss, train
 
 
 def _causal(n):
@@ -46,7 +46,7 @@ def test_loss_trains_only_the_prompt_tokens(tiny):
     opt = torch.optim.Adam([emb], lr=0.05)
     losses = []
     for _ in range(15):
-        loss = step_loss(tiny, emb, seq, [5, 10, 20, 25], 0.8)
+        loss = update_loss(tiny, emb, seq, [5, 10, 20, 25], 0.8)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -55,7 +55,7 @@ def test_loss_trains_only_the_prompt_tokens(tiny):
     assert all(torch.equal(before[k], v) for k, v in tiny.model.state_dict().items())
     # alpha = 0: only prompt token 0 is trained
     emb.grad = None
-    step_loss(tiny, emb, seq, [5, 10], 0.0).backward()
+    update_loss(tiny, emb, seq, [5, 10], 0.0).backward()
     assert emb.grad[0].abs().sum() > 0 and emb.grad[1:].abs().sum() == 0
 
 

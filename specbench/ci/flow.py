@@ -179,7 +179,7 @@ def _header(new: bl.Side, old: bl.Side, notes: list[str], opts: CiOptions) -> li
     return md
 
 
-def _verdicts(checks: list[gate.GateCheck]) -> dict:
+def _verdicts(checks: list[gate.GateOutcome]) -> dict:
     """(method, dataset) -> the regression verdict shown in the comparison table."""
     out = {}
     for c in checks:
@@ -212,7 +212,7 @@ def _print_comparison(delta, checks, old, notes, opts) -> None:
         console.print(f"[yellow]note[/] {escape(n)}")
 
 
-def _print_checks(checks: list[gate.GateCheck], opts: CiOptions, old: bl.Side | None) -> None:
+def _print_checks(checks: list[gate.GateOutcome], opts: CiOptions, old: bl.Side | None) -> None:
     """The gate's verdict, one line per failed or not-judged check."""
     if not opts.gated:
         return

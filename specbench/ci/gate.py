@@ -41,7 +41,7 @@ EXIT_CODES = ("exit codes with a gate: 1 a check failed; 3 not judged (timing di
 
 
 @dataclass(frozen=True)
-class GateCheck:
+class GateOutcome:
     """One CI gate's outcome for a method x dataset: the lossless, speedup-floor or regression gate."""
 
     method: str
@@ -63,7 +63,7 @@ def methods_only(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame.method.astype(str).str.split(":").str[-1].str.split(" ").str[0] != "ar"]  # "ar B=8 ..."
 
 
-def lossless_checks(summary: pd.DataFrame) -> list[GateCheck]:
+def lossless_checks(summary: pd.DataFrame) -> list[GateOutcome]:
     """A lossless method's tokens must equal ar's wherever the dtype's rounding does not explain a difference."""
     checks = []
     for r in methods_only(summary).itertuples(index=False):
@@ -71,21 +71,21 @@ def lossless_checks(summary: pd.DataFrame) -> list[GateCheck]:
         explained = getattr(r, "lossless_explained_rate", exact)
         explained = exact if _nan(explained) else explained
         if str(getattr(r, "exactness", "")) == "lossy":
-            checks.append(GateCheck(r.method, r.dataset, "lossless", "skipped", "lossy method: exactness not promised"))
+            checks.append(GateOutcome(r.method, r.dataset, "lossless", "skipped", "lossy method: exactness not promised"))
         elif _nan(exact):
-            checks.append(GateCheck(r.method, r.dataset, "lossless", "skipped",
+            checks.append(GateOutcome(r.method, r.dataset, "lossless", "skipped",
                                 "not checked: temperature > 0 or no ar reference"))
         elif explained < 1:
-            checks.append(GateCheck(r.method, r.dataset, "lossless", "failed",
+            checks.append(GateOutcome(r.method, r.dataset, "lossless", "failed",
                                 f"{1 - explained:.0%} of prompt turns differ from ar where the dtype's rounding does "
                                 "not explain it (report.md: Lossless check FAILED)"))
         else:
-            checks.append(GateCheck(r.method, r.dataset, "lossless", "passed",
+            checks.append(GateOutcome(r.method, r.dataset, "lossless", "passed",
                                 f"exact {exact:.0%}, exact or explained {explained:.0%}"))
     return checks
 
 
-def floor_checks(summary: pd.DataFrame, threshold: float, judge_disturbed: bool) -> list[GateCheck]:
+def floor_checks(summary: pd.DataFrame, threshold: float, judge_disturbed: bool) -> list[GateOutcome]:
     """--fail-below: passes when a method's speedup interval lies wholly at or above `threshold` (its lower end
     clears it), fails when it lies wholly below, and is within the noise when it straddles the threshold."""
     checks = []
@@ -95,18 +95,18 @@ def floor_checks(summary: pd.DataFrame, threshold: float, judge_disturbed: bool)
         text = f"speedup {r.speedup:.3f}" + (f" (95% interval {low:.3f}-{high:.3f})" if low != high else "")
         anyway = " (timing disturbed, judged anyway)" if shaky else ""
         if shaky and not judge_disturbed:
-            checks.append(GateCheck(r.method, r.dataset, "floor", "skipped", f"not judged: timing {r.timing}", True))
+            checks.append(GateOutcome(r.method, r.dataset, "floor", "skipped", f"not judged: timing {r.timing}", True))
         elif _nan(r.speedup) or _nan(high) or high < threshold:
-            checks.append(GateCheck(r.method, r.dataset, "floor", "failed", f"{text} < {threshold}"))
+            checks.append(GateOutcome(r.method, r.dataset, "floor", "failed", f"{text} < {threshold}"))
         elif low < threshold:
-            checks.append(GateCheck(r.method, r.dataset, "floor", "skipped", f"within the noise: {text} straddles "
+            checks.append(GateOutcome(r.method, r.dataset, "floor", "skipped", f"within the noise: {text} straddles "
                                 f"{threshold}; more prompts or --repeats would tell" + anyway, within_noise=True))
         else:
-            checks.append(GateCheck(r.method, r.dataset, "floor", "passed", f"{text} >= {threshold}" + anyway))
+            checks.append(GateOutcome(r.method, r.dataset, "floor", "passed", f"{text} >= {threshold}" + anyway))
     return checks
 
 
-def regression_checks(delta: pd.DataFrame, pct: float, judge_disturbed: bool) -> list[GateCheck]:
+def regression_checks(delta: pd.DataFrame, pct: float, judge_disturbed: bool) -> list[GateOutcome]:
     """--fail-regression PCT: the speedup's change judged by its paired interval where both runs' records share
     prompt turns, else by the two runs' intervals (the module's note); tau fell by more than PCT percent; or
     exactness fell: the exact-or-explained rate fell, or the exact rate fell while some difference is unexplained
@@ -115,7 +115,7 @@ def regression_checks(delta: pd.DataFrame, pct: float, judge_disturbed: bool) ->
     checks = []
     for r in methods_only(delta[delta.status != "gone"]).itertuples(index=False):
         if r.status == "new":
-            checks.append(GateCheck(r.method, r.dataset, "regression", "skipped",
+            checks.append(GateOutcome(r.method, r.dataset, "regression", "skipped",
                                 "no baseline row (a new method or dataset)"))
             continue
         failed, notes, noisy = [], [], False
@@ -134,15 +134,15 @@ def regression_checks(delta: pd.DataFrame, pct: float, judge_disturbed: bool) ->
         if str(r.exactness) != "lossy":
             failed += _exactness_fell(r, notes)
         if failed:
-            checks.append(GateCheck(r.method, r.dataset, "regression", "failed", "; ".join(failed + notes)))
+            checks.append(GateOutcome(r.method, r.dataset, "regression", "failed", "; ".join(failed + notes)))
         elif shaky and not judge_disturbed:
-            checks.append(GateCheck(r.method, r.dataset, "regression", "skipped", "; ".join(notes), True))
+            checks.append(GateOutcome(r.method, r.dataset, "regression", "skipped", "; ".join(notes), True))
         elif noisy:
-            checks.append(GateCheck(r.method, r.dataset, "regression", "skipped",
+            checks.append(GateOutcome(r.method, r.dataset, "regression", "skipped",
                                     "within the noise: " + "; ".join(notes), within_noise=True))
         else:
             tau = f"tau {r.tau_base:.3f} -> {r.tau:.3f}: within {pct:g}%"
-            checks.append(GateCheck(r.method, r.dataset, "regression", "passed", "; ".join(notes + [tau])))
+            checks.append(GateOutcome(r.method, r.dataset, "regression", "passed", "; ".join(notes + [tau])))
     return checks
 
 
@@ -201,7 +201,7 @@ def _exactness_fell(r, notes: list[str]) -> list[str]:
     return []
 
 
-def exit_code(checks: list[GateCheck], gated: bool) -> int:
+def exit_code(checks: list[GateOutcome], gated: bool) -> int:
     """The module's exit codes: failed 1, then not judged 3, then within the noise 4, else 0."""
     if not gated:
         return 0
@@ -212,7 +212,7 @@ def exit_code(checks: list[GateCheck], gated: bool) -> int:
     return NOISE_EXIT if any(c.within_noise for c in checks) else 0
 
 
-def verdict(checks: list[GateCheck], gated: bool) -> str:
+def verdict(checks: list[GateOutcome], gated: bool) -> str:
     """PASSED, FAILED, NOT JUDGED, WITHIN THE NOISE (gated), or REPORT (no gate asked)."""
     return {0: "PASSED" if gated else "REPORT", FAILED_EXIT: "FAILED", NOT_JUDGED_EXIT: "NOT JUDGED",
             NOISE_EXIT: "WITHIN THE NOISE"}[exit_code(checks, gated)]

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..core.store import relative_to_cwd
 from ..errors import SpecbenchError
-from .gate import GateCheck, verdict
+from .gate import GateOutcome, verdict
 from ..report.markdown import markdown_table
 
 RESULT_COLUMNS = ["method", "dataset", "prompts", "tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "tau",
@@ -39,7 +39,7 @@ def link(path: Path, artifact_url: str | None) -> str:
     return f"[{Path(path).name}]({rel})"
 
 
-def render(name: str, title: str, summary: pd.DataFrame, checks: list[GateCheck], gated: bool, comparison: list[str],
+def render(name: str, title: str, summary: pd.DataFrame, checks: list[GateOutcome], gated: bool, comparison: list[str],
            plots: list[Path], artifact_url: str | None, notes: list[str] = ()) -> str:
     """The whole section: verdict, checks that failed or were not judged, results, the baseline comparison, plots."""
     word = verdict(checks, gated)

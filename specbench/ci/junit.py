@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import SpecbenchError
-from .gate import GateCheck
+from .gate import GateOutcome
 
 
 def check_writable(path: Path, option: str) -> None:
@@ -30,7 +30,7 @@ def check_writable(path: Path, option: str) -> None:
         raise SpecbenchError(f"{option} {path}: not writable; choose another path")
 
 
-def write(path: Path, checks: list[GateCheck], suite: str, properties: dict) -> None:
+def write(path: Path, checks: list[GateOutcome], suite: str, properties: dict) -> None:
     """One <testsuite> named `suite`; `properties` (model, hardware, dtype, git, baseline, ...) as <properties>."""
     counts = {"tests": len(checks), "failures": sum(c.status == "failed" for c in checks),
               "skipped": sum(c.status == "skipped" for c in checks), "errors": 0}

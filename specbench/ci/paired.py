@@ -1,10 +1,10 @@
 """A run against a baseline on the same prompts, turn by turn: the change of each method's speedup with a
 paired interval.
 
-Two runs' summaries each carry an interval, but prompts differ far more from one another (one prompt 1.7x, the
-next 0.9x) than one prompt does between two runs; two intervals that each hold that spread overlap for any
-realistic regression, so comparing them (this run's upper end against the baseline's lower end) missed a uniform
-10% slowdown over 20 prompts. With both runs' records the same prompt turns are compared with each other:
+Two runs' summaries each carry an interval, but prompts differ far more from one another than one prompt does
+between two runs; two intervals that each hold that spread overlap for any realistic regression, so comparing them
+(this run's upper end against the baseline's lower end) would miss a uniform slowdown of every prompt. With both
+runs' records the same prompt turns are compared with each other:
   change    = pooled speedup of this run / pooled speedup of the baseline, on the prompt turns both runs (and
               both runs' ar) finished, as a percentage
   change_lo, change_hi = its 95% bootstrap interval: the independent units (a prompt at batch 1, a batch group at

@@ -1,6 +1,7 @@
 """`specbench map`: where each method pays. A batch-size sweep of `run` (specbench's own batched engine, EMS-SD's
-unpadded mode) with this machine's L(B, w) measured just before it, and the map drawn from both: predicted beside
-measured throughput per batch size, the break-even batch size per method, the best setting per batch size
+unpadded mode) with this machine's L(B, w) measured just before it and, after it, on the run's own engines at the
+widths its grid verified (planning/spot_profile.py), and the map drawn from both: predicted beside measured
+throughput per batch size, the break-even batch size per method, the best setting per batch size
 (report/map_table.py, map_report.py)."""
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ def map_(
     if profile == "fresh" and not (resume and (out_dir / "latency_profile.yaml").exists()):
         _fresh_profile(cfg, out_dir, sizes, [128, 512, *contexts])
     run_dir = run_benchmark(cfg)
+    if not compile:  # a compiled run's steps are the stored compiled profile's: no eager engine stands in for them
+        _step_profile(cfg, Path(run_dir))
     write_run_report(run_dir)
     _print_map(run_dir)
 
@@ -121,7 +124,7 @@ def _map_servers(ctx, base_url, baseline_url, served_model, concurrency: str, da
                  max_new_tokens: int, seed: int, out_dir: Path | None, resume: bool) -> None:
     """The map of two servers over concurrency levels: speculation on against off at each level, the break-even
     level (measured only)."""
-    from ..engines.openai_options import parse_concurrency
+    from ..backends.openai_options import parse_concurrency
     from ..report.run_report import write_run_report
     from ..run.benchmark import run as run_benchmark
     from ..run.config import RunConfig, default_out
@@ -177,7 +180,7 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) 
     import torch
 
     from ..core.model.load import load_model
-    from ..core.model.memory_need import planned, profile_workload
+    from ..core.model.memory_need import stated_workload, profile_workload
     from ..planning.profile import measure, save
     from ..report.map_table import PROFILE_COPY
 
@@ -187,7 +190,7 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) 
         torch.set_num_threads(cfg.threads)
     console.print(f"Measuring L(B, w) at B = {', '.join(map(str, sizes))} for the prediction (widths up to "
                   f"{widths[-1]}, KV {', '.join(map(str, kv_lengths))}) ...")
-    with planned(profile_workload(widths, kv_lengths, repeats, sizes)):
+    with stated_workload(profile_workload(widths, kv_lengths, repeats, sizes)):
         target = load_model(cfg.model, cfg.dtype, cfg.device)
     room = target.context_length - repeats - widths[-1] - 1  # the longest KV a width-32 forward can sit on
     kv_lengths = sorted({min(kv, room) for kv in kv_lengths})
@@ -198,6 +201,45 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) 
     if load.get("disturbed"):
         console.print(f"[yellow]the profile was measured while other processes used {load['foreign_cpu']:.2f} "
                       "cores: the prediction may be off; map on a quiet machine[/]")
+    del target
+    gc.collect()
+
+
+def _step_profile(cfg, run_dir: Path) -> None:
+    """L(B, w) measured now, after the run, on its engines at the widths and KV lengths its grid points verified
+    (planning/spot_profile.py), kept in the run folder for the prediction (report/map_table.STEP_COPY)."""
+    import gc
+
+    import pandas as pd
+    import torch
+
+    from ..core.model.load import load_model
+    from ..core.model.memory_need import profile_workload, stated_workload
+    from ..planning.spot_profile import grid_widths, measure_on_the_spot
+    from ..report.map_table import STEP_COPY, grid_needs
+
+    path, records = run_dir / STEP_COPY, run_dir / "records.csv"
+    if path.exists() or not records.exists():
+        return
+    needs, kvs = grid_needs(pd.read_csv(records))
+    if not needs or not kvs:
+        return
+    widths = grid_widths(needs)
+    repeats = 8
+    console.print(f"Measuring the grid's steps on the run's engines: widths "
+                  f"{'; '.join(f'B {b}: ' + ','.join(map(str, w)) for b, w in widths.items())} at KV "
+                  f"{', '.join(map(str, kvs))} ...")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    flat = sorted({w for ws in widths.values() for w in ws})
+    with stated_workload(profile_workload(flat, kvs, repeats + 4, sorted(widths))):
+        target = load_model(cfg.model, cfg.dtype, cfg.device)
+    result = measure_on_the_spot(target, widths, kvs, repeats=repeats)
+    path.write_text(result.to_yaml())
+    load = result.meta.get("contention") or {}
+    if load.get("disturbed"):
+        console.print(f"[yellow]the grid's steps were measured while other processes used "
+                      f"{load['foreign_cpu']:.2f} cores: the prediction may be off; map on a quiet machine[/]")
     del target
     gc.collect()
 
@@ -215,12 +257,14 @@ def _print_map(run_dir: Path) -> None:
         return
     frame = pd.read_csv(path)
     table = Table(title=f"map ({run_dir})")
-    for name in ("dataset", "method", "B", "setting", "predicted tok/s", "measured tok/s", "error", "speedup",
+    for name in ("dataset", "method", "B", "setting", "predicted tok/s", "measured tok/s", "error", "steps err",
+                 "step cost err", "speedup",
                  "per user tok/s", "break-even"):
         table.add_column(name, justify="left" if name in ("dataset", "method", "setting", "break-even") else "right")
     for r in frame.itertuples():
         table.add_row(r.dataset, r.method, str(r.batch_size), "" if pd.isna(r.setting) else str(r.setting),
                       _num(r.predicted_tok_s), _num(r.measured_tok_s), _num(r.error, "{:+.0%}"),
+                      _num(r.steps_error, "{:+.0%}"), _num(r.step_cost_error, "{:+.0%}"),
                       _num(r.measured_speedup, "{:.2f}x"), _num(r.per_user_tok_s),
                       "" if pd.isna(r.break_even) else str(r.break_even))
     out.print(table)

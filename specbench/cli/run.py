@@ -107,12 +107,14 @@ def run(
                                        "--dtype auto and the noise guard use profiles and trees measured on a "
                                        "disturbed machine (skipped otherwise, with a line saying which; "
                                        "`specbench list profiles` shows them).")] = False,
-    synthetic_acceptance: Annotated[str | None, typer.Option("--synthetic-acceptance", metavar="RATES|FILE",
+    synthetic_acceptance: Annotated[str | None, typer.Option("--synthetic-acceptance", metavar="RATES|FILE|DIR",
                                     show_default="off: the model's own acceptance",
                                     help="Every method drafts and verifies for real, but which drafts are kept is "
                                     "drawn (seeded) from stated acceptance: rates per draft position, each given the "
                                     "previous accepted (0.8,0.6,0.4; ranks at a position by /: 0.6/0.1), or a file "
-                                    "(`specbench estimate`'s, acceptance/published/..., a speculation_profile.json). "
+                                    "(`specbench estimate`'s, acceptance/published/..., a speculation_profile.json), or a "
+                                    "folder of one file per method (acceptance/published/vicuna-7b: each method its "
+                                    "paper's). "
                                     "The output is not the model's: no lossless check; tau is checked against the "
                                     "rates. Methods without a trained artefact get random weights of its shape.")]
     = None,

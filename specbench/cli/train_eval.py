@@ -42,7 +42,7 @@ def evaluate(folder: Path, model: str | None = None, dtype: str = "auto", device
                              f"{', '.join(f.name for f in families.FAMILIES.values() if f.scorer)}")
     method = family.name
     try:
-        trained, skipped = heldout.training_plan(meta, path)
+        trained, skipped = heldout.training_split(meta, path)
     except SpecbenchError:
         if not (data and held_out is not None):
             raise

@@ -64,9 +64,9 @@ def profile(
         raise SpecbenchError(f"--threads must be at least 1 (got {threads}); leave it out for torch's choice")
     if threads:
         torch.set_num_threads(threads)
-    from ..core.model.memory_need import planned, profile_workload
+    from ..core.model.memory_need import stated_workload, profile_workload
 
-    with planned(profile_workload(width_list, kv_list, repeats, sizes)):  # what the fit check counts
+    with stated_workload(profile_workload(width_list, kv_list, repeats, sizes)):  # what the fit check counts
         target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory, tp))
     if compile:  # the curve under torch.compile / CUDA graphs (planning/profile_compiled.py)
         from ..planning.profile_compiled import measure_compiled

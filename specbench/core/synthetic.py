@@ -18,11 +18,50 @@ while there is one. Each step adds the draw's expected value and variance to the
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from .acceptance_profile import AcceptanceProfile
+from ..errors import SpecbenchError
+from .acceptance_profile import AcceptanceProfile, read
 from .verify import Sampling, next_token, uniform
+
+
+@dataclass(frozen=True)
+class PerMethodAcceptance:
+    """`--synthetic-acceptance FOLDER`: each method's own stated acceptance, the folder's <family>.yaml or
+    <family>.json (acceptance/published/<model>/ holds one per family: each method beside its own paper)."""
+
+    folder: str
+    profiles: dict  # file stem (a method family, or a method's name) -> AcceptanceProfile
+
+    @property
+    def source(self) -> str:
+        return f"{self.folder} (each method its own file)"
+
+    def of(self, key: str) -> AcceptanceProfile:
+        if key not in self.profiles:
+            raise SpecbenchError(f"--synthetic-acceptance {self.folder}: no {key}.yaml or {key}.json in it (it has "
+                                 f"{', '.join(sorted(self.profiles)) or 'no acceptance file'})")
+        return self.profiles[key]
+
+
+def read_stated(spec: str) -> AcceptanceProfile | PerMethodAcceptance:
+    """--synthetic-acceptance's value: rates, one acceptance file, or a folder of one file per method family."""
+    folder = Path(spec)
+    if not folder.is_dir():
+        return read(spec)
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml", ".json") and p.is_file())
+    if not files:
+        raise SpecbenchError(f"--synthetic-acceptance {spec}: a folder with no acceptance file (<method>.yaml or "
+                             "<method>.json, as acceptance/published/<model>/ holds them)")
+    return PerMethodAcceptance(str(folder), {p.stem: read(str(p)) for p in files})
+
+
+def stated_for(stated, key: str) -> AcceptanceProfile:
+    """The stated acceptance of the method whose file key (its family, else its name) is `key`."""
+    return stated.of(key) if isinstance(stated, PerMethodAcceptance) else stated
 
 
 class SyntheticAcceptance:

@@ -1,7 +1,7 @@
 """The trees/*.yaml file format (TreeFile: provenance plus one Tree per state, core/tree.py) and the `--tree`
-option's parts every command shares: its value (TreeSpec, parsed once: methods/tree/plan.tree_spec), where `--tree
-auto` looks (find_auto_tree; the choice itself is planning/tree_choice.py), and a tree read or built for a file or
-size (resolve_tree)."""
+option's parts every command shares: its value (TreeSpec, parsed once: methods/tree/batch_trees.tree_spec), where
+`--tree auto` looks (find_auto_tree; the choice itself is planning/tree_choice.py), and a tree read or built for a
+file or size (resolve_tree)."""
 
 from __future__ import annotations
 
@@ -174,7 +174,8 @@ def other_trees(model: str, method: str, hardware: str, dtype: str) -> list[str]
 @dataclass(frozen=True)
 class TreeSpec:
     """The `--tree` value, parsed once: auto (this hardware's tree) | a trees/*.yaml PATH | size=N (searched now) |
-    dynamic[=M] (EAGLE-2's tree drafted each step, M candidates; the static tree of that size plans the rest)."""
+    dynamic[=M] (EAGLE-2's tree drafted each step, M candidates; the static tree of that size
+    serves prefill, predictions and the artefact check)."""
 
     kind: str  # "auto" | "path" | "size" | "dynamic"
     size: int | None = None  # size=N, dynamic=M
@@ -207,7 +208,7 @@ def resolve_tree(spec: TreeSpec, hardware: str, build: Callable[[int], TreeFile]
     if spec.kind == "size":
         return build(spec.size), f"built, size {spec.size}"
     if spec.kind != "path":
-        raise SpecbenchError(f"--tree {spec}: not a tree file or a size (auto and dynamic are resolved by the plan)")
+        raise SpecbenchError(f"--tree {spec}: not a tree file or a size (auto and dynamic are resolved by the tree method)")
     path = store.resolve_data_path(spec.path)  # trees/<model>/... is also found in the checkout from any directory
     if not FsPath(path).is_file():
         raise SpecbenchError(f"--tree {spec.path}: no such file; use auto, size=N or a trees/*.yaml path")

@@ -55,7 +55,7 @@ class Overlap:
 
 
 @dataclass(frozen=True)
-class DisjointCheck:
+class DisjointOutcome:
     """The outcome over every benchmark set: overlaps found, sets checked, sets not found offline, training sources
     that are themselves benchmark sets."""
 
@@ -84,7 +84,7 @@ class DisjointCheck:
                        else "")
 
 
-def check(training: dict[str, list[Prompt]]) -> DisjointCheck:
+def check(training: dict[str, list[Prompt]]) -> DisjointOutcome:
     """Compare training prompts (source -> its prompts, every turn and system text) with every benchmark set."""
     names = benchmark_sets()
     keys, texts = [], []
@@ -110,4 +110,4 @@ def check(training: dict[str, list[Prompt]]) -> DisjointCheck:
                 source, prompt = keys[bisect.bisect_right(starts, at) - 1]
                 overlaps.append(Overlap(name, r, source, prompt))
                 at = joined.find(text, at + 1)
-    return DisjointCheck(overlaps, checked, unchecked, [s for s in training if s in names])
+    return DisjointOutcome(overlaps, checked, unchecked, [s for s in training if s in names])

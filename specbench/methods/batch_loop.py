@@ -72,7 +72,7 @@ class Batchable:
             setattr(gen, name, Generation.__dataclass_fields__[name].default)
         return gen
 
-    def plan_batches(self, sizes: list[int]) -> None:
+    def choose_per_batch_size(self, sizes: list[int]) -> None:
         """Choose per batch size what the method would otherwise choose once (sd: gamma, tree methods: the tree),
         from this hardware's L(B, w); called once by the runner with the run's batch sizes."""
 

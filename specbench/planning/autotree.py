@@ -66,7 +66,7 @@ def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dty
     found = inputs(model_spec, family, hardware, dtype, use_for=f"{family} tree built now")
     if not found.ready:
         raise SpecbenchError(f"cannot build the {family} tree here: " + "; ".join(
-            missing_steps(model_spec, family, hardware, dtype, "cpu" if hardware.startswith("cpu") else "cuda")))
+            missing_commands(model_spec, family, hardware, dtype, "cpu" if hardware.startswith("cpu") else "cuda")))
     req = BuildTreeRequest(model_spec, family, one_state, (family,), str(found.profile), dtype,
                            1 if one_state else max(rows, 1),
                            MAX_SIZE, KV_LENGTH, ept, found.acceptance,
@@ -75,7 +75,7 @@ def build_here(model_spec: str, family: str, one_state: bool, hardware: str, dty
     return build_tree(req)
 
 
-def missing_steps(model_spec: str, family: str, hardware: str, dtype: str, device: str) -> list[str]:
+def missing_commands(model_spec: str, family: str, hardware: str, dtype: str, device: str) -> list[str]:
     """The commands, in order, that make this hardware's tree of the method: `specbench profile` (when this
     hardware has no profile of the model in this dtype), `specbench estimate --method F` (when the method has no
     acceptance file), then `specbench build-tree --method F`."""

@@ -157,18 +157,18 @@ def predict(tree: TreeFile, acc, profile: LatencyProfile | None, kv_length: int 
         if profile is not None:
             depth = max((len(p) for p in paths), default=0)
             latency = profile.latency_ms(1 + len(paths), kv_length) + (draft_ms(depth) if draft_ms else 0.0)
-            out.update(_step(tau, latency, profile, kv_length))
+            out.update(_speedup_fields(tau, latency, profile, kv_length))
         return out
     states = {k: StateTree([tuple(p) for p, _ in nodes], [c for _, c in nodes]) for k, nodes in tree.states.items()}
     R, pi = amortized(states, acc, m)
     dyn = DynamicTree(tree.size, states, R, [float(x) for x in pi])
     out = {"size": tree.size, "predicted_tau": round(dyn.tau, 4), "predicted_speedup": None, "profile": None}
     if profile is not None:
-        out.update(_step(dyn.tau, expected_latency_ms(dyn, m, ept, profile, kv_length), profile, kv_length))
+        out.update(_speedup_fields(dyn.tau, expected_latency_ms(dyn, m, ept, profile, kv_length), profile, kv_length))
     return out
 
 
-def _step(tau: float, step_ms: float, profile: LatencyProfile, kv_length: int) -> dict:
+def _speedup_fields(tau: float, step_ms: float, profile: LatencyProfile, kv_length: int) -> dict:
     """predict()'s speedup fields from a step's expected ms (verify forward + drafting, the profile's clock):
     predicted_step_ms beside ar_step_ms = L(1), which report.md sets against a run's measured ms per step."""
     ar_ms = profile.latency_ms(1, kv_length)

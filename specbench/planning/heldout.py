@@ -51,7 +51,7 @@ def read(folder: Path) -> dict:
     return meta
 
 
-def training_plan(meta: dict, path: Path) -> tuple[list[str], int]:
+def training_split(meta: dict, path: Path) -> tuple[list[str], int]:
     """(sources, prompts held out of each) the artefact was trained with, from its `data` entry (older metadata:
     `prompts: "A..B ..."`, A prompts held out); a --data-file run names its file, itself a source."""
     data = meta.get("data")

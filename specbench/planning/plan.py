@@ -55,6 +55,7 @@ class PlanRequest:
     context: int = 2048  # the run's context: prompt + new tokens, for the KV cache's memory
     max_size: int = 128
     out: Path | None = None
+    sizes: dict = field(default_factory=dict)  # method -> the tree size to price instead of the best (a run's)
 
 
 @dataclass
@@ -67,6 +68,8 @@ class MethodPlan:
     tau: float | None = None
     speedup: float | None = None
     draft_ms: float | None = None  # drafting milliseconds per step at the chosen tree
+    step_ms: float | None = None  # a decode step's ms at the chosen tree: verify forward + drafting
+    ar_ms: float | None = None  # ar's step, L(1) at the KV length read
     memory_gb: dict = field(default_factory=dict)  # target, drafter, kv, total
     paper: dict = field(default_factory=dict)  # the acceptance file's published measurement (speedup, tau, gpu)
     acceptance: str = ""
@@ -248,14 +251,17 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
             return row
         row.tree, row.size, row.tau, row.speedup, row.draft_ms = (f"chain of {chain.k}", chain.k, chain.tau,
                                                                    chain.speedup, chain.draft_ms)
+        row.ar_ms = round(profile.latency_ms(1, req.kv_length), 3)
+        row.step_ms = round(chain.tau * row.ar_ms / chain.speedup, 3) if chain.speedup else None
         return row
     rows = len(fields.get("per_rank") or fields.get("conditional_accept_rates") or [])
     acc = read_per_rank(path, rows)
     trees.mkdir(parents=True, exist_ok=True)
     if not families.get(method).one_state:
         m = fields.get("prompt_tokens") or len(fields.get("transfer_layers") or []) or rows
+        wanted = req.sizes.get(method)
         curve = size_curve(acc, m, profile, req.max_size, req.kv_length, fields.get("ept") or 1,
-                           sizes=_sizes(req.max_size, m))
+                           sizes=sorted(set(_sizes(req.max_size, m)) | ({wanted} if wanted and wanted >= m else set())))
         made = tree_file(curve, m, key, profile, str(path), req.kv_length, method)
     else:
         read = drafter_layers(method, shape, fields)
@@ -267,7 +273,11 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
         row.draft_ms = round(draft(max(len(p) for p in curve.best.paths)), 3)
         made.extra["draft_forward_ms"] = round(forward_ms, 4)
     i = curve.best_index
-    row.size, row.tau, row.speedup = curve.best.size, round(curve.tau[i], 3), round(curve.speedup[i], 3)
+    wanted = req.sizes.get(method)
+    if wanted in curve.sizes:  # a run's tree size: priced on the same curve (the tree file stays the best one)
+        i = curve.sizes.index(wanted)
+    row.size, row.tau, row.speedup = curve.sizes[i], round(curve.tau[i], 3), round(curve.speedup[i], 3)
+    row.step_ms, row.ar_ms = round(curve.latency_ms[i], 3), round(profile.latency_ms(1, req.kv_length), 3)
     tree_path = trees / f"{method}-{profile.hardware}-{dtype}.yaml"
     made.write(tree_path)
     row.tree = store.relative_to_cwd(tree_path)

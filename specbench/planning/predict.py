@@ -75,7 +75,7 @@ def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, dev
         return out
     found = autotree.inputs(model_spec, cand.family, hardware, dtype)
     if not found.ready:
-        out.why_not = "; ".join(autotree.missing_steps(model_spec, cand.family, hardware, dtype, device)[:-1])
+        out.why_not = "; ".join(autotree.missing_commands(model_spec, cand.family, hardware, dtype, device)[:-1])
         return out
     try:
         choice = tree_choice.choose(model_spec, cand.family, hardware, dtype, one_state=cand.one_state,

@@ -42,7 +42,8 @@ def measure_compiled(target: LoadedModel, widths, kv_lengths, repeats: int = 7, 
     caches = {cap: StaticKV(cap, state.windows) for cap in sorted(set(capacities.values()))}
     state.expected = len(caches) * len(widths)
     compile_wait.say_expected("profile", device, state.expected, f" ({len(widths)} widths x {len(caches)} cache "
-                              "sizes, one per KV length)", before="the first timed forward")
+                              "sizes, one per KV length)", before="the first timed forward",
+                              model=model)
     gen = torch.Generator().manual_seed(0)
     vocab = min(target.vocab_size, 32000)
     curves: dict[int, dict[str, list[float]]] = {}

@@ -7,7 +7,7 @@ one find / build-here / explain sequence that a run (batch 1 and each batch size
 2. build here: with this hardware's latency profile and the family's acceptance file, build-tree's own code builds
    and files it now (autotree.build_here), where step 1 finds it next time;
 3. explain: no tree, and why: the build's error, or the files that are missing and the commands that make them
-   (autotree.missing_steps).
+   (autotree.missing_commands).
 The caller says what happens without a tree (a run decodes with a default-size tree or batch 1's; a prediction
 has none)."""
 
@@ -88,7 +88,7 @@ def choose(model_spec: str, family: str, hardware: str, dtype: str, batch_size: 
     if not can_build:
         return Choice(*at, None, inputs=inputs)
     if not inputs.ready:
-        return Choice(*at, None, missing=autotree.missing_steps(*at, device), inputs=inputs)
+        return Choice(*at, None, missing=autotree.missing_commands(*at, device), inputs=inputs)
     try:
         built = autotree.build_here(model_spec, family, one_state, hardware, dtype, rows, ept, batch_size=batch_size,
                                     draft_ms=draft_ms() if draft_ms is not None else None)

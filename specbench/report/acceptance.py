@@ -28,6 +28,9 @@ def synthetic_lines(meta: dict) -> list[str]:
     if not block:
         return []
     rates = ", ".join(f"{x:g}" for x in block.get("conditional") or [])
+    if block.get("per_method"):  # a folder: each method its own file
+        rates = "; ".join(f"{key}: " + ", ".join(f"{x:g}" for x in (one.get("conditional") or [])[:6])
+                          for key, one in block["per_method"].items())
     checks = block.get("checks") or {}
     failed = [label for label, c in checks.items() if not c.get("agrees", True)]
     check = (f" The check FAILED for {', '.join(failed)}: its accepted drafts are not the stated rates' (see "

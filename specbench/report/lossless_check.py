@@ -63,7 +63,8 @@ def lossless_failed_section(records: pd.DataFrame) -> list[str]:
             f"**{len(bad)} prompt turn(s) of lossless methods differ from `ar` where the dtype's rounding does not "
             "explain it** (gap = `ar`'s logit of its own token minus its logit of the method's token at the first "
             "differing index; a near-tie would be within the rounding tolerance). Investigate these before trusting "
-            "the method's output or its speedup." + (" Rows marked `no verdict` come from a run older than the "
-                                                      "near-tie check (no gap recorded): re-run to classify them."
+            "the method's output or its speedup." + (" Rows marked `no verdict` were not classified: a run older "
+                                                      "than the near-tie check, or a server that returns no logits "
+                                                      "there (records.csv's mismatch_explained says why)."
                                                       if old else ""), "",
             markdown_table(bad), ""]

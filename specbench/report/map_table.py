@@ -7,15 +7,24 @@ the run used (the copy in the run folder, else the file run.yaml names); never r
 What the prediction takes from the run, per (label, B), averaged over its decode steps (the prefill is not a step):
   width   = sum (target_tokens - prompt_tokens) / sum (target_forwards - 1)   new tokens per sample per forward
   tau     = sum (new_tokens - 1) / sum (target_forwards - 1)                   tokens per sample per step
+  rates   = the per-position acceptance (accepted_per_position pooled), as rates over every step (chain_rates)
   draft   = drafting seconds / steps (a batch's drafting once per batch)
+  host    = the label's host seconds outside the forwards per decode step at batch 1 (host_s), charged per row
   kv      = mean prompt tokens + half the mean new tokens
-so the comparison tests the cost model (the step's time from the profile), not the acceptance; `tau_file` gives
-the acceptance file's tau where the run had one for the label (batch 1's tree), for the other half of the error.
+and each batch's samples' decode lengths (new_tokens - 1). The predicted steps of a batch are the expected maximum
+over its samples of a seeded simulation from the rates (planning/batch_prediction.simulate_batch), each step priced
+at L(rows still decoding, w, kv) + drafting. The error splits into its steps part (`steps_error`: predicted batch
+steps over measured, max(target_forwards) - 1 per batch) and its step-cost part (`step_cost_error`: predicted ms per
+batch step over measured decode ms per batch step); tok/s error = 1 / ((1 + steps_error) (1 + step_cost_error)) - 1.
+The step costs are read from the profile measured on the spot after the run on the run's own engines and widths
+(planning/spot_profile.py, STEP_COPY) when the run folder has it, else from the profile the run used. `tau_file`
+gives the acceptance file's tau where the run had one for the label (batch 1's tree).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -23,15 +32,20 @@ import pandas as pd
 from ..core import store
 from ..core.profile_file import LatencyProfile, load_profile
 from ..errors import SpecbenchError
-from ..planning.batch_prediction import StepShape, break_even, predicted_tok_s
+from ..planning.batch_prediction import batch_ms, break_even, chain_rates, simulate_batch
 
 NUMERIC = ("target_forwards", "target_tokens", "prompt_tokens", "new_tokens", "draft_s", "latency_s", "wall_s",
            "ttft_s", "batch_wall_s", "prefill_s", "prefill_tokens", "tpot_ms")
-PROFILE_COPY = "latency_profile.yaml"  # the profile `specbench map` predicted from, kept in the run folder
+PROFILE_COPY = "latency_profile.yaml"  # the profile `specbench map` measured before its run, kept in the run folder
+STEP_COPY = "step_profile.yaml"  # L(B, w) measured after the run on its engines at its grid's widths (spot_profile)
+TRIALS = 200  # simulated batches per point
+GOAL = 0.10  # the cost model's goal: predicted within 10% of measured
 
 COLUMNS = ["dataset", "batch_size", "method", "setting", "mode", "width", "tau", "tau_file", "draft_ms_per_step",
-           "kv", "predicted_tok_s", "measured_tok_s", "error", "per_user_tok_s", "predicted_speedup",
-           "measured_speedup", "break_even", "break_even_predicted", "best_at_batch", "timing"]
+           "host_ms_per_row", "kv", "steps_predicted", "steps_measured", "step_ms_predicted", "step_ms_measured",
+           "steps_error", "step_cost_error", "predicted_tok_s", "measured_tok_s", "error", "within_goal",
+           "per_user_tok_s", "predicted_speedup", "measured_speedup", "break_even", "break_even_predicted",
+           "best_at_batch", "timing"]
 
 
 def has_sweep(records: pd.DataFrame) -> bool:
@@ -43,6 +57,10 @@ def run_profile(run_dir: Path, meta: dict) -> tuple[LatencyProfile | None, str]:
     """(the latency profile the run predicted from, where it came from) or (None, why none)."""
     if (meta.get("settings") or {}).get("engine") == "openai":
         return None, "a server's latency curve is not profiled here: measured only"
+    spot = Path(run_dir) / STEP_COPY
+    if spot.exists():
+        return load_profile(spot), (f"{STEP_COPY} (measured after the run on its engines, at the widths and KV "
+                                    "lengths of its grid)")
     copy = Path(run_dir) / PROFILE_COPY
     if copy.exists():
         return load_profile(copy), f"{PROFILE_COPY} (the run's copy)"
@@ -77,6 +95,7 @@ def _step_numbers(g: pd.DataFrame, size: int) -> dict:
     out = {"width": float((num("target_tokens") - num("prompt_tokens")).sum()) / n_steps if n_steps else math.nan,
            "tau": float((num("new_tokens") - 1).clip(lower=0).sum()) / n_steps if n_steps else math.nan,
            "kv": int(round(num("prompt_tokens").mean() + num("new_tokens").mean() / 2))}
+    decode_s = math.nan
     if (g.batching == "closed").any():  # a server's level: each row's wall_s is its share of the level's time
         wall = float(num("wall_s").sum())
         out["measured_tok_s"] = float(num("new_tokens").sum()) / wall if wall > 0 else math.nan
@@ -93,12 +112,88 @@ def _step_numbers(g: pd.DataFrame, size: int) -> dict:
         decoded = float((num("new_tokens") - num("prefill_tokens")).sum())
         out["measured_tok_s"] = decoded / decode_s if decode_s > 0 else math.nan
     out["draft_ms_per_step"] = 1000.0 * draft_s / drafted_steps if drafted_steps else 0.0
+    out["steps_measured"] = drafted_steps if drafted_steps else math.nan
+    out["step_ms_measured"] = 1000.0 * decode_s / drafted_steps if drafted_steps and decode_s > 0 else math.nan
     if not n_steps and not math.isfinite(out.get("measured_tok_s", math.nan)):
         return {}
     tpot = pd.to_numeric(g.get("tpot_ms"), errors="coerce")
     out["per_user_tok_s"] = float((1000.0 / tpot[tpot > 0]).mean()) if tpot is not None and (tpot > 0).any() \
         else math.nan
     return out
+
+
+def accepted_counts(g: pd.DataFrame) -> list[int] | None:
+    """Accepted drafts per position pooled over a group's records (accepted_per_position: "a/d a/d ..." per turn),
+    None when no record has them."""
+    if "accepted_per_position" not in g:
+        return None
+    totals: list[int] = []
+    seen = False
+    for text in g.accepted_per_position.dropna().astype(str):
+        pairs = re.findall(r"(\d+)/(\d+)", text)
+        seen = seen or bool(pairs)
+        for i, (accepted, _) in enumerate(pairs):
+            if i == len(totals):
+                totals.append(0)
+            totals[i] += int(accepted)
+    return totals if seen else None
+
+
+def _batches(g: pd.DataFrame, size: int) -> list[list[int]]:
+    """The decode lengths (new_tokens - 1) of each batch's samples: one sample a batch at B = 1."""
+    lengths = (pd.to_numeric(g.new_tokens, errors="coerce").fillna(1) - 1).clip(lower=0).astype(int)
+    if size == 1 or "batch_id" not in g:
+        return [[n] for n in lengths]
+    return [list(part) for _, part in lengths.groupby(g.batch_id.fillna("-"), sort=True)]
+
+
+def host_ms_per_row(g: pd.DataFrame) -> float:
+    """ms of host work per decode step of one sample (host_s: the time outside the target's forwards) in a batch-1
+    group, 0 where the records do not say."""
+    if "host_s" not in g:
+        return 0.0
+    host = pd.to_numeric(g.host_s, errors="coerce")
+    steps = (pd.to_numeric(g.target_forwards, errors="coerce") - 1).clip(lower=0)
+    ok = host.notna() & steps.gt(0)
+    return 1000.0 * float(host[ok].sum()) / float(steps[ok].sum()) if ok.any() else 0.0
+
+
+def predict(g: pd.DataFrame, size: int, numbers: dict, profile: LatencyProfile, host_ms: float = 0.0) -> dict:
+    """The point's predicted batch steps, ms per batch step and tok/s (NaN where the profile has no curve for it):
+    every batch simulated from the group's per-position rates (the constant tau where the records have none)."""
+    nan = {"steps_predicted": math.nan, "step_ms_predicted": math.nan, "predicted_tok_s": math.nan}
+    steps = float((pd.to_numeric(g.target_forwards, errors="coerce").fillna(1) - 1).clip(lower=0).sum())
+    counts = accepted_counts(g)
+    rates = chain_rates(counts, int(steps)) if counts is not None and steps > 0 else None
+    total_steps = total_ms = 0.0
+    decoded = 0
+    for i, lengths in enumerate(_batches(g, size)):
+        sim = simulate_batch(rates, lengths, numbers["tau"], trials=TRIALS, seed=i)
+        ms = batch_ms(profile, sim, numbers["width"], numbers["kv"], numbers["draft_ms_per_step"], host_ms)
+        if ms is None:
+            return nan
+        total_steps, total_ms, decoded = total_steps + sim.steps, total_ms + ms, decoded + sum(lengths)
+    if total_ms <= 0 or total_steps <= 0:
+        return nan
+    return {"steps_predicted": total_steps, "step_ms_predicted": total_ms / total_steps,
+            "predicted_tok_s": decoded * 1000.0 / total_ms}
+
+
+def grid_needs(records: pd.DataFrame) -> tuple[dict[int, list[float]], list[int]]:
+    """({B: the mean verify widths of the points at B}, the KV lengths of the points, rounded to 32): what an
+    on-the-spot profile of the grid measures (planning/spot_profile.grid_widths). A server's levels need none."""
+    needs: dict[int, list[float]] = {}
+    kvs: set[int] = set()
+    r = _mode_rows(records)
+    for (_, _, size), g in r.groupby(["dataset", "method", "batch_size"], sort=True):
+        if (g.batching == "closed").any():
+            continue
+        numbers = _step_numbers(g, int(size))
+        if not numbers or not math.isfinite(numbers["width"]):
+            continue
+        needs.setdefault(int(size), []).append(round(numbers["width"], 3))
+        kvs.add(max(32, 32 * round(numbers["kv"] / 32)))
+    return {b: sorted(set(w)) for b, w in needs.items()}, sorted(kvs)
 
 
 def _setting(meta: dict, label: str, size: int) -> str:
@@ -127,25 +222,28 @@ def table(records: pd.DataFrame, summary: pd.DataFrame | None, meta: dict,
     """COLUMNS, one row per dataset x method label x batch size (ar included)."""
     rows = []
     r = _mode_rows(records)
+    host = {(d, m): host_ms_per_row(g) for (d, m), g in r[r.batch_size == 1].groupby(["dataset", "method"])}
     for (dataset, label, size), g in r.groupby(["dataset", "method", "batch_size"], sort=True):
         numbers = _step_numbers(g, int(size))
         if not numbers:
             continue
-        predicted = None
+        predicted = {"steps_predicted": math.nan, "step_ms_predicted": math.nan, "predicted_tok_s": math.nan}
         if profile is not None and math.isfinite(numbers["tau"]) and not (g.batching == "closed").any():
-            predicted = predicted_tok_s(profile, StepShape(int(size), numbers["width"], numbers["tau"],
-                                                           numbers["draft_ms_per_step"], numbers["kv"]))
+            predicted = predict(g, int(size), numbers, profile, host.get((dataset, label), 0.0))
         tree = (meta.get("trees") or {}).get(label) or {}
         rows.append({"dataset": dataset, "batch_size": int(size), "method": label,
                      "setting": _setting(meta, label, int(size)),
                      "mode": "-" if size == 1 else str(g.batching.iloc[0]), **numbers,
                      "tau_file": tree.get("predicted_tau") if size == 1 else None,
-                     "predicted_tok_s": math.nan if predicted is None else predicted,
+                     "host_ms_per_row": host.get((dataset, label), 0.0), **predicted,
                      "timing": _timing(summary, dataset, label, int(size))})
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
     out = pd.DataFrame(rows)
     out["error"] = out.predicted_tok_s / out.measured_tok_s - 1.0
+    out["within_goal"] = out.error.abs() <= GOAL
+    out["steps_error"] = out.steps_predicted / out.steps_measured - 1.0
+    out["step_cost_error"] = out.step_ms_predicted / out.step_ms_measured - 1.0
     ar = out[out.method == "ar"].set_index(["dataset", "batch_size"])
     key = list(zip(out.dataset, out.batch_size))
     ar_measured = [ar.measured_tok_s.get(k, math.nan) for k in key]

@@ -13,9 +13,10 @@ from ..core import random_weights
 from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..run.results import read_meta, with_batch_columns
-from . import acceptance, batchreport, compact, comparison, context, map_report, roofline, timeline, verdict
+from . import (acceptance, batchreport, compact, comparison, context, map_report, roofline, synthetic_prediction,
+               timeline, verdict)
 from .lossless_check import LOSSLESS_TEXT, lossless_failed_section, unexplained_mismatches
-from .engines import cross_engine_section, engine_section
+from .backends import cross_backend_section, backend_section
 from .markdown import markdown_table
 from .plots import write_plots
 from .runinfo import environment_section, settings_section
@@ -68,13 +69,14 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
            "bootstrap over prompts; `median ratio`: the median per-turn ratio; `tau`: tokens per target forward; "
            "`lossless`: turns whose tokens equal `ar`'s (explained: or differ at a near-tie). Every column is in "
            "summary.csv and the appendix.", ""]
-    md += engine_section(records, meta)  # another engine's run (llama.cpp, a server): what it was, lossless plainly
+    md += backend_section(records, meta)  # another engine's run (llama.cpp, a server): what it was, lossless plainly
     md += lossless_failed_section(records)  # the turns behind a "Lossless check FAILED" verdict
     md += shard_section(meta)  # a merged sharded run: hardware, prompts and ar tok/s of each shard
     md += acceptance.section(records, meta)  # tau token- and request-weighted, per position; the synthetic check
     md += (["Lossless check: not applicable (synthetic acceptance: the kept drafts were drawn, not the model's).", ""]
            if meta.get("synthetic_acceptance") else
            ["Lossy methods (typical acceptance) are labelled `lossy`. " + LOSSLESS_TEXT, ""])
+    md += synthetic_prediction.section(run_dir, single, single_records, meta)  # synthetic: plan's prediction beside
     floor = (meta.get("noise_guard") or {}).get("latency_floor", 1.0)
     md += category_section(single_records, single, run_dir, floor)
     md += context.cut_note(records)  # prompts cut from the left to fit the context
@@ -119,6 +121,6 @@ def compare_runs(run_dirs: list[Path], out: Path) -> pd.DataFrame:
     write_plots(combined, out, title=title)
     md = comparison.summary_md(title, combined, verdicts, comparison.setting_differences(run_dirs),
                                pd.concat(failed, ignore_index=True))
-    md += cross_engine_section(run_dirs, out)  # runs of several engines: tok/s side by side, agreement with ar
+    md += cross_backend_section(run_dirs, out)  # runs of several engines: tok/s side by side, agreement with ar
     (out / "summary.md").write_text("\n".join(md))
     return combined.drop(columns="partial")

@@ -30,7 +30,7 @@ import pandas as pd
 from ..run.results import with_batch_columns
 from .markdown import markdown_table
 
-SERVING_FILE = "serving.json"  # written by engines/openai_server.py
+SERVING_FILE = "serving.json"  # written by backends/openai_server.py
 QUANTILES = (50, 90, 99)
 SERVING_COLUMNS = (["method", "dataset", "batch_size", "batching", "requests", "failed"]
                    + [f"ttft_p{q}_s" for q in QUANTILES] + [f"tpot_p{q}_ms" for q in QUANTILES]

@@ -8,7 +8,7 @@ else is the runner's, written once for every backend: the run folder and --resum
 warm-up order, re-timing and the noise guard, the lossless check, records and tokens, Ctrl-C.
 
 Backends are named here by module (an import string, loaded when a run asks for it), as the family declarations
-name their methods modules: `engines/` sits above `run/` and implements backends without `run/` importing it. Each
+name their methods modules: `backends/` sits above `run/` and implements backends without `run/` importing it. Each
 backend module has `check(cfg) -> cfg` (its refusals, before anything is written) and `prepare(cfg, loaded) ->
 Backend` (its models loaded; called once the run folder is ready).
 """
@@ -30,8 +30,8 @@ from ..methods.base import Generation
 from .config import RunConfig
 
 # --engine NAME -> the module implementing its backend
-BACKENDS = {"specbench": "specbench.run.own_methods", "llama.cpp": "specbench.engines.llama_cpp",
-            "openai": "specbench.engines.openai_server"}
+BACKENDS = {"specbench": "specbench.run.own_methods", "llama.cpp": "specbench.backends.llama_cpp",
+            "openai": "specbench.backends.openai_server"}
 ENGINES = tuple(BACKENDS)
 
 T = TypeVar("T")
@@ -45,8 +45,12 @@ class Measures:
     resume: bool = True  # a run folder can be continued (--resume): a turn's result does not depend on the session
     why_not_resume: str = ""  # the reason, when resume is False
     batches: bool = False  # decodes batch > 1 jobs (--batch-size)
-    phases: bool = False  # measures load phases of its own (measure()) instead of the runner's turns
+    phases: bool = False  # measures load levels whole (load_levels.py: a server's concurrency) instead of turns
     why_not_retime: str = ""  # the reason, when retime is False
+    noise: bool = True  # this machine's /proc readings can tell a disturbed turn (records' foreign_cpu, steal)
+    why_not_noise: str = ""  # the reason, when noise is False
+    explain: bool = True  # a mismatch with ar is explained from logits (near-tie or not)
+    why_not_explain: str = ""  # where it cannot always be: when and why (the row's verdict names its case)
 
 
 class Backend(Protocol):

@@ -44,18 +44,18 @@ def batch_labels(methods: tuple[str, ...], modes: tuple[str, ...]) -> list[Batch
     return [BatchLabel("ar", ar_mode(modes))] + [BatchLabel(m, mode) for m in methods if m != "ar" for mode in modes]
 
 
-def plan(datasets: list[LoadedDataset], batch_sizes: list[int], labels: list[BatchLabel],
+def jobs(datasets: list[LoadedDataset], batch_sizes: list[int], labels: list[BatchLabel],
          refill: bool) -> list[BatchJob]:
     """Jobs for every batch size > 1, smallest first; each job's label order rotated by its group number."""
-    jobs = []
+    out = []
     for size in sorted(b for b in batch_sizes if b > 1):
-        step = size * REFILL_GROUP if refill else size
+        group = size * REFILL_GROUP if refill else size
         for dataset in datasets:
             indexed = [IndexedPrompt(i, p) for i, p in enumerate(dataset.prompts)]
-            for g, start in enumerate(range(0, len(indexed), step)):
+            for g, start in enumerate(range(0, len(indexed), group)):
                 k = g % len(labels)
-                jobs.append(BatchJob(dataset.name, size, g, indexed[start:start + step], labels[k:] + labels[:k]))
-    return jobs
+                out.append(BatchJob(dataset.name, size, g, indexed[start:start + group], labels[k:] + labels[:k]))
+    return out
 
 
 @dataclass(frozen=True)

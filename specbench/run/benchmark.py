@@ -6,8 +6,8 @@ is measured side by side on the same prompts and a burst of load cannot land on 
 are written together once every method has run it, after its disturbed turns were re-timed (--retime: retime.py)
 and after the lossless check against ar (lossless.py explains a mismatch). Batch > 1 runs after batch 1, in jobs
 of run/batch_schedule.py, on a backend that decodes batches. Ctrl-C keeps every finished record (resume.py
-continues the run). A backend that measures load phases of its own (a server's concurrency levels) is handed the
-prepared run folder instead of the turn loop.
+continues the run). A backend whose requests a server schedules (its concurrency levels, Poisson arrivals) runs
+load levels instead of turns (load_levels.py): measured whole by the backend, checked and written by the runner.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..core.model import tensor_parallel as tp
 from ..core.store import RunFolder
 from ..errors import SpecbenchError
 from ..progress import console, progress_bar
-from . import batch_schedule, noise, retime, synthetic
+from . import batch_schedule, load_levels, noise, retime, synthetic
 from .backend import Backend, backend_module
 from .config import RunConfig
 from .resume import Interrupted  # noqa: F401  (raised here; run/ray_shards and tests name it benchmark.Interrupted)
@@ -58,8 +58,8 @@ def run(cfg: RunConfig) -> Path:
         remove_if_empty(made)
         raise
     write_run_file(out, cfg, backend, loaded)
-    if backend.measures.phases:  # a server's load levels: measured by the backend, written with the run's records
-        return backend.measure(out, RecordWriter(out))
+    if backend.measures.phases:  # a server's load levels: each measured whole by the backend (load_levels.py)
+        return load_levels.run_levels(cfg, out, backend, loaded)
     return run_turns(cfg, out, backend, loaded)
 
 
@@ -75,7 +75,7 @@ def run_turns(cfg: RunConfig, out: Path, backend: Backend, loaded: list[LoadedDa
     writer = RecordWriter(out)
     prompt_work = select(pending_prompts(loaded, single_labels(cfg, list(runner.labels)), done), loaded, cfg.shard)
     labels = batch_schedule.batch_labels(runner.labels, batch_schedule.modes_for(cfg.batching))
-    jobs = batch_schedule.plan(loaded, list(cfg.batch_sizes), labels, cfg.refill) if backend.measures.batches else []
+    jobs = batch_schedule.jobs(loaded, list(cfg.batch_sizes), labels, cfg.refill) if backend.measures.batches else []
     batch_work = pending_batches(jobs, done)
     say_batches(cfg, loaded)
     to_go = sum(len(w.labels) for w in prompt_work) + sum(len(w.labels) for w in batch_work)

@@ -46,7 +46,7 @@ class RunConfig:
     drafter_device_map: str | None = None
     drafter_max_memory: str | None = None
     tp: int = 1
-    # who decodes (specbench/engines/): "specbench" (this package's loop), "llama.cpp", "openai"
+    # who decodes (the backend, run/backend.py): "specbench" (this package's loop), "llama.cpp", "openai"
     engine: str = "specbench"
     engine_options: dict = field(default_factory=dict)  # the engine's own settings (base_url, concurrency, ...)
     # --compile (core/model/compile.py): batch-1 forwards through torch.compile at static shapes

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-RESAMPLES = 1000  # the quantiles of 1000 resamples move by about 0.5% of the interval's width between seeds
+RESAMPLES = 1000  # enough that the quantiles move by a small share of the interval's width between seeds
 LEVEL = 0.95
 BOOTSTRAP_SEED = 0
 SIDES = ("new_tokens", "wall_s", "new_tokens_ar", "wall_s_ar")  # a pair's columns, per unit summed

@@ -37,8 +37,8 @@ from .shard import sibling_note
 DISTURBED_SHARE = 0.10  # a method x dataset is disturbed when more of its (or ar's) timed seconds than this are
 BOUND_TOLERANCE = 0.10  # timing noise allowed on top of the plausibility bound
 # Outlier test. On a quiet machine one method's time per forward varies over a dataset's turns by prompt length
-# (prefill and KV length) and drafting work, measured within about +-20% on our CPUs; a neighbour that takes half
-# the cores slows it 2x or more (benchmarks/RESULTS-cpu.md). 1.5x sits between the two. A median needs 3 rows
+# (prefill and KV length) and drafting work, far less than a neighbour that takes half the cores slows it
+# (docs/measurement.md has both spreads); OUTLIER_FACTOR sits between the two. A median needs 3 rows
 # to stand for the method rather than for the slow row itself. A turn whose every method is slow (a long prompt) is
 # not an outlier: a row must also be OUTLIER_FACTOR slower than the turn's other methods are.
 OUTLIER_FACTOR = 1.5

@@ -51,10 +51,14 @@ def prepare(cfg: RunConfig, loaded: list[LoadedDataset]) -> "OwnMethods":
     what each chose."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    from ..core.model.memory_need import planned, run_workload
+    from dataclasses import replace
+
+    from ..core.model.memory_need import run_workload, stated_workload
     from ..core.model.placement import drafter_placement, target_placement
 
-    with planned(run_workload(cfg.max_new_tokens, cfg.batch_sizes)):  # what the fit check counts
+    work = run_workload(cfg.max_new_tokens, cfg.batch_sizes)
+    work = replace(work, extra=work.extra + synthetic.artifact_bytes(cfg))  # a synthetic run's random artefacts
+    with stated_workload(work):  # what the fit check counts
         target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True,
                             placement=target_placement(cfg.device_map, cfg.max_memory, cfg.tp), compiled=cfg.compile)
     drafter = resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device,
@@ -88,7 +92,7 @@ class OwnMethods:
         options = cfg.method_options()
         # --synthetic-acceptance: a stated draw keeps the drafts; a method without an artefact gets random weights
         self.synthetic = synthetic.profile_of(cfg)
-        # tree methods search and predict their trees with the stated rates (methods/tree/plan.py); None otherwise
+        # tree methods search and predict their trees with the stated rates (methods/tree/batch_trees.py); None otherwise
         target.extras[synthetic.EXTRAS_KEY] = self.synthetic
         if self.synthetic:  # a drafter method without a drafter: one of the target's layers, untrained
             self.drafter = drafter = synthetic.drafter_for(cfg.methods, target, drafter)
@@ -97,7 +101,7 @@ class OwnMethods:
         for name in cfg.methods:
             cls = get_method(name)
             if cfg.tree_sizes and cls.kind == "tree":
-                for n in cfg.tree_sizes:  # 0: `auto`, the method's own choice (per batch size: methods/tree/plan.py)
+                for n in cfg.tree_sizes:  # 0: `auto`, the method's own choice (per batch size: methods/tree/batch_trees.py)
                     label = f"{name}@{n or 'auto'}"
                     self.methods[label] = make(cls, {**options[name], "tree": f"size={n}" if n else "auto"}, label)
             else:
@@ -108,7 +112,7 @@ class OwnMethods:
         batched = [b for b in cfg.batch_sizes if b > 1]
         for method in self.methods.values():
             if batched and method.batchable:
-                method.plan_batches(batched)  # each batch size's gamma / tree from L(B, w) (planning/batch_choice)
+                method.choose_per_batch_size(batched)  # each batch size's gamma / tree from L(B, w) (planning/batch_choice)
         self.env = environment(target.device, target.dtype)
         self.env["placement"] = target.placement  # core/model/placement.label: records, run.yaml and --resume name it
 

@@ -35,7 +35,7 @@ KILL_ENV = "SPECBENCH_TEST_KILL_SHARD"  # tests only: "I:K" = shard I's worker d
 
 
 @dataclass(frozen=True)
-class ShardPlan:
+class ShardJob:
     """One shard of the run: its config (with --shard I/N and its folder) and the records it will write."""
 
     cfg: RunConfig
@@ -81,27 +81,27 @@ def run_sharded(cfg: RunConfig, count: int, gpus_per_shard: float = 0, address: 
               for name in cfg.datasets]
     refuse_too_many(count, len(positions(loaded)), f"--shards {count}")
     out = Path(cfg.out)
-    plans = plan(cfg, loaded, count)
+    jobs = shard_jobs(cfg, loaded, count)
     prepare(out, cfg.resume, count)
     started = connect(ray, address, max(cpus, 1))
     try:
         refuse_unfit(ray, cpus, gpus_per_shard)
-        todo = [p for p in plans if not (cfg.resume and p.complete())]
-        if len(todo) < len(plans):
-            console.print(f"Resuming {out}: {len(plans) - len(todo)} of {count} shards already finished")
+        todo = [p for p in jobs if not (cfg.resume and p.complete())]
+        if len(todo) < len(jobs):
+            console.print(f"Resuming {out}: {len(jobs) - len(todo)} of {count} shards already finished")
         with contention.watching_run(out / "shards", "driver"):  # shards count the driver (its bars) as their run's
-            run_tasks(ray, todo, plans, cpus, gpus_per_shard)
+            run_tasks(ray, todo, jobs, cpus, gpus_per_shard)
     except KeyboardInterrupt:
         from .benchmark import Interrupted
 
-        stopped = Interrupted(out, sum(p.written() for p in plans))
-        stopped.runs = _partial_merge(plans, out)  # the CLI reports them (marked partial)
+        stopped = Interrupted(out, sum(p.written() for p in jobs))
+        stopped.runs = _partial_merge(jobs, out)  # the CLI reports them (marked partial)
         raise stopped from None
     finally:
         if started:
             ray.shutdown()
     try:
-        return merge([p.cfg.out for p in plans], out, replace=True)
+        return merge([p.cfg.out for p in jobs], out, replace=True)
     except SpecbenchError as exc:
         raise SpecbenchError(f"{exc}. The shards are kept in {out / 'shards'}; `specbench merge "
                              f"{out / 'shards'}/*/ --out OTHER` merges them once that is settled") from None
@@ -116,20 +116,20 @@ def absolute(cfg: RunConfig) -> RunConfig:
                    drafter=resolved(cfg.drafter), datasets=tuple(resolved(d) for d in cfg.datasets))
 
 
-def plan(cfg: RunConfig, loaded: list[LoadedDataset], count: int) -> list[ShardPlan]:
+def shard_jobs(cfg: RunConfig, loaded: list[LoadedDataset], count: int) -> list[ShardJob]:
     """Each shard's config and its expected record count (prompt turns x method labels) for the progress bars."""
     labels = sum(len(cfg.tree_sizes) if cfg.tree_sizes and get_method(m).kind == "tree" else 1 for m in cfg.methods)
     where = positions(loaded)
     turns = {(d.name, str(p.id)): len(p.turns) for d in loaded for p in d.prompts}
-    plans = []
+    jobs = []
     for i in range(count):
         shard = Shard(i, count)
         rows = labels * sum(turns[k] for k, pos in where.items() if shard.owns(pos))
         folder = Path(cfg.out) / "shards" / shard.folder
         # --resume continues the shards that started; one that never wrote its run.yaml starts afresh
-        plans.append(ShardPlan(replace(cfg, shard=shard, out=folder, resume=cfg.resume and RunFolder(folder).is_run()),
+        jobs.append(ShardJob(replace(cfg, shard=shard, out=folder, resume=cfg.resume and RunFolder(folder).is_run()),
                                rows))
-    return plans
+    return jobs
 
 
 def prepare(out: Path, resume: bool, count: int) -> None:
@@ -186,16 +186,16 @@ def refuse_unfit(ray, cpus: int, gpus: float) -> None:
                              f"{have.get('CPU', 0):g}")
 
 
-def run_tasks(ray, todo: list[ShardPlan], plans: list[ShardPlan], cpus: int, gpus: float) -> None:
+def run_tasks(ray, todo: list[ShardJob], jobs: list[ShardJob], cpus: int, gpus: float) -> None:
     """Submit the shards, draw a bar per shard from its records.csv, and turn a failed shard into a clear error."""
     task = ray.remote(shard_task).options(num_cpus=cpus, num_gpus=gpus, max_retries=RETRIES, retry_exceptions=False)
     kill = os.environ.get(KILL_ENV, "")
     pending = {task.remote(p.cfg, kill): p for p in todo}
     try:
         with progress_bar() as bar:
-            bars = {p.shard.index: bar.add_task(f"shard {p.shard}", total=max(p.rows, 1), info="") for p in plans}
+            bars = {p.shard.index: bar.add_task(f"shard {p.shard}", total=max(p.rows, 1), info="") for p in jobs}
             while True:
-                for p in plans:
+                for p in jobs:
                     bar.update(bars[p.shard.index], completed=min(p.written(), p.rows),
                                info="done" if p not in pending.values() else "")
                 if not pending:
@@ -210,7 +210,7 @@ def run_tasks(ray, todo: list[ShardPlan], plans: list[ShardPlan], cpus: int, gpu
         raise
 
 
-def _result(ray, ref, p: ShardPlan) -> None:
+def _result(ray, ref, p: ShardJob) -> None:
     log = _log_path(p.cfg)
     try:
         ray.get(ref)
@@ -228,10 +228,10 @@ def _log_path(cfg: RunConfig) -> Path:
     return Path(cfg.out).parent / f"{Path(cfg.out).name}.log"
 
 
-def _partial_merge(plans: list[ShardPlan], out: Path) -> list[Path]:
+def _partial_merge(jobs: list[ShardJob], out: Path) -> list[Path]:
     """Ctrl-C: what finished, merged (marked partial) when any shard wrote records; the caller writes the report."""
-    started = [p.cfg.out for p in plans if RunFolder(p.cfg.out).is_run()]
-    if not any(p.written() for p in plans):
+    started = [p.cfg.out for p in jobs if RunFolder(p.cfg.out).is_run()]
+    if not any(p.written() for p in jobs):
         return []
     try:
         return merge(started, out, allow_partial=True, per_hardware=True, replace=True)
@@ -259,10 +259,10 @@ def _die_after(cfg: RunConfig, rows: int) -> None:
     marker = Path(cfg.out).parent / f".{Path(cfg.out).name}.killed"
     if marker.exists():
         return
-    plan_ = ShardPlan(cfg, rows)
+    job = ShardJob(cfg, rows)
 
     def watch() -> None:
-        while plan_.written() < rows:
+        while job.written() < rows:
             time.sleep(0.02)
         marker.write_text("")
         os._exit(1)

@@ -1,4 +1,4 @@
-"""Building result records: one timed prompt turn (TurnResult) plus its lossless check (LosslessCheck) -> one
+"""Building result records: one timed prompt turn (TurnResult) plus its lossless check (LosslessOutcome) -> one
 Record row.
 
 The check compares a method's tokens with ar's (greedy runs only); a mismatch carries ar's logit gap at the first
@@ -35,6 +35,7 @@ class TurnResult:
     tries: int = 1  # timings taken of this turn (--retime: run/retime.py)
     reference: list[int] | None = None  # --compile, ar: eager ar's tokens of the same prompt (the lossless reference)
     disturbed: bool = False  # the kept timing was still disturbed
+    tokens_compared: list | None = None  # what the lossless check compares instead of gen.tokens (a server's text)
 
     @property
     def forward_ms(self) -> float:
@@ -43,7 +44,7 @@ class TurnResult:
 
 
 @dataclass(frozen=True)
-class LosslessCheck:
+class LosslessOutcome:
     """A turn's lossless check against ar: "match", "mismatch@<index>" or "" (no greedy reference), and at a
     mismatch ar's logit gap and the verdict."""
 
@@ -61,14 +62,14 @@ def compare(tokens: list[int], reference: list[int]) -> str:
 
 
 def build_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: str, prompt: ds.Prompt,
-                 r: TurnResult, check: LosslessCheck, prompt_cut: int = 0, prompt_tokens: int | None = None) -> Record:
+                 r: TurnResult, outcome: LosslessOutcome, prompt_cut: int = 0, prompt_tokens: int | None = None) -> Record:
     """The records.csv row of one turn, whichever backend decoded it (env: the backend's environment, its dtype,
     placement and engine included; model: the model as the run names it; prompt_cut: tokens cut from the prompt's
     left to fit the context; prompt_tokens: the prompt's length where the decoder, not `r.ids`, knows it). No target
     forwards counted (a server that does not say) leaves tau and forward_ms empty, never guessed."""
     gen, seconds, n = r.gen, r.seconds, len(r.gen.tokens)
     counted = gen.target_forwards > 0
-    gap = check.gap
+    gap = outcome.gap
     per_pos = " ".join(f"{a}/{d}" for a, d in zip(gen.accepted_per_position, gen.drafted_per_position))
     fields = dict(
         method=method, dataset=dataset, prompt_id=str(prompt.id), category=prompt.category, turn=r.turn,
@@ -79,12 +80,12 @@ def build_record(cfg: RunConfig, env: dict, model: str, method: str, dataset: st
         drafted=gen.drafted, draft_forwards=gen.draft_forwards, draft_s=round(gen.draft_s, 6),
         accepted_drafts=gen.accepted_drafts,
         acceptance_rate=round(gen.accepted_drafts / gen.drafted, 4) if gen.drafted else float("nan"),
-        lossless=check.lossless, stopped=gen.stopped, peak_mem_mb=round(r.mem, 1), accepted_per_position=per_pos,
+        lossless=outcome.lossless, stopped=gen.stopped, peak_mem_mb=round(r.mem, 1), accepted_per_position=per_pos,
         temperature=cfg.temperature, model=model, dtype=env["dtype"], engine=env.get("engine", "specbench"),
         device=env["device"], threads=env["threads"], torch=env["torch"],
         transformers=env["transformers"], git=env["git"], hardware=env["hardware"],
         placement=env.get("placement", ""),
-        mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=check.verdict,
+        mismatch_logit_gap=round(gap, 6) if not math.isnan(gap) else gap, mismatch_explained=outcome.verdict,
         forward_ms=round(r.forward_ms, 3) if counted else math.nan, order=r.order, timing_tries=r.tries,
         timing_disturbed=r.disturbed,
         prompt_cut=prompt_cut, compiled_forwards=_count(gen.compiled_forwards),

@@ -22,10 +22,10 @@ class Interrupted(SpecbenchError):
 
     exit_code = 130
 
-    def __init__(self, out: Path, kept: int):
+    def __init__(self, out: Path, kept: int,
+                 whole: str = "only whole prompts are kept: every method of a prompt, written together"):
         kept_text = f"{kept} records kept in {out}" if kept else f"no results yet in {out}"
-        super().__init__(f"Interrupted: {kept_text}. Continue with the same command plus --resume (only whole "
-                         "prompts are kept: every method of a prompt, written together).")
+        super().__init__(f"Interrupted: {kept_text}. Continue with the same command plus --resume ({whole}).")
         self.out = out
         self.kept = kept
 

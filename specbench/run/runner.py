@@ -15,7 +15,7 @@ from ..methods.base import Generation
 from . import synthetic
 from .backend import Backend, turn_seed
 from .config import RunConfig
-from .records import LosslessCheck, TurnResult, build_record, compare, same_ids
+from .records import LosslessOutcome, TurnResult, build_record, compare, same_ids
 from .results import Record, RecordWriter, append_timeline
 
 
@@ -79,11 +79,25 @@ class Runner:
 
     def finish_prompt(self, dataset: str, prompt: ds.Prompt, results: dict[str, list[TurnResult]],
                       reference: dict, writer: RecordWriter) -> None:
-        """Check every method's tokens against ar's (explaining a mismatch: lossless.py) and write the records, in
-        the registry's method order whatever order they ran in."""
+        """Check every method's tokens against ar's (check_prompt) and write the records, in the registry's method
+        order whatever order they ran in."""
+        for label, r, outcome in self.check_prompt(dataset, prompt, results, reference):
+            writer.write(self.record(label, dataset, prompt, r, outcome), r.gen.tokens,
+                         self.backend.decode(r.gen.tokens))
+            if r.gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
+                append_timeline(writer.records_path.parent, {"method": label, "dataset": dataset,
+                                                             "prompt_id": str(prompt.id), "turn": r.turn},
+                                r.gen.timeline)
+
+    def check_prompt(self, dataset: str, prompt: ds.Prompt, results: dict[str, list[TurnResult]],
+                     reference: dict) -> list[tuple[str, TurnResult, LosslessOutcome]]:
+        """The lossless check of one prompt's turns, every method's against ar's (a mismatch explained from the
+        backend's logits: lossless.py), in the registry's method order: (label, turn, outcome). ar's compared
+        sequences are added to `reference`, (dataset, prompt id, turn) -> sequence."""
         for r in results.get("ar", []):
-            reference[(dataset, prompt.id, r.turn)] = r.gen.tokens
+            reference[(dataset, prompt.id, r.turn)] = compared(r)
         ar_ids = {r.turn: r.ids for r in results.get("ar", [])}
+        checked = []
         for label in (m for m in self.labels if m in results):
             verdict = ""
             for r in results[label]:
@@ -92,7 +106,7 @@ class Runner:
                 if self.synthetic:  # the output is not the model's: no lossless check applies
                     synthetic.count(self.synthetic_tallies, label, r.gen)
                 elif self.cfg.sampling.greedy and label != "ar" and key in reference:
-                    lossless = compare(r.gen.tokens, reference[key])
+                    lossless = compare(compared(r), reference[key])
                     if lossless != "match":
                         gap, verdict = self.explain(dataset, prompt, r, reference, ar_ids, verdict)
                 elif r.reference is not None:  # the backend's own reference (a compiled ar's eager twin)
@@ -100,13 +114,9 @@ class Runner:
                     if lossless != "match":
                         gap, verdict = self.backend.explain(r.ids, r.reference, r.gen.tokens,
                                                             int(lossless.split("@")[1]))
-                check = LosslessCheck(lossless, gap, verdict if lossless not in ("", "match") else "")
-                writer.write(self.record(label, dataset, prompt, r, check), r.gen.tokens,
-                             self.backend.decode(r.gen.tokens))
-                if r.gen.timeline:  # sd / pearl: per-step draft and target busy spans (timeline.jsonl)
-                    append_timeline(writer.records_path.parent, {"method": label, "dataset": dataset,
-                                                                 "prompt_id": str(prompt.id), "turn": r.turn},
-                                    r.gen.timeline)
+                checked.append((label, r, LosslessOutcome(lossless, gap,
+                                                          verdict if lossless not in ("", "match") else "")))
+        return checked
 
     def explain(self, dataset: str, prompt: ds.Prompt, r: TurnResult, reference: dict, ar_ids: dict,
                 earlier: str) -> tuple[float, str]:
@@ -119,12 +129,12 @@ class Runner:
             ids = self.prompt_ids(ds.conversation(prompt, r.turn, answers), prompt)
         if ids is None or not same_ids(ids, r.ids):
             return math.nan, earlier or "unexplained"
-        index = int(compare(r.gen.tokens, ar_tokens).split("@")[1])
-        return self.backend.explain(ids, ar_tokens, r.gen.tokens, index)
+        index = int(compare(compared(r), ar_tokens).split("@")[1])
+        return self.backend.explain(ids, ar_tokens, compared(r), index)
 
-    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, check: LosslessCheck) -> Record:
+    def record(self, method: str, dataset: str, prompt: ds.Prompt, r: TurnResult, outcome: LosslessOutcome) -> Record:
         """The records.csv row of one checked turn (records.py)."""
-        return build_record(self.cfg, self.backend.env, self.backend.model_spec, method, dataset, prompt, r, check,
+        return build_record(self.cfg, self.backend.env, self.backend.model_spec, method, dataset, prompt, r, outcome,
                             prompt_cut=self.prompt_cut.get((prompt, r.turn), 0))
 
     def finish_batch(self, dataset: str, label: str, mode: str, rows: list, reference: dict, writer: RecordWriter,
@@ -143,10 +153,16 @@ class Runner:
             if self.synthetic:  # the output is not the model's: no lossless check applies
                 synthetic.count(self.synthetic_tallies, f"{label} B={r.batch['batch_size']} {mode}", b.gen)
             elif self.cfg.sampling.greedy and key in reference:
-                lossless = compare(b.gen.tokens, reference[key])
+                lossless = compare(compared(r), reference[key])
                 if lossless != "match":
                     gap, verdicts[b.prompt.id] = self.explain(dataset, b.prompt, r, reference, {},
                                                               verdicts.get(b.prompt.id, ""))
                     verdict = verdicts[b.prompt.id]
-            record = self.record(label, dataset, b.prompt, r, LosslessCheck(lossless, gap, verdict))
+            record = self.record(label, dataset, b.prompt, r, LosslessOutcome(lossless, gap, verdict))
             writer.write(record, b.gen.tokens, self.backend.decode(b.gen.tokens))
+
+
+def compared(r: TurnResult) -> list:
+    """What the lossless check compares of a turn: its tokens, or the backend's stand-in where its tokens are not
+    comparable (a server's text, when it gives no token strings)."""
+    return r.tokens_compared if r.tokens_compared is not None else r.gen.tokens

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..core.acceptance_profile import AcceptanceProfile, read
+from ..core.acceptance_profile import AcceptanceProfile
 from ..core.store import RunFolder
-from ..core.synthetic import SyntheticAcceptance
+from ..core.synthetic import PerMethodAcceptance, SyntheticAcceptance, read_stated, stated_for
 from ..errors import SpecbenchError
 from ..methods import get_method
 from ..progress import console
@@ -27,11 +27,25 @@ SIGMAS = 5.0
 # the published shapes a random artefact takes (Medusa's 4 heads on Vicuna-7B; ParallelSpec's 4 [MASK] tokens)
 MEDUSA_HEADS, PARALLEL_MASKS, NOISE = 4, 4, 0.05
 EAGLE3_DRAFT_VOCAB = 32000  # the released EAGLE-3 drafters' draft vocabulary (Llama 3.1 8B's)
-EXTRAS_KEY = "synthetic_acceptance"  # the target's extras entry tree methods read (methods/tree/plan.SYNTHETIC)
+EXTRAS_KEY = "synthetic_acceptance"  # the target's extras entry tree methods read (methods/tree/batch_trees.SYNTHETIC)
 
 
-def profile_of(cfg) -> AcceptanceProfile | None:
-    return read(cfg.synthetic_acceptance) if cfg.synthetic_acceptance else None
+def profile_of(cfg) -> AcceptanceProfile | PerMethodAcceptance | None:
+    return read_stated(cfg.synthetic_acceptance) if cfg.synthetic_acceptance else None
+
+
+def key_of(method) -> str:
+    """A method's file key in a folder of stated acceptance: its family (ppd and ppd-typical share ppd.yaml), else
+    its name."""
+    return getattr(method, "family", None) or method.name
+
+
+def check_methods(stated, names) -> None:
+    """Refuse, before any model loads, a folder of stated acceptance without a file for one of the run's methods."""
+    for name in names:
+        cls = get_method(name)
+        if cls.kind != "baseline":
+            stated_for(stated, key_of(cls))
 
 
 def _meta(target) -> dict:
@@ -90,6 +104,31 @@ def random_artifact(name: str, target, folder: Path) -> str | None:
         torch.random.set_rng_state(generator_state)
 
 
+def artifact_bytes(cfg) -> tuple[tuple[str, int], ...]:
+    """The random artefacts a synthetic run may build, in bytes (float32, as they are built), for the fit check's
+    workload (core/model/memory_need.Workload.extra): heads, a drafter layer and its input projection, projections.
+    Counted for every method that takes one, trained or not (an upper bound); () where the model's shape is unknown."""
+    if not cfg.synthetic_acceptance:
+        return ()
+    from ..core.model.load import model_config
+    from ..planning.latency_estimate import ModelShape
+
+    try:
+        shape = ModelShape.from_config(model_config(cfg.model))
+    except Exception:  # noqa: BLE001  (a model whose config cannot be read here: its loader says why later)
+        return ()
+    h, layer = shape.hidden, shape.weights_per_layer
+    sizes = {"medusa heads": MEDUSA_HEADS * (h * h + h), "transfer projections": 3 * h * h,
+             "eagle drafter": layer + 2 * h * h, "parallelspec drafter": layer + 2 * h * h,
+             "eagle3 drafter": layer + 3 * h * h + EAGLE3_DRAFT_VOCAB * h}
+    out = []
+    for name in cfg.methods:
+        for need, params in sizes.items():
+            if need in get_method(name).needs:
+                out.append((f"{name}'s random {need}", 4 * params))
+    return tuple(out)
+
+
 def build(cls, target, options: dict, drafter, label: str):
     """The method, on a random artefact of its shape where none was given and none is found for the model."""
     if options.get("artifact") or "artifact" not in {o.name for o in cls.option_specs}:
@@ -122,9 +161,10 @@ def drafter_for(methods, target, drafter):
     return layer_drafter(target, [0])
 
 
-def install(methods: dict, profile: AcceptanceProfile, seed: int) -> None:
+def install(methods: dict, profile: AcceptanceProfile | PerMethodAcceptance, seed: int) -> None:
     for method in methods.values():
-        method.acceptance_rule = SyntheticAcceptance(profile, seed)
+        if method.kind != "baseline":
+            method.acceptance_rule = SyntheticAcceptance(stated_for(profile, key_of(method)), seed)
 
 
 @dataclass
@@ -157,12 +197,19 @@ def count(tallies: dict, label: str, gen) -> None:
     tallies.setdefault(label, Tally()).add(gen)
 
 
-def block(cfg, profile: AcceptanceProfile) -> dict:
-    """run.yaml's `synthetic_acceptance`: what was stated, before any check."""
-    return {"source": profile.source, "given": cfg.synthetic_acceptance,
-            "conditional": [round(x, 6) for x in profile.conditional],
+def _rates(profile: AcceptanceProfile) -> dict:
+    return {"conditional": [round(x, 6) for x in profile.conditional],
             "marginal": [round(x, 6) for x in profile.marginal],
             "per_rank": [list(r) for r in profile.per_rank]}
+
+
+def block(cfg, profile: AcceptanceProfile | PerMethodAcceptance) -> dict:
+    """run.yaml's `synthetic_acceptance`: what was stated, before any check (per method for a folder)."""
+    if isinstance(profile, PerMethodAcceptance):
+        keys = {key_of(get_method(m)) for m in cfg.methods if get_method(m).kind != "baseline"}
+        return {"source": profile.source, "given": cfg.synthetic_acceptance,
+                "per_method": {k: {"source": profile.of(k).source, **_rates(profile.of(k))} for k in sorted(keys)}}
+    return {"source": profile.source, "given": cfg.synthetic_acceptance, **_rates(profile)}
 
 
 def finish(out: Path, tallies: dict) -> None:

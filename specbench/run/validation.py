@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..methods.tree.plan import tree_spec
+from ..methods.tree.batch_trees import tree_spec
 from ..data.trainsets import refuse_as_benchmark
 from ..errors import SpecbenchError
 from ..methods import REGISTRY, all_options, get_method
@@ -42,9 +42,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     for name in cfg.methods:
         get_method(name)
     if cfg.synthetic_acceptance is not None:  # malformed rates or profile file: refused before any model loads
-        from ..core.acceptance_profile import read
+        from .synthetic import check_methods, profile_of
 
-        read(cfg.synthetic_acceptance)
+        check_methods(profile_of(cfg), cfg.methods)  # a folder: a file for each method
     for name in cfg.datasets:
         refuse_as_benchmark(name)
     tree_spec(cfg.options)  # a malformed --tree is refused before any model loads

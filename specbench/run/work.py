@@ -55,7 +55,7 @@ class IndexedPrompt:
 
 @dataclass(frozen=True)
 class BatchJob:
-    """One group of prompts of one dataset decoded at one batch size by every label (batch_schedule.plan)."""
+    """One group of prompts of one dataset decoded at one batch size by every label (batch_schedule.jobs)."""
 
     dataset: str
     batch_size: int

@@ -1,4 +1,4 @@
-"""`specbench train METHOD --dry-run`: the trainer's own steps (load the target, prepare, build, optimise) on random
+"""`specbench train METHOD --dry-run`: the trainer's own stages (load the target, prepare, build, optimise) on random
 token sequences for a few optimiser steps, timed and with their peak memory, then the full recipe's cost projected
 from them: self-distillation (from the target's forward costs), preparation (cached features, scaled to the full
 data) and the optimiser steps. Nothing is written. What a user learns before spending hours: does it fit, how long.
@@ -22,7 +22,7 @@ from ..core.machine.memory import peak_mb, reset_peak
 from ..core.machine.timing import now, since
 from ..progress import console, out
 from .settings import TrainSettings
-from .steps import Recipe, load_target, planned_sequences
+from .recipe import Recipe, load_target, distilled_sequences
 
 DRY_SEQUENCES = 8  # random sequences the dry run prepares (the full recipe's count is projected from them)
 PROMPT_TOKENS = 64  # a rendered chat prompt's length, as the dry run's random sequences have it
@@ -37,7 +37,7 @@ class DryRun:
     load_peak_mb: float
     prepare_s: float
     prepare_mb: float
-    step_s: list[float]
+    update_s: list[float]
     peak_mb: float
     sequences: int  # the full recipe's self-distilled sequences
     full_steps: int
@@ -45,8 +45,8 @@ class DryRun:
     target: str = ""  # the target as loaded: spec, dtype, device
 
     @property
-    def per_step(self) -> float:
-        later = self.step_s[1:] or self.step_s  # the first step allocates the optimiser's state
+    def per_update(self) -> float:
+        later = self.update_s[1:] or self.update_s  # the first step allocates the optimiser's state
         return statistics.median(later)
 
     @property
@@ -58,8 +58,8 @@ class DryRun:
 
 
 def full_sequences(cfg: TrainSettings, recipe: Recipe) -> int:
-    """Sequences the full recipe self-distils (steps.planned_sequences at the command's default --steps)."""
-    return planned_sequences(replace(cfg, steps=default_of(cfg, "steps")), recipe.prompts)
+    """Sequences the full recipe self-distils (recipe.distilled_sequences at the command's default --steps)."""
+    return distilled_sequences(replace(cfg, steps=default_of(cfg, "steps")), recipe.prompts)
 
 
 def default_of(cfg: TrainSettings, name: str):
@@ -77,7 +77,7 @@ def random_sequences(target, count: int, reply: int, seed: int = 0) -> list[tupl
 
 
 def dry_run(recipe: Recipe, steps: int) -> DryRun:
-    """Run the recipe's steps on random data for `steps` optimiser steps (AdamW, as optimiser.optimise: the same
+    """Run the recipe's stages on random data for `steps` optimiser steps (AdamW, as optimiser.optimise: the same
     state and gradients), measuring each; nothing is saved."""
     from .selfdistill import forward_costs, generation_seconds
 
@@ -103,7 +103,7 @@ def dry_run(recipe: Recipe, steps: int) -> DryRun:
     recipe.prepare()
     prepare_s, prepare_mb = since(t), _resident_mb(device) - before
     module = recipe.build()
-    step_loss = recipe.step_loss(module)
+    update_loss = recipe.update_loss(module)
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     rng = random.Random(cfg.seed)
@@ -111,7 +111,7 @@ def dry_run(recipe: Recipe, steps: int) -> DryRun:
     for _ in range(steps):
         t = now()
         opt.zero_grad()
-        loss = step_loss(rng)
+        loss = update_loss(rng)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -144,22 +144,22 @@ def _duration(seconds: float) -> str:
 
 def report(command: str, cfg: TrainSettings, result: DryRun) -> None:
     """The dry run's table: measured, then projected for the full recipe."""
-    table = Table(title=f"train {command} --dry-run: {result.target}, {len(result.step_s)} steps on random data")
+    table = Table(title=f"train {command} --dry-run: {result.target}, {len(result.update_s)} steps on random data")
     for name in ("", "time", "peak memory", "how"):
         table.add_column(name, justify="right" if name in ("time", "peak memory") else "left")
     table.add_row("load the target", _duration(result.load_s), f"{result.load_peak_mb / 1024:.2f} GiB", "measured")
     table.add_row(f"prepare ({DRY_SEQUENCES} sequences)", _duration(result.prepare_s),
                   f"+{max(result.prepare_mb, 0) / 1024:.2f} GiB", "measured (cached features, teacher outputs)")
-    table.add_row("one optimiser step", _duration(result.per_step), f"{result.peak_mb / 1024:.2f} GiB",
-                  f"measured: median of steps {'2..' if len(result.step_s) > 1 else '1..'}{len(result.step_s)}")
+    table.add_row("one optimiser step", _duration(result.per_update), f"{result.peak_mb / 1024:.2f} GiB",
+                  f"measured: median of steps {'2..' if len(result.update_s) > 1 else '1..'}{len(result.update_s)}")
     table.add_section()
     table.add_row(f"self-distil {result.sequences} prompts", _duration(result.data_s), "",
                   f"projected: {cfg.new_tokens} new tokens each, from the target's forward costs (upper bound)")
     table.add_row(f"prepare {result.sequences} sequences", _duration(result.prepare_s * result.scale),
                   f"+{max(result.prepare_mb, 0) * result.scale / 1024:.2f} GiB", f"projected: x{result.scale:.0f}")
-    train_s = result.per_step * result.full_steps
+    train_s = result.per_update * result.full_steps
     table.add_row(f"{result.full_steps} optimiser steps", _duration(train_s), "",
-                  f"projected: {result.full_steps} x {result.per_step:.3f} s")
+                  f"projected: {result.full_steps} x {result.per_update:.3f} s")
     total = result.load_s + result.data_s + result.prepare_s * result.scale + train_s
     table.add_row("[bold]the full recipe[/]", f"[bold]{_duration(total)}[/]",
                   f"[bold]{result.projected_peak_mb() / 1024:.2f} GiB[/]", "projected peak: the step's + the "

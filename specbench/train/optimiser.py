@@ -40,11 +40,11 @@ def default_warmup(steps: int) -> int:
     return max(1, min(30, steps // 10))
 
 
-def optimise(module: torch.nn.Module, step_loss: Callable[[random.Random], torch.Tensor], *, steps: int, lr: float,
+def optimise(module: torch.nn.Module, update_loss: Callable[[random.Random], torch.Tensor], *, steps: int, lr: float,
              save_every: int, ckpt_path: Path, settings: dict, resume: bool, label: str,
              seed: int = 0, warmup: int | None = None, clip: float | None = 1.0,
              state: CheckpointState | None = None) -> tuple[list[float], float]:
-    """Train module's parameters on step_loss(rng) for `steps` steps; returns (loss per step, training seconds).
+    """Train module's parameters on update_loss(rng) for `steps` steps; returns (loss per step, training seconds).
 
     warmup: linear warm-up steps before the cosine decay (None: default_warmup(steps); 0: cosine from the first
     step). clip: the gradients' largest total norm (None: no clipping). state: the checkpoint's weight format.
@@ -83,7 +83,7 @@ def optimise(module: torch.nn.Module, step_loss: Callable[[random.Random], torch
             for group in opt.param_groups:
                 group["lr"] = lr * scale
             opt.zero_grad()
-            loss = step_loss(rng)
+            loss = update_loss(rng)
             loss.backward()
             if clip is not None:
                 torch.nn.utils.clip_grad_norm_(params, clip)

@@ -2,9 +2,12 @@
 
 A shape's first call compiles it (core/model/compile.py): minutes on a CPU when inductor builds its C++ kernels from
 scratch, seconds when inductor's on-disk cache holds them from an earlier run (torch keeps that cache across
-processes, so a second run of the same shapes reads them back). Before compiling, a run says how many shapes it
-expects and the wait per shape: the median of the shapes this machine compiled before (the user cache's
-compile_seconds.json, per device kind and cold / warm inductor cache), else a rough default for the device kind.
+processes, so a second run of the same shapes reads them back; a shape is the same only at the same width, kind of
+input and cache capacity). Before compiling, a run says how many shapes it expects and the wait per shape, built
+and read back: the medians of the shapes this machine compiled before for the same model (the user cache's
+compile_seconds.json, per device kind, model class, parameter count and dtype, and whether inductor's cache served
+the shape), else a rough guess for the device kind, said as a guess. Whether a shape was read back is inductor's
+own count of FX-graph cache hits during its first call.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from pathlib import Path
 import torch
 
 CACHED_FILES = 50  # files in inductor's cache from which earlier builds are taken to be there (counted up to this)
+READ_BACK = " (read back from inductor's cache)"
 HISTORY = "compile_seconds.json"  # in the user cache: recent seconds per compiled shape, per device kind and cache
 KEPT = 64  # recent shapes kept per key
-# seconds a shape, where this machine has compiled none yet: guesses for the kind, said as guesses
-DEFAULT_S = {("cpu", "cold"): 120.0, ("cpu", "warm"): 10.0, ("cuda", "cold"): 60.0, ("cuda", "warm"): 10.0}
+# seconds a shape, where this machine has compiled none of the model yet: guesses for the kind, said as guesses
+DEFAULT_S = {("cpu", "built"): 120.0, ("cpu", "read"): 20.0, ("cuda", "built"): 60.0, ("cuda", "read"): 10.0}
 
 
 def inductor_cache() -> tuple[Path | None, int]:
@@ -37,9 +41,26 @@ def inductor_cache() -> tuple[Path | None, int]:
     return folder, sum(1 for _ in itertools.islice((p for p in folder.rglob("*") if p.is_file()), CACHED_FILES))
 
 
-def _key(device: torch.device) -> tuple[str, str]:
-    _, files = inductor_cache()
-    return ("cuda" if device.type == "cuda" else "cpu", "warm" if files >= CACHED_FILES else "cold")
+def cache_hits() -> int:
+    """Inductor's count of FX graphs read back from its cache in this process (a shape's first call that raises it
+    was read back, not built)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return int(counters["inductor"]["fxgraph_cache_hit"])
+
+
+def model_key(model) -> str:
+    """What the history is kept per: the model's class, parameter count and dtype (a tiny test model's seconds
+    never promise a real model's wait)."""
+    params = list(model.parameters()) if model is not None else []
+    dtype = str(params[0].dtype).replace("torch.", "") if params else "none"
+    return f"{type(model).__name__}-{sum(p.numel() for p in params)}-{dtype}"
+
+
+def _kind(device: torch.device) -> str:
+    return "cuda" if device.type == "cuda" else "cpu"
 
 
 def _history_path() -> Path:
@@ -56,22 +77,30 @@ def _read() -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def per_shape(device: torch.device) -> tuple[float, str]:
-    """(seconds a shape is expected to take here, where that figure comes from)."""
-    key = _key(device)
-    seen = [float(s) for s in _read().get("/".join(key), []) if isinstance(s, (int, float))]
-    if seen:
-        return statistics.median(seen), f"median of {len(seen)} shapes compiled here before, inductor cache {key[1]}"
-    return DEFAULT_S[key], f"a guess for a {key[0]} with a {key[1]} inductor cache (none compiled here yet)"
+def per_shape(device: torch.device, model=None) -> tuple[float, float, str]:
+    """(seconds a shape takes here when built, when read back from inductor's cache, where the figures come from)."""
+    kind, data = _kind(device), _read()
+    out, sources = [], []
+    for how in ("built", "read"):
+        seen = [float(s) for s in data.get(f"{kind}/{model_key(model)}/{how}", []) if isinstance(s, (int, float))]
+        if seen:
+            out.append(statistics.median(seen))
+            sources.append(f"{how}: median of {len(seen)} shapes of this model compiled here")
+        else:
+            out.append(DEFAULT_S[(kind, how)])
+            sources.append(f"{how}: a guess for a {kind}")
+    return out[0], out[1], "; ".join(sources)
 
 
-def remember(device: torch.device, seconds: list[float]) -> None:
-    """Add a run's seconds per compiled shape to the history (best effort: an unwritable cache is skipped)."""
-    if not seconds:
+def remember(device: torch.device, shapes: list, model=None) -> None:
+    """Add a run's compiled shapes to the history: (seconds, read back from inductor's cache) pairs, or seconds
+    alone for shapes built (best effort: an unwritable cache is skipped)."""
+    if not shapes:
         return
-    key = "/".join(_key(device))
     data = _read()
-    data[key] = ([*data.get(key, []), *[round(s, 2) for s in seconds]])[-KEPT:]
+    for seconds, read in (s if isinstance(s, tuple) else (s, False) for s in shapes):
+        key = f"{_kind(device)}/{model_key(model)}/{'read' if read else 'built'}"
+        data[key] = [*data.get(key, []), round(float(seconds), 2)][-KEPT:]
     try:
         path = _history_path()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,18 +109,22 @@ def remember(device: torch.device, seconds: list[float]) -> None:
         pass
 
 
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
 def say_expected(name: str, device: torch.device, shapes: int, detail: str = "",
-                 before: str = "the first timed token") -> None:
-    """Before compiling: the shapes a model will compile and the expected wait (before `before`)."""
+                 before: str = "the first timed token", model=None) -> None:
+    """Before compiling: the shapes a model will compile and the expected wait (before `before`): between every
+    shape read back from inductor's cache and every shape built afresh."""
     from ...progress import console
 
     if shapes <= 0:
         return
-    each, source = per_shape(device)
-    total = each * shapes
-    wait = f"{total / 60:.1f} min" if total >= 90 else f"{total:.0f} s"
-    console.print(f"[dim]--compile {name}: about {shapes} shape(s) to compile{detail}, ~{each:.0f} s each ({source}): "
-                  f"expect ~{wait} before {before} (not timed)[/]")
+    built, read, source = per_shape(device, model)
+    console.print(f"[dim]--compile {name}: about {shapes} shape(s) to compile{detail}, ~{built:.0f} s a shape built, "
+                  f"~{read:.0f} s read back from inductor's cache (the same shapes run here before) ({source}): "
+                  f"expect {_minutes(read * shapes)} to {_minutes(built * shapes)} before {before} (not timed)[/]")
 
 
 def say_start(name: str, device: torch.device) -> None:
@@ -101,14 +134,15 @@ def say_start(name: str, device: torch.device) -> None:
     folder, files = inductor_cache()
     if folder is None:
         return
-    wait = ("seconds per shape: inductor's cache holds earlier builds" if files >= CACHED_FILES else
+    wait = ("seconds for a shape compiled here before at the same cache size (read back from inductor's cache), "
+            "minutes for a new one" if files >= CACHED_FILES else
             "minutes per shape on a CPU (C++ kernels built from scratch; later runs read them back)"
             if device.type == "cpu" else "a minute or so per shape (Triton kernels built from scratch)")
     held = f"{files}+" if files >= CACHED_FILES else str(files)
     console.print(f"[dim]--compile {name}: compiling its first shape: expect {wait} ({folder}: {held} files)[/]")
 
 
-def said(name: str, key: tuple, seconds: float, done: int, expected: int) -> None:
+def said(name: str, key: tuple, seconds: float, done: int, expected: int, read_back: bool = False) -> None:
     """One line per compiled shape as it compiles (minutes on a 2-core CPU: the user sees progress)."""
     from ...progress import console
 
@@ -117,4 +151,4 @@ def said(name: str, key: tuple, seconds: float, done: int, expected: int) -> Non
     of = f" [{done}/{expected}]" if expected >= done else f" [{done}]"
     console.print(f"[dim]--compile {name}{of}: {batch}width {width} ({'embeddings' if embeds else 'tokens'}, "
                   f"{'tree' if masked else 'causal'} mask, {'hidden' if hidden else 'logits'}) compiled in "
-                  f"{seconds:.1f} s (not timed)[/]")
+                  f"{seconds:.1f} s{READ_BACK if read_back else ''} (not timed)[/]")

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 
 def declared_tree_widths(method, slots: int = 1) -> set[int]:
-    """The verify widths of every tree state a tree method lays out at batch size `slots` (that size's plan, else
+    """The verify widths of every tree state a tree method lays out at batch size `slots` (that size's tree, else
     batch 1's, as the step picks it: root, prompt inputs and candidates of each state); empty for a chain method
     or one off the static engine."""
-    plans = getattr(method, "plans", None) or {}
-    plan = plans.get(slots, plans.get(1))
-    if plan is None or plan.dynamic is not None or not getattr(method, "static_engine", True):  # dynamic: per step
+    trees = getattr(method, "trees", None) or {}
+    tree = trees.get(slots, trees.get(1))
+    if tree is None or tree.dynamic is not None or not getattr(method, "static_engine", True):  # dynamic: per step
         return set()
-    return {int(layout.visible.shape[0]) for layout in plan.layouts.values()}
+    return {int(layout.visible.shape[0]) for layout in tree.layouts.values()}
 
 
 def declared_varying_width(method) -> int:

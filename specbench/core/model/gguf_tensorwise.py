@@ -30,7 +30,7 @@ def supported(architecture: str) -> bool:
 
 def architecture(path: Path) -> str:
     """general.architecture from the GGUF header, read directly: gguf.GGUFReader parses every field (the tokenizer's
-    tens of thousands of strings: about 160 MB held while it lives), and this is asked before any loading."""
+    tens of thousands of strings, held while it lives), and this is asked before any loading."""
     import struct
 
     scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUF value type -> bytes
@@ -79,7 +79,7 @@ def dequantised_model(path: Path, config, dtype: torch.dtype, attention: str):
     from transformers import modeling_gguf_pytorch_utils as mg
     from transformers.initialization import no_init_weights
 
-    # the tensors' names, types, shapes and offsets; the reader's parsed fields (the tokenizer's strings, ~150 MB) are
+    # the tensors' names, types, shapes and offsets; the reader's parsed fields (the tokenizer's many strings) are
     # let go at once, and the bytes are read from the file tensor by tensor (_read_rows)
     tensors = GGUFReader(str(path)).tensors
     arch = architecture(path)

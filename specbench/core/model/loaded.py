@@ -157,7 +157,7 @@ def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
 
 def _with_attention(build, what: str):
     """build(attn_implementation) with SDPA, or eager attention for an architecture without SDPA support in this
-    transformers (Gemma 2 in 5.x); the custom masks methods pass are additive floats, right for both."""
+    transformers (such as Gemma 2); the custom masks methods pass are additive floats, right for both."""
     try:
         return build("sdpa")
     except ValueError as exc:

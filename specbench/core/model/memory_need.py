@@ -3,7 +3,7 @@ cache at the run's context and batch, the widest forward's activations, a drafte
 (optimiser, gradients, cached features) and the process's own working memory. fit.py compares the sum with what
 the machine has free and refuses with these numbers; `Need.said` is how they read.
 
-A command states its workload (`planned`) around the load_model call; the fit check inside the loaders reads it.
+A command states its workload (`stated_workload`) around the load_model call; the fit check inside the loaders reads it.
 Without one, a check counts KV_HEADROOM_TOKENS tokens of one sequence and no wide forward (the load only).
 """
 
@@ -20,8 +20,9 @@ from ... import families
 GIB = 2**30
 RUNTIME_HEADROOM = 512 * 2**20  # the process itself (python, torch, transformers, tokenizer) and allocator slack
 KV_HEADROOM_TOKENS = 4096  # the KV cache a check counts on without a workload: a long prompt and reply
-# Measured: `profile` of random 0.5B-3B models in bf16 peaked 7-10% of their weights above weights + KV + activations
-# + working memory on the AMX Xeon (the model build's transients, the KV fill's kernels; benchmarks/RESULTS-cpu.md). A check that runs forwards counts this share of the weights on top, so it errs high, not low.
+# A forward's peak passes weights + KV + activations + working memory by a share of the weights (the model build's
+# transients, the KV fill's kernels; measured by `profile`: benchmarks/RESULTS-cpu.md). A check that runs forwards
+# counts this share of the weights on top, a little above the measured one, so it errs high, not low.
 FORWARD_SLACK = 0.12
 
 
@@ -40,21 +41,21 @@ class Workload:
     what: str = ""  # how the command's shape reads in a refusal, e.g. "KV 1152 tokens x batch 4"
 
 
-_PLANNED: contextvars.ContextVar[Workload | None] = contextvars.ContextVar("specbench_workload", default=None)
+_STATED: contextvars.ContextVar[Workload | None] = contextvars.ContextVar("specbench_workload", default=None)
 
 
 @contextmanager
-def planned(workload: Workload):
+def stated_workload(workload: Workload):
     """The workload every fit check inside this block counts (around a command's load_model)."""
-    token = _PLANNED.set(workload)
+    token = _STATED.set(workload)
     try:
         yield workload
     finally:
-        _PLANNED.reset(token)
+        _STATED.reset(token)
 
 
 def current() -> Workload:
-    return _PLANNED.get() or Workload()
+    return _STATED.get() or Workload()
 
 
 @dataclass
@@ -138,7 +139,7 @@ def prepack_bytes(device: torch.device, dtype: torch.dtype, params: int, linear:
 
 
 def need(what: str, config, dtype: torch.dtype, device: torch.device, workload: Workload | None = None) -> Need:
-    """The memory one model needs for `workload` (default: the planned one, else load + KV_HEADROOM_TOKENS)."""
+    """The memory one model needs for `workload` (default: the stated one, else load + KV_HEADROOM_TOKENS)."""
     work = workload or current()
     params, linear = count_parameters(config)
     text = config.get_text_config(decoder=True)

@@ -45,7 +45,7 @@ class Placement:
     def load_kwargs(self) -> dict:
         """The from_pretrained keywords this placement adds."""
         if self.tp > 1:
-            try:  # transformers >= 5.x: tp_plan inside a DistributedConfig (the bare keyword is deprecated)
+            try:  # tp_plan inside a DistributedConfig where transformers has one (its bare keyword is deprecated)
                 from transformers import DistributedConfig
 
                 return {"distributed_config": DistributedConfig(tp_plan="auto")}

@@ -2,10 +2,10 @@
 init_empty_weights: parameters on the meta device, buffers such as RoPE's inv_freq computed for real), then every
 parameter gets its storage directly in the run's dtype on the run's device and a cheap seeded fill.
 
-Why not transformers' own initialisation: it draws a normal for every weight, about 35 s for a 7B model on two CPU
-cores (and a GPU run would first build it on the CPU). Timing and memory depend on shapes, not values, so the fill
-tiles one seeded block of normals (a prime length, so no two rows of a matrix start alike) at memory speed.
-Norm weights are 1 and biases 0, as transformers initialises them, so activations stay in range.
+Why not transformers' own initialisation: it draws a normal for every weight, far slower than a fill at memory
+speed on a real-size model (and a GPU run would first build it on the CPU). Timing and memory depend on shapes, not
+values, so the fill tiles one seeded block of normals (a prime length, so no two rows of a matrix start alike) at
+memory speed. Norm weights are 1 and biases 0, as transformers initialises them, so activations stay in range.
 """
 
 from __future__ import annotations

@@ -106,12 +106,13 @@ class FeatureDrafter(SharedHeadDrafter):
         return self.features(inputs_embeds, position_ids, cache, attention_mask, **attention_kwargs)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        """Predicted features [n, H] -> float logits [n, V] (restricted heads: -inf outside vocab_ids)."""
-        small = self.head_logits(features).float()  # [n, K]
+        """Predicted features [..., H] ([n, H] from a proposer, [B, n, H] from a batch engine's step) -> float
+        logits [..., V] (restricted heads: -inf outside vocab_ids)."""
+        small = self.head_logits(features).float()  # [..., K]
         if self.vocab_ids is None:
             return small
-        full = small.new_full((small.shape[0], self.vocab_size), float("-inf"))
-        return full.index_copy(1, self.vocab_ids, small)
+        full = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy(small.dim() - 1, self.vocab_ids, small)
 
     def parameter_count(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -39,7 +39,7 @@ from ..tree.layout import TreeLayout
 @dataclass
 class FeatureState:
     """A sample's state between steps: the pairs (f_i, x_{i+1}) the target verified that the drafter has not fed
-    yet, and the tree this step drafted (EAGLE-2's dynamic tree; None: the plan's static tree)."""
+    yet, and the tree this step drafted (EAGLE-2's dynamic tree; None: the batch tree's static tree)."""
 
     features: list[torch.Tensor] = field(default_factory=list)  # pending f_i [m_i, H]
     tokens: list[torch.Tensor] = field(default_factory=list)  # pending x_{i+1} [m_i]
@@ -100,7 +100,7 @@ def choose(logits: torch.Tensor, count: int, sampling: Sampling, generator) -> t
 
 
 @dataclass(frozen=True)
-class EaglePlan:
+class DraftOrder:
     """What EAGLE's drafting of one tree needs every step, computed once per tree: per node how many choices its
     children take (highest child rank + 1), each node's rank among its siblings, and per inner depth the nodes that
     are one drafter input there with the tree part of their mask [G, earlier inputs + G]."""
@@ -112,7 +112,7 @@ class EaglePlan:
 
 
 @functools.lru_cache(maxsize=16)
-def eagle_plan(tree: Tree) -> EaglePlan:
+def draft_order(tree: Tree) -> DraftOrder:
     counts = [0] * tree.nodes
     for i, p in enumerate(tree.paths, start=1):
         counts[tree.parents[i]] = max(counts[tree.parents[i]], p[-1] + 1)
@@ -128,7 +128,7 @@ def eagle_plan(tree: Tree) -> EaglePlan:
             vis[r, len(appended) + r] = True
         levels.append((tuple(grow), vis))
         appended += grow
-    return EaglePlan(tuple(counts), (0,) + tuple(p[-1] for p in tree.paths), tuple(map(tuple, tree.children)),
+    return DraftOrder(tuple(counts), (0,) + tuple(p[-1] for p in tree.paths), tuple(map(tuple, tree.children)),
                      tuple(levels))
 
 
@@ -139,7 +139,7 @@ def draft_trees_eagle(batch, drafter: FeatureDrafter, samples, states: list[Feat
     forward over every sample's next-depth nodes that have children: [G, H] each at committed length + depth, mask
     [G, earlier inputs of this step + G] (the earlier inputs are the slot's last cache entries)."""
     device = drafter.norm.weight.device
-    plans = [eagle_plan(t) for t in trees]
+    orders = [draft_order(t) for t in trees]
     forwards = [1 if st.features else 0 for st in states]  # the pending pairs' forward (none: fed this step)
     roots = feed(batch, drafter, samples, states)  # [1, H] each
     base = [batch.lengths[s.slot] for s in samples]  # committed lengths, the pending pairs now fed
@@ -147,31 +147,31 @@ def draft_trees_eagle(batch, drafter: FeatureDrafter, samples, states: list[Feat
     token_of = [{0: s.history[-1]} for s in samples]
     q_rows: list[dict[int, torch.Tensor]] = [{} for _ in samples]
     frontier: list[tuple[int, ...]] = [(0,) for _ in samples]
-    for depth in range(max(len(p.levels) for p in plans) + 1):
+    for depth in range(max(len(p.levels) for p in orders) + 1):
         # the children of this depth's nodes, from each node's draft distribution [sum F, H]
-        live = [i for i, p in enumerate(plans) if depth <= len(p.levels)]
+        live = [i for i, p in enumerate(orders) if depth <= len(p.levels)]
         feats = torch.stack([feature[i][u] for i in live for u in frontier[i]])
         if sampling.greedy:  # every frontier's top choices at once: one top-k, one copy to the host
-            picks = drafter.top_ids(feats, max(plans[i].counts[u] for i in live for u in frontier[i])).tolist()
+            picks = drafter.top_ids(feats, max(orders[i].counts[u] for i in live for u in frontier[i])).tolist()
             row = 0
             for i in live:
-                plan = plans[i]
+                order = orders[i]
                 for u in frontier[i]:
-                    for child in plan.children[u]:
-                        token_of[i][child] = picks[row][plan.ranks[child]]
+                    for child in order.children[u]:
+                        token_of[i][child] = picks[row][order.ranks[child]]
                     row += 1
         else:  # on each sample's own random stream, in batch 1's order
             logits, row = drafter.logits(feats), 0  # [sum F, V]
             for i in live:
                 rows = logits[row:row + len(frontier[i])]
                 row += len(frontier[i])
-                pick_children(plans[i], frontier[i], rows, token_of[i], q_rows[i], sampling, samples[i].generator)
-        growing = [i for i in live if depth < len(plans[i].levels)]
+                pick_children(orders[i], frontier[i], rows, token_of[i], q_rows[i], sampling, samples[i].generator)
+        growing = [i for i in live if depth < len(orders[i].levels)]
         if not growing:
             break
         segments = []
         for i in growing:
-            grow, tree_vis = plans[i].levels[depth]
+            grow, tree_vis = orders[i].levels[depth]
             x = drafter.fuse(torch.stack([feature[i][trees[i].parents[v]] for v in grow]),
                              torch.tensor([token_of[i][v] for v in grow], device=device))  # [G, H]
             segments.append(Segment(samples[i].slot, [], positions=[base[i] + depth] * len(grow), mask=tree_vis,
@@ -179,26 +179,26 @@ def draft_trees_eagle(batch, drafter: FeatureDrafter, samples, states: list[Feat
         _, out = batch.forward([], segments, hidden=True)
         for i, o in zip(growing, out):
             forwards[i] += 1
-            for r, v in enumerate(plans[i].levels[depth][0]):
+            for r, v in enumerate(orders[i].levels[depth][0]):
                 feature[i][v] = o[r]
-            frontier[i] = plans[i].levels[depth][0]
+            frontier[i] = orders[i].levels[depth][0]
     for s, b in zip(samples, base):  # the drafted inputs leave the cache
         batch.truncate(s.slot, b)
     return [Draft(torch.tensor([t[n] for n in range(tree.nodes)], device=device), stack_q(q, tree.nodes), f)
             for t, q, tree, f in zip(token_of, q_rows, trees, forwards)]
 
 
-def pick_children(plan: EaglePlan, frontier: tuple[int, ...], logits: torch.Tensor, token_of: dict[int, int],
+def pick_children(order: DraftOrder, frontier: tuple[int, ...], logits: torch.Tensor, token_of: dict[int, int],
                   q_rows: dict[int, torch.Tensor], sampling: Sampling, generator) -> None:
     """The children's tokens of every frontier node from its draft logits (logits [F, V], frontier order, which
     is the order of the random draws), into token_of; each node's q [V] into q_rows at T > 0."""
     for row, u in enumerate(frontier):
-        ids, q = choose(logits[row], plan.counts[u], sampling, generator)
+        ids, q = choose(logits[row], order.counts[u], sampling, generator)
         if q is not None:
             q_rows[u] = q
         picks = ids.tolist()
-        for child in plan.children[u]:  # the child of rank r takes the r-th choice
-            token_of[child] = picks[plan.ranks[child]]
+        for child in order.children[u]:  # the child of rank r takes the r-th choice
+            token_of[child] = picks[order.ranks[child]]
 
 
 def draft_trees_parallel(batch, drafter: FeatureDrafter, samples, states: list[FeatureState], tree: Tree,

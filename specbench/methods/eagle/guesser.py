@@ -45,7 +45,7 @@ class FeatureShapes(CandidateShapes):
         return max(1, min(self.guesser.rows, tf.tree(0).depth))
 
     def dynamic_shape(self, tree_file):
-        """--tree dynamic[=M]: M candidates per step (the size of the static tree the plan resolved: `--tree auto`'s,
+        """--tree dynamic[=M]: M candidates per step (the size of the static tree batch_trees resolved: `--tree auto`'s,
         this hardware's choice from its latency profile, or size=M), dynamic_depth deep, the k <= 8 best nodes
         expanded per depth."""
         m = tree_file.size

@@ -22,7 +22,7 @@ from .dynamic_tree import draft_dynamic
 class FeatureProposer(Proposer):
     """What eagle and parallelspec share at decode time: the prompt's features as the drafter's first pairs, the
     accepted path's as the next, verification with the draft q. A family supplies how it drafts every sample's
-    tree (draft: the plan's static tree or --tree dynamic's; draft_static: a static tree's, what the pricing
+    tree (draft: the batch tree's static tree or --tree dynamic's; draft_static: a static tree's, what the pricing
     times) and whether its price is per depth."""
 
     drafter_model = True
@@ -41,25 +41,26 @@ class FeatureProposer(Proposer):
         if sample.slot in self._batch.rows:
             self._batch.release(sample.slot)
 
-    def join(self, sample, plan):
+    def join(self, sample, batch_tree):
         """The prompt [T], causal: the target's features of every position (the drafter's first pairs)."""
-        return Segment(sample.slot, sample.history), plan.layouts[-1], len(sample.history) - 1
+        return Segment(sample.slot, sample.history), batch_tree.layouts[-1], len(sample.history) - 1
 
-    def joined(self, sample, h, keep, sampling, plan):
+    def joined(self, sample, h, keep, sampling, batch_tree):
         """h [T, H] -> (first token, the pending pairs (f_i, x_{i+1}), the last pairing with the first token)."""
         root = next_token(target_logits(self.target.model, h[-1]), sampling, sample.generator)
         state = FeatureState()
         state.commit(h, torch.tensor(sample.history[1:] + [root], device=h.device))
         return root, state
 
-    def propose(self, samples, states, plan, sampling):
-        """Every sample's tree in batched drafter forwards; its layout the plan's static tree's, or with --tree
+    def propose(self, samples, states, batch_tree, sampling):
+        """Every sample's tree in batched drafter forwards; its layout the batch tree's static one, or with --tree
         dynamic the one drafted this step."""
-        drafts = self.draft(self._batch, samples, states, plan, sampling)
-        return [Drafted(d.tokens, d.q, plan.layouts[0] if plan.dynamic is None else st.drafted, d.forwards)
+        drafts = self.draft(self._batch, samples, states, batch_tree, sampling)
+        static = batch_tree.dynamic is None
+        return [Drafted(d.tokens, d.q, batch_tree.layouts[0] if static else st.drafted, d.forwards)
                 for d, st in zip(drafts, states)]
 
-    def draft(self, batch, samples, states, plan, sampling):
+    def draft(self, batch, samples, states, batch_tree, sampling):
         """Every sample's tree (drafting.Draft each); a dynamic tree's layout left in its state's `drafted`."""
         raise NotImplementedError
 
@@ -85,13 +86,13 @@ class FeatureProposer(Proposer):
 class EagleProposer(FeatureProposer):
     """EAGLE's drafter: one forward per tree depth on its own predicted features."""
 
-    def draft(self, batch, samples, states, plan, sampling):
+    def draft(self, batch, samples, states, batch_tree, sampling):
         """With --tree dynamic the drafter first drafts each sample's tree (dynamic_tree.py), greedily; at T > 0
         that shape's tokens are then sampled as a static tree's are, so the shape never depends on the samples
         (lossless)."""
-        if plan.dynamic is None:
-            return self.draft_static(batch, samples, states, plan.layouts[0].tree, sampling)
-        m, depth, top_k = plan.dynamic
+        if batch_tree.dynamic is None:
+            return self.draft_static(batch, samples, states, batch_tree.layouts[0].tree, sampling)
+        m, depth, top_k = batch_tree.dynamic
         shapes = draft_dynamic(batch, self.drafter, samples, states, m, depth, top_k)
         for state, shape in zip(states, shapes):
             state.drafted = TreeLayout(shape.tree, None, shape.tokens.device)
@@ -109,9 +110,9 @@ class ParallelProposer(FeatureProposer):
 
     per_depth = False
 
-    def draft(self, batch, samples, states, plan, sampling):
-        dynamic = plan.dynamic
-        return draft_trees_parallel(batch, self.drafter, samples, states, plan.layouts[0].tree, sampling,
+    def draft(self, batch, samples, states, batch_tree, sampling):
+        dynamic = batch_tree.dynamic
+        return draft_trees_parallel(batch, self.drafter, samples, states, batch_tree.layouts[0].tree, sampling,
                                     dynamic and dynamic[0])
 
     def draft_static(self, batch, samples, states, tree, sampling):

@@ -27,7 +27,7 @@ from ...errors import SpecbenchError
 from ...progress import console, progress_bar
 from ...train.configs import FeatureConfig  # noqa: F401  (eagle's and parallelspec's settings)
 from ...train.selfdistill import check_sources
-from ...train.steps import Recipe, frequent_tokens, reply_start, run
+from ...train.recipe import Recipe, frequent_tokens, reply_start, run
 
 
 def teacher_log_probs(lm_head: torch.nn.Module, features: torch.Tensor,
@@ -62,8 +62,8 @@ def group_forward(drafter: fd.FeatureDrafter, pairs: torch.Tensor, points: list[
     return out[:n], out[n:].reshape(g, j, pairs.shape[1])
 
 
-def make_step_loss(cfg: FeatureConfig, drafter: fd.FeatureDrafter, seqs, feats, start: int):
-    """step_loss(rng): the summed KL + SmoothL1 loss of `sequences` random sequences."""
+def make_update_loss(cfg: FeatureConfig, drafter: fd.FeatureDrafter, seqs, feats, start: int):
+    """update_loss(rng): the summed KL + SmoothL1 loss of `sequences` random sequences."""
     lm_head = drafter.get_output_embeddings()
     k = cfg.k
 
@@ -93,11 +93,11 @@ def make_step_loss(cfg: FeatureConfig, drafter: fd.FeatureDrafter, seqs, feats, 
         kl = (teacher.exp() * (teacher - student)).sum(-1).mean()
         return kl + reg
 
-    def step_loss(rng) -> torch.Tensor:
+    def update_loss(rng) -> torch.Tensor:
         chosen = [rng.randrange(len(seqs)) for _ in range(cfg.sequences)]
         return sum(sequence_loss(rng, s) for s in chosen) / cfg.sequences
 
-    return step_loss
+    return update_loss
 
 
 @torch.no_grad()  # not inference_mode: the drafter caches its head rows, which training then reads
@@ -222,8 +222,8 @@ class FeatureRecipe(Recipe):
     def out(self) -> Path:
         return self.cfg.out_dir()
 
-    def step_loss(self, drafter: fd.FeatureDrafter):
-        return make_step_loss(self.cfg, drafter, self.seqs, self.feats, self.start)
+    def update_loss(self, drafter: fd.FeatureDrafter):
+        return make_update_loss(self.cfg, drafter, self.seqs, self.feats, self.start)
 
     def agreement(self, drafter: fd.FeatureDrafter) -> list[float]:
         held = max(1, len(self.seqs) // 10)  # a tenth of the data (before and after)

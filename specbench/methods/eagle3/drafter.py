@@ -15,7 +15,7 @@ norm.weight, lm_head.weight, d2t, t2d; eagle/model/cnets.py), so one loader read
 artefact (artifact.py). The target's token embeddings are shared (a frozen reference), unless a checkpoint brings
 its own embed_tokens.weight.
 
-Interface for the feature drafting of methods/eagle/ (drafting.py, dynamic_tree.py, batch.py): fuse (pairs of a
+Interface for the feature drafting of methods/eagle/ (drafting.py, dynamic_tree.py): fuse (pairs of a
 feature and the next token -> layer inputs [n, 2H]), run / hidden (inputs -> features o [n, H]), logits, head_logits,
 top_ids, vocab_ids (the draft vocabulary as target ids).
 """
@@ -109,7 +109,7 @@ class Eagle3Drafter(DraftModule):
 
     @property
     def layers(self) -> list[torch.nn.Module]:
-        """Its one decoder layer, where the engines' counting hooks attach (not a second registration)."""
+        """Its one decoder layer (what core/batch/decoder.decoder_layers finds: placement counts it)."""
         return [self.midlayer]
 
     @property

@@ -41,14 +41,14 @@ class Eagle3Proposer(EagleProposer):
         super().__init__(target, guesser)
         self.tap = FeatureTap(target.model)
 
-    def propose(self, samples, states, plan, sampling):
+    def propose(self, samples, states, batch_tree, sampling):
         self.tap.clear()  # rows of a forward nobody took (never expected) do not outlive the step
-        return super().propose(samples, states, plan, sampling)
+        return super().propose(samples, states, batch_tree, sampling)
 
     def around(self, parts):
         return self.tap.around(parts)
 
-    def joined(self, sample, h, keep, sampling, plan):
+    def joined(self, sample, h, keep, sampling, batch_tree):
         """h [T, H] -> (first token, the pending pairs (g_i, x_{i+1}) with the target's fused states g [T, 3H])."""
         g = self.tap.take(h)
         root = next_token(target_logits(self.target.model, h[-1]), sampling, sample.generator)

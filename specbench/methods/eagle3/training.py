@@ -30,7 +30,7 @@ from ...errors import SpecbenchError
 from ...progress import console
 from ...train.configs import Eagle3Config
 from ...train.selfdistill import check_sources
-from ...train.steps import Recipe, frequent_tokens, reply_start, run
+from ...train.recipe import Recipe, frequent_tokens, reply_start, run
 
 STEP_WEIGHT = 0.8  # step k's loss weight STEP_WEIGHT ** k
 AGREEMENT_SEQUENCES = 20  # training sequences the agreement before and after training reads
@@ -78,8 +78,8 @@ def unrolled(drafter: Eagle3Drafter, g: torch.Tensor, ids: torch.Tensor, columns
     return out
 
 
-def make_step_loss(cfg: Eagle3Config, drafter: Eagle3Drafter, seqs, feats, start: int, head_rows: torch.Tensor):
-    """step_loss(rng): the weighted training-time-test loss of `sequences` random sequences."""
+def make_update_loss(cfg: Eagle3Config, drafter: Eagle3Drafter, seqs, feats, start: int, head_rows: torch.Tensor):
+    """update_loss(rng): the weighted training-time-test loss of `sequences` random sequences."""
 
     def sequence_loss(rng, s: int) -> torch.Tensor:
         g, f = feats[s]
@@ -99,15 +99,15 @@ def make_step_loss(cfg: Eagle3Config, drafter: Eagle3Drafter, seqs, feats, start
             total = total + STEP_WEIGHT ** k * -(teacher.exp() * student).sum(-1).mean()
         return total
 
-    def step_loss(rng) -> torch.Tensor:
+    def update_loss(rng) -> torch.Tensor:
         chosen = [rng.randrange(len(seqs)) for _ in range(cfg.sequences)]
         return sum(sequence_loss(rng, s) for s in chosen) / cfg.sequences
 
-    return step_loss
+    return update_loss
 
 
 @torch.no_grad()
-def step_agreement(drafter: Eagle3Drafter, seqs, feats, start: int, steps: int) -> list[float]:
+def depth_agreement(drafter: Eagle3Drafter, seqs, feats, start: int, steps: int) -> list[float]:
     """Top-1 agreement with the target's greedy token per unrolled step (the drafter fed its own outputs, the true
     tokens), over every reply position of the given sequences."""
     head = drafter.vocab_ids
@@ -177,12 +177,12 @@ class Eagle3Recipe(Recipe):
     def out(self) -> Path:
         return self.cfg.out_dir()
 
-    def step_loss(self, drafter: Eagle3Drafter):
-        return make_step_loss(self.cfg, drafter, self.seqs, self.feats, self.start, self.head_rows)
+    def update_loss(self, drafter: Eagle3Drafter):
+        return make_update_loss(self.cfg, drafter, self.seqs, self.feats, self.start, self.head_rows)
 
     def agreement(self, drafter: Eagle3Drafter) -> list[float]:
         held = range(max(1, min(len(self.seqs) // 10, AGREEMENT_SEQUENCES)))
-        return step_agreement(drafter, [self.seqs[i] for i in held], [self.feats[i] for i in held], self.start,
+        return depth_agreement(drafter, [self.seqs[i] for i in held], [self.feats[i] for i in held], self.start,
                               self.cfg.ttt_steps)
 
     def meta(self, drafter: Eagle3Drafter, data: dict, before, after, facts: dict) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ...core.model.load import LoadedModel
-from .layers import TransferStep, check_transfer_layers
+from .layers import LayerTransfer, check_transfer_layers
 from ...core import artifact_files as af
 
 WEIGHTS_FILE, META_FILE = "projections.safetensors", "hidden-transfer.yaml"
@@ -37,18 +37,18 @@ class TransferProjections(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.eye(hidden).repeat(len(layers), 1, 1))  # [k, H, H]
 
     @property
-    def steps(self) -> int:
+    def depth(self) -> int:
         return len(self.layers)
 
     def project(self, j: int):
         """Step j's (0-based) map [P, H] -> [P, H]."""
         return lambda h: h @ self.weight[j].to(h.device, h.dtype).T  # h: at layer j's device (device maps)
 
-    def plan(self, slots: list[torch.Tensor], sources: list[torch.Tensor]) -> list[TransferStep]:
-        """Transfer steps for one forward: slots[j] [P_j] are the pseudo inputs of step j, sources[j] their real
+    def transfers(self, slots: list[torch.Tensor], sources: list[torch.Tensor]) -> list[LayerTransfer]:
+        """The transfers of one forward: slots[j] [P_j] are the pseudo inputs of transfer j, sources[j] their real
         sources (indices into the same forward, or hidden states [P_j, H] captured at layer l_j)."""
-        return [TransferStep(self.layers[j], slots[j], sources[j], self.project(j))
-                for j in range(min(self.steps, len(slots)))]
+        return [LayerTransfer(self.layers[j], slots[j], sources[j], self.project(j), self.weight[j])
+                for j in range(min(self.depth, len(slots)))]
 
 
 @dataclass

@@ -41,7 +41,10 @@ def transfer_slots(layout: TreeLayout, steps: int, prefix: int, device) -> tuple
 
 
 class TransferProposer(Proposer):
-    """Placeholders attached to nodes, turned into W_j h_i at the transfer layers by a forward hook (around)."""
+    """Placeholders attached to nodes, turned into W_j h_i at the transfer layers: by a forward hook (around), or
+    inside a compiled step as its layer edits (core/model/compile_graph.py)."""
+
+    edits_layers = True
 
     def __init__(self, target, guesser):
         super().__init__(target, guesser)
@@ -52,22 +55,33 @@ class TransferProposer(Proposer):
         key = (id(layout), prefix)
         if key not in self._slots:
             self._slots = {k: v for k, v in self._slots.items() if k[1] == 0}
-            self._slots[key] = transfer_slots(layout, self.guesser.projections.projections.steps, prefix, device)
+            self._slots[key] = transfer_slots(layout, self.guesser.projections.projections.depth, prefix, device)
         return self._slots[key]
+
+    def declared_edits(self, batch_tree) -> list[tuple[int, tuple]]:
+        """(width, layer edits) of the verify forward of every tree state of `batch_tree` at batch 1 (its inputs at
+        rows 0..width-1): what a compiled run compiles ahead of the timed turns (core/model/compile.declare_edits)."""
+        out = []
+        for layout in {id(x): x for x in batch_tree.layouts.values()}.values():
+            width = layout.visible.shape[0]
+            edits = self.around([(layout, 0, torch.arange(width, device=self.target.device))]).layer_edits()
+            if edits:
+                out.append((width, edits))
+        return out
 
     def around(self, parts):
         """Every segment's pseudo positions: each segment's transfer slots and sources [P_j] mapped through where
         its inputs lie in the forward (places [w]) and joined per transfer step."""
         proj = self.guesser.projections.projections
-        slots: list[list[torch.Tensor]] = [[] for _ in range(proj.steps)]
-        sources: list[list[torch.Tensor]] = [[] for _ in range(proj.steps)]
+        slots: list[list[torch.Tensor]] = [[] for _ in range(proj.depth)]
+        sources: list[list[torch.Tensor]] = [[] for _ in range(proj.depth)]
         for layout, prefix, places in parts:
             own_slots, own_sources = self._transfer_slots(layout, prefix, places.device)
-            for j in range(proj.steps):
+            for j in range(proj.depth):
                 slots[j].append(places[own_slots[j]])
                 sources[j].append(places[own_sources[j]])
         empty = torch.zeros(0, dtype=torch.long)
-        return transferred(self.target.model, proj.plan([torch.cat(x) if x else empty for x in slots],
+        return transferred(self.target.model, proj.transfers([torch.cat(x) if x else empty for x in slots],
                                                         [torch.cat(x) if x else empty for x in sources]))
 
 
@@ -82,7 +96,7 @@ class TransferProjections(Guesser):
     def scorer(cls, target, artifact, initial=False):
         art = tp.resolve(artifact, target)
         proj = art.projections
-        return GuessScorer(lambda ids, start: transfer_ranks(target, proj, ids, start), proj.steps, art.source,
+        return GuessScorer(lambda ids, start: transfer_ranks(target, proj, ids, start), proj.depth, art.source,
                            {"transfer_layers": proj.layers})
 
     def load(self, artifact):
@@ -94,8 +108,8 @@ class TransferProjections(Guesser):
                                  "comparisons only; decoding needs projections trained without --masked")
         hidden = self.target.model.config.hidden_size
         # placeholders [S, H]
-        self.table = torch.zeros(proj.steps, hidden, dtype=self.target.dtype, device=self.target.device)
-        self.rows, self.source = proj.steps, self.projections.source
+        self.table = torch.zeros(proj.depth, hidden, dtype=self.target.dtype, device=self.target.device)
+        self.rows, self.source = proj.depth, self.projections.source
         self.description = f"transfer layers {proj.layers} ({self.projections.source})"
 
 

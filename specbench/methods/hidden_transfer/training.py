@@ -32,7 +32,7 @@ from .layers import capture, check_transfer_layers, transferred
 from ...errors import SpecbenchError
 from ...train.configs import TransferConfig  # noqa: F401  (its settings and `train hidden-transfer` options)
 from ...train.selfdistill import check_sources
-from ...train.steps import Recipe, run
+from ...train.recipe import Recipe, run
 
 
 # Transfer layers measured per model. smollm2-135m: the per-layer sweep (`python benchmarks/transfer_layers.py`,
@@ -62,14 +62,14 @@ def pseudo_forward(target: LoadedModel, proj: tp.TransferProjections, cache, pas
                    captured: dict[int, torch.Tensor]) -> torch.Tensor:
     """Hidden states [len(points), k, H] of k pseudo positions inserted after each of `points` (real positions in
     `cache`, whose states entering layer l_j are captured[l_j] [past, H]); the cache is left as it was."""
-    model, k = target.model, proj.steps
+    model, k = target.model, proj.depth
     mask, pos, rows = pt.insertion_inputs(points, k, 1, past, target.dtype, target.device,  # rows: step j
                                           see_earlier=not proj.masked)
     at = torch.tensor(points, device=target.device)
     slots = [torch.nonzero(rows == j).flatten() for j in range(k)]  # [P] input indices of step j
     sources = [captured[layer][at] for layer in proj.layers]  # [P, H] each
     placeholder = torch.zeros(1, rows.shape[0], model.config.hidden_size, dtype=target.dtype, device=target.device)
-    with transferred(model, proj.plan(slots, sources)):
+    with transferred(model, proj.transfers(slots, sources)):
         h = pt.hidden(model, placeholder, mask, pos, cache)  # [P * k, H]
     crop_to(cache, past)
     return h.view(len(points), k, -1)
@@ -86,11 +86,11 @@ def real_forward(target: LoadedModel, seq: list[int], layers: list[int]):
     return cache, h, {layer: s[0] for layer, s in seen.items()}
 
 
-def make_step_loss(target: LoadedModel, proj: tp.TransferProjections, seqs, insertions: int):
+def make_update_loss(target: LoadedModel, proj: tp.TransferProjections, seqs, insertions: int):
     head = target.model.get_output_embeddings()
-    k = proj.steps
+    k = proj.depth
 
-    def step_loss(rng: random.Random) -> torch.Tensor:
+    def update_loss(rng: random.Random) -> torch.Tensor:
         seq, first = seqs[rng.randrange(len(seqs))]
         span = range(first - 1, len(seq) - k - 1)  # the reply's positions whose k future targets exist
         points = sorted(rng.sample(span, min(insertions, len(span))))
@@ -102,14 +102,14 @@ def make_step_loss(target: LoadedModel, proj: tp.TransferProjections, seqs, inse
             teacher = F.log_softmax(head(last[at]).float(), -1)  # [P, k, V]
         return (teacher.exp() * (teacher - student)).sum(-1).mean(0).sum()
 
-    return step_loss
+    return update_loss
 
 
 @torch.no_grad()
 def top1_agreement(target: LoadedModel, proj: tp.TransferProjections, seqs) -> list[float]:
     """Per step j: share of reply positions where the pseudo state's top-1 guess is the target's greedy token."""
     head = target.model.get_output_embeddings()
-    k = proj.steps
+    k = proj.depth
     hits, total = [0] * k, 0
     for seq, first in seqs:
         points = list(range(first - 1, len(seq) - k - 1))
@@ -156,8 +156,8 @@ class TransferRecipe(Recipe):
     def settings(self) -> dict:
         return self.cfg.settings() | {"transfer_layers": self.layers}
 
-    def step_loss(self, proj: tp.TransferProjections):
-        return make_step_loss(self.target, proj, self.seqs, self.cfg.insertions)
+    def update_loss(self, proj: tp.TransferProjections):
+        return make_update_loss(self.target, proj, self.seqs, self.cfg.insertions)
 
     def agreement(self, proj: tp.TransferProjections) -> list[float]:
         held = self.seqs[:: max(1, len(self.seqs) // 12)][:12]  # a sample of the data (before and after)

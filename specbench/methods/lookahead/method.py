@@ -83,7 +83,7 @@ class Lookahead(Batchable, DecodeMethod):
                                                    "from": why} for b, (s, why) in sorted(self.shapes.items())}
         return out
 
-    def plan_batches(self, sizes: list[int]) -> None:
+    def choose_per_batch_size(self, sizes: list[int]) -> None:
         """Each batch size's W, N and G from this hardware's L(B, w) (every input costs B rows), else batch 1's."""
         if not self._sized():
             return

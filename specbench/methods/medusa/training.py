@@ -24,7 +24,7 @@ from ...errors import SpecbenchError
 from ...progress import progress_bar
 from ...train.configs import MedusaConfig  # noqa: F401  (its settings and `train medusa` options)
 from ...train.selfdistill import check_sources
-from ...train.steps import Recipe, check_vocab_top, frequent_tokens, reply_start, run
+from ...train.recipe import Recipe, check_vocab_top, frequent_tokens, reply_start, run
 
 
 @torch.inference_mode()
@@ -47,8 +47,8 @@ def small_logits(heads: mh.MedusaHeads, lm_head: torch.nn.Module, h: torch.Tenso
     return (heads.states(h) @ weight.T).float()
 
 
-def make_step_loss(target: LoadedModel, heads: mh.MedusaHeads, states, start: int, positions: int):
-    """step_loss(rng): the heads' distillation loss on `positions` random (sequence, position) pairs."""
+def make_update_loss(target: LoadedModel, heads: mh.MedusaHeads, states, start: int, positions: int):
+    """update_loss(rng): the heads' distillation loss on `positions` random (sequence, position) pairs."""
     lm_head = target.model.get_output_embeddings()
     k_max = heads.heads
     usable = [(s, i) for s, (x, _) in enumerate(states) for i in range(start, x.shape[0] - k_max)]
@@ -56,7 +56,7 @@ def make_step_loss(target: LoadedModel, heads: mh.MedusaHeads, states, start: in
         raise SpecbenchError("the training sequences are too short for the heads: raise --max-new-tokens")
     ids = heads.vocab_ids
 
-    def step_loss(rng) -> torch.Tensor:
+    def update_loss(rng) -> torch.Tensor:
         picks = [usable[rng.randrange(len(usable))] for _ in range(positions)]
         x = torch.stack([states[s][0][i] for s, i in picks])  # [P, H]
         with torch.no_grad():  # teacher rows i + k, k = 1..K: [K, P, V']
@@ -67,7 +67,7 @@ def make_step_loss(target: LoadedModel, heads: mh.MedusaHeads, states, start: in
         kl = (teacher.exp() * (teacher - student)).sum(-1).mean(-1)  # [K]
         return kl.sum()
 
-    return step_loss
+    return update_loss
 
 
 @torch.inference_mode()
@@ -125,8 +125,8 @@ class MedusaRecipe(Recipe):
     def out(self) -> Path:
         return self.cfg.out_dir(self.layers)
 
-    def step_loss(self, module: mh.MedusaHeads):
-        return make_step_loss(self.target, module, self.states, self.start, self.cfg.positions)
+    def update_loss(self, module: mh.MedusaHeads):
+        return make_update_loss(self.target, module, self.states, self.start, self.cfg.positions)
 
     def agreement(self, module: mh.MedusaHeads) -> list[float]:
         held = self.states[: max(1, len(self.states) // 10)]  # a tenth of the data (before and after)

@@ -28,7 +28,7 @@ from ...progress import console, status
 from ...train.configs import PPDConfig
 from ...train.optimiser import CheckpointState
 from ...train.selfdistill import generation_seconds, pending_prompts, source_names
-from ...train.steps import Recipe, checkpoint_path, insert_after, run, token_counts
+from ...train.recipe import Recipe, checkpoint_path, insert_after, run, token_counts
 
 PPD_LOSS = "sum_j 0.8^j KL(teacher || student)"  # the loss curve's label
 MAX_AUTO_PROMPTS = 300  # --prompts by default: one per step (each step trains on one sequence), at most this many
@@ -44,7 +44,7 @@ def duration(seconds: float) -> str:
         else f"{seconds / 3600:.1f} h"
 
 
-def step_seconds(target: LoadedModel, cfg: "TrainConfig", length: int) -> float:
+def update_seconds(target: LoadedModel, cfg: "TrainConfig", length: int) -> float:
     """Time of one training step (forward, backward) on `length` random tokens, after a small untimed one."""
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(0, min(target.vocab_size, 32000), (length,), generator=g).to(target.device)
@@ -52,9 +52,9 @@ def step_seconds(target: LoadedModel, cfg: "TrainConfig", length: int) -> float:
                                          device=target.device))
     span = range(length - cfg.prompt_tokens)
     points = sorted(random.Random(0).sample(span, min(cfg.insertions, len(span))))
-    step_loss(target, emb, seq[:cfg.prompt_tokens + 2], [0], cfg.alpha).backward()  # warm-up: first-use costs
+    update_loss(target, emb, seq[:cfg.prompt_tokens + 2], [0], cfg.alpha).backward()  # warm-up: first-use costs
     start = now()
-    step_loss(target, emb, seq, points, cfg.alpha).backward()
+    update_loss(target, emb, seq, points, cfg.alpha).backward()
     return since(start, target.device)
 
 
@@ -65,7 +65,7 @@ def _causal(n: int, dtype, device) -> torch.Tensor:
     return torch.full((n, n), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)[None, None]
 
 
-def step_loss(target: LoadedModel, emb: torch.Tensor, seq: torch.Tensor, points: list[int],
+def update_loss(target: LoadedModel, emb: torch.Tensor, seq: torch.Tensor, points: list[int],
               alpha: float) -> torch.Tensor:
     """Distillation loss of prompt tokens emb [S, E, H] inserted after `points` of one sequence seq [T]."""
     model, head = target.model, target.model.get_output_embeddings()
@@ -99,13 +99,13 @@ class PPDRecipe(Recipe):
         self.sources = source_names(cfg.data)
 
     def before_data(self) -> None:
-        """The prompts per source (given, the resumed run's, or what the steps use) and the plan, said up front."""
+        """The prompts per source (given, the resumed run's, or what the steps use), and the training said first."""
         cfg = self.cfg
         ckpt_path = checkpoint_path(cfg.out_dir)
         saved = torch.load(ckpt_path) if cfg.resume and ckpt_path.exists() else None
         self.prompts = (cfg.prompts or (saved or {}).get("settings", {}).get("prompts")
                         or auto_prompts(cfg.steps, len(self.sources)))
-        announce_plan(self.target, cfg, self.prompts, len(self.sources), cfg.steps - (saved["step"] if saved else 0))
+        announce_training(self.target, cfg, self.prompts, len(self.sources), cfg.steps - (saved["step"] if saved else 0))
 
     def min_reply(self) -> int:
         return self.cfg.prompt_tokens + 3
@@ -135,18 +135,18 @@ class PPDRecipe(Recipe):
                                 lambda: {"init_token_ids": self.init_ids})
         return {"warmup": 0, "clip": None, "state": state}  # PPD §5: cosine decay to zero, no warm-up, no clipping
 
-    def step_loss(self, module: torch.nn.Module):
+    def update_loss(self, module: torch.nn.Module):
         cfg, target, seqs = self.cfg, self.target, self.seqs
 
-        def step_loss_of(rng: random.Random) -> torch.Tensor:  # one sequence per step
+        def update_loss_of(rng: random.Random) -> torch.Tensor:  # one sequence per step
             seq, first = seqs[rng.randrange(len(seqs))]
             # insertion points: random positions of the reply (where decoding inserts them), from its first
             # token's predecessor to the deepest one whose every target exists
             span = range(first - 1, len(seq) - cfg.prompt_tokens)
             points = sorted(rng.sample(span, min(cfg.insertions, len(span))))
-            return step_loss(target, self.emb, torch.tensor(seq, device=target.device), points, cfg.alpha)
+            return update_loss(target, self.emb, torch.tensor(seq, device=target.device), points, cfg.alpha)
 
-        return step_loss_of
+        return update_loss_of
 
     def meta(self, module, data: dict, before, after, facts: dict) -> dict:
         cfg, target = self.cfg, self.target
@@ -171,14 +171,14 @@ def train(cfg: TrainConfig) -> Path:
     return run(PPDRecipe(cfg))
 
 
-def announce_plan(target: LoadedModel, cfg: TrainConfig, prompts: int, sources: int, steps: int) -> None:
+def announce_training(target: LoadedModel, cfg: TrainConfig, prompts: int, sources: int, steps: int) -> None:
     """Say up front what training will do and about how long it takes here, before the slow part starts: data from
     timed forwards of 1 and 129 tokens (selfdistill.generation_seconds), training from one timed step."""
     todo = pending_prompts(target, cfg.data, cfg.held_out, prompts, cfg.new_tokens, cfg.data_file)
     with status("Timing a few forwards and one training step (for the time estimate)"):
         data_s = generation_seconds(target, todo, cfg.new_tokens)
         typical = sorted(len(p) for p in todo)[len(todo) // 2] if todo else 64
-        train_s = steps * step_seconds(target, cfg, typical + cfg.new_tokens) if steps > 0 else 0.0
+        train_s = steps * update_seconds(target, cfg, typical + cfg.new_tokens) if steps > 0 else 0.0
     data = (f"self-distil {len(todo)} prompts x up to {cfg.new_tokens} tokens (about {duration(data_s)})" if todo
             else f"self-distilled data of {prompts} prompts per source cached")
     console.print(f"[bold]train ppd[/] {escape(target.spec)}: {data}, then {steps} steps (about "

@@ -66,7 +66,7 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
     def __init__(self, target, options=None, drafter=None):
         super().__init__(target, options, drafter)
         self.gamma = self.options.gamma or default_gamma(target, self.drafter)
-        self.batch_gammas = {1: self.gamma}  # batch size -> gamma (plan_batches: --gamma auto per batch size)
+        self.batch_gammas = {1: self.gamma}  # batch size -> gamma (choose_per_batch_size: --gamma auto per batch size)
         self.batch_gamma = self.gamma  # the gamma of the batch being decoded (start_batch)
 
     def chosen(self) -> dict:
@@ -76,7 +76,7 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
             out["gamma_per_batch_size"] = dict(sorted(self.batch_gammas.items()))
         return out
 
-    def plan_batches(self, sizes):
+    def choose_per_batch_size(self, sizes):
         """--gamma auto per batch size: each B > 1 from this hardware's L(B, w), else batch 1's gamma and a note."""
         if self.options.gamma:
             return

@@ -28,7 +28,7 @@ from ...errors import SpecbenchError
 from ...progress import progress_bar
 from ...train.configs import DrafterConfig  # noqa: F401  (its settings and `train drafter` options)
 from ...train.selfdistill import greedy_continuations, load_source, render, source_names
-from ...train.steps import Recipe, check_vocab_top, checkpoint_path, frequent_tokens, insert_after, reply_start, run
+from ...train.recipe import Recipe, check_vocab_top, checkpoint_path, frequent_tokens, insert_after, reply_start, run
 
 
 def init_layer_ids(n_target: int, n_layers: int) -> list[int]:
@@ -139,14 +139,14 @@ class DrafterRecipe(Recipe):
         module.train()
         return module
 
-    def step_loss(self, module: SharedHeadDrafter):
+    def update_loss(self, module: SharedHeadDrafter):
         cfg, seqs, start, teacher, col = self.cfg, self.seqs, self.start, self.teacher, self.col
 
-        def step_loss(rng) -> torch.Tensor:  # `batch` sequences, drawn with the loop's seeded rng
+        def update_loss(rng) -> torch.Tensor:  # `batch` sequences, drawn with the loop's seeded rng
             picks = [rng.randrange(len(seqs)) for _ in range(cfg.batch)]
             return sum(distill_loss(module, seqs[i][0], start, *teacher[i], col) for i in picks) / cfg.batch
 
-        return step_loss
+        return update_loss
 
     def meta(self, module: SharedHeadDrafter, data: dict, before, after, facts: dict) -> dict:
         module.eval()

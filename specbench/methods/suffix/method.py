@@ -82,7 +82,7 @@ class SuffixDecoding(Batchable, DecodeMethod):
                                  "at batch 1, or its first batch when it starts batched), warm after; batch sizes > 1 "
                                  "run after batch 1 and read its outputs"}
 
-    def plan_batches(self, sizes: list[int]) -> None:
+    def choose_per_batch_size(self, sizes: list[int]) -> None:
         """Each batch size's costs from this hardware's L(B, w) (every input costs B rows), else batch 1's."""
         for size in sorted({b for b in sizes if b > 1} - set(self.widths)):
             self.widths[size] = width.sized_batch(self.target, self.options.suffix_width, self.max_verify_width, size,

@@ -1,7 +1,7 @@
 """What a tree family guesses with: its Guesser, the artefact role. It loads the artefact for a run (what the
-step and the tree plan read of it: the token distances guessed, ensemble copies, the embedding table of the inputs
+step and the tree choice read of it: the token distances guessed, ensemble copies, the embedding table of the inputs
 attached to nodes, its source) and scores it for `specbench estimate` without a method (scorer), and names the two
-other roles its family pairs it with: the tree shapes it takes (shapes_type, shapes.py: the tree plan's questions)
+other roles its family pairs it with: the tree shapes it takes (shapes_type, shapes.py: the tree choice's questions)
 and the decode-time proposer (proposer_type, proposer.py: what the step calls). The three never call each other
 through a method: the method (method.py) builds them and passes each what it needs."""
 
@@ -19,7 +19,7 @@ class Guesser:
 
     family: str  # its declaration's name (specbench/families/): tree shape, cost law, files, scorer, trainer
     artifact: str  # what the method needs beside the target, for `specbench list methods`
-    node_inputs = "prompt tokens"  # what a tree's nodes carry, in the tree plan's messages
+    node_inputs = "prompt tokens"  # what a tree's nodes carry, in the tree choice's messages
     shapes_type: type[TreeShapes] = TreeShapes
     proposer_type: type[Proposer] = Proposer
 

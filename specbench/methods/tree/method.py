@@ -3,7 +3,7 @@ at every batch size: batch 1 is the batch loop (methods/batch_loop.py) with one 
 
 A method is this class plus its family's three roles, which supply what differs: the artefact (guesser.py: Guesser),
 the tree shapes it takes (shapes.py: TreeShapes) and the decode-time proposer (proposer.py: Proposer: the inputs
-attached to nodes, the drafts, the next guesses); the step passes the proposer the tree plan and keeps the
+attached to nodes, the drafts, the next guesses); the step passes the proposer the batch size's tree and keeps the
 acceptance rule (accept_rule.py) it verifies with.
 Each step: 0. newcomers' prefill (the prompt, its last token carrying the root's node inputs); 1. draft every active
 sample's tree tokens; 2. one target forward over every newcomer's prompt and every active sample's root, candidates
@@ -28,7 +28,7 @@ from ...progress import console
 from ..base import DecodeMethod
 from ..batch_loop import Batchable, share_drafting
 from ..options import ARTIFACT, TREE
-from . import plan
+from . import batch_trees
 from . import accept_rule
 from .guesser import Guesser
 from .layout import TreeLayout
@@ -66,44 +66,45 @@ class TreeMethod(Batchable, DecodeMethod):
         self.tree_rule = accept_rule.typical if self.typical else self.proposer.accept_rule
         # rows: token distances the guesses cover; ept: ensemble copies; table: embeddings of the node inputs
         self.rows, self.ept, self.table = self.guesser.rows, self.guesser.ept, self.guesser.table
-        self.tree_spec = plan.tree_spec(self.options)  # --tree, parsed once
+        self.tree_spec = batch_trees.tree_spec(self.options)  # --tree, parsed once
         # per-rank probabilities the tree is searched and predicted with (acceptance_source: run.yaml, report.md)
-        self.acceptance, self.acceptance_file, self.acceptance_source = plan.per_rank_acceptance(
+        self.acceptance, self.acceptance_file, self.acceptance_source = batch_trees.per_rank_acceptance(
             self, self.rows, model_slug(target.spec))
         self.pricing = DraftPricing(self.time_drafting, target, self.family)  # the drafting's cost per step
-        # batch size -> its TreePlan (plan.py); `plan` is the one the step decodes with (start_batch picks it)
-        self.plans: dict[int, plan.TreePlan] = {1: plan.first_plan(self)}
-        self.plan = self.plans[1]
+        # batch size -> its BatchTree (batch_trees.py); `batch_tree`: the one the step decodes with (start_batch)
+        self.trees: dict[int, batch_trees.BatchTree] = {1: batch_trees.first_tree(self)}
+        self.batch_tree = self.trees[1]
         console.print(f"[dim]{self.name}: tree {escape(self.tree_source)} (size {self.tree_file.size}), "
                       f"{escape(self.guesser.description)}[/]")
 
     def time_drafting(self, tree=None) -> float | None:
         """The proposer's drafting of `tree` timed, in ms per drafting forward (pricing.DraftPricing); tree None:
-        the one the step decodes with once planned, else the family's searched tree of the default size (a tree
+        the one the step decodes with once chosen, else the family's searched tree of the default size (a tree
         being built is not known yet). None where nothing drafts beside the target's forward."""
         if not (self.proposer.drafter_model or self.proposer.advance_drafts):
             return None
         if tree is None:
-            tree = (self.plan.tree_file if getattr(self, "plans", None) else self.shapes.searched_tree(
-                self.acceptance, plan.DEFAULT_SIZE, "", "priced")).tree(0)
+            tree = (self.batch_tree.tree_file if getattr(self, "trees", None) else self.shapes.searched_tree(
+                self.acceptance, batch_trees.DEFAULT_SIZE, "", "priced")).tree(0)
         return self.proposer.time_drafting(tree, self.acceptance)
 
-    # the active plan's parts, as the step and the records read them
-    tree_file = property(lambda self: self.plan.tree_file)
-    tree_source = property(lambda self: self.plan.source)
-    layouts = property(lambda self: self.plan.layouts)
-    m = property(lambda self: self.plan.tree_file.prompt_tokens)  # prompt tokens the root carries
+    # the active batch tree's parts, as the step and the records read them
+    tree_file = property(lambda self: self.batch_tree.tree_file)
+    tree_source = property(lambda self: self.batch_tree.source)
+    layouts = property(lambda self: self.batch_tree.layouts)
+    m = property(lambda self: self.batch_tree.tree_file.prompt_tokens)  # prompt tokens the root carries
 
     def chosen(self) -> dict:
-        return {**self.guesser.chosen(self.tree_source), **plan.chosen(self)}
+        return {**self.guesser.chosen(self.tree_source), **batch_trees.chosen(self)}
 
     def draft_cost(self, profile):
         """depth -> the drafter's ms per step on `profile`'s machine, for predicted speedups (None: no drafter): on
         this machine, the step's drafting of the tree it decodes with, timed as the step runs it."""
-        return self.pricing.cost(self.acceptance_file, profile, self.plan.tree_file.tree(0) if self.one_state else None)
+        tree = self.batch_tree.tree_file.tree(0) if self.one_state else None
+        return self.pricing.cost(self.acceptance_file, profile, tree)
 
-    def plan_batches(self, sizes: list[int]) -> None:
-        plan.plan_batches(self, sizes)  # --tree auto: each batch size's tree from L(B, w)
+    def choose_per_batch_size(self, sizes: list[int]) -> None:
+        batch_trees.choose(self, sizes)  # --tree auto: each batch size's tree from L(B, w)
 
     def _placed(self, layout: TreeLayout, past: int, prefix: int = 0) -> None:
         """A segment is about to be verified: `layout`'s root at position past + prefix (after `prefix` causal
@@ -113,7 +114,7 @@ class TreeMethod(Batchable, DecodeMethod):
     # each sample's state between steps is the proposer's dataclass, in sample.state
 
     def start_batch(self, mode: str, slots: int) -> None:
-        self.plan = self.plans.get(slots, self.plans[1])  # this batch size's tree, before the proposer's batch state
+        self.batch_tree = self.trees.get(slots, self.trees[1])  # this batch size's, before the proposer's batch state
         self.proposer.start_batch(mode, slots)
 
     def leave(self, sample):
@@ -126,9 +127,9 @@ class TreeMethod(Batchable, DecodeMethod):
             return []
         states = [s.state for s in samples]
         if not self.proposer.drafter_model:
-            return self.proposer.propose(samples, states, self.plan, sampling)
+            return self.proposer.propose(samples, states, self.batch_tree, sampling)
         d0 = now(self.target.device)
-        drafts = self.proposer.propose(samples, states, self.plan, sampling)
+        drafts = self.proposer.propose(samples, states, self.batch_tree, sampling)
         share_drafting(samples, now(self.target.device) - d0)
         for s, d in zip(samples, drafts):
             s.gen.draft_forwards += d.forwards
@@ -142,12 +143,12 @@ class TreeMethod(Batchable, DecodeMethod):
         placed = {}  # id(segment) -> (layout, prefix): what the proposer's hook around the forward reads
         joined = []
         for s in joining:  # 0. prefill (proposer.join)
-            seg, layout, prefix = proposer.join(s, self.plan)
+            seg, layout, prefix = proposer.join(s, self.batch_tree)
             self._placed(layout, 0, prefix)
             placed[id(seg)] = (layout, prefix)
             joined.append(seg)
         # 1. draft: every active sample's tree tokens, root first [N] (and q [N, V] at T > 0 where the rule needs
-        # it), with the layout the target verifies (the plan's, or EAGLE-2's drafted this step)
+        # it), with the layout the target verifies (the batch tree's, or EAGLE-2's drafted this step)
         drafts = self._proposed(active, sampling)
         steps, pasts = [], []
         for s, d in zip(active, drafts):
@@ -165,8 +166,8 @@ class TreeMethod(Batchable, DecodeMethod):
         first, hidden = target.forward(joined, steps, hidden=True, around=around)
         finished = []
         for s, h in zip(joining, first):
-            root, s.state = proposer.joined(
-                s, h, lambda path, s=s: target.keep_offsets(s.slot, len(s.history) - 1, path), sampling, self.plan)
+            keep = (lambda path, s=s: target.keep_offsets(s.slot, len(s.history) - 1, path))
+            root, s.state = proposer.joined(s, h, keep, sampling, self.batch_tree)
             s.history.append(root)
             if s.gen.emit([root], stop_ids, max_new_tokens):
                 finished.append(s)

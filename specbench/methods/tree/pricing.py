@@ -45,7 +45,7 @@ class DraftPricing:
 
     def ms_here(self, tree: Tree | None = None) -> float | None:
         """Milliseconds per drafting forward here (the cost law's unit), measured once per tree by drafting `tree`
-        as the step does (None: the tree the method prices by default, before any tree is planned). The acceptance
+        as the step does (None: the tree the method prices by default, before any tree is chosen). The acceptance
         file's time, moved from the machine `estimate` ran on by the target's forward there and here, misses how
         the drafter's share changes between machines; the two can differ many times over
         (benchmarks/RESULTS-gpu.md). None where the guesses ride in the target's forward."""

@@ -1,6 +1,7 @@
 """The decode-time side of a tree family: its Proposer, which the tree step (method.py) calls at every batch size.
-The step passes in what it decides (the tree plan of this batch size, the acceptance rule: accept_rule.py) and
-keeps each sample's state, a dataclass of the family's (here GuessRows); the proposer never reads the method.
+The step passes in what it decides (this batch size's tree, batch_trees.BatchTree; the acceptance rule:
+accept_rule.py) and keeps each sample's state, a dataclass of the family's (here GuessRows); the proposer never
+reads the method.
 
 The calls, in step order: start_batch (per-batch state: a drafter's engine), join / joined (a newcomer's prefill
 segment, then its first token and state), propose (every active sample's tree: tokens, draft q, the layout the
@@ -50,6 +51,7 @@ class Proposer:
 
     drafter_model = False  # drafts with a model of its own: the step counts its time and forwards
     advance_drafts = False  # `advance` runs a model of its own (Medusa's heads): step.py times it as drafting
+    edits_layers = False  # `around` edits the target's layers (Hidden Transfer): compiled with its edits in the graph
     accept_rule = staticmethod(accept_rule.speculative)  # the family's rule (a `-typical` twin: the method's)
 
     def __init__(self, target, guesser):
@@ -65,28 +67,28 @@ class Proposer:
         """Input embeddings of [prefix tokens, root, candidates | rows attached to nodes] [1, prefix + q, H]."""
         return pt.embed(self.target.model, tokens, layout.rows)
 
-    def join(self, sample, plan) -> tuple[Segment, TreeLayout, int]:
+    def join(self, sample, batch_tree) -> tuple[Segment, TreeLayout, int]:
         """A newcomer's prefill as batch 1's: the prompt [T], its last token carrying the root's node inputs ->
         (its segment, the layout and prefix length its inputs follow: where `around` finds its node inputs)."""
-        layout, prefix = plan.layouts[0], len(sample.history) - 1
+        layout, prefix = batch_tree.layouts[0], len(sample.history) - 1
         ids = torch.tensor(sample.history, device=self.target.device)  # [T]
         return Segment(sample.slot, sample.history, keep=layout.visible.shape[0],
                        positions=position_ids(layout.offsets, 0, prefix)[0].tolist(),
                        mask=visibility(layout.visible, 0, prefix), embeds=self.embed(ids, layout)[0]), layout, prefix
 
-    def joined(self, sample, h: torch.Tensor, keep, sampling, plan) -> tuple[int, object]:
+    def joined(self, sample, h: torch.Tensor, keep, sampling, batch_tree) -> tuple[int, object]:
         """The newcomer's hidden states [q_0, H] (root, node inputs) -> (first token, first state); `keep(offsets)`
         compacts its cache from the root on (the root's node inputs leave it)."""
         keep([0])
         root = next_token(target_logits(self.target.model, h[0]), sampling, sample.generator)
-        return root, GuessRows(self.next_guesses(h, plan.layouts[0], 0))  # [m, V]
+        return root, GuessRows(self.next_guesses(h, batch_tree.layouts[0], 0))  # [m, V]
 
-    def propose(self, samples, states: list, plan, sampling) -> list[Drafted]:
+    def propose(self, samples, states: list, batch_tree, sampling) -> list[Drafted]:
         """Every active sample's tree, on its own random stream: here the top-k guesses of the accepted node's
         guess rows by rank, no model run (the layout: the state's, c guess rows -> state c)."""
         out = []
         for s, state in zip(samples, states):
-            layout = plan.layouts[state.logits.shape[0]]
+            layout = batch_tree.layouts[state.logits.shape[0]]
             out.append(Drafted(self.candidates(state.logits, layout.tree, s.history[-1]), None, layout))
         return out
 
@@ -96,6 +98,11 @@ class Proposer:
         topk = guesses[: tree.depth].topk(max(tree.top_ranks, 1), dim=-1).indices  # [D, K]
         root_t = torch.tensor([root], device=topk.device)  # the rows' device (the LM head's under a device map)
         return torch.cat([root_t, tree.candidate_tokens(topk)])  # [N]
+
+    def compiled_calls(self) -> dict:
+        """name -> (module, function (module, *args) -> tensor): the small forwards of its own that a --compile run
+        compiles beside the target's step (core/model/compile_call.py: Medusa's heads); none by default."""
+        return {}
 
     def around(self, parts: list[tuple[TreeLayout, int, torch.Tensor]]):
         """A context manager around one batched target forward, given per segment (its layout, its prefix length,

@@ -1,7 +1,8 @@
-"""The tree shapes a family's artefact takes (the tree plan's questions, plan.py): a tree of a size searched from
-per-rank probabilities, the refusal of a tree the artefact cannot guess, a tree's layouts per state, and `--tree
-dynamic`'s shape. The defaults are PPD's (a dynamic sparse tree over the states of the inputs attached to nodes);
-CandidateShapes is the one-state candidate tree of the families whose candidates at a depth need no such state."""
+"""The tree shapes a family's artefact takes (the tree choice's questions, batch_trees.py): a tree of a size
+searched from per-rank probabilities, the refusal of a tree the artefact cannot guess, a tree's layouts per state,
+and `--tree dynamic`'s shape. The defaults are PPD's (a dynamic sparse tree over the states of the inputs attached
+to nodes); CandidateShapes is the one-state candidate tree of the families whose candidates at a depth need no such
+state."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from ...core.tree import Tree
 from ...core.tree_file import TreeFile
 from ...errors import SpecbenchError
 from .layout import TreeLayout
-from .plan import candidate_tree, searched_tree
+from .batch_trees import candidate_tree, searched_tree
 
 
 class TreeShapes:

@@ -1,11 +1,11 @@
 """--engine llama.cpp: llama-cpp-python in process, its own decoding beside specbench's methods.
 
-  ar   the engine's plain generation (Llama.generate, greedy at --temperature 0)
+  ar   llama.cpp's plain generation (Llama.generate, greedy at --temperature 0)
   pld  its prompt lookup (llama_speculative.LlamaPromptLookupDecoding as Llama's draft_model): --pld-ngram is its
        max_ngram_size, --pld-draft-tokens its num_pred_tokens
   sd   a second GGUF (--draft-model) as its draft model (llama_hooks.GreedyDraft, --gamma tokens per proposal)
 
-Each method has its own Llama over the same mmap'd weights (a draft_model makes the engine keep every position's
+Each method has its own Llama over the same mmap'd weights (a draft_model makes llama.cpp keep every position's
 logits, logits_all, which costs ar nothing when ar has its own). Prompts are the run's datasets rendered with the
 GGUF's own chat template (the template specbench's tokenizer takes from the same file for the embedded model) and
 tokenized by llama.cpp. Methods run interleaved per prompt, every turn from a fresh context (no prompt cache), after
@@ -30,14 +30,14 @@ from ..methods.base import Generation
 from ..run.backend import Measures, timed
 from ..run.config import RunConfig
 from ..run.work import fit_prompt
-from .llama_files import extra_buffers_work, ftype_name, gguf_file, import_engine  # noqa: F401
+from .llama_files import extra_buffers_work, ftype_name, gguf_file, import_llama_cpp  # noqa: F401
 from .common import check_methods, local_environment, near_tie
 
 ENGINE = "llama.cpp"
 SUPPORTED = ("ar", "pld", "sd")
 SD_GAMMA = 5  # sd's draft length when --gamma is not given: llama.cpp's long-standing default n_draft
 CONTEXT_MARGIN = 64  # tokens of room in each context beyond the longest planned conversation
-CPU = torch.device("cpu")  # where the engine runs here (in this process): peak memory is this process's RSS
+CPU = torch.device("cpu")  # where llama.cpp runs here (in this process): peak memory is this process's RSS
 # a turn generated again from the same ids and seed gives the same tokens: --retime applies as to specbench's own
 MEASURES = Measures(retime=True, resume=True, batches=False)
 
@@ -52,7 +52,7 @@ def check(cfg: RunConfig) -> RunConfig:
                              "shipped drafter")
     if cfg.drafter and "sd" not in cfg.methods:
         console.print(f"[yellow]note[/] --draft-model {escape(cfg.drafter)} is only used by -m sd: ignored")
-    import_engine()
+    import_llama_cpp()
     gguf_file(cfg.model, "--model")
     if "sd" in cfg.methods:
         gguf_file(cfg.drafter, "--draft-model")
@@ -176,7 +176,7 @@ class LlamaCpp:
         return timed(lambda: self.generate_once(label, ids, self.cfg.max_new_tokens, seed), self.cfg.repeats, CPU)
 
     def generate_once(self, label: str, ids: list[int], max_new_tokens: int, seed: int = 0) -> Generation:
-        """One generation from a fresh context; each token's arrival time from the engine's stream (seconds from
+        """One generation from a fresh context; each token's arrival time from llama.cpp's stream (seconds from
         the prompt's evaluation); counts from the hooks (llama_hooks.tally)."""
         from .llama_hooks import tally
 
@@ -275,10 +275,10 @@ class LlamaCpp:
     def run_blocks(self, loaded) -> dict:
         """run.yaml's model, engine, chosen and peak-memory blocks."""
         return {"model": self.model_block(), "engine": self.facts(), "chosen": self.chosen(),
-                "peak_memory": "peak RSS during the generation (the engine runs in this process)"}
+                "peak_memory": "peak RSS during the generation (llama.cpp runs in this process)"}
 
     def chosen(self) -> dict:
-        """What each method ran with, in the engine's own terms."""
+        """What each method ran with, in llama.cpp's own terms."""
         out = {}
         if "pld" in self.llms:
             out["pld"] = {"engine": "LlamaPromptLookupDecoding", "max_ngram_size": self.ngram,

@@ -1,4 +1,4 @@
-"""The llama.cpp engine's files and machine facts (engines/llama_cpp.py runs it): llama-cpp-python itself or the
+"""llama.cpp's files and machine facts (backends/llama_cpp.py runs it): llama-cpp-python itself or the
 command that installs it, the GGUF a --model / --draft-model names, whether llama.cpp's extra weight buffers run on
 this machine (a probe in a child process), and a GGUF's weight type by llama.cpp's name."""
 
@@ -12,10 +12,10 @@ from ..errors import SpecbenchError
 from ..progress import console, status
 
 PIP = "pip install 'specbench[llamacpp]'"
-CPU = torch.device("cpu")  # where the engine runs here (in this process)
+CPU = torch.device("cpu")  # where llama.cpp runs here (in this process)
 
 
-def import_engine():
+def import_llama_cpp():
     """llama_cpp, or the exact command that installs it."""
     try:
         import llama_cpp
@@ -54,7 +54,7 @@ def gguf_file(spec: str, flag: str) -> Path:
 # ggml_backend_amx_mul_mat), which no Python code can catch
 PROBE = """
 import sys, llama_cpp
-from specbench.engines.llama_hooks import MeteredLlama
+from specbench.backends.llama_hooks import MeteredLlama
 llm = MeteredLlama(sys.argv[1], n_ctx=64, n_threads=int(sys.argv[2]), verbose=False, extra_bufts=True)
 stream = llm.generate(llm.tokenize(b"One, two, three, four,", add_bos=False), temp=0.0)
 for _, _ in zip(range(3), stream):

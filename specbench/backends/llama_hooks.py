@@ -6,7 +6,7 @@ asks its draft model (Llama.draft_model, a LlamaDraftModel) for proposals before
 draft. So:
   - MeteredLlama (a Llama whose eval is wrapped) records every evaluation's tokens and its time: one entry per
     target evaluation, prefill included; an entry's tokens after the first are the drafts it verified;
-  - MeteredDraft (a LlamaDraftModel wrapping the engine's LlamaPromptLookupDecoding or our GreedyDraft) times the
+  - MeteredDraft (a LlamaDraftModel wrapping llama.cpp's LlamaPromptLookupDecoding or our GreedyDraft) times the
     proposals;
   - GreedyDraft is the draft-model interface for sd: a second Llama proposing k tokens greedily (its own
     Llama.generate, which reuses the draft's KV cache for the longest prefix it shares with the last call).
@@ -62,7 +62,7 @@ def extra_buffers(on: bool):
 
 
 class MeteredLlama(Llama):
-    """A Llama that records each eval (the engine's one entry point to its forward passes) in self.meter;
+    """A Llama that records each eval (llama.cpp's one entry point to its forward passes) in self.meter;
     extra_bufts: llama.cpp's extra weight buffer types (extra_buffers())."""
 
     def __init__(self, *args, extra_bufts: bool = True, **kwargs):
@@ -96,7 +96,7 @@ class GreedyDraft(LlamaDraftModel):
 
 
 class MeteredDraft(LlamaDraftModel):
-    """Times the proposals of the engine's draft model `inner` and counts its calls in `meter` (the target's)."""
+    """Times the proposals of llama.cpp's draft model `inner` and counts its calls in `meter` (the target's)."""
 
     def __init__(self, inner: LlamaDraftModel, meter: Meter):
         self.inner, self.meter = inner, meter
@@ -110,7 +110,7 @@ class MeteredDraft(LlamaDraftModel):
 
 
 def _is_eog(self: Llama, token: int) -> bool:
-    """End of generation (EOS, EOT, <|im_end|>, ...): what the engine's own completion stops on."""
+    """End of generation (EOS, EOT, <|im_end|>, ...): what llama.cpp's own completion stops on."""
     import llama_cpp
 
     return bool(llama_cpp.llama_vocab_is_eog(self._model.vocab, int(token)))
@@ -133,7 +133,7 @@ class Tally:
 def tally(fed: list[list[int]], emitted: list[tuple[int, int]]) -> Tally:
     """fed: the tokens of each evaluation (fed[0] the prompt; fed[f][1:] the drafts verified by evaluation f);
     emitted: (token, index of the evaluation after which it was sampled) per emitted token. A verification's
-    accepted drafts: the leading emitted tokens equal to its drafts (the engine stops sampling a verification at
+    accepted drafts: the leading emitted tokens equal to its drafts (llama.cpp stops sampling a verification at
     its first differing token)."""
     by_forward: dict[int, list[int]] = {}
     for tok, f in emitted:

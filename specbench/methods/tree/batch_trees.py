@@ -1,5 +1,5 @@
 """Which tree a tree method decodes with, decided in one place: (family, `--tree`, hardware, dtype, batch size) ->
-a TreePlan (the tree file, its layouts, where it came from, EAGLE-2's dynamic shape) that the step decodes with.
+a BatchTree (the tree file, its layouts, where it came from, EAGLE-2's dynamic shape) that the step decodes with.
 
 - `--tree` is parsed once (tree_spec: core/tree_file.TreeSpec): auto | PATH | size=N | dynamic[=M]; eagle's
   `--gamma` is a chain.
@@ -25,6 +25,7 @@ from ... import families
 from ...core import lookup, store
 from ...core.machine.hardware import hardware_slug
 from ...core.model.load import dtype_name, model_slug
+from ...core.synthetic import stated_for
 from ...core.tree_file import TreeFile, TreeSpec, resolve_tree
 from ...errors import SpecbenchError
 from ...planning import tree_choice
@@ -71,6 +72,7 @@ def per_rank_acceptance(method, rows: int, model_name: str) -> tuple[list[list[f
     target, family = method.target, method.family
     stated = target.extras.get(SYNTHETIC)
     if stated is not None:  # --synthetic-acceptance: the tree is searched and predicted with the stated rates
+        stated = stated_for(stated, family)  # a folder of them: the family's own
         return stated.per_rank_rows(rows), None, f"--synthetic-acceptance: {stated.source}"
     relative = store.acceptance_file(model_name, family)
     found = lookup.find(lookup.ACCEPTANCE, relative, f"{method.name} acceptance")
@@ -87,7 +89,7 @@ def per_rank_acceptance(method, rows: int, model_name: str) -> tuple[list[list[f
 
 
 @dataclass(frozen=True)
-class TreePlan:
+class BatchTree:
     """The tree one batch size decodes with."""
 
     tree_file: TreeFile
@@ -97,8 +99,8 @@ class TreePlan:
     dynamic: tuple[int, int, int] | None = None  # --tree dynamic: (candidates m, depth, top-k per expansion)
 
 
-def first_plan(method) -> TreePlan:
-    """Batch 1's plan: --tree (or eagle's --gamma chain), checked against the artefact and laid out."""
+def first_tree(method) -> BatchTree:
+    """Batch 1's tree: --tree (or eagle's --gamma chain), checked against the artefact and laid out."""
     spec, gamma = method.tree_spec, getattr(method.options, "gamma", None)
     shapes, model_name = method.shapes, model_slug(method.target.spec)
     dynamic = None
@@ -121,10 +123,10 @@ def first_plan(method) -> TreePlan:
     return laid_out(method, tf, source, "batch 1", dynamic)
 
 
-def laid_out(method, tf: TreeFile, source: str, chosen_from: str, dynamic=None) -> TreePlan:
+def laid_out(method, tf: TreeFile, source: str, chosen_from: str, dynamic=None) -> BatchTree:
     """A tree the method's artefact can guess (its shapes refuse one it cannot), laid out for its states."""
     method.shapes.check_tree(tf, source)
-    return TreePlan(tf, source, method.shapes.layouts(tf, method.target.device), chosen_from, dynamic)
+    return BatchTree(tf, source, method.shapes.layouts(tf, method.target.device), chosen_from, dynamic)
 
 
 def tree_spec(options) -> TreeSpec:
@@ -149,30 +151,30 @@ def resolve(method, spec: TreeSpec) -> tuple[TreeFile, str]:
     return resolve_tree(spec, hardware, build)
 
 
-def plan_batches(method, sizes: list[int]) -> None:
-    """Each batch size's plan in method.plans: under `--tree auto` (no --gamma) B > 1's own tree (its file, else
+def choose(method, sizes: list[int]) -> None:
+    """Each batch size's tree in method.trees: under `--tree auto` (no --gamma) B > 1's own tree (its file, else
     built now from L(B, w)), else batch 1's."""
     if method.tree_spec.kind != "auto" or getattr(method.options, "gamma", None) is not None \
             or method.target.extras.get(SYNTHETIC) is not None:  # stated rates: batch 1's searched tree
         return  # one tree for every batch size: batch 1's (start_batch falls back to it)
-    for size in sorted({b for b in sizes if b > 1} - set(method.plans)):
+    for size in sorted({b for b in sizes if b > 1} - set(method.trees)):
         found = _batch_tree(method, size)
         if found is None:
-            method.plans[size] = method.plans[1]
+            method.trees[size] = method.trees[1]
             continue
         tree_file, source = found
-        method.plans[size] = laid_out(method, tree_file, source, "L(B, w)")
+        method.trees[size] = laid_out(method, tree_file, source, "L(B, w)")
         console.print(f"[dim]{method.name}: batch size {size}: tree {escape(source)} (size {tree_file.size}, "
-                      f"batch 1's: {method.plans[1].tree_file.size})[/]")
+                      f"batch 1's: {method.trees[1].tree_file.size})[/]")
 
 
 def chosen(method) -> dict:
-    """run.yaml's `chosen` for the batch sizes: size and source of every batch size's tree (when any is planned)."""
-    sizes = sorted(b for b in method.plans if b > 1)
+    """run.yaml's `chosen` for the batch sizes: size and source of every batch size's tree (when any is chosen)."""
+    sizes = sorted(b for b in method.trees if b > 1)
     if not sizes:
         return {}
-    return {"tree_per_batch_size": {b: {"size": method.plans[b].tree_file.size, "from": method.plans[b].chosen_from,
-                                        "tree": method.plans[b].source} for b in [1, *sizes]}}
+    return {"tree_per_batch_size": {b: {"size": method.trees[b].tree_file.size, "from": method.trees[b].chosen_from,
+                                        "tree": method.trees[b].source} for b in [1, *sizes]}}
 
 
 def _batch_tree(method, size: int) -> tuple[TreeFile, str] | None:
@@ -195,7 +197,7 @@ def _batch_tree(method, size: int) -> tuple[TreeFile, str] | None:
     elif choice.missing:  # the files build-tree needs, named with the commands that make them
         why = "; ".join(choice.missing[:-1])
     console.print(f"[yellow]note[/] {method.name}: batch size {size} decodes with batch 1's tree (size "
-                  f"{method.plans[1].tree_file.size}): {escape(why)}")
+                  f"{method.trees[1].tree_file.size}): {escape(why)}")
     return None
 
 

@@ -50,6 +50,7 @@ class Streamed:
     finish_reason: str | None = None
     usage: dict = field(default_factory=dict)  # the server's usage block, when it sent one
     extra: dict = field(default_factory=dict)  # the chunks' non-standard fields (timings, meta_info), last seen wins
+    top: list[dict] = field(default_factory=list)  # per token, {token: score} of its top_logprobs (when asked for)
 
     @property
     def completion_tokens(self) -> int:
@@ -153,6 +154,8 @@ def _take(out: Streamed, chunk: dict, at: float, logprobs: bool) -> None:
         entries = ((choice.get("logprobs") or {}).get("content") or []) if logprobs else []
         if entries:
             out.tokens += [str(e.get("token", "")) for e in entries]
+            out.top += [{str(t.get("token", "")): t.get("logprob") for t in e.get("top_logprobs") or []
+                         if isinstance(t, dict)} for e in entries]
             out.token_times += [at] * len(entries)
         elif piece:
             out.tokens.append(piece)

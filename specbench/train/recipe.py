@@ -1,4 +1,4 @@
-"""The steps every trainer takes around its own loss, and their order (Recipe, run): load the frozen target,
+"""The stages every trainer runs around its own loss, and their order (Recipe, run): load the frozen target,
 self-distil the training data, find where the replies start, count the vocabulary (--vocab-top), build the trained
 part, optimise it (optimiser.optimise), then describe the run in the artefact's metadata and write its loss curve."""
 
@@ -29,17 +29,17 @@ Sequences = list[tuple[list[int], int]]  # (prompt + greedy reply token ids, pro
 def load_target(cfg: TrainSettings, prompts: int | None = None) -> LoadedModel:
     """The target model, frozen (only the method's own parts train); its fit check counts the training
     (memory_need.train_workload: the trained part's optimiser state, cached features, a sequence's forward)."""
-    from ..core.model.memory_need import planned
+    from ..core.model.memory_need import stated_workload
     from ..core.model.placement import build_placement
 
-    with planned(training_workload(cfg, prompts)):
+    with stated_workload(training_workload(cfg, prompts)):
         target = load_model(cfg.model, cfg.dtype, cfg.device,
                             placement=build_placement(cfg.device_map, cfg.max_memory))
     target.model.requires_grad_(False)
     return target
 
 
-def planned_sequences(cfg: TrainSettings, prompts: int | None = None) -> int:
+def distilled_sequences(cfg: TrainSettings, prompts: int | None = None) -> int:
     """Sequences a run self-distils: prompts per source (the recipe's, else the config's; PPD's default: one per step,
     at most 300) x sources."""
     per_source = prompts if prompts is not None else cfg.prompts
@@ -59,7 +59,7 @@ def training_workload(cfg: TrainSettings, prompts: int | None = None):
         dtype = resolve_dtype(cfg.dtype, resolve_device(cfg.device))
     except Exception:  # a hub id offline, a bad spec: the load refuses it with its own message
         return Workload()
-    return train_workload(cfg.command, cfg, config, dtype, planned_sequences(cfg, prompts))
+    return train_workload(cfg.command, cfg, config, dtype, distilled_sequences(cfg, prompts))
 
 
 def self_distilled(cfg: TrainSettings, target: LoadedModel, min_reply: int,
@@ -96,11 +96,11 @@ def frequent_tokens(seqs: Sequences, vocab_size: int, start: int, top: int) -> t
 # ------------------------------------------------------------------------------------------------------ training
 
 
-def fit(cfg: TrainSettings, module: torch.nn.Module, step_loss, out: Path, label: str,
+def fit(cfg: TrainSettings, module: torch.nn.Module, update_loss, out: Path, label: str,
         settings: dict | None = None, **loop_options) -> tuple[list[float], float]:
     """optimiser.optimise with the run's shared settings (steps, lr, checkpoints in `out`, --resume, seed); settings:
     what a resumed checkpoint must match (default cfg.settings()); loop_options: warmup, clip, state."""
-    return optimise(module, step_loss, steps=cfg.steps, lr=cfg.lr, save_every=cfg.save_every,
+    return optimise(module, update_loss, steps=cfg.steps, lr=cfg.lr, save_every=cfg.save_every,
                     ckpt_path=checkpoint_path(out), settings=cfg.settings() if settings is None else settings,
                     resume=cfg.resume, label=label, seed=cfg.seed, **loop_options)
 
@@ -219,7 +219,7 @@ class Recipe:
         """optimiser.optimise's warmup, clip, state where the trainer's differ from the defaults."""
         return {}
 
-    def step_loss(self, module: torch.nn.Module) -> Callable[[Any], torch.Tensor]:
+    def update_loss(self, module: torch.nn.Module) -> Callable[[Any], torch.Tensor]:
         raise NotImplementedError
 
     def agreement(self, module: torch.nn.Module) -> Any:
@@ -251,7 +251,7 @@ def run(recipe: Recipe) -> Path:
     module = recipe.build()
     out = recipe.out()
     before = recipe.agreement(module)
-    losses, train_s = fit(cfg, module, recipe.step_loss(module), out, recipe.label, recipe.settings(),
+    losses, train_s = fit(cfg, module, recipe.update_loss(module), out, recipe.label, recipe.settings(),
                           **recipe.loop_options())
     module.requires_grad_(False)
     after = recipe.agreement(module)

@@ -34,7 +34,7 @@ SPECBENCH = "specbench"
 TURN = ["dataset", "prompt_id", "turn"]
 
 
-def engine_of(meta: dict, records: pd.DataFrame | None = None) -> str:
+def backend_of(meta: dict, records: pd.DataFrame | None = None) -> str:
     """The engine that decoded a run: run.yaml's engine block, else the records' engine column, else specbench."""
     block = meta.get("engine")
     if isinstance(block, dict) and block.get("name"):
@@ -83,10 +83,10 @@ def lossless_lines(records: pd.DataFrame, engine: str) -> list[str]:
     return out
 
 
-def engine_section(records: pd.DataFrame, meta: dict) -> list[str]:
+def backend_section(records: pd.DataFrame, meta: dict) -> list[str]:
     """report.md's section for a run another engine decoded: what it was, and its lossless result plainly; [] for
     specbench's own runs."""
-    engine = engine_of(meta, records)
+    engine = backend_of(meta, records)
     if engine == SPECBENCH:
         return []
     block = meta.get("engine") if isinstance(meta.get("engine"), dict) else {}
@@ -108,13 +108,13 @@ def _turns(records: pd.DataFrame, method: str) -> set[tuple]:
     return {(str(d), str(p), int(t)) for d, p, t in zip(g.dataset, g.prompt_id, g.turn)}
 
 
-def cross_engine_table(run_dirs: list[Path]) -> tuple[pd.DataFrame, int]:
+def cross_backend_table(run_dirs: list[Path]) -> tuple[pd.DataFrame, int]:
     """The cross-engine table (module docstring) over the prompt turns every run's ar finished, and their count."""
     runs = []
     for d in run_dirs:
         records = with_batch_columns(read_records(Path(d)))
         records = records[records.batch_size == 1]
-        runs.append((Path(d), engine_of(read_meta(Path(d)), records), records, read_tokens(Path(d))))
+        runs.append((Path(d), backend_of(read_meta(Path(d)), records), records, read_tokens(Path(d))))
     shared = set.intersection(*[_turns(r, "ar") for _, _, r, _ in runs]) if runs else set()
     reference = next(((rec, tok) for _, e, rec, tok in runs if e == SPECBENCH), None)
 
@@ -166,13 +166,13 @@ def cross_engine_table(run_dirs: list[Path]) -> tuple[pd.DataFrame, int]:
     return pd.DataFrame(rows), len(shared)
 
 
-def cross_engine_section(run_dirs: list[Path], out: Path) -> list[str]:
+def cross_backend_section(run_dirs: list[Path], out: Path) -> list[str]:
     """summary.md's "Across engines" section and engines.csv in `out`, when the runs compared were decoded by more
     than one engine; [] otherwise."""
-    engines = {engine_of(read_meta(Path(d)), read_records(Path(d))) for d in run_dirs}
+    engines = {backend_of(read_meta(Path(d)), read_records(Path(d))) for d in run_dirs}
     if len(engines) < 2:
         return []
-    table, shared = cross_engine_table(run_dirs)
+    table, shared = cross_backend_table(run_dirs)
     table.to_csv(Path(out) / "engines.csv", index=False)
     md = ["## Across engines", "",
           f"Every engine's methods on the {shared} prompt turn(s) every run's `ar` finished. A speedup is within one "
@@ -180,7 +180,7 @@ def cross_engine_section(run_dirs: list[Path], out: Path) -> list[str]:
           "arithmetic: a GGUF engine runs the quantised weights, specbench the de-quantised ones). "
           "`same_as_specbench_ar`: turns whose tokens equal specbench `ar`'s; `first_divergence`: the median first "
           "differing token where they differ; `same_prompt_length`: turns whose prompt tokenized to as many tokens "
-          "(each engine tokenizes the same rendered text). Columns: report/engines.py; the table is engines.csv.", ""]
+          "(each engine tokenizes the same rendered text). Columns: report/backends.py; the table is engines.csv.", ""]
     if table.empty:
         return md + ["No prompt turn was finished by every run's `ar`: nothing to put side by side.", ""]
     md += [markdown_table(table), ""]

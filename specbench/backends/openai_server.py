@@ -20,6 +20,10 @@ Load levels, a row each per request:
 Failed requests are retried (RETRIES times, on no answer, a timeout, 5xx or 429), then recorded in serving.json
 (with the error) and counted in the report; they never become rows with made-up numbers. Speculative-decoding
 counts come from the server where it exposes them (openai_acceptance.py), per phase, in serving.json.
+
+`Servers` is a backend of the one run loop (run/backend.py): the runner drives the levels (run/load_levels.py),
+checks spec against ar at each level (a mismatch explained by openai_lossless.py where the server allows it) and
+writes the records; --resume keeps the levels serving.json lists whole and runs the others.
 """
 
 from __future__ import annotations
@@ -28,28 +32,38 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
+from ..core.store import RunFolder
 from ..data import datasets as ds
 from ..errors import SpecbenchError, did_you_mean
 from ..progress import console
+from ..run.backend import Measures
 from ..run.config import RunConfig
+from ..run.load_levels import Level, LevelRun
+from ..run.resume import differences, plain
 from ..run.work import LoadedDataset
 from . import openai_acceptance as acc
-from ..run.backend import Measures
-from ..run.resume import mark_complete
-from ..run.results import RecordWriter
 from .common import local_environment, refuse_own_options
 from .openai_client import Endpoint, ServerError, Streamed, unreachable
 from .openai_load import closed_loop, open_loop, request_arrivals
+from .openai_lossless import explain_mismatch
 from .openai_options import Options, parse_concurrency, parse_slo  # noqa: F401  (tests read them here)
-from .openai_rows import (RETRIES, SERVING_FILE, Outcome, Phase, Server, request_counts, row,  # noqa: F401 (row:
-                          write_rows, write_serving)  # tests read it here)
+from .openai_rows import (RETRIES, SERVING_FILE, Outcome, Phase, Server, compared_as_text,  # noqa: F401
+                          level_rows, phase_entry, read_serving, request_counts, row,  # (row: tests read it)
+                          write_serving)
 
 BACKOFF_S = 0.5  # wait before the second try (doubled each time)
-MEASURES = Measures(retime=False, resume=False, phases=True,
-                    why_not_retime="a server's requests are measured in load phases the server schedules (many in "
-                                   "flight), so one turn cannot be timed again beside the same load; disturbed rows "
-                                   "are flagged",
-                    why_not_resume="a server run is not resumable (the server's state between two runs is not known)")
+MEASURES = Measures(
+    retime=False, resume=True, phases=True, noise=False,
+    why_not_retime="a server's requests are measured in load levels the server schedules (many in flight), so one "
+                   "turn cannot be timed again beside the same load",
+    why_not_noise="this machine's /proc readings count a server on this machine as another process's CPU time, so "
+                  "they cannot tell a disturbance from the server's own work; the summary's outlier test and "
+                  "interval still apply",
+    why_not_explain="a mismatch is explained only where the baseline server returns logits in its top_logprobs "
+                    "(vLLM's --logprobs-mode raw_logits) and repeats its own greedy tokens; log-probabilities carry "
+                    "no logit scale for the near-tie tolerance, so the row then says `no verdict` and why")
 
 
 def connect(url: str, opts: Options, label: str) -> Server:
@@ -105,8 +119,9 @@ def converse(server: Server, prompt: ds.Prompt, max_tokens: int, order: int = 0,
             delay = started + arrivals[turn] - arrivals[0] - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-        streamed, error, tries = ask(server, ds.conversation(prompt, turn, answers), max_tokens)
-        out.append(Outcome(turn, streamed, error, tries, order))
+        messages = ds.conversation(prompt, turn, answers)
+        streamed, error, tries = ask(server, messages, max_tokens)
+        out.append(Outcome(turn, streamed, error, tries, order, messages))
         if streamed is not None:
             answers.append(streamed.text)
     return out
@@ -142,20 +157,35 @@ def check(cfg: RunConfig) -> RunConfig:
 
 
 def prepare(cfg: RunConfig, loaded: list[LoadedDataset]) -> "Servers":
-    """The server(s) connected and warmed up (a server that fails here leaves no run folder behind)."""
+    """The server(s) connected and warmed up (a server that fails here leaves no run folder behind); --resume
+    refuses servers other than the interrupted run's."""
     opts = Options.of(cfg)
     servers = [connect(opts.base_url, opts, "spec" if opts.baseline_url else "server")]
     if opts.baseline_url:
         servers.insert(0, connect(opts.baseline_url, opts, "ar"))
+    backend = Servers(cfg, opts, servers, loaded)
+    if cfg.resume:
+        refuse_other_servers(Path(cfg.out), backend.run_blocks(loaded)["engine"])
     for server in servers:
         warm_up(server, loaded, cfg)
-    return Servers(cfg, opts, servers, loaded)
+    return backend
+
+
+def refuse_other_servers(out: Path, engine: dict) -> None:
+    """--resume: the servers (URL, model) and their versions must be the interrupted run's, named where not."""
+    old = (yaml.safe_load(RunFolder(out).meta.read_text()) or {}).get("engine") or {}
+    changed = differences({k: old.get(k) for k in ("servers", "version")},
+                          plain({k: engine.get(k) for k in ("servers", "version")}))
+    if changed:
+        raise SpecbenchError(f"--resume: the run in {out} was measured on other servers: {'; '.join(changed)}. "
+                             "Its finished levels would be compared with another server's; resume against the same "
+                             "servers, or choose another --out.")
 
 
 class Servers:
-    """The backend of `--engine openai` (run/backend.py): the servers of the run, measured in load phases of its
-    own (measure()), since the server schedules the requests in flight; the run folder, run.yaml and records are the
-    runner's."""
+    """The backend of `--engine openai` (run/backend.py): the servers of the run, measured a load level at a time
+    (run/load_levels.py), since the server schedules the requests in flight; the run folder, run.yaml, the lossless
+    check and the records are the runner's, serving.json is this backend's."""
 
     measures = MEASURES
 
@@ -165,6 +195,9 @@ class Servers:
         self.model_spec = servers[-1].model
         self.env = local_environment("openai", threads=cfg.threads or 0, dtype="server",
                                      placement=f"openai:{opts.base_url}")
+        self.phases: list[dict] = []  # serving.json's filed phases (a resumed run's kept ones first)
+        self.failed: list[dict] = []  # serving.json's failed requests
+        self.as_text = False  # the level being checked compares text (a server gave no token strings)
 
     def profile(self):
         return None  # the server's hardware is not profiled here: the noise guard's floor stays 1.0
@@ -180,34 +213,61 @@ class Servers:
                           "rendering": "the server's chat template"},
                 "engine": engine, "chosen": {}, "peak_memory": ""}
 
-    def measure(self, out: Path, writer: RecordWriter) -> Path:
-        """Every load level on the server(s), each level's rows written as soon as it has run; serving.json."""
-        cfg, opts, servers = self.cfg, self.opts, self.servers
-        phases, failed = [], []
-        try:
-            for level in measure(servers, self.loaded, cfg, opts):
-                phases += level
-                failed += write_rows(writer, cfg, self.env, servers, self.loaded, level)
-        except KeyboardInterrupt:
-            writer.close()
-            write_serving(out, servers, phases, failed, opts)
-            kept = max(sum(1 for _ in open(writer.records_path)) - 1, 0)
-            stop = SpecbenchError(f"Interrupted: {kept} rows kept in {out} (the load levels that finished; "
-                                  "`specbench report` reports them). A server run is not resumable: run it again "
-                                  "into a new --out.")
-            stop.exit_code = 130
-            raise stop from None
-        write_serving(out, servers, phases, failed, opts)
-        unit = "tokens" if all(s.logprobs for s in servers) else "text"
-        writer.close()
-        mark_complete(out)
-        if failed:
-            console.print(f"[yellow]{len(failed)} request(s) failed after {RETRIES} tries: listed in "
+    def decode(self, tokens: list) -> str:
+        return "".join(str(t) for t in tokens)  # token strings or text pieces: the text they spell
+
+    def explain(self, messages, ar_tokens: list, tokens: list, index: int) -> tuple[float, str]:
+        """The baseline server's margin at the first divergence (openai_lossless.py), or no verdict and why."""
+        baseline = next((s for s in self.servers if s.label == "ar"), None)
+        return explain_mismatch(None if self.as_text else baseline, messages, ar_tokens, tokens, index)
+
+    # --------------------------------------------------------------------------------- load levels (load_levels.py)
+
+    def levels(self) -> list[Level]:
+        """--concurrency's levels (1: one request at a time), then --request-rate's open loop."""
+        levels = [Level("-" if c == 1 else "closed", c) for c in self.opts.concurrency]
+        rate = self.opts.request_rate
+        return levels + ([Level(f"poisson@{rate:g}", 0, rate)] if rate else [])
+
+    def measure_level(self, level: Level, items) -> LevelRun:
+        """Every conversation at `level` on every server (their order rotated per level; at concurrency 1 the
+        servers take turns per prompt instead)."""
+        phases = measure_level(self.servers, list(items), self.cfg, level, self.levels().index(level))
+        rows, failed = level_rows(phases, self.servers, self.loaded)
+        self.as_text = compared_as_text(phases, self.servers)  # the level's check (explain reads it)
+        return LevelRun(level, rows, own=(phases, failed))  # own: what file_level puts in serving.json
+
+    def finished_levels(self, out: Path) -> set[tuple[int, str]]:
+        """The levels serving.json lists a phase of for every server; their phases and failed requests are kept."""
+        serving = read_serving(out)
+        phases = [p for p in serving.get("phases") or [] if isinstance(p, dict)]
+        servers: dict[tuple[int, str], set] = {}
+        for p in phases:
+            servers.setdefault((int(p.get("batch_size", -1)), str(p.get("batching"))), set()).add(p.get("server"))
+        done = {key for key, labels in servers.items() if labels >= set(self.labels)}
+        self.phases = [p for p in phases if (int(p["batch_size"]), str(p["batching"])) in done]
+        self.failed = [f for f in serving.get("failed") or []
+                       if (int(f.get("batch_size", -1)), str(f.get("level"))) in done]
+        return done
+
+    def file_level(self, out: Path, run: LevelRun) -> None:
+        """serving.json with this level's phases and failed requests added (the level is then finished)."""
+        phases, failed = run.own
+        self.phases += [phase_entry(p, self.servers) for p in phases]
+        self.failed += failed
+        write_serving(out, self.servers, self.phases, self.failed, self.opts)
+
+    def close(self, out: Path) -> None:
+        """serving.json once more (a resumed run with nothing left still writes it) and what the run should know:
+        failed requests, and how the lossless check compared."""
+        write_serving(out, self.servers, self.phases, self.failed, self.opts)
+        unit = "tokens" if all(s.logprobs for s in self.servers) else "text"
+        if self.failed:
+            console.print(f"[yellow]{len(self.failed)} request(s) failed after {RETRIES} tries: listed in "
                           f"{out / SERVING_FILE} and in report.md[/]")
-        if opts.baseline_url:
+        if self.opts.baseline_url:
             console.print(f"[dim]lossless check: spec against ar compared as {unit} (the servers' "
                           f"{'token strings, from logprobs' if unit == 'tokens' else 'streamed text'})[/]")
-        return out
 
 
 def warm_up(server: Server, loaded: list[LoadedDataset], cfg: RunConfig) -> None:
@@ -219,37 +279,27 @@ def warm_up(server: Server, loaded: list[LoadedDataset], cfg: RunConfig) -> None
             raise SpecbenchError(f"warm-up request to {server.endpoint.base_url} failed: {error}")
 
 
-def measure(servers: list[Server], loaded: list[LoadedDataset], cfg: RunConfig, opts: Options):
-    """Every load level on every server (their order rotated per level; at concurrency 1 the servers take turns per
-    prompt instead): yields each level's phases, one per server, when the level has run."""
-    items = [(d.name, p) for d in loaded for p in d.prompts]
-    levels: list[tuple[str, int, float | None]] = [("-" if c == 1 else "closed", c, None) for c in opts.concurrency]
-    if opts.request_rate:
-        levels.append((f"poisson@{opts.request_rate:g}", 0, opts.request_rate))
-    for li, (level, size, rate) in enumerate(levels):
-        order = servers[li % len(servers):] + servers[:li % len(servers)]
-        console.print(f"[dim]{level if level != '-' else 'concurrency 1'}"
-                      f"{f' concurrency {size}' if level == 'closed' else ''}: {len(items)} prompts on "
-                      f"{', '.join(s.label for s in order)}[/]")
-        if size == 1:
-            yield interleaved(order, items, cfg.max_new_tokens)
-            continue
-        phases: list[Phase] = []
-        for position, server in enumerate(order):
-            phase = Phase(server.label, level, size)
-            before = read_counts(server)
-            if rate is None:
-                job = lambda item, s=server, at=position: converse(s, item[1], cfg.max_new_tokens, at)  # noqa: E731
-                results, phase.wall_s = closed_loop(items, size, job)
-            else:  # the rate counts requests: each turn is an arrival of its own
-                turns = request_arrivals([len(p.turns) for _, p in items], rate, cfg.seed)
-                job = lambda i, s=server, at=position: converse(s, items[i][1], cfg.max_new_tokens, at,  # noqa: E731
-                                                                turns[i])
-                results, phase.wall_s = open_loop(range(len(items)), [t[0] for t in turns], job)
-            phase.outcomes = {(d, p.id): r for (d, p), r in zip(items, results)}
-            phase.counts = acc.difference(before, read_counts(server)) or request_counts(phase)
-            phases.append(phase)
-        yield phases
+def measure_level(servers: list[Server], items: list, cfg: RunConfig, level: Level, position: int) -> list[Phase]:
+    """One load level on every server, the servers' order rotated by the level's position: a phase per server."""
+    order = servers[position % len(servers):] + servers[:position % len(servers)]
+    console.print(f"[dim]{level.describe()}: {len(items)} prompts on {', '.join(s.label for s in order)}[/]")
+    if level.batch_size == 1:
+        return interleaved(order, items, cfg.max_new_tokens)
+    phases: list[Phase] = []
+    for at, server in enumerate(order):
+        phase = Phase(server.label, level.batching, level.batch_size)
+        before = read_counts(server)
+        if level.rate is None:
+            job = lambda item, s=server, at=at: converse(s, item[1], cfg.max_new_tokens, at)  # noqa: E731
+            results, phase.wall_s = closed_loop(items, level.batch_size, job)
+        else:  # the rate counts requests: each turn is an arrival of its own
+            turns = request_arrivals([len(p.turns) for _, p in items], level.rate, cfg.seed)
+            job = lambda i, s=server, at=at: converse(s, items[i][1], cfg.max_new_tokens, at, turns[i])  # noqa: E731
+            results, phase.wall_s = open_loop(range(len(items)), [t[0] for t in turns], job)
+        phase.outcomes = {(d, p.id): r for (d, p), r in zip(items, results)}
+        phase.counts = acc.difference(before, read_counts(server)) or request_counts(phase)
+        phases.append(phase)
+    return phases
 
 
 def interleaved(order: list[Server], items: list, max_tokens: int) -> list[Phase]:

@@ -1,0 +1,108 @@
+"""The step costs a map predicts from, measured on the spot after its run: L(B, w) on the engines the run decoded
+with (batch 1 on the single-sequence engine, core/batch/single.py; B > 1 on the unpadded one, core/batch/ragged.py)
+at exactly the widths and KV lengths its grid points need, so no point reads a width extrapolated past the profiled
+ones.
+
+Each width is timed as decoding runs it: consecutive forwards of the same shape, each step keeping one of its new
+tokens (the KV grows by one a step, as a decode step that accepted nothing), in two passes (widths ascending, then
+descending) so that a machine whose speed drifts slows every width alike. The file is a latency profile
+(core/profile_file.py) kept in the run folder; it is not filed for other commands.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..core.batch.engine import engine
+from ..core.batch.ragged import Segment
+from ..core.machine import contention
+from ..core.machine.timing import call_ms
+from ..core.model.load import dtype_name, model_slug
+from ..core.machine.hardware import slug_of
+from ..core.profile_file import BatchCurve, LatencyProfile
+from ..errors import SpecbenchError
+from .batch_profile import ENGINE
+from .profile import profile_meta
+
+BASE_WIDTHS = (1, 2, 4, 8)  # kept below the widest needed width, so the curve's shape between is measured
+SINGLE = "single (core/batch/single.py: one sample over the model's own cache), batch 1"
+
+
+def widths_to_measure(needed: list[float], base: tuple[int, ...] = BASE_WIDTHS) -> list[int]:
+    """The integer widths to time at one batch size so that every needed (mean) width lies between two measured
+    ones, never past them: the floor and ceiling of each, width 1, and the base widths up to the widest needed."""
+    top = math.ceil(max([1.0, *needed]))
+    out = {1} | {b for b in base if b <= top}
+    for w in needed:
+        out |= {max(1, math.floor(w)), max(1, math.ceil(w))}
+    return sorted(out)
+
+
+def grid_widths(needs: dict[int, list[float]]) -> dict[int, list[int]]:
+    """{B: widths to time} for a grid whose points at batch size B verify the mean widths needs[B]: every batch size
+    also takes the widths of the larger ones (a batch thins out as its samples finish, so its late steps read the
+    smaller batch sizes' curves), and batch 1 is always there (a profile's main curve)."""
+    sizes = sorted(set(needs) | {1})
+    return {b: widths_to_measure([w for size in needs if size >= b for w in needs[size]]) for b in sizes}
+
+
+def _consecutive(batch, size: int, rows: list[list[int]], start: int, steps: int, device) -> list[float]:
+    """ms of `steps` forwards of every slot's new tokens one after another, each step keeping one of them; the slots
+    are cut back to `start` after."""
+    times = []
+    for r in range(steps):
+        segments = [Segment(slot, rows[slot]) for slot in range(size)]
+        times.append(call_ms(lambda: batch.forward([], segments), device))
+        for slot in range(size):
+            batch.truncate(slot, start + r + 1)
+    for slot in range(size):
+        batch.truncate(slot, start)
+    return times
+
+
+@torch.inference_mode()
+def measure_on_the_spot(target, widths_by_size: dict[int, list[int]], kv_lengths: list[int], repeats: int = 8,
+                        warmup: int = 2, mode: str = "unpadded", advance=lambda text: None) -> LatencyProfile:
+    """A latency profile of `widths_by_size` (grid_widths) at every KV length: batch 1 on the single-sequence engine
+    (its `curves`), every B > 1 on the `mode` engine (its batch curves); each point the median of `repeats` forwards
+    (half in each pass) after `warmup` per pass."""
+    if 1 not in widths_by_size:
+        raise SpecbenchError("an on-the-spot profile needs batch 1's widths (its main curve)")
+    model, device = target.model, target.device
+    kv_lengths = sorted(set(kv_lengths))
+    widest = max(max(w) for w in widths_by_size.values())
+    if kv_lengths[-1] + repeats + 2 * warmup + widest > target.context_length:
+        raise SpecbenchError(f"map: KV length {kv_lengths[-1]} + width {widest} exceeds the model's context "
+                             f"({target.context_length}): lower --context")
+    gen = torch.Generator().manual_seed(2)
+    vocab = min(target.vocab_size, 32000)
+    before = contention.snapshot()
+    curves: dict[int, dict[int, dict[str, list[float]]]] = {}
+    half = max(1, (repeats + 1) // 2)
+    for size, widths in sorted(widths_by_size.items()):
+        curves[size] = {}
+        for kv in kv_lengths:
+            batch = engine(model, "single" if size == 1 else mode, size, device)
+            for slot in range(size):  # one slot at a time (a B x kv prefill in one forward: B times the memory)
+                batch.forward([Segment(slot, torch.randint(0, vocab, (kv,), generator=gen).tolist(), keep=1)], [])
+            rows = {w: [torch.randint(0, vocab, (w,), generator=gen).tolist() for _ in range(size)] for w in widths}
+            times: dict[int, list[float]] = {w: [] for w in widths}
+            for order in (widths, widths[::-1]):
+                for w in order:
+                    _consecutive(batch, size, rows[w], kv, warmup, device)
+                    times[w] += _consecutive(batch, size, rows[w], kv, half, device)
+            advance(f"B {size} kv {kv}")
+            stats = [torch.tensor(times[w]) for w in widths]
+            curves[size][kv] = {"median_ms": [round(float(t.median()), 3) for t in stats],
+                                "p10_ms": [round(float(t.quantile(0.1)), 3) for t in stats],
+                                "p90_ms": [round(float(t.quantile(0.9)), 3) for t in stats]}
+            del batch
+    meta = profile_meta(target, before, 2 * half, warmup)
+    meta["kv_growth"] = "one token a step (each width's steps consecutive, as decoding runs them)"
+    meta["engines"] = {"batch 1": SINGLE, "batch > 1": ENGINE if mode == "unpadded" else mode}
+    meta["measured_for"] = "the map's grid, after its run (on the spot)"
+    batches = {b: BatchCurve(list(widths_by_size[b]), curves[b]) for b in widths_by_size if b > 1}
+    return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(meta["identity"]), "measured",
+                          list(widths_by_size[1]), curves[1], meta, batches)

@@ -1,0 +1,122 @@
+"""The map's cost model: the per-step rates a run's acceptance gives, the expected steps of a batch (its longest
+sample), the rows that thin out as samples finish, the widths measured on the spot, and the error's split into steps
+and step cost (small tables worked by hand; no timing asserted)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from specbench.core.profile_file import BatchCurve, LatencyProfile, load_profile
+from specbench.planning.batch_prediction import (batch_ms, chain_rates, expected_max_steps, latency_at_rows,
+                                                 simulate_batch)
+from specbench.planning.spot_profile import grid_widths, measure_on_the_spot, widths_to_measure
+from specbench.report import map_table
+
+
+def _profile() -> LatencyProfile:
+    """L(1, w) = 10 + w ms, L(2, w) = 12 + 2w, L(4, w) = 16 + 4w (widths 1-8, one KV length)."""
+    widths = [1, 2, 4, 8]
+    curve = lambda a, b: {128: {"median_ms": [a + b * w for w in widths], "p10_ms": [0.0] * 4,  # noqa: E731
+                                "p90_ms": [0.0] * 4}}
+    return LatencyProfile("m", "float32", "cpu-test", "measured", widths, curve(10, 1),
+                          batches={2: BatchCurve(widths, curve(12, 2)), 4: BatchCurve(widths, curve(16, 4))})
+
+
+def test_chain_rates_give_back_the_runs_tau():
+    # 47 decode steps; 9 accepted position 1, 5 of those position 2, 2 of those position 3
+    rates = chain_rates([9, 5, 2, 0, 0], 47)
+    assert rates == pytest.approx([9 / 47, 5 / 9, 2 / 5])  # trailing zeros dropped
+    marginal, tau = 1.0, 1.0
+    for r in rates:
+        marginal *= r
+        tau += marginal
+    assert tau == pytest.approx(1 + 16 / 47)
+    assert chain_rates([0, 0], 10) == [] and chain_rates([3], 0) == []
+
+
+def test_expected_max_steps_is_the_longest_sample():
+    assert expected_max_steps([], [5, 9, 2]) == 9  # nothing accepted: one token a step
+    assert expected_max_steps([1.0, 1.0], [6, 9]) == 3  # three tokens a step: 2 and 3 steps, the batch runs 3
+    # rate 0.5, two tokens to decode: 1 step (half the time) or 2; the longer of two samples is 2 with chance 3/4
+    assert expected_max_steps([0.5], [2], trials=4000) == pytest.approx(1.5, abs=0.05)
+    assert expected_max_steps([0.5], [2, 2], trials=4000) == pytest.approx(1.75, abs=0.05)
+    # four tokens: E(n) = 1 + E(n-1)/2 + E(n-2)/2, E(1) = 1, E(2) = 1.5, E(3) = 2.25, E(4) = 2.875
+    assert expected_max_steps([0.5], [4], trials=4000) == pytest.approx(2.875, abs=0.06)
+    assert expected_max_steps([0.5], [30] * 8, seed=3) == expected_max_steps([0.5], [30] * 8, seed=3)  # seeded
+    sim = simulate_batch([0.5], [30] * 8)
+    assert sim.steps > sim.sample_steps  # the batch waits for its slowest sample
+    assert sum(sim.running) == pytest.approx(sim.steps)
+
+
+def test_constant_tau_without_rates():
+    sim = simulate_batch(None, [20, 30], tau=2.0)
+    assert (sim.steps, sim.sample_steps, sim.active) == (15.0, 12.5, None)
+    assert batch_ms(_profile(), sim, 3, 128) == pytest.approx(15 * (12 + 6))  # every step at L(2, 3)
+
+
+def test_latency_between_batch_sizes_and_thinning_rows():
+    p = _profile()
+    assert latency_at_rows(p, 3, 1, 128) == pytest.approx(17.0)  # halfway between L(2, 1) = 14 and L(4, 1) = 20
+    assert latency_at_rows(p, 0.5, 2, 128) == pytest.approx(12.0)  # below one row: batch 1
+    assert latency_at_rows(p, 8, 1, 128) is None  # past the largest profiled batch size
+    # two samples of two tokens at rate 0.5: step 1 has both rows; step 2 runs with chance 3/4, with 4/3 rows on
+    # average then (each sample left with chance 1/2, given at least one): 14 + 0.75 x L(4/3, 1) = 14 + 0.75 x 12
+    sim = simulate_batch([0.5], [2, 2], trials=4000)
+    assert batch_ms(p, sim, 1, 128) == pytest.approx(23.0, abs=0.4)
+    assert batch_ms(p, sim, 1, 128, host_ms_per_row=1.0) == pytest.approx(23.0 + 2 + 0.75 * 4 / 3, abs=0.5)
+
+
+def test_widths_measured_on_the_spot():
+    assert widths_to_measure([1.0]) == [1]
+    assert widths_to_measure([5.997]) == [1, 2, 4, 5, 6]  # floor and ceiling: interpolated, never extrapolated
+    assert widths_to_measure([2.5, 11.0]) == [1, 2, 3, 4, 8, 11]
+    # a smaller batch size takes the larger ones' widths too (a batch's late steps have fewer rows)
+    assert grid_widths({2: [1.0, 3.5], 8: [6.2]}) == {1: [1, 2, 3, 4, 6, 7], 2: [1, 2, 3, 4, 6, 7],
+                                                    8: [1, 2, 4, 6, 7]}
+
+
+def test_on_the_spot_profile_on_a_tiny_model(tiny, tmp_path):
+    profile = measure_on_the_spot(tiny, {1: [1, 2], 2: [1, 3]}, [16, 32], repeats=2, warmup=1)
+    assert profile.widths == [1, 2] and sorted(profile.curves) == [16, 32]
+    assert profile.batches[2].widths == [1, 3]
+    assert all(ms > 0 for c in profile.curves.values() for ms in c["median_ms"])
+    assert "single" in profile.meta["engines"]["batch 1"]
+    (tmp_path / "p.yaml").write_text(profile.to_yaml())
+    again = load_profile(tmp_path / "p.yaml")
+    assert again.at_batch(2).widths == [1, 3]
+
+
+def _batch_records(per_position: str | None) -> pd.DataFrame:
+    """ar and pld at B = 1 (one prompt each) and B = 2 (one batch of two): 30 decode tokens per sample; pld accepts
+    one draft on half its 20 steps."""
+    base = dict(dataset="gsm8k", prompt_tokens=100, new_tokens=31, draft_s=0.0, prefill_tokens=1)
+    rows = []
+    for size, wall in ((1, 0.5), (2, 0.6)):
+        extra = dict(batching="unpadded", batch_id=f"{size}-0-0", batch_wall_s=wall, prefill_s=0.05) \
+            if size > 1 else dict(batching="-", latency_s=wall, ttft_s=0.05)
+        for _ in range(size):
+            rows.append(dict(base, method="ar", batch_size=size, target_forwards=31, target_tokens=130, **extra))
+            rows.append(dict(base, method="pld", batch_size=size, target_forwards=21, target_tokens=140,
+                             accepted_per_position=per_position, **extra))
+    return pd.DataFrame(rows)
+
+
+def test_map_table_prices_the_longest_sample_and_splits_the_error():
+    frame = map_table.table(_batch_records("10/20"), None, {}, _profile())
+    pld2 = frame[(frame.method == "pld") & (frame.batch_size == 2)].iloc[0]
+    assert pld2.steps_measured == 20 and pld2.steps_predicted > 20  # a mean tau of 1.5 would say 20
+    assert pld2.step_ms_measured == pytest.approx(1000 * 0.55 / 20)
+    for r in frame.itertuples():  # the split multiplies back to the tok/s error
+        assert 1 + r.error == pytest.approx(1 / ((1 + r.steps_error) * (1 + r.step_cost_error)))
+        assert r.within_goal == (abs(r.error) <= map_table.GOAL)
+    ar2 = frame[(frame.method == "ar") & (frame.batch_size == 2)].iloc[0]
+    assert ar2.steps_predicted == 30 and ar2.step_ms_predicted == pytest.approx(14.0)
+    # without per-position counts the constant tau stands in: 20 steps
+    plain = map_table.table(_batch_records(None), None, {}, _profile())
+    assert plain[(plain.method == "pld") & (plain.batch_size == 2)].steps_predicted.iloc[0] == pytest.approx(20)
+
+
+def test_grid_needs_reads_each_points_width_and_kv():
+    needs, kvs = map_table.grid_needs(_batch_records("10/20"))
+    assert needs == {1: [1.0, 2.0], 2: [1.0, 2.0]} and kvs == [128]
