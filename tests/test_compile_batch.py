@@ -1,6 +1,6 @@
 """`--compile` at batch size > 1: the static batch engine (core/batch/static_batch.py) decodes every batchable method
-to eager's greedy tokens, every decode forward after warm-up through the compiled step (Hidden Transfer's hooked
-target forwards aside, counted eager), and samples the target's distribution at T > 0 under torch.compile.
+to eager's greedy tokens, every decode forward after warm-up through the compiled step (EAGLE-3's hooked
+target forwards aside, counted eager; Hidden Transfer's with its transfer steps inside the step), and samples the target's distribution at T > 0 under torch.compile.
 
 The token checks run the static step uncompiled (state.fn = static.step: the same masks, padding, buckets and
 counting, seconds instead of minutes on 2 cores); the distribution test compiles for real, one tree width."""
@@ -25,8 +25,9 @@ from .test_compile_methods import _Counted
 from .test_sd import SAMPLING, exact_distribution, tv
 
 BATCHABLE = sorted(n for n, c in REGISTRY.items() if c.batchable)
-# hooks inside the target's forward (Hidden Transfer's pseudo positions, EAGLE-3's fused layer states): eager, counted
-HOOKED = {"hidden-transfer", "eagle3"}
+# hooks inside the target's forward that offer no layer edits (EAGLE-3's fused layer states): eager, counted; Hidden
+# Transfer's transfer steps run inside the compiled step as layer edits (core/model/compile_graph.py)
+HOOKED = {"eagle3"}
 NEW_TOKENS = 12
 
 
@@ -76,6 +77,7 @@ def test_static_batch_gives_eager_tokens_and_counts_its_forwards(pair, name):
         for state in states:
             state.finish_warm_up()
         shapes = [dict(s.batch_shapes) for s in states]
+        edit_shapes = [dict(s.edit_shapes) for s in states]
         before = compile_run.snapshot(states)
         gens, _ = generate_batch(method, prompts, 2, "padded", True, NEW_TOKENS, Sampling(), [None] * 3)
         compile_run.batch_forwards(states, before, gens, method)
@@ -84,6 +86,7 @@ def test_static_batch_gives_eager_tokens_and_counts_its_forwards(pair, name):
             cc.disable(state.model)
     assert [g.tokens for g in gens] == eager
     assert [dict(s.batch_shapes) for s in states] == shapes  # nothing compiled after warm-up
+    assert [dict(s.edit_shapes) for s in states] == edit_shapes
     compiled, eager_forwards = gens[0].compiled_forwards, gens[0].eager_forwards
     assert all(g.compiled_forwards == g.eager_forwards == 0 for g in gens[1:])  # the batch's counts on one row
     if name in HOOKED:
@@ -105,7 +108,7 @@ STATIC = sorted(n for n, c in REGISTRY.items() if getattr(c, "static_engine", Tr
 @pytest.mark.parametrize("name", STATIC)
 def test_static_sequence_compiles_every_drafter_at_batch_1(pair, name):
     """B = 1: the target's, sd's drafter's and the feature drafters' decode forwards after warm-up are all
-    compiled-step calls (Hidden Transfer's hooked target forwards aside), tokens equal to eager's."""
+    compiled-step calls (EAGLE-3's hooked target forwards aside), tokens equal to eager's."""
     target, drafter = pair
     method = _method(name, target, drafter)
     check = prompt_ids(1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 
 from specbench.core.model import compile as cc
+from specbench.core.model import compile_call
 from specbench.core.model.load import load_model
 from specbench.core.verify import Sampling
 from specbench.methods import REGISTRY, get_method
@@ -30,7 +31,8 @@ WARM_SEED, CHECK_SEED = 0, 1
 
 # forwards each method runs outside the compiled step on the checked prompt, per model (target, drafter), and
 # whether it runs any compiled: what each method's code path really does under --compile
-#  - hidden-transfer: its layer hooks (`around`) read values inside the target's forward: every target forward eager
+#  - hidden-transfer: its transfer steps (`around`) run inside the compiled step as layer edits
+#    (core/model/compile_graph.py), its prefill's through the model's own layer hooks
 #  - pearl*: drafter and target run through their own DynamicCaches (methods/sd/drafting.ModelState), not the batch
 #    engine: neither model's forwards ever reach the compile state (nothing compiled, nothing counted)
 #  - eagle3: its proposer reads the target's inner layers (`around`: the fused states): every target forward eager;
@@ -38,7 +40,9 @@ WARM_SEED, CHECK_SEED = 0, 1
 #  - eagle / parallelspec: their feature drafter drafts through a drafter engine with a compile state of its own
 #    (run/compiled.feature_drafter, as enable_run attaches it on the proposer's drafter): its forwards compile with
 #    the target's
-EAGER_TARGET = {"hidden-transfer": "all", "eagle3": "all"}
+#  - medusa*: their heads (residual blocks and the LM head on the accepted row) run as a compiled call of their own
+#    (run/compiled.compiled_calls, core/model/compile_call.py): "<method> heads" below, every call compiled
+EAGER_TARGET = {"eagle3": "all"}
 UNCOMPILED = {"pearl", "pearl-no-post", "pearl-no-pre"}
 
 
@@ -83,6 +87,13 @@ def runs():
         feature = compile_run.feature_drafter(method)
         if feature is not None:
             states[f"{name} drafter"] = cc.enable(feature, 256)
+    calls = {f"{name} {label}": compile_call.enable(module, function, f"{name} {label}", target.device)
+             for name, method in methods.items()
+             for label, (module, function) in compile_run.compiled_calls(method).items()}
+    for method in methods.values():  # Hidden Transfer's layer edits, every tree state's (as enable_run declares them)
+        for width, edits in getattr(getattr(method, "proposer", None), "declared_edits", lambda tree: [])(
+                getattr(method, "trees", {1: None})[1]):
+            states["target"].declare_edits(width, (True, True, True), edits)
     try:
         counters = {role: _Counted(state.fn) for role, state in states.items()}
         for role, state in states.items():
@@ -92,6 +103,9 @@ def runs():
                 state.declare(cc.declared_width(method))
             if cc.declared_varying_width(method):  # suffix decoding's trees, drafted afresh each step
                 states["target"].declare_varying_tree(cc.declared_varying_width(method))
+        for role, call in calls.items():  # the compiled calls (declare nothing: their shape is their input's)
+            counters[role] = call.fn = _Counted(call.fn)
+            states[role] = call
         failed: dict[str, BaseException] = {}
         for name, method in methods.items():  # warm-up: one prompt each, the shapes compile as they are met
             try:
@@ -121,8 +135,8 @@ def runs():
         assert {role: dict(s.shapes) for role, s in states.items()} == shapes  # nothing compiled after warm-up
         yield {"eager": eager, "compiled": out, "states": states}
     finally:
-        for state in states.values():
-            cc.disable(state.model)
+        for role, state in states.items():
+            (compile_call.disable if role in calls else cc.disable)(state.model)
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
@@ -147,10 +161,12 @@ def test_compiled_tokens_equal_eager_and_ar(runs, name):
         assert got["drafter_compiled"] == got["drafter_eager"] == 0
     if f"{name} drafter_compiled" in got:  # eagle / parallelspec: the feature drafter's forwards compile too
         assert got[f"{name} drafter_compiled"] > 0 and got[f"{name} drafter_eager"] == 0
+    if get_method(name).family == "medusa":  # the heads: one compiled call a step, none eager
+        assert got[f"{name} heads_compiled"] > 0 and got[f"{name} heads_eager"] == 0
 
 
 # methods with decode forwards that never run compiled: summary.csv's eager_forwards > 0, named by report.md's verdict
-NOT_FULLY_COMPILED = UNCOMPILED | {"hidden-transfer", "eagle3"}
+NOT_FULLY_COMPILED = UNCOMPILED | {"eagle3"}
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
@@ -167,3 +183,16 @@ def test_forwards_counted_as_a_run_reports_them(runs, name):
         assert eager > 0
     else:
         assert compiled > 0 and eager == 0
+
+
+def test_hidden_transfer_runs_its_transfer_steps_inside_the_compiled_step(runs):
+    """Hidden Transfer's pseudo positions are made inside the target's compiled graph (layer edits at the transfer
+    layers: core/model/compile_graph.py), not by hooks around an eager forward: its warm-up compiled shapes with
+    edits, and the checked prompt's target forwards ran compiled (test_compiled_tokens_equal_eager_and_ar: none eager,
+    tokens equal)."""
+    got = runs["compiled"]["hidden-transfer"]
+    if isinstance(got, BaseException):
+        raise got
+    edited = runs["states"]["target"].edit_shapes
+    assert edited and all(edits for *_, edits in edited), edited
+    assert got["target_compiled"] > 0 and got["target_eager"] == 0

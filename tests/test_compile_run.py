@@ -189,3 +189,34 @@ def test_compiled_batches_run_padded_and_fully_compiled(tmp_path, mistral_file, 
     assert set(batched.method) == {"ar", "pld"} and set(batched.batching) == {"padded"}
     assert (batched.compiled_forwards > 0).all() and (batched.eager_forwards == 0).all()
     assert "Not fully compiled" not in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["medusa", "hidden-transfer"])
+def test_medusa_and_hidden_transfer_runs_are_fully_compiled(tmp_path, mistral_file, prompts_file, name):
+    """A compiled run of Medusa (its heads one compiled call of their own) and of Hidden Transfer (its transfers as
+    layer edits inside the target's compiled step): summary.csv counts every decode forward compiled, none eager,
+    run.yaml's compile block names the heads' graph and the edited shapes, and the tokens pass the lossless check."""
+    import yaml
+
+    from specbench.core.model.load import load_model
+
+    from .conftest import heads_artifact, projections_artifact
+
+    target = load_model(f"random:{mistral_file}", dtype="float32", device="cpu")
+    artifact = (heads_artifact if name == "medusa" else projections_artifact)(target, tmp_path / "artifact")
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", "--model", f"random:{mistral_file}", "--dtype", "float32", "--device",
+                                      "cpu", "--dataset", str(prompts_file), "--limit", "2", "--max-new-tokens", "8",
+                                      "--compile", "--out", str(out), "--method", name, "--artifact", str(artifact),
+                                      "--tree", "size=4"])
+    assert result.exit_code == 0, result.output
+    summary = pd.read_csv(out / "summary.csv")
+    row = summary[summary.method == name].iloc[0]
+    assert row.compiled_forwards > 0 and row.eager_forwards == 0
+    report = (out / "report.md").read_text()
+    assert "Not fully compiled" not in report and "Lossless check FAILED" not in report
+    compiled = yaml.safe_load((out / "run.yaml").read_text())["compile"]
+    if name == "medusa":
+        assert compiled[f"{name} heads"]["compiled_steps"] > 0 and compiled[f"{name} heads"]["eager_steps"] == 0
+    else:
+        assert any("layer_edits" in shape for shape in compiled["target"]["shapes"])

@@ -10,7 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from specbench.core.model import linear_kernels as lk
+from specbench.core.model.compile_graph import graph_model
 from specbench.errors import SpecbenchError
+
+
+def _snapshot(module) -> dict:
+    """A module's own attributes, its dicts (parameters, buffers, children, hooks) copied one level deep."""
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in module.__dict__.items() if k != "config"}
 
 
 def _layers(bias: bool):
@@ -32,7 +38,7 @@ def test_every_kernel_equals_f_linear_at_every_bucket(bias, dtype, tolerance):
                     x = torch.randn(1, rows, m.in_features).to(dtype)
                     want = F.linear(x.float(), m.weight.float(), None if m.bias is None else m.bias.float())
                     for kernel in kernels:
-                        got = lk.KERNEL[kernel](m, x)
+                        got = lk.KERNEL[kernel](m.weight, m.bias, x, lk.pack_index(m))
                         assert got.shape == want.shape and got.dtype == dtype
                         torch.testing.assert_close(got.float(), want, rtol=tolerance, atol=tolerance,
                                                    msg=f"{kernel} at {rows} rows")
@@ -99,12 +105,16 @@ def test_a_forced_kernel_and_a_bad_one(tiny, monkeypatch):
 
 
 def test_compiled_graph_runs_each_buckets_kernel_and_equals_f_linear(monkeypatch):
-    """A compiled function over a model's linear layers, each bucket its own kernel: the outputs equal F.linear's,
-    the oneDNN bucket really calls the packed op, and `restore` gives the layers back their own forward."""
+    """A compiled function over a model's graph twin (compile_graph.graph_model), each bucket its own kernel: the
+    outputs equal F.linear's, the oneDNN bucket really calls the packed op, and the model's own layers are untouched."""
     model = torch.nn.Sequential(*_layers(True)[:2])
+    own = [_snapshot(m) for m in model]
     choice = {1: "onednn", 2: "transposed", 4: "mkl"}
     monkeypatch.setattr(lk, "choose", lambda m, d: (lk._pack(lk.linears(m)), {"source": "test", "choice": choice})[1])
-    assert lk.use(model, torch.device("cpu"))["choice"] == choice
+    chosen = lk.use(model, torch.device("cpu"))
+    graph = graph_model(model, chosen["choice"])
+    assert chosen["choice"] == choice and graph is not model
+    assert [type(m) for m in graph] == [lk.ChosenLinear] * 2 and all(g.linear is m for g, m in zip(graph, model))
     packed_calls = []
 
     class Counting(list):  # the packed op reads its weight from lk._PACKED at every call
@@ -113,7 +123,7 @@ def test_compiled_graph_runs_each_buckets_kernel_and_equals_f_linear(monkeypatch
             return super().__getitem__(index)
 
     monkeypatch.setattr(lk, "_PACKED", Counting(lk._PACKED))
-    fn = torch.compile(lambda x: model(x), dynamic=False, fullgraph=True)
+    fn = torch.compile(lambda x: graph(x), dynamic=False, fullgraph=True)
     try:
         with torch.inference_mode():
             for rows in (1, 2, 3):
@@ -126,6 +136,29 @@ def test_compiled_graph_runs_each_buckets_kernel_and_equals_f_linear(monkeypatch
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
                 assert len(packed_calls) == (2 if rows == 1 else 0), f"{rows} rows: packed op calls {packed_calls}"
                 packed_calls.clear()
+                torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)  # the model's own forward
     finally:
-        lk.restore(model)
-    assert all("forward" not in m.__dict__ and not hasattr(m, lk.BEFORE) for m in model)
+        lk._unpack(lk.linears(model))
+    assert [_snapshot(m) for m in model] == own  # no attribute, no forward of the layers set
+
+
+def test_enabling_compile_leaves_the_models_modules_as_they_were(monkeypatch):
+    """A compile state's setup (core/model/compile.enable: the linear kernel choice, grouped attention) adds no
+    attribute and replaces no forward on any module of the model: its state lives in tables and the graph's twin."""
+    from specbench.core.model import compile as cc
+    from specbench.core.model.load import load_model
+
+    monkeypatch.setenv(lk.ENV, "onednn" if "onednn" in lk.candidates(torch.float32) else "transposed")
+    target = load_model("random:tiny", dtype="float32", device="cpu")
+    before = {name: (type(m), _snapshot(m)) for name, m in target.model.named_modules()}
+    state = cc.enable(target.model, 128)
+    try:
+        assert state.graph is not target.model and state.settings["linear"]["choice"]
+        for name, m in target.model.named_modules():
+            assert (type(m), _snapshot(m)) == before[name], name
+            assert not [a for a in dir(m) if a.startswith("_specbench")], name
+        twin = [m for m in state.graph.modules() if isinstance(m, lk.ChosenLinear)]
+        assert len(twin) == len(lk.linears(target.model)) and {id(m.linear) for m in twin} == \
+            {id(m) for m in lk.linears(target.model)}
+    finally:
+        cc.disable(target.model)

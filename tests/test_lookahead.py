@@ -18,6 +18,7 @@ from specbench.methods.batch_loop import engine, generate_batch
 from specbench.methods.lookahead import method as lookahead_method
 from specbench.methods.lookahead import sizing
 from specbench.methods.lookahead.window import NgramPool, Shape, Window, layout, rank_paths, trie
+from specbench.planning.batch_choice import relative_latency
 
 from .conftest import prompt_ids
 from .test_sd import SAMPLING, exact_distribution, tv
@@ -121,18 +122,56 @@ class Curve:
         return self.base + self.slope * max(0, width - self.knee)
 
 
-def test_w_and_g_sit_where_the_curve_is_flat():
-    flat = sizing.sized(Curve(knee=1000), 5, None, None)
-    assert flat[:2] == (15, 15)  # a GPU-like curve: the paper's configuration is the ceiling
-    w, g, source = sizing.sized(Curve(knee=16), 5, None, None)  # flat to 16, then +1 ms an input on 10 ms
-    assert (w + g) * 4 <= 16 + 2 and (w, g) == (2, 2) and "L(w)" in source
-    assert sizing.sized(Curve(knee=16), 5, 1, None)[:2] == (1, 3)  # the window given, G takes the rest
-    assert sizing.sized(None, 5, None, 4)[:2] == (15, 4)  # no profile: the paper's W
-    assert sizing.sized(Curve(knee=1), 5, None, None)[:2] == (1, 1)  # a steep curve: the least there is
+def costs_of(curve, window=None, ngram=None, guesses=None):
+    return relative_latency(curve, sizing.widest(window, ngram, guesses))
 
 
-def test_each_batch_size_sizes_w_and_g_from_its_own_curve(tiny, monkeypatch):
-    """--batch-size: B's W and G from L(B, w) where the profile has it (a steeper curve: smaller), else batch 1's."""
+def shape_of(curve, window=None, ngram=None, guesses=None, rows=None):
+    best, why = sizing.choose(costs_of(curve, window, ngram, guesses) if curve else None, window, ngram, guesses,
+                              rows=rows, rows_from="test")
+    return (best.window, best.ngram, best.guesses), why
+
+
+def test_the_shape_has_the_highest_predicted_speedup_on_the_curve():
+    """Tokens per step (the stated model) over L(width) / L(1): a flat curve takes the paper's configuration, the
+    ceiling; a curve flat to 16 inputs the widest shape that fits there; a steep one the least there is."""
+    assert shape_of(Curve(knee=1000), ngram=5)[0] == (15, 5, 15)  # a GPU-like curve: the paper's configuration
+    (w, n, g), why = shape_of(Curve(knee=16), ngram=5)  # flat to 16, then +1 ms an input on 10 ms
+    assert (w + g) * (n - 1) <= 16 and (w, g) == (2, 2) and "L(w)" in why and "stated model" in why
+    assert shape_of(Curve(knee=16))[0] == (4, 3, 4)  # N sized too: shorter n-grams, more of them in 16 inputs
+    assert shape_of(Curve(knee=16), window=1, ngram=5)[0] == (1, 5, 3)  # the window given, G takes the rest
+    assert shape_of(None, guesses=4)[0] == (15, 5, 4)  # no profile: the paper's W and N
+    assert shape_of(Curve(knee=1), ngram=5)[0] == (1, 5, 1)  # a steep curve: the least there is
+    assert sizing.choose(None, 3, 3, 3)[1] == "given"
+
+
+def test_measured_tokens_per_step_beat_the_stated_model():
+    """Measured rows (estimate --method lookahead) are priced at their mean forward width, and only rows that agree
+    with the given values count."""
+    rows = [{"window": 2, "ngram": 3, "guesses": 2, "tokens_per_step": 1.3, "mean_width": 6.0},
+            {"window": 8, "ngram": 4, "guesses": 8, "tokens_per_step": 2.0, "mean_width": 30.0},
+            {"window": 4, "ngram": 5, "guesses": 4, "tokens_per_step": 1.5, "mean_width": 18.0}]
+    shape, why = shape_of(Curve(knee=30), rows=rows)
+    assert shape == (8, 4, 8) and "measured on validation prompts (test)" in why and "2.00x" in why
+    assert shape_of(Curve(knee=10), rows=rows)[0] == (2, 3, 2)  # 8, 4, 8 costs 3x: 2.0 / 3 < 1.3
+    assert shape_of(Curve(knee=30), ngram=5, rows=rows)[0] == (4, 5, 4)
+    assert "stated model" in shape_of(Curve(knee=30), ngram=6, rows=rows)[1]  # no row agrees: the stated model
+
+
+def test_the_paper_shape_and_the_latency_curve_made_non_decreasing(tiny, monkeypatch):
+    monkeypatch.setattr(lookahead_method, "local_profile", lambda target, use_for=None: Curve(knee=1))
+    paper = get_method("lookahead")(tiny, {"lookahead_shape": "paper"})
+    assert (paper.shape.window, paper.shape.ngram, paper.shape.guesses) == (15, 5, 15)
+    assert "--lookahead-shape paper" in paper.chosen()["lookahead_sized_from"]
+    sized = get_method("lookahead")(tiny, {})
+    assert (sized.shape.window, sized.shape.ngram, sized.shape.guesses) == (1, 3, 1)  # the steep curve's
+    dip = Curve(knee=1000)
+    dip.latency_ms = lambda width, kv_length=None: {1: 10.0, 2: 14.0, 3: 11.0}.get(width, 12.0)
+    assert relative_latency(dip, 4) == [1.0, 1.1, 1.1, 1.2]  # width 2 measured slower than 3: read as 3's
+
+
+def test_each_batch_size_sizes_its_shape_from_its_own_curve(tiny, monkeypatch):
+    """--batch-size: B's W, N and G from L(B, w) where the profile has it (a steeper curve: smaller), else batch 1's."""
     steep = Curve(knee=8)
     steep.meta = {"batch_size": 2}
     monkeypatch.setattr(lookahead_method, "batch_view", lambda target, b: (steep, "") if b == 2 else (None, "no L(B)"))
@@ -143,7 +182,8 @@ def test_each_batch_size_sizes_w_and_g_from_its_own_curve(tiny, monkeypatch):
     assert method.shapes[4][0] == method.shapes[1][0] and "no L(B)" in method.shapes[4][1]
     method.start_batch("unpadded", 2)
     assert method.shape.window == 2
-    assert method.chosen()["lookahead_per_batch_size"][2] == {"window": 2, "guesses": 2, "from": method.shapes[2][1]}
+    assert method.chosen()["lookahead_per_batch_size"][2] == {"window": 2, "ngram": 3, "guesses": 2,
+                                                              "from": method.shapes[2][1]}
 
 
 def fixed_candidates(monkeypatch, grams):
@@ -208,3 +248,29 @@ def test_synthetic_acceptance_keeps_the_drawn_rank_of_the_trie(tiny):
     assert kept.accepted_drafts == kept.drafted > 0  # each step's trie depth, all of it
     method.acceptance_rule = SyntheticAcceptance(parse_rates("0.000001,0.000001"), seed=0)
     assert method.generate(ids, 40, Sampling(), None).accepted_drafts == 0
+
+
+def test_estimate_measures_every_shape_and_the_run_prices_them(tiny, tmp_path, monkeypatch):
+    """`estimate --method lookahead` files tokens per step and mean forward width for each shape of its grid; a run
+    on a machine with a profile reads them (said in its choice) and takes the one with the highest predicted
+    speedup."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from specbench.cli import app
+    from specbench.methods.lookahead import shapes
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(shapes, "GRID", ((1, 3, 1), (4, 3, 4)))
+    result = CliRunner().invoke(app, ["estimate", "--method", "lookahead", "--model", "random:tiny", "--limit", "2",
+                                      "--max-new-tokens", "24"])
+    assert result.exit_code == 0, result.output
+    rows = yaml.safe_load((tmp_path / "acceptance" / "tiny" / "lookahead.yaml").read_text())["shapes"]
+    assert [(r["window"], r["ngram"], r["guesses"]) for r in rows] == [(1, 3, 1), (4, 3, 4)]
+    assert all(r["tokens_per_step"] >= 1 for r in rows)
+    assert rows[0]["mean_width"] <= 4 < rows[1]["mean_width"] <= 16  # the window's W (N - 1) and the trie's nodes
+    monkeypatch.setattr(lookahead_method, "local_profile", lambda target, use_for=None: Curve(knee=1000))
+    method = get_method("lookahead")(tiny, {})
+    best = max(rows, key=lambda r: r["tokens_per_step"])  # a flat curve: the most tokens per step
+    assert (method.shape.window, method.shape.guesses) == (best["window"], best["guesses"])
+    assert "measured on validation prompts" in method.chosen()["lookahead_sized_from"]

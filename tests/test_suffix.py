@@ -199,3 +199,76 @@ def test_estimate_measures_suffix_per_depth_for_plan_and_recommend(tmp_path, mon
     assert result.exit_code == 0, result.output
     data = yaml.safe_load((tmp_path / "acceptance" / "tiny" / "suffix.yaml").read_text())
     assert data["marginal"] and 0 < data["marginal"][0] <= 1
+
+
+def test_the_offset_lets_a_short_match_draft_beyond_alpha_times_its_length():
+    """ArcticInference's max_spec_offset: a match of 3 drafts alpha * 3 + offset tokens, best-first (D 1/4 ties go
+    to the node pushed first: 6, then 9 under 4 5, the most recent of two places)."""
+    index = SuffixIndex(64)
+    index.extend(0, SEQ)
+    assert index.speculate(SEQ, 16, 1.0, 0.1, offset=1).tokens == [4, 5, 6, 9]
+    draft = index.speculate(SEQ, 16, 1.0, 0.1, offset=2)
+    assert (draft.tokens, draft.parents, draft.match_len) == ([4, 5, 6, 9, 1], [-1, 0, 0, 1, 1], 3)
+    assert index.speculate(SEQ, 4, 1.0, 0.1, offset=2).tokens == [4, 5, 6, 9]  # --suffix-max-spec still caps it
+
+
+def test_the_cut_keeps_the_nodes_worth_their_forward_on_the_latency_curve():
+    """1 + the kept nodes' scores (expected tokens a step) over L(n + 1) / L(1): a flat curve keeps the whole tree,
+    a steep one none, a knee the nodes before it; nodes past the curve's widest width are never kept."""
+    index = SuffixIndex(64)
+    index.extend(0, SEQ)
+    draft = index.speculate(SEQ, 16, 1.0, 0.1, offset=2)  # scores 0.75, 0.5, 0.25, 0.25, 0.25
+    assert draft.cut([1.0] * 17).tokens == draft.tokens
+    assert draft.cut([1.0] + [10.0] * 16).tokens == []
+    assert draft.cut([1.0, 1.0, 1.0, 2.0, 2.0, 2.0]).tokens == [4, 5]  # 2.25 / 1 beats 3 / 2
+    assert draft.cut([1.0, 1.0, 1.0]).tokens == [4, 5]  # width 3 at most: 2 nodes
+    assert draft.cut([1.0] * 17).match_len == 3
+
+
+def test_a_global_match_is_scored_with_the_contexts_own_end_as_the_request_index_scores_it():
+    """The request's index counts the context's own end among a pattern's places (it holds the running text); the
+    global index counts it too, so the same evidence scores the same in both and the request's tree wins the tie."""
+    cache = SuffixCache(64)
+    cache.finish(cache.start([1]), [10, 11, 12, 13])
+    request = cache.start([10, 11, 12, 99])
+    request.local.extend(0, [10, 11, 12])
+    context = [10, 11, 12, 99, 10, 11, 12]
+    assert cache.outputs.speculate(context, 1, 1.0, 0.1, unseen=1).probs == [0.5]
+    assert cache.speculate(request, context, 1, 1.0, 0.1).tokens == [99]  # 0.5 each: the request's
+    cache.own_end = 0
+    assert cache.speculate(request, context, 1, 1.0, 0.1).tokens == [13]  # uncounted, the global one scored 1.0
+
+
+def test_the_latency_curve_cuts_suffix_trees_and_keeps_ar_tokens(tiny):
+    """On a curve where any extra input costs a whole forward no tree is worth verifying: nothing is drafted; on a
+    flat curve the trees are the scored ones. Either way the tokens are ar's."""
+    ids = prompt_ids(0)
+    ar = get_method("ar")(tiny, {}).generate(ids, 48, Sampling(), None)
+    scored = get_method("suffix")(tiny, {"suffix_width": "scored"})
+    assert scored.costs is None and "as scored" in scored.chosen()["suffix_width_from"]
+    reference = scored.generate(ids, 48, Sampling(), None)
+    for costs, drafts in (([1.0] * 17, reference.drafted), ([float(w) for w in range(1, 18)], 0)):
+        method = get_method("suffix")(tiny, {})
+        method.widths[1] = (costs, "test")  # each batch starts with its batch size's costs
+        gen = method.generate(ids, 48, Sampling(), None)
+        assert gen.tokens == ar.tokens and gen.drafted == drafts
+
+
+def test_suffix_reads_each_batch_sizes_curve(tiny, monkeypatch):
+    from specbench.methods.suffix import width
+
+    class Flat:
+        hardware, meta = "test", {}
+
+        def latency_ms(self, w, kv_length=None):
+            return 10.0 + (w > 8) * (w - 8)
+
+    monkeypatch.setattr(width, "local_profile", lambda target, use_for=None: Flat())
+    monkeypatch.setattr(width, "batch_view", lambda target, b: (Flat(), "") if b == 2 else (None, "no L(B)"))
+    method = get_method("suffix")(tiny, {})
+    assert method.costs[:8] == [1.0] * 8 and method.costs[9] == 1.2  # widths 1-8 flat, 10 costs 1.2x
+    assert "profile test" in method.chosen()["suffix_width_from"]
+    method.choose_per_batch_size([1, 2, 4])
+    assert "L(B=2, w)" in method.widths[2][1] and "no L(B)" in method.widths[4][1]
+    method.start_batch("unpadded", 4)
+    assert method.costs == method.widths[1][0]

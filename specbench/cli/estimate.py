@@ -128,6 +128,14 @@ def _estimate_chain(method, model, data, limit, new_tokens, data_file, dtype, de
     for i, (c, m) in enumerate(zip(result["conditional"], result["marginal"])):
         table.add_row(str(i + 1), f"{c:.3f}", f"{m:.3f}", str(result["drafted_per_position"][i]))
     out.print(table)
+    if result.get("shapes"):  # lookahead: tokens per step of each shape of its grid, which its sizing reads
+        shapes = Table(title=f"{method} tokens per decode step by shape (W, N, G)")
+        for col in ("W", "N", "G", "tokens per step", "mean forward width"):
+            shapes.add_column(col, justify="right")
+        for r in result["shapes"]:
+            shapes.add_row(str(r["window"]), str(r["ngram"]), str(r["guesses"]), f"{r['tokens_per_step']:.3f}",
+                           f"{r['mean_width']:.1f}")
+        out.print(shapes)
     console.print(f"tokens per decode step {result['mean_per_step']:.3f} (every step pooled; per request "
                   f"{result['mean_per_request']:.3f}). Wrote {escape(store.said_where(path))} and "
                   f"{escape(str(profile))} (speculation_profile.json)")

@@ -129,6 +129,11 @@ class DecodeMethod:
         """Settings this method chose itself (defaults it measured or looked up), for run.yaml and the console."""
         return {}
 
+    def estimate_more(self, prompts: list[torch.Tensor], new_tokens: int) -> dict:
+        """`specbench estimate`: fields a method measures on the validation prompts ([1, T] each) beyond its acceptance
+        per position, added to its acceptance file (lookahead: tokens per step of a grid of shapes)."""
+        return {}
+
     def warmed_up(self) -> None:
         """The run's untimed warm-up is over: drop what it left that timed turns must not read (suffix: the warm-up's
         outputs in its global index)."""

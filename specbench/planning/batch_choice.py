@@ -44,3 +44,13 @@ def batch_view(target, batch_size: int) -> tuple[LatencyProfile | None, str]:
     if view is None:
         return None, f"{path} has no L(B={batch_size}, w) ({command})"
     return view, ""
+
+
+def relative_latency(profile: LatencyProfile, most: int) -> list[float]:
+    """[L(w) / L(1) for w = 1 .. most] at KV_LENGTH on a profile (L(1, w) or a batch view's L(B, w)), made
+    non-decreasing in w: a forward never costs less than a narrower one (a narrower input can be padded to it), so a
+    measured dip (noise) between two widths is read as the cheaper width's cost for both."""
+    costs = [profile.latency_ms(w, KV_LENGTH) for w in range(1, most + 1)]
+    for w in range(len(costs) - 2, -1, -1):
+        costs[w] = min(costs[w], costs[w + 1])
+    return [c / costs[0] for c in costs]

@@ -51,10 +51,12 @@ def estimate(target: LoadedModel, method: str, data: str, limit: int | None, new
     by_category: dict[str, tuple[list[int], list[int], list[int], list[float]]] = {}
     tokens = forwards = 0
     per_request = []
+    rendered = []
     with progress_bar() as bar:
         task = bar.add_task(f"decoding with {method}", total=len(prompts), info="")
         for i, p in enumerate(prompts):
             ids = torch.tensor([render(target, p)], device=target.device)
+            rendered.append(ids)
             gen = decoder.generate(ids, new_tokens, Sampling(), torch.Generator(device=target.device).manual_seed(i))
             _add(accepted, gen.accepted_per_position)
             _add(drafted, gen.drafted_per_position)
@@ -91,6 +93,7 @@ def estimate(target: LoadedModel, method: str, data: str, limit: int | None, new
         "mean_per_step": round(tokens / forwards, 5) if forwards else 1.0,
         "mean_per_request": round(sum(per_request) / len(per_request), 5) if per_request else 1.0,
         "per_category": categories or None,
+        **decoder.estimate_more(rendered, new_tokens),
     }
 
 

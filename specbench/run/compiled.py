@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import weakref
 
-from ..core.model import compile_wait
+from ..core.model import compile_call, compile_wait
 from ..core.model.compile import (Compiled, attach, declared_tree_widths, declared_varying_width, declared_width,
-                                  disable, enable, state_of, unsupported)
+                                  disable, enable, state_of)
+from ..core.model.compile_support import unsupported
 from ..data import datasets as ds
 from ..methods.base import Generation
 from ..errors import SpecbenchError
@@ -29,7 +30,7 @@ def check(cfg) -> None:
 
 def check_model(cfg) -> None:
     """Refuse, from the model's config and before its weights load, a model the static engine would decode
-    wrongly (core/model/compile.unsupported says which)."""
+    wrongly (core/model/compile_support.unsupported says which)."""
     from ..core import lookup
     from ..core.model.load import model_config
 
@@ -116,9 +117,17 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
     for width in varying.values():
         if width:
             states["target"].declare_varying_tree(width)
+    # trees verify on the target; a tree verified with layer edits (Hidden Transfer's) compiles the states warm-up
+    # meets, with its edits, and no plain graph of the others (its capacity still counts them: `widest` above)
+    edits = {m.name for m in methods if getattr(getattr(m, "proposer", None), "edits_layers", False)}
+    for m in methods:  # its layers take the edits before anything compiles; every tree state's edits at batch 1
+        if m.name in edits:  # compiled in warm-up (a state its warm-up prompt never reaches too)
+            for width, layer_edits in m.proposer.declared_edits(m.trees[1]):
+                states["target"].declare_edits(width, (True, True, True), layer_edits)
     for b, per in trees.items():
-        for tree in per.values():
-            states["target"].declare_tree(tree, b)  # trees verify on the target
+        for name, tree in per.items():
+            if name not in edits:
+                states["target"].declare_tree(tree, b)
     for role, state in states.items():  # what warm-up and finish_warm_up will compile, about
         tree_widths = {b: sorted(set().union(*per.values())) if role == "target" and per else []
                        for b, per in trees.items()}
@@ -126,6 +135,13 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
         said = f" (buckets {state.chain}" + (f", tree widths {tree_widths[1]}" if tree_widths[1] else "") + \
             (f"; at batch sizes {batched} too" if batched else "") + ")"
         compile_wait.say_expected(role, state.device, state.expected, said, model=state.model)
+    for m in methods:  # a method's small forwards of its own (Medusa's heads), each its own static-shape graph
+        for name, (module, function) in compiled_calls(m).items():
+            if compile_call.call_of(module) is None:
+                role = f"{m.name} {name}"
+                states[role] = compile_call.enable(module, function, role, states["target"].device)
+                _FEATURE_STATES.append(weakref.ref(states[role]))
+                compile_wait.say_expected(role, states[role].device, 1, " (one row)", model=module)
     eager = sorted(m.name for m in methods if not getattr(m, "static_engine", True))
     if eager:
         console.print(f"[yellow]note[/] --compile: {', '.join(eager)} decode(s) over their own caches, not the static "
@@ -143,8 +159,21 @@ def feature_drafter(method):
     return module if hasattr(module, "config") else None
 
 
-# the feature drafters' compile states of the runs in this process (states_of lists the live ones)
+def compiled_calls(method) -> dict:
+    """name -> (module, function): the small forwards a method's proposer compiles beside the target's step (Medusa's
+    heads: core/model/compile_call.py); {} for every other method."""
+    proposer = getattr(method, "proposer", None)
+    return proposer.compiled_calls() if hasattr(proposer, "compiled_calls") else {}
+
+
+# the feature drafters' compile states and the methods' compiled calls of the runs in this process (states_of lists
+# the live ones)
 _FEATURE_STATES: list = []
+
+
+def _live(state) -> bool:
+    model = state.model
+    return model is not None and (state_of(model) is state or compile_call.call_of(model) is state)
 
 
 def finish_run_warm_up(states: dict[str, Compiled]) -> None:
@@ -153,8 +182,9 @@ def finish_run_warm_up(states: dict[str, Compiled]) -> None:
             state.finish_warm_up()
     for role, state in states.items():
         r = state.report()
+        said = f"buckets {r['buckets']}, cache {r['capacity']} entries; " if "buckets" in r else ""
         console.print(f"[dim]--compile {role}: {len(r['shapes'])} shapes compiled in {r['seconds']:.1f} s "
-                      f"(buckets {r['buckets']}, cache {r['capacity']} entries; not timed)[/]")
+                      f"({said}not timed)[/]")
 
 
 def record(meta_path, states: dict[str, Compiled]) -> None:
@@ -168,13 +198,13 @@ def record(meta_path, states: dict[str, Compiled]) -> None:
 
 def states_of(*models) -> list[Compiled]:
     """The compile states attached to these loaded models (target first, then the drafter), then the feature
-    drafters' (enable_run); [] without --compile."""
+    drafters' and the methods' compiled calls (enable_run); [] without --compile."""
     found = [state_of(m.model) for m in models if m is not None]
     found = [s for s in found if s is not None]
     if not found:
         return []
     features = [ref() for ref in _FEATURE_STATES]
-    return found + [s for s in features if s is not None and s.model is not None and state_of(s.model) is s]
+    return found + [s for s in features if s is not None and _live(s)]
 
 
 def snapshot(states: list[Compiled]) -> list[tuple[int, int]]:

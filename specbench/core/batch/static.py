@@ -19,7 +19,8 @@ What is static, as gpt-fast makes it:
 The prompt (a newcomer's prefill, any length) runs the same step eagerly, uncompiled, into the same cache, the LM
 head on the rows it keeps only. So does a
 segment the compile state does not compile (a width with no bucket after warm-up, or a method whose `around` hooks
-the forward: Hidden Transfer), counted as an eager step.
+the forward without offering its edits as data: EAGLE-3's layer states), counted as an eager step. Hidden
+Transfer's transfer steps run inside the compiled graph as layer edits (core/model/compile_graph.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from ..machine.forward_clock import clock_of
 from ..model.placement import input_device
 from . import decoder
 from .ragged import Segment, packed_embeddings
+
+LAYER_EDITS = "specbench_layer_edits"  # the decoder keyword of layer edits (core/model/compile_graph.py reads it)
 
 
 class StaticKV:
@@ -104,17 +107,22 @@ class _Writer:
 
 
 def step(model, kv: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, write_at: torch.Tensor,
-         allowed: torch.Tensor | None, embeds: bool, hidden: bool, slot: int | None = None) -> torch.Tensor:
+         allowed: torch.Tensor | None, embeds: bool, hidden: bool, slot: int | None = None,
+         edits: tuple | None = None) -> torch.Tensor:
     """One forward at a static shape (what compile.py compiles; the prefill and eager steps call it as is), S samples
     side by side (S = 1 at batch 1; a batch cache's slots under core/batch/static_batch.py).
     inputs: token ids [S, w] or embeddings [S, w, H] (`embeds`); positions [S, w] (rotary); write_at [S, w] (cache
     rows); allowed: [S, w, capacity] bool (True = may attend), or None for causal over the cache (key k visible to
-    row r iff k <= write_at[r]); slot: the one slot of a batch cache a single row writes (a prefill), else None.
+    row r iff k <= write_at[r]); slot: the one slot of a batch cache a single row writes (a prefill), else None;
+    edits: layer edits, applied by the decoder layers of a compiled state's graph model (core/model/compile_graph.py:
+    ((layer, slots [P], sources [P], weight [H, H]), ...), indices into the hidden states flattened to [S * w, H]).
     Returns the decoder's normed hidden states [S, w, H] (`hidden`) or the target's logits [S, w, V] (float).
     Nothing here reads a clock: the engines time the call from outside (core/machine/forward_clock.py)."""
     mask = attention_masks(kv, positions, write_at, allowed, model.get_input_embeddings().weight.dtype)
     embedded = inputs if embeds else model.get_input_embeddings()(inputs)  # [S, w, H]
-    h = decoder.hidden(model, None, positions, _Writer(kv, write_at, slot), mask, inputs_embeds=embedded)  # [S, w, H]
+    edited = {LAYER_EDITS: edits} if edits else {}
+    h = decoder.hidden(model, None, positions, _Writer(kv, write_at, slot), mask, inputs_embeds=embedded,
+                       **edited)  # [S, w, H]
     return h if hidden else decoder.logits(model, h).float()  # a drafter's: -inf off its --vocab-top tokens
 
 
@@ -158,6 +166,13 @@ def visibility(seg: Segment, past: int, width: int, capacity: int) -> torch.Tens
     for r in range(w, width):
         grid[r, :past + r + 1] = True
     return grid
+
+
+def layer_edits(context) -> tuple | None:
+    """The layer edits a method's hook around the forward offers a compiled step in place of its hooks (Hidden
+    Transfer's transfer steps: methods/hidden_transfer/layers.transferred.layer_edits), or None."""
+    offer = getattr(context, "layer_edits", None)
+    return offer() if offer is not None else None
 
 
 def head_logits(model, h: torch.Tensor) -> torch.Tensor:
@@ -204,7 +219,10 @@ class StaticSequence:
         past = state.kv.length
         keep = seg.keep or w
         context = around([seg], [torch.arange(w, device=device)]) if around else nullcontext()
-        hooked = not isinstance(context, nullcontext)  # a hook around the forward (Hidden Transfer): never compiled
+        # what the compiled step applies in its graph in place of the hooks (or None)
+        edits = layer_edits(context) if state.accepts_edits() else None
+        # a hook around the forward that offers no layer edits (EAGLE-3's layer states): never compiled
+        hooked = not isinstance(context, nullcontext) and edits is None
         kind = (seg.embeds is not None, seg.mask is not None, hidden)
         bucket = None if prefill or hooked else state.bucket(w, kind)  # None: an eager step at the exact width
         if hooked and state.frozen:
@@ -225,14 +243,14 @@ class StaticSequence:
         if seg.mask is not None:  # the single engine's visibility, padded to [1, width, capacity]
             allowed = visibility(seg, past, width, state.kv.capacity)[None].to(device)
         clock = clock_of(self.model)  # one span, opened around the call (a graph must not read the host's clock)
-        with context, clock.forward(width):
+        with context if bucket is None else nullcontext(), clock.forward(width):
             if bucket is None:  # the LM head on the kept rows only (a prompt's prefill keeps one)
                 out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=True,
                                  compiled=False)[0, w - keep:w]
                 out = out if hidden else head_logits(self.model, out)
-            else:
+            else:  # (the padding rows after the real ones: the edits' row indices stay those of the real rows)
                 out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=hidden,
-                                 compiled=True)
+                                 compiled=True, edits=edits)
                 out = out[0, w - keep:w].clone()  # a CUDA graph's output buffer is rewritten by its next replay
         if hidden:
             clock.output(out)  # a method's head call on these rows is the target's forward (the single engine's too)

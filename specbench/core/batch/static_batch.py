@@ -11,8 +11,9 @@ rows, write beyond its new length and are never seen. This is the padded batch's
 one graph a step; the unpadded / padded comparison of `--batching` is an eager one.
 
 A newcomer's prompt runs eagerly, uncompiled, into its own slot (the static step over that slot's view), the LM
-head on the rows it keeps only, as batch 1's prefill does. A forward with a hook around it (`around`: Hidden
-Transfer's layers) runs the same padded step eagerly, counted as an eager step.
+head on the rows it keeps only, as batch 1's prefill does. A forward with a hook around it (`around`) that offers its
+edits as data (Hidden Transfer's transfer steps) runs compiled with them inside the graph (core/model/compile_graph.py);
+one that does not (EAGLE-3's layer states) runs the same padded step eagerly, counted as an eager step.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from ..machine.forward_clock import clock_of
 from ..model.placement import input_device
 from .ragged import Segment, packed_embeddings
-from .static import head_logits, visibility
+from .static import head_logits, layer_edits, visibility
 
 
 class StaticBatch:
@@ -96,14 +97,23 @@ class StaticBatch:
         state, device = self.state, self.device
         by_slot = {s.slot: s for s in segments}
         widest = max(s.width for s in segments)
-        places = [torch.arange(s.slot * widest, s.slot * widest + s.width, device=device) for s in segments]
-        context = around(segments, places) if around else nullcontext()
-        hooked = not isinstance(context, nullcontext)  # a hook inside the forward (Hidden Transfer): eager
+
+        def hook(width):  # the method's hook, told where each segment's rows lie at this width
+            places = [torch.arange(s.slot * width, s.slot * width + s.width, device=device) for s in segments]
+            return around(segments, places) if around else nullcontext()
+
+        context = hook(widest)
+        # what the compiled step applies in its graph in place of the hooks (or None)
+        edits = layer_edits(context) if state.accepts_edits() else None
+        # a hook inside the forward that offers no layer edits (EAGLE-3's layer states): eager
+        hooked = not isinstance(context, nullcontext) and edits is None
         kind = (any(s.embeds is not None for s in segments), any(s.mask is not None for s in segments), hidden)
         bucket = None if hooked else state.bucket(widest, kind, self.slots)
         if bucket is None and state.frozen:
             state.eager_steps += hooked  # (a width no bucket holds was counted by bucket())
-        width = bucket or widest  # (hooked: `widest`, the rows its places assume)
+        width = bucket or widest  # (eager: `widest`, the rows its places assume)
+        if edits is not None and bucket is not None and bucket != widest:
+            edits = layer_edits(hook(bucket))  # each slot's rows start at slot x bucket in the compiled forward
         lengths = self.kv.lengths
         # where each row writes: a sample's length on (a sample without new tokens this step too: beyond its live
         # entries); a free slot from 0 (its entries are stale)
@@ -123,9 +133,9 @@ class StaticBatch:
                                    for slot in range(self.slots)]).to(device)
         embeds = inputs.is_floating_point()
         clock = clock_of(self.model)  # one span, opened around the call (a graph must not read the host's clock)
-        with context, clock.forward(inputs.shape[0] * inputs.shape[1]):
+        with context if bucket is None else nullcontext(), clock.forward(inputs.shape[0] * inputs.shape[1]):
             out = state.call(inputs, positions, write_at, allowed, embeds, hidden=hidden, compiled=bucket is not None,
-                             kv=self.kv)
+                             kv=self.kv, edits=edits if bucket is not None else None)
             if bucket is not None:
                 out = out.clone()  # a CUDA graph's output buffer is rewritten by its next replay
         if hidden:

@@ -22,9 +22,7 @@ wait is said before it starts (compile_wait.py). A batch size compiles only the 
 from __future__ import annotations
 
 import math
-import os
 import time
-import types
 import warnings
 import weakref
 
@@ -33,46 +31,14 @@ import torch
 from ..batch.cache import sliding_windows
 from ..batch.static import StaticKV, step
 from ..model.placement import input_device
-from . import compile_wait, grouped_attention, linear_kernels
+from . import compile_graph, compile_wait, grouped_attention, linear_kernels
+from .compile_graph import CPP_WRAPPER, compile_step, settings  # noqa: F401 (tests and callers read them here)
 from .compile_wait import CACHED_FILES, inductor_cache, say_start as _say_start  # noqa: F401 (tests read them here)
 from .compile_widths import declared_tree_widths, declared_varying_width, declared_width  # noqa: F401 (callers')
 
 # model -> its Compiled state (core/batch/engine.py asks state_of): kept beside the model, never on its module object
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 ROUND = 128  # the cache's capacity is a multiple of this
-CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on CPU (faster compile, slower calls)
-
-
-def settings(device: torch.device) -> dict:
-    """How the step compiles on this device (run.yaml's compile block reports it): CUDA graphs on CUDA (gpt-fast's
-    "reduce-overhead"), inductor's C++ kernels elsewhere, called from a C++ wrapper (`cpp_wrapper`: the per-kernel
-    Python calls of a many-layer forward are a visible share of a CPU decode step, benchmarks/RESULTS-cpu.md; it
-    costs a slower first compile, and later runs read inductor's cache;
-    $SPECBENCH_COMPILE_CPP_WRAPPER=0 leaves it out). Shapes are static (dynamic=False): one graph per bucket, never a symbolic one."""
-    cuda = device.type == "cuda"
-    wrapper = not cuda and os.environ.get(CPP_WRAPPER, "1").strip() != "0"
-    return {"backend": "inductor", "mode": "reduce-overhead" if cuda else "default", "dynamic": False,
-            "fullgraph": True, "cpp_wrapper": wrapper, "guards": "module attributes skipped"}
-
-
-def compile_step(device: torch.device, name: str):
-    """torch.compile of a copy of `step` of this state's own (its own code object: dynamo keeps a function's compiled
-    graphs on its code object, so the target's and the drafter's graphs would share one list, every call checking
-    both). Guards on nn.Module attributes are skipped (torch.compiler.skip_guard_on_all_nn_modules_unsafe): with one
-    model's weights and buffers as graph inputs dynamo's guard check grows with the layers and costs a share of
-    every call (benchmarks/RESULTS-cpu.md), and
-    nothing here changes a module's attributes between calls (no hook measures the model: the engines time the
-    call from outside, core/machine/forward_clock.py); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
-    inputs read from the model at every call, never baked into a graph."""
-    said = settings(device)
-    options = dict(torch._inductor.list_mode_options(said["mode"]))  # reduce-overhead: {"triton.cudagraphs": True}
-    options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
-    if said["cpp_wrapper"]:
-        options["cpp_wrapper"] = True
-    code = step.__code__.replace(co_name=f"step_{name}")
-    own = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
-    return torch.compile(own, backend=said["backend"], dynamic=said["dynamic"], fullgraph=said["fullgraph"],
-                         options=options)
 
 
 class Compiled:
@@ -86,6 +52,9 @@ class Compiled:
         self.kv = StaticKV(_round(capacity), self.windows)
         self.settings = settings(self.device)
         self.name = type(model).__name__  # what the compile lines say (the target's class, the drafter's)
+        self.linear_choice: dict[int, str] | None = None  # width bucket -> CPU linear kernel (enable measures it)
+        self._graph = None  # the model the compiled step runs (compile_graph.py), built at its first use
+        self.takes_edits = False  # whether its decoder layers take layer edits yet (compile_graph.take_edits)
         self.fn = compile_step(self.device, f"{self.name}_{id(model):x}")
         self.chain: list[int] = [1]  # the declared buckets (powers of two) of every unmasked kind of input
         # kind of input (embeds, masked, hidden) -> its buckets: the chain's for an unmasked kind, else the exact
@@ -99,7 +68,11 @@ class Compiled:
         self.frozen = False
         self.shapes: dict[tuple, float] = {}  # (width, embeds, masked, hidden) -> seconds of its first call
         self.batch_shapes: dict[tuple, float] = {}  # (slots, width, embeds, masked, hidden) -> seconds, B > 1
-        self.read_back: dict[tuple, bool] = {}  # a key of either table -> inductor's cache served its first call
+        # ([slots,] width, embeds, masked, hidden, ((layer, rows) per layer edit)) -> seconds: shapes with layer edits
+        self.edit_shapes: dict[tuple, float] = {}
+        self.edited: set[tuple] = set()  # (slots, width, embeds, masked, hidden) warm-up met with layer edits
+        self.edits_ahead: list[tuple] = []  # (width, kind, edits) of batch 1 compiled by finish_warm_up (declare_edits)
+        self.read_back: dict[tuple, bool] = {}  # a key of any table -> inductor's cache served its first call
         self.batch_kv: dict[int, StaticKV] = {}  # slots -> the static batch's cache (core/batch/static_batch.py)
         self.met: dict[int, set] = {}  # slots -> the kinds of input its forwards met (what finish_warm_up compiles)
         self.expected = 0  # shapes this state is expected to compile (the progress lines' total)
@@ -112,6 +85,14 @@ class Compiled:
     @property
     def model(self):
         return self._model()
+
+    @property
+    def graph(self):
+        """The model a compiled call traces and runs (compile_graph.graph_model: the model's twin with the linear
+        kernels and layer edits); the eager step runs `model` itself."""
+        if self._graph is None:
+            self._graph = compile_graph.graph_model(self.model, self.linear_choice)
+        return self._graph
 
     def declare(self, width: int) -> None:
         """A method drafts chains up to `width` tokens (with the last emitted one): every power of two up to the
@@ -142,6 +123,24 @@ class Compiled:
         prompt never reached is compiled too."""
         if widths:
             (self.trees if slots == 1 else self.batch_trees.setdefault(slots, [])).append(set(widths))
+
+    def take_edits(self) -> None:
+        """Let the graph model's decoder layers take layer edits from here on (compile_graph.take_edits; before the
+        first compile where a run has a method with edits: graphs traced before it would otherwise be checked again)."""
+        if not self.takes_edits:
+            compile_graph.take_edits(self.graph)
+            self.takes_edits = True
+
+    def declare_edits(self, width: int, kind: tuple[bool, bool, bool], edits: tuple) -> None:
+        """A batch-1 forward of `width` inputs of `kind` with these layer edits (a tree state of Hidden Transfer's):
+        compiled by finish_warm_up where warm-up did not meet it."""
+        self.take_edits()
+        self.edits_ahead.append((width, kind, edits))
+
+    def accepts_edits(self) -> bool:
+        """Whether a compiled call may bring layer edits: in warm-up, or once its layers take them (after warm-up
+        nothing changes: a forward with edits then runs eagerly with the method's own hooks)."""
+        return self.takes_edits or not self.frozen
 
     def widest(self) -> int:
         """The widest forward the run declared (chain or tree, any batch size): the cache's room beyond the longest
@@ -212,15 +211,22 @@ class Compiled:
                           f"{time.perf_counter() - t0:.1f} s inside a timed turn (run.yaml: grown_to)")
 
     def call(self, inputs, positions, write_at, allowed, embeds: bool, hidden: bool, compiled: bool,
-             kv: StaticKV | None = None, slot: int | None = None) -> torch.Tensor:
+             kv: StaticKV | None = None, slot: int | None = None, edits: tuple | None = None) -> torch.Tensor:
         """The static step over `kv` (batch 1's by default), compiled or eager; a compiled shape's first call is
-        timed as its compile time."""
+        timed as its compile time. `edits`: layer edits inside a compiled call (compile_graph.py: Hidden Transfer's
+        transfer steps); an eager call applies its own (the caller's hooks on the model)."""
         kv = kv or self.kv
         if not compiled:
             return step(self.model, kv, inputs, positions, write_at, allowed, embeds, hidden, slot)
         slots = inputs.shape[0]
         key = (inputs.shape[1], embeds, allowed is not None, hidden)
         table, key = (self.shapes, key) if slots == 1 else (self.batch_shapes, (slots, *key))
+        if edits:  # a graph of its own per layer and row count of every edit (the edits' own table)
+            self.take_edits()
+            edits = compile_graph.padded(edits)
+            if not self.frozen:
+                self.edited.add((slots, *key[-4:]))
+            table, key = self.edit_shapes, (*key, tuple((e[0], e[1].shape[0]) for e in edits))
         first = key not in table
         if first:
             if not self.shapes and not self.batch_shapes:  # the first compile of this model: the wait to expect
@@ -231,10 +237,14 @@ class Compiled:
             torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were consumed (cloned)
         if self.frozen:  # nothing compiles after warm-up: a shape that would recompile runs eagerly, counted
             try:
+                if edits and first:  # a kind of edit warm-up never met: nothing compiled for it
+                    raise torch._dynamo.exc.RecompileError("edits")
                 with torch._dynamo.config.patch(error_on_recompile=True):
-                    out = self.fn(self.model, kv, inputs, positions, write_at, allowed, embeds, hidden)
+                    out = self.fn(self.graph, kv, inputs, positions, write_at, allowed, embeds, hidden, edits=edits)
             except torch._dynamo.exc.RecompileError:
                 self.eager_steps += 1
+                if edits:  # the graph model's own layers apply them (the model's have no hook now)
+                    return step(self.graph, kv, inputs, positions, write_at, allowed, embeds, hidden, edits=edits)
                 return step(self.model, kv, inputs, positions, write_at, allowed, embeds, hidden)
             self.compiled_steps += 1
         else:
@@ -242,14 +252,14 @@ class Compiled:
                 if first:
                     warnings.simplefilter("ignore", DeprecationWarning)
                     warnings.simplefilter("ignore", FutureWarning)
-                out = self.fn(self.model, kv, inputs, positions, write_at, allowed, embeds, hidden)
+                out = self.fn(self.graph, kv, inputs, positions, write_at, allowed, embeds, hidden, edits=edits)
         if first:
             _sync(self.device)
             table[key] = time.perf_counter() - t0
             self.read_back[key] = compile_wait.cache_hits() > hits  # inductor's cache served it: not built here
             self.done += 1
-            compile_wait.said(self.name, key if slots > 1 else (1, *key), table[key], self.done, self.expected,
-                              self.read_back[key])
+            said = (slots, *key[-5:-1]) if edits else key if slots > 1 else (1, *key)
+            compile_wait.said(self.name, said, table[key], self.done, self.expected, self.read_back[key])
         return out
 
     @torch.inference_mode()  # as every decode runs: a graph compiled outside it would compile again inside
@@ -263,9 +273,12 @@ class Compiled:
         if self.kv.keys:  # plain tokens to logits (every chain's verify, sd's drafts): the declared chain
             self.buckets.setdefault((False, False, False), list(self.chain))
             for (embeds, masked, hidden), sizes in sorted(self.buckets.items()):
-                for width in sizes:
-                    if (width, embeds, masked, hidden) not in self.shapes:
+                for width in sizes:  # (a shape warm-up met only with layer edits has its graph: no plain one)
+                    if (width, embeds, masked, hidden) not in self.shapes \
+                            and (1, width, embeds, masked, hidden) not in self.edited:
                         self._dummy(width, embeds, masked, hidden, start=0)
+            for width, kind, edits in self.edits_ahead:
+                self._dummy(width, *kind, start=0, edits=edits)
             self.kv.length = 0
         for slots, kv in sorted(self.batch_kv.items()):
             if not kv.keys:
@@ -275,15 +288,17 @@ class Compiled:
                 sizes = table.setdefault(kind, list(self.tree_chain) if kind in self.declared_kinds
                                          else [] if kind[1] else list(self.chain))
                 for width in sizes:
-                    if (slots, width, *kind) not in self.batch_shapes:
+                    if (slots, width, *kind) not in self.batch_shapes and (slots, width, *kind) not in self.edited:
                         self._dummy(width, *kind, start=0, slots=slots)
             kv.lengths = [0] * slots
         self.frozen = True
         if hasattr(self.fn, "_torchdynamo_orig_callable"):  # torch.compile's own function: real compile seconds
             compile_wait.remember(self.device, [(seconds, self.read_back.get(key, False)) for key, seconds in
-                                                [*self.shapes.items(), *self.batch_shapes.items()]], self.model)
+                                                [*self.shapes.items(), *self.batch_shapes.items(),
+                                                 *self.edit_shapes.items()]], self.model)
 
-    def _dummy(self, width: int, embeds: bool, masked: bool, hidden: bool, start: int, slots: int = 1) -> None:
+    def _dummy(self, width: int, embeds: bool, masked: bool, hidden: bool, start: int, slots: int = 1,
+               edits: tuple | None = None) -> None:
         """One forward of a shape on zeros, written to cache rows start..start+width-1 of every slot (stale rows:
         the next prefill starts afresh, or beyond the live lengths after a growth)."""
         kv = self.kv if slots == 1 else self.batch_kv[slots]
@@ -297,7 +312,7 @@ class Compiled:
         try:
             # positions and write_at as two tensors, as every real call passes them (one object passed twice would
             # compile a graph for aliased inputs, which a real call's guards then miss)
-            self.call(inputs, at.clone(), at, allowed, embeds, hidden, compiled=True, kv=kv)
+            self.call(inputs, at.clone(), at, allowed, embeds, hidden, compiled=True, kv=kv, edits=edits)
         finally:
             self.frozen = frozen
 
@@ -312,8 +327,13 @@ class Compiled:
                            for (w, e, m, h), s in sorted(self.shapes.items())]
                 + [{"batch": b, "width": w, "inputs": "embeddings" if e else "tokens",
                     "mask": "tree" if m else "causal", "output": "hidden" if h else "logits", "seconds": round(s, 3)}
-                   for (b, w, e, m, h), s in sorted(self.batch_shapes.items())],
-                "seconds": round(sum(self.shapes.values()) + sum(self.batch_shapes.values()), 3),
+                   for (b, w, e, m, h), s in sorted(self.batch_shapes.items())]
+                + [{"batch": k[0] if len(k) == 6 else 1, "width": k[-5], "inputs": "embeddings" if k[-4] else "tokens",
+                    "mask": "tree" if k[-3] else "causal", "output": "hidden" if k[-2] else "logits",
+                    "layer_edits": [list(e) for e in k[-1]], "seconds": round(s, 3)}
+                   for k, s in self.edit_shapes.items()],
+                "seconds": round(sum(self.shapes.values()) + sum(self.batch_shapes.values())
+                                 + sum(self.edit_shapes.values()), 3),
                 "compiled_steps": self.compiled_steps,
                 "eager_steps": self.eager_steps,
                 **({"grown_to": self.grown} if self.grown else {})}
@@ -328,6 +348,9 @@ def enable(model, capacity: int) -> Compiled:
     chosen = linear_kernels.use(model, state.device)  # each bucket's CPU linear kernel, measured (linear_kernels.py)
     if chosen:
         state.settings["linear"] = chosen
+        state.linear_choice = chosen["choice"]
+    # its twin, run by every compiled call (compile_graph.py), made after the attention switch above
+    state._graph = compile_graph.graph_model(model, state.linear_choice)
     return state
 
 
@@ -341,37 +364,10 @@ def attach(model, state: Compiled) -> Compiled:
 def disable(model) -> None:
     _STATES.pop(model, None)
     grouped_attention.restore(model)
-    linear_kernels.restore(model)
 
 
 def state_of(model) -> Compiled | None:
     return _STATES.get(model)
-
-
-def unsupported(config) -> str | None:
-    """Why the static engine cannot decode a model of this config correctly, or None: it caches and masks full and
-    sliding-window attention layers only (chunked attention, linear attention, state-space or convolution mixers
-    would compute something else), with one window size (its masks carry one windowed variant beside the full one,
-    as transformers' per-layer-kind masks do)."""
-    from ..batch.attention import ATTENTION_LAYERS
-    from ..batch.cache import read_windows
-
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    name = getattr(text, "model_type", None) or type(config).__name__
-    try:
-        from transformers.cache_utils import get_layer_types_and_kwargs
-
-        kinds = set(get_layer_types_and_kwargs(text)[0])
-    except Exception:  # a transformers release without the helper: the config's own field
-        kinds = set(getattr(text, "layer_types", None) or ())
-    odd = sorted(kinds - ATTENTION_LAYERS - {"dummy"})
-    if odd:
-        return (f"{name} has {', '.join(odd)} layers; the static engine caches and masks full and sliding-window "
-                "attention only")
-    sizes = sorted({w for w in read_windows(config) if w is not None})
-    if len(sizes) > 1:
-        return f"{name} has sliding windows of different sizes {sizes}; the static engine's masks carry one"
-    return None
 
 
 def _round(n: int) -> int:

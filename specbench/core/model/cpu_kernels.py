@@ -80,6 +80,14 @@ def prepack(model: torch.nn.Module) -> int:
     return count
 
 
+def packed_copy(module: torch.nn.Module) -> torch.Tensor | None:
+    """The packed weight `module` runs on (prepack's), or None where it is not packed."""
+    forward = module.__dict__.get("forward")
+    if module in _PACKED and isinstance(forward, functools.partial) and forward.func is _packed_forward:
+        return forward.args[1]
+    return None
+
+
 def repack(module: torch.nn.Module) -> bool:
     """Pack a packed linear layer's weight again after it was edited in place; False when it was not packed."""
     if module not in _PACKED:

@@ -20,6 +20,9 @@ per hardware key, dtype, thread count and the model's linear shapes in <user cac
 linear_kernels/; a width runs at the choice of the smallest measured bucket holding it (the widest beyond them).
 $SPECBENCH_COMPILE_LINEAR = mkl, transposed or onednn sets one kernel for every width instead (auto: measured).
 The choice is made at trace time (each bucket is its own static graph), so the compiled graph holds only its kernel.
+Where it lives: in the compiled step's own model (core/model/compile_graph.py: a twin of the module tree sharing
+every tensor, its linear layers ChosenLinear); the packed copies in a table weak-keyed by layer. No attribute or forward of the model's
+own modules is set: its eager forwards are untouched.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import hashlib
 import os
 import statistics
 import time
-import types
+import weakref
 from collections import Counter
 from typing import Optional
 
@@ -37,6 +40,7 @@ import torch.nn.functional as F
 import yaml
 
 from .. import store
+from . import cpu_kernels
 from ..machine import contention
 from ...errors import SpecbenchError
 
@@ -45,10 +49,12 @@ KERNELS = ("mkl", "transposed", "onednn")
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 ROUNDS = 5
 MEASURE_BYTES = 2**30  # weights one measured pass reads at most (timed_set)
-BEFORE = "_specbench_forward_before"  # a Linear's own forward (instance attribute or none) while a choice is in use
 PACK_ROWS_HINT = 8  # the row count oneDNN's packed layout is tuned for (cpu_kernels.PACK_ROWS_HINT)
 
-_PACKED: list[Optional[torch.Tensor]] = []  # packed weights the custom op reads, by the index a module keeps
+_PACKED: list[Optional[torch.Tensor]] = []  # packed weights the custom op reads, by index
+# linear layer -> its index into _PACKED: a table of its own, weak-keyed, so nothing is stored on the layer; an entry
+# (and its packed copy) goes with its layer
+_PACK_INDEX: "weakref.WeakKeyDictionary[torch.nn.Linear, int]" = weakref.WeakKeyDictionary()
 
 
 @torch.library.custom_op("specbench::packed_linear", mutates_args=())
@@ -63,20 +69,21 @@ def _(x, weight, bias, index):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
-def _mkl(module, x):
-    return F.linear(x, module.weight, module.bias)
+# the kernels: (weight [N, K], bias [N] or None, x [..., K], the weight's pack index or None) -> [..., N]
+def _mkl(weight, bias, x, index):
+    return F.linear(x, weight, bias)
 
 
-def _transposed(module, x):
+def _transposed(weight, bias, x, index):
     flat = x.reshape(-1, x.shape[-1])  # [w, K]
-    out = torch.mm(module.weight, flat.t()).t()  # [N, K] @ [K, w] -> [w, N]
-    if module.bias is not None:
-        out = out + module.bias
+    out = torch.mm(weight, flat.t()).t()  # [N, K] @ [K, w] -> [w, N]
+    if bias is not None:
+        out = out + bias
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def _onednn(module, x):
-    return packed_linear(x, module.weight, module.bias, module._specbench_pack_index)
+def _onednn(weight, bias, x, index):
+    return packed_linear(x, weight, bias, index)
 
 
 KERNEL = {"mkl": _mkl, "transposed": _transposed, "onednn": _onednn}
@@ -114,24 +121,34 @@ def cache_file(hardware: str, dtype: torch.dtype, threads: int, shapes: str) -> 
 
 def _pack(layers: list[torch.nn.Linear]) -> None:
     """Give every layer an index into _PACKED holding its weight packed for oneDNN (cpu_kernels.prepack's copy where
-    it made one; packed here otherwise)."""
+    it made one; packed here otherwise), kept in _PACK_INDEX (the layer itself is not touched)."""
     for m in layers:
-        if getattr(m, "_specbench_pack_index", None) is not None:
+        if m in _PACK_INDEX:
             continue
-        packed = getattr(m, "_specbench_packed", None)
+        packed = cpu_kernels.packed_copy(m)
         if packed is None:
             with torch.no_grad():
                 packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), PACK_ROWS_HINT)
-        m._specbench_pack_index = len(_PACKED)
+        _PACK_INDEX[m] = len(_PACKED)
         _PACKED.append(packed)
+        weakref.finalize(m, _free, len(_PACKED) - 1)
+
+
+def _free(index: int) -> None:
+    if index < len(_PACKED):
+        _PACKED[index] = None
 
 
 def _unpack(layers: list[torch.nn.Linear]) -> None:
+    """Drop the layers' packed copies made or taken here (their next _pack packs again)."""
     for m in layers:
-        index = getattr(m, "_specbench_pack_index", None)
+        index = _PACK_INDEX.pop(m, None)
         if index is not None:
             _PACKED[index] = None
-            m._specbench_pack_index = None
+
+
+def pack_index(m: torch.nn.Linear) -> int | None:
+    return _PACK_INDEX.get(m)
 
 
 def timed_set(layers: list[torch.nn.Linear], budget: int = MEASURE_BYTES) -> list[torch.nn.Linear]:
@@ -168,12 +185,12 @@ def measure(layers: list[torch.nn.Linear], kernels, buckets=BUCKETS, rounds: int
         taken: dict[str, list[float]] = {k: [] for k in kernels}
         for kernel in kernels:  # untimed: first calls (oneDNN's primitive cache, MKL's buffers)
             for m in layers:
-                KERNEL[kernel](m, inputs[m.in_features])
+                KERNEL[kernel](m.weight, m.bias, inputs[m.in_features], pack_index(m))
         for r in range(rounds):
             for kernel in (kernels if r % 2 == 0 else kernels[::-1]):
                 t0 = time.perf_counter()
                 for m in layers:
-                    KERNEL[kernel](m, inputs[m.in_features])
+                    KERNEL[kernel](m.weight, m.bias, inputs[m.in_features], pack_index(m))
                 taken[kernel].append((time.perf_counter() - t0) * 1e3)
         times[rows] = {k: round(statistics.median(v), 3) for k, v in taken.items()}
     return times
@@ -232,40 +249,35 @@ def _read(path, kernels) -> dict | None:
     return {**data, "choice": choice}
 
 
-def _chosen_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    # traced by torch.compile at a static shape: the bucket's kernel is picked here, in Python, once per graph
-    if torch.compiler.is_compiling():
-        return KERNEL[for_rows(self._specbench_linear_choice, x.numel() // x.shape[-1])](self, x)
-    before = self.__dict__.get(BEFORE)  # eager (the prefill, a counted eager step): the layer's own forward
-    return before(x) if before is not None else F.linear(x, self.weight, self.bias)
+class ChosenLinear(torch.nn.Module):
+    """A linear layer of the compiled graph's own model (compile_graph.py): the model's nn.Linear, untouched, run through
+    the kernel its bucket chose. Traced by torch.compile at a static shape: the bucket's kernel is picked here, in
+    Python, once per graph; an eager call (the compiled step run uncompiled) is the layer's own forward."""
+
+    def __init__(self, linear: torch.nn.Linear, choice: dict[int, str]):
+        super().__init__()
+        self.linear = linear
+        self.choice = choice
+        self.index = pack_index(linear)  # its weight's packed copy in _PACKED (oneDNN), or None
+
+    weight = property(lambda self: self.linear.weight)
+    bias = property(lambda self: self.linear.bias)
+    in_features = property(lambda self: self.linear.in_features)
+    out_features = property(lambda self: self.linear.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            kernel = for_rows(self.choice, x.numel() // x.shape[-1])
+            return KERNEL[kernel](self.linear.weight, self.linear.bias, x, self.index)
+        return self.linear(x)
 
 
 def use(model, device: torch.device) -> dict:
-    """Route the model's CPU linear layers through the measured choice inside compiled graphs (their eager calls
-    unchanged); returns what run.yaml's compile block says of it ({} where nothing is chosen)."""
+    """The measured choice for the model's CPU linear layers (their packed copies made where oneDNN is a candidate),
+    as run.yaml's compile block says it; {} where nothing is chosen. The compiled step's own model
+    (core/model/compile_graph.graph_model) runs it inside its graphs."""
     found = choose(model, device)
     if not found:
         return {}
-    for m in linears(model):
-        if BEFORE in m.__dict__:
-            continue
-        m.__dict__[BEFORE] = m.__dict__.get("forward")
-        m._specbench_linear_choice = found["choice"]
-        m.forward = types.MethodType(_chosen_forward, m)
     return {"source": found["source"], "choice": found["choice"],
             **({"times_ms": found["times_ms"]} if "times_ms" in found else {})}
-
-
-def restore(model) -> None:
-    """Give the model's linear layers back their own forward and drop packed copies made here."""
-    layers = linears(model)
-    for m in layers:
-        if BEFORE not in m.__dict__:
-            continue
-        before = m.__dict__.pop(BEFORE)
-        if before is None:
-            del m.forward
-        else:
-            m.forward = before
-        del m._specbench_linear_choice
-    _unpack(layers)

@@ -47,7 +47,7 @@ class TransferProjections(torch.nn.Module):
     def transfers(self, slots: list[torch.Tensor], sources: list[torch.Tensor]) -> list[LayerTransfer]:
         """The transfers of one forward: slots[j] [P_j] are the pseudo inputs of transfer j, sources[j] their real
         sources (indices into the same forward, or hidden states [P_j, H] captured at layer l_j)."""
-        return [LayerTransfer(self.layers[j], slots[j], sources[j], self.project(j))
+        return [LayerTransfer(self.layers[j], slots[j], sources[j], self.project(j), self.weight[j])
                 for j in range(min(self.depth, len(slots)))]
 
 

@@ -41,7 +41,10 @@ def transfer_slots(layout: TreeLayout, steps: int, prefix: int, device) -> tuple
 
 
 class TransferProposer(Proposer):
-    """Placeholders attached to nodes, turned into W_j h_i at the transfer layers by a forward hook (around)."""
+    """Placeholders attached to nodes, turned into W_j h_i at the transfer layers: by a forward hook (around), or
+    inside a compiled step as its layer edits (core/model/compile_graph.py)."""
+
+    edits_layers = True
 
     def __init__(self, target, guesser):
         super().__init__(target, guesser)
@@ -54,6 +57,17 @@ class TransferProposer(Proposer):
             self._slots = {k: v for k, v in self._slots.items() if k[1] == 0}
             self._slots[key] = transfer_slots(layout, self.guesser.projections.projections.depth, prefix, device)
         return self._slots[key]
+
+    def declared_edits(self, batch_tree) -> list[tuple[int, tuple]]:
+        """(width, layer edits) of the verify forward of every tree state of `batch_tree` at batch 1 (its inputs at
+        rows 0..width-1): what a compiled run compiles ahead of the timed turns (core/model/compile.declare_edits)."""
+        out = []
+        for layout in {id(x): x for x in batch_tree.layouts.values()}.values():
+            width = layout.visible.shape[0]
+            edits = self.around([(layout, 0, torch.arange(width, device=self.target.device))]).layer_edits()
+            if edits:
+                out.append((width, edits))
+        return out
 
     def around(self, parts):
         """Every segment's pseudo positions: each segment's transfer slots and sources [P_j] mapped through where

@@ -59,45 +59,60 @@ class LayerTransfer:
     """One transfer at one layer: inputs `slots` [P] of the forward become project(source) [P, H].
 
     sources: LongTensor [P] = indices of real inputs of the same forward (their hidden states entering `layer`), or
-    a float tensor [P, H] of hidden states given directly (captured earlier, e.g. for positions in the KV cache)."""
+    a float tensor [P, H] of hidden states given directly (captured earlier, e.g. for positions in the KV cache).
+    weight: project's matrix [H, H] where project(h) = h @ weight^T (what a compiled forward applies inside its graph),
+    None where the transfer is only a function."""
 
     layer: int  # decoder layer index (0-based) whose input is replaced: the state after `layer` layers
     slots: torch.Tensor  # [P] long: input indices of the pseudo positions
     sources: torch.Tensor  # [P] long, or [P, H] float
     project: Callable[[torch.Tensor], torch.Tensor]  # [P, H] -> [P, H]
+    weight: torch.Tensor | None = None
 
 
-@contextmanager
-def transferred(model, transfers: Sequence[LayerTransfer]):
-    """Within this block every forward of `model` applies the transfers. Slots and sources index the hidden
-    states flattened over batch and sequence ([B, q, H] as [B * q, H]): at batch 1 the input index itself; in a
-    batched forward, where each sample's inputs lie (core/batch/ragged.py's and core/batch/padded.py's `places`)."""
-    layers = decoder_layers(model)
-    handles = []
-    for transfer in transfers:
-        if not transfer.slots.numel():
-            continue
+class transferred:
+    """Within this block every forward of `model` applies the transfers (a pre-hook on each transfer layer).
+    Slots and sources index the hidden states flattened over batch and sequence ([B, q, H] as [B * q, H]): at batch 1
+    the input index itself; in a batched forward, where each sample's inputs lie (core/batch/ragged.py's and
+    core/batch/padded.py's `places`).
+    `layer_edits()`: the same transfers as data, for a compiled forward that applies them inside its graph (the static
+    engines under --compile: core/model/compile_graph.py) instead of entering the block."""
 
-        def hook(_module, args, kwargs, transfer=transfer):
-            hidden = args[0] if args else kwargs["hidden_states"]  # [B, q, H]
-            dev = hidden.device  # under a device map: the previous layer's device (this hook runs before accelerate's)
-            flat = hidden.reshape(-1, hidden.shape[-1])  # [B * q, H]
-            if transfer.sources.dtype == torch.long:
-                src = flat[transfer.sources.to(dev)]  # [P, H]
-            else:
-                src = transfer.sources.to(dev, hidden.dtype)
-            moved = transfer.project(src).to(dev, hidden.dtype)
-            new = flat.index_copy(0, transfer.slots.to(dev), moved).view_as(hidden)
-            if args:
-                return (new, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": new}
+    def __init__(self, model, transfers: Sequence[LayerTransfer]):
+        self.model, self.transfers = model, [t for t in transfers if t.slots.numel()]
+        self._handles: list = []
 
-        handles.append(layers[transfer.layer].register_forward_pre_hook(hook, with_kwargs=True))
-    try:
-        yield
-    finally:
-        for handle in handles:
+    def layer_edits(self) -> tuple | None:
+        """((layer, slots [P], sources [P], weight [H, H]), ...): every transfer with in-forward sources and a weight;
+        None where one has neither (captured sources, a bare function): such transfers run eagerly only."""
+        if any(t.weight is None or t.sources.dtype != torch.long for t in self.transfers):
+            return None
+        return tuple((t.layer, t.slots, t.sources, t.weight) for t in self.transfers)
+
+    def __enter__(self):
+        layers = decoder_layers(self.model)
+        for transfer in self.transfers:
+            def hook(_module, args, kwargs, transfer=transfer):
+                hidden = args[0] if args else kwargs["hidden_states"]  # [B, q, H]
+                dev = hidden.device  # under a device map: the previous layer's device (runs before accelerate's)
+                flat = hidden.reshape(-1, hidden.shape[-1])  # [B * q, H]
+                if transfer.sources.dtype == torch.long:
+                    src = flat[transfer.sources.to(dev)]  # [P, H]
+                else:
+                    src = transfer.sources.to(dev, hidden.dtype)
+                moved = transfer.project(src).to(dev, hidden.dtype)
+                new = flat.index_copy(0, transfer.slots.to(dev), moved).view_as(hidden)
+                if args:
+                    return (new, *args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": new}
+
+            self._handles.append(layers[transfer.layer].register_forward_pre_hook(hook, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
             handle.remove()
+        self._handles = []
 
 
 @contextmanager

@@ -19,20 +19,24 @@ from rich.markup import escape
 from ...core.batch.decoder import target_logits
 from ...core.batch.ragged import Segment
 from ...core.verify import next_token, tree_speculative_accept
-from ...planning.batch_choice import batch_view, local_profile
+from ...planning.batch_choice import batch_view, local_profile, relative_latency
 from ...progress import console
 from ..base import DecodeMethod, register
 from ..batch_loop import Batchable
 from ..options import Option
+from . import shapes as measured_shapes
 from . import sizing
 from .window import Shape, Window, layout, rank_paths, trie
 
-WINDOW = Option("lookahead_window", int, None, "Jacobi window W, the columns guessed ahead (default: the "
-                "widest forward where this hardware's latency curve is still flat, else the paper's 15)", minimum=1)
-NGRAM = Option("lookahead_ngram", int, sizing.PAPER_NGRAM, "n-gram size N (the window keeps N - 1 "
-               "levels; each verified n-gram is N - 1 tokens after the last one)", minimum=2)
-GUESSES = Option("lookahead_guesses", int, None, "G, the most n-grams verified a step (default: sized "
-                 "with --lookahead-window to this hardware's flat latency, else the paper's 15)", minimum=1)
+WINDOW = Option("lookahead_window", int, None, "Jacobi window W, the columns guessed ahead (default: sized with N "
+                "and G to this hardware's latency profile, else the paper's 15)", minimum=1)
+NGRAM = Option("lookahead_ngram", int, None, "n-gram size N (the window keeps N - 1 levels; each verified n-gram "
+               "is N - 1 tokens after the last one; default: sized with W and G, else the paper's 5)", minimum=2)
+GUESSES = Option("lookahead_guesses", int, None, "G, the most n-grams verified a step (default: sized with W and "
+                 "N, else the paper's 15)", minimum=1)
+SHAPE = Option("lookahead_shape", str, "sized", "sized: W, N and G not given are chosen for the highest predicted "
+               "speedup, tokens per step over the forward's cost on this hardware's latency profile; paper: the "
+               "paper's W = 15, N = 5, G = 15", choices=("sized", "paper"))
 
 
 @register
@@ -40,44 +44,60 @@ class Lookahead(Batchable, DecodeMethod):
     name = "lookahead"
     kind = "draft-free"
     summary = "lookahead decoding: Jacobi window makes n-grams, those starting with the last token verified at once"
-    option_specs = (WINDOW, NGRAM, GUESSES)
+    option_specs = (WINDOW, NGRAM, GUESSES, SHAPE)
     said_when_loaded = ("lookahead_window", "lookahead_ngram", "lookahead_guesses", "lookahead_sized_from")
 
-    def __init__(self, target, options=None, drafter=None):
+    def __init__(self, target, options=None, drafter=None, quiet: bool = False):
         super().__init__(target, options, drafter)
-        profile = local_profile(target, use_for="lookahead's window") if self._sized() else None
-        self.shapes = {1: self._shape(profile)}  # batch size -> (Shape, where W and G came from)
+        self.fed_inputs = self.decode_steps = 0  # inputs of the decode steps' forwards, and those steps, per sample
+        profile = local_profile(target, use_for="lookahead's shape") if self._sized() else None
+        # measured tokens per step of a grid of shapes (`estimate --method lookahead`), read where they can be priced
+        self.rows, self.rows_from = measured_shapes.filed(target) if profile is not None else (None, "")
+        self.shapes = {1: self._shape(profile)}  # batch size -> (Shape, where W, N and G came from)
         self.shape = self.shapes[1][0]
-        console.print(f"[dim]{self.name}: W {self.shape.window}, N {self.shape.ngram}, G {self.shape.guesses} "
-                      f"(widest forward {self.shape.width}; {escape(self.shapes[1][1])})[/]")
+        if not quiet:
+            console.print(f"[dim]{self.name}: W {self.shape.window}, N {self.shape.ngram}, G {self.shape.guesses} "
+                          f"(widest forward {self.shape.width}; {escape(self.shapes[1][1])})[/]")
 
     def _sized(self) -> bool:
-        return self.options.lookahead_window is None or self.options.lookahead_guesses is None
-
-    def _shape(self, profile) -> tuple[Shape, str]:
         o = self.options
-        window, guesses, source = sizing.sized(profile, o.lookahead_ngram, o.lookahead_window, o.lookahead_guesses)
-        return Shape(window, o.lookahead_ngram, guesses), source
+        given = (o.lookahead_window, o.lookahead_ngram, o.lookahead_guesses)
+        return o.lookahead_shape == "sized" and None in given
+
+    def _shape(self, profile, curve: str = "L(w)") -> tuple[Shape, str]:
+        o = self.options
+        given = (o.lookahead_window, o.lookahead_ngram, o.lookahead_guesses)
+        if o.lookahead_shape == "paper":
+            best, source = sizing.paper(*given)
+        else:
+            costs = relative_latency(profile, sizing.widest(*given)) if profile is not None else None
+            best, source = sizing.choose(costs, *given, rows=self.rows, rows_from=self.rows_from, curve=curve)
+        return Shape(best.window, best.ngram, best.guesses), source
 
     def chosen(self) -> dict:
         shape, source = self.shapes[1]
         out = {"lookahead_window": shape.window, "lookahead_ngram": shape.ngram, "lookahead_guesses": shape.guesses,
                "lookahead_sized_from": source}
         if len(self.shapes) > 1:
-            out["lookahead_per_batch_size"] = {b: {"window": s.window, "guesses": s.guesses, "from": why}
-                                               for b, (s, why) in sorted(self.shapes.items())}
+            out["lookahead_per_batch_size"] = {b: {"window": s.window, "ngram": s.ngram, "guesses": s.guesses,
+                                                   "from": why} for b, (s, why) in sorted(self.shapes.items())}
         return out
 
     def choose_per_batch_size(self, sizes: list[int]) -> None:
-        """Each batch size's W and G from this hardware's L(B, w) (every input costs B rows), else batch 1's."""
+        """Each batch size's W, N and G from this hardware's L(B, w) (every input costs B rows), else batch 1's."""
         if not self._sized():
             return
         for size in sorted({b for b in sizes if b > 1} - set(self.shapes)):
             view, why = batch_view(self.target, size)
-            self.shapes[size] = self._shape(view) if view is not None else (self.shapes[1][0], f"batch 1's: {why}")
+            self.shapes[size] = (self._shape(view, f"L(B={size}, w)") if view is not None
+                                 else (self.shapes[1][0], f"batch 1's: {why}"))
             s = self.shapes[size][0]
-            console.print(f"[dim]{self.name}: batch size {size}: W {s.window}, G {s.guesses} "
+            console.print(f"[dim]{self.name}: batch size {size}: W {s.window}, N {s.ngram}, G {s.guesses} "
                           f"({escape(self.shapes[size][1])})[/]")
+
+    def estimate_more(self, prompts: list[torch.Tensor], new_tokens: int) -> dict:
+        """`specbench estimate --method lookahead`: tokens per step of every shape of the grid (shapes.py)."""
+        return {"shapes": measured_shapes.measure(type(self), self.target, prompts, new_tokens)}
 
     def start_batch(self, mode: str, slots: int) -> None:
         self.shape = self.shapes.get(slots, self.shapes[1])[0]
@@ -96,6 +116,7 @@ class Lookahead(Batchable, DecodeMethod):
             ids, offsets, visible = layout(window.shape, root, window.levels, tokens, parents, depths)
             past = target.lengths[s.slot]
             segments.append(Segment(s.slot, ids, positions=[past + o for o in offsets], mask=visible))
+            self.fed_inputs, self.decode_steps = self.fed_inputs + len(ids), self.decode_steps + 1
             drafts.append((root, tokens, parents, depths, past))
         # 2. verify: one forward over every newcomer's prompt and every active sample's window and trie
         first, hidden = target.forward(joined, segments, hidden=True)

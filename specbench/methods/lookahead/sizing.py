@@ -1,52 +1,106 @@
-"""Lookahead decoding's W and G sized to the hardware: the widest forward, (W + G)(N - 1), kept where this machine's
-latency curve L(w) is still flat, read from its profile as the trees read it (planning/batch_choice.py).
+"""Lookahead decoding's W, N and G sized to the hardware: the shape with the highest predicted speedup
 
-The paper's configuration for 7B models on an A100 (its evaluation scripts: N = 5, W = 15, G = 15) is the ceiling;
-without a profile it is used as is, with a note naming the command that measures one."""
+    speedup(W, N, G) = E[tokens per step](W, N, G) / (L(width) / L(1)),
+
+L read from this machine's latency profile as the trees read it (planning/batch_choice.py), width the step's forward:
+the window's W (N - 1) inputs and the trie's nodes. E comes from a measurement on validation prompts where one is
+filed (`specbench estimate --method lookahead`: each shape of a grid decoded greedily, its tokens per step and mean
+forward width; shapes.py), else from a stated model: each of the G verified n-grams is right for its first d tokens
+with probability ACCURACY^d, independently of the others (the independent-guesses model the paper relates lookahead
+decoding to speculative decoding with), so
+
+    E = 1 + sum over d = 1 .. N - 1 of (1 - (1 - ACCURACY^d)^G),
+
+with W = G (the paper's configurations tie them; the model has no term for W) and the widest forward, (W + G)(N - 1).
+The paper's configuration for 7B models on an A100 (its evaluation scripts: W = 15, N = 5, G = 15) is the ceiling of
+the grid, `--lookahead-shape paper` takes it as is, and without a profile it is used, with a note naming the command
+that measures one."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from ...planning.batch_choice import KV_LENGTH
+from dataclasses import dataclass
 
 PAPER_WINDOW, PAPER_NGRAM, PAPER_GUESSES = 15, 5, 15
-FLAT = 1.2  # "still flat": a forward of this width costs at most 20% more than a one-token forward
+SIDES = (1, 2, 3, 4, 6, 8, 11, 15)  # W and G tried (each at most the paper's 15)
+NGRAMS = (3, 4, 5)  # N tried (at most the paper's 5)
+ACCURACY = 0.08  # the stated model's chance that one guessed token is right, given the ones before it are
 
 
-def flat_width(latency_ms: Callable[[int], float], most: int) -> int:
-    """The widest forward (1 .. most) whose latency stays within FLAT of a one-token forward's."""
-    limit = FLAT * latency_ms(1)
-    widest = 1
-    for width in range(2, most + 1):
-        if latency_ms(width) <= limit:
-            widest = width
-    return widest
+@dataclass(frozen=True)
+class Candidate:
+    """A shape, the tokens a step emits with it and the inputs its forward holds (on average or at most)."""
+
+    window: int
+    ngram: int
+    guesses: int
+    tokens_per_step: float
+    width: float
+
+    def speedup(self, costs: list[float]) -> float:
+        """Predicted speedup over one-token decoding on a curve of relative costs (costs[w - 1] = L(w) / L(1))."""
+        w = max(self.width, 1.0)
+        lo = min(int(w), len(costs))
+        hi = min(lo + 1, len(costs))
+        cost = costs[lo - 1] + (costs[hi - 1] - costs[lo - 1]) * (w - lo) if w < len(costs) else costs[-1]
+        return self.tokens_per_step / cost
 
 
-def fit(budget: int, ngram: int, window: int | None, guesses: int | None) -> tuple[int, int]:
-    """(W, G) whose widest forward (W + G)(N - 1) fits `budget` inputs, the ones not given split evenly, each at
-    least 1 and at most the paper's 15."""
-    per_level = max(budget // (ngram - 1), 2)  # W + G
-    if window is None and guesses is None:
-        window = guesses = max(1, min(PAPER_WINDOW, per_level // 2))
-    elif window is None:
-        window = max(1, min(PAPER_WINDOW, per_level - guesses))
-    elif guesses is None:
-        guesses = max(1, min(PAPER_GUESSES, per_level - window))
-    return window, guesses
+def stated_tokens_per_step(ngram: int, guesses: int) -> float:
+    """The stated model's E for G guesses of N - 1 tokens each."""
+    return 1.0 + sum(1.0 - (1.0 - ACCURACY ** d) ** guesses for d in range(1, ngram))
 
 
-def sized(profile, ngram: int, window: int | None, guesses: int | None) -> tuple[int, int, str]:
-    """(W, G, where they came from) for a profile (a LatencyProfile, L(1, w) or L(B, w)) or None."""
-    if window is not None and guesses is not None:
-        return window, guesses, "given"
-    if profile is None:
-        return (window or PAPER_WINDOW, guesses or PAPER_GUESSES,
-                "the paper's configuration (no latency profile of this hardware)")
-    most = (PAPER_WINDOW + PAPER_GUESSES) * (ngram - 1)
-    budget = flat_width(lambda w: profile.latency_ms(w, KV_LENGTH), most)
-    w, g = fit(budget, ngram, window, guesses)
-    batch = profile.meta.get("batch_size", 1)
-    curve = f"L(B={batch}, w)" if batch > 1 else "L(w)"
-    return w, g, f"{curve} within {FLAT:g}x of one token's up to width {budget} (profile {profile.hardware})"
+def stated(window: int | None, ngram: int | None, guesses: int | None) -> list[Candidate]:
+    """Every grid shape agreeing with the given values, priced by the stated model: W = G where neither is given;
+    W given: G from the grid; G given: W = G (the model has no term for W, which would otherwise always be 1)."""
+    out = []
+    for n in ([ngram] if ngram else NGRAMS):
+        for side in SIDES:
+            if window:
+                w, g = window, guesses or side
+            else:
+                w = g = guesses or side
+            out.append(Candidate(w, n, g, stated_tokens_per_step(n, g), float((w + g) * (n - 1))))
+    return list(dict.fromkeys(out))
+
+
+def widest(window: int | None, ngram: int | None, guesses: int | None) -> int:
+    """The widest forward any shape `choose` considers can hold: the costs must reach it."""
+    w, g = max(window or 0, PAPER_WINDOW, *SIDES), max(guesses or 0, PAPER_GUESSES, *SIDES)
+    return (w + g) * (max(ngram or 0, PAPER_NGRAM, *NGRAMS) - 1)
+
+
+def measured(rows: list[dict], window: int | None, ngram: int | None, guesses: int | None) -> list[Candidate]:
+    """The measured shapes (an acceptance file's `shapes` rows) agreeing with the given values."""
+    out = []
+    for r in rows:
+        c = Candidate(int(r["window"]), int(r["ngram"]), int(r["guesses"]), float(r["tokens_per_step"]),
+                      float(r["mean_width"]))
+        if (window or c.window) == c.window and (ngram or c.ngram) == c.ngram and (guesses or c.guesses) == c.guesses:
+            out.append(c)
+    return out
+
+
+def choose(costs: list[float] | None, window: int | None, ngram: int | None, guesses: int | None,
+           rows: list[dict] | None = None, rows_from: str = "", curve: str = "L(w)") -> tuple[Candidate, str]:
+    """(the shape, why) from relative costs (None: no profile) and measured rows (None: none filed)."""
+    if window and ngram and guesses:
+        return Candidate(window, ngram, guesses, 0.0, float((window + guesses) * (ngram - 1))), "given"
+    if costs is None:
+        n, w, g = ngram or PAPER_NGRAM, window or PAPER_WINDOW, guesses or PAPER_GUESSES
+        return (Candidate(w, n, g, 0.0, float((w + g) * (n - 1))),
+                "the paper's configuration (no latency profile of this hardware; `specbench profile` measures one)")
+    found = measured(rows or [], window, ngram, guesses)
+    model = f"tokens per step measured on validation prompts ({rows_from})" if found else (
+        f"tokens per step from the stated model (guess accuracy {ACCURACY:g} a token; `specbench estimate --method "
+        "lookahead` measures them)")
+    pool = found or stated(window, ngram, guesses)
+    best = max(pool, key=lambda c: (round(c.speedup(costs), 6), -c.width))
+    return best, (f"predicted speedup {best.speedup(costs):.2f}x: {best.tokens_per_step:.2f} tokens per step / "
+                  f"{curve} at width {best.width:.0f} relative to one token's; {model}")
+
+
+def paper(window: int | None, ngram: int | None, guesses: int | None) -> tuple[Candidate, str]:
+    """`--lookahead-shape paper`: the paper's configuration where a value is not given."""
+    n, w, g = ngram or PAPER_NGRAM, window or PAPER_WINDOW, guesses or PAPER_GUESSES
+    return Candidate(w, n, g, 0.0, float((w + g) * (n - 1))), "the paper's configuration (--lookahead-shape paper)"

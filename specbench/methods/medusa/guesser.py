@@ -16,6 +16,8 @@ import torch
 
 from . import artifact as mh
 from ...core.machine.timing import median_call_ms
+from ...core.model.compile import state_of
+from ...core.model.compile_call import call_of
 from ...core.tree import Tree
 from .scoring import medusa_ranks
 from ..base import register
@@ -40,16 +42,29 @@ class HeadShapes(CandidateShapes):
         return {k: TreeLayout(tree_file.tree(0), table, device), 0: TreeLayout(Tree(()), table, device)}
 
 
+def heads_logits(heads: mh.MedusaHeads, lm_head: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """The heads' logits [K, V] (float) on one row's hidden state h [1, H]: their residual blocks, then the LM head
+    (or their own projections). Under --compile this is one static-shape graph (core/model/compile_call.py)."""
+    return heads.logits(lm_head, h)[:, 0]
+
+
 class HeadProposer(Proposer):
     """The next guesses are the heads' logits on the accepted node's last hidden state."""
 
     advance_drafts = True  # the next guesses are the heads' forward (and the LM head on them): timed as drafting
 
+    def compiled_calls(self) -> dict:
+        return {"heads": (self.guesser.heads.heads, heads_logits)}
+
     def next_guesses(self, h: torch.Tensor, layout: TreeLayout, node: int,
                      all_logits: torch.Tensor | None = None) -> torch.Tensor:
-        """The heads' logits [K, V] on `node`'s last hidden state (the next step's guesses by distance)."""
-        lm_head = self.target.model.get_output_embeddings()
-        return self.guesser.heads.heads.logits(lm_head, h[node:node + 1])[:, 0]
+        """The heads' logits [K, V] on `node`'s last hidden state (the next step's guesses by distance): compiled
+        (one graph, the LM head through the compiled target's linear kernel) while the target runs compiled."""
+        heads, row = self.guesser.heads.heads, h[node:node + 1]  # [1, H]
+        call, state = call_of(heads), state_of(self.target.model)
+        if call is not None and state is not None:  # (the eager reference of a compiled run takes the state off)
+            return call(state.graph.get_output_embeddings(), row)
+        return heads_logits(heads, self.target.model.get_output_embeddings(), row)
 
     def time_drafting(self, tree, acceptance) -> float:
         """The step's drafting as it runs it: the heads and their logits on the accepted node's state [1, H]

@@ -34,6 +34,10 @@ class SuffixCache:
         self.outputs = SuffixIndex(max_depth)
         self.ids: dict[tuple[int, ...], int] = {}  # prompt -> its output's sequence id in `outputs`
         self.starts = {"cold": 0, "warm": 0}
+        # the context's own end, a place of every pattern in the request's index, is counted in the global
+        # index's scores too (ArcticInference's global tree holds the running response): a match is scored alike
+        # in either index, and the per-request one wins a tie
+        self.own_end = 1
 
     def start(self, prompt: list[int]) -> Request:
         key = tuple(prompt)
@@ -45,14 +49,15 @@ class SuffixCache:
         return Request(key, local, warm)
 
     def speculate(self, request: Request, context: list[int], max_tokens: int, alpha: float, min_prob: float,
-                  deepest: int | None = None) -> Draft:
+                  deepest: int | None = None, offset: float = 0.0) -> Draft:
         """The per-request index's tree or the global one's, whichever scores higher (the request's on a tie)."""
-        mine = request.local.speculate(context, max_tokens, alpha, min_prob, deepest=deepest)
+        mine = request.local.speculate(context, max_tokens, alpha, min_prob, deepest=deepest, offset=offset)
         if not self.use_global:
             return mine
         own = self.ids.get(request.key)
         theirs = self.outputs.speculate(context, max_tokens, alpha, min_prob,
-                                        frozenset() if own is None else frozenset({own}), deepest)
+                                        frozenset() if own is None else frozenset({own}), deepest, offset,
+                                        unseen=self.own_end)
         return mine if mine.score >= theirs.score else theirs
 
     def finish(self, request: Request, output: list[int]) -> None:

@@ -8,10 +8,15 @@ the last token's places, filtered one earlier token at a time; a child's count i
 Every pattern plus continuation stays within `max_depth` tokens, as a tree of that depth bounds it.
 
 Speculation (§3.2, §3.3): for each match length p of the context's end (1, 2, ... while the pattern still occurs) a
-tree of at most MAX_SPEC = alpha * p tokens is grown best-first by its nodes' scores D(N) = the product of
+tree of at most MAX_SPEC = alpha * p + offset tokens (the offset: ArcticInference's max_spec_offset) is grown
+best-first by its nodes' scores D(N) = the product of
 count(child) / count(parent) along its path (the empirical probability of reaching it), stopping below
 `min_prob`; a tree's score is the sum of its nodes' D. The best-scoring tree over all p is the draft (ties go to
-the longer match, as ArcticInference's speculate does)."""
+the longer match, as ArcticInference's speculate does).
+
+D(N) estimates the chance that the target agrees with N's whole path, so a tree's expected accepted tokens are
+1 + its score, and `Draft.cut` keeps the first n nodes (best-first order: D never rises along it) that give the
+most expected tokens per unit of the verify forward's cost on a latency curve."""
 
 from __future__ import annotations
 
@@ -52,7 +57,19 @@ class Draft:
 
     def first(self, count: int) -> Draft:
         """The tree of its first `count` tokens (a parent comes before its children, so it is a tree)."""
-        return Draft(self.tokens[:count], self.parents[:count], self.probs[:count], self.depths[:count])
+        return Draft(self.tokens[:count], self.parents[:count], self.probs[:count], self.depths[:count],
+                     self.match_len)
+
+    def cut(self, costs: list[float]) -> Draft:
+        """The first n tokens maximising (1 + their scores) / costs[n], where costs[n] is a verify forward of n + 1
+        inputs (the root and n nodes) relative to a one-token forward: the expected tokens a step emits per unit of
+        its forward's time. Nodes beyond the curve's widest width are never kept."""
+        best, value, expected = 0, 1.0, 1.0
+        for n, prob in enumerate(self.probs[:len(costs) - 1], start=1):
+            expected += prob
+            if expected / costs[n] > value:
+                best, value = n, expected / costs[n]
+        return self.first(best)
 
 
 class SuffixIndex:
@@ -81,9 +98,13 @@ class SuffixIndex:
         return sum(1 for s, seq in self.seqs.items() if seq and s not in self.retired and s not in exclude)
 
     def speculate(self, context: list[int], max_tokens: int, alpha: float, min_prob: float,
-                  exclude: frozenset[int] = frozenset(), deepest: int | None = None) -> Draft:
+                  exclude: frozenset[int] = frozenset(), deepest: int | None = None, offset: float = 0.0,
+                  unseen: int = 0) -> Draft:
         """The best-scoring speculation tree for what follows `context`, from every sequence but `exclude`, no
-        deeper than `deepest` tokens (None: the index's depth bound alone)."""
+        deeper than `deepest` tokens (None: the index's depth bound alone), of at most alpha * p + offset tokens
+        for a match of p tokens (and `max_tokens`). `unseen`: occurrences of the pattern this index does not hold
+        (the context's own end, for an index without the request's text), counted among the first depth's places
+        as a suffix tree over that text would count them."""
         context = context[-self.max_depth:]
         if not context or max_tokens <= 0 or deepest == 0:
             return Draft()
@@ -94,13 +115,13 @@ class SuffixIndex:
         for p in range(1, len(context)):
             if not ends or not any(j + 1 < len(self.seqs[s]) for s, j in ends):
                 break  # no place of the pattern has a continuation: longer matches draft nothing either
-            budget = min(max_tokens, int(alpha * p + 1e-6))
+            budget = min(max_tokens, int(alpha * p + offset + 1e-6))
             reach = self.max_depth - p if deepest is None else min(deepest, self.max_depth - p)
             if grown is None or grown.places != len(ends):  # ends only shrink as p grows: same count, same places
-                grown = _Expansion(self, ends, reach, min_prob)
+                grown = _Expansion(self, ends, reach, min_prob, unseen)
             draft = grown.upto(budget)
             if draft.depth > reach:  # the shorter depth bound of this longer match cuts that tree: grow it again
-                grown = _Expansion(self, ends, reach, min_prob)
+                grown = _Expansion(self, ends, reach, min_prob, unseen)
                 draft = grown.upto(budget)
             if draft.tokens and draft.score >= best.score:
                 draft.match_len = p
@@ -130,19 +151,19 @@ class _Expansion:
     when a budget asks for more. Nodes deeper than `reach` below the root, or scoring below `min_prob`, are left
     out (the first b tokens of a deeper expansion with none deeper than a smaller reach are that reach's tree)."""
 
-    def __init__(self, index: SuffixIndex, places: list[Place], reach: int, min_prob: float):
+    def __init__(self, index: SuffixIndex, places: list[Place], reach: int, min_prob: float, unseen: int = 0):
         self.index, self.reach, self.min_prob = index, reach, min_prob
         self.places = len(places)
         self.heap: list[tuple[float, int, int, list[Place], int, int]] = []  # (-D, order, token, places, depth, parent)
         self.order = 0
         self.draft = Draft()
-        self._push(places, 1, 1.0, -1)
+        self._push(places, 1, 1.0, -1, unseen)
 
-    def _push(self, members: list[Place], depth: int, prob: float, parent: int) -> None:
+    def _push(self, members: list[Place], depth: int, prob: float, parent: int, unseen: int = 0) -> None:
         if depth > self.reach:
             return
         for token, group in self.index._children(members, depth):
-            child = prob * len(group) / len(members)
+            child = prob * len(group) / (len(members) + unseen)
             if child < self.min_prob:
                 break  # the groups come most frequent first
             heapq.heappush(self.heap, (-child, self.order, token, group, depth, parent))

@@ -51,6 +51,7 @@ class Proposer:
 
     drafter_model = False  # drafts with a model of its own: the step counts its time and forwards
     advance_drafts = False  # `advance` runs a model of its own (Medusa's heads): step.py times it as drafting
+    edits_layers = False  # `around` edits the target's layers (Hidden Transfer): compiled with its edits in the graph
     accept_rule = staticmethod(accept_rule.speculative)  # the family's rule (a `-typical` twin: the method's)
 
     def __init__(self, target, guesser):
@@ -97,6 +98,11 @@ class Proposer:
         topk = guesses[: tree.depth].topk(max(tree.top_ranks, 1), dim=-1).indices  # [D, K]
         root_t = torch.tensor([root], device=topk.device)  # the rows' device (the LM head's under a device map)
         return torch.cat([root_t, tree.candidate_tokens(topk)])  # [N]
+
+    def compiled_calls(self) -> dict:
+        """name -> (module, function (module, *args) -> tensor): the small forwards of its own that a --compile run
+        compiles beside the target's step (core/model/compile_call.py: Medusa's heads); none by default."""
+        return {}
 
     def around(self, parts: list[tuple[TreeLayout, int, torch.Tensor]]):
         """A context manager around one batched target forward, given per segment (its layout, its prefix length,

@@ -1,0 +1,135 @@
+"""The compiled step of core/model/compile.py: how it compiles (`settings`, `compile_step`), and the model it runs,
+a twin of the model's module tree that carries what only the compiled graph needs, so that nothing of the model's
+own modules is replaced or added to.
+
+The twin: every module a shallow copy of the model's (sharing its parameters, buffers, config, attributes and hook
+tables; the same tensors, no second copy of any weight) with children of its own. In it:
+- every CPU nn.Linear is a linear_kernels.ChosenLinear around the model's own layer (each width bucket's kernel,
+  chosen by measurement);
+- its decoder layers take layer edits (once a run brings some: take_edits): `LAYER_EDITS` passed to the decoder
+  (core/batch/static.step's `edits`) reaches each layer's call, and the twin's layer copy (an instance of its
+  class's edited subclass; the model's own layers keep their class) replaces the rows it names before the layer's
+  own forward runs:
+  for (layer, slots [P], sources [P], weight [H, H]), rows `slots` of the hidden states entering that layer, flattened
+  to [S * w, H], become weight @ (rows `sources`). This is Hidden Transfer's transfer step
+  (methods/hidden_transfer/layers.py) as data inside the graph, where the eager forward hooks the model's layer.
+The model's eager forwards (the prefill, an eager step, the lossless reference) run the model itself, untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import types
+
+import torch
+
+from ..batch.decoder import decoder_layers
+from ..batch.static import LAYER_EDITS, step  # the decoder keyword carrying the edits of one forward to its layers
+from .linear_kernels import ChosenLinear, linears
+
+CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on CPU (faster compile, slower calls)
+
+
+def apply_edits(index: int, hidden: torch.Tensor, edits) -> torch.Tensor:
+    """Hidden states [S, w, H] entering decoder layer `index`, with the rows of the edits at that layer replaced."""
+    flat = hidden.reshape(-1, hidden.shape[-1])  # [S * w, H]
+    changed = False
+    for layer, slots, sources, weight in edits:
+        if layer != index:
+            continue
+        src = flat[sources]  # [P, H]
+        flat = flat.index_copy(0, slots, (src @ weight.to(src.device, src.dtype).T).to(hidden.dtype))
+        changed = True
+    return flat.view_as(hidden) if changed else hidden
+
+
+def padded(edits: tuple) -> tuple:
+    """The edits with each one's rows padded to a power of two by repeating its first row (written twice with the
+    same value: the result is the same), so that the edits of a batch's many tree states share a few graphs."""
+    out = []
+    for layer, slots, sources, weight in edits:
+        extra = (1 << max(0, (slots.shape[0] - 1).bit_length())) - slots.shape[0]
+        if extra:
+            slots = torch.cat([slots, slots[:1].expand(extra)])
+            sources = torch.cat([sources, sources[:1].expand(extra)])
+        out.append((layer, slots, sources, weight))
+    return tuple(out)
+
+
+_EDITED: dict[type, type] = {}  # a decoder layer class -> its subclass that takes layer edits
+
+
+def _edited_class(base: type) -> type:
+    """`base` (a decoder layer class) with a forward that takes LAYER_EDITS: the rows it names are replaced in the
+    hidden states entering the layer (apply_edits at the layer's own `edit_index`), then base's forward runs."""
+    if base not in _EDITED:
+        def forward(self, *args, **kwargs):
+            edits = kwargs.pop(LAYER_EDITS, None)  # (every layer's own call: the keyword stops here)
+            if edits:
+                if args:
+                    args = (apply_edits(self.edit_index, args[0], edits), *args[1:])
+                else:
+                    kwargs["hidden_states"] = apply_edits(self.edit_index, kwargs["hidden_states"], edits)
+            return base.forward(self, *args, **kwargs)
+
+        _EDITED[base] = type(f"Edited{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
+    return _EDITED[base]
+
+
+def take_edits(graph: torch.nn.Module) -> None:
+    """Let the graph model's decoder layers take layer edits: each of the twin's own layer copies becomes an instance
+    of its class's edited subclass (_edited_class), knowing its index. A forward without edits runs as before."""
+    for index, layer in enumerate(decoder_layers(graph)):
+        if type(layer) not in _EDITED.values():
+            layer.__class__ = _edited_class(type(layer))
+        layer.edit_index = index
+
+
+def graph_model(model: torch.nn.Module, choice: dict[int, str] | None = None) -> torch.nn.Module:
+    """The twin of `model` (module docstring): its CPU linear layers through `choice` (bucket -> kernel; None: their
+    own forward); its decoder layers take layer edits once take_edits has run."""
+    wrapped = {id(m) for m in linears(model)} if choice else set()
+
+    def twin(module: torch.nn.Module) -> torch.nn.Module:
+        if id(module) in wrapped:
+            return ChosenLinear(module, choice)
+        copied = copy.copy(module)  # __dict__ shallow: the same parameter and buffer dicts, config, attributes
+        copied.__dict__["_modules"] = {name: None if child is None else twin(child)
+                                       for name, child in module._modules.items()}
+        return copied
+
+    return twin(model)
+
+
+def settings(device: torch.device) -> dict:
+    """How the step compiles on this device (run.yaml's compile block reports it): CUDA graphs on CUDA (gpt-fast's
+    "reduce-overhead"), inductor's C++ kernels elsewhere, called from a C++ wrapper (`cpp_wrapper`: the per-kernel
+    Python calls of a many-layer forward are a visible share of a CPU decode step, benchmarks/RESULTS-cpu.md; it
+    costs a slower first compile, and later runs read inductor's cache;
+    $SPECBENCH_COMPILE_CPP_WRAPPER=0 leaves it out). Shapes are static (dynamic=False): one graph per bucket, never a symbolic one."""
+    cuda = device.type == "cuda"
+    wrapper = not cuda and os.environ.get(CPP_WRAPPER, "1").strip() != "0"
+    return {"backend": "inductor", "mode": "reduce-overhead" if cuda else "default", "dynamic": False,
+            "fullgraph": True, "cpp_wrapper": wrapper, "guards": "module attributes skipped"}
+
+
+def compile_step(device: torch.device, name: str):
+    """torch.compile of a copy of `step` of this state's own (its own code object: dynamo keeps a function's compiled
+    graphs on its code object, so the target's and the drafter's graphs would share one list, every call checking
+    both). Guards on nn.Module attributes are skipped (torch.compiler.skip_guard_on_all_nn_modules_unsafe): with one
+    model's weights and buffers as graph inputs dynamo's guard check grows with the layers and costs a share of
+    every call (benchmarks/RESULTS-cpu.md), and
+    nothing here changes a module's attributes between calls (no hook measures the model: the engines time the
+    call from outside, core/machine/forward_clock.py; the twin's layers take edits before a run compiles anything
+    that brings some: compile.Compiled.take_edits); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
+    inputs read from the model at every call, never baked into a graph."""
+    said = settings(device)
+    options = dict(torch._inductor.list_mode_options(said["mode"]))  # reduce-overhead: {"triton.cudagraphs": True}
+    options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    if said["cpp_wrapper"]:
+        options["cpp_wrapper"] = True
+    code = step.__code__.replace(co_name=f"step_{name}")
+    own = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
+    return torch.compile(own, backend=said["backend"], dynamic=said["dynamic"], fullgraph=said["fullgraph"],
+                         options=options)
