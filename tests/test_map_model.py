@@ -7,20 +7,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from specbench.core.profile_file import BatchCurve, LatencyProfile, load_profile
+from specbench.core.profile_file import load_profile
 from specbench.planning.batch_prediction import (batch_ms, chain_rates, expected_max_steps, latency_at_rows,
                                                  simulate_batch)
 from specbench.planning.spot_profile import grid_widths, measure_on_the_spot, widths_to_measure
 from specbench.report import map_table
 
-
-def _profile() -> LatencyProfile:
-    """L(1, w) = 10 + w ms, L(2, w) = 12 + 2w, L(4, w) = 16 + 4w (widths 1-8, one KV length)."""
-    widths = [1, 2, 4, 8]
-    curve = lambda a, b: {128: {"median_ms": [a + b * w for w in widths], "p10_ms": [0.0] * 4,  # noqa: E731
-                                "p90_ms": [0.0] * 4}}
-    return LatencyProfile("m", "float32", "cpu-test", "measured", widths, curve(10, 1),
-                          batches={2: BatchCurve(widths, curve(12, 2)), 4: BatchCurve(widths, curve(16, 4))})
+from .test_map import _profile  # L(1, w) = 10 + w ms, L(2, w) = 12 + 2w, L(4, w) = 16 + 4w
 
 
 def test_chain_rates_give_back_the_runs_tau():

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from specbench.cli import app
 from specbench.core.synthetic import PerMethodAcceptance, read_stated, stated_for
 from specbench.errors import SpecbenchError
 from specbench.report import synthetic_prediction
+
+from .test_synthetic_acceptance import _run  # a `run --synthetic-acceptance` of random:tiny, 3 prompts
 
 PER_RANK = [[0.8, 0.1], [0.6, 0.1], [0.4, 0.1]]
 
@@ -26,15 +26,6 @@ def _folder(tmp_path, *families):
             "method": family, "per_rank": rows, "published": {"measured": {"speedup": 2.0 + i / 10, "gpu": "A100"}}}))
     (folder / "README.md").write_text("not an acceptance file")
     return folder
-
-
-def _run(tmp_path, prompts_file, given, *methods):
-    out = tmp_path / "run"
-    args = ["run", "--model", "random:tiny", "--max-new-tokens", "40", "--warmup", "0", "--dataset",
-            str(prompts_file), "--limit", "3", "--out", str(out), "--synthetic-acceptance", given]
-    for m in methods:
-        args += ["-m", m]
-    return out, CliRunner().invoke(app, args)
 
 
 def test_a_folder_states_each_methods_own_acceptance(tmp_path):
