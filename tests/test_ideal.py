@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from specbench.cli import app
-from specbench.core.machine import ideal, peak
+from specbench.core.machine import contention, ideal, peak
 from specbench.core.machine.bandwidth import Bandwidth
 from specbench.errors import SpecbenchError
 from specbench.planning.profile import load_profile
@@ -59,6 +59,7 @@ def test_the_larger_bound_sets_the_ideal(tiny):
 def test_peak_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     monkeypatch.delenv(peak.ENV, raising=False)  # (conftest gives profiles a peak: here it is measured)
+    monkeypatch.setattr(contention, "disturbed", lambda reading: False)  # quiet, whatever else the suite runs
     calls = []
     real = peak.measure
 

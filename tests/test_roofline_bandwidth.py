@@ -7,6 +7,7 @@ import torch
 import yaml
 
 from specbench.core.machine import bandwidth as bw
+from specbench.core.machine import contention
 
 
 def test_rates_count_a_copy_twice_and_take_the_best():
@@ -25,6 +26,7 @@ def test_cpu_buffer_misses_the_cache_and_fits_memory():
 def test_measured_once_then_read_from_the_cache_per_hardware_key(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     monkeypatch.delenv(bw.ENV, raising=False)  # (conftest gives runs a bandwidth: here it is measured)
+    monkeypatch.setattr(contention, "disturbed", lambda reading: False)  # quiet, whatever else the suite runs
     small = 8 * bw.MiB  # the arithmetic and the cache, not a real measurement
     calls = []
 
@@ -51,6 +53,20 @@ def test_measured_once_then_read_from_the_cache_per_hardware_key(tmp_path, monke
     # a torn cache file is measured again, not an error
     path.write_text("gb_s: [")
     assert bw.bandwidth(torch.device("cpu")).source == "measured now" and len(calls) == 3
+
+
+def test_a_bandwidth_measured_beside_other_work_is_used_once_never_cached(tmp_path, monkeypatch):
+    """A measurement beside other work (a busy machine reads a low bandwidth) serves the run that took it and is not
+    filed: the next run measures again instead of reading the low figure as this machine's."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv(bw.ENV, raising=False)
+    monkeypatch.setattr(contention, "disturbed", lambda reading: True)
+    real = bw.measure
+    monkeypatch.setattr(bw, "measure", lambda device, hardware: real(device, hardware, 2, 8 * bw.MiB))
+    first = bw.bandwidth(torch.device("cpu"))
+    assert first.gb_s > 0 and "not cached" in first.source and "other work" in first.source
+    assert not bw.cache_file(first.hardware).exists()
+    assert "not cached" in bw.bandwidth(torch.device("cpu")).source  # measured again, not read back
 
 
 def test_a_given_bandwidth_is_taken_and_a_bad_one_refused(monkeypatch):

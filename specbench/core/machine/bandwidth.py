@@ -21,13 +21,14 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import yaml
 
 from .. import store
+from . import contention
 from .memory import available_bytes
 from .given_rate import positive_rate
 
@@ -152,7 +153,8 @@ def write_cached(bw: Bandwidth) -> Path:
 
 
 def bandwidth(device: torch.device, remeasure: bool = False) -> Bandwidth:
-    """This device's memory bandwidth: the cached measurement of its hardware key, else measured now and cached."""
+    """This device's memory bandwidth: the cached measurement of its hardware key, else measured now and cached
+    (cached only when nothing else ran beside the measurement)."""
     from .hardware import hardware_slug
 
     device = torch.device(device)
@@ -164,7 +166,9 @@ def bandwidth(device: torch.device, remeasure: bool = False) -> Bandwidth:
         cached = read_cached(hardware, device.type, torch.get_num_threads())
         if cached is not None:
             return cached
-    found = measure(device, hardware)
+    found, reading = contention.beside(lambda: measure(device, hardware))
+    if contention.disturbed(reading):  # other work shared the memory bus: a low figure, fine for now, not for later
+        return replace(found, source=contention.not_cached_note(reading))
     write_cached(found)
     return found
 

@@ -1,6 +1,7 @@
 """What else the machine did during a timed stretch (Linux /proc): other processes' CPU time in cores' worth
 (machine-wide busy time minus this process's own), the hypervisor's steal, the load average. The runner's noise
-guard (run/noise.py) and `specbench profile` both read it.
+guard (run/noise.py), `specbench profile` and the rates measured once per machine (bandwidth.py, peak.py: `beside`)
+read it.
 
 A sharded run (`run --shards N`) runs its shards side by side on purpose, each on the cores Ray gave it: their CPU
 time is part of the run's plan, not a disturbance. Each of its processes files its pid in RUN/shards/ (watching_run);
@@ -112,3 +113,17 @@ def between(before: Snapshot, after: Snapshot) -> dict:
 def disturbed(reading: dict) -> bool:
     """Whether one stretch ran beside more than FOREIGN_CPU_LIMIT cores of other work or STEAL_LIMIT steal."""
     return (reading.get("foreign_cpu") or 0) > FOREIGN_CPU_LIMIT or (reading.get("steal") or 0) > STEAL_LIMIT
+
+
+def beside(fn):
+    """(fn(), the reading of what else ran meanwhile): for a rate measured once per machine and cached, which must not
+    be cached from a measurement beside other work (it would stand for this machine in every later run)."""
+    before = snapshot()
+    out = fn()
+    return out, between(before, snapshot())
+
+
+def not_cached_note(reading: dict) -> str:
+    """The source line of a rate measured beside other work: used this once, never cached."""
+    return (f"measured now beside {reading.get('foreign_cpu', math.nan):.2f} cores of other work (steal "
+            f"{reading.get('steal', math.nan):.0%}): used this once, not cached")
