@@ -150,6 +150,26 @@ def test_verdict_names_methods_not_fully_compiled():
     assert compile_line(summary.assign(eager_forwards=float("nan"))) is None  # a run without --compile
 
 
+def test_a_methods_own_drafter_compiles_with_the_target(tiny):
+    """sd's trained drafter artefact, loaded by the method itself when the run names no --drafter, gets a compile
+    state of its own (its drafts then run compiled and are counted there); PEARL's drafter, which decodes over its
+    own caches, gets none."""
+    from specbench.methods import get_method
+    from specbench.methods.sd.drafter import layer_drafter
+
+    own = layer_drafter(tiny, [0])
+    sd = get_method("sd")(tiny, {"gamma": 2}, own)
+    pearl = get_method("pearl")(tiny, {"gamma": 2}, layer_drafter(tiny, [1]))
+    runner = types.SimpleNamespace(target=tiny, methods={"sd": sd, "pearl": pearl})
+    try:
+        states = compile_run.enable_run(types.SimpleNamespace(max_new_tokens=8), runner, [], None)
+        assert set(states) == {"target", "sd drafter"} and cc.state_of(own.model) is states["sd drafter"]
+        assert states["sd drafter"].chain == [1, 2, 4]  # sd's gamma + 1 = 3 at bucket 4
+    finally:
+        cc.disable(tiny.model)
+        cc.disable(own.model)
+
+
 def test_enable_run_sizes_the_cache_from_the_widest_declared_forward(tiny):
     """A tree method's every state width is declared on the target, and the cache holds the widest beside the
     longest context (no prompts here: the new tokens and the widest forward)."""

@@ -106,9 +106,12 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
     states = {"target": enable(runner.target.model, capacity)}
     if drafter is not None and hasattr(drafter.model, "config"):
         states["drafter"] = enable(drafter.model, capacity)
-    for m in methods:  # a tree method's own drafter module (EAGLE's, ParallelSpec's) drafts through its engine too
-        module = feature_drafter(m)
-        if module is not None and state_of(module) is None:
+    for m in methods:  # a method's own drafter drafts through its engine too: EAGLE's and ParallelSpec's feature
+        # drafter module, sd's trained drafter artefact when the run gives no --drafter (PEARL's never reaches an engine)
+        own = getattr(m, "drafter", None)
+        module = feature_drafter(m) or (own.model if own is not None and getattr(m, "static_engine", True) and
+                                        hasattr(own.model, "config") else None)
+        if module is not None and module is not runner.target.model and state_of(module) is None:
             states[f"{m.name} drafter"] = enable(module, capacity)
             _FEATURE_STATES.append(weakref.ref(states[f"{m.name} drafter"]))
     for chain in chains.values():
