@@ -32,7 +32,7 @@ from ..batch.cache import sliding_windows
 from ..batch.static import StaticKV, step
 from ..model.placement import input_device
 from . import compile_graph, compile_wait, grouped_attention, linear_kernels
-from .compile_graph import CPP_WRAPPER, compile_step, settings  # noqa: F401 (tests and callers read them here)
+from .compile_graph import CPP_WRAPPER, compile_step, settings, sync as _sync  # noqa: F401 (tests and callers read them here)
 from .compile_wait import CACHED_FILES, inductor_cache, say_start as _say_start  # noqa: F401 (tests read them here)
 from .compile_widths import declared_tree_widths, declared_varying_width, declared_width  # noqa: F401 (callers')
 
@@ -372,9 +372,3 @@ def state_of(model) -> Compiled | None:
 
 def _round(n: int) -> int:
     return max(ROUND, -(-n // ROUND) * ROUND)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-

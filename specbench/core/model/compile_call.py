@@ -12,14 +12,13 @@ target's, so summary.csv's compiled / eager forward counts and run.yaml's `compi
 from __future__ import annotations
 
 import time
-import types
 import warnings
 import weakref
 
 import torch
 
 from . import compile_wait
-from .compile_graph import settings
+from .compile_graph import compile_function, settings, sync as _sync
 
 # module -> its CompiledCall (kept beside the module, never on it)
 _CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -37,15 +36,12 @@ class CompiledCall:
         self.function = function  # (module, *args) -> tensor: the eager path, and what is compiled
         self.name, self.device = name, torch.device(device)
         self.settings = settings(self.device)
-        options = dict(torch._inductor.list_mode_options(self.settings["mode"]))
-        if self.settings["cpp_wrapper"]:
-            options["cpp_wrapper"] = True
         # its own code object: dynamo keeps compiled graphs per code object, and two modules' graphs must not mix
         label = "".join(c if c.isalnum() else "_" for c in name)
-        code = function.__code__.replace(co_name=f"{function.__name__}_{label}_{id(module):x}")
-        own = types.FunctionType(code, function.__globals__, code.co_name, function.__defaults__, function.__closure__)
-        self.fn = torch.compile(own, backend=self.settings["backend"], dynamic=False, fullgraph=True, options=options)
+        self.fn = compile_function(self.device, function, f"{function.__name__}_{label}_{id(module):x}",
+                                   module_guards=True)
         self.shapes: dict[tuple, float] = {}  # input shapes -> seconds of the first call
+        self.read_back: dict[tuple, bool] = {}  # input shapes -> inductor's cache served the first call
         self.frozen = False
         self.compiled_steps = 0  # calls run compiled after warm-up
         self.eager_steps = 0  # calls run eagerly after warm-up (a shape warm-up never met)
@@ -75,7 +71,7 @@ class CompiledCall:
         first = key not in self.shapes
         if first:
             _sync(self.device)
-            t0 = time.perf_counter()
+            t0, hits = time.perf_counter(), compile_wait.cache_hits()
         if self.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()
         with warnings.catch_warnings():  # torch's compiler stack warns of its own deprecated internals
@@ -85,6 +81,7 @@ class CompiledCall:
         if first:
             _sync(self.device)
             self.shapes[key] = time.perf_counter() - t0
+            self.read_back[key] = compile_wait.cache_hits() > hits
             self.done += 1
             from ...progress import console
 
@@ -100,7 +97,8 @@ class CompiledCall:
         """Freeze: the shapes warm-up met are compiled; nothing compiles from here on."""
         self.frozen = True
         if self.shapes and hasattr(self.fn, "_torchdynamo_orig_callable"):
-            compile_wait.remember(self.device, list(self.shapes.values()), self.model)
+            compile_wait.remember(self.device, [(s, self.read_back.get(k, False)) for k, s in self.shapes.items()],
+                                  self.model)
 
     def report(self) -> dict:
         """Its part of run.yaml's `compile:` block."""
@@ -123,8 +121,3 @@ def disable(module: torch.nn.Module) -> None:
 
 def call_of(module: torch.nn.Module) -> CompiledCall | None:
     return _CALLS.get(module)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -114,22 +114,35 @@ def settings(device: torch.device) -> dict:
             "fullgraph": True, "cpp_wrapper": wrapper, "guards": "module attributes skipped"}
 
 
-def compile_step(device: torch.device, name: str):
-    """torch.compile of a copy of `step` of this state's own (its own code object: dynamo keeps a function's compiled
-    graphs on its code object, so the target's and the drafter's graphs would share one list, every call checking
-    both). Guards on nn.Module attributes are skipped (torch.compiler.skip_guard_on_all_nn_modules_unsafe): with one
-    model's weights and buffers as graph inputs dynamo's guard check grows with the layers and costs a share of
-    every call (benchmarks/RESULTS-cpu.md), and
-    nothing here changes a module's attributes between calls (no hook measures the model: the engines time the
-    call from outside, core/machine/forward_clock.py; the twin's layers take edits before a run compiles anything
-    that brings some: compile.Compiled.take_edits); the step's own arguments (inputs, cache tensors, flags) stay guarded, and the weights are graph
-    inputs read from the model at every call, never baked into a graph."""
+def compile_function(device: torch.device, function, name: str, module_guards: bool = False):
+    """torch.compile of a copy of `function` of its own (its own code object, named `name`: dynamo keeps a function's
+    compiled graphs on its code object, so two models' graphs would otherwise share one list, every call checking
+    both), at this device's settings. Without `module_guards`, guards on nn.Module attributes are skipped
+    (torch.compiler.skip_guard_on_all_nn_modules_unsafe): with one model's weights and buffers as graph inputs
+    dynamo's guard check grows with the layers and costs a share of every call, and nothing here changes a module's
+    attributes between calls."""
     said = settings(device)
     options = dict(torch._inductor.list_mode_options(said["mode"]))  # reduce-overhead: {"triton.cudagraphs": True}
-    options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
+    if not module_guards:
+        options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     if said["cpp_wrapper"]:
         options["cpp_wrapper"] = True
-    code = step.__code__.replace(co_name=f"step_{name}")
-    own = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
+    code = function.__code__.replace(co_name=name)
+    own = types.FunctionType(code, function.__globals__, code.co_name, function.__defaults__, function.__closure__)
     return torch.compile(own, backend=said["backend"], dynamic=said["dynamic"], fullgraph=said["fullgraph"],
                          options=options)
+
+
+def compile_step(device: torch.device, name: str):
+    """The static step compiled for one model (compile_function, module guards skipped): no hook measures the model
+    (the engines time the call from outside, core/machine/forward_clock.py), the twin's layers take edits before a
+    run compiles anything that brings some (compile.Compiled.take_edits); the step's own arguments (inputs, cache
+    tensors, flags) stay guarded, and the weights are graph inputs read from the model at every call, never baked
+    into a graph."""
+    return compile_function(device, step, f"step_{name}")
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a compile's first call is timed to its end); nothing to wait for on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
