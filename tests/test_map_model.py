@@ -82,11 +82,11 @@ def test_on_the_spot_profile_on_a_tiny_model(tiny, tmp_path):
 
 def _batch_records(per_position: str | None) -> pd.DataFrame:
     """ar and pld at B = 1 (one prompt each) and B = 2 (one batch of two): 30 decode tokens per sample; pld accepts
-    one draft on half its 20 steps."""
+    one draft on half its 20 steps. A batch's 0.05 s prefill is shared out among its rows, as records hold it."""
     base = dict(dataset="gsm8k", prompt_tokens=100, new_tokens=31, draft_s=0.0, prefill_tokens=1)
     rows = []
     for size, wall in ((1, 0.5), (2, 0.6)):
-        extra = dict(batching="unpadded", batch_id=f"{size}-0-0", batch_wall_s=wall, prefill_s=0.05) \
+        extra = dict(batching="unpadded", batch_id=f"{size}-0-0", batch_wall_s=wall, prefill_s=0.05 / size) \
             if size > 1 else dict(batching="-", latency_s=wall, ttft_s=0.05)
         for _ in range(size):
             rows.append(dict(base, method="ar", batch_size=size, target_forwards=31, target_tokens=130, **extra))
@@ -139,7 +139,7 @@ def _sd_records() -> pd.DataFrame:
     """sd at B = 2 (one batch of two): 20 decode steps, one draft a step, the batch's drafting shared out unequally
     between its rows (0.03 s and 0.01 s: 2 ms a step in all)."""
     base = dict(dataset="gsm8k", prompt_tokens=100, new_tokens=31, prefill_tokens=1, batching="unpadded",
-                batch_id="2-0-0", batch_wall_s=0.6, prefill_s=0.05, target_forwards=21, target_tokens=140,
+                batch_id="2-0-0", batch_wall_s=0.6, prefill_s=0.025, target_forwards=21, target_tokens=140,
                 draft_forwards=21, accepted_per_position="10/20")
     rows = [dict(base, method="sd", batch_size=2, draft_s=s) for s in (0.03, 0.01)]
     rows += [dict(base, method="sd", batch_size=1, batching="-", batch_id=None, draft_s=0.02, latency_s=0.5,
@@ -151,6 +151,10 @@ def test_map_table_sums_a_batchs_drafting_and_prices_the_drafter_on_the_spot():
     frame = map_table.table(_sd_records(), None, {}, _profile())
     sd2 = frame[frame.batch_size == 2].iloc[0]
     assert sd2.draft_ms_per_step == pytest.approx(2.0)  # both rows' shares, not one
+    assert sd2.step_ms_measured == pytest.approx(1000 * (0.6 - 0.05) / 20)  # the whole prefill out, not one share
+    unequal = _sd_records().assign(prefill_s=[0.04, 0.01, 0.0])  # shares by new tokens need not be equal
+    again = map_table.table(unequal, None, {}, _profile())
+    assert again[again.batch_size == 2].step_ms_measured.iloc[0] == pytest.approx(sd2.step_ms_measured)
     assert sd2.draft_priced == "measured" and sd2.draft_ms_predicted == pytest.approx(2.0)
     assert sd2.draft_forwards_per_step == pytest.approx(1.0)
     priced = map_table.table(_sd_records(), None, {}, _profile(), drafter=_profile())

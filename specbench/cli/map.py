@@ -191,7 +191,7 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) 
     console.print(f"Measuring L(B, w) at B = {', '.join(map(str, sizes))} for the prediction (widths up to "
                   f"{widths[-1]}, KV {', '.join(map(str, kv_lengths))}) ...")
     with stated_workload(profile_workload(widths, kv_lengths, repeats, sizes)):
-        target = load_model(cfg.model, cfg.dtype, cfg.device)
+        target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True)  # the run's dtype
     room = target.context_length - repeats - widths[-1] - 1  # the longest KV a width-32 forward can sit on
     kv_lengths = sorted({min(kv, room) for kv in kv_lengths})
     result = measure(target, widths, kv_lengths, repeats, batch_sizes=sizes)
@@ -234,7 +234,7 @@ def _step_profile(cfg, run_dir: Path) -> None:
         torch.set_num_threads(cfg.threads)
     flat = sorted({w for ws in widths.values() for w in ws})
     with stated_workload(profile_workload(flat, kvs, repeats + 4, sorted(widths))):
-        target = load_model(cfg.model, cfg.dtype, cfg.device)
+        target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True)  # as the run loads it
     result = measure_on_the_spot(target, widths, kvs, repeats=repeats)
     path.write_text(result.to_yaml())
     drafter = _run_drafter(cfg, target)

@@ -113,11 +113,12 @@ def _step_numbers(g: pd.DataFrame, size: int) -> dict:
         draft_s, drafted_steps = float(num("draft_s").sum()), n_steps
         decode_s = float((num("latency_s" if "latency_s" in g else "wall_s") - num("ttft_s")).sum())
         out["measured_tok_s"] = float((num("new_tokens") - 1).clip(lower=0).sum()) / decode_s if decode_s > 0 else math.nan
-    else:  # wall time is per batch, repeated on each sample's row; drafting is shared out among the rows
+    else:  # wall time is per batch, repeated on each sample's row; drafting and the prefill-only time are shared
+        # out among the rows (each row holds its share: the batch's is their sum)
         batches = g.groupby("batch_id", dropna=False)
         draft_s = float(num("draft_s").sum())
         drafted_steps = float((batches.target_forwards.max() - 1).clip(lower=1).sum())
-        decode_s = float((batches.batch_wall_s.first() - batches.prefill_s.first().fillna(0)).sum())
+        decode_s = float(batches.batch_wall_s.first().sum()) - float(num("prefill_s").sum())
         decoded = float((num("new_tokens") - num("prefill_tokens")).sum())
         out["measured_tok_s"] = decoded / decode_s if decode_s > 0 else math.nan
     out["draft_ms_per_step"] = 1000.0 * draft_s / drafted_steps if drafted_steps else 0.0
