@@ -26,6 +26,7 @@ from specbench.planning.batch_choice import batch_view, is_compiled
 from specbench.planning.batch_profile_compiled import compiled_profile_workload
 from specbench.planning.profile import save
 from specbench.planning.profile_compiled import measure_compiled
+from specbench.report.runinfo import data_file_lines
 
 from .test_auto_tree import write_acceptance
 from .test_batch_choice import FLAT, HW, WIDTHS, make, plan, steep
@@ -54,7 +55,7 @@ def test_compiled_profile_has_the_batch_axis_on_the_static_batched_engine(here, 
     assert batched == {(w, cap) for w in (1, 2) for cap in capacities.values()}  # every [2, w] compiled per cache
     assert meta["compile"]["eager_steps"] == 0 and cc.state_of(tiny.model) is None
     said = " ".join(capsys.readouterr().err.split())
-    assert "about 10 shape(s) to compile (5 widths at batch sizes 1, 2 x 2 cache sizes" in said  # the wait first
+    assert "about 10 shape(s) to compile (3 widths at batch 1, 2 at batch size 2; x 2 cache sizes" in said  # the wait first
     # the compile lines (every shape) all come before the first timed round's progress
     assert said.rindex("[10/10]") < said.index("profiling (compiled)")
     path = save(profile)
@@ -128,6 +129,10 @@ def test_a_compiled_batched_run_chooses_from_the_compiled_curve(here, tiny):
     assert eager and lookup.EAGER_FOR_COMPILED in eager[0]["flags"]
     assert any("batch size 2's choices" in u for u in eager[0]["used_for"])
     assert not any("batch size 4" in u for u in eager[0]["used_for"])
+    lines = data_file_lines(lookup.record())  # report.md's settings: the profile each batch size's choices read
+    assert any("@compiled.yaml" in line and "batch size 4's choices (compiled L(B, w))" in line for line in lines)
+    assert any("tiny-float32.yaml" in line and lookup.EAGER_FOR_COMPILED in line and "batch size 2's choices" in line
+               for line in lines)
     lookup.compiled_run(False)  # an eager run reads the eager L(4, w)
     view, _ = batch_view(tiny, 4)
     assert not is_compiled(view) and view.latency_ms(8, 512) == FLAT[3]

@@ -31,7 +31,7 @@ def batch_caches(state, capacities: list[int], sizes: list[int]) -> dict[tuple[i
     return {(b, cap): StaticKV(cap, state.windows, batch=b) for b in sizes for cap in capacities}
 
 
-def _engine(model, state, cache: StaticKV, size: int) -> StaticBatch:
+def _static_batch(model, state, cache: StaticKV, size: int) -> StaticBatch:
     """The static batch of `size` slots over `cache` (the compile state's batch cache of that size from now on)."""
     state.batch_kv[size] = cache
     return StaticBatch(model, state, size)
@@ -41,7 +41,7 @@ def compile_shapes(model, state, cache: StaticKV, size: int, widths: list[int]) 
     """Compile [size, w] for every width over `cache` (one forward each on a short prefill; nothing timed): each
     width its own bucket, so the curve holds no padding."""
     state.batch_buckets[size] = {TOKENS: list(widths)}
-    batch = _engine(model, state, cache, size)
+    batch = _static_batch(model, state, cache, size)
     prompt = [1] * max(1, min(16, cache.capacity - widths[-1] - 1))
     for slot in range(size):
         batch.forward([Segment(slot, prompt, keep=1)], [])
@@ -58,7 +58,7 @@ def time_shapes(model, state, cache: StaticKV, size: int, widths: list[int], kv:
     """The median (p10, p90) ms of [size, w] forwards for every width, every slot on kv random tokens of its own
     (prefilled eagerly, a slot at a time, as a run's newcomers join): widths round-robin, alternating direction,
     each round one token deeper in every slot (as batch 1's compiled curve). advance(text): once a round."""
-    batch = _engine(model, state, cache, size)
+    batch = _static_batch(model, state, cache, size)
     for slot in range(size):
         batch.forward([Segment(slot, torch.randint(0, vocab, (kv,), generator=gen).tolist(), keep=1)], [])
     rows = {w: [torch.randint(0, vocab, (w,), generator=gen).tolist() for _ in range(size)] for w in widths}

@@ -58,9 +58,9 @@ def measure_compiled(target: LoadedModel, widths, kv_lengths, repeats: int = 7, 
     rows_caches = batched_profile.batch_caches(state, list(caches), batched)
     per_cache = len(widths) + sum(len(w) for w in row_widths.values())
     state.expected = len(caches) * per_cache
-    at_sizes = f" at batch sizes 1, {', '.join(map(str, batched))}" if batched else ""
-    compile_wait.say_expected("profile", device, state.expected, f" ({per_cache} widths{at_sizes} x {len(caches)} "
-                              "cache sizes, one per KV length)", before="the first timed forward",
+    at_sizes = "".join(f", {len(row_widths[b])} at batch size {b}" for b in batched)
+    compile_wait.say_expected("profile", device, state.expected, f" ({len(widths)} widths at batch 1{at_sizes}; x "
+                              f"{len(caches)} cache sizes, one per KV length)", before="the first timed forward",
                               model=model)
     gen = torch.Generator().manual_seed(0)
     vocab = min(target.vocab_size, 32000)
