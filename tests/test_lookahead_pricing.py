@@ -1,10 +1,8 @@
 """Lookahead decoding priced by its shapes, not as a chain: `plan` and `recommend` read the measured grid of (W, N,
 G) shapes in its acceptance file (tokens per step over L(mean forward width) / L(1)); the stated model's accuracy is
-fitted to that grid; the shipped file for the embedded model loads."""
+fitted to that grid."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -13,7 +11,6 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.core.profile_file import LatencyProfile
 from specbench.errors import SpecbenchError
-from specbench.methods.lookahead import shapes as measured_shapes
 from specbench.methods.lookahead import sizing
 from specbench.planning import shape_pricing
 from specbench.planning.chain_plan import plan_chain
@@ -113,19 +110,3 @@ def test_the_stated_accuracy_is_fitted_to_the_measured_grid():
     assert best.tokens_per_step == pytest.approx(sizing.stated_tokens_per_step(5, best.guesses, 0.2))
     assert "an assumed guess accuracy 0.08" in sizing.choose(costs, None, 5, None)[1]
 
-
-def test_the_shipped_lookahead_file_loads_and_prices():
-    """acceptance/smollm2-135m/lookahead.yaml: measured on the validation prompts the other methods' files use, its
-    grid read by the method's sizing and priced by plan on a profile."""
-    from specbench.core import lookup, store
-
-    found = lookup.find(lookup.ACCEPTANCE, store.acceptance_file("smollm2-135m", "lookahead"))
-    assert found is not None
-    fields = yaml.safe_load(found.path.read_text())
-    assert fields["method"] == "lookahead" and fields["data"] == "alpaca-eval" and fields["dtype"] == "float32"
-    rows, said = measured_shapes.filed(SimpleNamespace(spec="smollm2-135m"))
-    assert len(rows) == len(measured_shapes.GRID) and "lookahead.yaml" in said
-    assert all(r["tokens_per_step"] >= 1 and r["mean_width"] >= (r["ngram"] - 1) * r["window"] for r in rows)
-    plan = plan_chain("lookahead", found.path, fields, profile(), 512)
-    assert plan.label.startswith("W ") and plan.speedup > 0
-    assert 0 < shape_pricing.fitted_accuracy(rows) < 1
