@@ -176,14 +176,18 @@ def test_embedded_model_compiled_tokens_equal_eager():
 
 def test_profile_compiled_files_its_own_curve(own_tiny):
     """profile --compile: every width a compiled shape, filed apart from the eager curve (placement `compiled`),
-    the compile seconds in its meta; the model is left without a compile state."""
+    the compile seconds in its meta, a batch size's L(B, w) compiled too; the model is left without a compile
+    state."""
     from specbench.core import store
     from specbench.planning.profile_compiled import measure_compiled
 
-    profile = measure_compiled(own_tiny, [1], [16], repeats=2, warmup=1)
+    profile = measure_compiled(own_tiny, [1], [16], repeats=2, warmup=1, batch_sizes=[1, 2], batch_widths=[1])
     assert list(profile.curves) == [16] and profile.curves[16]["median_ms"][0] > 0
     assert profile.meta["placement"] == "compiled"
-    assert [s["width"] for s in profile.meta["compile"]["shapes"]] == [1]
+    assert [(s.get("batch", 1), s["width"]) for s in profile.meta["compile"]["shapes"]] == [(1, 1), (2, 1)]
+    # batch size 2 on the static batched engine, compiled for real (no forward fell back to eager)
+    assert profile.batch_sizes == [1, 2] and profile.batches[2].curves[16]["median_ms"][0] > 0
+    assert profile.meta["compile"]["eager_steps"] == 0
     from specbench.core.machine.ideal import stated
 
     assert stated(profile.meta)[16]["measured_over_ideal"][0] > 0  # the hardware's ideal beside the compiled curve

@@ -42,8 +42,9 @@ def profile(
                         "with a device map or --tp <model>-<dtype>@<placement>.yaml; in the working directory, or "
                         "the user cache inside a specbench checkout", help="Profile YAML.")] = None,
     compile: Annotated[bool, typer.Option("--compile", help="Time the forwards `run --compile` runs: each width a "
-                       "compiled static shape (CUDA graphs on CUDA); batch 1 only; filed as "
-                       "<model>-<dtype>@compiled.yaml.")] = False,
+                       "compiled static shape (CUDA graphs on CUDA), with --batch-size each B on the static batched "
+                       "engine of `run --compile --batch-size B`; every shape compiled before the first timed "
+                       "forward; filed as <model>-<dtype>@compiled.yaml.")] = False,
 ):
     """Measure forward latency L(n) per input width on this hardware (for `build-tree`); with --batch-size also
     L(B, w) per batch size."""
@@ -57,21 +58,26 @@ def profile(
     check_ranges(width_list, kv_list, repeats)  # before the model loads
     sizes = check_batch_sizes(int_list(batch_sizes, "--batch-size"))
     row_widths = int_list(batch_widths, "--batch-widths") if batch_widths else None
-    if compile and (sizes != [1] or device_map or tp > 1):
-        raise SpecbenchError("profile --compile times batch 1 on one device: leave out --batch-size, --device-map "
-                             "and --tp, or --compile")
+    if compile and (device_map or tp > 1):
+        raise SpecbenchError("profile --compile times one device: leave out --device-map and --tp, or --compile")
     if threads is not None and threads < 1:
         raise SpecbenchError(f"--threads must be at least 1 (got {threads}); leave it out for torch's choice")
     if threads:
         torch.set_num_threads(threads)
     from ..core.model.memory_need import stated_workload, profile_workload
 
-    with stated_workload(profile_workload(width_list, kv_list, repeats, sizes)):  # what the fit check counts
+    if compile:  # every batch size's static caches held at once (compiled_profile_workload)
+        from ..planning.batch_profile_compiled import compiled_profile_workload
+
+        work = compiled_profile_workload(width_list, kv_list, repeats, sizes, row_widths)
+    else:
+        work = profile_workload(width_list, kv_list, repeats, sizes)
+    with stated_workload(work):  # what the fit check counts
         target = load_model(model, dtype, device, placement=target_placement(device_map, max_memory, tp))
     if compile:  # the curve under torch.compile / CUDA graphs (planning/profile_compiled.py)
         from ..planning.profile_compiled import measure_compiled
 
-        result = measure_compiled(target, width_list, kv_list, repeats)
+        result = measure_compiled(target, width_list, kv_list, repeats, batch_sizes=sizes, batch_widths=row_widths)
     else:
         result = measure(target, width_list, kv_list, repeats, batch_sizes=sizes, batch_widths=row_widths)
     from ..core.model.tensor_parallel import is_writer

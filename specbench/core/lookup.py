@@ -211,6 +211,11 @@ def survey(kind: str, folder: str | Path, pattern: str = "*.yaml") -> dict[str, 
     return {name: copies(kind, Path(folder) / name) for name in names}
 
 
+def say_once(key, text: str) -> None:
+    """Say `text` once per ledger (a run, a command) for `key`; nothing in a quiet one."""
+    _say_once(key, text)
+
+
 def _say_once(key, text: str) -> None:
     if _ledger.quiet:
         return

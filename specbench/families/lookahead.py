@@ -3,4 +3,4 @@
 
 from .record import Family
 
-FAMILY = Family("lookahead", "draft-free", "specbench.methods.lookahead.method")
+FAMILY = Family("lookahead", "draft-free", "specbench.methods.lookahead.method", shaped=True)

@@ -52,6 +52,9 @@ class Family:
     # (cfg, hidden, one decoder layer's weights, tokens a sequence, sequences) -> (trained parameters, bytes cached)
     train_memory: Callable | None = None
     backprop_target: bool = False  # its loss back-propagates through the frozen target (activations kept)
+    # a step of a shape (W, N, G), not a chain: `plan` and `recommend` price it from the measured shapes in its
+    # acceptance file (planning/chain_plan.plan_shape), not from its acceptance per position
+    shaped: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS or self.draft_cost not in DRAFT_COSTS:

@@ -364,9 +364,11 @@ def batch_curve(profile: LatencyProfile, batch_size: int, model: str) -> Latency
     view = profile.at_batch(batch_size)
     if view is None:
         have = ", ".join(map(str, profile.batch_sizes))
+        compiled = " --compile" if profile.meta.get("placement") == "compiled" else ""  # its own curve's kind
         raise SpecbenchError(f"the {profile.hardware} {profile.dtype} profile of {model} has no batch size "
                              f"{batch_size} (it has {have}): `specbench profile --model {model} --dtype "
-                             f"{profile.dtype} --batch-size 1,{batch_size}` on that hardware measures L(B, w)")
+                             f"{profile.dtype}{compiled} --batch-size 1,{batch_size}` on that hardware measures "
+                             "L(B, w)")
     return view
 
 

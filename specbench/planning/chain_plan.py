@@ -11,6 +11,10 @@
 
 The drafter share is its weights read per forward over the target's (`drafter_share` in the acceptance file, which
 `estimate` writes from the drafter it ran), on the same curve, as plan.py argues for the tree methods' drafters.
+
+A family whose step is a shape, not a chain (lookahead decoding's W, N, G: `Family.shaped`), is priced from the
+measured grid of shapes its acceptance file holds (`shapes`; shape_pricing.py): tokens per step over L(mean forward
+width) / L(1), never from its acceptance per position, which would price its window's inputs as free.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ..core.acceptance_profile import read
 from ..errors import SpecbenchError
 from .latency_estimate import drafting_forward_ms
 from .profile import LatencyProfile
+from .shape_pricing import best_measured, check_rows
 
 MAX_DRAFT = 16  # the longest chain searched
 PARALLEL = ("pearl",)  # methods whose drafter runs beside the target's verification
@@ -30,16 +35,42 @@ PARALLEL = ("pearl",)  # methods whose drafter runs beside the target's verifica
 
 @dataclass(frozen=True)
 class ChainPlan:
-    k: int
+    k: int  # the draft length (a shape: its n-grams' length, N - 1)
     tau: float
     speedup: float
     draft_ms: float
+    shape: str = ""  # a shaped family's shape ("W 2, N 3, G 2"), "" for a chain
+    width: float = 0.0  # the verify forward's inputs (a shape: its mean measured width)
+
+    @property
+    def label(self) -> str:
+        """What the method would run with, as recommend's and plan's tables say it."""
+        return f"{self.shape} (forward width {self.width:.1f})" if self.shape else f"chain of {self.k}"
+
+    @property
+    def size(self) -> int:
+        """The number the tables rank by size: a chain's k, a shape's forward width."""
+        return max(1, round(self.width)) if self.shape else self.k
+
+
+def plan_shape(method: str, path: Path, fields: dict, profile: LatencyProfile, kv_length: int) -> ChainPlan:
+    """A shaped family's best measured shape on `profile` (shape_pricing.py), or why it cannot be priced."""
+    rows = fields.get("shapes")
+    if not rows:
+        raise SpecbenchError(f"{path}: no `shapes` (tokens per step of each measured shape) to price {method}, whose "
+                             f"step is a window beside its verified n-grams, not a chain; `specbench estimate --method "
+                             f"{method}` measures them")
+    best, speedup = best_measured(check_rows(rows, str(path)), profile, kv_length)
+    return ChainPlan(best.ngram - 1, round(best.tokens_per_step, 3), round(speedup, 3), 0.0, best.label,
+                     round(best.width, 3))
 
 
 def plan_chain(method: str, path: Path, fields: dict, profile: LatencyProfile, kv_length: int,
                drafter_layers: float = 1.0) -> ChainPlan:
     """The fastest draft length for `method` on `profile` with the acceptance in `path` (`drafter_layers`: the
     drafter's size in target decoder layers, for its fixed cost per forward on a preset)."""
+    if families.get(method).shaped:
+        return plan_shape(method, path, fields, profile, kv_length)
     marginal = read(str(path)).marginal
     share = 0.0
     if families.get(method).kind != "draft-free":  # a drafter model's forwards

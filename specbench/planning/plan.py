@@ -249,7 +249,7 @@ def _plan_one(method: str, key: str, folder: Path, shape: ModelShape, params: in
         except SpecbenchError as exc:  # this row cannot be priced (say why); the other rows still plan
             row.why_not = str(exc)
             return row
-        row.tree, row.size, row.tau, row.speedup, row.draft_ms = (f"chain of {chain.k}", chain.k, chain.tau,
+        row.tree, row.size, row.tau, row.speedup, row.draft_ms = (chain.label, chain.size, chain.tau,
                                                                    chain.speedup, chain.draft_ms)
         row.ar_ms = round(profile.latency_ms(1, req.kv_length), 3)
         row.step_ms = round(chain.tau * row.ar_ms / chain.speedup, 3) if chain.speedup else None

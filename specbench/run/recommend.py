@@ -39,8 +39,8 @@ NOT_PREDICTED = {"pld": "no acceptance estimate of prompt lookup for this model 
                         "measured only (beside the confirmed methods)",
                  "suffix": "no acceptance estimate of suffix decoding for this model (`specbench estimate --method "
                            "suffix`): measured only (beside the confirmed methods)",
-                 "lookahead": "no acceptance model predicts lookahead decoding (its n-grams come from the Jacobi "
-                              "window's trajectories): measured only (beside the confirmed methods)",
+                 "lookahead": "no measured shapes of lookahead decoding for this model (`specbench estimate "
+                              "--method lookahead`): measured only (beside the confirmed methods)",
                  "sd": "no acceptance estimate of sd for this model (`specbench estimate --method sd`): measured "
                        "only, when the model has a drafter",
                  "pearl": "no acceptance estimate of pearl for this model (`specbench estimate --method pearl`): "
@@ -163,7 +163,7 @@ def _chain_row(method: str, req: RecommendRequest, measurable: list[str], hardwa
 
     chain, _ = predict_here(method, req.model, hardware, dtype)
     if chain is not None:
-        return Row(method, f"chain of {chain.k}", chain.k, chain.speedup)
+        return Row(method, chain.label, chain.size, chain.speedup)
     return Row(method, why_not=_unpredicted_why(method, req, measurable))
 
 

@@ -58,8 +58,9 @@ def fitting_flags(found: Need, config, device: torch.device, free: int, hint: st
                     + (")" if half.total <= free else ", still too much)"))
     work = found.workload
     if work.batch > 1:
+        smaller = work.at_batch or (lambda b: replace(work, batch=b))
         fits = [b for b in range(work.batch - 1, 0, -1)
-                if need(found.what, config, found.dtype, device, replace(work, batch=b)).total <= free]
+                if need(found.what, config, found.dtype, device, smaller(b)).total <= free]
         if fits:
             said.append(f"--batch-size {fits[0]} (the KV cache and activations grow with it)")
     cap = max(1, int(free * SUGGEST_SHARE / GIB))

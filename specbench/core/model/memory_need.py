@@ -10,6 +10,7 @@ Without one, a check counts KV_HEADROOM_TOKENS tokens of one sequence and no wid
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -39,6 +40,9 @@ class Workload:
     logits: int | None = None
     extra: tuple[tuple[str, int], ...] = ()
     what: str = ""  # how the command's shape reads in a refusal, e.g. "KV 1152 tokens x batch 4"
+    # b -> the same command's workload at a largest batch size of b (a refusal's smaller --batch-size), where it is
+    # not this one with `batch` replaced (every batch size's caches held at once: profile --compile)
+    at_batch: Callable[[int], Workload] | None = field(default=None, compare=False, repr=False)
 
 
 _STATED: contextvars.ContextVar[Workload | None] = contextvars.ContextVar("specbench_workload", default=None)

@@ -12,8 +12,8 @@ import torch
 from ...core import lookup, store
 from ...core.model.load import model_slug
 from ...core.verify import Sampling
-from ...errors import SpecbenchError
 from ...planning.acceptance import read_fields
+from ...planning.shape_pricing import check_rows
 
 GRID = tuple((side, n, side) for n in (3, 4, 5) for side in (1, 2, 4, 8, 15))  # (W, N, G), W = G as the paper's
 
@@ -46,9 +46,6 @@ def filed(target) -> tuple[list[dict] | None, str]:
     rows = read_fields(found.path).get("shapes")
     if not rows:
         return None, ""
-    need = {"window", "ngram", "guesses", "tokens_per_step", "mean_width"}
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and need <= set(r) for r in rows):
-        raise SpecbenchError(f"{found.path}: `shapes` must be a list of rows with {', '.join(sorted(need))} (write "
-                             "it again with `specbench estimate --method lookahead`)")
+    check_rows(rows, str(found.path))
     lookup.use(found, "lookahead's shape")
     return rows, found.said()

@@ -5,52 +5,36 @@
 L read from this machine's latency profile as the trees read it (planning/batch_choice.py), width the step's forward:
 the window's W (N - 1) inputs and the trie's nodes. E comes from a measurement on validation prompts where one is
 filed (`specbench estimate --method lookahead`: each shape of a grid decoded greedily, its tokens per step and mean
-forward width; shapes.py), else from a stated model: each of the G verified n-grams is right for its first d tokens
-with probability ACCURACY^d, independently of the others (the independent-guesses model the paper relates lookahead
-decoding to speculative decoding with), so
+forward width; shapes.py; priced as plan and recommend price them, planning/shape_pricing.py), else from a stated
+model: each of the G verified n-grams is right for its first d tokens with probability p^d, independently of the
+others (the independent-guesses model the paper relates lookahead decoding to speculative decoding with), so
 
-    E = 1 + sum over d = 1 .. N - 1 of (1 - (1 - ACCURACY^d)^G),
+    E = 1 + sum over d = 1 .. N - 1 of (1 - (1 - p^d)^G),
 
-with W = G (the paper's configurations tie them; the model has no term for W) and the widest forward, (W + G)(N - 1).
+p fitted to the measured grid where one is filed (a shape given off the grid), else ACCURACY, an assumption; with W = G (the paper's configurations tie them; the model has no term for W) and the widest forward, (W + G)(N - 1).
 The paper's configuration for 7B models on an A100 (its evaluation scripts: W = 15, N = 5, G = 15) is the ceiling of
 the grid, `--lookahead-shape paper` takes it as is, and without a profile it is used, with a note naming the command
 that measures one."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ...planning.shape_pricing import ShapeCandidate as Candidate
+from ...planning.shape_pricing import fitted_accuracy, independent_tokens_per_step, measured
 
 PAPER_WINDOW, PAPER_NGRAM, PAPER_GUESSES = 15, 5, 15
 SIDES = (1, 2, 3, 4, 6, 8, 11, 15)  # W and G tried (each at most the paper's 15)
 NGRAMS = (3, 4, 5)  # N tried (at most the paper's 5)
-ACCURACY = 0.08  # the stated model's chance that one guessed token is right, given the ones before it are
+ACCURACY = 0.08  # the stated model's chance that one guessed token is right, given the ones before it, where no
+# measured grid gives one (planning/shape_pricing.fitted_accuracy)
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A shape, the tokens a step emits with it and the inputs its forward holds (on average or at most)."""
-
-    window: int
-    ngram: int
-    guesses: int
-    tokens_per_step: float
-    width: float
-
-    def speedup(self, costs: list[float]) -> float:
-        """Predicted speedup over one-token decoding on a curve of relative costs (costs[w - 1] = L(w) / L(1))."""
-        w = max(self.width, 1.0)
-        lo = min(int(w), len(costs))
-        hi = min(lo + 1, len(costs))
-        cost = costs[lo - 1] + (costs[hi - 1] - costs[lo - 1]) * (w - lo) if w < len(costs) else costs[-1]
-        return self.tokens_per_step / cost
-
-
-def stated_tokens_per_step(ngram: int, guesses: int) -> float:
+def stated_tokens_per_step(ngram: int, guesses: int, accuracy: float = ACCURACY) -> float:
     """The stated model's E for G guesses of N - 1 tokens each."""
-    return 1.0 + sum(1.0 - (1.0 - ACCURACY ** d) ** guesses for d in range(1, ngram))
+    return independent_tokens_per_step(ngram, guesses, accuracy)
 
 
-def stated(window: int | None, ngram: int | None, guesses: int | None) -> list[Candidate]:
+def stated(window: int | None, ngram: int | None, guesses: int | None,
+           accuracy: float = ACCURACY) -> list[Candidate]:
     """Every grid shape agreeing with the given values, priced by the stated model: W = G where neither is given;
     W given: G from the grid; G given: W = G (the model has no term for W, which would otherwise always be 1)."""
     out = []
@@ -60,7 +44,7 @@ def stated(window: int | None, ngram: int | None, guesses: int | None) -> list[C
                 w, g = window, guesses or side
             else:
                 w = g = guesses or side
-            out.append(Candidate(w, n, g, stated_tokens_per_step(n, g), float((w + g) * (n - 1))))
+            out.append(Candidate(w, n, g, stated_tokens_per_step(n, g, accuracy), float((w + g) * (n - 1))))
     return list(dict.fromkeys(out))
 
 
@@ -68,17 +52,6 @@ def widest(window: int | None, ngram: int | None, guesses: int | None) -> int:
     """The widest forward any shape `choose` considers can hold: the costs must reach it."""
     w, g = max(window or 0, PAPER_WINDOW, *SIDES), max(guesses or 0, PAPER_GUESSES, *SIDES)
     return (w + g) * (max(ngram or 0, PAPER_NGRAM, *NGRAMS) - 1)
-
-
-def measured(rows: list[dict], window: int | None, ngram: int | None, guesses: int | None) -> list[Candidate]:
-    """The measured shapes (an acceptance file's `shapes` rows) agreeing with the given values."""
-    out = []
-    for r in rows:
-        c = Candidate(int(r["window"]), int(r["ngram"]), int(r["guesses"]), float(r["tokens_per_step"]),
-                      float(r["mean_width"]))
-        if (window or c.window) == c.window and (ngram or c.ngram) == c.ngram and (guesses or c.guesses) == c.guesses:
-            out.append(c)
-    return out
 
 
 def choose(costs: list[float] | None, window: int | None, ngram: int | None, guesses: int | None,
@@ -91,10 +64,16 @@ def choose(costs: list[float] | None, window: int | None, ngram: int | None, gue
         return (Candidate(w, n, g, 0.0, float((w + g) * (n - 1))),
                 "the paper's configuration (no latency profile of this hardware; `specbench profile` measures one)")
     found = measured(rows or [], window, ngram, guesses)
-    model = f"tokens per step measured on validation prompts ({rows_from})" if found else (
-        f"tokens per step from the stated model (guess accuracy {ACCURACY:g} a token; `specbench estimate --method "
-        "lookahead` measures them)")
-    pool = found or stated(window, ngram, guesses)
+    fitted = None if found else fitted_accuracy(rows or [])
+    if found:
+        model = f"tokens per step measured on validation prompts ({rows_from})"
+    elif fitted is not None:
+        model = (f"tokens per step from the stated model, its guess accuracy {fitted:g} a token fitted to the shapes "
+                 f"measured on validation prompts ({rows_from}), none of which has the values given")
+    else:
+        model = (f"tokens per step from the stated model (an assumed guess accuracy {ACCURACY:g} a token; `specbench "
+                 "estimate --method lookahead` measures them)")
+    pool = found or stated(window, ngram, guesses, ACCURACY if fitted is None else fitted)
     best = max(pool, key=lambda c: (round(c.speedup(costs), 6), -c.width))
     return best, (f"predicted speedup {best.speedup(costs):.2f}x: {best.tokens_per_step:.2f} tokens per step / "
                   f"{curve} at width {best.width:.0f} relative to one token's; {model}")

@@ -182,7 +182,8 @@ def _batch_tree(method, size: int) -> tuple[TreeFile, str] | None:
     (batch 1's)."""
     target, family = method.target, method.family
     hardware, dtype = hardware_slug(target.device), dtype_name(target.dtype)
-    view, why = batch_view(target, size)
+    # a --compile run's tree is filed as compiled decoding's (@compiled): built from a compiled L(B, w) only
+    view, why = batch_view(target, size, eager_ok=False)
     choice = tree_choice.choose(target.spec, family, hardware, dtype, size, one_state=method.one_state,
                                 rows=method.rows, ept=method.ept, device=target.device.type,
                                 draft_ms=method.pricing.ms_here, can_build=view is not None)
@@ -192,6 +193,8 @@ def _batch_tree(method, size: int) -> tuple[TreeFile, str] | None:
                           f"{dtype} yet; built it now from L(B={size}, w) in {escape(str(choice.inputs.profile))} "
                           f"and {escape(str(choice.inputs.acceptance))}: filed as {escape(store.said_where(choice.built))}")
         return choice.tree, choice.source
+    if lookup.compiled_run() and view is None:
+        why = f"a compiled run builds batch size {size}'s tree from a compiled L(B, w) only: {why}"
     if choice.failed:
         why = choice.failed
     elif choice.missing:  # the files build-tree needs, named with the commands that make them
