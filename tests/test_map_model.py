@@ -180,6 +180,7 @@ def test_a_drafters_curve_on_the_spot_on_a_tiny_model(tiny):
     from specbench.planning.spot_profile import drafter_widths
 
     drafter = layer_drafter(tiny, [0])
-    profile = measure_on_the_spot(drafter, drafter_widths([2]), [16], repeats=2, warmup=1)
+    profile = measure_on_the_spot(drafter, drafter_widths([2]), [16], repeats=2, warmup=1, pick=True)
     assert profile.widths == [1, 2] and profile.batches[2].widths == [1, 2]
     assert all(ms > 0 for c in profile.curves.values() for ms in c["median_ms"])
+    assert "draft steps" in profile.meta["measured_for"]

@@ -241,7 +241,7 @@ def _step_profile(cfg, run_dir: Path) -> None:
     if drafter is not None:  # a drafter model's batched drafting: its own L_d(B, w) on its own engines
         sizes = ", ".join(map(str, sorted(widths)))
         console.print(f"Measuring the drafter's forwards on its engines at B = {sizes} ...")
-        drafted = measure_on_the_spot(drafter, drafter_widths(sorted(widths)), kvs, repeats=repeats)
+        drafted = measure_on_the_spot(drafter, drafter_widths(sorted(widths)), kvs, repeats=repeats, pick=True)
         (run_dir / DRAFT_COPY).write_text(drafted.to_yaml())
     load = result.meta.get("contention") or {}
     if load.get("disturbed"):

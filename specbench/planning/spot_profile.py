@@ -1,8 +1,9 @@
 """The step costs a map predicts from, measured on the spot after its run: L(B, w) on the engines the run decoded
 with (batch 1 on the single-sequence engine, core/batch/single.py; B > 1 on the unpadded one, core/batch/ragged.py)
 at exactly the widths and KV lengths its grid points need, so no point reads a width extrapolated past the profiled
-ones. A drafter model is measured the same way on its own engines (`drafter_widths`): the curve L_d(B, w) its
-batched drafting is priced on (planning/batch_prediction.DraftCost).
+ones. A drafter model is measured the same way on its own engines (`drafter_widths`), each forward as a draft step
+runs it (its rows' last logits and a token picked from each): the curve L_d(B, w) its batched drafting is priced on
+(planning/batch_prediction.DraftCost).
 
 Each width is timed as decoding runs it: consecutive forwards of the same shape, each step keeping one of its new
 tokens (the KV grows by one a step, as a decode step that accepted nothing), in two passes (widths ascending, then
@@ -55,13 +56,19 @@ def drafter_widths(sizes: list[int]) -> dict[int, list[int]]:
     return {b: [1, 2] for b in sorted(set(sizes) | {1})}
 
 
-def _consecutive(batch, size: int, rows: list[list[int]], start: int, steps: int, device) -> list[float]:
+def _consecutive(batch, size: int, rows: list[list[int]], start: int, steps: int, device,
+                 pick: bool = False) -> list[float]:
     """ms of `steps` forwards of every slot's new tokens one after another, each step keeping one of them; the slots
-    are cut back to `start` after."""
+    are cut back to `start` after. pick: each forward keeps its rows' last logits only and picks a token from each
+    (argmax), as a drafter's draft step does."""
     times = []
     for r in range(steps):
-        segments = [Segment(slot, rows[slot]) for slot in range(size)]
-        times.append(call_ms(lambda: batch.forward([], segments), device))
+        segments = [Segment(slot, rows[slot], keep=1 if pick else 0) for slot in range(size)]
+        if pick:
+            call = lambda: [int(out[-1].argmax()) for out in batch.forward([], segments)[1]]  # noqa: E731
+        else:
+            call = lambda: batch.forward([], segments)  # noqa: E731
+        times.append(call_ms(call, device))
         for slot in range(size):
             batch.truncate(slot, start + r + 1)
     for slot in range(size):
@@ -71,10 +78,12 @@ def _consecutive(batch, size: int, rows: list[list[int]], start: int, steps: int
 
 @torch.inference_mode()
 def measure_on_the_spot(target, widths_by_size: dict[int, list[int]], kv_lengths: list[int], repeats: int = 8,
-                        warmup: int = 2, mode: str = "unpadded", advance=lambda text: None) -> LatencyProfile:
+                        warmup: int = 2, mode: str = "unpadded", advance=lambda text: None,
+                        pick: bool = False) -> LatencyProfile:
     """A latency profile of `widths_by_size` (grid_widths) at every KV length: batch 1 on the single-sequence engine
     (its `curves`), every B > 1 on the `mode` engine (its batch curves); each point the median of `repeats` forwards
-    (half in each pass) after `warmup` per pass."""
+    (half in each pass) after `warmup` per pass. pick: each forward as a drafter's draft step (its rows' last logits
+    and a token picked from each: _consecutive)."""
     if 1 not in widths_by_size:
         raise SpecbenchError("an on-the-spot profile needs batch 1's widths (its main curve)")
     model, device = target.model, target.device
@@ -98,8 +107,8 @@ def measure_on_the_spot(target, widths_by_size: dict[int, list[int]], kv_lengths
             times: dict[int, list[float]] = {w: [] for w in widths}
             for order in (widths, widths[::-1]):
                 for w in order:
-                    _consecutive(batch, size, rows[w], kv, warmup, device)
-                    times[w] += _consecutive(batch, size, rows[w], kv, half, device)
+                    _consecutive(batch, size, rows[w], kv, warmup, device, pick)
+                    times[w] += _consecutive(batch, size, rows[w], kv, half, device, pick)
             advance(f"B {size} kv {kv}")
             stats = [torch.tensor(times[w]) for w in widths]
             curves[size][kv] = {"median_ms": [round(float(t.median()), 3) for t in stats],
@@ -109,7 +118,8 @@ def measure_on_the_spot(target, widths_by_size: dict[int, list[int]], kv_lengths
     meta = profile_meta(target, before, 2 * half, warmup)
     meta["kv_growth"] = "one token a step (each width's steps consecutive, as decoding runs them)"
     meta["engines"] = {"batch 1": SINGLE, "batch > 1": ENGINE if mode == "unpadded" else mode}
-    meta["measured_for"] = "the map's grid, after its run (on the spot)"
+    meta["measured_for"] = "the map's grid, after its run (on the spot)" + (
+        ": draft steps (each forward's rows' last logits, a token picked from each)" if pick else "")
     batches = {b: BatchCurve(list(widths_by_size[b]), curves[b]) for b in widths_by_size if b > 1}
     return LatencyProfile(model_slug(target.spec), dtype_name(target.dtype), slug_of(meta["identity"]), "measured",
                           list(widths_by_size[1]), curves[1], meta, batches)
