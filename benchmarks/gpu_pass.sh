@@ -80,12 +80,13 @@ step run-batch-large 110 $S run --device "$DEV" --dtype float32 -m sd -b 4,16,32
 step amx-cpu-bf16 240 taskset -c 0,1 $S recommend --device cpu --dtype bfloat16 --dataset gsm8k --limit "$LIMIT" --max-new-tokens "$TOK" --confirm 3 --threads 2 --out results/amx-cpu-recommend
 # Every method under CUDA graphs (run --compile, target and drafters, batch 1 and B = 4) on GSM8K, against run-fp32's
 # eager run on the same prompts. Inside results/graphs/ (a working directory's files are read first): the profile
-# taken under graphs (profile --compile, filed as <model>-float32@compiled.yaml), from which the compiled run builds
-# its own @compiled trees on the spot (a compiled run takes no eager tree); graphs-goal then prints which methods ran
+# taken under graphs (profile --compile, filed as <model>-float32@compiled.yaml, with the compiled L(4, w) that B = 4's
+# choices read), from which the compiled run builds its own @compiled trees on the spot (a compiled run takes no
+# eager tree); graphs-goal then prints which methods ran
 # fully compiled and fails unless compiled ar >= 3x eager ar (benchmarks/compile_compare.py, tested on CPU by
 # tests/test_compile_compare.py). Compile time is in run.yaml (compile:), never in a timed turn.
 G=$PWD/results/graphs; mkdir -p "$G"
-step profile-graphs 150 bash -c "cd '$G' && $S profile --device '$DEV' --dtype float32 --compile --widths 1,2,4,8,16,32,64 --kv-length 128,512 --repeats 5"
+step profile-graphs 210 bash -c "cd '$G' && $S profile --device '$DEV' --dtype float32 --compile --widths 1,2,4,8,16,32,64 --kv-length 128,512 --repeats 5 --batch-size 1,4 --batch-widths 1,2,4,8"
 step run-graphs 300 bash -c "cd '$G' && $S run --device '$DEV' --dtype float32 --compile $M -d gsm8k --limit '$LIMIT' --max-new-tokens '$TOK' --out '$G/run'"
 step run-graphs-batch 150 bash -c "cd '$G' && $S run --device '$DEV' --dtype float32 --compile -m sd -m ppd -m eagle -b 1,4 -d gsm8k --limit 8 --max-new-tokens 64 --out '$G/batch'"
 step graphs-goal 30 python3 benchmarks/compile_compare.py results/gpu-fp32 "$G/run" --goal-ar 3

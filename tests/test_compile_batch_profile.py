@@ -160,3 +160,5 @@ def test_a_compiled_tree_at_a_batch_size_is_built_from_the_compiled_curve_only(h
     # batch size 2 has only an eager L(B, w): batch 1's tree, no compiled tree filed from the eager curve
     assert method.trees[2] is method.trees[1] and not list(trees.glob("*-b2*"))
     assert "batch size 2 decodes with batch 1's tree" in said and "--compile --batch-size 1,2" in said
+    assert "read the eager" not in said  # the tree did not read it: the eager curve is neither said nor recorded
+    assert not any(e["path"].endswith("tiny-float32.yaml") for e in lookup.record()["used"])

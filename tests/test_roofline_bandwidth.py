@@ -80,3 +80,44 @@ def test_a_given_bandwidth_is_taken_and_a_bad_one_refused(monkeypatch):
     monkeypatch.setenv(bw.ENV, "fast")
     with pytest.raises(SpecbenchError, match=bw.ENV):
         bw.bandwidth(torch.device("cpu"))
+
+
+def test_a_run_measures_the_bandwidth_in_its_own_sitting(tmp_path, monkeypatch):
+    """A run's roofline divides by a bandwidth measured before its turns, not by the cached reading of another
+    sitting (a machine's bandwidth moves within a day); a measurement beside other work (it reads low) gives way to
+    the cached reading, both said; with nothing cached the disturbed one is used, said."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv(bw.ENV, raising=False)
+    real = bw.measure
+    monkeypatch.setattr(bw, "measure", lambda device, hardware: real(device, hardware, 2, 8 * bw.MiB))
+    busy = [True]
+    monkeypatch.setattr(contention, "disturbed", lambda reading: busy[0])
+    alone = bw.for_run(torch.device("cpu"))  # disturbed, nothing cached: used, said
+    assert alone.gb_s > 0 and "not cached" in alone.source and not bw.cache_file(alone.hardware).exists()
+
+    busy[0] = False
+    old = bw.replace(alone, gb_s=12345.0, measured_at="2000-01-01T00:00:00Z")
+    bw.write_cached(old)  # a reading of another sitting: not what this run divides by
+    now = bw.for_run(torch.device("cpu"))
+    assert now.gb_s != 12345.0 and now.source == "measured now, before this run's turns"
+    assert yaml.safe_load(bw.cache_file(now.hardware).read_text())["gb_s"] == now.gb_s  # filed for other commands
+
+    busy[0] = True
+    bw.write_cached(old)
+    fallback = bw.for_run(torch.device("cpu"))
+    assert fallback.gb_s == 12345.0 and fallback.source.startswith("cached ") and "not used" in fallback.source
+    assert fallback.measured_at == "2000-01-01T00:00:00Z"  # when that reading was taken, for the report
+
+    monkeypatch.setenv(bw.ENV, "48.5")  # a given bandwidth: nothing measured
+    assert bw.for_run(torch.device("cpu")).source == f"${bw.ENV}"
+
+
+def test_the_verdict_names_the_bandwidth_reading_and_when():
+    from specbench.report import roofline
+
+    block = {"bandwidth_source": "measured now, before this run's turns",
+             "bandwidth_measured_at": "2026-11-27T15:00:00Z"}
+    assert roofline.reading(block) == ", measured now, before this run's turns, at 2026-11-27T15:00:00Z"
+    assert roofline.reading({"bandwidth_source": "$SPECBENCH_BANDWIDTH_GB_S", "bandwidth_measured_at": ""}) \
+        == ", $SPECBENCH_BANDWIDTH_GB_S"
+    assert roofline.reading({}) == ""

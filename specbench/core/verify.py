@@ -70,8 +70,10 @@ def greedy_accept(draft: torch.Tensor, target_logits: torch.Tensor, bonus: bool 
     mismatch, bonus token when all k are accepted). With bonus=False target_logits is [k, V] and the next token is
     None when all k are accepted (PEARL's post-verify keeps drafting instead of taking a bonus token).
     """
-    choice = target_logits.argmax(-1)  # [k+1] ([k] without bonus)
     k = draft.shape[0]
+    if k == 0:  # nothing drafted (ar): the argmax of the one row, with no comparison to read back first
+        return 0, (int(target_logits[0].argmax()) if bonus else None)
+    choice = target_logits.argmax(-1)  # [k+1] ([k] without bonus)
     mismatch = (draft != choice[:k]).nonzero()
     n = int(mismatch[0, 0]) if mismatch.numel() else k
     return n, (int(choice[n]) if n < k or bonus else None)

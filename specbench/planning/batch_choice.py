@@ -35,12 +35,13 @@ def local_profile(target, compiled: bool = False, use_for: str | None = None) ->
     return load_profile(path) if path else None
 
 
-def batch_view(target, batch_size: int) -> tuple[LatencyProfile | None, str]:
+def batch_view(target, batch_size: int, eager_ok: bool = True) -> tuple[LatencyProfile | None, str]:
     """(this hardware's L(B, w) as a profile, "") or (None, why not: the words of a note that says batch 1's choice
     is used, with the command that measures B). A `--compile` run (core/lookup.compiled_run) reads the compiled
-    L(B, w) (compiled_view); without one, the eager L(B, w), said, and why in its second value."""
+    L(B, w) (compiled_view); without one, the eager L(B, w) (unless not `eager_ok`: a choice filed as compiled
+    decoding's), said, and why in its second value."""
     if lookup.compiled_run():
-        return compiled_view(target, batch_size)
+        return compiled_view(target, batch_size, eager_ok)
     path = local_profile_path(target, use_for=f"batch size {batch_size}'s choices")
     command = (f"`specbench profile --model {target.spec} --dtype {dtype_name(target.dtype)} --batch-size "
                f"1,{batch_size}` measures it")
@@ -52,11 +53,11 @@ def batch_view(target, batch_size: int) -> tuple[LatencyProfile | None, str]:
     return view, ""
 
 
-def compiled_view(target, batch_size: int) -> tuple[LatencyProfile | None, str]:
+def compiled_view(target, batch_size: int, eager_ok: bool = True) -> tuple[LatencyProfile | None, str]:
     """A `--compile` run's L(B, w): (the compiled profile's, "") when this hardware has one with batch size B
     (`specbench profile --compile --batch-size 1,B`); else (the eager profile's L(B, w), why: the compiled one's
     absence and the command that measures it), said once and recorded in the run's ledger (report.md's settings
-    name the file each batch size's choices read); else (None, why, with that command)."""
+    name the file each batch size's choices read); else, or without `eager_ok`, (None, why, with that command)."""
     size, hardware = batch_size, hardware_slug(target.device)
     model, dtype = model_slug(target.spec), dtype_name(target.dtype)
     command = (f"`specbench profile --model {target.spec} --dtype {dtype} --compile --batch-size 1,{size}` "
@@ -70,6 +71,8 @@ def compiled_view(target, batch_size: int) -> tuple[LatencyProfile | None, str]:
         missing = f"{store.relative_to_cwd(found.path)} has no compiled L(B={size}, w)"
     else:
         missing = "no compiled profile of this hardware"
+    if not eager_ok:
+        return None, f"{missing} ({command})"
     eager = lookup.find_profile(hardware, model, dtype, target.placement)
     view = load_profile(eager.path).at_batch(size) if eager is not None and "compiled" not in eager.flags else None
     if view is None:

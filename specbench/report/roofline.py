@@ -3,7 +3,8 @@ once, and how far `ar` is from it, and why.
 
 A decoding forward at batch 1 reads every weight once, plus the KV cache of its context:
     bytes(c)   = weight_bytes + kv_bytes_per_token * c
-    floor(c)   = bytes(c) / bandwidth                     (seconds; bandwidth: core/machine/bandwidth.py)
+    floor(c)   = bytes(c) / bandwidth                     (seconds; bandwidth: core/machine/bandwidth.py, measured
+                                                           in the run's own sitting: for_run)
 A turn of n new tokens from a p-token prompt needs at least n forwards (the prefill's gives the first token), at
 contexts p .. p + n - 1 (mean p + (n - 1) / 2), so over a summary row's turns
     roofline_tok_s = sum n / sum [n * floor(p + (n - 1) / 2)]
@@ -110,4 +111,12 @@ def verdict_line(summary: pd.DataFrame, block: dict | None) -> str | None:
     host_text = f"; {host:.1%} of its time is host overhead outside the forwards" if math.isfinite(host) else ""
     mb = (block["weight_bytes"] + block["kv_bytes"]) / 1e6
     return (f"`ar` runs at {tps:.1f} tok/s, {tps / bound:.3g} of its roofline ({bound:.1f} tok/s: {mb:.0f} MB a "
-            f"forward at {block['bandwidth_gb_s']:.1f} GB/s){host_text}; {kind + ': ' if kind else ''}{reason}.")
+            f"forward at {block['bandwidth_gb_s']:.1f} GB/s{reading(block)}){host_text}; "
+            f"{kind + ': ' if kind else ''}{reason}.")
+
+
+def reading(block: dict) -> str:
+    """Which bandwidth reading the roofline divides by and when (', measured now, before this run's turns, at
+    2026-11-27T13:24:22Z'), or '' where the block does not say (an older run)."""
+    source, at = block.get("bandwidth_source"), block.get("bandwidth_measured_at")
+    return (f", {source}" if source else "") + (f", at {at}" if at and source and not source.startswith("$") else "")

@@ -272,18 +272,18 @@ class OwnMethods:
 
 
 def roofline_block(backend: OwnMethods, loaded: list[LoadedDataset], prompts: int = 200) -> dict:
-    """run.yaml's roofline (core/machine/roofline.run_block): this machine's memory bandwidth (measured once per
-    hardware key, then cached: core/machine/bandwidth.py) and the bound of a forward at the run's mean context (the
+    """run.yaml's roofline (core/machine/roofline.run_block): this machine's memory bandwidth (measured now, in the
+    run's own sitting: core/machine/bandwidth.for_run) and the bound of a forward at the run's mean context (the
     first `prompts` first turns' rendered lengths, fitted to the context as runs fit them, + half of
     --max-new-tokens)."""
-    from ..core.machine.bandwidth import bandwidth
+    from ..core.machine.bandwidth import for_run
     from ..core.machine.roofline import mean_context, run_block
 
     target, cfg = backend.target, backend.cfg
     room = max(target.context_length - cfg.max_new_tokens, 1)
     firsts = [p for d in loaded for p in d.prompts][:prompts]
     lengths = [min(len(target.tokenizer.render(ds.conversation(p, 0, []))), room) for p in firsts]
-    return run_block(target, bandwidth(target.device), mean_context(lengths, cfg.max_new_tokens), backend.profile())
+    return run_block(target, for_run(target.device), mean_context(lengths, cfg.max_new_tokens), backend.profile())
 
 
 def _device_map(target) -> dict | None:

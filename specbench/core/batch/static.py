@@ -251,7 +251,9 @@ class StaticSequence:
             else:  # (the padding rows after the real ones: the edits' row indices stay those of the real rows)
                 out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=hidden,
                                  compiled=True, edits=edits)
-                out = out[0, w - keep:w].clone()  # a CUDA graph's output buffer is rewritten by its next replay
+                out = out[0, w - keep:w]
+                if device.type == "cuda":  # a CUDA graph's output buffer is rewritten by its next replay (a CPU
+                    out = out.clone()  # graph's outputs are fresh tensors: no copy of [keep, V] logits)
         if hidden:
             clock.output(out)  # a method's head call on these rows is the target's forward (the single engine's too)
         state.kv.length = past + w

@@ -136,8 +136,8 @@ class StaticBatch:
         with context if bucket is None else nullcontext(), clock.forward(inputs.shape[0] * inputs.shape[1]):
             out = state.call(inputs, positions, write_at, allowed, embeds, hidden=hidden, compiled=bucket is not None,
                              kv=self.kv, edits=edits if bucket is not None else None)
-            if bucket is not None:
-                out = out.clone()  # a CUDA graph's output buffer is rewritten by its next replay
+            if bucket is not None and device.type == "cuda":
+                out = out.clone()  # a CUDA graph's output buffer is rewritten by its next replay (a CPU graph's: fresh)
         if hidden:
             clock.output(out)
         results = []

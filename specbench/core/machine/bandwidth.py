@@ -13,6 +13,9 @@ LLC, so nearly every byte misses the cache), capped at a quarter of the availabl
 The result is cached per hardware key (core/machine/hardware.hardware_slug) in the user cache:
 <user cache>/bandwidth/<hardware key>.yaml, with the thread count it was measured with; a different thread count
 measures again (on a CPU the bandwidth a process reaches depends on the cores it uses).
+A benchmark run's roofline does not read that cache: a machine's bandwidth can move by a third within a day, so a run
+measures it in its own sitting, before its turns (`for_run`), and falls back to the cached reading, saying so, only
+when other work disturbed that measurement.
 $SPECBENCH_BANDWIDTH_GB_S, when set, is taken instead of any measurement (its source says so).
 """
 
@@ -171,6 +174,28 @@ def bandwidth(device: torch.device, remeasure: bool = False) -> Bandwidth:
         return replace(found, source=contention.not_cached_note(reading))
     write_cached(found)
     return found
+
+
+def for_run(device: torch.device) -> Bandwidth:
+    """The bandwidth a run's roofline divides by: measured now, in the run's own sitting (and cached for the commands
+    that read the cache); when other work disturbed the measurement (it reads low), the cached reading with both
+    said, or the disturbed one where nothing is cached."""
+    from .hardware import hardware_slug
+
+    device = torch.device(device)
+    hardware = hardware_slug(device)
+    given = os.environ.get(ENV)
+    if given:
+        return _given(given, device, hardware)
+    found, reading = contention.beside(lambda: measure(device, hardware))
+    if not contention.disturbed(reading):
+        write_cached(found)
+        return replace(found, source="measured now, before this run's turns")
+    cached = read_cached(hardware, device.type, torch.get_num_threads())
+    if cached is None:
+        return replace(found, source=contention.not_cached_note(reading))
+    return replace(cached, source=f"{cached.source} (a measurement before this run's turns read {found.gb_s:.1f} GB/s "
+                                  f"beside {reading.get('foreign_cpu', math.nan):.2f} cores of other work: not used)")
 
 
 def _given(text: str, device: torch.device, hardware: str) -> Bandwidth:

@@ -80,6 +80,8 @@ class Compiled:
         self.eager_steps = 0  # decode forwards run uncompiled after warm-up (a width no bucket holds)
         self.compiled_steps = 0  # decode forwards run through the compiled step after warm-up
         self.grown: list[int] = []  # capacities the cache grew to after warm-up (each a recompile)
+        # a frozen call's "never recompile": one patch object, entered each call (building one costs a class a call)
+        self._no_recompile = torch._dynamo.config.patch(error_on_recompile=True)
 
 
     @property
@@ -239,7 +241,7 @@ class Compiled:
             try:
                 if edits and first:  # a kind of edit warm-up never met: nothing compiled for it
                     raise torch._dynamo.exc.RecompileError("edits")
-                with torch._dynamo.config.patch(error_on_recompile=True):
+                with self._no_recompile:
                     out = self.fn(self.graph, kv, inputs, positions, write_at, allowed, embeds, hidden, edits=edits)
             except torch._dynamo.exc.RecompileError:
                 self.eager_steps += 1

@@ -30,7 +30,7 @@ from ...core.tree_file import TreeFile, TreeSpec, resolve_tree
 from ...errors import SpecbenchError
 from ...planning import tree_choice
 from ...planning.acceptance import GENERIC_PER_RANK, read_per_rank
-from ...planning.batch_choice import batch_view, is_compiled
+from ...planning.batch_choice import batch_view
 from ...planning.treesearch import search, static_candidates
 from ...progress import console
 
@@ -182,19 +182,18 @@ def _batch_tree(method, size: int) -> tuple[TreeFile, str] | None:
     (batch 1's)."""
     target, family = method.target, method.family
     hardware, dtype = hardware_slug(target.device), dtype_name(target.dtype)
-    view, why = batch_view(target, size)
     # a --compile run's tree is filed as compiled decoding's (@compiled): built from a compiled L(B, w) only
-    buildable = view is not None and (not lookup.compiled_run() or is_compiled(view))
+    view, why = batch_view(target, size, eager_ok=False)
     choice = tree_choice.choose(target.spec, family, hardware, dtype, size, one_state=method.one_state,
                                 rows=method.rows, ept=method.ept, device=target.device.type,
-                                draft_ms=method.pricing.ms_here, can_build=buildable)
+                                draft_ms=method.pricing.ms_here, can_build=view is not None)
     if choice.tree is not None:
         if choice.built is not None:
             console.print(f"[yellow]note[/] {method.name}: no {family} tree for batch size {size} on {hardware} "
                           f"{dtype} yet; built it now from L(B={size}, w) in {escape(str(choice.inputs.profile))} "
                           f"and {escape(str(choice.inputs.acceptance))}: filed as {escape(store.said_where(choice.built))}")
         return choice.tree, choice.source
-    if view is not None and not buildable:
+    if lookup.compiled_run() and view is None:
         why = f"a compiled run builds batch size {size}'s tree from a compiled L(B, w) only: {why}"
     if choice.failed:
         why = choice.failed
