@@ -82,11 +82,11 @@ def test_on_the_spot_profile_on_a_tiny_model(tiny, tmp_path):
 
 def _batch_records(per_position: str | None) -> pd.DataFrame:
     """ar and pld at B = 1 (one prompt each) and B = 2 (one batch of two): 30 decode tokens per sample; pld accepts
-    one draft on half its 20 steps."""
+    one draft on half its 20 steps. A batch's 0.05 s prefill is shared out among its rows, as records hold it."""
     base = dict(dataset="gsm8k", prompt_tokens=100, new_tokens=31, draft_s=0.0, prefill_tokens=1)
     rows = []
     for size, wall in ((1, 0.5), (2, 0.6)):
-        extra = dict(batching="unpadded", batch_id=f"{size}-0-0", batch_wall_s=wall, prefill_s=0.05) \
+        extra = dict(batching="unpadded", batch_id=f"{size}-0-0", batch_wall_s=wall, prefill_s=0.05 / size) \
             if size > 1 else dict(batching="-", latency_s=wall, ttft_s=0.05)
         for _ in range(size):
             rows.append(dict(base, method="ar", batch_size=size, target_forwards=31, target_tokens=130, **extra))
@@ -113,3 +113,73 @@ def test_map_table_prices_the_longest_sample_and_splits_the_error():
 def test_grid_needs_reads_each_points_width_and_kv():
     needs, kvs = map_table.grid_needs(_batch_records("10/20"))
     assert needs == {1: [1.0, 2.0], 2: [1.0, 2.0]} and kvs == [128]
+
+
+def test_a_drafter_is_priced_on_its_own_curve_over_the_rows_still_drafting():
+    from specbench.planning.batch_prediction import DraftCost, batch_cost, first_draft_width
+
+    p = _profile()  # as the drafter's curve too: L_d(1, w) = 10 + w, L_d(2, w) = 12 + 2w
+    # two forwards a step, the first catching up on 1.5 tokens a row: L_d(2, 1.5) + L_d(2, 1) = 15 + 14
+    assert DraftCost(p, 2.0, 1.5, 128).ms(2) == pytest.approx(29.0)
+    assert DraftCost(p, 1.0, 1.0, 128).ms(1) == pytest.approx(11.0)
+    assert DraftCost(p, 0.5, 1.0, 128).ms(1) == pytest.approx(5.5)  # a forward every other step
+    assert DraftCost(p, 1.0, 1.0, 128).ms(8) is None  # past the drafter curve's batch sizes
+    # every draft accepted with chance 0.8 x 0.5: the first forward feeds the last draft and the bonus token then
+    assert first_draft_width([0.8, 0.5], 2) == pytest.approx(1.4)
+    assert first_draft_width([0.8], 2) == 1.0 and first_draft_width(None, 1) == 1.0
+    # constant tau, 15 steps of two rows: forward L(2, 3) = 18, drafting L_d(2, 1) = 14, host 2 x 0.5 per step
+    sim = simulate_batch(None, [20, 30], tau=2.0)
+    cost = batch_cost(p, sim, 3, 128, draft_ms=99.0, host_ms_per_row=0.5, drafter=DraftCost(p, 1.0, 1.0, 128))
+    assert (cost.forward_ms, cost.draft_ms, cost.host_ms) == pytest.approx((15 * 18, 15 * 14, 15 * 1.0))
+    assert cost.total_ms == pytest.approx(batch_ms(p, sim, 3, 128, 99.0, 0.5, DraftCost(p, 1.0, 1.0, 128)))
+    assert batch_cost(p, sim, 3, 128, draft_ms=4.0).draft_ms == pytest.approx(15 * 4.0)  # no curve: as measured
+
+
+def _sd_records() -> pd.DataFrame:
+    """sd at B = 2 (one batch of two): 20 decode steps, one draft a step, the batch's drafting shared out unequally
+    between its rows (0.03 s and 0.01 s: 2 ms a step in all)."""
+    base = dict(dataset="gsm8k", prompt_tokens=100, new_tokens=31, prefill_tokens=1, batching="unpadded",
+                batch_id="2-0-0", batch_wall_s=0.6, prefill_s=0.025, target_forwards=21, target_tokens=140,
+                draft_forwards=21, accepted_per_position="10/20")
+    rows = [dict(base, method="sd", batch_size=2, draft_s=s) for s in (0.03, 0.01)]
+    rows += [dict(base, method="sd", batch_size=1, batching="-", batch_id=None, draft_s=0.02, latency_s=0.5,
+                  ttft_s=0.05)]
+    return pd.DataFrame(rows)
+
+
+def test_map_table_sums_a_batchs_drafting_and_prices_the_drafter_on_the_spot():
+    frame = map_table.table(_sd_records(), None, {}, _profile())
+    sd2 = frame[frame.batch_size == 2].iloc[0]
+    assert sd2.draft_ms_per_step == pytest.approx(2.0)  # both rows' shares, not one
+    assert sd2.step_ms_measured == pytest.approx(1000 * (0.6 - 0.05) / 20)  # the whole prefill out, not one share
+    unequal = _sd_records().assign(prefill_s=[0.04, 0.01, 0.0])  # shares by new tokens need not be equal
+    again = map_table.table(unequal, None, {}, _profile())
+    assert again[again.batch_size == 2].step_ms_measured.iloc[0] == pytest.approx(sd2.step_ms_measured)
+    assert sd2.draft_priced == "measured" and sd2.draft_ms_predicted == pytest.approx(2.0)
+    assert sd2.draft_forwards_per_step == pytest.approx(1.0)
+    priced = map_table.table(_sd_records(), None, {}, _profile(), drafter=_profile())
+    sd2 = priced[priced.batch_size == 2].iloc[0]
+    assert sd2.draft_priced == "drafter curve"
+    # one forward a step at width 1.5 (its one draft accepted half the time): L_d(1, 1.5) = 11.5 with
+    # one row left, L_d(2, 1.5) = 15 with both
+    assert 11.5 < sd2.draft_ms_predicted <= 15.0 + 1e-9
+    assert sd2.step_ms_predicted == pytest.approx(sd2.forward_ms_predicted + sd2.draft_ms_predicted
+                                                  + sd2.host_ms_predicted)
+    ar_like = map_table.table(_batch_records("10/20"), None, {}, _profile(), drafter=_profile())
+    assert set(ar_like.draft_priced) == {""}  # no drafter forwards: nothing priced on the drafter's curve
+
+
+def test_drafter_widths_cover_every_batch_size():
+    from specbench.planning.spot_profile import drafter_widths
+
+    assert drafter_widths([2, 8]) == {1: [1, 2], 2: [1, 2], 8: [1, 2]}
+
+
+def test_a_drafters_curve_on_the_spot_on_a_tiny_model(tiny):
+    from specbench.methods.sd.drafter import layer_drafter
+    from specbench.planning.spot_profile import drafter_widths
+
+    drafter = layer_drafter(tiny, [0])
+    profile = measure_on_the_spot(drafter, drafter_widths([2]), [16], repeats=2, warmup=1)
+    assert profile.widths == [1, 2] and profile.batches[2].widths == [1, 2]
+    assert all(ms > 0 for c in profile.curves.values() for ms in c["median_ms"])

@@ -191,7 +191,7 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) 
     console.print(f"Measuring L(B, w) at B = {', '.join(map(str, sizes))} for the prediction (widths up to "
                   f"{widths[-1]}, KV {', '.join(map(str, kv_lengths))}) ...")
     with stated_workload(profile_workload(widths, kv_lengths, repeats, sizes)):
-        target = load_model(cfg.model, cfg.dtype, cfg.device)
+        target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True)  # the run's dtype
     room = target.context_length - repeats - widths[-1] - 1  # the longest KV a width-32 forward can sit on
     kv_lengths = sorted({min(kv, room) for kv in kv_lengths})
     result = measure(target, widths, kv_lengths, repeats, batch_sizes=sizes)
@@ -207,7 +207,8 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) 
 
 def _step_profile(cfg, run_dir: Path) -> None:
     """L(B, w) measured now, after the run, on its engines at the widths and KV lengths its grid points verified
-    (planning/spot_profile.py), kept in the run folder for the prediction (report/map_table.STEP_COPY)."""
+    (planning/spot_profile.py), kept in the run folder for the prediction (report/map_table.STEP_COPY); and a
+    drafter model's L_d(B, w) beside it (DRAFT_COPY) when a method of the run drafts with one."""
     import gc
 
     import pandas as pd
@@ -215,8 +216,8 @@ def _step_profile(cfg, run_dir: Path) -> None:
 
     from ..core.model.load import load_model
     from ..core.model.memory_need import profile_workload, stated_workload
-    from ..planning.spot_profile import grid_widths, measure_on_the_spot
-    from ..report.map_table import STEP_COPY, grid_needs
+    from ..planning.spot_profile import drafter_widths, grid_widths, measure_on_the_spot
+    from ..report.map_table import DRAFT_COPY, STEP_COPY, grid_needs
 
     path, records = run_dir / STEP_COPY, run_dir / "records.csv"
     if path.exists() or not records.exists():
@@ -233,15 +234,32 @@ def _step_profile(cfg, run_dir: Path) -> None:
         torch.set_num_threads(cfg.threads)
     flat = sorted({w for ws in widths.values() for w in ws})
     with stated_workload(profile_workload(flat, kvs, repeats + 4, sorted(widths))):
-        target = load_model(cfg.model, cfg.dtype, cfg.device)
+        target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True)  # as the run loads it
     result = measure_on_the_spot(target, widths, kvs, repeats=repeats)
     path.write_text(result.to_yaml())
+    drafter = _run_drafter(cfg, target)
+    if drafter is not None:  # a drafter model's batched drafting: its own L_d(B, w) on its own engines
+        sizes = ", ".join(map(str, sorted(widths)))
+        console.print(f"Measuring the drafter's forwards on its engines at B = {sizes} ...")
+        drafted = measure_on_the_spot(drafter, drafter_widths(sorted(widths)), kvs, repeats=repeats)
+        (run_dir / DRAFT_COPY).write_text(drafted.to_yaml())
     load = result.meta.get("contention") or {}
     if load.get("disturbed"):
         console.print(f"[yellow]the grid's steps were measured while other processes used "
                       f"{load['foreign_cpu']:.2f} cores: the prediction may be off; map on a quiet machine[/]")
-    del target
+    del target, drafter
     gc.collect()
+
+
+def _run_drafter(cfg, target):
+    """The drafter model the run's draft-model methods decoded with (--drafter, else the target's shipped one), or
+    None when no method of the run drafts with one."""
+    from ..methods import get_method
+    from ..methods.sd.drafter import default_drafter, resolve_drafter
+
+    if not any("drafter" in get_method(m).needs for m in cfg.methods):
+        return None
+    return resolve_drafter(cfg.drafter, target, cfg.dtype, cfg.device) if cfg.drafter else default_drafter(target)
 
 
 def _print_map(run_dir: Path) -> None:

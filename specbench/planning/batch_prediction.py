@@ -17,11 +17,16 @@ predicted_tok_s prices).
 batch size is where that speedup falls through 1, interpolated on log2(B) between the two grid points around the
 crossing (speedup falls about linearly in log2(B) once verify cost grows with B x w).
 
-The host work of a step outside the forward (the loop's bookkeeping, a training-free method's lookup) is priced per
-active row, as batch 1 measured it. Left out of the model, and so where a measurement can differ from it: host work
-that grows otherwise with the batch, acceptance that differs between samples more than independent draws from one
-set of rates do (a repetitive prompt accepts more at every step), and rows of unequal width in one forward (the
-mean width stands in).
+A drafter model's drafting (DraftCost) is priced on the drafter's own curve L_d(b, w), measured on its own engine
+at the grid's batch sizes: its forwards per step over the rows still drafting, the first of each step catching up on
+the tokens the last verification kept (the last draft and the bonus token when every draft was accepted: width 1 +
+P(all accepted)), the rest one token a row. Without a drafter curve the drafting per step is the run's measured one.
+
+The host work of a step outside the forward (the loop's bookkeeping, acceptance, a training-free method's lookup) is
+priced per active row, as batch 1 measured it. Left out of the model, and so where a measurement can differ from
+it: host work that grows otherwise with the batch, acceptance that differs between samples more than independent
+draws from one set of rates do (a repetitive prompt accepts more at every step), and rows of unequal width in one
+forward (the mean width stands in).
 """
 
 from __future__ import annotations
@@ -158,21 +163,76 @@ def latency_at_rows(profile: LatencyProfile, rows: float, width: float, kv: int 
     return at(low) + (at(high) - at(low)) * (rows - low) / (high - low)
 
 
-def batch_ms(profile: LatencyProfile, batch: SimulatedBatch, width: float, kv: int | None,
-             draft_ms: float = 0.0, host_ms_per_row: float = 0.0) -> float | None:
-    """Predicted decode ms of one simulated batch: each step's L(active rows, w, kv), the drafting per step and the
-    host work of each active row, weighted by the chance the batch still runs then; None when the profile has no
-    curve for the batch's rows."""
-    if batch.active is None or batch.running is None:
-        one = latency_at_rows(profile, batch.rows, width, kv)
-        return None if one is None else batch.steps * (one + draft_ms + batch.rows * host_ms_per_row)
-    total = 0.0
-    for rows, chance in zip(batch.active, batch.running):
-        one = latency_at_rows(profile, rows, width, kv)
-        if one is None:
+@dataclass(frozen=True)
+class DraftCost:
+    """A drafter model's drafting per step, priced on its own curve L_d(b, w): `forwards` batched drafter forwards
+    a step over the rows still decoding, the first feeding `first_width` tokens a row (the accepted tail it catches
+    up on), the others one."""
+
+    profile: LatencyProfile  # the drafter's L_d(b, w) on its own engine
+    forwards: float  # drafter forwards per decode step (gamma, fewer near the token cap)
+    first_width: float = 1.0
+    kv: int | None = None
+
+    def ms(self, rows: float) -> float | None:
+        """Drafting ms of one step over `rows` rows, None past the drafter curve's largest batch size."""
+        if self.forwards <= 0:
+            return 0.0
+        first = latency_at_rows(self.profile, rows, self.first_width, self.kv)
+        rest = latency_at_rows(self.profile, rows, 1.0, self.kv)
+        if first is None or rest is None:
             return None
-        total += chance * (one + draft_ms + rows * host_ms_per_row)
-    return total
+        return first * min(self.forwards, 1.0) + rest * max(self.forwards - 1.0, 0.0)
+
+
+def first_draft_width(rates: list[float] | None, gamma: float) -> float:
+    """Tokens a row feeds its drafter in a step's first drafter forward: the corrected token, or the last draft and
+    the bonus token when all `gamma` drafts were accepted (probability: the product of the first gamma rates)."""
+    if not rates or gamma < 1:
+        return 1.0
+    every = 1.0
+    for rate in rates[: int(round(gamma))]:
+        every *= rate
+    return 1.0 + (every if len(rates) >= int(round(gamma)) else 0.0)
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    """Predicted decode ms of one simulated batch, split into its parts (each summed over the batch's steps)."""
+
+    forward_ms: float  # the target's verify forwards, L(rows, w, kv)
+    draft_ms: float  # drafting
+    host_ms: float  # host work per row
+
+    @property
+    def total_ms(self) -> float:
+        return self.forward_ms + self.draft_ms + self.host_ms
+
+
+def batch_cost(profile: LatencyProfile, batch: SimulatedBatch, width: float, kv: int | None,
+               draft_ms: float = 0.0, host_ms_per_row: float = 0.0,
+               drafter: DraftCost | None = None) -> BatchCost | None:
+    """Predicted decode ms of one simulated batch, by part: each step's L(active rows, w, kv), its drafting (the
+    drafter's forwards over the active rows when `drafter` is given, else `draft_ms`) and the host work of each
+    active row, weighted by the chance the batch still runs then; None when a curve has no point for its rows."""
+    steps = (list(zip(batch.active, batch.running)) if batch.active is not None and batch.running is not None
+             else [(batch.rows, batch.steps)])
+    forward = draft = host = 0.0
+    for rows, weight in steps:
+        one = latency_at_rows(profile, rows, width, kv)
+        drafting = draft_ms if drafter is None else drafter.ms(rows)
+        if one is None or drafting is None:
+            return None
+        forward, draft, host = forward + weight * one, draft + weight * drafting, host + weight * rows * host_ms_per_row
+    return BatchCost(forward, draft, host)
+
+
+def batch_ms(profile: LatencyProfile, batch: SimulatedBatch, width: float, kv: int | None,
+             draft_ms: float = 0.0, host_ms_per_row: float = 0.0, drafter: DraftCost | None = None) -> float | None:
+    """Predicted decode ms of one simulated batch (batch_cost's parts summed); None when a curve has no point for
+    its rows."""
+    cost = batch_cost(profile, batch, width, kv, draft_ms, host_ms_per_row, drafter)
+    return None if cost is None else cost.total_ms
 
 
 @dataclass(frozen=True)

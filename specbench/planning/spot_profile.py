@@ -1,7 +1,8 @@
 """The step costs a map predicts from, measured on the spot after its run: L(B, w) on the engines the run decoded
 with (batch 1 on the single-sequence engine, core/batch/single.py; B > 1 on the unpadded one, core/batch/ragged.py)
 at exactly the widths and KV lengths its grid points need, so no point reads a width extrapolated past the profiled
-ones.
+ones. A drafter model is measured the same way on its own engines (`drafter_widths`): the curve L_d(B, w) its
+batched drafting is priced on (planning/batch_prediction.DraftCost).
 
 Each width is timed as decoding runs it: consecutive forwards of the same shape, each step keeping one of its new
 tokens (the KV grows by one a step, as a decode step that accepted nothing), in two passes (widths ascending, then
@@ -46,6 +47,12 @@ def grid_widths(needs: dict[int, list[float]]) -> dict[int, list[int]]:
     smaller batch sizes' curves), and batch 1 is always there (a profile's main curve)."""
     sizes = sorted(set(needs) | {1})
     return {b: widths_to_measure([w for size in needs if size >= b for w in needs[size]]) for b in sizes}
+
+
+def drafter_widths(sizes: list[int]) -> dict[int, list[int]]:
+    """{B: widths} of a drafter's on-the-spot curve L_d(B, w) for a grid of batch sizes: one token a row (each
+    drafter forward after a step's first) and two (the first, when the step's drafts were all accepted)."""
+    return {b: [1, 2] for b in sorted(set(sizes) | {1})}
 
 
 def _consecutive(batch, size: int, rows: list[list[int]], start: int, steps: int, device) -> list[float]:

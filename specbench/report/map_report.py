@@ -18,6 +18,7 @@ from .markdown import markdown_table  # noqa: E402
 from .titles import set_title  # noqa: E402
 
 TOLERANCE = map_table.GOAL  # the cost model's goal: predicted within 10% of measured
+MS = "{:.1f}"
 
 
 def write(run_dir: Path, records: pd.DataFrame, summary: pd.DataFrame, meta: dict, title: str) -> list[str]:
@@ -25,11 +26,14 @@ def write(run_dir: Path, records: pd.DataFrame, summary: pd.DataFrame, meta: dic
     if not map_table.has_sweep(records):
         return []
     profile, source = map_table.run_profile(run_dir, meta)
-    frame = map_table.table(records, summary, meta, profile)
+    drafter = map_table.drafter_profile(run_dir) if profile is not None else None
+    frame = map_table.table(records, summary, meta, profile, drafter)
     if frame.empty:
         return []
     frame.to_csv(Path(run_dir) / "map.csv", index=False)
     plot(frame, Path(run_dir) / "map.png", title)
+    if profile is not None and drafter is not None:
+        source += f"; a drafter's forwards from {map_table.DRAFT_COPY} (measured beside it on the drafter's engines)"
     return section(frame, source if profile is not None else None, source)
 
 
@@ -42,8 +46,10 @@ def section(frame: pd.DataFrame, profile_source: str | None, why_not: str) -> li
           "Decode throughput of the whole batch at each batch size B (the prefill is not a step), measured, beside "
           "the cost model's prediction: each batch runs as long as its longest sample, so its steps are the "
           "expected maximum over its samples of a seeded simulation of their accepted lengths (drawn from the "
-          "run's per-position acceptance), each step priced at L(rows still decoding, w) + drafting ms, with the "
-          "mean verify width w and the drafting as this run measured them (planning/batch_prediction.py). "
+          "run's per-position acceptance), each step priced at L(rows still decoding, w) + drafting + host work per "
+          "row, with the mean verify width w as this run verified it; a drafter model's drafting is priced on its "
+          "own curve L_d(rows, w) (its forwards per step over the rows still drafting), other drafting as this "
+          "run measured it, host work per row as batch 1 measured it (planning/batch_prediction.py). "
           "`steps err`: predicted batch steps over measured; `step cost err`: predicted ms per batch step over "
           "measured (host work outside the forward shows here); the tok/s error is "
           "1 / ((1 + steps err)(1 + step cost err)) - 1. `break-even`: the B where the method's speedup over `ar` "
@@ -59,6 +65,10 @@ def section(frame: pd.DataFrame, profile_source: str | None, why_not: str) -> li
                                     for w, e in zip(frame.within_goal, frame.error.astype(float))],
         "steps err": frame.steps_error.map(lambda v: _fmt(v, "{:+.0%}")),
         "step cost err": frame.step_cost_error.map(lambda v: _fmt(v, "{:+.0%}")),
+        "step ms pred (fwd + draft + host) / meas": [
+            f"{_fmt(t, MS)} ({_fmt(f, MS)} + {_fmt(d, MS)} + {_fmt(h, MS)}) / {_fmt(m, MS)}"
+            for t, f, d, h, m in zip(frame.step_ms_predicted, frame.forward_ms_predicted, frame.draft_ms_predicted,
+                                     frame.host_ms_predicted, frame.step_ms_measured)],
         "speedup measured": frame.measured_speedup.map(lambda v: _fmt(v, "{:.2f}x")),
         "speedup predicted": frame.predicted_speedup.map(lambda v: _fmt(v, "{:.2f}x")),
         "per user tok/s": frame.per_user_tok_s.map(lambda v: _fmt(v)), "timing": frame.timing})

@@ -8,12 +8,17 @@ What the prediction takes from the run, per (label, B), averaged over its decode
   width   = sum (target_tokens - prompt_tokens) / sum (target_forwards - 1)   new tokens per sample per forward
   tau     = sum (new_tokens - 1) / sum (target_forwards - 1)                   tokens per sample per step
   rates   = the per-position acceptance (accepted_per_position pooled), as rates over every step (chain_rates)
-  draft   = drafting seconds / steps (a batch's drafting once per batch)
+  draft   = drafting seconds / steps (a batch's drafting: the sum of its rows' shares)
   host    = the label's host seconds outside the forwards per decode step at batch 1 (host_s), charged per row
+  draft forwards = a draft-model method's drafter forwards per step (draft_forwards / target_forwards)
   kv      = mean prompt tokens + half the mean new tokens
 and each batch's samples' decode lengths (new_tokens - 1). The predicted steps of a batch are the expected maximum
 over its samples of a seeded simulation from the rates (planning/batch_prediction.simulate_batch), each step priced
-at L(rows still decoding, w, kv) + drafting. The error splits into its steps part (`steps_error`: predicted batch
+at L(rows still decoding, w, kv) + drafting + host work per row. A draft-model method's drafting is priced on its
+drafter's own curve L_d(rows, w) measured on the spot (DRAFT_COPY): its drafter forwards per step over the rows
+still decoding (planning/batch_prediction.DraftCost); other methods' drafting is the run's measured one per step.
+The predicted ms per batch step splits into `forward_ms_predicted`, `draft_ms_predicted` and `host_ms_predicted`
+(`draft_priced` says how the drafting was priced). The error splits into its steps part (`steps_error`: predicted batch
 steps over measured, max(target_forwards) - 1 per batch) and its step-cost part (`step_cost_error`: predicted ms per
 batch step over measured decode ms per batch step); tok/s error = 1 / ((1 + steps_error) (1 + step_cost_error)) - 1.
 The step costs are read from the profile measured on the spot after the run on the run's own engines and widths
@@ -32,18 +37,22 @@ import pandas as pd
 from ..core import store
 from ..core.profile_file import LatencyProfile, load_profile
 from ..errors import SpecbenchError
-from ..planning.batch_prediction import batch_ms, break_even, chain_rates, simulate_batch
+from ..planning.batch_prediction import (DraftCost, batch_cost, break_even, chain_rates, first_draft_width,
+                                         simulate_batch)
 
 NUMERIC = ("target_forwards", "target_tokens", "prompt_tokens", "new_tokens", "draft_s", "latency_s", "wall_s",
            "ttft_s", "batch_wall_s", "prefill_s", "prefill_tokens", "tpot_ms")
 PROFILE_COPY = "latency_profile.yaml"  # the profile `specbench map` measured before its run, kept in the run folder
 STEP_COPY = "step_profile.yaml"  # L(B, w) measured after the run on its engines at its grid's widths (spot_profile)
+DRAFT_COPY = "draft_profile.yaml"  # a drafter model's L_d(B, w) measured beside STEP_COPY on the drafter's engines
 TRIALS = 200  # simulated batches per point
 GOAL = 0.10  # the cost model's goal: predicted within 10% of measured
 
 COLUMNS = ["dataset", "batch_size", "method", "setting", "mode", "width", "tau", "tau_file", "draft_ms_per_step",
-           "host_ms_per_row", "kv", "steps_predicted", "steps_measured", "step_ms_predicted", "step_ms_measured",
-           "steps_error", "step_cost_error", "predicted_tok_s", "measured_tok_s", "error", "within_goal",
+           "host_ms_per_row", "kv", "draft_forwards_per_step", "draft_priced", "steps_predicted", "steps_measured",
+           "step_ms_predicted", "step_ms_measured", "forward_ms_predicted", "draft_ms_predicted",
+           "host_ms_predicted", "steps_error", "step_cost_error", "predicted_tok_s", "measured_tok_s", "error",
+           "within_goal",
            "per_user_tok_s", "predicted_speedup", "measured_speedup", "break_even", "break_even_predicted",
            "best_at_batch", "timing"]
 
@@ -104,14 +113,18 @@ def _step_numbers(g: pd.DataFrame, size: int) -> dict:
         draft_s, drafted_steps = float(num("draft_s").sum()), n_steps
         decode_s = float((num("latency_s" if "latency_s" in g else "wall_s") - num("ttft_s")).sum())
         out["measured_tok_s"] = float((num("new_tokens") - 1).clip(lower=0).sum()) / decode_s if decode_s > 0 else math.nan
-    else:  # drafting and wall time are per batch, repeated on each sample's row
+    else:  # wall time is per batch, repeated on each sample's row; drafting and the prefill-only time are shared
+        # out among the rows (each row holds its share: the batch's is their sum)
         batches = g.groupby("batch_id", dropna=False)
-        draft_s = float(batches.draft_s.first().fillna(0).sum())
+        draft_s = float(num("draft_s").sum())
         drafted_steps = float((batches.target_forwards.max() - 1).clip(lower=1).sum())
-        decode_s = float((batches.batch_wall_s.first() - batches.prefill_s.first().fillna(0)).sum())
+        decode_s = float(batches.batch_wall_s.first().sum()) - float(num("prefill_s").sum())
         decoded = float((num("new_tokens") - num("prefill_tokens")).sum())
         out["measured_tok_s"] = decoded / decode_s if decode_s > 0 else math.nan
     out["draft_ms_per_step"] = 1000.0 * draft_s / drafted_steps if drafted_steps else 0.0
+    forwards = float(num("target_forwards").sum())
+    out["draft_forwards_per_step"] = float(num("draft_forwards").sum()) / forwards \
+        if "draft_forwards" in g and forwards else 0.0
     out["steps_measured"] = drafted_steps if drafted_steps else math.nan
     out["step_ms_measured"] = 1000.0 * decode_s / drafted_steps if drafted_steps and decode_s > 0 else math.nan
     if not n_steps and not math.isfinite(out.get("measured_tok_s", math.nan)):
@@ -158,25 +171,50 @@ def host_ms_per_row(g: pd.DataFrame) -> float:
     return 1000.0 * float(host[ok].sum()) / float(steps[ok].sum()) if ok.any() else 0.0
 
 
-def predict(g: pd.DataFrame, size: int, numbers: dict, profile: LatencyProfile, host_ms: float = 0.0) -> dict:
-    """The point's predicted batch steps, ms per batch step and tok/s (NaN where the profile has no curve for it):
-    every batch simulated from the group's per-position rates (the constant tau where the records have none)."""
-    nan = {"steps_predicted": math.nan, "step_ms_predicted": math.nan, "predicted_tok_s": math.nan}
+def predict(g: pd.DataFrame, size: int, numbers: dict, profile: LatencyProfile, host_ms: float = 0.0,
+            drafter: LatencyProfile | None = None) -> dict:
+    """The point's predicted batch steps, ms per batch step (and its parts) and tok/s (NaN where a curve has no
+    point for it): every batch simulated from the group's per-position rates (the constant tau where the records
+    have none). `drafter`: the drafter's L_d(B, w), pricing a draft-model method's drafting (None: as measured)."""
+    nan = {"steps_predicted": math.nan, "step_ms_predicted": math.nan, "predicted_tok_s": math.nan,
+           "forward_ms_predicted": math.nan, "draft_ms_predicted": math.nan, "host_ms_predicted": math.nan}
     steps = float((pd.to_numeric(g.target_forwards, errors="coerce").fillna(1) - 1).clip(lower=0).sum())
     counts = accepted_counts(g)
     rates = chain_rates(counts, int(steps)) if counts is not None and steps > 0 else None
-    total_steps = total_ms = 0.0
+    forwards = numbers.get("draft_forwards_per_step", 0.0)
+    draft = None
+    if drafter is not None and forwards > 0:
+        draft = DraftCost(drafter, forwards, first_draft_width(rates, forwards), numbers["kv"])
+    total_steps = 0.0
+    parts = [0.0, 0.0, 0.0]  # forward, drafting, host ms over every batch
     decoded = 0
     for i, lengths in enumerate(_batches(g, size)):
         sim = simulate_batch(rates, lengths, numbers["tau"], trials=TRIALS, seed=i)
-        ms = batch_ms(profile, sim, numbers["width"], numbers["kv"], numbers["draft_ms_per_step"], host_ms)
-        if ms is None:
+        cost = batch_cost(profile, sim, numbers["width"], numbers["kv"], numbers["draft_ms_per_step"], host_ms,
+                          draft)
+        if cost is None:
             return nan
-        total_steps, total_ms, decoded = total_steps + sim.steps, total_ms + ms, decoded + sum(lengths)
+        total_steps, decoded = total_steps + sim.steps, decoded + sum(lengths)
+        parts = [parts[0] + cost.forward_ms, parts[1] + cost.draft_ms, parts[2] + cost.host_ms]
+    total_ms = sum(parts)
     if total_ms <= 0 or total_steps <= 0:
         return nan
     return {"steps_predicted": total_steps, "step_ms_predicted": total_ms / total_steps,
-            "predicted_tok_s": decoded * 1000.0 / total_ms}
+            "predicted_tok_s": decoded * 1000.0 / total_ms, "forward_ms_predicted": parts[0] / total_steps,
+            "draft_ms_predicted": parts[1] / total_steps, "host_ms_predicted": parts[2] / total_steps}
+
+
+def draft_priced(numbers: dict, drafter: LatencyProfile | None) -> str:
+    """How a point's drafting is priced: on the drafter's curve, as the run measured it, or '' (no drafting)."""
+    if drafter is not None and numbers.get("draft_forwards_per_step", 0.0) > 0:
+        return "drafter curve"
+    return "measured" if numbers.get("draft_ms_per_step", 0.0) > 0 else ""
+
+
+def drafter_profile(run_dir: Path) -> LatencyProfile | None:
+    """The drafter's L_d(B, w) measured on the spot after the run (DRAFT_COPY), None when the run folder has none."""
+    path = Path(run_dir) / DRAFT_COPY
+    return load_profile(path) if path.exists() else None
 
 
 def grid_needs(records: pd.DataFrame) -> tuple[dict[int, list[float]], list[int]]:
@@ -218,8 +256,9 @@ def _timing(summary: pd.DataFrame, dataset: str, label: str, size: int) -> str:
 
 
 def table(records: pd.DataFrame, summary: pd.DataFrame | None, meta: dict,
-          profile: LatencyProfile | None) -> pd.DataFrame:
-    """COLUMNS, one row per dataset x method label x batch size (ar included)."""
+          profile: LatencyProfile | None, drafter: LatencyProfile | None = None) -> pd.DataFrame:
+    """COLUMNS, one row per dataset x method label x batch size (ar included). `drafter`: a drafter model's
+    L_d(B, w) (drafter_profile), pricing the labels that draft with one (draft_forwards)."""
     rows = []
     r = _mode_rows(records)
     host = {(d, m): host_ms_per_row(g) for (d, m), g in r[r.batch_size == 1].groupby(["dataset", "method"])}
@@ -229,7 +268,8 @@ def table(records: pd.DataFrame, summary: pd.DataFrame | None, meta: dict,
             continue
         predicted = {"steps_predicted": math.nan, "step_ms_predicted": math.nan, "predicted_tok_s": math.nan}
         if profile is not None and math.isfinite(numbers["tau"]) and not (g.batching == "closed").any():
-            predicted = predict(g, int(size), numbers, profile, host.get((dataset, label), 0.0))
+            predicted = predict(g, int(size), numbers, profile, host.get((dataset, label), 0.0), drafter)
+            predicted["draft_priced"] = draft_priced(numbers, drafter)
         tree = (meta.get("trees") or {}).get(label) or {}
         rows.append({"dataset": dataset, "batch_size": int(size), "method": label,
                      "setting": _setting(meta, label, int(size)),
@@ -263,4 +303,5 @@ def table(records: pd.DataFrame, summary: pd.DataFrame | None, meta: dict,
     for _, g in out.assign(family=family).groupby(["dataset", "family", "batch_size"]):
         if g.measured_tok_s.notna().any():
             out.loc[g.measured_tok_s.idxmax(), "best_at_batch"] = True
-    return out[COLUMNS].sort_values(["dataset", "method", "batch_size"], kind="stable").reset_index(drop=True)
+    return out.reindex(columns=COLUMNS).sort_values(["dataset", "method", "batch_size"], kind="stable").reset_index(
+        drop=True)
