@@ -269,6 +269,8 @@ def test_estimate_measures_every_shape_and_the_run_prices_them(tiny, tmp_path, m
     assert [(r["window"], r["ngram"], r["guesses"]) for r in rows] == [(1, 3, 1), (4, 3, 4)]
     assert all(r["tokens_per_step"] >= 1 for r in rows)
     assert rows[0]["mean_width"] <= 4 < rows[1]["mean_width"] <= 16  # the window's W (N - 1) and the trie's nodes
+    filed = yaml.safe_load((tmp_path / "acceptance" / "tiny" / "lookahead.yaml").read_text())
+    assert set(filed["per_position_shape"]) == {"window", "ngram", "guesses"}  # what `conditional` was counted with
     monkeypatch.setattr(lookahead_method, "local_profile", lambda target, use_for=None: Curve(knee=1000))
     method = get_method("lookahead")(tiny, {})
     best = max(rows, key=lambda r: r["tokens_per_step"])  # a flat curve: the most tokens per step

@@ -1,8 +1,10 @@
 """Lookahead decoding priced by its shapes, not as a chain: `plan` and `recommend` read the measured grid of (W, N,
 G) shapes in its acceptance file (tokens per step over L(mean forward width) / L(1)); the stated model's accuracy is
-fitted to that grid."""
+fitted to that grid; the shipped file for the embedded model loads."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -11,6 +13,7 @@ from typer.testing import CliRunner
 from specbench.cli import app
 from specbench.core.profile_file import LatencyProfile
 from specbench.errors import SpecbenchError
+from specbench.methods.lookahead import shapes as measured_shapes
 from specbench.methods.lookahead import sizing
 from specbench.planning import shape_pricing
 from specbench.planning.chain_plan import plan_chain
@@ -110,3 +113,24 @@ def test_the_stated_accuracy_is_fitted_to_the_measured_grid():
     assert best.tokens_per_step == pytest.approx(sizing.stated_tokens_per_step(5, best.guesses, 0.2))
     assert "an assumed guess accuracy 0.08" in sizing.choose(costs, None, 5, None)[1]
 
+
+def test_the_shipped_lookahead_file_loads_and_prices():
+    """acceptance/smollm2-135m/lookahead.yaml: measured on the validation prompts the other methods' files use, its
+    grid read by the method's sizing and priced by plan on a profile."""
+    from specbench.core import lookup, store
+
+    found = lookup.find(lookup.ACCEPTANCE, store.acceptance_file("smollm2-135m", "lookahead"))
+    assert found is not None
+    fields = yaml.safe_load(found.path.read_text())
+    assert fields["method"] == "lookahead" and fields["data"] == "alpaca-eval" and fields["dtype"] == "float32"
+    rows, said = measured_shapes.filed(SimpleNamespace(spec="smollm2-135m"))
+    assert len(rows) == len(measured_shapes.GRID) and "lookahead.yaml" in said
+    assert all(r["tokens_per_step"] >= 1 and r["mean_width"] >= (r["ngram"] - 1) * r["window"] for r in rows)
+    by_shape = {(r["window"], r["ngram"], r["guesses"]): r["tokens_per_step"] for r in rows}
+    assert all(by_shape[(1, n, 1)] < by_shape[(4, n, 4)] for n in (3, 4, 5))  # more guesses, more tokens a step
+    assert fields["per_position_shape"]["window"] in (1, 2, 4, 8, 15)
+    best, why = sizing.choose([1.0 + 0.01 * w for w in range(130)], None, None, None, rows=rows, rows_from=said)
+    assert "measured on validation prompts" in why and best.tokens_per_step in by_shape.values()
+    plan = plan_chain("lookahead", found.path, fields, profile(), 512)
+    assert plan.label.startswith("W ") and plan.speedup > 0
+    assert 0 < shape_pricing.fitted_accuracy(rows) < 1

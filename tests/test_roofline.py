@@ -107,3 +107,13 @@ def test_a_profile_faster_than_the_floor_blames_the_bandwidth():
     block = {**BLOCK, "bound_ms": 62.0, "profile_l1_ms": 44.0, "profile_lk_ms": 48.0, "profile_width": 16}
     kind, reason = roofline.why(block)
     assert kind == "" and "--measure-bandwidth" in reason
+
+
+def test_verdict_line_says_the_prefill_share_and_the_decode_only_fraction():
+    block = {**BLOCK, "bound_ms": 10.0, "kv_bytes": 0, "bandwidth_gb_s": 10.0}
+    summary = pd.DataFrame({"method": ["ar"], "batch_size": [1], "new_tokens": [100], "turns": [2], "wall_s": [4.0],
+                            "tokens_per_s": [25.0], "roofline_tok_s": [50.0], "host_overhead": [0.1],
+                            "ttft_p50_s": [0.2], "tpot_p50_ms": [20.0]})
+    line = roofline.verdict_line(summary, block)
+    assert "prefill takes about 10.0% of its time" in line and "20.00 ms a token" in line
+    assert "0.5 of the roofline" in line  # 10 ms floor / 20 ms a decoded token

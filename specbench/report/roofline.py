@@ -109,10 +109,27 @@ def verdict_line(summary: pd.DataFrame, block: dict | None) -> str | None:
     host = float((measured.host_overhead * measured.wall_s).sum() / measured.wall_s.sum()) if len(measured) \
         else math.nan
     host_text = f"; {host:.1%} of its time is host overhead outside the forwards" if math.isfinite(host) else ""
+    host_text += prefill_text(ar, block)
     mb = (block["weight_bytes"] + block["kv_bytes"]) / 1e6
     return (f"`ar` runs at {tps:.1f} tok/s, {tps / bound:.3g} of its roofline ({bound:.1f} tok/s: {mb:.0f} MB a "
             f"forward at {block['bandwidth_gb_s']:.1f} GB/s{reading(block)}){host_text}; "
             f"{kind + ': ' if kind else ''}{reason}.")
+
+
+def prefill_text(ar: pd.DataFrame, block: dict) -> str:
+    """What the bound does not see, from the serving columns: the prompt's prefill (arithmetic the bound ignores)
+    as a share of ar's time, and the decode-only time per token (tpot p50) against the floor of one forward."""
+    if not {"ttft_p50_s", "turns", "tpot_p50_ms"} <= set(ar):
+        return ""
+    ttft, tpot = pd.to_numeric(ar.ttft_p50_s, errors="coerce"), pd.to_numeric(ar.tpot_p50_ms, errors="coerce")
+    known = ttft.notna() & tpot.notna()
+    if not known.any():
+        return ""
+    share = float((ttft[known] * ar.turns[known]).sum() / ar.wall_s[known].sum())
+    step = float((tpot[known] * ar.new_tokens[known]).sum() / ar.new_tokens[known].sum())
+    return (f"; its prefill takes about {share:.1%} of its time (median time to first token "
+            f"{float(ttft[known].median()) * 1e3:.0f} ms); decoding alone, {step:.2f} ms a token (tpot p50) against "
+            f"the {block['bound_ms']:.2f} ms floor, {block['bound_ms'] / step:.3g} of the roofline")
 
 
 def reading(block: dict) -> str:

@@ -96,8 +96,11 @@ class Lookahead(Batchable, DecodeMethod):
                           f"({escape(self.shapes[size][1])})[/]")
 
     def estimate_more(self, prompts: list[torch.Tensor], new_tokens: int) -> dict:
-        """`specbench estimate --method lookahead`: tokens per step of every shape of the grid (shapes.py)."""
-        return {"shapes": measured_shapes.measure(type(self), self.target, prompts, new_tokens)}
+        """`specbench estimate --method lookahead`: tokens per step of every shape of the grid (shapes.py), and the
+        shape the acceptance per position beside them was counted with (this method's own, as sized here)."""
+        shape = self.shapes[1][0]
+        return {"per_position_shape": {"window": shape.window, "ngram": shape.ngram, "guesses": shape.guesses},
+                "shapes": measured_shapes.measure(type(self), self.target, prompts, new_tokens)}
 
     def start_batch(self, mode: str, slots: int) -> None:
         self.shape = self.shapes.get(slots, self.shapes[1])[0]
