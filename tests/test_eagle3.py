@@ -199,6 +199,19 @@ def test_training_runs(deep, tmp_path, monkeypatch):
     with pytest.raises(SpecbenchError, match="--ttt-steps"):
         train(Eagle3Config(model=deep.spec, ttt_steps=0))
 
+    # a second sitting (--init) on other prompts: the first sitting's weights and draft vocabulary, its updates counted
+    other = tmp_path / "q.jsonl"
+    other.write_text("".join(json.dumps({"instruction": f"Spell {i} {i * 7} backwards."}) + "\n" for i in range(6)))
+    again = dict(model=deep.spec, data=str(other), prompts=4, held_out=1, new_tokens=12, dtype="float32", device="cpu",
+                 sequences=2, columns=6, ttt_steps=3, steps=2, init=str(out))
+    second = e3.load(train(Eagle3Config(**again, vocab_top=40, out=tmp_path / "e3b")), deep)
+    assert torch.equal(second.drafter.vocab_ids.cpu(), art.drafter.vocab_ids.cpu())
+    assert second.meta["steps_total"] == 5 and str(out) in second.meta["init_from"]
+    assert "top1_agreement_at_start" in second.meta and "top1_agreement_untrained" not in second.meta
+    assert not torch.equal(second.drafter.fc.weight, art.drafter.fc.weight)  # trained on from there
+    with pytest.raises(SpecbenchError, match="--vocab-top 40"):
+        train(Eagle3Config(**again, vocab_top=64, out=tmp_path / "e3c"))
+
 
 def test_estimate_scores_the_drafter_per_depth(deep, tmp_path):
     """estimate's scorer: ranks [positions, 6 depths] along the true path, the depths past the sequence's end marked

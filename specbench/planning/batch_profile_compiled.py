@@ -70,6 +70,20 @@ def time_shapes(model, state, cache: StaticKV, size: int, widths: list[int], kv:
             batch.truncate(slot, length)
         return ms
 
+    def next_round() -> None:  # every slot one token deeper: kv + r + 1
+        batch.forward([], [Segment(slot, rows[widths[0]][slot][:1]) for slot in range(size)])
+
+    stats = timed_rounds(timed, widths, repeats, warmup, next_round,
+                         lambda r: advance(f"B {size} kv {kv} round {r + 1}/{repeats}"))
+    for slot in range(size):
+        batch.release(slot)
+    return stats
+
+
+def timed_rounds(timed, widths: list[int], repeats: int, warmup: int, next_round, advance) -> dict[str, list[float]]:
+    """The median (p10, p90) ms of timed(w) for every width: `warmup` untimed rounds, then `repeats` timed ones, the
+    widths' order reversed every other round (a drift falls on every width alike); after each timed round
+    next_round() (the cache one token deeper) and advance(r) (the progress bar)."""
     for _ in range(max(warmup, 1)):
         for w in widths:
             timed(w)
@@ -77,10 +91,8 @@ def time_shapes(model, state, cache: StaticKV, size: int, widths: list[int], kv:
     for r in range(repeats):
         for w in (widths if r % 2 == 0 else widths[::-1]):
             times[w].append(timed(w))
-        batch.forward([], [Segment(slot, rows[widths[0]][slot][:1]) for slot in range(size)])  # next round: kv + r + 1
-        advance(f"B {size} kv {kv} round {r + 1}/{repeats}")
-    for slot in range(size):
-        batch.release(slot)
+        next_round()
+        advance(r)
     stats = [torch.tensor(times[w]) for w in widths]
     return {"median_ms": [round(float(t.median()), 3) for t in stats],
             "p10_ms": [round(float(t.quantile(0.1)), 3) for t in stats],

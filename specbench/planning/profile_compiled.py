@@ -97,20 +97,11 @@ def measure_compiled(target: LoadedModel, widths, kv_lengths, repeats: int = 7, 
                     engine.truncate(0, length)
                     return ms
 
-                for _ in range(max(warmup, 1)):
-                    for n in widths:
-                        timed(n)
-                times: dict[int, list[float]] = {n: [] for n in widths}
-                for r in range(repeats):
-                    for n in (widths if r % 2 == 0 else widths[::-1]):
-                        times[n].append(timed(n))
-                    engine.forward([], [Segment(0, inputs[widths[0]][:1])])  # next round: KV kv + r + 1
-                    bar.update(task, advance=1, info=f"kv {kv} round {r + 1}/{repeats}")
+                curves[kv] = batched_profile.timed_rounds(
+                    timed, widths, repeats, warmup,
+                    lambda: engine.forward([], [Segment(0, inputs[widths[0]][:1])]),  # next round: KV kv + r + 1
+                    lambda r: bar.update(task, advance=1, info=f"kv {kv} round {r + 1}/{repeats}"))
                 engine.release(0)
-                stats = [torch.tensor(times[n]) for n in widths]
-                curves[kv] = {"median_ms": [round(float(t.median()), 3) for t in stats],
-                              "p10_ms": [round(float(t.quantile(0.1)), 3) for t in stats],
-                              "p90_ms": [round(float(t.quantile(0.9)), 3) for t in stats]}
                 for b in batched:
                     rows_measured[b][kv] = batched_profile.time_shapes(
                         model, state, rows_caches[(b, capacities[kv])], b, row_widths[b], kv, repeats, warmup, gen,

@@ -222,7 +222,7 @@ class Eagle3Config(TrainSettings):
 
     command = "eagle3"
     trainer = "specbench.methods.eagle3.training"
-    options = ("model", "vocab_top", "ttt_steps", "columns", "data", "steps", "sequences", "lr", "prompts",
+    options = ("model", "init", "vocab_top", "ttt_steps", "columns", "data", "steps", "sequences", "lr", "prompts",
                "held_out", "new_tokens", "out", "dtype", "device", "device_map", "max_memory", "save_every", "resume",
                "seed", "data_file", "eval_prompts", "dry_run")
 
@@ -235,6 +235,9 @@ class Eagle3Config(TrainSettings):
     steps: int = 1500
     sequences: int = option(4, "Sequences per step.")
     lr: float = 5e-4
+    init: str | None = option("none", "Go on training this EAGLE-3 drafter folder (a second sitting: a new warm-up "
+                              "and cosine over --steps, its draft vocabulary kept); none: start from the target's "
+                              "last layer.")
 
     def out_dir(self) -> Path:
         return self.artifact_out(self.command)

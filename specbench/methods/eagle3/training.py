@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from rich.markup import escape
 
 from . import artifact as e3
 from .drafter import Eagle3Drafter, initial
@@ -141,6 +142,27 @@ def check(cfg: Eagle3Config) -> None:
     check_sources(cfg.data)
 
 
+def starting_drafter(cfg: Eagle3Config, target, seqs, start: int) -> tuple[Eagle3Drafter, str, int]:
+    """(drafter, where it started from, updates it had before). Fresh: the target's last layer, its draft vocabulary
+    the data's `--vocab-top` most frequent tokens. --init: a trained drafter's weights and its draft vocabulary (a
+    second sitting on other data would count another frequency order; the head's rows are the drafter's own)."""
+    vocab = target.vocab_size
+    if cfg.init in (None, "none"):
+        top = cfg.vocab_top or vocab
+        draft_ids = frequent_tokens(seqs, vocab, start, top) if top < vocab else torch.arange(vocab)
+        return initial(target.model, draft_ids), "the target's last layer", 0
+    art = e3.load(cfg.init, target)
+    theirs = art.drafter.vocab_ids
+    if len(theirs) != min(cfg.vocab_top or vocab, vocab):
+        raise SpecbenchError(f"--init {art.source}: its head covers {len(theirs)} draft tokens, this run's "
+                             f"--vocab-top asks for {cfg.vocab_top}; train with --vocab-top {len(theirs)} or pass "
+                             "--init none")
+    drafter = initial(target.model, theirs.cpu())
+    drafter.load_state_dict({n: t.detach().clone() for n, t in art.drafter.own_state().items()}, strict=False)
+    before = int(art.meta.get("steps_total", art.meta.get("steps", 0)))
+    return drafter, f"{art.source} ({before} updates; its draft vocabulary kept)", before
+
+
 class Eagle3Recipe(Recipe):
     """EAGLE-3's parts of the shared recipe: it trains on the target's fused and final states, computed once."""
 
@@ -156,9 +178,7 @@ class Eagle3Recipe(Recipe):
         vocab = target.vocab_size
         if cfg.vocab_top > vocab:
             raise SpecbenchError(f"--vocab-top must be at most the vocabulary size {vocab}")
-        top = cfg.vocab_top or vocab
-        draft_ids = frequent_tokens(seqs, vocab, self.start, top) if top < vocab else torch.arange(vocab)
-        self.drafter = initial(target.model, draft_ids)
+        self.drafter, self.init_from, self.steps_before = starting_drafter(cfg, target, seqs, self.start)
         weight = target.model.get_output_embeddings().weight
         self.head_rows = weight.detach()[self.drafter.vocab_ids.to(weight.device)]  # [K, H]: the teacher's
         self.feats = TargetStates(target, seqs)
@@ -171,7 +191,7 @@ class Eagle3Recipe(Recipe):
         self.label = "training the EAGLE-3 drafter"
         console.print(f"[dim]EAGLE-3 drafter: {drafter.parameter_count():,} parameters, "
                       f"{drafter.lm_head.out_features} draft tokens, {self.cfg.ttt_steps} training-time-test "
-                      "steps, starting from the target's last layer[/]")
+                      f"steps, starting from {escape(self.init_from)}[/]")
         return drafter
 
     def out(self) -> Path:
@@ -194,9 +214,11 @@ class Eagle3Recipe(Recipe):
             "draft_vocab_size": drafter.lm_head.out_features, "parameters": drafter.parameter_count(),
             "architecture": f"fc [H, 3H] over the states entering layers {list(layers)}, one decoder layer over "
                             "[norm(embedding) ; norm(feature)], final norm, own head over the draft vocabulary",
-            "init_from": "the target's last layer", "shares": "the target's embeddings (frozen, not stored)",
-            "top1_agreement_train_sample": after, "top1_agreement_untrained": before,
-            "steps": cfg.steps, "sequences_per_step": cfg.sequences, "ttt_steps": cfg.ttt_steps,
+            "init_from": self.init_from, "shares": "the target's embeddings (frozen, not stored)",
+            "top1_agreement_train_sample": after,
+            ("top1_agreement_at_start" if self.steps_before else "top1_agreement_untrained"): before,
+            "steps": cfg.steps, "steps_total": self.steps_before + cfg.steps, "sequences_per_step": cfg.sequences,
+            "ttt_steps": cfg.ttt_steps,
             "columns_per_sequence": cfg.columns, "lr": cfg.lr, "data": data,
             "loss": f"sum over training-time-test steps k of {STEP_WEIGHT}^k x CE(target || drafter) on the draft "
                     "vocabulary",
