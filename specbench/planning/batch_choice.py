@@ -17,6 +17,7 @@ from ..core import lookup, store
 from ..core.machine.hardware import hardware_slug
 from ..core.model.load import dtype_name, model_slug
 from ..core.profile_file import LatencyProfile, load_profile
+from .shape_pricing import relative_costs
 
 KV_LENGTH = 512  # the KV length whose curve the choices read (build-tree's default)
 
@@ -93,8 +94,5 @@ def is_compiled(view: LatencyProfile) -> bool:
 def relative_latency(profile: LatencyProfile, most: int) -> list[float]:
     """[L(w) / L(1) for w = 1 .. most] at KV_LENGTH on a profile (L(1, w) or a batch view's L(B, w)), made
     non-decreasing in w: a forward never costs less than a narrower one (a narrower input can be padded to it), so a
-    measured dip (noise) between two widths is read as the cheaper width's cost for both."""
-    costs = [profile.latency_ms(w, KV_LENGTH) for w in range(1, most + 1)]
-    for w in range(len(costs) - 2, -1, -1):
-        costs[w] = min(costs[w], costs[w + 1])
-    return [c / costs[0] for c in costs]
+    measured dip (noise) between two widths is read as the cheaper width's cost for both (shape_pricing)."""
+    return relative_costs(profile, most, KV_LENGTH)
