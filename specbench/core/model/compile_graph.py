@@ -5,7 +5,8 @@ own modules is replaced or added to.
 The twin: every module a shallow copy of the model's (sharing its parameters, buffers, config, attributes and hook
 tables; the same tensors, no second copy of any weight) with children of its own. In it:
 - every CPU nn.Linear is a linear_kernels.ChosenLinear around the model's own layer (each width bucket's kernel,
-  chosen by measurement);
+  chosen by measurement); the layers of a module that read one input (q / k / v, gate / up) are
+  fused_linears.GroupedLinear, one oneDNN call for the group where a bucket runs oneDNN;
 - its decoder layers take layer edits (once a run brings some: take_edits): `LAYER_EDITS` passed to the decoder
   (core/batch/static.step's `edits`) reaches each layer's call, and the twin's layer copy (an instance of its
   class's edited subclass; the model's own layers keep their class) replaces the rows it names before the layer's
@@ -26,6 +27,7 @@ import torch
 
 from ..batch.decoder import decoder_layers
 from ..batch.static import LAYER_EDITS, step  # the decoder keyword carrying the edits of one forward to its layers
+from . import fused_linears
 from .linear_kernels import ChosenLinear, linears
 
 CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on CPU (faster compile, slower calls)
@@ -88,14 +90,17 @@ def take_edits(graph: torch.nn.Module) -> None:
 
 def graph_model(model: torch.nn.Module, choice: dict[int, str] | None = None) -> torch.nn.Module:
     """The twin of `model` (module docstring): its CPU linear layers through `choice` (bucket -> kernel; None: their
-    own forward); its decoder layers take layer edits once take_edits has run."""
+    own forward; grouped layers fused where a bucket runs oneDNN: fused_linears); its decoder layers take layer edits
+    once take_edits has run."""
     wrapped = {id(m) for m in linears(model)} if choice else set()
+    fuse = fused_linears.worth_fusing(model, choice)
 
     def twin(module: torch.nn.Module) -> torch.nn.Module:
         if id(module) in wrapped:
             return ChosenLinear(module, choice)
         copied = copy.copy(module)  # __dict__ shallow: the same parameter and buffer dicts, config, attributes
-        copied.__dict__["_modules"] = {name: None if child is None else twin(child)
+        grouped = fused_linears.twins(module, choice) if fuse else {}
+        copied.__dict__["_modules"] = {name: None if child is None else grouped[name] if name in grouped else twin(child)
                                        for name, child in module._modules.items()}
         return copied
 
@@ -127,6 +132,8 @@ def compile_function(device: torch.device, function, name: str, module_guards: b
         options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     if said["cpp_wrapper"]:
         options["cpp_wrapper"] = True
+    if device.type == "cpu":  # a fused group's members share one call (fused_linears.py)
+        options["post_grad_custom_pre_pass"] = fused_linears.MergeSameCalls()
     code = function.__code__.replace(co_name=name)
     own = types.FunctionType(code, function.__globals__, code.co_name, function.__defaults__, function.__closure__)
     return torch.compile(own, backend=said["backend"], dynamic=said["dynamic"], fullgraph=said["fullgraph"],

@@ -1,0 +1,131 @@
+"""One oneDNN call for the linear layers of a module that read the same input, inside a compiled CPU forward: a
+decoder layer's q / k / v projections, its MLP's gate / up projections (`--compile`, core/model/compile_graph.py).
+
+Why: a compiled float32 forward of the embedded model spends ~2 ms of its ~18 in the fixed cost of 150 small
+oneDNN calls (k and v run at 3-4x their bytes) and ~1.8 ms in the Python hop into the packed-linear op, 211 calls a
+forward. One q/k/v call and one gate/up call per layer instead of five measured 7.99 / 8.34 / 9.99 ms against
+10.22 / 10.25 / 12.16 ms over 30 layers at 1 / 8 / 16 rows (benchmarks/RESULTS-cpu.md, stop 57).
+
+How: a group's weights are concatenated ([sum of out, in]) and packed once for oneDNN (a copy of its own, beside the
+layers' own packed copies, which the eager forwards keep using). In the compiled graph's twin each member is a
+GroupedLinear: at a width whose bucket chose oneDNN it calls `specbench::packed_group(x, index, out)` and takes its
+own columns of the output (its own bias added after). The members' calls are the same op on the same input; a graph
+pass (`MergeSameCalls`, inductor's post-grad custom pass) keeps one of them. A member called on another input (a
+cross-attention's k / v) keeps a call of its own: still its own exact rows, only not shared. The model's own
+modules are not touched; the packed copies live in linear_kernels' table, weak-keyed by the group's first layer.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from . import linear_kernels as lk
+from .cpu_kernels import MAX_PREPACK_PARAMS
+
+ENV = "SPECBENCH_COMPILE_FUSE"  # 0: every linear its own call (the A / B of benchmarks/RESULTS-cpu.md)
+GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # children that read one input, in call order
+
+# a group's first layer -> its fused copy's index into lk._PACKED (a table of its own, as linear_kernels keeps one)
+_GROUP_INDEX: "weakref.WeakKeyDictionary[torch.nn.Linear, int]" = weakref.WeakKeyDictionary()
+
+
+@torch.library.custom_op("specbench::packed_group", mutates_args=())
+def packed_group(x: torch.Tensor, index: int, out_features: int) -> torch.Tensor:
+    """x [..., K] @ (the group's concatenated weight)^T through oneDNN on lk._PACKED[index] -> [..., out_features]."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), lk._PACKED[index], None, "none", [], "")
+
+
+@packed_group.register_fake
+def _(x, index, out_features):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+class MergeSameCalls(CustomGraphPass):
+    """Keep one `packed_group` call per (input, group): the later identical calls' uses read the first one's output
+    (the op is pure: same arguments, same result)."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        first: dict[tuple, torch.fx.Node] = {}
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target is not torch.ops.specbench.packed_group.default:
+                continue
+            key = (node.args, tuple(sorted(node.kwargs.items())))
+            if key in first:
+                node.replace_all_uses_with(first[key])
+                graph.erase_node(node)
+            else:
+                first[key] = node
+
+    def uuid(self):
+        return get_hash_for_files((__file__,))
+
+
+def groups(module: torch.nn.Module) -> list[tuple[str, ...]]:
+    """The GROUPS among `module`'s children: every member a plain CPU nn.Linear, all of one input width and dtype."""
+    found = []
+    for names in GROUPS:
+        members = [module._modules.get(n) for n in names]
+        if all(type(m) is torch.nn.Linear and m.weight.device.type == "cpu" for m in members) \
+                and len({(m.in_features, m.weight.dtype) for m in members}) == 1:
+            found.append(names)
+    return found
+
+
+def worth_fusing(model: torch.nn.Module, choice: dict[int, str] | None) -> bool:
+    """Fuse where some bucket runs oneDNN, on a model small enough for one more packed copy of its grouped weights
+    (the limit cpu_kernels.prepack keeps for its own copy); not with $SPECBENCH_COMPILE_FUSE=0."""
+    return os.environ.get(ENV, "1").strip() != "0" and bool(choice) and "onednn" in choice.values() \
+        and sum(p.numel() for p in model.parameters()) <= MAX_PREPACK_PARAMS
+
+
+def pack_group(members: list[torch.nn.Linear]) -> int:
+    """The index into lk._PACKED of the members' concatenated weight, packed for oneDNN (once per group)."""
+    head = members[0]
+    if head not in _GROUP_INDEX:
+        with torch.no_grad():
+            weight = torch.cat([m.weight.detach() for m in members])  # [sum of out, in]
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, lk.PACK_ROWS_HINT)
+        lk._PACKED.append(packed)
+        _GROUP_INDEX[head] = len(lk._PACKED) - 1
+        weakref.finalize(head, lk._free, len(lk._PACKED) - 1)
+    return _GROUP_INDEX[head]
+
+
+class GroupedLinear(lk.ChosenLinear):
+    """One member of a fused group in the compiled graph's twin: columns [start, stop) of the group's one call at a
+    oneDNN bucket; elsewhere its own bucket's kernel (lk.ChosenLinear)."""
+
+    def __init__(self, linear: torch.nn.Linear, choice: dict[int, str], index: int, start: int, total: int):
+        super().__init__(linear, choice)
+        self.group_index, self.start, self.total = index, start, total
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and lk.for_rows(self.choice, x.numel() // x.shape[-1]) == "onednn":
+            out = packed_group(x, self.group_index, self.total)[..., self.start:self.start + self.out_features]
+            return out if self.linear.bias is None else out + self.linear.bias
+        return super().forward(x)
+
+
+def twins(module: torch.nn.Module, choice: dict[int, str]) -> dict[str, GroupedLinear]:
+    """The GroupedLinear twin of every grouped child of `module` (name -> twin); {} where it has no group."""
+    out = {}
+    for names in groups(module):
+        members = [module._modules[n] for n in names]
+        index, start, total = pack_group(members), 0, sum(m.out_features for m in members)
+        for name, m in zip(names, members):
+            out[name] = GroupedLinear(m, choice, index, start, total)
+            start += m.out_features
+    return out
+
+
+def unpack(model: torch.nn.Module) -> None:
+    """Drop the fused copies of `model`'s groups (tests; a model's copies otherwise go with its layers)."""
+    for module in model.modules():
+        for names in groups(module):
+            index = _GROUP_INDEX.pop(module._modules[names[0]], None)
+            if index is not None:
+                lk._PACKED[index] = None
