@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from specbench.core.model import fused_linears as fl
 from specbench.core.model import linear_kernels as lk
+from specbench.core.model import native_linear
 from specbench.core.model.compile_graph import graph_model
 from specbench.core.model.load import load_model
 from specbench.core.verify import Sampling
@@ -41,7 +42,9 @@ class _Block(torch.nn.Module):
 
 
 def _counting(monkeypatch):
-    """Every packed call reads its weight from lk._PACKED: the indices read, per call."""
+    """Every packed call of the Python op reads its weight from lk._PACKED: the indices read, per call (the C++ op,
+    native_linear.py, is switched off here; test_native_linear.py counts its calls with the profiler)."""
+    monkeypatch.setenv(native_linear.ENV, "0")
     calls = []
 
     class Counting(list):
@@ -67,7 +70,7 @@ def test_one_call_per_group_and_outputs_equal_the_models(cross, monkeypatch):
     graph = graph_model(block, choice)
     assert isinstance(graph.q_proj, fl.GroupedLinear) and isinstance(graph.up_proj, fl.GroupedLinear)
     assert type(graph.down_proj) is lk.ChosenLinear and graph.q_proj.linear is block.q_proj
-    calls = _counting(monkeypatch)
+    calls = _counting(monkeypatch)  # (before tracing: the op is chosen at trace time)
     fn = _compiled(graph)
     try:
         with torch.inference_mode(), warnings.catch_warnings():
@@ -103,6 +106,7 @@ def test_compiled_tokens_equal_eager_with_fused_groups(monkeypatch):
     from .conftest import artifact_options
 
     monkeypatch.setenv(lk.ENV, "onednn")
+    monkeypatch.setenv(native_linear.ENV, "0")  # the Python op: its calls are counted
     target = load_model("random:tiny", dtype="float32", device="cpu")
     layers = len(target.model.model.layers)
     methods = {"ar": get_method("ar")(target, {}),

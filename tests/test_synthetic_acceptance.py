@@ -316,3 +316,19 @@ def test_another_engine_is_refused_with_synthetic_acceptance(tmp_path, prompts_f
                                       "0.8"])
     assert result.exit_code != 0 and "--synthetic-acceptance decides acceptance" in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+def test_random_medusa_heads_have_their_own_vocabulary_projections(tiny, tmp_path):
+    """A synthetic run's random Medusa heads take the published shape `plan` prices: each head its own [V, H]
+    projection (in the run's dtype), saved and read back as such; the heads' logits come from it, not the LM head."""
+    from specbench.methods.medusa import artifact as mh
+    from specbench.run.synthetic import MEDUSA_HEADS, random_artifact
+
+    folder = random_artifact("medusa", tiny, tmp_path)
+    art = mh.load(folder, tiny)
+    own = art.heads.head_weight
+    assert own is not None and tuple(own.shape) == (MEDUSA_HEADS, tiny.vocab_size, tiny.model.config.hidden_size)
+    assert own.dtype == tiny.dtype and not own.requires_grad
+    h = torch.randn(2, tiny.model.config.hidden_size)
+    want = (art.heads.states(h) @ own.transpose(1, 2)).float()
+    torch.testing.assert_close(art.heads.logits(None, h), want)  # the LM head is not read

@@ -67,8 +67,14 @@ def random_artifact(name: str, target, folder: Path) -> str | None:
         if "medusa heads" in needs:
             from ..methods.medusa import artifact as mh
 
-            heads = mh.MedusaHeads(target.model.config.hidden_size, MEDUSA_HEADS, target.model.config.num_hidden_layers)
+            hidden = target.model.config.hidden_size
+            heads = mh.MedusaHeads(hidden, MEDUSA_HEADS, target.model.config.num_hidden_layers)
             torch.nn.init.normal_(heads.weight, std=NOISE)
+            # each head's own vocabulary projection, as the published heads have (and `plan` prices): [K, V, H], in
+            # the run's dtype (a head reading through the target's LM head would read V x H once for all K heads)
+            heads.head_weight = torch.nn.Parameter(
+                torch.empty(MEDUSA_HEADS, target.vocab_size, hidden, dtype=target.dtype).normal_(std=NOISE),
+                requires_grad=False)
             mh.save(heads, folder / "medusa", {**_meta(target), "heads": MEDUSA_HEADS, "layer": heads.layer})
             return str(folder / "medusa")
         if "transfer projections" in needs:
@@ -105,7 +111,8 @@ def random_artifact(name: str, target, folder: Path) -> str | None:
 
 
 def artifact_bytes(cfg) -> tuple[tuple[str, int], ...]:
-    """The random artefacts a synthetic run may build, in bytes (float32, as they are built), for the fit check's
+    """The random artefacts a synthetic run may build, in bytes (float32, an upper bound: Medusa's own projections
+    are built in the run's dtype), for the fit check's
     workload (core/model/memory_need.Workload.extra): heads, a drafter layer and its input projection, projections.
     Counted for every method that takes one, trained or not (an upper bound); () where the model's shape is unknown."""
     if not cfg.synthetic_acceptance:
@@ -118,7 +125,7 @@ def artifact_bytes(cfg) -> tuple[tuple[str, int], ...]:
     except Exception:  # noqa: BLE001  (a model whose config cannot be read here: its loader says why later)
         return ()
     h, layer = shape.hidden, shape.weights_per_layer
-    sizes = {"medusa heads": MEDUSA_HEADS * (h * h + h), "transfer projections": 3 * h * h,
+    sizes = {"medusa heads": MEDUSA_HEADS * (h * h + h + shape.vocab * h), "transfer projections": 3 * h * h,
              "eagle drafter": layer + 2 * h * h, "parallelspec drafter": layer + 2 * h * h,
              "eagle3 drafter": layer + 3 * h * h + EAGLE3_DRAFT_VOCAB * h}
     out = []

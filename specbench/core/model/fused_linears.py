@@ -10,7 +10,8 @@ How: a group's weights are concatenated ([sum of out, in]) and packed once for o
 layers' own packed copies, which the eager forwards keep using). In the compiled graph's twin each member is a
 GroupedLinear: at a width whose bucket chose oneDNN it calls `specbench::packed_group(x, index, out)` and takes its
 own columns of the output (its own bias added after). The members' calls are the same op on the same input; a graph
-pass (`MergeSameCalls`, inductor's post-grad custom pass) keeps one of them. A member called on another input (a
+pass (`MergeSameCalls`, inductor's post-grad custom pass) keeps one of them (the op: native_linear's C++ one where it
+is built, the same on the group's packed copy). A member called on another input (a
 cross-attention's k / v) keeps a call of its own: still its own exact rows, only not shared. The model's own
 modules are not touched; the packed copies live in linear_kernels' table, weak-keyed by the group's first layer.
 """
@@ -23,7 +24,7 @@ import weakref
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-from . import linear_kernels as lk
+from . import linear_kernels as lk, native_linear
 from .cpu_kernels import MAX_PREPACK_PARAMS
 
 ENV = "SPECBENCH_COMPILE_FUSE"  # 0: every linear its own call (the A / B of benchmarks/RESULTS-cpu.md)
@@ -51,7 +52,7 @@ class MergeSameCalls(CustomGraphPass):
     def __call__(self, graph: torch.fx.Graph) -> None:
         first: dict[tuple, torch.fx.Node] = {}
         for node in list(graph.nodes):
-            if node.op != "call_function" or node.target is not torch.ops.specbench.packed_group.default:
+            if node.op != "call_function" or node.target not in _merged():
                 continue
             key = (node.args, tuple(sorted(node.kwargs.items())))
             if key in first:
@@ -62,6 +63,12 @@ class MergeSameCalls(CustomGraphPass):
 
     def uuid(self):
         return get_hash_for_files((__file__,))
+
+
+def _merged() -> tuple:
+    """The ops whose identical calls are merged: the Python group op, and the C++ one where it is loaded."""
+    ops = (torch.ops.specbench.packed_group.default,)
+    return ops + ((torch.ops.specbench_native.linear.default,) if native_linear.ready() else ())
 
 
 def groups(module: torch.nn.Module) -> list[tuple[str, ...]]:
@@ -89,9 +96,8 @@ def pack_group(members: list[torch.nn.Linear]) -> int:
         with torch.no_grad():
             weight = torch.cat([m.weight.detach() for m in members])  # [sum of out, in]
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, lk.PACK_ROWS_HINT)
-        lk._PACKED.append(packed)
-        _GROUP_INDEX[head] = len(lk._PACKED) - 1
-        weakref.finalize(head, lk._free, len(lk._PACKED) - 1)
+        _GROUP_INDEX[head] = lk.keep(packed)
+        weakref.finalize(head, lk._free, _GROUP_INDEX[head])
     return _GROUP_INDEX[head]
 
 
@@ -105,7 +111,9 @@ class GroupedLinear(lk.ChosenLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and lk.for_rows(self.choice, x.numel() // x.shape[-1]) == "onednn":
-            out = packed_group(x, self.group_index, self.total)[..., self.start:self.start + self.out_features]
+            out = native_linear.linear(x, None, self.group_index, self.total) if native_linear.ready() \
+                else packed_group(x, self.group_index, self.total)
+            out = out[..., self.start:self.start + self.out_features]
             return out if self.linear.bias is None else out + self.linear.bias
         return super().forward(x)
 
@@ -128,4 +136,4 @@ def unpack(model: torch.nn.Module) -> None:
         for names in groups(module):
             index = _GROUP_INDEX.pop(module._modules[names[0]], None)
             if index is not None:
-                lk._PACKED[index] = None
+                lk._free(index)

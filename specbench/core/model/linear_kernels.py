@@ -40,7 +40,7 @@ import torch.nn.functional as F
 import yaml
 
 from .. import store
-from . import cpu_kernels
+from . import cpu_kernels, native_linear
 from ..machine import contention
 from ...errors import SpecbenchError
 
@@ -83,6 +83,8 @@ def _transposed(weight, bias, x, index):
 
 
 def _onednn(weight, bias, x, index):
+    if native_linear.ready():  # the C++ op: no Python between the compiled graph and oneDNN (native_linear.py)
+        return native_linear.linear(x, bias, index, weight.shape[0])
     return packed_linear(x, weight, bias, index)
 
 
@@ -129,14 +131,21 @@ def _pack(layers: list[torch.nn.Linear]) -> None:
         if packed is None:
             with torch.no_grad():
                 packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), PACK_ROWS_HINT)
-        _PACK_INDEX[m] = len(_PACKED)
-        _PACKED.append(packed)
-        weakref.finalize(m, _free, len(_PACKED) - 1)
+        _PACK_INDEX[m] = keep(packed)
+        weakref.finalize(m, _free, _PACK_INDEX[m])
+
+
+def keep(packed: torch.Tensor) -> int:
+    """A packed copy's index into _PACKED (and, at the same index, native_linear's table)."""
+    _PACKED.append(packed)
+    native_linear.put(len(_PACKED) - 1, packed)
+    return len(_PACKED) - 1
 
 
 def _free(index: int) -> None:
     if index < len(_PACKED):
         _PACKED[index] = None
+    native_linear.free(index)
 
 
 def _unpack(layers: list[torch.nn.Linear]) -> None:
@@ -144,7 +153,7 @@ def _unpack(layers: list[torch.nn.Linear]) -> None:
     for m in layers:
         index = _PACK_INDEX.pop(m, None)
         if index is not None:
-            _PACKED[index] = None
+            _free(index)
 
 
 def pack_index(m: torch.nn.Linear) -> int | None:
@@ -280,4 +289,5 @@ def use(model, device: torch.device) -> dict:
     if not found:
         return {}
     return {"source": found["source"], "choice": found["choice"],
+            **({"operator": native_linear.status()} if "onednn" in found["choice"].values() else {}),
             **({"times_ms": found["times_ms"]} if "times_ms" in found else {})}

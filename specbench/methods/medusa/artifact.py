@@ -110,6 +110,8 @@ def save(heads: MedusaHeads, out: Path, meta: dict) -> None:
     tensors = {"weight": heads.weight, "bias": heads.bias}
     if heads.vocab_ids is not None:
         tensors["vocab_ids"] = heads.vocab_ids.float()
+    if heads.head_weight is not None:  # each head's own vocabulary projection [K, V, H], in its own dtype
+        tensors["head_weight"] = heads.head_weight
     af.save(out, WEIGHTS_FILE, tensors, META_FILE, meta)
 
 
@@ -128,13 +130,19 @@ def load(path: str | Path, target: LoadedModel) -> HeadsArtifact:
 
     with safe_open(str(path / WEIGHTS_FILE), "pt") as f:
         restricted = "vocab_ids" in f.keys()
+        own = f.get_tensor("head_weight") if "head_weight" in f.keys() else None  # [K, V, H] (a synthetic run's)
     if restricted:
         shapes["vocab_ids"] = (None,)
+    if own is not None and tuple(own.shape) != (k, meta["vocab_size"], h):
+        raise SpecbenchError(f"{path / WEIGHTS_FILE}: tensor `head_weight` should have shape "
+                             f"{[k, meta['vocab_size'], h]} (found {list(own.shape)}); retrain the artefact")
     t = af.load_weights(path, WEIGHTS_FILE, shapes)
     ids = t["vocab_ids"].long() if restricted else None
     heads = MedusaHeads(h, k, meta["layer"], ids)
     heads.weight.data.copy_(t["weight"])
     heads.bias.data.copy_(t["bias"])
+    if own is not None:  # in the target's dtype, as released heads are (load_released)
+        heads.head_weight = torch.nn.Parameter(own.to(target.dtype), requires_grad=False)
     heads.requires_grad_(False)
     return HeadsArtifact(heads, meta, str(path))
 
