@@ -91,17 +91,22 @@ def _build(path: Path) -> None:
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++ or c++) on PATH")
     path.parent.mkdir(parents=True, exist_ok=True)
-    source = path.with_suffix(".cpp")
+    source = path.with_name(f"{path.stem}.{os.getpid()}.cpp")  # files of this process's own: two builds never mix
+    part = path.with_name(f"{path.name}.{os.getpid()}.part")
     source.write_text(SOURCE)
     libs = cpp_extension.library_paths()
     command = [compiler, "-O2", "-shared", "-fPIC", "-std=c++20", "-w",
                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-               *[f"-I{p}" for p in cpp_extension.include_paths()], str(source), "-o", f"{path}.part",
+               *[f"-I{p}" for p in cpp_extension.include_paths()], str(source), "-o", str(part),
                *[f"-L{p}" for p in libs], "-lc10", "-ltorch_cpu", "-ltorch", *[f"-Wl,-rpath,{p}" for p in libs]]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
-    os.replace(f"{path}.part", path)  # whole or not at all: a concurrent run never loads half a file
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
+        os.replace(part, path)  # whole or not at all: a concurrent run never loads half a file
+    finally:
+        source.unlink(missing_ok=True)
+        part.unlink(missing_ok=True)
 
 
 def ready() -> bool:
