@@ -43,6 +43,22 @@ def test_need_counts_weights_kv_and_activations_part_by_part():
     assert "0.49B parameters in bfloat16" in said and "KV cache" in said and "activations" in said
 
 
+def test_a_compiled_cpu_run_counts_its_packed_copies():
+    """--compile on a CPU: bfloat16's packed copy of every linear weight and the fused q/k/v + gate/up copy (the
+    float32 packed copy is counted on its own, compiled or not); nothing of it on another device."""
+    work = mn.Workload(tokens=1000, width=8)
+    plain = mn.need("qwen", qwen(), torch.bfloat16, CPU, work)
+    compiled = mn.need("qwen", qwen(), torch.bfloat16, CPU, mn.Workload(tokens=1000, width=8, compiled=True))
+    grouped = 24 * 896 * (14 * 64 + 2 * 2 * 64 + 2 * 4864) * 2  # q, k, v, gate, up per layer, bf16
+    extra = compiled.parts["compiled step's packed copies"]
+    assert "compiled step's packed copies" not in plain.said() and compiled.total == plain.total + extra
+    assert grouped < extra < grouped + plain.parts["weights"] + 1  # + every linear (embeddings tied: below weights)
+    as_f32 = mn.need("qwen", qwen(), torch.float32, CPU, mn.Workload(tokens=1000, width=8, compiled=True))
+    assert as_f32.parts["compiled step's packed copies"] == 2 * grouped  # float32: the fused copy only
+    gpu = mn.need("qwen", qwen(), torch.bfloat16, torch.device("cuda"), mn.Workload(width=8, compiled=True))
+    assert gpu.parts["compiled step's packed copies"] == 0
+
+
 def test_without_a_workload_the_check_is_the_load_and_a_default_kv(monkeypatch):
     params, total = fit.memory_need(qwen(), torch.float32, CPU)
     kv = 24 * 2 * 2 * 64 * 4 * mn.KV_HEADROOM_TOKENS

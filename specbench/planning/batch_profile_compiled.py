@@ -122,7 +122,7 @@ def compiled_profile_workload(widths: list[int], kv_lengths: list[int], repeats:
     top = max(sizes)
     tokens = -(-entries * sum(sizes) // top)
     # the widest forward: B x w rows of a decode step, or a slot's prefill of the longest KV length (one row each)
-    return Workload(tokens, top, max(widest, -(-max(kv_lengths) // top)), widest,
+    return Workload(tokens, top, max(widest, -(-max(kv_lengths) // top)), widest, compiled=True,
                     what=f"static caches of {entries} entries x batch sizes {', '.join(map(str, sizes))}: one per "
                          "--kv-length, each its length + repeats + the widest width, every batch size's held at once",
                     at_batch=lambda b: compiled_profile_workload(widths, kv_lengths, repeats,

@@ -56,7 +56,7 @@ def prepare(cfg: RunConfig, loaded: list[LoadedDataset]) -> "OwnMethods":
     from ..core.model.memory_need import run_workload, stated_workload
     from ..core.model.placement import drafter_placement, target_placement
 
-    work = run_workload(cfg.max_new_tokens, cfg.batch_sizes)
+    work = run_workload(cfg.max_new_tokens, cfg.batch_sizes, compiled=cfg.compile)
     work = replace(work, extra=work.extra + synthetic.artifact_bytes(cfg))  # a synthetic run's random artefacts
     with stated_workload(work):  # what the fit check counts
         target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True,

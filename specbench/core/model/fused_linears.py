@@ -46,8 +46,8 @@ def _(x, index, out_features):
 
 
 class MergeSameCalls(CustomGraphPass):
-    """Keep one `packed_group` call per (input, group): the later identical calls' uses read the first one's output
-    (the op is pure: same arguments, same result)."""
+    """Keep one call of a packed op (`packed_group`, or native_linear's) per set of arguments (input, packed copy):
+    the later identical calls' uses read the first one's output (the ops are pure: same arguments, same result)."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         first: dict[tuple, torch.fx.Node] = {}

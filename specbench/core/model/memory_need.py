@@ -40,6 +40,7 @@ class Workload:
     logits: int | None = None
     extra: tuple[tuple[str, int], ...] = ()
     what: str = ""  # how the command's shape reads in a refusal, e.g. "KV 1152 tokens x batch 4"
+    compiled: bool = False  # --compile: on a CPU the compiled step's packed copies of the weights (compile_pack_bytes)
     # b -> the same command's workload at a largest batch size of b (a refusal's smaller --batch-size), where it is
     # not this one with `batch` replaced (every batch size's caches held at once: profile --compile)
     at_batch: Callable[[int], Workload] | None = field(default=None, compare=False, repr=False)
@@ -142,6 +143,22 @@ def prepack_bytes(device: torch.device, dtype: torch.dtype, params: int, linear:
     return linear * 4 if device.type == "cpu" and dtype == torch.float32 and params <= MAX_PREPACK_PARAMS else 0
 
 
+def compile_pack_bytes(config, device: torch.device, dtype: torch.dtype, params: int, linear: int) -> int:
+    """A compiled CPU step's own packed copies (core/model/linear_kernels.py, fused_linears.py): every linear weight
+    in bfloat16 (the float32 copy is prepack_bytes'), and the q / k / v and gate / up weights once more, fused (models
+    up to cpu_kernels.MAX_PREPACK_PARAMS)."""
+    from .cpu_kernels import MAX_PREPACK_PARAMS
+
+    if device.type != "cpu":
+        return 0
+    size = element_size(dtype)
+    layers, kv_heads, head_dim, hidden, inter, _ = text_shape(config)
+    heads = config.get_text_config(decoder=True).num_attention_heads or 1
+    grouped = layers * hidden * (heads * head_dim + 2 * kv_heads * head_dim + 2 * inter) * size
+    own = linear * size if dtype != torch.float32 else 0
+    return own + (grouped if params <= MAX_PREPACK_PARAMS else 0)
+
+
 def need(what: str, config, dtype: torch.dtype, device: torch.device, workload: Workload | None = None) -> Need:
     """The memory one model needs for `workload` (default: the stated one, else load + KV_HEADROOM_TOKENS)."""
     work = workload or current()
@@ -151,6 +168,8 @@ def need(what: str, config, dtype: torch.dtype, device: torch.device, workload: 
     tokens = work.tokens if work.what else min(work.tokens, longest)  # a stated workload is counted as stated
     parts = {"weights": params * element_size(dtype),
              "packed float32 copy": prepack_bytes(device, dtype, params, linear),
+             "compiled step's packed copies": compile_pack_bytes(config, device, dtype, params, linear)
+             if work.compiled else 0,
              "KV cache": kv_bytes(config, dtype, tokens, work.batch),
              "activations": activation_bytes(config, dtype, work.width, work.batch, work.logits, tokens)}
     parts.update(dict(work.extra))
@@ -179,12 +198,13 @@ def profile_workload(widths: list[int], kv_lengths: list[int], repeats: int, bat
                     what=f"{tokens} tokens x batch {batch}: the longest --kv-length + repeats + the widest width")
 
 
-def run_workload(max_new_tokens: int, batch_sizes: tuple[int, ...], prompt_tokens: int = RUN_PROMPT_TOKENS) -> Workload:
+def run_workload(max_new_tokens: int, batch_sizes: tuple[int, ...], prompt_tokens: int = RUN_PROMPT_TOKENS,
+                 compiled: bool = False) -> Workload:
     """`specbench run`: a prompt of prompt_tokens, the reply and the widest verify in KV, on every sequence of the
     largest batch; the widest forward is the prompt's prefill (its last logits kept) or a verify of WIDEST_VERIFY."""
     tokens = prompt_tokens + max_new_tokens + WIDEST_VERIFY
     batch = max(batch_sizes)
-    return Workload(tokens, batch, max(prompt_tokens, WIDEST_VERIFY), WIDEST_VERIFY,
+    return Workload(tokens, batch, max(prompt_tokens, WIDEST_VERIFY), WIDEST_VERIFY, compiled=compiled,
                     what=f"{tokens} tokens x batch {batch}: a {prompt_tokens}-token prompt + --max-new-tokens "
                          f"{max_new_tokens} + a {WIDEST_VERIFY}-token verify")
 
