@@ -61,6 +61,24 @@ def test_compiled_profile_taken_on_the_spot_with_a_real_kv_axis(here, tiny, monk
     compile_run.ensure_profile(_cfg(methods=("ar", "pld")), tiny)  # no tree method: nothing needed
 
 
+def test_a_batch_size_the_compiled_profile_lacks_is_measured_on_the_spot(here, tiny, monkeypatch):
+    """A compiled run at --batch-size 1,2 whose compiled profile has batch 1 only measures it again with L(2, w);
+    then it is found whole."""
+    lookup.compiled_run(True)
+    compile_run.ensure_profile(_cfg(), tiny)  # batch 1 only
+    path = here / "profiles" / HW / "tiny-float32@compiled.yaml"
+    assert load_profile(path).batch_sizes == [1]
+    lookup.start()
+    lookup.compiled_run(True)
+    compile_run.ensure_profile(_cfg(batch_sizes=(1, 2)), tiny)
+    assert load_profile(path).batch_sizes == [1, 2]
+    lookup.start()
+    lookup.compiled_run(True)
+    monkeypatch.setattr("specbench.planning.profile_compiled.measure_compiled",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured again")))
+    compile_run.ensure_profile(_cfg(batch_sizes=(1, 2)), tiny)
+
+
 def test_a_compiled_run_builds_its_trees_from_the_compiled_profile(here, tiny):
     write_profile(here)
     write_acceptance(here, "ppd")
