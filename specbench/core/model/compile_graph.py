@@ -100,7 +100,7 @@ def graph_model(model: torch.nn.Module, choice: dict[int, str] | None = None) ->
             return ChosenLinear(module, choice)
         copied = copy.copy(module)  # __dict__ shallow: the same parameter and buffer dicts, config, attributes
         grouped = fused_linears.twins(module, choice) if fuse else {}
-        copied.__dict__["_modules"] = {name: None if child is None else grouped[name] if name in grouped else twin(child)
+        copied.__dict__["_modules"] = {name: None if child is None else grouped.get(name, None) or twin(child)
                                        for name, child in module._modules.items()}
         return copied
 

@@ -9,9 +9,9 @@ the C++ wrapper through the dispatcher into Python and back: ~5 us a call more t
 How: a few lines of C++ (SOURCE) define `specbench_native::linear(x, bias, index, out_features)`, oneDNN's
 `mkldnn::_linear_pointwise` on the packed weight kept at `index` of a table of the library's own, and
 `specbench_native::put(index, packed)` / `drop(index)`. The table mirrors linear_kernels._PACKED index for index
-(`put`: every packed copy is kept in both, at the same index). The library is built once per source, torch version and C++ ABI with
-the C++ compiler inductor itself needs on a CPU (g++ / c++), into <user cache>/native/, and loaded with
-torch.ops.load_library. Where it cannot be built or loaded (no compiler, an error), or with
+(`put`: every packed copy is kept in both, at the same index). The library is built once per source, torch
+version and C++ ABI with the C++ compiler inductor itself needs on a CPU (g++ / c++), into <user cache>/native/, and
+loaded with torch.ops.load_library. Where it cannot be built or loaded (no compiler, an error), or with
 $SPECBENCH_COMPILE_NATIVE=0, the Python op runs as before; `status()` says which, and why (run.yaml's compile block).
 """
 
