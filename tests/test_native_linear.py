@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif("onednn" not in lk.candidates(torch.float32), re
 @pytest.fixture
 def built(monkeypatch):
     monkeypatch.delenv(nl.ENV, raising=False)
-    if not nl.ready():
+    if not lk.native_ready():
         pytest.fail(f"the C++ op did not build here: {nl.status()}")  # a C++ compiler is on every machine inductor runs
 
 
@@ -81,3 +81,17 @@ def test_switched_off_or_unbuildable_runs_the_python_op(monkeypatch):
     monkeypatch.setattr(nl, "library_path", lambda: nl.Path("/nonexistent/specbench_native.so"))
     monkeypatch.setattr(nl, "_compiler", lambda: None)
     assert not nl.ready() and "no C++ compiler" in nl.status()
+
+
+def test_copies_packed_before_the_library_loads_are_kept_in_its_table(built, monkeypatch):
+    """choose packs the layers before the C++ op loads: its first load puts every live copy at its own index."""
+    layer = torch.nn.Linear(32, 16, bias=False)
+    lk._pack([layer])
+    put = []
+    monkeypatch.setattr(nl, "loaded", lambda: False)  # as if this call loaded it
+    monkeypatch.setattr(nl, "put", lambda index, packed: put.append(index))
+    try:
+        assert lk.native_ready()
+        assert lk.pack_index(layer) in put and all(lk._PACKED[i] is not None for i in put)
+    finally:
+        lk._unpack([layer])

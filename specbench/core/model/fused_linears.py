@@ -68,7 +68,7 @@ class MergeSameCalls(CustomGraphPass):
 def _merged() -> tuple:
     """The ops whose identical calls are merged: the Python group op, and the C++ one where it is loaded."""
     ops = (torch.ops.specbench.packed_group.default,)
-    return ops + ((torch.ops.specbench_native.linear.default,) if native_linear.ready() else ())
+    return ops + ((torch.ops.specbench_native.linear.default,) if lk.native_ready() else ())
 
 
 def groups(module: torch.nn.Module) -> list[tuple[str, ...]]:
@@ -111,7 +111,7 @@ class GroupedLinear(lk.ChosenLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and lk.for_rows(self.choice, x.numel() // x.shape[-1]) == "onednn":
-            out = native_linear.linear(x, None, self.group_index, self.total) if native_linear.ready() \
+            out = native_linear.linear(x, None, self.group_index, self.total) if lk.native_ready() \
                 else packed_group(x, self.group_index, self.total)
             out = out[..., self.start:self.start + self.out_features]
             return out if self.linear.bias is None else out + self.linear.bias

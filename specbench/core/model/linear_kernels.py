@@ -82,8 +82,21 @@ def _transposed(weight, bias, x, index):
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+def native_ready() -> bool:
+    """Whether native_linear's C++ op runs the packed linears (built and loaded on the first call); when it loads,
+    every copy packed before then is kept in its table at its own index."""
+    before = native_linear.loaded()
+    if not native_linear.ready():
+        return False
+    if not before:
+        for index, packed in enumerate(_PACKED):
+            if packed is not None:
+                native_linear.put(index, packed)
+    return True
+
+
 def _onednn(weight, bias, x, index):
-    if native_linear.ready():  # the C++ op: no Python between the compiled graph and oneDNN (native_linear.py)
+    if native_ready():  # the C++ op: no Python between the compiled graph and oneDNN (native_linear.py)
         return native_linear.linear(x, bias, index, weight.shape[0])
     return packed_linear(x, weight, bias, index)
 
@@ -288,6 +301,9 @@ def use(model, device: torch.device) -> dict:
     found = choose(model, device)
     if not found:
         return {}
+    onednn = "onednn" in found["choice"].values()
+    if onednn:
+        native_ready()  # built and loaded now, before any graph traces it; the copies choose packed kept in its table
     return {"source": found["source"], "choice": found["choice"],
-            **({"operator": native_linear.status()} if "onednn" in found["choice"].values() else {}),
+            **({"operator": native_linear.status()} if onednn else {}),
             **({"times_ms": found["times_ms"]} if "times_ms" in found else {})}

@@ -9,7 +9,8 @@ the C++ wrapper through the dispatcher into Python and back: ~5 us a call more t
 How: a few lines of C++ (SOURCE) define `specbench_native::linear(x, bias, index, out_features)`, oneDNN's
 `mkldnn::_linear_pointwise` on the packed weight kept at `index` of a table of the library's own, and
 `specbench_native::put(index, packed)` / `drop(index)`. The table mirrors linear_kernels._PACKED index for index
-(`put`: every packed copy is kept in both, at the same index). The library is built once per source, torch
+(`put`: every packed copy is kept in both, at the same index; linear_kernels.native_ready puts the copies packed
+before the library loaded). The library is built once per source, torch
 version and C++ ABI with the C++ compiler inductor itself needs on a CPU (g++ / c++), into <user cache>/native/, and
 loaded with torch.ops.load_library. Where it cannot be built or loaded (no compiler, an error), or with
 $SPECBENCH_COMPILE_NATIVE=0, the Python op runs as before; `status()` says which, and why (run.yaml's compile block).
@@ -122,13 +123,13 @@ def ready() -> bool:
             torch.ops.load_library(str(path))
             torch.library.register_fake("specbench_native::linear")(_fake)
             _STATE["loaded"] = True
-            from . import linear_kernels as lk
-
-            for index, packed in enumerate(lk._PACKED):  # the copies packed before it loaded
-                if packed is not None:
-                    put(index, packed)
         except (RuntimeError, OSError) as error:
             _STATE["loaded"], _STATE["why"] = False, str(error).splitlines()[0][:200]
+    return bool(_STATE["loaded"])
+
+
+def loaded() -> bool:
+    """Whether the library is loaded already (ready() without trying to build or load it)."""
     return bool(_STATE["loaded"])
 
 
