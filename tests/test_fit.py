@@ -44,15 +44,19 @@ def test_need_counts_weights_kv_and_activations_part_by_part():
 
 
 def test_a_compiled_cpu_run_counts_its_packed_copies():
-    """--compile on a CPU: bfloat16's packed copy of every linear weight and the fused q/k/v + gate/up copy (the
-    float32 packed copy is counted on its own, compiled or not); nothing of it on another device."""
+    """--compile on a CPU: the fused q/k/v + gate/up copy (the packed copy of every linear weight is counted on its
+    own, compiled or not, where cpu_kernels packs that dtype); nothing of it on another device."""
+    from specbench.core.model import cpu_kernels
+
     work = mn.Workload(tokens=1000, width=8)
     plain = mn.need("qwen", qwen(), torch.bfloat16, CPU, work)
     compiled = mn.need("qwen", qwen(), torch.bfloat16, CPU, mn.Workload(tokens=1000, width=8, compiled=True))
     grouped = 24 * 896 * (14 * 64 + 2 * 2 * 64 + 2 * 4864) * 2  # q, k, v, gate, up per layer, bf16
     extra = compiled.parts["compiled step's packed copies"]
     assert "compiled step's packed copies" not in plain.said() and compiled.total == plain.total + extra
-    assert grouped < extra < grouped + plain.parts["weights"] + 1  # + every linear (embeddings tied: below weights)
+    assert extra == grouped
+    packed = plain.parts["packed copy (oneDNN)"]
+    assert (0 < packed < plain.parts["weights"]) == cpu_kernels.packable(torch.bfloat16)  # embeddings tied: below
     as_f32 = mn.need("qwen", qwen(), torch.float32, CPU, mn.Workload(tokens=1000, width=8, compiled=True))
     assert as_f32.parts["compiled step's packed copies"] == 2 * grouped  # float32: the fused copy only
     gpu = mn.need("qwen", qwen(), torch.bfloat16, torch.device("cuda"), mn.Workload(width=8, compiled=True))

@@ -25,7 +25,7 @@ def free_memory_bytes(device: torch.device) -> int | None:
 
 def memory_need(config, dtype: torch.dtype, device: torch.device) -> tuple[int, int]:
     """(parameter count, bytes) a model of `config` takes loaded in `dtype` on `device` for the planned workload
-    (memory_need.need; without one: weights, the packed float32 copy, KV_HEADROOM_TOKENS of KV, RUNTIME_HEADROOM)."""
+    (memory_need.need; without one: weights, the packed oneDNN copy, KV_HEADROOM_TOKENS of KV, RUNTIME_HEADROOM)."""
     found = need("", config, dtype, device)
     return found.params, found.total
 

@@ -142,8 +142,9 @@ def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
         model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
     # packed oneDNN weights replace Linear.forward, which would bypass accelerate's offload hooks: single device only
-    if (not spread and device.type == "cpu" and dtype == torch.float32
-            and model.num_parameters() <= MAX_PREPACK_PARAMS):
+    from .cpu_kernels import packable
+
+    if not spread and device.type == "cpu" and packable(dtype) and model.num_parameters() <= MAX_PREPACK_PARAMS:
         from .cpu_kernels import prepack
 
         prepack(model)  # oneDNN with packed weights: flat cost over small widths (cpu_kernels.py says why)

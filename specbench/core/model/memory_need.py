@@ -137,17 +137,19 @@ def activation_bytes(config, dtype: torch.dtype, width: int, batch: int = 1, log
 
 
 def prepack_bytes(device: torch.device, dtype: torch.dtype, params: int, linear: int) -> int:
-    """The packed oneDNN copy of float32 CPU linear weights (cpu_kernels.prepack; small models only)."""
-    from .cpu_kernels import MAX_PREPACK_PARAMS
+    """The packed oneDNN copy of float32 (or native bfloat16) CPU linear weights (cpu_kernels.prepack; small models
+    only)."""
+    from .cpu_kernels import MAX_PREPACK_PARAMS, backend, packable
 
-    return linear * 4 if device.type == "cpu" and dtype == torch.float32 and params <= MAX_PREPACK_PARAMS else 0
+    packed = device.type == "cpu" and packable(dtype) and params <= MAX_PREPACK_PARAMS and backend() == "onednn"
+    return linear * element_size(dtype) if packed else 0
 
 
 def compile_pack_bytes(config, device: torch.device, dtype: torch.dtype, params: int, linear: int) -> int:
     """A compiled CPU step's own packed copies (core/model/linear_kernels.py, fused_linears.py): every linear weight
-    in bfloat16 (the float32 copy is prepack_bytes'), and the q / k / v and gate / up weights once more, fused (models
-    up to cpu_kernels.MAX_PREPACK_PARAMS)."""
-    from .cpu_kernels import MAX_PREPACK_PARAMS
+    where prepack made no copy (bfloat16 of a model over cpu_kernels.MAX_PREPACK_PARAMS), and the q / k / v and
+    gate / up weights once more, fused (models up to MAX_PREPACK_PARAMS)."""
+    from .cpu_kernels import MAX_PREPACK_PARAMS, packable
 
     if device.type != "cpu":
         return 0
@@ -155,8 +157,9 @@ def compile_pack_bytes(config, device: torch.device, dtype: torch.dtype, params:
     layers, kv_heads, head_dim, hidden, inter, _ = text_shape(config)
     heads = config.get_text_config(decoder=True).num_attention_heads or 1
     grouped = layers * hidden * (heads * head_dim + 2 * kv_heads * head_dim + 2 * inter) * size
-    own = linear * size if dtype != torch.float32 else 0
-    return own + (grouped if params <= MAX_PREPACK_PARAMS else 0)
+    small = params <= MAX_PREPACK_PARAMS
+    own = linear * size if dtype == torch.bfloat16 and packable(dtype) and not small else 0
+    return own + (grouped if small else 0)
 
 
 def need(what: str, config, dtype: torch.dtype, device: torch.device, workload: Workload | None = None) -> Need:
@@ -167,7 +170,7 @@ def need(what: str, config, dtype: torch.dtype, device: torch.device, workload: 
     longest = int(getattr(text, "max_position_embeddings", 0) or work.tokens)
     tokens = work.tokens if work.what else min(work.tokens, longest)  # a stated workload is counted as stated
     parts = {"weights": params * element_size(dtype),
-             "packed float32 copy": prepack_bytes(device, dtype, params, linear),
+             "packed copy (oneDNN)": prepack_bytes(device, dtype, params, linear),
              "compiled step's packed copies": compile_pack_bytes(config, device, dtype, params, linear)
              if work.compiled else 0,
              "KV cache": kv_bytes(config, dtype, tokens, work.batch),
