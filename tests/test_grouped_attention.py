@@ -31,6 +31,39 @@ def test_grouped_equals_repeat_kv(width):
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("width, batch, dtype", [(1, 1, torch.float32), (5, 2, torch.float32), (1, 1, torch.bfloat16),
+                                                (16, 1, torch.bfloat16)])
+def test_products_equal_sdpa_and_run_only_inside_a_compile(width, batch, dtype, monkeypatch):
+    """The compiled CPU path's two products and softmax (grouped_products) equal SDPA with enable_gqa, a fully masked
+    key column and the dtype's min included; grouped_sdpa takes them only while compiling, below float32 unless
+    SPECBENCH_COMPILE_ATTENTION says otherwise (eager keeps SDPA)."""
+    gen = torch.Generator().manual_seed(width)
+    heads, kv_heads, keys, dim = 6, 2, 40, 16
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    q = torch.randn(batch, heads, width, dim, generator=gen).to(dtype)
+    k, v = (torch.randn(batch, kv_heads, keys, dim, generator=gen).to(dtype) for _ in range(2))
+    visible = torch.rand(batch, width, keys, generator=gen) > 0.3
+    visible[..., 0], visible[..., -1] = True, False
+    mask = torch.zeros(batch, width, keys, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)[:, None]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25, enable_gqa=True)
+    got = ga.grouped_products(q, k, v, mask, 0.25)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+    taken = []
+    monkeypatch.setattr(ga, "grouped_products", lambda *a: taken.append(1) or want)
+    ga.grouped_sdpa(module, q, k, v, mask, scaling=0.25)
+    assert not taken  # eager: SDPA
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.delenv(ga.ENV, raising=False)
+    ga.grouped_sdpa(module, q, k, v, mask, scaling=0.25)
+    assert taken == ([] if dtype == torch.float32 else [1])  # auto: products below float32
+    monkeypatch.setenv(ga.ENV, "products")
+    ga.grouped_sdpa(module, q, k, v, mask, scaling=0.25)
+    monkeypatch.setenv(ga.ENV, "sdpa")
+    ga.grouped_sdpa(module, q, k, v, mask, scaling=0.25)
+    assert len(taken) == (1 if dtype == torch.float32 else 2)
+
+
 def test_switched_with_the_compile_state_and_back():
     model = load_model("random:tiny", dtype="float32", device="cpu").model
     assert model.config._attn_implementation == "sdpa"

@@ -13,13 +13,47 @@ switched to it while a compile state is attached (core/model/compile.enable / di
 function wherever that one does not copy: without groups, or without a mask (causal prefill). On CPUs only, where
 it was measured: on CUDA, SDPA with a mask and `enable_gqa` runs its math kernel (transformers avoids it there for
 that reason), so CUDA keeps transformers' path until a GPU run compares the two (benchmarks/gpu_pass.sh).
+
+Inside a compiled graph on a CPU, bfloat16 / float16 attention with a mask runs as two batched products and a
+softmax in float32 (`grouped_products`: the query heads of one key / value head stacked as rows, [b, kv_heads,
+groups * q, d] against [b, kv_heads, k, d]) instead of SDPA's flash kernel, whose bfloat16 path at one query row
+took 3x its time at two rows (benchmarks/RESULTS-cpu.md, stop 58). In float32 the two measured alike (1.95 / 5.05 /
+7.10 ms against SDPA's 2.00 / 5.21 / 6.56 over 30 layers at 1 / 8 / 16 rows), so float32 keeps SDPA.
+$SPECBENCH_COMPILE_ATTENTION=products or sdpa sets one for every dtype. Eager forwards keep SDPA.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 NAME = "specbench_grouped"
+ENV = "SPECBENCH_COMPILE_ATTENTION"  # auto (products below float32), products or sdpa
+
+
+def grouped_products(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                     scaling: float | None) -> torch.Tensor:
+    """query [b, heads, q, d], key / value [b, kv_heads, k, d], mask additive [b or 1, 1, q, k] -> [b, heads, q, d]:
+    softmax(q k^T * scale + mask) v per query head, each reading key / value head h // groups (SDPA's enable_gqa),
+    the scores and softmax in float32."""
+    b, heads, q, d = query.shape
+    kv_heads, k = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    scale = d ** -0.5 if scaling is None else scaling
+    stacked = query.reshape(b, kv_heads, groups * q, d)  # head h = kv * groups + j: rows j * q .. j * q + q - 1
+    scores = torch.matmul(stacked, key.transpose(-1, -2)).view(b, kv_heads, groups, q, k)
+    scores = scores.float() * scale + mask[:, :, None].float()  # [b, 1, 1, q, k] over every head of a group
+    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(b, kv_heads, groups * q, k)
+    return torch.matmul(probs, value).view(b, heads, q, d)
+
+
+def products_here(dtype: torch.dtype) -> bool:
+    """Whether a masked attention of `dtype` runs as grouped_products: only while compiling (ENV, else below float32)."""
+    if not torch.compiler.is_compiling():
+        return False
+    said = os.environ.get(ENV, "auto").strip().lower()
+    return said == "products" or (said == "auto" and dtype in (torch.bfloat16, torch.float16))
 
 
 def grouped_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -34,8 +68,11 @@ def grouped_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Te
             or kwargs.get("softcap") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    if dropout == 0.0 and attention_mask.dtype != torch.bool and products_here(query.dtype):
+        out = grouped_products(query, key, value, attention_mask, scaling)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                               dropout_p=dropout, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
 
 
