@@ -112,8 +112,8 @@ def random_artifact(name: str, target, folder: Path) -> str | None:
 
 def artifact_bytes(cfg) -> tuple[tuple[str, int], ...]:
     """The random artefacts a synthetic run may build, in bytes (float32, an upper bound: Medusa's own projections
-    are built in the run's dtype), for the fit check's
-    workload (core/model/memory_need.Workload.extra): heads, a drafter layer and its input projection, projections.
+    are built in the run's dtype), for the fit check's workload (core/model/memory_need.Workload.extra): heads, a
+    drafter layer and its input projection, projections.
     Counted for every method that takes one, trained or not (an upper bound); () where the model's shape is unknown."""
     if not cfg.synthetic_acceptance:
         return ()

@@ -1,4 +1,4 @@
-"""Faster float32 (and native bfloat16) linear layers on CPU: oneDNN with weights packed once, instead of MKL's sgemm.
+"""Faster float32 (and native bfloat16) CPU linear layers: oneDNN with weights packed once, not MKL's sgemm.
 
 Why: torch's default float32 CPU linear calls MKL, which re-packs the weight on every call once the input has
 two or more rows. On AMD EPYC CPUs that makes a 2-token forward cost far more than a 1-token one,
