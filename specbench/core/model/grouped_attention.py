@@ -17,8 +17,9 @@ that reason), so CUDA keeps transformers' path until a GPU run compares the two 
 Inside a compiled graph on a CPU, bfloat16 / float16 attention with a mask runs as two batched products and a
 softmax in float32 (`grouped_products`: the query heads of one key / value head stacked as rows, [b, kv_heads,
 groups * q, d] against [b, kv_heads, k, d]) instead of SDPA's flash kernel, whose bfloat16 path at one query row
-took 3x its time at two rows (benchmarks/RESULTS-cpu.md, stop 58). In float32 the two measured alike (1.95 / 5.05 /
-7.10 ms against SDPA's 2.00 / 5.21 / 6.56 over 30 layers at 1 / 8 / 16 rows), so float32 keeps SDPA.
+made a whole compiled forward slower at one row than at two (17.8 against 13.1 ms, benchmarks/RESULTS-cpu.md,
+stop 58). In float32 the two measured alike (1.95 / 5.05 / 7.10 ms against SDPA's 2.00 / 5.21 / 6.56 over 30 layers
+at 1 / 8 / 16 rows), so float32 keeps SDPA.
 $SPECBENCH_COMPILE_ATTENTION=products or sdpa sets one for every dtype. Eager forwards keep SDPA.
 """
 
