@@ -3,7 +3,7 @@
 Loads the model, compiles the static step (`--compile`'s, core/model/compile.py) at each width over a cache holding
 `--kv-length` tokens, and runs torch.profiler over `--repeats` forwards per width. Prints, per width, the forward's
 wall time and the self CPU time per forward of the top operations, grouped into the kinds the compiled graph runs:
-linear (oneDNN / MKL), attention, the Python hop into a custom op, the graph's own kernels, the rest.
+linear (oneDNN / MKL / the panels), attention, the Python hop into a custom op, the graph's own kernels, the rest.
 
     python benchmarks/compiled_ops.py [--model smollm2-135m] [--dtype float32] [--widths 1,8,16] [--kv-length 512]
         [--repeats 20] [--top 12]
@@ -27,7 +27,7 @@ from specbench.core.model.load import load_model
 
 def kind(name: str) -> str:
     lowered = name.lower()
-    if "linear" in lowered or "mkldnn" in lowered or "addmm" in lowered or lowered.endswith("mm"):
+    if "linear" in lowered or "panels" in lowered or "mkldnn" in lowered or "addmm" in lowered or lowered.endswith("mm"):
         return "linear"
     if "attention" in lowered or "sdpa" in lowered or "flash" in lowered:
         return "attention"

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from specbench.core.model import linear_kernels as lk
+from specbench.core.model import panel_linear
 from specbench.core.model.compile_graph import graph_model
 from specbench.errors import SpecbenchError
 
@@ -38,12 +39,13 @@ def test_every_kernel_equals_f_linear_at_every_bucket(bias, dtype, tolerance):
                     x = torch.randn(1, rows, m.in_features).to(dtype)
                     want = F.linear(x.float(), m.weight.float(), None if m.bias is None else m.bias.float())
                     for kernel in kernels:
-                        got = lk.KERNEL[kernel](m.weight, m.bias, x, lk.pack_index(m))
+                        got = lk.apply(kernel, m, x)
                         assert got.shape == want.shape and got.dtype == dtype
                         torch.testing.assert_close(got.float(), want, rtol=tolerance, atol=tolerance,
                                                    msg=f"{kernel} at {rows} rows")
     finally:
         lk._unpack(layers)
+        panel_linear.drop(layers)
 
 
 def test_a_large_model_is_timed_on_a_slice_holding_every_shape():
@@ -67,9 +69,10 @@ def test_fastest_median_is_chosen_per_bucket_and_cached(tiny, tmp_path, monkeypa
 
     def measure(layers, kernels, buckets=lk.BUCKETS, rounds=lk.ROUNDS):
         calls.append(kernels)
-        slow = {"mkl": 3.0, "transposed": 2.0, "onednn": 1.0}
-        # onednn fastest at 1 row, transposed from 2, mkl from 16
-        return {b: {k: slow[k] * (1 if b == 1 else {"onednn": 5, "transposed": 1, "mkl": 1 if b < 16 else 0.1}[k])
+        slow = {"mkl": 3.0, "transposed": 2.0, "onednn": 1.0, "panel": 4.0}
+        # onednn fastest at 1 row, transposed from 2, mkl from 16; the panels never
+        return {b: {k: slow[k] * (1 if b == 1 else {"onednn": 5, "transposed": 1, "mkl": 1 if b < 16 else 0.1,
+                                                   "panel": 5}[k])
                     for k in kernels} for b in buckets}
 
     monkeypatch.setattr(lk, "measure", measure)

@@ -11,8 +11,9 @@ layers' own packed copies, which the eager forwards keep using). In the compiled
 GroupedLinear: at a width whose bucket chose oneDNN it calls `specbench::packed_group(x, index, out)` and takes its
 own columns of the output (its own bias added after). The members' calls are the same op on the same input; a graph
 pass (`MergeSameCalls`, inductor's post-grad custom pass) keeps one of them (the op: native_linear's C++ one where it
-is built, the same on the group's packed copy). A member called on another input (a
-cross-attention's k / v) keeps a call of its own: still its own exact rows, only not shared. The model's own
+is built, the same on the group's packed copy). Where a bucket runs the panels (panel_linear.py), the group's weight
+is packed in panels too: one `specbench_native::panels` call for the group, merged the same way. A member called on
+another input (a cross-attention's k / v) keeps a call of its own: still its own exact rows, only not shared. The model's own
 modules are not touched; the packed copies live in linear_kernels' table, weak-keyed by the group's first layer.
 """
 
@@ -24,7 +25,7 @@ import weakref
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-from . import linear_kernels as lk, native_linear
+from . import linear_kernels as lk, native_linear, panel_linear
 from .cpu_kernels import MAX_PREPACK_PARAMS
 
 ENV = "SPECBENCH_COMPILE_FUSE"  # 0: every linear its own call (the A / B of benchmarks/RESULTS-cpu.md)
@@ -66,9 +67,10 @@ class MergeSameCalls(CustomGraphPass):
 
 
 def _merged() -> tuple:
-    """The ops whose identical calls are merged: the Python group op, and the C++ one where it is loaded."""
+    """The ops whose identical calls are merged: the Python group op, and the C++ ones where they are loaded."""
     ops = (torch.ops.specbench.packed_group.default,)
-    return ops + ((torch.ops.specbench_native.linear.default,) if lk.native_ready() else ())
+    native = (torch.ops.specbench_native.linear.default, torch.ops.specbench_native.panels.default)
+    return ops + (native if lk.native_ready() else ())
 
 
 def groups(module: torch.nn.Module) -> list[tuple[str, ...]]:
@@ -83,9 +85,10 @@ def groups(module: torch.nn.Module) -> list[tuple[str, ...]]:
 
 
 def worth_fusing(model: torch.nn.Module, choice: dict[int, str] | None) -> bool:
-    """Fuse where some bucket runs oneDNN, on a model small enough for one more packed copy of its grouped weights
-    (the limit cpu_kernels.prepack keeps for its own copy); not with $SPECBENCH_COMPILE_FUSE=0."""
-    return os.environ.get(ENV, "1").strip() != "0" and bool(choice) and "onednn" in choice.values() \
+    """Fuse where some bucket runs oneDNN or the panels, on a model small enough for one more packed copy of its
+    grouped weights (the limit cpu_kernels.prepack keeps for its own copy); not with $SPECBENCH_COMPILE_FUSE=0."""
+    packed = bool(choice) and bool({"onednn", "panel"} & set(choice.values()))
+    return os.environ.get(ENV, "1").strip() != "0" and packed \
         and sum(p.numel() for p in model.parameters()) <= MAX_PREPACK_PARAMS
 
 
@@ -103,16 +106,23 @@ def pack_group(members: list[torch.nn.Linear]) -> int:
 
 class GroupedLinear(lk.ChosenLinear):
     """One member of a fused group in the compiled graph's twin: columns [start, stop) of the group's one call at a
-    oneDNN bucket; elsewhere its own bucket's kernel (lk.ChosenLinear)."""
+    oneDNN or panels bucket; elsewhere its own bucket's kernel (lk.ChosenLinear)."""
 
-    def __init__(self, linear: torch.nn.Linear, choice: dict[int, str], index: int, start: int, total: int):
-        super().__init__(linear, choice)
+    def __init__(self, linear: torch.nn.Linear, choice: dict[int, str], index: int, start: int, total: int,
+                 group_panels: torch.Tensor | None = None):
+        super().__init__(linear, choice, own_panels=False)
         self.group_index, self.start, self.total = index, start, total
+        self.panels = group_panels  # the group's weight in panels (one tensor for every member), or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling() and lk.for_rows(self.choice, x.numel() // x.shape[-1]) == "onednn":
-            out = native_linear.linear(x, None, self.group_index, self.total) if lk.native_ready() \
-                else packed_group(x, self.group_index, self.total)
+        kernel = lk.for_rows(self.choice, x.numel() // x.shape[-1]) if torch.compiler.is_compiling() else None
+        if kernel in ("onednn", "panel"):
+            if kernel == "panel":
+                out = panel_linear.linear(x, self.panels, self.total, None)
+            elif lk.native_ready():
+                out = native_linear.linear(x, None, self.group_index, self.total)
+            else:
+                out = packed_group(x, self.group_index, self.total)
             out = out[..., self.start:self.start + self.out_features]
             return out if self.linear.bias is None else out + self.linear.bias
         return super().forward(x)
@@ -123,9 +133,11 @@ def twins(module: torch.nn.Module, choice: dict[int, str]) -> dict[str, GroupedL
     out = {}
     for names in groups(module):
         members = [module._modules[n] for n in names]
-        index, start, total = pack_group(members), 0, sum(m.out_features for m in members)
+        index = pack_group(members) if "onednn" in choice.values() else None
+        start, total = 0, sum(m.out_features for m in members)
+        panels = panel_linear.group_copy(members) if "panel" in choice.values() else None
         for name, m in zip(names, members):
-            out[name] = GroupedLinear(m, choice, index, start, total)
+            out[name] = GroupedLinear(m, choice, index, start, total, panels)
             start += m.out_features
     return out
 

@@ -8,7 +8,9 @@ linear (the same sums, another order):
 - `mkl`: F.linear, inductor's default;
 - `transposed`: (W @ x^T)^T: the big W is the streamed A operand and only the w x K input is packed;
 - `onednn`: oneDNN's linear on the weight packed once (cpu_kernels.prepack's layout), a custom op inside the graph
-  (inductor lowers the packed op itself only for frozen weights; here the weights stay graph inputs).
+  (inductor lowers the packed op itself only for frozen weights; here the weights stay graph inputs);
+- `panel`: specbench's own C++ kernel on the weight packed in 16-column panels (panel_linear.py), float32, where the
+  native library is built: at 1-4 rows it reads the weights near the machine's streaming bandwidth.
 The same three at the run's dtype in bfloat16 (oneDNN through AVX512-BF16 / AMX where the CPU has them; the weight
 packed here when it is not already).
 
@@ -40,12 +42,12 @@ import torch.nn.functional as F
 import yaml
 
 from .. import store
-from . import cpu_kernels, native_linear
+from . import cpu_kernels, native_linear, panel_linear
 from ..machine import contention
 from ...errors import SpecbenchError
 
 ENV = "SPECBENCH_COMPILE_LINEAR"
-KERNELS = ("mkl", "transposed", "onednn")
+KERNELS = ("mkl", "transposed", "onednn", "panel")
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 ROUNDS = 5
 MEASURE_BYTES = 2**30  # weights one measured pass reads at most (timed_set)
@@ -104,6 +106,14 @@ def _onednn(weight, bias, x, index):
 KERNEL = {"mkl": _mkl, "transposed": _transposed, "onednn": _onednn}
 
 
+def apply(kernel: str, m: torch.nn.Linear, x: torch.Tensor, panels: torch.Tensor | None = None) -> torch.Tensor:
+    """Layer `m` on x [..., K] through `kernel` (KERNELS); `panel` reads `panels`, the layer's weight in panels
+    (panel_linear.copy_of(m) where not given)."""
+    if kernel == "panel":
+        return panel_linear.linear(x, panel_linear.copy_of(m) if panels is None else panels, m.out_features, m.bias)
+    return KERNEL[kernel](m.weight, m.bias, x, pack_index(m))
+
+
 def for_rows(choice: dict[int, str], rows: int) -> str:
     """The kernel of a forward of `rows` rows: the choice of the smallest measured bucket holding it (the widest
     bucket's beyond them)."""
@@ -117,10 +127,12 @@ def linears(model) -> list[torch.nn.Linear]:
 
 
 def candidates(dtype: torch.dtype) -> tuple[str, ...]:
-    """Kernels worth measuring at `dtype`: oneDNN's packed linear where this torch has it, for float32 and bfloat16."""
+    """Kernels worth measuring at `dtype`: oneDNN's packed linear where this torch has it, for float32 and bfloat16;
+    the panels in float32 where the native library is built."""
     onednn = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
               and (dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())))
-    return KERNELS if onednn else ("mkl", "transposed")
+    panels = panel_linear.available(dtype)
+    return ("mkl", "transposed") + (("onednn",) if onednn else ()) + (("panel",) if panels else ())
 
 
 def shape_key(layers: list[torch.nn.Linear]) -> str:
@@ -202,17 +214,22 @@ def measure(layers: list[torch.nn.Linear], kernels, buckets=BUCKETS, rounds: int
     dtype = layers[0].weight.dtype
     gen = torch.Generator().manual_seed(0)
     times: dict[int, dict] = {}
+    panels = {id(m): panel_linear.pack(m.weight) for m in layers} if "panel" in kernels else {}  # for this only
+
+    def call(kernel: str, m: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return apply(kernel, m, x, panels.get(id(m)))
+
     for rows in buckets:
         inputs = {k: torch.randn(1, rows, k, generator=gen).to(dtype) for k in {m.in_features for m in layers}}
         taken: dict[str, list[float]] = {k: [] for k in kernels}
         for kernel in kernels:  # untimed: first calls (oneDNN's primitive cache, MKL's buffers)
             for m in layers:
-                KERNEL[kernel](m.weight, m.bias, inputs[m.in_features], pack_index(m))
+                call(kernel, m, inputs[m.in_features])
         for r in range(rounds):
             for kernel in (kernels if r % 2 == 0 else kernels[::-1]):
                 t0 = time.perf_counter()
                 for m in layers:
-                    KERNEL[kernel](m.weight, m.bias, inputs[m.in_features], pack_index(m))
+                    call(kernel, m, inputs[m.in_features])
                 taken[kernel].append((time.perf_counter() - t0) * 1e3)
         times[rows] = {k: round(statistics.median(v), 3) for k, v in taken.items()}
     return times
@@ -227,12 +244,15 @@ def choose(model, device: torch.device) -> dict:
         return {}
     dtype = layers[0].weight.dtype
     kernels = candidates(dtype)
+    if sum(p.numel() for p in model.parameters()) > cpu_kernels.MAX_PREPACK_PARAMS:  # no room for a copy in panels
+        kernels = tuple(k for k in kernels if k != "panel")
     forced = os.environ.get(ENV, "auto").strip().lower()
     if forced != "auto":
         if forced not in KERNELS:
             raise SpecbenchError(f"${ENV}={forced!r}: use auto, {', '.join(KERNELS)}")
         if forced not in kernels:
-            raise SpecbenchError(f"${ENV}={forced}: oneDNN's packed linear is not available here for {dtype}")
+            raise SpecbenchError(f"${ENV}={forced}: that kernel is not available here for {dtype} (candidates: "
+                                 f"{', '.join(kernels)})")
         if forced == "onednn":
             _pack(layers)
         return {"source": f"${ENV}", "choice": {b: forced for b in BUCKETS}}
@@ -247,7 +267,7 @@ def choose(model, device: torch.device) -> dict:
     before = contention.snapshot()
     times = measure(layers, kernels)
     load = contention.between(before, contention.snapshot())
-    found = {"choice": {b: min(t, key=t.get) for b, t in times.items()}, "times_ms": times,
+    found = {"choice": {b: min(t, key=t.get) for b, t in times.items()}, "kernels": list(kernels), "times_ms": times,
              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rounds": ROUNDS,
              "foreign_cpu": load["foreign_cpu"]}
     if contention.disturbed(load):  # a busy machine's choice serves this run only: the next one measures again
@@ -266,7 +286,7 @@ def _read(path, kernels) -> dict | None:
         choice = {int(b): str(k) for b, k in data["choice"].items()}
     except (OSError, yaml.YAMLError, TypeError, KeyError, ValueError, AttributeError):
         return None
-    if not choice or not set(choice.values()) <= set(kernels):
+    if not choice or data.get("kernels") != list(kernels):  # measured among other candidates: measure again
         return None
     return {**data, "choice": choice}
 
@@ -276,11 +296,14 @@ class ChosenLinear(torch.nn.Module):
     the kernel its bucket chose. Traced by torch.compile at a static shape: the bucket's kernel is picked here, in
     Python, once per graph; an eager call (the compiled step run uncompiled) is the layer's own forward."""
 
-    def __init__(self, linear: torch.nn.Linear, choice: dict[int, str]):
+    def __init__(self, linear: torch.nn.Linear, choice: dict[int, str], own_panels: bool = True):
         super().__init__()
         self.linear = linear
         self.choice = choice
         self.index = pack_index(linear)  # its weight's packed copy in _PACKED (oneDNN), or None
+        # its weight in panels where a bucket runs them (a graph input like the weight; a fused member reads its group's)
+        wanted = own_panels and "panel" in choice.values()
+        self.register_buffer("panels", panel_linear.copy_of(linear) if wanted else None, persistent=False)
 
     weight = property(lambda self: self.linear.weight)
     bias = property(lambda self: self.linear.bias)
@@ -290,6 +313,8 @@ class ChosenLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             kernel = for_rows(self.choice, x.numel() // x.shape[-1])
+            if kernel == "panel":
+                return panel_linear.linear(x, self.panels, self.out_features, self.linear.bias)
             return KERNEL[kernel](self.linear.weight, self.linear.bias, x, self.index)
         return self.linear(x)
 
@@ -301,7 +326,7 @@ def use(model, device: torch.device) -> dict:
     found = choose(model, device)
     if not found:
         return {}
-    onednn = "onednn" in found["choice"].values()
+    onednn = bool({"onednn", "panel"} & set(found["choice"].values()))  # the native library's ops
     if onednn:
         native_ready()  # built and loaded now, before any graph traces it; the copies choose packed kept in its table
     return {"source": found["source"], "choice": found["choice"],

@@ -1,0 +1,70 @@
+"""A linear of a few rows on weights packed in 16-column panels: specbench's own CPU kernel (native_linear's C++
+`panels`), one of the candidates a compiled CPU forward chooses per width bucket (linear_kernels.py).
+
+Why: at 1-4 rows a linear reads its weight once and does little else, so it should run at the machine's streaming
+bandwidth. oneDNN's packed linear spends ~10 us a call before it reads (its primitive, its threads), so the small
+matrices of a small model read at 28-35 GB/s where the machine streams 42-46: a 576 x 576 float32 weight took 44-47 us
+through oneDNN against 34 us here, the 49152 x 576 LM head 2.53 against 2.39 ms (benchmarks/RESULTS-cpu.md, stop 59).
+From 8 rows on oneDNN's blocked GEMM wins, and the measurement picks it there.
+
+How: the weight W [N, K] is copied once into panels [ceil(N / 16), K, 16] (panel p holds W[16 p : 16 p + 16]^T, the
+last one zero-padded), one contiguous stream per panel. For each k, a panel's 16 weights times each row's x[k] add
+into a 16-float vector register: 4 panels at a time at up to 4 rows (independent sums hide the multiply-add's
+latency), 2 at 5-8 rows, rows in passes of 8, panels split between the threads. A row's sums run in k's order
+whatever rows sit beside it, so a token's output is the same at every width. Float32 only, and only where the native
+library is built (`available`). The copies: one per layer, the fused groups' one per group (fused_linears.py), kept
+weak-keyed by layer, made only for a compiled step whose choice runs this kernel (memory_need counts them).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from . import native_linear
+
+PANEL = 16  # output columns per panel: one 16-float vector
+
+_COPIES: "weakref.WeakKeyDictionary[torch.nn.Linear, torch.Tensor]" = weakref.WeakKeyDictionary()
+
+
+def available(dtype: torch.dtype) -> bool:
+    """Whether the kernel runs at `dtype` here: float32, with the native library built and loaded."""
+    return dtype == torch.float32 and native_linear.ready()
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] -> panels [ceil(N / 16), K, 16], float32, contiguous; the padded columns zero."""
+    n, k = weight.shape
+    panels = -(-n // PANEL)
+    with torch.no_grad():
+        padded = weight.detach().new_zeros(panels * PANEL, k, dtype=torch.float32)
+        padded[:n] = weight.detach()
+        return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
+
+
+def copy_of(layer: torch.nn.Linear) -> torch.Tensor:
+    """The layer's packed copy (made once, kept while the layer lives)."""
+    if layer not in _COPIES:
+        _COPIES[layer] = pack(layer.weight)
+    return _COPIES[layer]
+
+
+def group_copy(members: list[torch.nn.Linear]) -> torch.Tensor:
+    """The members' weights concatenated ([sum of out, K]) and packed (once per group, kept with its first member)."""
+    head = members[0]
+    if head not in _COPIES:
+        _COPIES[head] = pack(torch.cat([m.weight.detach() for m in members]))
+    return _COPIES[head]
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias) -> [..., out_features] on W's packed copy."""
+    return native_linear.panels(x, packed, out_features, bias)
+
+
+def drop(layers) -> None:
+    """Forget the layers' copies (tests; a copy otherwise goes with its layer)."""
+    for m in layers:
+        _COPIES.pop(m, None)

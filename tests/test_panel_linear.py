@@ -1,0 +1,100 @@
+"""The panels kernel (core/model/panel_linear.py, native_linear's C++ `panels`): equal to F.linear at every row count
+and at shapes that are not multiples of its 16 columns, a row's output the same whatever rows run beside it, one
+call per fused group inside a compiled graph, a candidate of the measured choice only where it can run, and a
+cached choice measured without it measured again."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specbench.core.model import fused_linears as fl
+from specbench.core.model import linear_kernels as lk
+from specbench.core.model import native_linear as nl
+from specbench.core.model import panel_linear as pl
+from specbench.core.model.compile_graph import compile_function, graph_model
+
+
+@pytest.fixture
+def built(monkeypatch):
+    monkeypatch.delenv(nl.ENV, raising=False)
+    if not pl.available(torch.float32):
+        pytest.fail(f"the native library did not build here: {nl.status()}")  # inductor's C++ compiler is here
+
+
+@pytest.mark.parametrize("out_features,in_features,bias", [(96, 64, True), (40, 37, False), (16, 16, True)])
+def test_panels_equal_f_linear_at_every_row_count(built, out_features, in_features, bias):
+    torch.manual_seed(0)
+    m = torch.nn.Linear(in_features, out_features, bias=bias)
+    packed = pl.pack(m.weight)
+    assert packed.shape == (-(-out_features // 16), in_features, 16)
+    with torch.inference_mode():
+        for rows in (1, 2, 3, 4, 5, 8, 9, 16, 21):
+            x = torch.randn(2, rows, in_features)
+            got = pl.linear(x, packed, out_features, m.bias)
+            assert got.shape == (2, rows, out_features)
+            torch.testing.assert_close(got, F.linear(x, m.weight, m.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_a_rows_output_does_not_depend_on_the_rows_beside_it(built):
+    """The sums of a row run in k's order at every width: a verify forward's row equals the one-row forward's."""
+    torch.manual_seed(1)
+    w = torch.randn(200, 300)
+    packed = pl.pack(w)
+    x = torch.randn(13, 300)
+    wide = pl.linear(x, packed, 200, None)
+    for r in range(13):
+        assert torch.equal(pl.linear(x[r:r + 1], packed, 200, None), wide[r:r + 1])
+
+
+def test_wrong_inputs_are_refused_by_the_operator(built):
+    packed = pl.pack(torch.randn(32, 8))
+    with pytest.raises(RuntimeError, match="float32 only"):
+        pl.linear(torch.randn(1, 8, dtype=torch.bfloat16), packed, 32, None)
+    with pytest.raises(RuntimeError, match="packed is not"):
+        pl.linear(torch.randn(1, 9), packed, 32, None)
+
+
+def test_compiled_graph_runs_one_panels_call_per_group(built):
+    from .test_fused_linears import _Block
+
+    block = _Block()
+    graph = graph_model(block, {1: "panel", 16: "onednn"})
+    fn = compile_function(torch.device("cpu"), lambda g, x: g(x), "panel_test")
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+            x = torch.randn(1, 1, 64)
+            fn(graph, x)
+            with torch.profiler.profile() as prof:
+                got = fn(graph, x)
+            torch.testing.assert_close(got, block(x), rtol=1e-5, atol=1e-5)
+        counts = {e.key: e.count for e in prof.key_averages()}
+        assert counts.get("specbench_native::panels") == 3, counts  # q/k/v, gate/up, down
+        assert not counts.get("specbench_native::linear"), counts  # the 1-row bucket runs the panels only
+    finally:
+        lk._unpack(lk.linears(block))
+        fl.unpack(block)
+        pl.drop(lk.linears(block))
+
+
+def test_panels_are_a_candidate_only_where_they_run(built, monkeypatch):
+    assert "panel" in lk.candidates(torch.float32)
+    assert "panel" not in lk.candidates(torch.bfloat16)
+    monkeypatch.setenv(nl.ENV, "0")
+    assert "panel" not in lk.candidates(torch.float32)
+
+
+def test_a_choice_cached_among_other_candidates_is_measured_again(built, tmp_path, monkeypatch):
+    """A cache written before the panels existed (no `kernels` list, or another one) is not read: the kernel set
+    changed, so the choice is measured again with every candidate."""
+    path = tmp_path / "choice.yaml"
+    path.write_text("choice: {1: onednn, 2: onednn}\n")
+    kernels = lk.candidates(torch.float32)
+    assert lk._read(path, kernels) is None
+    path.write_text(f"choice: {{1: onednn}}\nkernels: {list(kernels)}\n")
+    assert lk._read(path, kernels)["choice"] == {1: "onednn"}
