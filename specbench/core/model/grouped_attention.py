@@ -19,8 +19,11 @@ softmax in float32 (`grouped_products`: the query heads of one key / value head 
 groups * q, d] against [b, kv_heads, k, d]) instead of SDPA's flash kernel, whose bfloat16 path at one query row
 made a whole compiled forward slower at one row than at two (17.8 against 13.1 ms, benchmarks/RESULTS-cpu.md,
 stop 58). In float32 the two measured alike (1.95 / 5.05 / 7.10 ms against SDPA's 2.00 / 5.21 / 6.56 over 30 layers
-at 1 / 8 / 16 rows), so float32 keeps SDPA.
-$SPECBENCH_COMPILE_ATTENTION=products or sdpa sets one for every dtype. Eager forwards keep SDPA.
+at 1 / 8 / 16 rows), so float32 kept SDPA until specbench's own operator (native_attention.py): a float32 masked
+attention inside a compiled CPU graph runs it where the native library is built and the call fits it (head dim 64
+or 128; without groups too), SDPA elsewhere.
+$SPECBENCH_COMPILE_ATTENTION=native, products or sdpa sets one for every dtype (native where it fits). Eager
+forwards keep SDPA: the lossless reference never shares the compiled path's attention.
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ import os
 
 import torch
 
+from . import native_attention, native_linear
+
 NAME = "specbench_grouped"
-ENV = "SPECBENCH_COMPILE_ATTENTION"  # auto (products below float32), products or sdpa
+ENV = "SPECBENCH_COMPILE_ATTENTION"  # auto (native in float32, products below), native, products or sdpa
+UNSUPPORTED = ("position_bias", "softcap", "s_aux", "sinks")  # extras of a family's attention none of ours applies
 
 
 def grouped_products(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
@@ -57,6 +63,15 @@ def products_here(dtype: torch.dtype) -> bool:
     return said == "products" or (said == "auto" and dtype in (torch.bfloat16, torch.float16))
 
 
+def native_here(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) -> bool:
+    """Whether this call runs native_attention's operator: only while compiling, where it fits the call and the
+    native library is built (ENV auto or native)."""
+    if not torch.compiler.is_compiling() or os.environ.get(ENV, "auto").strip().lower() not in ("auto", "native"):
+        return False
+    return native_attention.fits(query, key, mask) and all(kwargs.get(k) is None for k in UNSUPPORTED) \
+        and native_linear.ready()
+
+
 def grouped_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                  is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
@@ -64,6 +79,9 @@ def grouped_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Te
     ([b, q, heads, d], None), as transformers' attention functions return."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if dropout == 0.0 and native_here(query, key, attention_mask, kwargs):
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        return native_attention.attention(query, key, value, attention_mask, scale), None
     groups = getattr(module, "num_key_value_groups", 1)
     if groups <= 1 or attention_mask is None or kwargs.get("position_bias") is not None \
             or kwargs.get("softcap") is not None:
@@ -96,6 +114,8 @@ def use(model) -> None:
         return
     _register()
     model.set_attn_implementation(NAME)
+    if model.dtype == torch.float32:
+        native_linear.ready()  # built (once per machine) and loaded now: tracing only asks whether it is
 
 
 def restore(model) -> None:

@@ -29,9 +29,8 @@ from pathlib import Path
 import torch
 
 ENV = "SPECBENCH_COMPILE_NATIVE"  # 0: the Python custom op
-SOURCE = r"""
+LINEAR_SOURCE = r"""
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <torch/library.h>
@@ -61,90 +60,15 @@ at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& bias, in
   op.callBoxed(&stack);
   return stack[0].toTensor();
 }
-// ---- panels: x [rows, K] @ W^T with W packed as panels [ceil(N / 16), K, 16] (panel_linear.pack) ----
-typedef float v16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, two AVX2 ones
-typedef float v16u __attribute__((vector_size(64), aligned(4)));  // the same, read from any float's address
-
-// columns [16 p, 16 p + 16 G) of R rows: for every k, each panel's 16 weights times each row's x[k], summed in k's
-// order (the same sums for a row whatever R is: a row's output never depends on the rows beside it)
-template <int R, int G>
-inline void panel_rows(const float* x, int64_t K, const float* P, int64_t p, float* out, int64_t N) {
-  v16 acc[G][R];
-  for (int g = 0; g < G; ++g) for (int r = 0; r < R; ++r) acc[g][r] = v16{};
-  const float* w = P + p * K * 16;
-  for (int64_t k = 0; k < K; ++k) {
-    v16 wv[G];
-    for (int g = 0; g < G; ++g) wv[g] = *(const v16u*)(w + (g * K + k) * 16);
-    for (int r = 0; r < R; ++r) {
-      const float xs = x[r * K + k];
-      for (int g = 0; g < G; ++g) acc[g][r] += wv[g] * xs;
-    }
-  }
-  for (int g = 0; g < G; ++g) {
-    const int64_t n = (p + g) * 16, take = std::min<int64_t>(16, N - n);
-    for (int r = 0; r < R; ++r) {
-      float s[16];
-      __builtin_memcpy(s, &acc[g][r], 64);
-      for (int64_t j = 0; j < take; ++j) out[r * N + n + j] = s[j];
-    }
-  }
-}
-
-// R rows over all panels, split between the threads; G panels at a time (independent sums to hide FMA latency)
-template <int R>
-void panel_pass(const float* x, int64_t K, const float* P, int64_t N, float* out) {
-  constexpr int G = R <= 4 ? 4 : 2;
-  at::parallel_for(0, (N + 15) / 16, 8, [&](int64_t a, int64_t b) {
-    int64_t p = a;
-    for (; p + G <= b; p += G) panel_rows<R, G>(x, K, P, p, out, N);
-    for (; p < b; ++p) panel_rows<R, 1>(x, K, P, p, out, N);
-  });
-}
-
-at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_features,
-                  const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x_.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat && packed.is_contiguous(),
-              "specbench_native::panels: float32 only, packed contiguous");
-  const auto x = x_.contiguous();
-  const int64_t K = x.size(-1), rows = x.numel() / K, N = out_features;
-  TORCH_CHECK(packed.dim() == 3 && packed.size(1) == K && packed.size(2) == 16 && packed.size(0) * 16 >= N,
-              "specbench_native::panels: packed is not [ceil(N / 16), K, 16]");
-  auto shape = x.sizes().vec();
-  shape.back() = N;
-  auto out = at::empty(shape, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = packed.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  for (int64_t r = 0; r < rows; r += 8) {  // 8 rows a pass: more would spill the accumulators
-    const float* xr = xp + r * K;
-    float* o = op + r * N;
-    switch (std::min<int64_t>(8, rows - r)) {
-      case 1: panel_pass<1>(xr, K, wp, N, o); break;
-      case 2: panel_pass<2>(xr, K, wp, N, o); break;
-      case 3: panel_pass<3>(xr, K, wp, N, o); break;
-      case 4: panel_pass<4>(xr, K, wp, N, o); break;
-      case 5: panel_pass<5>(xr, K, wp, N, o); break;
-      case 6: panel_pass<6>(xr, K, wp, N, o); break;
-      case 7: panel_pass<7>(xr, K, wp, N, o); break;
-      default: panel_pass<8>(xr, K, wp, N, o); break;
-    }
-  }
-  if (bias.has_value()) out.add_(*bias);
-  return out;
-}
 }  // namespace
 
-TORCH_LIBRARY(specbench_native, m) {
+TORCH_LIBRARY_FRAGMENT(specbench_native, m) {
   m.def("put(int index, Tensor packed) -> ()", &put);
   m.def("drop(int index) -> ()", &drop);
   m.def("linear(Tensor x, Tensor? bias, int index, int out_features) -> Tensor");
-  m.def("panels(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(specbench_native, CPU, m) {
-  m.impl("linear", &linear);
-  m.impl("panels", &panels);
-}
+TORCH_LIBRARY_IMPL(specbench_native, CPU, m) { m.impl("linear", &linear); }
 """
 
 _STATE: dict = {"loaded": None, "why": ""}  # loaded: None (not tried), True or False; why: the reason it is not
@@ -152,6 +76,14 @@ _STATE: dict = {"loaded": None, "why": ""}  # loaded: None (not tried), True or 
 
 def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def source() -> str:
+    """The library's C++: the packed linear (LINEAR_SOURCE), the panels (panel_linear.SOURCE), attention
+    (native_attention.SOURCE); each defines its own operators in the one namespace (TORCH_LIBRARY_FRAGMENT)."""
+    from . import native_attention, panel_linear
+
+    return "\n".join((LINEAR_SOURCE, panel_linear.SOURCE, native_attention.SOURCE))
 
 
 def _cpu_flags() -> str:
@@ -168,27 +100,27 @@ def library_path() -> Path:
     from ..store import user_cache
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    key = hashlib.sha1(f"{SOURCE}{torch.__version__}{abi}{_cpu_flags()}".encode()).hexdigest()[:12]
+    key = hashlib.sha1(f"{source()}{torch.__version__}{abi}{_cpu_flags()}".encode()).hexdigest()[:12]
     return user_cache() / "native" / f"specbench_native-{key}.so"
 
 
 def _build(path: Path) -> None:
-    """Compile SOURCE into `path` (raises RuntimeError with the compiler's last lines on failure)."""
+    """Compile source() into `path` (raises RuntimeError with the compiler's last lines on failure)."""
     from torch.utils import cpp_extension
 
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++ or c++) on PATH")
     path.parent.mkdir(parents=True, exist_ok=True)
-    source = path.with_name(f"{path.stem}.{os.getpid()}.cpp")  # files of this process's own: two builds never mix
+    cpp = path.with_name(f"{path.stem}.{os.getpid()}.cpp")  # files of this process's own: two builds never mix
     part = path.with_name(f"{path.name}.{os.getpid()}.part")
-    source.write_text(SOURCE)
+    cpp.write_text(source())
     libs = cpp_extension.library_paths()
     # -march=native: the panels' vector code for this CPU (the library's key names the CPU's flags); -fopenmp: ATen's
     # parallel_for, on the OpenMP runtime torch already loaded (the same soname, so one thread pool)
     command = [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w",
                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-               *[f"-I{p}" for p in cpp_extension.include_paths()], str(source), "-o", str(part),
+               *[f"-I{p}" for p in cpp_extension.include_paths()], str(cpp), "-o", str(part),
                *[f"-L{p}" for p in libs], "-lc10", "-ltorch_cpu", "-ltorch", *[f"-Wl,-rpath,{p}" for p in libs]]
     try:
         done = subprocess.run(command, capture_output=True, text=True)
@@ -196,7 +128,7 @@ def _build(path: Path) -> None:
             raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-400:]}")
         os.replace(part, path)  # whole or not at all: a concurrent run never loads half a file
     finally:
-        source.unlink(missing_ok=True)
+        cpp.unlink(missing_ok=True)
         part.unlink(missing_ok=True)
 
 
@@ -212,7 +144,10 @@ def ready() -> bool:
                 _build(path)
             torch.ops.load_library(str(path))
             torch.library.register_fake("specbench_native::linear")(_fake)
-            torch.library.register_fake("specbench_native::panels")(_fake_panels)
+            from . import native_attention, panel_linear
+
+            torch.library.register_fake("specbench_native::panels")(panel_linear.fake)
+            torch.library.register_fake("specbench_native::attention")(native_attention.fake)
             _STATE["loaded"] = True
         except (RuntimeError, OSError) as error:
             _STATE["loaded"], _STATE["why"] = False, str(error).splitlines()[0][:200]
@@ -225,10 +160,6 @@ def loaded() -> bool:
 
 
 def _fake(x, bias, index, out_features):
-    return x.new_empty(*x.shape[:-1], out_features)
-
-
-def _fake_panels(x, packed, out_features, bias):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
@@ -245,11 +176,6 @@ def free(index: int) -> None:
 
 def linear(x: torch.Tensor, bias: torch.Tensor | None, index: int, out_features: int) -> torch.Tensor:
     return torch.ops.specbench_native.linear(x, bias, index, out_features)
-
-
-def panels(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., K] @ W^T (+ bias) -> [..., out_features], W packed in 16-column panels (panel_linear.pack)."""
-    return torch.ops.specbench_native.panels(x, packed, out_features, bias)
 
 
 def status() -> str:

@@ -1,0 +1,142 @@
+"""The compiled CPU forward's own attention operator (core/model/native_attention.py): equal to SDPA (enable_gqa)
+under causal, windowed, tree and per-row masks at every width, batch and head dim it takes; the keys past the last
+visible one never read; taken by grouped_sdpa only while compiling, in float32, where it fits; and a compiled model
+whose heads fit it decodes the eager model's tokens through it."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specbench.core.model import grouped_attention as ga
+from specbench.core.model import native_attention as na
+from specbench.core.model import native_linear as nl
+from specbench.core.model.load import load_model
+from specbench.core.verify import Sampling
+from specbench.methods import get_method
+
+from .conftest import prompt_ids
+
+LOWEST = torch.finfo(torch.float32).min
+
+
+@pytest.fixture
+def built(monkeypatch):
+    monkeypatch.delenv(nl.ENV, raising=False)
+    if not nl.ready():
+        pytest.fail(f"the native library did not build here: {nl.status()}")  # inductor's C++ compiler is here
+
+
+def _mask(visible: torch.Tensor) -> torch.Tensor:
+    """visible [B, Q, C] bool -> the additive mask [B, 1, Q, C]."""
+    return torch.zeros(visible.shape).masked_fill(~visible, LOWEST)[:, None]
+
+
+def _visible(kind: str, batch: int, width: int, capacity: int, gen) -> torch.Tensor:
+    keys = torch.arange(capacity)
+    ends = torch.randint(width, capacity + 1, (batch,), generator=gen)  # each row's sequence length
+    pos = ends[:, None] - width + torch.arange(width)[None]  # [B, Q]: each query row's position
+    causal = keys[None, None] <= pos[..., None]
+    if kind == "causal":
+        return causal
+    if kind == "window":  # a sliding window of 8: the first visible key is past 0
+        return causal & (keys[None, None] > pos[..., None] - 8)
+    tree = causal & (torch.rand(batch, width, capacity, generator=gen) > 0.4)  # a tree's rows: some drafts hidden
+    return tree | (keys[None, None] == pos[..., None])  # every row sees itself
+
+
+@pytest.mark.parametrize("kind", ["causal", "window", "tree"])
+@pytest.mark.parametrize("width, batch, heads, kv_heads, dim", [(1, 1, 9, 3, 64), (3, 2, 9, 3, 64),
+                                                               (16, 1, 4, 4, 128), (33, 2, 8, 2, 64)])
+def test_equals_sdpa(built, kind, width, batch, heads, kv_heads, dim):
+    gen = torch.Generator().manual_seed(width * 7 + batch)
+    capacity = 96
+    q = torch.randn(batch, heads, width, dim, generator=gen)
+    k, v = (torch.randn(batch, kv_heads, capacity, dim, generator=gen) for _ in range(2))
+    mask = _mask(_visible(kind, batch, width, capacity, gen))
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True).transpose(1, 2)
+    assert na.fits(q, k, mask)
+    torch.testing.assert_close(na.attention(q, k, v, mask, 0.3), want, rtol=1e-5, atol=1e-5)
+    if batch == 1:  # one mask for the whole batch: broadcast over batch rows
+        q2, k2, v2 = (torch.cat([t, t]) for t in (q, k, v))
+        torch.testing.assert_close(na.attention(q2, k2, v2, mask, 0.3), torch.cat([want, want]), rtol=1e-5, atol=1e-5)
+
+
+def test_keys_past_the_last_visible_are_not_read(built):
+    """Slots past the sequence (a static cache's stale or unwritten ones) carry weight exactly 0, so they are
+    skipped: even NaN there leaves the output equal to attention over the sequence alone."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 6, 2, 64, generator=gen)
+    k, v = (torch.randn(1, 2, 50, 64, generator=gen) for _ in range(2))
+    visible = torch.arange(50)[None, None, :] < torch.tensor([[30], [31]])[None]  # [1, 2, 50]
+    want = na.attention(q, k[:, :, :31], v[:, :, :31], _mask(visible)[..., :31], 0.125)
+    k[:, :, 31:], v[:, :, 31:] = float("nan"), float("nan")
+    torch.testing.assert_close(na.attention(q, k, v, _mask(visible), 0.125), want, rtol=0, atol=0)
+
+
+def test_refused_shapes_and_dtypes(built):
+    q, k = torch.randn(1, 4, 1, 64), torch.randn(1, 2, 10, 64)
+    mask = torch.zeros(1, 1, 1, 10)
+    assert na.fits(q, k, mask)
+    assert not na.fits(q, k, None)
+    assert not na.fits(q.bfloat16(), k.bfloat16(), mask.bfloat16())
+    assert not na.fits(torch.randn(1, 4, 1, 80), torch.randn(1, 2, 10, 80), mask)  # head dim 80
+    assert not na.fits(q, k, torch.zeros(1, 4, 1, 10))  # a mask per head
+    with pytest.raises(RuntimeError, match="head dim 64 or 128"):
+        na.attention(torch.randn(1, 4, 1, 32), torch.randn(1, 2, 10, 32), torch.randn(1, 2, 10, 32), mask, 1.0)
+
+
+def test_grouped_sdpa_takes_it_only_while_compiling_where_it_fits(built, monkeypatch):
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    q, k, v = torch.randn(1, 6, 2, 64), torch.randn(1, 2, 20, 64), torch.randn(1, 2, 20, 64)
+    mask = torch.zeros(1, 1, 2, 20)
+    taken = []
+    real = na.attention
+    monkeypatch.setattr(na, "attention", lambda *a: taken.append(1) or real(*a))
+    monkeypatch.delenv(ga.ENV, raising=False)
+    ga.grouped_sdpa(module, q, k, v, mask, scaling=0.125)
+    assert not taken  # eager: SDPA (the lossless reference never runs it)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    out, _ = ga.grouped_sdpa(module, q, k, v, mask, scaling=0.125)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True).transpose(1, 2)
+    assert taken == [1] and out.shape == (1, 2, 6, 64)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    ga.grouped_sdpa(module, q, k, v, mask, scaling=0.125, s_aux=torch.zeros(6))  # attention sinks: not ours
+    monkeypatch.setenv(ga.ENV, "sdpa")
+    ga.grouped_sdpa(module, q, k, v, mask, scaling=0.125)
+    assert taken == [1]
+
+
+def test_compiled_model_decodes_eager_tokens_through_it(built, tmp_path, monkeypatch):
+    """A 2-layer random Llama with head dim 64 under --compile: ar's and a tree method's tokens equal eager ones,
+    and every compiled decode forward runs the operator once per layer."""
+    from specbench.core.model import compile as cc
+
+    from .conftest import artifact_options
+
+    monkeypatch.delenv(ga.ENV, raising=False)
+    config = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 260,
+              "max_position_embeddings": 512, "tie_word_embeddings": True}
+    path = tmp_path / "wide_heads.json"
+    path.write_text(json.dumps(config))
+    target = load_model(f"random:{path}", dtype="float32", device="cpu")
+    methods = {"ar": get_method("ar")(target, {}),
+               "ppd": get_method("ppd")(target, {**artifact_options("ppd", target), "tree": "size=4"})}
+    eager = {n: m.generate(prompt_ids(0), 12, Sampling(), None).tokens for n, m in methods.items()}
+    state = cc.enable(target.model, 128)
+    try:
+        for name, method in methods.items():
+            assert method.generate(prompt_ids(0), 12, Sampling(), None).tokens == eager[name], name
+        state.finish_warm_up()
+        with torch.profiler.profile() as prof:
+            methods["ar"].generate(prompt_ids(1), 4, Sampling(), None)
+        assert state.eager_steps == 0
+        calls = {e.key: e.count for e in prof.key_averages()}.get("specbench_native::attention", 0)
+        assert calls and calls % 2 == 0, calls  # one per layer of every compiled forward
+    finally:
+        cc.disable(target.model)
