@@ -95,7 +95,8 @@ def main() -> None:
     prompt = torch.randint(0, 32000, (args.kv_length,), generator=gen).tolist()
     inputs = {w: torch.randint(0, 32000, (w,), generator=gen).tolist() for w in widths}
     with torch.inference_mode():
-        sides = {name: build(model, capacity, env, widths, prompt, inputs) for name, env in (("A", args.a), ("B", args.b))}
+        sides = {name: build(model, capacity, env, widths, prompt, inputs)
+                 for name, env in (("A", args.a), ("B", args.b))}
         times: dict[tuple[str, int], list[float]] = {(s, w): [] for s in sides for w in widths}
         for r in range(args.rounds):
             for w in widths:

@@ -27,7 +27,7 @@ from specbench.core.model.load import load_model
 
 def kind(name: str) -> str:
     lowered = name.lower()
-    if "linear" in lowered or "panels" in lowered or "mkldnn" in lowered or "addmm" in lowered or lowered.endswith("mm"):
+    if any(word in lowered for word in ("linear", "panels", "mkldnn", "addmm")) or lowered.endswith("mm"):
         return "linear"
     if "attention" in lowered or "sdpa" in lowered or "flash" in lowered:
         return "attention"

@@ -37,7 +37,10 @@ def test_measured_once_then_read_from_the_cache_per_hardware_key(tmp_path, monke
     real = bw.measure
     monkeypatch.setattr(bw, "measure", measure)
     first = bw.bandwidth(torch.device("cpu"))
-    assert first.source == "measured now" and first.gb_s == max(first.copy_gb_s, first.read_gb_s) > 0
+    assert first.source == "measured now" and first.gb_s == max(first.copy_gb_s, first.read_gb_s, first.kernel_gb_s) > 0
+    from specbench.core.model import panel_linear
+
+    assert (first.kernel_gb_s > 0) == panel_linear.available(torch.float32)  # the panels kernel's read, where it runs
     path = bw.cache_file(first.hardware)
     assert path.parent == tmp_path / "bandwidth" and path.is_file()
     stored = yaml.safe_load(path.read_text())

@@ -1,9 +1,13 @@
 """This machine's memory bandwidth: what bounds a decoding forward that reads every weight once (report/roofline.py).
 
-Measured as two timed passes over buffers far larger than the last-level cache, best of a few:
+Measured as timed passes over buffers far larger than the last-level cache, best of a few:
 - copy: dst.copy_(src), counted as 2 x the buffer's bytes moved (read + write, STREAM's convention);
-- read: src.sum(), counted as the buffer's bytes read (what a forward does to its weights).
-The larger of the two is the bandwidth the roofline uses: a bound must not be beatable, and on CPUs a copy's write
+- read: src.sum(), counted as the buffer's bytes read (what a forward does to its weights);
+- kernel (CPU, where specbench's native library is built): a one-row linear through the panels kernel
+  (core/model/panel_linear.py) with src as its weight, the read a compiled decode forward does. It streamed faster
+  than sum() here (47-48 against 42-45 GB/s on a Zen 5 EPYC), and a compiled `ar` decoded faster than a roofline
+  from sum()'s reading allowed (benchmarks/RESULTS-cpu.md, stop 59).
+The largest is the bandwidth the roofline uses: a bound must not be beatable, and on CPUs a copy's write
 allocation makes it move more bytes than it is credited with, so it can read lower than the reads a forward does.
 
 Each buffer is max(512 MiB, 2 x the last-level cache) on a CPU (both buffers together: at least 1 GiB and 4 x the
@@ -46,7 +50,7 @@ ENV = "SPECBENCH_BANDWIDTH_GB_S"  # a known bandwidth: nothing measured (_given)
 class Bandwidth:
     """One measurement: GB/s (1e9 bytes per second) of the copy, the read and the one used (the larger)."""
 
-    gb_s: float  # max(copy_gb_s, read_gb_s): what the roofline divides by
+    gb_s: float  # max(copy_gb_s, read_gb_s, kernel_gb_s): what the roofline divides by
     copy_gb_s: float
     read_gb_s: float
     buffer_bytes: int  # one buffer's size
@@ -55,6 +59,7 @@ class Bandwidth:
     threads: int  # torch threads at the time (CPU)
     hardware: str  # the hardware key
     measured_at: str  # UTC, ISO 8601
+    kernel_gb_s: float = 0.0  # the panels kernel's read (0: not measured: no native library, a GPU, an old cache)
     source: str = "measured now"  # or "cached <path>": filled when read back, not stored
 
     def stored(self) -> dict:
@@ -113,6 +118,20 @@ def _timed(fn, device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+def _kernel_read(src: torch.Tensor):
+    """A call that reads all of `src` (1-D float32) as the panels kernel reads a weight (a one-row linear, src as
+    panels [P, 1024, 16]), and the bytes it reads; None where that kernel does not run here (no native library)."""
+    from ..model import panel_linear  # (not at import: the model layer builds on this one)
+
+    k = 1024
+    panels = src.numel() // (16 * k)
+    if src.device.type != "cpu" or not panels or not panel_linear.available(torch.float32):
+        return None
+    weight = src[:panels * 16 * k].view(panels, k, 16)
+    x = torch.ones(1, k)
+    return (lambda: panel_linear.linear(x, weight, panels * 16, None)), weight.numel() * 4
+
+
 def measure(device: torch.device, hardware: str, repeats: int = REPEATS, buffer_bytes: int | None = None) -> Bandwidth:
     """Time `repeats` copies and reads of a buffer far larger than the caches on `device` (best of each)."""
     if buffer_bytes is None:
@@ -122,16 +141,20 @@ def measure(device: torch.device, hardware: str, repeats: int = REPEATS, buffer_
     src = torch.ones(n, dtype=torch.float32, device=device)  # ones: every page written, so really resident
     dst = torch.empty_like(src)
     dst.copy_(src)  # untimed: faults dst's pages in
-    copy_s, read_s = [], []
+    copy_s, read_s, kernel_s = [], [], []
+    kernel = _kernel_read(src)
     with torch.inference_mode():
         for _ in range(repeats):
             copy_s.append(_timed(lambda: dst.copy_(src), device))
             read_s.append(_timed(lambda: src.sum(), device))
+            if kernel:
+                kernel_s.append(_timed(kernel[0], device))
     del src, dst
     copy, read = rates(buffer_bytes, copy_s, read_s)
-    return Bandwidth(round(max(copy, read), 2), round(copy, 2), round(read, 2), buffer_bytes, repeats,
+    through = kernel[1] / min(kernel_s) / 1e9 if kernel else 0.0
+    return Bandwidth(round(max(copy, read, through), 2), round(copy, 2), round(read, 2), buffer_bytes, repeats,
                      device.type, torch.get_num_threads(), hardware,
-                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                     time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), round(through, 2))
 
 
 def read_cached(hardware: str, device_type: str, threads: int) -> Bandwidth | None:
@@ -206,8 +229,11 @@ def _given(text: str, device: torch.device, hardware: str) -> Bandwidth:
 
 
 def describe(bw: Bandwidth) -> str:
-    """One line: '9.1 GB/s (copy 8.8, read 9.1; 960 MiB buffers, best of 5, 2 threads; measured now)'."""
+    """One line: '9.1 GB/s (copy 8.8, read 9.1[, kernel read 9.3]; 960 MiB buffers, best of 5, 2 threads; measured
+    now)'."""
     if not bw.repeats:
         return f"{bw.gb_s:.1f} GB/s (given: {bw.source})"
-    return (f"{bw.gb_s:.1f} GB/s (copy {bw.copy_gb_s:.1f}, read {bw.read_gb_s:.1f}; {bw.buffer_bytes // MiB} MiB "
-            f"buffers, best of {bw.repeats}, {bw.threads} threads; {bw.source}, {bw.measured_at})")
+    kernel = f", kernel read {bw.kernel_gb_s:.1f}" if bw.kernel_gb_s else ""
+    return (f"{bw.gb_s:.1f} GB/s (copy {bw.copy_gb_s:.1f}, read {bw.read_gb_s:.1f}{kernel}; "
+            f"{bw.buffer_bytes // MiB} MiB buffers, best of {bw.repeats}, {bw.threads} threads; {bw.source}, "
+            f"{bw.measured_at})")

@@ -48,6 +48,7 @@ def run_block(target, bw, context: float, profile=None) -> dict:
     context (prompt + half the new tokens, `context_tokens`), and L(1), L(k) of this hardware's profile there."""
     block = {"bandwidth_gb_s": bw.gb_s, "bandwidth_source": bw.source, "bandwidth_measured_at": bw.measured_at,
              "bandwidth_copy_gb_s": bw.copy_gb_s, "bandwidth_read_gb_s": bw.read_gb_s,
+             "bandwidth_kernel_gb_s": bw.kernel_gb_s,
              "weight_bytes": weight_bytes(target.model),
              "kv_bytes_per_token": kv_bytes_per_token(target.model.config, target.dtype),
              "context_tokens": int(round(context))}

@@ -11,7 +11,7 @@ linear (the same sums, another order):
   (inductor lowers the packed op itself only for frozen weights; here the weights stay graph inputs);
 - `panel`: specbench's own C++ kernel on the weight packed in 16-column panels (panel_linear.py), float32, where the
   native library is built: at 1-4 rows it reads the weights near the machine's streaming bandwidth.
-The same three at the run's dtype in bfloat16 (oneDNN through AVX512-BF16 / AMX where the CPU has them; the weight
+The first three at the run's dtype in bfloat16 (oneDNN through AVX512-BF16 / AMX where the CPU has them; the weight
 packed here when it is not already).
 
 The choice: for every bucket (powers of two up to 64 rows) each candidate runs over every linear layer of the model

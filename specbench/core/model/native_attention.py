@@ -4,8 +4,9 @@ builds it into the library), float32, head dim 64 or 128, with an additive mask 
 Why: a decode or verify forward attends a few query rows to the whole static cache. SDPA's flash kernel on a CPU
 spent ~60 us a layer at one row on the embedded model's 3 key / value heads (its blocks and buffers sized for long
 queries) where reading the layer's keys and values takes ~20, and it reads every slot of the cache, the masked ones
-past the sequence too. Over 30 layers and a 384-entry cache holding 260 tokens: 1.44 / 2.75 / 7.43 ms at 1 / 4 / 8
-rows against 0.59 / 1.09 / 1.82 here (benchmarks/RESULTS-cpu.md, stop 59).
+past the sequence too. The embedded model's whole compiled forward over a 512-token cache took 0.89 / 0.90 / 0.89 /
+0.92 / 0.95 of its time with SDPA at 1 / 2 / 4 / 8 / 16 rows (benchmarks/compiled_ab.py, rounds interleaved in one
+process; benchmarks/RESULTS-cpu.md, stop 59).
 
 How: per batch row, the keys some query row may see are found from the mask (first and last visible; the keys
 outside get weight exactly 0 from SDPA too, so skipping them changes no sum), split into chunks so that each thread
@@ -148,7 +149,10 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
       if (a < z) { lo[b] = std::min(lo[b], a); hi[b] = std::max(hi[b], z); }
     }
   int64_t span = 1;
-  for (int64_t b = 0; b < B; ++b) { if (hi[b] <= lo[b]) { lo[b] = 0; hi[b] = C; } span = std::max(span, hi[b] - lo[b]); }
+  for (int64_t b = 0; b < B; ++b) {
+    if (hi[b] <= lo[b]) { lo[b] = 0; hi[b] = C; }  // (no row sees any key: every key, as SDPA would)
+    span = std::max(span, hi[b] - lo[b]);
+  }
   const int64_t threads = at::get_num_threads();
   int64_t chunks = std::max<int64_t>(1, (2 * threads + B * KVH - 1) / (B * KVH));  // >= 2 units a thread
   chunks = std::min<int64_t>(chunks, (span + 31) / 32);

@@ -7,13 +7,13 @@ stay graph inputs). Written in Python, each of a forward's 121 calls (SmolLM2, q
 the C++ wrapper through the dispatcher into Python and back: ~5 us a call more than a C++ kernel, ~0.6 ms a forward
 (benchmarks/RESULTS-cpu.md, stop 58).
 
-How: a few lines of C++ (SOURCE) define `specbench_native::linear(x, bias, index, out_features)`, oneDNN's
+How: a few lines of C++ (LINEAR_SOURCE) define `specbench_native::linear(x, bias, index, out_features)`, oneDNN's
 `mkldnn::_linear_pointwise` on the packed weight kept at `index` of a table of the library's own, and
-`specbench_native::put(index, packed)` / `drop(index)`; `specbench_native::panels(x, packed, out_features, bias)`. The
-table mirrors linear_kernels._PACKED index for index
-(`put`: every packed copy is kept in both, at the same index; linear_kernels.native_ready puts the copies packed
-before the library loaded). The library is built once per source, torch
-version, C++ ABI and CPU kind (-march=native) with the C++ compiler inductor itself needs on a CPU (g++ / c++), into <user cache>/native/, and
+`specbench_native::put(index, packed)` / `drop(index)`; panel_linear.SOURCE and native_attention.SOURCE add their
+operators to the same library (source()). The table mirrors linear_kernels._PACKED index for index (`put`: every
+packed copy is kept in both, at the same index; linear_kernels.native_ready puts the copies packed before the library
+loaded). The library is built once per source, torch version, C++ ABI and CPU kind (-march=native: the key names the
+CPU's flags) with the C++ compiler inductor itself needs on a CPU (g++ / c++), into <user cache>/native/, and
 loaded with torch.ops.load_library. Where it cannot be built or loaded (no compiler, an error), or with
 $SPECBENCH_COMPILE_NATIVE=0, the Python op runs as before; `status()` says which, and why (run.yaml's compile block).
 """
