@@ -41,6 +41,24 @@ class _Block(torch.nn.Module):
         return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
+def profiled_op_counts(block: torch.nn.Module, choice: dict[int, str], name: str) -> dict[str, int]:
+    """The ops one compiled call of `block`'s graph twin under `choice` makes at one row (profiler counts, after an
+    untimed first call that compiles), its output checked against the block's own."""
+    from specbench.core.model.compile_graph import compile_function
+
+    graph = graph_model(block, choice)
+    fn = compile_function(torch.device("cpu"), lambda g, x: g(x), name)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        x = torch.randn(1, 1, 64)
+        fn(graph, x)
+        with torch.profiler.profile() as prof:
+            got = fn(graph, x)
+        torch.testing.assert_close(got, block(x), rtol=1e-5, atol=1e-5)
+    return {e.key: e.count for e in prof.key_averages()}
+
+
 def _counting(monkeypatch):
     """Every packed call of the Python op reads its weight from lk._PACKED: the indices read, per call (the C++ op,
     native_linear.py, is switched off here; test_native_linear.py counts its calls with the profiler)."""

@@ -4,7 +4,6 @@ linear_kernels._PACKED, and the Python op where it is switched off or cannot be 
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ import torch.nn.functional as F
 from specbench.core.model import fused_linears as fl
 from specbench.core.model import linear_kernels as lk
 from specbench.core.model import native_linear as nl
-from specbench.core.model.compile_graph import compile_function, graph_model
 
 pytestmark = pytest.mark.skipif("onednn" not in lk.candidates(torch.float32), reason="no oneDNN packed linear here")
 
@@ -50,22 +48,12 @@ def test_native_op_equals_f_linear_and_keeps_the_tables_aligned(built):
 
 
 def test_compiled_graph_calls_the_native_op_once_per_group(built):
-    from .test_fused_linears import _Block
+    from .test_fused_linears import _Block, profiled_op_counts
 
     block = _Block()
     lk._pack(lk.linears(block))
-    graph = graph_model(block, {1: "onednn"})
-    fn = compile_function(torch.device("cpu"), lambda g, x: g(x), "native_test")
     try:
-        with torch.inference_mode(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", FutureWarning)
-            x = torch.randn(1, 1, 64)
-            fn(graph, x)
-            with torch.profiler.profile() as prof:
-                got = fn(graph, x)
-            torch.testing.assert_close(got, block(x), rtol=1e-5, atol=1e-5)
-        counts = {e.key: e.count for e in prof.key_averages()}
+        counts = profiled_op_counts(block, {1: "onednn"}, "native_test")
         assert counts.get("specbench_native::linear") == 3  # q/k/v, gate/up, down
         assert not any(k.startswith("specbench::") for k in counts), counts
     finally:

@@ -5,7 +5,6 @@ cached choice measured without it measured again."""
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -15,7 +14,6 @@ from specbench.core.model import fused_linears as fl
 from specbench.core.model import linear_kernels as lk
 from specbench.core.model import native_linear as nl
 from specbench.core.model import panel_linear as pl
-from specbench.core.model.compile_graph import compile_function, graph_model
 
 
 @pytest.fixture
@@ -59,21 +57,11 @@ def test_wrong_inputs_are_refused_by_the_operator(built):
 
 
 def test_compiled_graph_runs_one_panels_call_per_group(built):
-    from .test_fused_linears import _Block
+    from .test_fused_linears import _Block, profiled_op_counts
 
     block = _Block()
-    graph = graph_model(block, {1: "panel", 16: "onednn"})
-    fn = compile_function(torch.device("cpu"), lambda g, x: g(x), "panel_test")
     try:
-        with torch.inference_mode(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", FutureWarning)
-            x = torch.randn(1, 1, 64)
-            fn(graph, x)
-            with torch.profiler.profile() as prof:
-                got = fn(graph, x)
-            torch.testing.assert_close(got, block(x), rtol=1e-5, atol=1e-5)
-        counts = {e.key: e.count for e in prof.key_averages()}
+        counts = profiled_op_counts(block, {1: "panel", 16: "onednn"}, "panel_test")
         assert counts.get("specbench_native::panels") == 3, counts  # q/k/v, gate/up, down
         assert not counts.get("specbench_native::linear"), counts  # the 1-row bucket runs the panels only
     finally:

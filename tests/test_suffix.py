@@ -272,3 +272,31 @@ def test_suffix_reads_each_batch_sizes_curve(tiny, monkeypatch):
     assert "L(B=2, w)" in method.widths[2][1] and "no L(B)" in method.widths[4][1]
     method.start_batch("unpadded", 4)
     assert method.costs == method.widths[1][0]
+
+
+def test_a_compiled_run_prices_each_tree_width_at_its_bucket(tiny, monkeypatch):
+    """Under --compile a tree of any width runs at its power-of-two bucket, the compiled profile's widths: a width
+    between two measured ones costs the wider one's L, not an interpolation; the profile asked for is the compiled
+    one (batch_choice.local_profile reads lookup.compiled_run)."""
+    from specbench.core import lookup
+    from specbench.methods.suffix import width
+
+    class Curve:
+        hardware, meta, widths = "test", {"placement": "compiled"}, [1, 2, 4, 8, 16, 32]
+
+        def latency_ms(self, w, kv_length=None):
+            return 10.0 + w  # linear between the measured widths
+
+    asked = []
+    monkeypatch.setattr(width, "local_profile", lambda target, use_for=None: asked.append(lookup.compiled_run())
+                        or Curve())
+    try:
+        lookup.compiled_run(True)
+        method = get_method("suffix")(tiny, {})
+        assert asked == [True] and "each width at its bucket" in method.chosen()["suffix_width_from"]
+        assert method.costs[8] == method.costs[15] == 26 / 11  # widths 9 and 16: L(16) / L(1)
+        assert method.costs[4] == 18 / 11 and method.costs[16] == 42 / 11  # 5 at L(8); 17 at L(32)
+    finally:
+        lookup.compiled_run(False)
+    eager = get_method("suffix")(tiny, {})
+    assert eager.costs[8] == 19 / 11  # eager: each width its own forward, L(9)

@@ -22,16 +22,19 @@ from .shape_pricing import relative_costs
 KV_LENGTH = 512  # the KV length whose curve the choices read (build-tree's default)
 
 
-def local_profile_path(target, compiled: bool = False, use_for: str | None = None) -> Path | None:
+def local_profile_path(target, compiled: bool | None = None, use_for: str | None = None) -> Path | None:
     """This hardware's measured profile of the target in its dtype and placement (profiles/<hardware>/), or None;
     `compiled`: the `--compile` one (core/lookup.find_profile: the eager one stands in, said; a disturbed one is
-    skipped unless allowed). `use_for`: recorded in the run's ledger."""
+    skipped unless allowed); None: the compiled one in a `--compile` run (core/lookup.compiled_run), the eager one
+    otherwise. `use_for`: recorded in the run's ledger."""
+    if compiled is None:
+        compiled = lookup.compiled_run()
     found = lookup.find_profile(hardware_slug(target.device), model_slug(target.spec), dtype_name(target.dtype),
                                 target.placement, compiled, use_for)
     return found.path if found else None
 
 
-def local_profile(target, compiled: bool = False, use_for: str | None = None) -> LatencyProfile | None:
+def local_profile(target, compiled: bool | None = None, use_for: str | None = None) -> LatencyProfile | None:
     path = local_profile_path(target, compiled, use_for)
     return load_profile(path) if path else None
 
@@ -91,8 +94,9 @@ def is_compiled(view: LatencyProfile) -> bool:
     return view.meta.get("placement") == "compiled" or isinstance(view.meta.get("compile"), dict)
 
 
-def relative_latency(profile: LatencyProfile, most: int) -> list[float]:
+def relative_latency(profile: LatencyProfile, most: int, padded: bool = False) -> list[float]:
     """[L(w) / L(1) for w = 1 .. most] at KV_LENGTH on a profile (L(1, w) or a batch view's L(B, w)), made
     non-decreasing in w: a forward never costs less than a narrower one (a narrower input can be padded to it), so a
-    measured dip (noise) between two widths is read as the cheaper width's cost for both (shape_pricing)."""
-    return relative_costs(profile, most, KV_LENGTH)
+    measured dip (noise) between two widths is read as the cheaper width's cost for both (shape_pricing). `padded`:
+    each width at the next measured width's cost (a compiled run's forwards of varying width run at their bucket)."""
+    return relative_costs(profile, most, KV_LENGTH, padded)

@@ -87,10 +87,16 @@ def fitted_accuracy(rows: list[dict]) -> float | None:
     return min((i / 1000 for i in range(1, 1000)), key=error)  # error is smooth in p: a fine grid is enough
 
 
-def relative_costs(profile, most: int, kv_length: int) -> list[float]:
+def relative_costs(profile, most: int, kv_length: int, padded: bool = False) -> list[float]:
     """[L(w) / L(1) for w = 1 .. most] at `kv_length`, made non-decreasing in w (a narrower input can be padded to
-    a wider one, so a measured dip is noise)."""
-    costs = [profile.latency_ms(w, kv_length) for w in range(1, most + 1)]
+    a wider one, so a measured dip is noise). `padded`: a width between two measured ones costs the wider one's L
+    (a compiled run pads a forward to its bucket, the profile's widths; beyond the widest, extrapolated), where
+    without it L is interpolated between them (an eager forward runs at its own width)."""
+    def at(w: int) -> float:
+        held = [x for x in profile.widths if x >= w] if padded else []
+        return profile.latency_ms(held[0] if held else w, kv_length)
+
+    costs = [at(w) for w in range(1, most + 1)]
     for w in range(len(costs) - 2, -1, -1):
         costs[w] = min(costs[w], costs[w + 1])
     return [c / costs[0] for c in costs]

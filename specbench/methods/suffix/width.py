@@ -8,6 +8,7 @@ scored tree is kept; on a CPU a wide tree costs more than its unlikely nodes are
 
 from __future__ import annotations
 
+from ...core import lookup
 from ...planning.batch_choice import batch_view, local_profile, relative_latency
 
 Costs = list[float] | None  # [L(w) / L(1) for w = 1 .. the widest verify forward], None: no cut
@@ -23,8 +24,10 @@ def sized(target, mode: str, most: int) -> tuple[Costs, str]:
     if profile is None:
         return None, ("as scored: no latency profile of this hardware (`specbench profile` measures one; each tree "
                       "is then cut where its expected tokens per unit of forward time peak)")
-    return relative_latency(profile, most), (f"each tree cut where expected tokens per unit of L(w) peak "
-                                             f"(profile {profile.hardware}, w <= {most})")
+    padded = lookup.compiled_run()  # --compile: a tree of any width runs at its power-of-two bucket (compile.py)
+    return relative_latency(profile, most, padded), (f"each tree cut where expected tokens per unit of L(w) peak "
+                                                     f"(profile {profile.hardware}, w <= {most}"
+                                                     f"{', each width at its bucket' if padded else ''})")
 
 
 def sized_batch(target, mode: str, most: int, size: int, single: tuple[Costs, str]) -> tuple[Costs, str]:
@@ -34,4 +37,5 @@ def sized_batch(target, mode: str, most: int, size: int, single: tuple[Costs, st
     view, why = batch_view(target, size)
     if view is None:
         return single[0], f"batch 1's: {why}"
-    return relative_latency(view, most), f"each tree cut where expected tokens per unit of L(B={size}, w) peak"
+    return relative_latency(view, most, lookup.compiled_run()), \
+        f"each tree cut where expected tokens per unit of L(B={size}, w) peak"

@@ -66,7 +66,7 @@ class DraftPricing:
         quiet machine this is about 1)."""
         from ...planning.batch_choice import local_profile
 
-        profile = local_profile(self.target) if self.target is not None else None
+        profile = local_profile(self.target, compiled=False) if self.target is not None else None  # eager, as timed
         if profile is None:
             return 1.0
         from ...core.batch.cache import new_cache
