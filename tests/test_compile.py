@@ -7,6 +7,8 @@ and compile four shapes in all (ar's width 1, pld's width 2, ppd's tree, and the
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 import yaml
@@ -211,3 +213,18 @@ def test_the_first_compile_says_the_wait_from_inductors_cache(tmp_path, monkeypa
     said = " ".join(capsys.readouterr().err.split())
     assert "seconds for a shape compiled here before" in said and "minutes for a new one" in said
     assert f"{cc.CACHED_FILES}+ files" in said
+
+
+def test_a_chains_full_width_is_its_own_bucket():
+    """A chain of width w declares the powers of two below w and w itself: pld's 11-token verify runs at 11 rows,
+    not padded to 16; a power-of-two width adds nothing new; several chains' buckets join."""
+    state = types.SimpleNamespace(chain=[], buckets={}, batch_buckets={})
+    declare = cc.Compiled.declare
+    declare(state, 11)
+    assert state.chain == [1, 2, 4, 8, 11]
+    declare(state, 4)
+    assert state.chain == [1, 2, 4, 8, 11]
+    declare(state, 3)
+    assert state.chain == [1, 2, 3, 4, 8, 11]
+    declare(state, 1)
+    assert state.chain == [1, 2, 3, 4, 8, 11]

@@ -164,7 +164,7 @@ def test_a_methods_own_drafter_compiles_with_the_target(tiny):
     try:
         states = compile_run.enable_run(types.SimpleNamespace(max_new_tokens=8), runner, [], None)
         assert set(states) == {"target", "sd drafter"} and cc.state_of(own.model) is states["sd drafter"]
-        assert states["sd drafter"].chain == [1, 2, 4]  # sd's gamma + 1 = 3 at bucket 4
+        assert states["sd drafter"].chain == [1, 2, 3]  # sd's gamma + 1 = 3: its own bucket, not padded to 4
     finally:
         cc.disable(tiny.model)
         cc.disable(own.model)
@@ -180,13 +180,13 @@ def test_enable_run_sizes_the_cache_from_the_widest_declared_forward(tiny):
     ppd = get_method("ppd")(tiny, dict(artifact_options("ppd", tiny), tree="size=6"))
     widths = cc.declared_tree_widths(ppd)
     assert widths == {int(layout.visible.shape[0]) for layout in ppd.trees[1].layouts.values()} and widths
-    pld = get_method("pld")(tiny, {"pld_draft_tokens": 2})  # verifies 3 tokens at bucket 4
+    pld = get_method("pld")(tiny, {"pld_draft_tokens": 2})  # verifies up to 3 tokens: buckets 1, 2, 3
     runner = types.SimpleNamespace(target=tiny, methods={"ppd": ppd, "pld": pld})
     try:
         states = compile_run.enable_run(types.SimpleNamespace(max_new_tokens=8), runner, [], None)
         target = states["target"]
-        assert target.trees == [widths] and target.chain == [1, 2, 4]
-        assert target.widest() == max(4, *widths)
+        assert target.trees == [widths] and target.chain == [1, 2, 3]
+        assert target.widest() == max(3, *widths)
         assert compile_run.capacity_for(runner, [], 8, target.widest()) == 8 + target.widest()
     finally:
         cc.disable(tiny.model)

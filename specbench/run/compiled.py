@@ -106,10 +106,10 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
     chains = {m.name: declared_width(m) for m in methods}
     trees = {b: {m.name: declared_tree_widths(m, b) for m in methods if b == 1 or getattr(m, "batchable", True)}
              for b in sizes}
-    # a chain runs at its power-of-two bucket (Compiled.declare), a tree state at its own width; the drafter's
-    # forwards (sd's drafts and catch-up) are chains too
+    # a chain runs at its bucket (Compiled.declare: its full width at most), a tree drafted afresh at its power-of-two
+    # bucket, a tree state at its own width; the drafter's forwards (sd's drafts and catch-up) are chains too
     varying = {m.name: declared_varying_width(m) for m in methods}  # trees drafted afresh each step (suffix)
-    widest = max([1 << (c - 1).bit_length() for c in [*chains.values(), *(v for v in varying.values() if v)]]
+    widest = max([*chains.values(), *(1 << (v - 1).bit_length() for v in varying.values() if v)]
                  + [w for per in trees.values() for t in per.values() for w in t])
     capacity = capacity_for(runner, loaded, cfg.max_new_tokens, widest)
     states = {"target": enable(runner.target.model, capacity)}

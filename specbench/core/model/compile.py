@@ -7,8 +7,9 @@ runs every decode forward through one compiled function at a bucketed query widt
 shape is recorded once as a CUDA graph and replayed (one launch a forward instead of hundreds); on a CPU,
 inductor's C++ kernels (there are no graphs to replay).
 
-Buckets (query widths): powers of two up to the longest chain the run drafts (pld's --pld-draft-tokens + 1, sd's
-gamma + 1: `declare`), and, as warm-up meets them, the exact widths no bucket holds (a tree's verify width is fixed
+Buckets (query widths): powers of two below the longest chain the run drafts and that chain's width itself (pld's
+--pld-draft-tokens + 1, sd's gamma + 1: `declare`), powers of two up to the widest tree drafted afresh each step
+(suffix decoding's), and, as warm-up meets them, the exact widths no bucket holds (a tree's verify width is fixed
 by its tree: the tree sizes the run uses). A width runs at the smallest bucket that holds it.
 
 When compiling happens: the run's warm-up (run/runner.warm_up) meets the shapes its methods use and compiles them;
@@ -97,10 +98,11 @@ class Compiled:
         return self._graph
 
     def declare(self, width: int) -> None:
-        """A method drafts chains up to `width` tokens (with the last emitted one): every power of two up to the
-        first one holding it is a bucket."""
-        top = 1 << max(0, math.ceil(math.log2(max(1, width))))
-        self.chain = sorted(set(self.chain) | {1 << i for i in range(top.bit_length())})
+        """A method drafts chains up to `width` tokens (with the last emitted one): every power of two below it, and
+        `width` itself, are buckets. A full chain is its most frequent verify (pld's 10 drafts and the last token:
+        11), and the next power of two would run it padded (16 rows of compute for 11)."""
+        width = max(1, width)
+        self.chain = sorted(set(self.chain) | {1 << i for i in range(width.bit_length()) if 1 << i < width} | {width})
         for table in (self.buckets, *self.batch_buckets.values()):
             for kind, sizes in table.items():
                 if not kind[1]:
@@ -108,8 +110,8 @@ class Compiled:
 
     def declare_varying_tree(self, width: int, kind: tuple[bool, bool, bool] = (False, True, False)) -> None:
         """A method verifies trees of any width up to `width` (drafted afresh each step; tokens in, logits out by
-        default): the masked kinds of input get power-of-two buckets up to the first one holding it, as chains do,
-        compiled even where warm-up drafted no tree (its prompt may find nothing to draft)."""
+        default): the masked kinds of input get power-of-two buckets up to the first one holding it (its trees are
+        cut at any width), compiled even where warm-up drafted no tree (its prompt may find nothing to draft)."""
         top = 1 << max(0, math.ceil(math.log2(max(1, width))))
         self.tree_chain = sorted(set(self.tree_chain) | {1 << i for i in range(top.bit_length())})
         self.declared_kinds.add(kind)

@@ -114,7 +114,7 @@ def use(model) -> None:
         return
     _register()
     model.set_attn_implementation(NAME)
-    if model.dtype == torch.float32:
+    if next((p.dtype for p in model.parameters()), None) == torch.float32:  # (a drafter module has no .dtype)
         native_linear.ready()  # built (once per machine) and loaded now: tracing only asks whether it is
 
 
