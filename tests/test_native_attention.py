@@ -78,6 +78,21 @@ def test_keys_past_the_last_visible_are_not_read(built):
     torch.testing.assert_close(na.attention(q, k, v, _mask(visible), 0.125), want, rtol=0, atol=0)
 
 
+def test_a_row_whose_chunk_is_all_minus_infinity_takes_nothing_from_it(built):
+    """With -inf (not the dtype's lowest) as the mask, a query row that sees none of a chunk's keys while another row
+    does: that chunk adds nothing to the row (no NaN from -inf - -inf), as SDPA."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 2, 64, generator=gen)
+    k, v = (torch.randn(1, 2, 100, 64, generator=gen) for _ in range(2))
+    keys = torch.arange(100)
+    visible = torch.stack([keys < 10, keys >= 90])[None]  # row 0 sees the first 10 keys, row 1 the last 10
+    mask = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))[:, None]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125, enable_gqa=True).transpose(1, 2)
+    got = na.attention(q, k, v, mask, 0.125)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_refused_shapes_and_dtypes(built):
     q, k = torch.randn(1, 4, 1, 64), torch.randn(1, 2, 10, 64)
     mask = torch.zeros(1, 1, 1, 10)

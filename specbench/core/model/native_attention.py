@@ -103,6 +103,11 @@ void unit(const float* q, int64_t qs_b, int64_t qs_h, int64_t qs_q,  // query [B
         s[t] = dot<DV>(qr, k + b * ks_b + g * ks_h + key * ks_k) * scale + mr[key * ms_k];
         best = std::max(best, s[t]);
       }
+      if (best == -INFINITY) {  // every key of the chunk masked with -inf: the chunk gives this row nothing
+        mx[r] = -INFINITY;
+        sm[r] = 0;
+        continue;
+      }
       v16 total = v16{};
       int64_t t = 0;
       for (; t + 16 <= n; t += 16) { v16 e = vexp(ld(s + t) - best); st(s + t, e); total += e; }
@@ -186,7 +191,8 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
         for (int d = 0; d < DV; ++d) o[d] = v16{};
         float total = 0;
         for (int64_t c = 0; c < chunks; ++c) {
-          const float w = smp[(base + c) * R + r] == 0 ? 0.f : std::exp(mxp[(base + c) * R + r] - best);
+          if (smp[(base + c) * R + r] == 0) continue;  // an empty chunk: its sums were never written
+          const float w = std::exp(mxp[(base + c) * R + r] - best);
           total += w * smp[(base + c) * R + r];
           const float* a = accp + ((base + c) * R + r) * D;
           for (int d = 0; d < DV; ++d) o[d] += ld(a + 16 * d) * w;
