@@ -48,7 +48,8 @@ ENV = "SPECBENCH_BANDWIDTH_GB_S"  # a known bandwidth: nothing measured (_given)
 
 @dataclass(frozen=True)
 class Bandwidth:
-    """One measurement: GB/s (1e9 bytes per second) of the copy, the read and the one used (the larger)."""
+    """One measurement: GB/s (1e9 bytes per second) of the copy, the read, the kernel read and the one used (the
+    largest)."""
 
     gb_s: float  # max(copy_gb_s, read_gb_s, kernel_gb_s): what the roofline divides by
     copy_gb_s: float
