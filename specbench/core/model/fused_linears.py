@@ -14,7 +14,8 @@ pass (`MergeSameCalls`, inductor's post-grad custom pass) keeps one of them (the
 is built, the same on the group's packed copy). Where a bucket runs the panels (panel_linear.py), the group's weight
 is packed in panels too: one `specbench_native::panels` call for the group, merged the same way. A member called on
 another input (a cross-attention's k / v) keeps a call of its own: still its own exact rows, only not shared. The
-model's own modules are not touched; the packed copies live in linear_kernels' table, weak-keyed by the group's first layer.
+model's own modules are not touched; the packed copies live in linear_kernels' table (the panels' in panel_linear's),
+weak-keyed by the group's first layer.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the C++ wrapper through the dispatcher into Python and back: ~5 us a call more t
 
 How: a few lines of C++ (LINEAR_SOURCE) define `specbench_native::linear(x, bias, index, out_features)`, oneDNN's
 `mkldnn::_linear_pointwise` on the packed weight kept at `index` of a table of the library's own, and
-`specbench_native::put(index, packed)` / `drop(index)`; panel_linear.SOURCE and native_attention.SOURCE add their
+`specbench_native::put(index, packed)` / `drop(index)`; native_source.py's panels and attention add their
 operators to the same library (source()). The table mirrors linear_kernels._PACKED index for index (`put`: every
 packed copy is kept in both, at the same index; linear_kernels.native_ready puts the copies packed before the library
 loaded). The library is built once per source, torch version, C++ ABI and CPU kind (-march=native: the key names the
@@ -27,6 +27,8 @@ import subprocess
 from pathlib import Path
 
 import torch
+
+from . import native_source
 
 ENV = "SPECBENCH_COMPILE_NATIVE"  # 0: the Python custom op
 LINEAR_SOURCE = r"""
@@ -79,11 +81,9 @@ def _compiler() -> str | None:
 
 
 def source() -> str:
-    """The library's C++: the packed linear (LINEAR_SOURCE), the panels (panel_linear.SOURCE), attention
-    (native_attention.SOURCE); each defines its own operators in the one namespace (TORCH_LIBRARY_FRAGMENT)."""
-    from . import native_attention, panel_linear
-
-    return "\n".join((LINEAR_SOURCE, panel_linear.SOURCE, native_attention.SOURCE))
+    """The library's C++: the packed linear (LINEAR_SOURCE), the panels and attention (native_source.py); each
+    defines its own operators in the one namespace (TORCH_LIBRARY_FRAGMENT)."""
+    return "\n".join((LINEAR_SOURCE, native_source.PANELS, native_source.ATTENTION))
 
 
 def _cpu_flags() -> str:
@@ -144,10 +144,8 @@ def ready() -> bool:
                 _build(path)
             torch.ops.load_library(str(path))
             torch.library.register_fake("specbench_native::linear")(_fake)
-            from . import native_attention, panel_linear
-
-            torch.library.register_fake("specbench_native::panels")(panel_linear.fake)
-            torch.library.register_fake("specbench_native::attention")(native_attention.fake)
+            torch.library.register_fake("specbench_native::panels")(_fake_panels)
+            torch.library.register_fake("specbench_native::attention")(_fake_attention)
             _STATE["loaded"] = True
         except (RuntimeError, OSError) as error:
             _STATE["loaded"], _STATE["why"] = False, str(error).splitlines()[0][:200]
@@ -161,6 +159,15 @@ def loaded() -> bool:
 
 def _fake(x, bias, index, out_features):
     return x.new_empty(*x.shape[:-1], out_features)
+
+
+def _fake_panels(x, packed, out_features, bias):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+def _fake_attention(query, key, value, mask, scale):
+    b, heads, q, d = query.shape
+    return query.new_empty(b, q, heads, d)  # [B, Q, H, D]
 
 
 def put(index: int, packed: torch.Tensor) -> None:
