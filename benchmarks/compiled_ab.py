@@ -19,6 +19,7 @@ import argparse
 import os
 import statistics
 import time
+from unittest import mock
 
 import torch
 
@@ -32,19 +33,9 @@ def setting(text: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in text.split(",") if part)
 
 
-class environment:
-    """`env` set inside the block (as it was outside it after): read at trace time, and guarded on by the graphs."""
-
-    def __init__(self, env: dict[str, str]):
-        self.env = env
-
-    def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+def environment(env: dict[str, str]):
+    """`env` set inside the block, as it was after: read at trace time, and guarded on by the graphs."""
+    return mock.patch.dict(os.environ, env)
 
 
 def build(model, capacity: int, env: dict[str, str], widths: list[int], prompt: list[int], inputs: dict) -> tuple:

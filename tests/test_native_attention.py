@@ -126,14 +126,19 @@ def test_grouped_sdpa_takes_it_only_while_compiling_where_it_fits(built, monkeyp
     assert taken == [1]
 
 
-def test_compiled_model_decodes_eager_tokens_through_it(built, tmp_path, monkeypatch):
-    """A 2-layer random Llama with head dim 64 under --compile: ar's and a tree method's tokens equal eager ones,
-    and every compiled decode forward runs the operator once per layer."""
+@pytest.mark.parametrize("linear", ["auto", "panel"])
+def test_compiled_model_decodes_eager_tokens_through_it(built, tmp_path, monkeypatch, linear):
+    """A 2-layer random Llama with head dim 64 under --compile: ar's and a tree method's tokens equal eager ones
+    (the eager forward: SDPA and oneDNN, no path shared), and every compiled decode forward runs the operator once
+    per layer; with the panels forced for every linear (panel_linear.py) too, each forward then one panels call per
+    fused group and ungrouped layer."""
     from specbench.core.model import compile as cc
+    from specbench.core.model import linear_kernels as lk
 
     from .conftest import artifact_options
 
     monkeypatch.delenv(ga.ENV, raising=False)
+    monkeypatch.setenv(lk.ENV, linear)
     config = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
               "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 260,
               "max_position_embeddings": 512, "tie_word_embeddings": True}
@@ -151,7 +156,10 @@ def test_compiled_model_decodes_eager_tokens_through_it(built, tmp_path, monkeyp
         with torch.profiler.profile() as prof:
             methods["ar"].generate(prompt_ids(1), 4, Sampling(), None)
         assert state.eager_steps == 0
-        calls = {e.key: e.count for e in prof.key_averages()}.get("specbench_native::attention", 0)
+        counts = {e.key: e.count for e in prof.key_averages()}
+        calls = counts.get("specbench_native::attention", 0)
         assert calls and calls % 2 == 0, calls  # one per layer of every compiled forward
+        if linear == "panel":  # q/k/v, o, gate/up, down per layer, and the LM head: 4 x 2 + 1 a forward
+            assert counts.get("specbench_native::panels", 0) == calls // 2 * 9, counts
     finally:
         cc.disable(target.model)

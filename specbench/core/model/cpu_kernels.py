@@ -42,6 +42,12 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def room_for_copies(model: torch.nn.Module) -> bool:
+    """Whether `model` is small enough (MAX_PREPACK_PARAMS) for packed copies of its linear weights: prepack's, and
+    the compiled step's fused groups and panels (fused_linears.py, panel_linear.py)."""
+    return sum(p.numel() for p in model.parameters()) <= MAX_PREPACK_PARAMS
+
+
 def packable(dtype: torch.dtype) -> bool:
     """Whether weights of `dtype` are packed: float32, and bfloat16 where oneDNN runs it natively (AVX512-BF16 / AMX:
     there its packed linear took 0.46 ms where F.linear took 1.00 for a 4096 x 4096 weight at one row, and F.linear's

@@ -27,7 +27,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from . import linear_kernels as lk, native_linear, panel_linear
-from .cpu_kernels import MAX_PREPACK_PARAMS
+from .cpu_kernels import room_for_copies
 
 ENV = "SPECBENCH_COMPILE_FUSE"  # 0: every linear its own call (the A / B of benchmarks/RESULTS-cpu.md)
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # children that read one input, in call order
@@ -90,7 +90,7 @@ def worth_fusing(model: torch.nn.Module, choice: dict[int, str] | None) -> bool:
     grouped weights (the limit cpu_kernels.prepack keeps for its own copy); not with $SPECBENCH_COMPILE_FUSE=0."""
     packed = bool(choice) and bool({"onednn", "panel"} & set(choice.values()))
     return os.environ.get(ENV, "1").strip() != "0" and packed \
-        and sum(p.numel() for p in model.parameters()) <= MAX_PREPACK_PARAMS
+        and room_for_copies(model)
 
 
 def pack_group(members: list[torch.nn.Linear]) -> int:

@@ -244,7 +244,7 @@ def choose(model, device: torch.device) -> dict:
         return {}
     dtype = layers[0].weight.dtype
     kernels = candidates(dtype)
-    if sum(p.numel() for p in model.parameters()) > cpu_kernels.MAX_PREPACK_PARAMS:  # no room for a copy in panels
+    if not cpu_kernels.room_for_copies(model):  # no room for a copy in panels
         kernels = tuple(k for k in kernels if k != "panel")
     forced = os.environ.get(ENV, "auto").strip().lower()
     if forced != "auto":

@@ -10,7 +10,7 @@ import torch
 from rich.markup import escape
 
 from ...progress import console
-from .cpu_kernels import MAX_PREPACK_PARAMS
+from .cpu_kernels import packable, prepack, room_for_copies
 
 
 class ByteTokenizer:
@@ -142,11 +142,7 @@ def _finish(model, backend, spec, name, device, dtype, source) -> LoadedModel:
         model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
     # packed oneDNN weights replace Linear.forward, which would bypass accelerate's offload hooks: single device only
-    from .cpu_kernels import packable
-
-    if not spread and device.type == "cpu" and packable(dtype) and model.num_parameters() <= MAX_PREPACK_PARAMS:
-        from .cpu_kernels import prepack
-
+    if not spread and device.type == "cpu" and packable(dtype) and room_for_copies(model):
         prepack(model)  # oneDNN with packed weights: flat cost over small widths (cpu_kernels.py says why)
     from ..batch.decoder import check_final_logits
 
