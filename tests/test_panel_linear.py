@@ -23,14 +23,16 @@ def built(monkeypatch):
         pytest.fail(f"the native library did not build here: {nl.status()}")  # inductor's C++ compiler is here
 
 
-@pytest.mark.parametrize("out_features,in_features,bias", [(96, 64, True), (40, 37, False), (16, 16, True)])
+# 2090 columns: 131 panels, enough for tiles of 4 with two threads, the last tile partial; the others tiles of 3
+@pytest.mark.parametrize("out_features,in_features,bias", [(96, 64, True), (40, 37, False), (16, 16, True),
+                                                           (2090, 24, False)])
 def test_panels_equal_f_linear_at_every_row_count(built, out_features, in_features, bias):
     torch.manual_seed(0)
     m = torch.nn.Linear(in_features, out_features, bias=bias)
     packed = pl.pack(m.weight)
     assert packed.shape == (-(-out_features // 16), in_features, 16)
     with torch.inference_mode():
-        for rows in (1, 2, 3, 4, 5, 8, 9, 16, 21):
+        for rows in (1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 21, 600):  # 600: more than one pass of 64 row blocks
             x = torch.randn(2, rows, in_features)
             got = pl.linear(x, packed, out_features, m.bias)
             assert got.shape == (2, rows, out_features)
@@ -40,12 +42,14 @@ def test_panels_equal_f_linear_at_every_row_count(built, out_features, in_featur
 def test_a_rows_output_does_not_depend_on_the_rows_beside_it(built):
     """The sums of a row run in k's order at every width: a verify forward's row equals the one-row forward's."""
     torch.manual_seed(1)
-    w = torch.randn(200, 300)
-    packed = pl.pack(w)
-    x = torch.randn(13, 300)
-    wide = pl.linear(x, packed, 200, None)
-    for r in range(13):
-        assert torch.equal(pl.linear(x[r:r + 1], packed, 200, None), wide[r:r + 1])
+    for n in (200, 2100):  # tiles of 3 panels, of 4
+        w = torch.randn(n, 300)
+        packed = pl.pack(w)
+        x = torch.randn(13, 300)
+        wide = pl.linear(x, packed, n, None)
+        for r in range(13):
+            assert torch.equal(pl.linear(x[r:r + 1], packed, n, None), wide[r:r + 1])
+            assert torch.equal(pl.linear(x[:r + 1], packed, n, None), wide[:r + 1])
 
 
 def test_wrong_inputs_are_refused_by_the_operator(built):

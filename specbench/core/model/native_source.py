@@ -15,7 +15,7 @@ typedef float v16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 r
 typedef float v16u __attribute__((vector_size(64), aligned(4)));  // the same, read from any float's address
 
 // columns [16 p, 16 p + 16 G) of R rows: for every k, each panel's 16 weights times each row's x[k], summed in k's
-// order (the same sums for a row whatever R is: a row's output never depends on the rows beside it)
+// order (the same sums for a row whatever R and G are: a row's output never depends on the rows beside it)
 template <int R, int G>
 inline void panel_rows(const float* x, int64_t K, const float* P, int64_t p, float* out, int64_t N) {
   v16 acc[G][R];
@@ -32,6 +32,7 @@ inline void panel_rows(const float* x, int64_t K, const float* P, int64_t p, flo
   for (int g = 0; g < G; ++g) {
     const int64_t n = (p + g) * 16, take = std::min<int64_t>(16, N - n);
     for (int r = 0; r < R; ++r) {
+      if (take == 16) { *(v16u*)(out + r * N + n) = acc[g][r]; continue; }
       float s[16];
       __builtin_memcpy(s, &acc[g][r], 64);
       for (int64_t j = 0; j < take; ++j) out[r * N + n + j] = s[j];
@@ -39,14 +40,36 @@ inline void panel_rows(const float* x, int64_t K, const float* P, int64_t p, flo
   }
 }
 
-// R rows over all panels, split between the threads; G panels at a time (independent sums to hide FMA latency)
-template <int R>
-void panel_pass(const float* x, int64_t K, const float* P, int64_t N, float* out) {
-  constexpr int G = R <= 4 ? 4 : 2;
-  at::parallel_for(0, (N + 15) / 16, 8, [&](int64_t a, int64_t b) {
-    int64_t p = a;
-    for (; p + G <= b; p += G) panel_rows<R, G>(x, K, P, p, out, N);
-    for (; p < b; ++p) panel_rows<R, 1>(x, K, P, p, out, N);
+template <int G>
+inline void block_rows(int64_t R, const float* x, int64_t K, const float* P, int64_t p, float* out, int64_t N) {
+  switch (R) {
+    case 1: panel_rows<1, G>(x, K, P, p, out, N); break;
+    case 2: panel_rows<2, G>(x, K, P, p, out, N); break;
+    case 3: panel_rows<3, G>(x, K, P, p, out, N); break;
+    case 4: panel_rows<4, G>(x, K, P, p, out, N); break;
+    case 5: panel_rows<5, G>(x, K, P, p, out, N); break;
+    case 6: panel_rows<6, G>(x, K, P, p, out, N); break;
+    case 7: panel_rows<7, G>(x, K, P, p, out, N); break;
+    default: panel_rows<8, G>(x, K, P, p, out, N); break;
+  }
+}
+
+// every row block [start[b], start[b + 1]) over each tile of G panels before the next tile: a tile's weights come
+// from memory once, the later blocks read them from the cache (rows in passes over the whole weight read it once a
+// pass: 16 rows of the LM head took 2.0x 8 rows' time, benchmarks/RESULTS-cpu.md, stop 60); tiles split between the
+// threads
+template <int G>
+void tiles(const float* x, const int64_t* start, int64_t blocks, int64_t K, const float* P, int64_t N, float* out) {
+  const int64_t panels = (N + 15) / 16;
+  at::parallel_for(0, (panels + G - 1) / G, 1, [&](int64_t a, int64_t e) {
+    for (int64_t t = a; t < e; ++t) {
+      const int64_t p = t * G;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t r0 = start[b], R = start[b + 1] - r0;
+        if (p + G <= panels) block_rows<G>(R, x + r0 * K, K, P, p, out + r0 * N, N);
+        else for (int64_t q = p; q < panels; ++q) block_rows<1>(R, x + r0 * K, K, P, q, out + r0 * N, N);
+      }
+    }
   });
 }
 
@@ -64,19 +87,18 @@ at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_fe
   const float* xp = x.data_ptr<float>();
   const float* wp = packed.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  for (int64_t r = 0; r < rows; r += 8) {  // 8 rows a pass: more would spill the accumulators
-    const float* xr = xp + r * K;
-    float* o = op + r * N;
-    switch (std::min<int64_t>(8, rows - r)) {
-      case 1: panel_pass<1>(xr, K, wp, N, o); break;
-      case 2: panel_pass<2>(xr, K, wp, N, o); break;
-      case 3: panel_pass<3>(xr, K, wp, N, o); break;
-      case 4: panel_pass<4>(xr, K, wp, N, o); break;
-      case 5: panel_pass<5>(xr, K, wp, N, o); break;
-      case 6: panel_pass<6>(xr, K, wp, N, o); break;
-      case 7: panel_pass<7>(xr, K, wp, N, o); break;
-      default: panel_pass<8>(xr, K, wp, N, o); break;
-    }
+  // A tile is 4 panels while its weights stay small enough to be read again from the cache (4 K 64 bytes <= 256 KB)
+  // and every thread gets 16 tiles or more (else one thread's extra tile shows), rows in blocks of up to 4 or 7 (up
+  // to 28 sums in registers); else 3 panels, blocks of up to 8 (24 sums). Blocks as even as possible (11 rows: 6 + 5).
+  const int64_t panels = (N + 15) / 16;
+  const bool four = rows <= 4 || (K * 4 * 64 <= 256 * 1024 && panels >= 4 * 16 * at::get_num_threads());
+  const int64_t most = rows <= 4 ? 4 : four ? 7 : 8;
+  int64_t start[65];
+  for (int64_t s = 0; s < rows; s += 64 * most) {  // 64 blocks a pass at most (a prefill's hundreds of rows)
+    const int64_t n = std::min(rows - s, 64 * most), blocks = (n + most - 1) / most;
+    for (int64_t b = 0; b <= blocks; ++b) start[b] = n * b / blocks;
+    if (four) tiles<4>(xp + s * K, start, blocks, K, wp, N, op + s * N);
+    else tiles<3>(xp + s * K, start, blocks, K, wp, N, op + s * N);
   }
   if (bias.has_value()) out.add_(*bias);
   return out;

@@ -6,12 +6,14 @@ Why: at 1-4 rows a linear reads its weight once and does little else, so it shou
 bandwidth. oneDNN's packed linear spends ~10 us a call before it reads (its primitive, its threads), so the small
 matrices of a small model read at 28-35 GB/s where the machine streams 42-46: a 576 x 576 float32 weight took 44-47 us
 through oneDNN against 34 us here, the 49152 x 576 LM head 2.53 against 2.39 ms (benchmarks/RESULTS-cpu.md, stop 59).
-From 8 rows on oneDNN's blocked GEMM wins, and the measurement picks it there.
+Which kernel runs at each width is measured per machine (linear_kernels.py).
 
 How: the weight W [N, K] is copied once into panels [ceil(N / 16), K, 16] (panel p holds W[16 p : 16 p + 16]^T, the
 last one zero-padded), one contiguous stream per panel. For each k, a panel's 16 weights times each row's x[k] add
-into a 16-float vector register: 4 panels at a time at up to 4 rows (independent sums hide the multiply-add's
-latency), 2 at 5-8 rows, rows in passes of 8, panels split between the threads. A row's sums run in k's order
+into a 16-float vector register. The panels go in tiles of 4 (3 where the tiles would be few or their weights large),
+the tiles split between the threads; each tile serves every block of rows (up to 4, 7 or 8 rows: up to 28 sums in
+registers) before the next, so the weights are read from memory once whatever the width (16 rows of the LM head:
+3.3 against 6.3 ms when rows went in passes of 8 over the whole weight, stop 60). A row's sums run in k's order
 whatever rows sit beside it, so a token's output is the same at every width. Float32 only, and only where the native
 library is built (`available`). The copies: one per layer, the fused groups' one per group (fused_linears.py), kept
 weak-keyed by layer, made only for a compiled step whose choice runs this kernel (memory_need counts them).
