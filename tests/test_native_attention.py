@@ -66,23 +66,28 @@ def test_equals_sdpa(built, kind, width, batch, heads, kv_heads, dim):
         torch.testing.assert_close(na.attention(q2, k2, v2, mask, 0.3), torch.cat([want, want]), rtol=1e-5, atol=1e-5)
 
 
-def test_keys_past_the_last_visible_are_not_read(built):
+# 2 query rows x 3 heads a key head: a row at a time; 5 x 3: blocks of 16 keys read once for all the rows
+@pytest.mark.parametrize("rows", [2, 5])
+def test_keys_past_the_last_visible_are_not_read(built, rows):
     """Slots past the sequence (a static cache's stale or unwritten ones) carry weight exactly 0, so they are
     skipped: even NaN there leaves the output equal to attention over the sequence alone."""
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 6, 2, 64, generator=gen)
+    q = torch.randn(1, 6, rows, 64, generator=gen)
     k, v = (torch.randn(1, 2, 50, 64, generator=gen) for _ in range(2))
-    visible = torch.arange(50)[None, None, :] < torch.tensor([[30], [31]])[None]  # [1, 2, 50]
-    want = na.attention(q, k[:, :, :31], v[:, :, :31], _mask(visible)[..., :31], 0.125)
-    k[:, :, 31:], v[:, :, 31:] = float("nan"), float("nan")
+    ends = torch.arange(30, 30 + rows)[:, None]  # row i sees keys [0, 30 + i)
+    visible = torch.arange(50)[None, None, :] < ends[None]  # [1, rows, 50]
+    last = 30 + rows
+    want = na.attention(q, k[:, :, :last], v[:, :, :last], _mask(visible)[..., :last], 0.125)
+    k[:, :, last:], v[:, :, last:] = float("nan"), float("nan")
     torch.testing.assert_close(na.attention(q, k, v, _mask(visible), 0.125), want, rtol=0, atol=0)
 
 
-def test_a_row_whose_chunk_is_all_minus_infinity_takes_nothing_from_it(built):
+@pytest.mark.parametrize("heads", [4, 8])  # 2 or 4 heads a key head: 4 rows a unit (a row at a time), 8 (blocks)
+def test_a_row_whose_chunk_is_all_minus_infinity_takes_nothing_from_it(built, heads):
     """With -inf (not the dtype's lowest) as the mask, a query row that sees none of a chunk's keys while another row
     does: that chunk adds nothing to the row (no NaN from -inf - -inf), as SDPA."""
     gen = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 4, 2, 64, generator=gen)
+    q = torch.randn(1, heads, 2, 64, generator=gen)
     k, v = (torch.randn(1, 2, 100, 64, generator=gen) for _ in range(2))
     keys = torch.arange(100)
     visible = torch.stack([keys < 10, keys >= 90])[None]  # row 0 sees the first 10 keys, row 1 the last 10

@@ -83,10 +83,13 @@ def test_panels_are_a_candidate_only_where_they_run(built, monkeypatch):
 
 def test_a_choice_cached_among_other_candidates_is_measured_again(built, tmp_path, monkeypatch):
     """A cache written before the panels existed (no `kernels` list, or another one) is not read: the kernel set
-    changed, so the choice is measured again with every candidate."""
+    changed, so the choice is measured again with every candidate. So is one measured with another build of the
+    native kernels (their C++ changed: the library's name, which holds its source's hash, differs)."""
     path = tmp_path / "choice.yaml"
     path.write_text("choice: {1: onednn, 2: onednn}\n")
     kernels = lk.candidates(torch.float32)
-    assert lk._read(path, kernels) is None
-    path.write_text(f"choice: {{1: onednn}}\nkernels: {list(kernels)}\n")
-    assert lk._read(path, kernels)["choice"] == {1: "onednn"}
+    native = nl.library_path().name
+    assert lk._read(path, kernels, native) is None
+    path.write_text(f"choice: {{1: onednn}}\nkernels: {list(kernels)}\nnative: {native}\n")
+    assert lk._read(path, kernels, native)["choice"] == {1: "onednn"}
+    assert lk._read(path, kernels, "specbench_native-000000000000.so") is None

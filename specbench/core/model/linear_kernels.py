@@ -261,13 +261,15 @@ def choose(model, device: torch.device) -> dict:
     path = cache_file(hardware_slug(torch.device("cpu")), dtype, torch.get_num_threads(), shape_key(layers))
     if "onednn" in kernels:
         _pack(layers)
-    cached = _read(path, kernels)
+    native = native_linear.library_path().name if native_linear.ready() else None  # its name holds its source's hash
+    cached = _read(path, kernels, native)
     if cached is not None:
         return {**cached, "source": f"cached {path}"}
     before = contention.snapshot()
     times = measure(layers, kernels)
     load = contention.between(before, contention.snapshot())
-    found = {"choice": {b: min(t, key=t.get) for b, t in times.items()}, "kernels": list(kernels), "times_ms": times,
+    found = {"choice": {b: min(t, key=t.get) for b, t in times.items()}, "kernels": list(kernels), "native": native,
+             "times_ms": times,
              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rounds": ROUNDS,
              "foreign_cpu": load["foreign_cpu"]}
     if contention.disturbed(load):  # a busy machine's choice serves this run only: the next one measures again
@@ -280,13 +282,15 @@ def choose(model, device: torch.device) -> dict:
     return {**found, "source": "measured now"}
 
 
-def _read(path, kernels) -> dict | None:
+def _read(path, kernels, native: str | None) -> dict | None:
     try:
         data = yaml.safe_load(path.read_text())
         choice = {int(b): str(k) for b, k in data["choice"].items()}
     except (OSError, yaml.YAMLError, TypeError, KeyError, ValueError, AttributeError):
         return None
     if not choice or data.get("kernels") != list(kernels):  # measured among other candidates: measure again
+        return None
+    if data.get("native") != native:  # measured with other native kernels (another build of their C++): again
         return None
     return {**data, "choice": choice}
 

@@ -9,13 +9,14 @@ the C++ wrapper through the dispatcher into Python and back: ~5 us a call more t
 
 How: a few lines of C++ (LINEAR_SOURCE) define `specbench_native::linear(x, bias, index, out_features)`, oneDNN's
 `mkldnn::_linear_pointwise` on the packed weight kept at `index` of a table of the library's own, and
-`specbench_native::put(index, packed)` / `drop(index)`; native_source.py's panels and attention add their
-operators to the same library (source()). The table mirrors linear_kernels._PACKED index for index (`put`: every
-packed copy is kept in both, at the same index; linear_kernels.native_ready puts the copies packed before the library
-loaded). The library is built once per source, torch version, C++ ABI and CPU kind (-march=native: the key names the
-CPU's flags) with the C++ compiler inductor itself needs on a CPU (g++ / c++), into <user cache>/native/, and
-loaded with torch.ops.load_library. Where it cannot be built or loaded (no compiler, an error), or with
-$SPECBENCH_COMPILE_NATIVE=0, the Python op runs as before; `status()` says which, and why (run.yaml's compile block).
+`specbench_native::put(index, packed)` / `drop(index)`; the panels (native_source.py) and attention
+(native_attention_source.py) add their operators to the same library (source()). The table mirrors
+linear_kernels._PACKED index for index (`put`: every packed copy is kept in both, at the same index;
+linear_kernels.native_ready puts the copies packed before the library loaded). The library is built once per
+source, torch version, C++ ABI and CPU kind (-march=native: the key names the CPU's flags) with the C++ compiler
+inductor itself needs on a CPU (g++ / c++), into <user cache>/native/, and loaded with torch.ops.load_library.
+Where it cannot be built or loaded (no compiler, an error), or with $SPECBENCH_COMPILE_NATIVE=0, the Python op runs
+as before; `status()` says which, and why (run.yaml's compile block).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from . import native_source
+from . import native_attention_source, native_source
 
 ENV = "SPECBENCH_COMPILE_NATIVE"  # 0: the Python custom op
 LINEAR_SOURCE = r"""
@@ -81,9 +82,9 @@ def _compiler() -> str | None:
 
 
 def source() -> str:
-    """The library's C++: the packed linear (LINEAR_SOURCE), the panels and attention (native_source.py); each
-    defines its own operators in the one namespace (TORCH_LIBRARY_FRAGMENT)."""
-    return "\n".join((LINEAR_SOURCE, native_source.PANELS, native_source.ATTENTION))
+    """The library's C++: the packed linear (LINEAR_SOURCE), the panels (native_source.py) and attention
+    (native_attention_source.py); each defines its own operators in the one namespace (TORCH_LIBRARY_FRAGMENT)."""
+    return "\n".join((LINEAR_SOURCE, native_source.PANELS, native_attention_source.ATTENTION))
 
 
 def _cpu_flags() -> str:

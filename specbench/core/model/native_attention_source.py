@@ -1,0 +1,370 @@
+"""The C++ of the native library's attention (native_linear builds it with the linears into one library):
+`specbench_native::attention`, a compiled forward's float32 attention over the static cache (native_attention.py
+says where it runs and why). It defines its operator in the library's namespace (TORCH_LIBRARY_FRAGMENT) inside a
+C++ namespace of its own. Kept apart from the Python that calls it so that the builder imports no caller.
+
+A unit of work is (batch, key / value head, chunk of keys); its R = query heads per key head x query rows share the
+chunk's keys and values. Few rows (R <= 6) go a row at a time, each score its own dot product. More rows read each
+block of 16 keys once for all of them: the block transposed in registers, scores 4 rows a pass, the values weighted
+4 rows a pass (head dim 64; 2 at 128). At 8 query rows of SmolLM2 (R = 24) over 520 keys that took 30 layers' attention
+from 2.6 to 1.9 ms (benchmarks/RESULTS-cpu.md, stop 60)."""
+
+# specbench_native::attention(query, key, value, mask, scale) -> [B, Q, H, D]
+ATTENTION = r"""
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace specbench_attention {
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+typedef int i16v __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+inline v16 ld(const float* p) { return *(const v16u*)p; }
+inline void st(float* p, v16 v) { *(v16u*)p = v; }
+inline v16 splat(float x) { return v16{} + x; }
+
+inline float hsum(v16 v) {  // a fixed order: halves, quarters, then pairs
+  v8 a, b; std::memcpy(&a, &v, 32); std::memcpy(&b, (const char*)&v + 32, 32);
+  v8 s = a + b;
+  v4 c, d; std::memcpy(&c, &s, 16); std::memcpy(&d, (const char*)&s + 16, 16);
+  v4 t = c + d;
+  return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+// e^x for 16 floats (Cephes' single-precision polynomial after x = n ln2 + r, |r| <= ln2 / 2; ~1 ulp); exactly 0
+// below -87.3 (a masked score: the softmax gives it no weight, as SDPA's does)
+inline v16 vexp(v16 x) {
+  const v16 lo = splat(-87.3f);
+  v16 z = x < lo ? lo : x;
+  z = z > splat(88.3f) ? splat(88.3f) : z;
+  v16 t = z * 1.44269504088896341f + 12582912.0f;  // round to nearest through the float's mantissa
+  v16 n = t - 12582912.0f;
+  v16 r = z - n * 0.693359375f - n * -2.12194440e-4f;
+  v16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  i16v e = (__builtin_convertvector(n, i16v) + 127) << 23;
+  v16 scale; std::memcpy(&scale, &e, 64);
+  v16 out = p * scale;
+  return x < lo ? v16{} : out;
+}
+
+template <int DV>  // head dim / 16
+inline float dot(const float* a, const float* b) {
+  v16 acc = ld(a) * ld(b);
+  for (int i = 1; i < DV; ++i) acc += ld(a + 16 * i) * ld(b + 16 * i);
+  return hsum(acc);
+}
+
+// unit() for a few rows (R <= 6: a block of keys would be transposed for too few rows): a row at a time, each score
+// a dot product of its own
+template <int DV>
+void unit_rows(const float* q, int64_t qs_b, int64_t qs_h, int64_t qs_q,  // query [B, H, Q, D] strides
+          const float* k, int64_t ks_b, int64_t ks_h, int64_t ks_k,  // key [B, KVH, C, D] strides
+          const float* v, int64_t vs_b, int64_t vs_h, int64_t vs_k,  // value's
+          const float* m, int64_t ms_b, int64_t ms_q, int64_t ms_k,  // additive mask strides
+          int64_t b, int64_t g, int64_t groups, int64_t Q, int64_t k0, int64_t k1, float scale,
+          float* mx, float* sm, float* acc, float* scores) {
+  constexpr int D = DV * 16;
+  const int64_t n = k1 - k0;
+  for (int64_t j = 0; j < groups; ++j) {
+    const int64_t h = g * groups + j;
+    for (int64_t i = 0; i < Q; ++i) {
+      const int64_t r = j * Q + i;
+      const float* qr = q + b * qs_b + h * qs_h + i * qs_q;
+      const float* mr = m + b * ms_b + i * ms_q;
+      float* s = scores + r * n;
+      float best = -INFINITY;
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t key = k0 + t;
+        s[t] = dot<DV>(qr, k + b * ks_b + g * ks_h + key * ks_k) * scale + mr[key * ms_k];
+        best = std::max(best, s[t]);
+      }
+      if (best == -INFINITY) {  // every key of the chunk masked with -inf: the chunk gives this row nothing
+        mx[r] = -INFINITY;
+        sm[r] = 0;
+        continue;
+      }
+      v16 total = v16{};
+      int64_t t = 0;
+      for (; t + 16 <= n; t += 16) { v16 e = vexp(ld(s + t) - best); st(s + t, e); total += e; }
+      float tail = 0;
+      for (; t < n; ++t) { v16 e = vexp(splat(s[t] - best)); s[t] = e[0]; tail += e[0]; }
+      v16 o[DV];
+      for (int d = 0; d < DV; ++d) o[d] = v16{};
+      for (int64_t u = 0; u < n; ++u) {
+        const float* vr = v + b * vs_b + g * vs_h + (k0 + u) * vs_k;
+        const float w = s[u];
+        for (int d = 0; d < DV; ++d) o[d] += ld(vr + 16 * d) * w;
+      }
+      mx[r] = best;
+      sm[r] = hsum(total) + tail;
+      for (int d = 0; d < DV; ++d) st(acc + r * D + 16 * d, o[d]);
+    }
+  }
+}
+
+// a 16 x 16 block (16 rows of 16 floats) transposed in registers: at s = 8, 4, 2, 1 each pair of rows (i, i + s)
+// swaps its off-diagonal s-wide pieces (64 two-register shuffles in all)
+#define SB_LO(j) (((j) & S) ? 16 + (j) - S : (j))
+#define SB_HI(j) (((j) & S) ? 16 + (j) : (j) + S)
+template <int S>
+inline void swap_pieces(v16* r) {
+  for (int i = 0; i < 16; ++i) {
+    if (i & S) continue;
+    const v16 a = r[i], b = r[i + S];
+    r[i] = __builtin_shufflevector(a, b, SB_LO(0), SB_LO(1), SB_LO(2), SB_LO(3), SB_LO(4), SB_LO(5), SB_LO(6),
+                                   SB_LO(7), SB_LO(8), SB_LO(9), SB_LO(10), SB_LO(11), SB_LO(12), SB_LO(13),
+                                   SB_LO(14), SB_LO(15));
+    r[i + S] = __builtin_shufflevector(a, b, SB_HI(0), SB_HI(1), SB_HI(2), SB_HI(3), SB_HI(4), SB_HI(5), SB_HI(6),
+                                       SB_HI(7), SB_HI(8), SB_HI(9), SB_HI(10), SB_HI(11), SB_HI(12), SB_HI(13),
+                                       SB_HI(14), SB_HI(15));
+  }
+}
+#undef SB_LO
+#undef SB_HI
+
+inline void transpose16(v16* r) { swap_pieces<8>(r); swap_pieces<4>(r); swap_pieces<2>(r); swap_pieces<1>(r); }
+
+// Scores of RR query rows against a block of 16 keys transposed (kt[d * 16 + t]): s[i] = (q_i . k_t) * scale + mask,
+// each dot product in 4 partial sums (d mod 4, each in d's order: independent chains of multiply-adds), then
+// (p0 + p1) + (p2 + p3): the same order for a row whatever rows run beside it
+template <int DV, int RR>
+inline void score_rows(const float* kt, const float* const* qr, const float* const* mr, int64_t ms_k, int64_t key0,
+                       int64_t nt, float scale, float* const* out) {
+  v16 acc[RR][4];
+  for (int i = 0; i < RR; ++i) for (int p = 0; p < 4; ++p) acc[i][p] = v16{};
+  for (int d = 0; d < DV * 16; d += 4) {
+    const v16 k0 = ld(kt + d * 16), k1 = ld(kt + d * 16 + 16), k2 = ld(kt + d * 16 + 32), k3 = ld(kt + d * 16 + 48);
+    for (int i = 0; i < RR; ++i) {
+      acc[i][0] += k0 * qr[i][d];
+      acc[i][1] += k1 * qr[i][d + 1];
+      acc[i][2] += k2 * qr[i][d + 2];
+      acc[i][3] += k3 * qr[i][d + 3];
+    }
+  }
+  for (int i = 0; i < RR; ++i) {
+    const v16 dot = (acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3]);
+    float s[16];
+    std::memcpy(s, &dot, 64);
+    for (int64_t t = 0; t < nt; ++t) out[i][t] = s[t] * scale + mr[i][(key0 + t) * ms_k];
+  }
+}
+
+// The weighted values of RR rows: o_i = sum over the chunk's keys u, in order, of w_i[u] v_u (o_i in registers)
+template <int DV, int RR>
+inline void value_rows(const float* vb, int64_t vs_k, int64_t k0, int64_t n, const float* const* w, float* const* out) {
+  v16 o[RR][DV];
+  for (int i = 0; i < RR; ++i) for (int d = 0; d < DV; ++d) o[i][d] = v16{};
+  for (int64_t u = 0; u < n; ++u) {
+    const float* vr = vb + (k0 + u) * vs_k;
+    v16 vv[DV];
+    for (int d = 0; d < DV; ++d) vv[d] = ld(vr + 16 * d);
+    for (int i = 0; i < RR; ++i) {
+      const float x = w[i][u];
+      for (int d = 0; d < DV; ++d) o[i][d] += vv[d] * x;
+    }
+  }
+  for (int i = 0; i < RR; ++i) for (int d = 0; d < DV; ++d) st(out[i] + 16 * d, o[i][d]);
+}
+
+// unit() for many rows (batch b, key / value head g, keys [k0, k1), R = groups * Q query rows). The rows share the
+// chunk's keys and values, so each is read once for a block of rows (not once a row): scores 16 keys at a time, the
+// block transposed, 4 rows a pass; the values 4 (head dim 64) or 2 (128) rows a pass.
+template <int DV>
+void unit_blocks(const float* q, int64_t qs_b, int64_t qs_h, int64_t qs_q,  // query [B, H, Q, D] strides
+                 const float* k, int64_t ks_b, int64_t ks_h, int64_t ks_k,  // key [B, KVH, C, D] strides
+                 const float* v, int64_t vs_b, int64_t vs_h, int64_t vs_k,  // value's
+                 const float* m, int64_t ms_b, int64_t ms_q, int64_t ms_k,  // additive mask strides
+                 int64_t b, int64_t g, int64_t groups, int64_t Q, int64_t k0, int64_t k1, float scale,
+                 float* mx, float* sm, float* acc, float* scores) {
+  constexpr int D = DV * 16;
+  const int64_t n = k1 - k0, R = groups * Q;
+  const float* kb = k + b * ks_b + g * ks_h;
+  std::vector<const float*> qr(R), mr(R);
+  std::vector<float*> sr(R), ar(R);
+  for (int64_t r = 0; r < R; ++r) {  // row r = j Q + i: head g groups + j, query i
+    qr[r] = q + b * qs_b + (g * groups + r / Q) * qs_h + (r % Q) * qs_q;
+    mr[r] = m + b * ms_b + (r % Q) * ms_q;
+    sr[r] = scores + r * n;
+    ar[r] = acc + r * D;
+  }
+  alignas(64) float kt[D * 16];
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int64_t nt = std::min<int64_t>(16, n - t0);
+    for (int c = 0; c < DV; ++c) {  // head dims [16 c, 16 c + 16) of the 16 keys
+      v16 r[16];
+      for (int64_t t = 0; t < 16; ++t)  // (past the chunk's end: its last key again, never stored)
+        r[t] = ld(kb + (k0 + t0 + std::min(t, nt - 1)) * ks_k + 16 * c);
+      transpose16(r);
+      for (int j = 0; j < 16; ++j) st(kt + (16 * c + j) * 16, r[j]);
+    }
+    std::vector<float*> out(R);
+    for (int64_t r = 0; r < R; ++r) out[r] = sr[r] + t0;
+    for (int64_t r = 0; r < R; r += 4) {
+      switch (std::min<int64_t>(4, R - r)) {
+        case 1: score_rows<DV, 1>(kt, &qr[r], &mr[r], ms_k, k0 + t0, nt, scale, &out[r]); break;
+        case 2: score_rows<DV, 2>(kt, &qr[r], &mr[r], ms_k, k0 + t0, nt, scale, &out[r]); break;
+        case 3: score_rows<DV, 3>(kt, &qr[r], &mr[r], ms_k, k0 + t0, nt, scale, &out[r]); break;
+        default: score_rows<DV, 4>(kt, &qr[r], &mr[r], ms_k, k0 + t0, nt, scale, &out[r]); break;
+      }
+    }
+  }
+  std::vector<char> live(R);
+  for (int64_t r = 0; r < R; ++r) {
+    float* s = sr[r];
+    v16 top = splat(-INFINITY);
+    int64_t t = 0;
+    for (; t + 16 <= n; t += 16) { const v16 x = ld(s + t); top = x > top ? x : top; }
+    float best = -INFINITY;
+    for (int j = 0; j < 16; ++j) best = std::max(best, top[j]);
+    for (; t < n; ++t) best = std::max(best, s[t]);
+    if (best == -INFINITY) {  // every key of the chunk masked with -inf: the chunk gives this row nothing
+      mx[r] = -INFINITY;
+      sm[r] = 0;
+      for (int64_t t = 0; t < n; ++t) s[t] = 0;
+      continue;
+    }
+    v16 total = v16{};
+    t = 0;
+    for (; t + 16 <= n; t += 16) { v16 e = vexp(ld(s + t) - best); st(s + t, e); total += e; }
+    float tail = 0;
+    for (; t < n; ++t) { v16 e = vexp(splat(s[t] - best)); s[t] = e[0]; tail += e[0]; }
+    mx[r] = best;
+    sm[r] = hsum(total) + tail;
+  }
+  const float* vb = v + b * vs_b + g * vs_h;
+  constexpr int RV = DV <= 4 ? 4 : 2;  // 16 sums in registers
+  for (int64_t r = 0; r < R; r += RV) {
+    const float* const* w = (const float* const*)&sr[r];
+    switch (std::min<int64_t>(RV, R - r)) {
+      case 1: value_rows<DV, 1>(vb, vs_k, k0, n, w, &ar[r]); break;
+      case 2: value_rows<DV, (RV >= 2 ? 2 : 1)>(vb, vs_k, k0, n, w, &ar[r]); break;
+      case 3: value_rows<DV, (RV >= 3 ? 3 : 1)>(vb, vs_k, k0, n, w, &ar[r]); break;
+      default: value_rows<DV, RV>(vb, vs_k, k0, n, w, &ar[r]); break;
+    }
+  }
+}
+
+// One unit: batch b, key / value head g, keys [k0, k1): for each of its R = groups * Q query rows, the chunk's max
+// score, the sum of e^(score - max), and the unnormalised output sum e^(score - max) v
+template <int DV>
+void unit(const float* q, int64_t qs_b, int64_t qs_h, int64_t qs_q, const float* k, int64_t ks_b, int64_t ks_h,
+          int64_t ks_k, const float* v, int64_t vs_b, int64_t vs_h, int64_t vs_k, const float* m, int64_t ms_b,
+          int64_t ms_q, int64_t ms_k, int64_t b, int64_t g, int64_t groups, int64_t Q, int64_t k0, int64_t k1,
+          float scale, float* mx, float* sm, float* acc, float* scores) {
+  (groups * Q <= 6 ? unit_rows<DV> : unit_blocks<DV>)(q, qs_b, qs_h, qs_q, k, ks_b, ks_h, ks_k, v, vs_b, vs_h, vs_k,
+                                                      m, ms_b, ms_q, ms_k, b, g, groups, Q, k0, k1, scale, mx, sm,
+                                                      acc, scores);
+}
+
+// query [B, H, Q, D], key / value [B, KVH, C, D] (a static cache), mask additive [B or 1, 1, Q, C] -> [B, Q, H, D]
+template <int DV>
+at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask,
+               double scale_) {
+  constexpr int D = DV * 16;
+  const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), KVH = key.size(1), C = key.size(2);
+  const int64_t groups = H / KVH, R = groups * Q;
+  const float scale = (float)scale_;
+  const float* qp = query.data_ptr<float>();
+  const float* kp = key.data_ptr<float>();
+  const float* vp = value.data_ptr<float>();
+  const float* mp = mask.data_ptr<float>();
+  const int64_t ms_b = mask.size(0) == 1 ? 0 : mask.stride(0), ms_q = mask.size(2) == 1 ? 0 : mask.stride(2);
+  const int64_t ms_k = mask.stride(3);
+  // the keys any row of batch b may see: [first visible, last visible + 1) (keys past it are masked to the dtype's
+  // lowest: skipping them changes no sum, since their weight is exactly 0)
+  const float lowest = std::numeric_limits<float>::lowest();
+  std::vector<int64_t> lo(B, C), hi(B, 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < Q; ++i) {
+      const float* mr = mp + b * ms_b + i * ms_q;
+      int64_t a = 0, z = C;
+      while (a < C && mr[a * ms_k] <= lowest) ++a;
+      while (z > a && mr[(z - 1) * ms_k] <= lowest) --z;
+      if (a < z) { lo[b] = std::min(lo[b], a); hi[b] = std::max(hi[b], z); }
+    }
+  int64_t span = 1;
+  for (int64_t b = 0; b < B; ++b) {
+    if (hi[b] <= lo[b]) { lo[b] = 0; hi[b] = C; }  // (no row sees any key: every key, as SDPA would)
+    span = std::max(span, hi[b] - lo[b]);
+  }
+  const int64_t threads = at::get_num_threads();
+  int64_t chunks = std::max<int64_t>(1, (2 * threads + B * KVH - 1) / (B * KVH));  // >= 2 units a thread
+  chunks = std::min<int64_t>(chunks, (span + 31) / 32);
+  const int64_t width = (span + chunks - 1) / chunks;
+  auto f32 = query.options();
+  auto mx = at::empty({B, KVH, chunks, R}, f32), sm = at::empty({B, KVH, chunks, R}, f32);
+  auto acc = at::empty({B, KVH, chunks, R, D}, f32);
+  float* mxp = mx.data_ptr<float>(); float* smp = sm.data_ptr<float>(); float* accp = acc.data_ptr<float>();
+  at::parallel_for(0, B * KVH * chunks, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> scores(R * width);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t b = u / (KVH * chunks), g = (u / chunks) % KVH, c = u % chunks;
+      const int64_t k0 = lo[b] + c * width, k1 = std::min(hi[b], k0 + width);
+      float* mxu = mxp + u * R; float* smu = smp + u * R; float* accu = accp + u * R * D;
+      if (k1 <= k0) { for (int64_t r = 0; r < R; ++r) { mxu[r] = -INFINITY; smu[r] = 0; } continue; }
+      unit<DV>(qp, query.stride(0), query.stride(1), query.stride(2), kp, key.stride(0), key.stride(1), key.stride(2),
+               vp, value.stride(0), value.stride(1), value.stride(2), mp, ms_b, ms_q, ms_k, b, g, groups, Q, k0, k1,
+               scale, mxu, smu, accu, scores.data());
+    }
+  });
+  auto out = at::empty({B, Q, H, D}, f32);
+  float* op = out.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < KVH; ++g)
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t j = r / Q, i = r % Q, h = g * groups + j;
+        const int64_t base = (b * KVH + g) * chunks;
+        float best = -INFINITY;
+        for (int64_t c = 0; c < chunks; ++c) best = std::max(best, mxp[(base + c) * R + r]);
+        v16 o[DV];
+        for (int d = 0; d < DV; ++d) o[d] = v16{};
+        float total = 0;
+        for (int64_t c = 0; c < chunks; ++c) {
+          if (smp[(base + c) * R + r] == 0) continue;  // an empty chunk: its sums were never written
+          const float w = std::exp(mxp[(base + c) * R + r] - best);
+          total += w * smp[(base + c) * R + r];
+          const float* a = accp + ((base + c) * R + r) * D;
+          for (int d = 0; d < DV; ++d) o[d] += ld(a + 16 * d) * w;
+        }
+        float* dst = op + ((b * Q + i) * H + h) * D;
+        for (int d = 0; d < DV; ++d) st(dst + 16 * d, o[d] / total);
+      }
+  return out;
+}
+
+at::Tensor attention(const at::Tensor& query_, const at::Tensor& key_, const at::Tensor& value_,
+                     const at::Tensor& mask, double scale) {
+  TORCH_CHECK(query_.scalar_type() == at::kFloat && key_.scalar_type() == at::kFloat &&
+              value_.scalar_type() == at::kFloat && mask.scalar_type() == at::kFloat,
+              "specbench_native::attention: float32 only");
+  TORCH_CHECK(query_.dim() == 4 && key_.dim() == 4 && mask.dim() == 4 && mask.size(1) == 1 &&
+              mask.size(3) == key_.size(2) && query_.size(1) % key_.size(1) == 0,
+              "specbench_native::attention: query [B, H, Q, D], key / value [B, KVH, C, D], mask [B or 1, 1, Q, C]");
+  const auto query = query_.contiguous();  // (small) the rows read in order
+  const auto key = key_.stride(3) == 1 ? key_ : key_.contiguous();  // the cache as it is, where its rows are dense
+  const auto value = value_.stride(3) == 1 ? value_ : value_.contiguous();
+  const int64_t D = query.size(3);
+  if (D == 64) return run<4>(query, key, value, mask, scale);
+  if (D == 128) return run<8>(query, key, value, mask, scale);
+  TORCH_CHECK(false, "specbench_native::attention: head dim 64 or 128 only");
+}
+}  // namespace specbench_attention
+
+TORCH_LIBRARY_FRAGMENT(specbench_native, m) {
+  m.def("attention(Tensor query, Tensor key, Tensor value, Tensor mask, float scale) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(specbench_native, CPU, m) { m.impl("attention", &specbench_attention::attention); }
+"""
