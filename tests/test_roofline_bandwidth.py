@@ -124,3 +124,31 @@ def test_the_verdict_names_the_bandwidth_reading_and_when():
     assert roofline.reading({"bandwidth_source": "$SPECBENCH_BANDWIDTH_GB_S", "bandwidth_measured_at": ""}) \
         == ", $SPECBENCH_BANDWIDTH_GB_S"
     assert roofline.reading({}) == ""
+
+
+def test_a_second_reading_after_the_turns_is_added_and_stated(tmp_path, monkeypatch):
+    """After the turns run.yaml's roofline block gains the bandwidth measured again, and the verdict states `ar`
+    against it beside the first (the bound scales with the bandwidth); a given bandwidth adds nothing."""
+    from specbench.core.machine import roofline as core_roofline
+    from specbench.report import roofline
+
+    monkeypatch.delenv(bw.ENV, raising=False)
+    real = bw.measure
+    monkeypatch.setattr(bw, "measure", lambda device, hardware: real(device, hardware, 2, 8 * bw.MiB))
+    monkeypatch.setattr(contention, "disturbed", lambda reading: False)
+    meta = tmp_path / "run.yaml"
+    meta.write_text(yaml.safe_dump({"roofline": {"bandwidth_gb_s": 40.0, "bandwidth_source": "measured now, before"},
+                                    "other": 1}))
+    core_roofline.add_after(meta, "cpu")
+    block = yaml.safe_load(meta.read_text())["roofline"]
+    assert block["bandwidth_after_gb_s"] > 0
+    assert block["bandwidth_after_source"] == "measured now, after the run's turns"
+    assert yaml.safe_load(meta.read_text())["other"] == 1
+    said = roofline.after_text({"bandwidth_gb_s": 40.0, "bandwidth_after_gb_s": 80.0,
+                                "bandwidth_after_source": "measured now, after the run's turns"}, 0.9)
+    assert said == "; 0.45 of it at the 80.0 GB/s measured after its turns"
+    assert roofline.after_text({"bandwidth_gb_s": 40.0}, 0.9) == ""
+    given = {"roofline": {"bandwidth_gb_s": 20.0, "bandwidth_source": "$SPECBENCH_BANDWIDTH_GB_S"}}
+    meta.write_text(yaml.safe_dump(given))
+    core_roofline.add_after(meta, "cpu")
+    assert yaml.safe_load(meta.read_text()) == given

@@ -211,11 +211,14 @@ class OwnMethods:
                                    min(self.cfg.max_new_tokens, 16), self.cfg.sampling, [None] * size)
 
     def close(self, out) -> None:
-        """--compile: the eager steps the timed turns took (widths no bucket held), in run.yaml."""
-        if self.compiled:
-            from ..core.store import RunFolder
+        """run.yaml after the turns: the bandwidth measured again (its roofline block), and with --compile the eager
+        steps the timed turns took (widths no bucket held)."""
+        from ..core.machine.roofline import add_after
+        from ..core.store import RunFolder
 
+        if self.compiled:
             tp.on_writer(lambda: compile_run.record(RunFolder(out).meta, self.compiled))
+        tp.on_writer(lambda: add_after(RunFolder(out).meta, self.target.device))
 
     # ------------------------------------------------------------------------------------------------ run.yaml
 

@@ -200,10 +200,10 @@ def bandwidth(device: torch.device, remeasure: bool = False) -> Bandwidth:
     return found
 
 
-def for_run(device: torch.device) -> Bandwidth:
+def for_run(device: torch.device, moment: str = "before this run's turns") -> Bandwidth:
     """The bandwidth a run's roofline divides by: measured now, in the run's own sitting (and cached for the commands
     that read the cache); when other work disturbed the measurement (it reads low), the cached reading with both
-    said, or the disturbed one where nothing is cached."""
+    said, or the disturbed one where nothing is cached. `moment` says when, in the source."""
     from .hardware import hardware_slug
 
     device = torch.device(device)
@@ -214,11 +214,11 @@ def for_run(device: torch.device) -> Bandwidth:
     found, reading = contention.beside(lambda: measure(device, hardware))
     if not contention.disturbed(reading):
         write_cached(found)
-        return replace(found, source="measured now, before this run's turns")
+        return replace(found, source=f"measured now, {moment}")
     cached = read_cached(hardware, device.type, torch.get_num_threads())
     if cached is None:
         return replace(found, source=contention.not_cached_note(reading))
-    return replace(cached, source=f"{cached.source} (a measurement before this run's turns read {found.gb_s:.1f} GB/s "
+    return replace(cached, source=f"{cached.source} (a measurement {moment} read {found.gb_s:.1f} GB/s "
                                   f"beside {reading.get('foreign_cpu', math.nan):.2f} cores of other work: not used)")
 
 

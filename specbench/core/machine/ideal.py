@@ -10,9 +10,10 @@ read its bytes or only to do its arithmetic, whichever is longer.
                                                                         the w sees kv + i + 1 keys)
     ideal(w, kv) = max(bytes / bandwidth, FLOPs / peak)
 
-bandwidth: core/machine/bandwidth.py; peak: a GEMM at the forward's dtype (core/machine/peak.py), both measured once
-per machine. A measured L(w) over ideal(w) says how far a forward of that width is from this hardware: a curve
-whose ratio grows with w spends its width on kernels, not on the hardware.
+bandwidth: core/machine/bandwidth.py, measured in the profile's sitting; peak: the faster of a GEMM and the panels
+linear at the forward's dtype (core/machine/peak.py), measured once per machine. A measured L(w) over ideal(w) says
+how far a forward of that width is from this hardware: a curve whose ratio grows with w spends its width on kernels,
+not on the hardware.
 """
 
 from __future__ import annotations
@@ -75,16 +76,19 @@ def block(model, dtype, bandwidth, peak, widths: list[int], curves: dict[int, di
 
 
 def of_profile(target, widths: list[int], curves: dict[int, dict]) -> dict:
-    """The `ideal:` entry of a profile of `target` (a LoadedModel), its rates measured (or read from the user cache)
-    on the target's device at its dtype; a model over several devices gets a note instead (one device's rates do not
-    bound it)."""
-    from .bandwidth import bandwidth
+    """The `ideal:` entry of a profile of `target` (a LoadedModel) on the target's device at its dtype: the bandwidth
+    measured in the profile's own sitting, right after its timing (a VM's bandwidth moved 44.8 -> 77.5 GB/s within
+    the hour, benchmarks/RESULTS-cpu.md, stop 59: a cached reading from another hour says little about this one),
+    the peak measured once per machine (or read from the user cache); a model over several devices gets a note
+    instead (one device's rates do not bound it)."""
+    from .bandwidth import for_run
     from .peak import peak
 
     if not str(getattr(target, "placement", "single")).startswith("single"):
         return {"note": f"not computed for placement {target.placement}: one device's rates do not bound it"}
     device = torch.device(target.device)
-    return block(target.model, target.dtype, bandwidth(device), peak(device, target.dtype), widths, curves)
+    bandwidth = for_run(device, moment="right after the profile's timing")
+    return block(target.model, target.dtype, bandwidth, peak(device, target.dtype), widths, curves)
 
 
 def stated(meta: dict) -> dict[int, dict]:

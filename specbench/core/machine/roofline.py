@@ -78,3 +78,28 @@ def mean_context(prompt_lengths: list[int], max_new_tokens: int) -> float:
     if not prompt_lengths:
         return max_new_tokens / 2
     return sum(prompt_lengths) / len(prompt_lengths) + max_new_tokens / 2
+
+
+def add_after(meta_path, device) -> None:
+    """run.yaml's roofline block gains a second bandwidth reading, taken after the turns (`bandwidth_after_gb_s`,
+    its time and source): the report states `ar` against both, since a VM's bandwidth can move by 40% within the
+    hour (benchmarks/RESULTS-cpu.md, stop 59). Nothing where the run has no roofline block or its bandwidth was
+    given ($SPECBENCH_BANDWIDTH_GB_S); a disturbed reading is kept with its note (the report says so)."""
+    import torch
+    import yaml
+
+    from . import contention
+    from .bandwidth import measure
+    from .hardware import hardware_slug
+
+    meta = yaml.safe_load(meta_path.read_text()) or {}
+    block = meta.get("roofline")
+    if not isinstance(block, dict) or str(block.get("bandwidth_source", "")).startswith("$"):
+        return
+    device = torch.device(device)
+    found, reading = contention.beside(lambda: measure(device, hardware_slug(device)))
+    block["bandwidth_after_gb_s"] = found.gb_s
+    block["bandwidth_after_measured_at"] = found.measured_at
+    block["bandwidth_after_source"] = (contention.not_cached_note(reading) if contention.disturbed(reading)
+                                       else "measured now, after the run's turns")
+    meta_path.write_text(yaml.safe_dump(meta, sort_keys=False))
