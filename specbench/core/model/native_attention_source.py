@@ -67,51 +67,64 @@ inline float dot(const float* a, const float* b) {
   return hsum(acc);
 }
 
+// One unit of work: batch b, key / value head g, the cache's keys [k0, k1), and its R = groups x Q query rows (row
+// r = j Q + i: query head g groups + j, query position i); the pointers are batch b's (key and value: head g's)
+struct Unit {
+  const float* q; int64_t qs_h, qs_q;  // query [H, Q, D] strides
+  const float* k; const float* v; int64_t ks_k, vs_k;  // key / value [C, D] strides
+  const float* m; int64_t ms_q, ms_k;  // additive mask [Q, C] strides
+  int64_t g, groups, Q, k0, k1;
+  float scale;
+  int64_t rows() const { return groups * Q; }
+  const float* query(int64_t r) const { return q + (g * groups + r / Q) * qs_h + (r % Q) * qs_q; }
+  const float* mask(int64_t r) const { return m + (r % Q) * ms_q; }
+  const float* key(int64_t t) const { return k + t * ks_k; }  // cache position t
+  const float* value(int64_t t) const { return v + t * vs_k; }
+};
+
+// scores s[0, n) -> e^(s - max) in place; *mx = the max, *sm = the sum. Every key masked with -inf: *mx = -inf,
+// *sm = 0, s all 0 (the chunk gives the row nothing, and no NaN from -inf - -inf)
+inline void normalise(float* s, int64_t n, float* mx, float* sm) {
+  v16 top = splat(-INFINITY);
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16) { const v16 x = ld(s + t); top = x > top ? x : top; }  // vectors: no serial chain
+  float best = -INFINITY;
+  for (int j = 0; j < 16; ++j) best = std::max(best, top[j]);
+  for (; t < n; ++t) best = std::max(best, s[t]);
+  if (best == -INFINITY) {
+    *mx = -INFINITY;
+    *sm = 0;
+    std::memset(s, 0, n * sizeof(float));
+    return;
+  }
+  v16 total = v16{};
+  for (t = 0; t + 16 <= n; t += 16) { v16 e = vexp(ld(s + t) - best); st(s + t, e); total += e; }
+  float tail = 0;
+  for (; t < n; ++t) { v16 e = vexp(splat(s[t] - best)); s[t] = e[0]; tail += e[0]; }
+  *mx = best;
+  *sm = hsum(total) + tail;
+}
+
 // unit() for a few rows (R <= 6: a block of keys would be transposed for too few rows): a row at a time, each score
 // a dot product of its own
 template <int DV>
-void unit_rows(const float* q, int64_t qs_b, int64_t qs_h, int64_t qs_q,  // query [B, H, Q, D] strides
-          const float* k, int64_t ks_b, int64_t ks_h, int64_t ks_k,  // key [B, KVH, C, D] strides
-          const float* v, int64_t vs_b, int64_t vs_h, int64_t vs_k,  // value's
-          const float* m, int64_t ms_b, int64_t ms_q, int64_t ms_k,  // additive mask strides
-          int64_t b, int64_t g, int64_t groups, int64_t Q, int64_t k0, int64_t k1, float scale,
-          float* mx, float* sm, float* acc, float* scores) {
+void unit_rows(const Unit& u, float* mx, float* sm, float* acc, float* scores) {
   constexpr int D = DV * 16;
-  const int64_t n = k1 - k0;
-  for (int64_t j = 0; j < groups; ++j) {
-    const int64_t h = g * groups + j;
-    for (int64_t i = 0; i < Q; ++i) {
-      const int64_t r = j * Q + i;
-      const float* qr = q + b * qs_b + h * qs_h + i * qs_q;
-      const float* mr = m + b * ms_b + i * ms_q;
-      float* s = scores + r * n;
-      float best = -INFINITY;
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t key = k0 + t;
-        s[t] = dot<DV>(qr, k + b * ks_b + g * ks_h + key * ks_k) * scale + mr[key * ms_k];
-        best = std::max(best, s[t]);
-      }
-      if (best == -INFINITY) {  // every key of the chunk masked with -inf: the chunk gives this row nothing
-        mx[r] = -INFINITY;
-        sm[r] = 0;
-        continue;
-      }
-      v16 total = v16{};
-      int64_t t = 0;
-      for (; t + 16 <= n; t += 16) { v16 e = vexp(ld(s + t) - best); st(s + t, e); total += e; }
-      float tail = 0;
-      for (; t < n; ++t) { v16 e = vexp(splat(s[t] - best)); s[t] = e[0]; tail += e[0]; }
-      v16 o[DV];
-      for (int d = 0; d < DV; ++d) o[d] = v16{};
-      for (int64_t u = 0; u < n; ++u) {
-        const float* vr = v + b * vs_b + g * vs_h + (k0 + u) * vs_k;
-        const float w = s[u];
-        for (int d = 0; d < DV; ++d) o[d] += ld(vr + 16 * d) * w;
-      }
-      mx[r] = best;
-      sm[r] = hsum(total) + tail;
-      for (int d = 0; d < DV; ++d) st(acc + r * D + 16 * d, o[d]);
+  const int64_t n = u.k1 - u.k0;
+  for (int64_t r = 0; r < u.rows(); ++r) {
+    const float* qr = u.query(r);
+    const float* mr = u.mask(r);
+    float* s = scores + r * n;
+    for (int64_t t = 0; t < n; ++t) s[t] = dot<DV>(qr, u.key(u.k0 + t)) * u.scale + mr[(u.k0 + t) * u.ms_k];
+    normalise(s, n, mx + r, sm + r);
+    if (sm[r] == 0) continue;  // (its sums are never read)
+    v16 o[DV];
+    for (int d = 0; d < DV; ++d) o[d] = v16{};
+    for (int64_t t = 0; t < n; ++t) {
+      const float* vr = u.value(u.k0 + t);
+      for (int d = 0; d < DV; ++d) o[d] += ld(vr + 16 * d) * s[t];
     }
+    for (int d = 0; d < DV; ++d) st(acc + r * D + 16 * d, o[d]);
   }
 }
 
@@ -162,41 +175,35 @@ inline void score_rows(const float* kt, const float* const* qr, const float* con
   }
 }
 
-// The weighted values of RR rows: o_i = sum over the chunk's keys u, in order, of w_i[u] v_u (o_i in registers)
+// The weighted values of RR rows: o_i = sum over the chunk's keys t, in order, of w_i[t] v_t (o_i in registers)
 template <int DV, int RR>
-inline void value_rows(const float* vb, int64_t vs_k, int64_t k0, int64_t n, const float* const* w, float* const* out) {
+inline void value_rows(const Unit& u, const float* const* w, float* const* out) {
   v16 o[RR][DV];
   for (int i = 0; i < RR; ++i) for (int d = 0; d < DV; ++d) o[i][d] = v16{};
-  for (int64_t u = 0; u < n; ++u) {
-    const float* vr = vb + (k0 + u) * vs_k;
+  for (int64_t t = 0; t < u.k1 - u.k0; ++t) {
+    const float* vr = u.value(u.k0 + t);
     v16 vv[DV];
     for (int d = 0; d < DV; ++d) vv[d] = ld(vr + 16 * d);
     for (int i = 0; i < RR; ++i) {
-      const float x = w[i][u];
+      const float x = w[i][t];
       for (int d = 0; d < DV; ++d) o[i][d] += vv[d] * x;
     }
   }
   for (int i = 0; i < RR; ++i) for (int d = 0; d < DV; ++d) st(out[i] + 16 * d, o[i][d]);
 }
 
-// unit() for many rows (batch b, key / value head g, keys [k0, k1), R = groups * Q query rows). The rows share the
-// chunk's keys and values, so each is read once for a block of rows (not once a row): scores 16 keys at a time, the
-// block transposed, 4 rows a pass; the values 4 (head dim 64) or 2 (128) rows a pass.
+// unit() for many rows. The rows share the chunk's keys and values, so each is read once for a block of rows (not
+// once a row): scores 16 keys at a time, the block transposed, 4 rows a pass; the values 4 (head dim 64) or 2 (128)
+// rows a pass.
 template <int DV>
-void unit_blocks(const float* q, int64_t qs_b, int64_t qs_h, int64_t qs_q,  // query [B, H, Q, D] strides
-                 const float* k, int64_t ks_b, int64_t ks_h, int64_t ks_k,  // key [B, KVH, C, D] strides
-                 const float* v, int64_t vs_b, int64_t vs_h, int64_t vs_k,  // value's
-                 const float* m, int64_t ms_b, int64_t ms_q, int64_t ms_k,  // additive mask strides
-                 int64_t b, int64_t g, int64_t groups, int64_t Q, int64_t k0, int64_t k1, float scale,
-                 float* mx, float* sm, float* acc, float* scores) {
+void unit_blocks(const Unit& u, float* mx, float* sm, float* acc, float* scores) {
   constexpr int D = DV * 16;
-  const int64_t n = k1 - k0, R = groups * Q;
-  const float* kb = k + b * ks_b + g * ks_h;
+  const int64_t n = u.k1 - u.k0, R = u.rows();
   std::vector<const float*> qr(R), mr(R);
-  std::vector<float*> sr(R), ar(R);
-  for (int64_t r = 0; r < R; ++r) {  // row r = j Q + i: head g groups + j, query i
-    qr[r] = q + b * qs_b + (g * groups + r / Q) * qs_h + (r % Q) * qs_q;
-    mr[r] = m + b * ms_b + (r % Q) * ms_q;
+  std::vector<float*> sr(R), ar(R), out(R);
+  for (int64_t r = 0; r < R; ++r) {
+    qr[r] = u.query(r);
+    mr[r] = u.mask(r);
     sr[r] = scores + r * n;
     ar[r] = acc + r * D;
   }
@@ -204,69 +211,42 @@ void unit_blocks(const float* q, int64_t qs_b, int64_t qs_h, int64_t qs_q,  // q
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t nt = std::min<int64_t>(16, n - t0);
     for (int c = 0; c < DV; ++c) {  // head dims [16 c, 16 c + 16) of the 16 keys
-      v16 r[16];
+      v16 block[16];
       for (int64_t t = 0; t < 16; ++t)  // (past the chunk's end: its last key again, never stored)
-        r[t] = ld(kb + (k0 + t0 + std::min(t, nt - 1)) * ks_k + 16 * c);
-      transpose16(r);
-      for (int j = 0; j < 16; ++j) st(kt + (16 * c + j) * 16, r[j]);
+        block[t] = ld(u.key(u.k0 + t0 + std::min(t, nt - 1)) + 16 * c);
+      transpose16(block);
+      for (int j = 0; j < 16; ++j) st(kt + (16 * c + j) * 16, block[j]);
     }
-    std::vector<float*> out(R);
     for (int64_t r = 0; r < R; ++r) out[r] = sr[r] + t0;
+    const int64_t key0 = u.k0 + t0;
     for (int64_t r = 0; r < R; r += 4) {
       switch (std::min<int64_t>(4, R - r)) {
-        case 1: score_rows<DV, 1>(kt, &qr[r], &mr[r], ms_k, k0 + t0, nt, scale, &out[r]); break;
-        case 2: score_rows<DV, 2>(kt, &qr[r], &mr[r], ms_k, k0 + t0, nt, scale, &out[r]); break;
-        case 3: score_rows<DV, 3>(kt, &qr[r], &mr[r], ms_k, k0 + t0, nt, scale, &out[r]); break;
-        default: score_rows<DV, 4>(kt, &qr[r], &mr[r], ms_k, k0 + t0, nt, scale, &out[r]); break;
+        case 1: score_rows<DV, 1>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
+        case 2: score_rows<DV, 2>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
+        case 3: score_rows<DV, 3>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
+        default: score_rows<DV, 4>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
       }
     }
   }
-  std::vector<char> live(R);
-  for (int64_t r = 0; r < R; ++r) {
-    float* s = sr[r];
-    v16 top = splat(-INFINITY);
-    int64_t t = 0;
-    for (; t + 16 <= n; t += 16) { const v16 x = ld(s + t); top = x > top ? x : top; }
-    float best = -INFINITY;
-    for (int j = 0; j < 16; ++j) best = std::max(best, top[j]);
-    for (; t < n; ++t) best = std::max(best, s[t]);
-    if (best == -INFINITY) {  // every key of the chunk masked with -inf: the chunk gives this row nothing
-      mx[r] = -INFINITY;
-      sm[r] = 0;
-      for (int64_t t = 0; t < n; ++t) s[t] = 0;
-      continue;
-    }
-    v16 total = v16{};
-    t = 0;
-    for (; t + 16 <= n; t += 16) { v16 e = vexp(ld(s + t) - best); st(s + t, e); total += e; }
-    float tail = 0;
-    for (; t < n; ++t) { v16 e = vexp(splat(s[t] - best)); s[t] = e[0]; tail += e[0]; }
-    mx[r] = best;
-    sm[r] = hsum(total) + tail;
-  }
-  const float* vb = v + b * vs_b + g * vs_h;
+  for (int64_t r = 0; r < R; ++r) normalise(sr[r], n, mx + r, sm + r);  // a dead row's weights all 0
   constexpr int RV = DV <= 4 ? 4 : 2;  // 16 sums in registers
   for (int64_t r = 0; r < R; r += RV) {
     const float* const* w = (const float* const*)&sr[r];
     switch (std::min<int64_t>(RV, R - r)) {
-      case 1: value_rows<DV, 1>(vb, vs_k, k0, n, w, &ar[r]); break;
-      case 2: value_rows<DV, (RV >= 2 ? 2 : 1)>(vb, vs_k, k0, n, w, &ar[r]); break;
-      case 3: value_rows<DV, (RV >= 3 ? 3 : 1)>(vb, vs_k, k0, n, w, &ar[r]); break;
-      default: value_rows<DV, RV>(vb, vs_k, k0, n, w, &ar[r]); break;
+      case 1: value_rows<DV, 1>(u, w, &ar[r]); break;
+      case 2: value_rows<DV, (RV >= 2 ? 2 : 1)>(u, w, &ar[r]); break;
+      case 3: value_rows<DV, (RV >= 3 ? 3 : 1)>(u, w, &ar[r]); break;
+      default: value_rows<DV, RV>(u, w, &ar[r]); break;
     }
   }
 }
 
-// One unit: batch b, key / value head g, keys [k0, k1): for each of its R = groups * Q query rows, the chunk's max
-// score, the sum of e^(score - max), and the unnormalised output sum e^(score - max) v
+// One unit: for each of its R query rows, the chunk's max score, the sum of e^(score - max), and the unnormalised
+// output sum e^(score - max) v
 template <int DV>
-void unit(const float* q, int64_t qs_b, int64_t qs_h, int64_t qs_q, const float* k, int64_t ks_b, int64_t ks_h,
-          int64_t ks_k, const float* v, int64_t vs_b, int64_t vs_h, int64_t vs_k, const float* m, int64_t ms_b,
-          int64_t ms_q, int64_t ms_k, int64_t b, int64_t g, int64_t groups, int64_t Q, int64_t k0, int64_t k1,
-          float scale, float* mx, float* sm, float* acc, float* scores) {
-  (groups * Q <= 6 ? unit_rows<DV> : unit_blocks<DV>)(q, qs_b, qs_h, qs_q, k, ks_b, ks_h, ks_k, v, vs_b, vs_h, vs_k,
-                                                      m, ms_b, ms_q, ms_k, b, g, groups, Q, k0, k1, scale, mx, sm,
-                                                      acc, scores);
+void unit(const Unit& u, float* mx, float* sm, float* acc, float* scores) {
+  if (u.rows() <= 6) unit_rows<DV>(u, mx, sm, acc, scores);
+  else unit_blocks<DV>(u, mx, sm, acc, scores);
 }
 
 // query [B, H, Q, D], key / value [B, KVH, C, D] (a static cache), mask additive [B or 1, 1, Q, C] -> [B, Q, H, D]
@@ -315,9 +295,10 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
       const int64_t k0 = lo[b] + c * width, k1 = std::min(hi[b], k0 + width);
       float* mxu = mxp + u * R; float* smu = smp + u * R; float* accu = accp + u * R * D;
       if (k1 <= k0) { for (int64_t r = 0; r < R; ++r) { mxu[r] = -INFINITY; smu[r] = 0; } continue; }
-      unit<DV>(qp, query.stride(0), query.stride(1), query.stride(2), kp, key.stride(0), key.stride(1), key.stride(2),
-               vp, value.stride(0), value.stride(1), value.stride(2), mp, ms_b, ms_q, ms_k, b, g, groups, Q, k0, k1,
-               scale, mxu, smu, accu, scores.data());
+      const Unit one{qp + b * query.stride(0), query.stride(1), query.stride(2),
+                     kp + b * key.stride(0) + g * key.stride(1), vp + b * value.stride(0) + g * value.stride(1),
+                     key.stride(2), value.stride(2), mp + b * ms_b, ms_q, ms_k, g, groups, Q, k0, k1, scale};
+      unit<DV>(one, mxu, smu, accu, scores.data());
     }
   });
   auto out = at::empty({B, Q, H, D}, f32);
