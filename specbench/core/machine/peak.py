@@ -70,12 +70,19 @@ def gemm_gflops(size: int, seconds: float) -> float:
     return 2 * size**3 / seconds / 1e9
 
 
+def _kernel_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the panels linear runs here at `dtype` (a CPU, float32, the native library built)."""
+    from ..model import panel_linear  # (not at import: the model layer builds on this one)
+
+    return device.type == "cpu" and panel_linear.available(dtype)
+
+
 def _kernel_call(device: torch.device, dtype: torch.dtype):
     """A panels linear of 112 rows over a 384 x 576 weight (0.9 MB: it stays in the caches) and its FLOPs; None
     where that kernel does not run (a GPU, another dtype, no native library)."""
-    from ..model import panel_linear  # (not at import: the model layer builds on this one)
+    from ..model import panel_linear
 
-    if device.type != "cpu" or not panel_linear.available(dtype):
+    if not _kernel_runs(device, dtype):
         return None
     gen = torch.Generator().manual_seed(0)
     n, k, rows = 384, 576, 112
@@ -116,7 +123,7 @@ def read_cached(hardware: str, dtype: torch.dtype, device_type: str, threads: in
         return None
     if found.device != device_type or (device_type == "cpu" and found.threads != threads) or found.gflops <= 0:
         return None
-    if not found.kernel_gflops and _kernel_call(torch.device(device_type), dtype) is not None:
+    if not found.kernel_gflops and _kernel_runs(torch.device(device_type), dtype):
         return None  # measured before the panels probe, where it runs now: measure again
     return found
 

@@ -1,5 +1,5 @@
 """Attention of a compiled CPU forward over the static KV cache as specbench's own C++ operator (its C++ in
-native_source.py, built into the library by native_linear), float32, head dim 64 or 128, with an additive mask
+native_attention_source.py, built into the library by native_linear), float32, head dim 64 or 128, with an additive mask
 (grouped_attention.py calls it).
 
 Why: a decode or verify forward attends a few query rows to the whole static cache. SDPA's flash kernel on a CPU

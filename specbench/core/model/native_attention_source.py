@@ -192,15 +192,23 @@ inline void value_rows(const Unit& u, const float* const* w, float* const* out) 
   for (int i = 0; i < RR; ++i) for (int d = 0; d < DV; ++d) st(out[i] + 16 * d, o[i][d]);
 }
 
+// Per row of a unit: its query, its mask, its scores, its output sums, its scores at the current key block. Made once
+// per thread's share of the units, not once a unit (the decode step's hot path)
+struct RowPointers {
+  std::vector<const float*> query, mask;
+  std::vector<float*> scores, acc, out;
+  explicit RowPointers(int64_t R) : query(R), mask(R), scores(R), acc(R), out(R) {}
+};
+
 // unit() for many rows. The rows share the chunk's keys and values, so each is read once for a block of rows (not
 // once a row): scores 16 keys at a time, the block transposed, 4 rows a pass; the values 4 (head dim 64) or 2 (128)
 // rows a pass.
 template <int DV>
-void unit_blocks(const Unit& u, float* mx, float* sm, float* acc, float* scores) {
+void unit_blocks(const Unit& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
   constexpr int D = DV * 16;
   const int64_t n = u.k1 - u.k0, R = u.rows();
-  std::vector<const float*> qr(R), mr(R);
-  std::vector<float*> sr(R), ar(R), out(R);
+  auto &qr = rows.query, &mr = rows.mask;
+  auto &sr = rows.scores, &ar = rows.acc, &out = rows.out;
   for (int64_t r = 0; r < R; ++r) {
     qr[r] = u.query(r);
     mr[r] = u.mask(r);
@@ -244,9 +252,9 @@ void unit_blocks(const Unit& u, float* mx, float* sm, float* acc, float* scores)
 // One unit: for each of its R query rows, the chunk's max score, the sum of e^(score - max), and the unnormalised
 // output sum e^(score - max) v
 template <int DV>
-void unit(const Unit& u, float* mx, float* sm, float* acc, float* scores) {
+void unit(const Unit& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
   if (u.rows() <= 6) unit_rows<DV>(u, mx, sm, acc, scores);
-  else unit_blocks<DV>(u, mx, sm, acc, scores);
+  else unit_blocks<DV>(u, mx, sm, acc, scores, rows);
 }
 
 // query [B, H, Q, D], key / value [B, KVH, C, D] (a static cache), mask additive [B or 1, 1, Q, C] -> [B, Q, H, D]
@@ -290,6 +298,7 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
   float* mxp = mx.data_ptr<float>(); float* smp = sm.data_ptr<float>(); float* accp = acc.data_ptr<float>();
   at::parallel_for(0, B * KVH * chunks, 1, [&](int64_t u0, int64_t u1) {
     std::vector<float> scores(R * width);
+    RowPointers rows(R);
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t b = u / (KVH * chunks), g = (u / chunks) % KVH, c = u % chunks;
       const int64_t k0 = lo[b] + c * width, k1 = std::min(hi[b], k0 + width);
@@ -298,7 +307,7 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
       const Unit one{qp + b * query.stride(0), query.stride(1), query.stride(2),
                      kp + b * key.stride(0) + g * key.stride(1), vp + b * value.stride(0) + g * value.stride(1),
                      key.stride(2), value.stride(2), mp + b * ms_b, ms_q, ms_k, g, groups, Q, k0, k1, scale};
-      unit<DV>(one, mxu, smu, accu, scores.data());
+      unit<DV>(one, mxu, smu, accu, scores.data(), rows);
     }
   });
   auto out = at::empty({B, Q, H, D}, f32);
