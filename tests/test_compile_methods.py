@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 
+from specbench.core.batch import static
 from specbench.core.model import compile as cc
 from specbench.core.model import compile_call
 from specbench.core.model.load import load_model
@@ -35,14 +36,14 @@ WARM_SEED, CHECK_SEED = 0, 1
 #    (core/model/compile_graph.py), its prefill's through the model's own layer hooks
 #  - pearl*: drafter and target run through their own DynamicCaches (methods/sd/drafting.ModelState), not the batch
 #    engine: neither model's forwards ever reach the compile state (nothing compiled, nothing counted)
-#  - eagle3: its proposer reads the target's inner layers (`around`: the fused states): every target forward eager;
-#    its drafter as eagle's
+#  - eagle3: its proposer reads the target's inner layers (`around`: the fused states), inside the compiled step as
+#    layer taps (core/batch/static.layer_taps), its prefill's through the model's own layer hooks; its drafter as
+#    eagle's
 #  - eagle / parallelspec: their feature drafter drafts through a drafter engine with a compile state of its own
 #    (run/compiled.feature_drafter, as enable_run attaches it on the proposer's drafter): its forwards compile with
 #    the target's
 #  - medusa*: their heads (residual blocks and the LM head on the accepted row) run as a compiled call of their own
 #    (run/compiled.compiled_calls, core/model/compile_call.py): "<method> heads" below, every call compiled
-EAGER_TARGET = {"eagle3": "all"}
 UNCOMPILED = {"pearl", "pearl-no-post", "pearl-no-pre"}
 
 
@@ -90,10 +91,8 @@ def runs():
     calls = {f"{name} {label}": compile_call.enable(module, function, f"{name} {label}", target.device)
              for name, method in methods.items()
              for label, (module, function) in compile_run.compiled_calls(method).items()}
-    for method in methods.values():  # Hidden Transfer's layer edits, every tree state's (as enable_run declares them)
-        for width, edits in getattr(getattr(method, "proposer", None), "declared_edits", lambda tree: [])(
-                getattr(method, "trees", {1: None})[1]):
-            states["target"].declare_edits(width, (True, True, True), edits)
+    # Hidden Transfer's layer edits, every tree state's, and EAGLE-3's layer taps (as enable_run declares them)
+    compile_run.declare_layer_work(methods.values(), states["target"])
     try:
         counters = {role: _Counted(state.fn) for role, state in states.items()}
         for role, state in states.items():
@@ -151,10 +150,7 @@ def test_compiled_tokens_equal_eager_and_ar(runs, name):
         assert got["target_compiled"] == got["target_eager"] == 0
         assert got["drafter_compiled"] == got["drafter_eager"] == 0
         return
-    if EAGER_TARGET.get(name) == "all":  # every target forward eager, each counted
-        assert got["target_compiled"] == 0 and got["target_eager"] > 0
-    else:
-        assert got["target_compiled"] > 0 and got["target_eager"] == 0
+    assert got["target_compiled"] > 0 and got["target_eager"] == 0
     if needs_drafter:  # sd: the drafter's forwards compile too (its prefill aside)
         assert got["drafter_compiled"] > 0 and got["drafter_eager"] == 0
     else:
@@ -166,7 +162,7 @@ def test_compiled_tokens_equal_eager_and_ar(runs, name):
 
 
 # methods with decode forwards that never run compiled: summary.csv's eager_forwards > 0, named by report.md's verdict
-NOT_FULLY_COMPILED = UNCOMPILED | {"eagle3"}
+NOT_FULLY_COMPILED = UNCOMPILED
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
@@ -195,4 +191,18 @@ def test_hidden_transfer_runs_its_transfer_steps_inside_the_compiled_step(runs):
         raise got
     edited = runs["states"]["target"].edit_shapes
     assert edited and all(edits for *_, edits in edited), edited
+    assert got["target_compiled"] > 0 and got["target_eager"] == 0
+
+
+def test_eagle3_reads_its_layer_states_from_the_compiled_step(runs):
+    """EAGLE-3's fused features come out of the target's compiled graph (layer taps: the step returns the three layers'
+    inputs beside its final states), not from hooks around an eager forward: its warm-up compiled a shape returning
+    them, and the checked prompt's target forwards ran compiled (test_compiled_tokens_equal_eager_and_ar: none eager,
+    tokens equal)."""
+    got = runs["compiled"]["eagle3"]
+    if isinstance(got, BaseException):
+        raise got
+    state = runs["states"]["target"]
+    assert state.tap_layers is not None
+    assert any(h == static.TAPS for (*_, h) in state.shapes), state.shapes
     assert got["target_compiled"] > 0 and got["target_eager"] == 0

@@ -131,11 +131,7 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
             states["target"].declare_varying_tree(width)
     # trees verify on the target; a tree verified with layer edits (Hidden Transfer's) compiles the states warm-up
     # meets, with its edits, and no plain graph of the others (its capacity still counts them: `widest` above)
-    edits = {m.name for m in methods if getattr(getattr(m, "proposer", None), "edits_layers", False)}
-    for m in methods:  # its layers take the edits before anything compiles; every tree state's edits at batch 1
-        if m.name in edits:  # compiled in warm-up (a state its warm-up prompt never reaches too)
-            for width, layer_edits in m.proposer.declared_edits(m.trees[1]):
-                states["target"].declare_edits(width, (True, True, True), layer_edits)
+    edits = declare_layer_work(methods, states["target"])
     for b, per in trees.items():
         for name, tree in per.items():
             if name not in edits:
@@ -159,6 +155,23 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
         console.print(f"[yellow]note[/] --compile: {', '.join(eager)} decode(s) over their own caches, not the static "
                       "engine: they run eagerly (their speedups are eager steps against a compiled ar)")
     return states
+
+
+def declare_layer_work(methods, target: Compiled) -> set[str]:
+    """What the methods do inside the target's layers, declared to its compile state before anything compiles (its
+    layers then take edits and taps, so that no graph compiled earlier is checked again): every tree state's layer
+    edits at batch 1 of a method that edits them (Hidden Transfer's; compiled in warm-up, a state its warm-up prompt
+    never reaches too), the layers a method reads the inputs of (EAGLE-3's). Returns the editing methods' names."""
+    edits = set()
+    for m in methods:
+        proposer = getattr(m, "proposer", None)
+        if getattr(proposer, "edits_layers", False):
+            edits.add(m.name)
+            for width, layer_edits in proposer.declared_edits(m.trees[1]):
+                target.declare_edits(width, (True, True, True), layer_edits)
+        if getattr(proposer, "taps_layers", False):
+            target.taps_for(proposer.layers_read())
+    return edits
 
 
 def feature_drafter(method):

@@ -19,8 +19,10 @@ What is static, as gpt-fast makes it:
 The prompt (a newcomer's prefill, any length) runs the same step eagerly, uncompiled, into the same cache, the LM
 head on the rows it keeps only. So does a
 segment the compile state does not compile (a width with no bucket after warm-up, or a method whose `around` hooks
-the forward without offering its edits as data: EAGLE-3's layer states), counted as an eager step. Hidden
-Transfer's transfer steps run inside the compiled graph as layer edits (core/model/compile_graph.py).
+the forward without offering what it does as data), counted as an eager step. What methods do inside the target's
+layers runs inside the compiled graph as data (core/model/compile_graph.py): Hidden Transfer's transfer steps as
+layer edits, EAGLE-3's reading of three layers' input states as layer taps (the step's output then holds them beside
+the final hidden states, `TAPS`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from . import decoder
 from .ragged import Segment, packed_embeddings
 
 LAYER_EDITS = "specbench_layer_edits"  # the decoder keyword of layer edits (core/model/compile_graph.py reads it)
+LAYER_TAPS = "specbench_layer_taps"  # the decoder keyword of layer taps: (layer indices, the dict their inputs go to)
+TAPS = 2  # a step's `hidden` asking for the final hidden states and the tapped layers' inputs (True: the former only)
 
 
 class StaticKV:
@@ -107,23 +111,36 @@ class _Writer:
 
 
 def step(model, kv: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, write_at: torch.Tensor,
-         allowed: torch.Tensor | None, embeds: bool, hidden: bool, slot: int | None = None,
-         edits: tuple | None = None) -> torch.Tensor:
+         allowed: torch.Tensor | None, embeds: bool, hidden: bool | int, slot: int | None = None,
+         edits: tuple | None = None, taps: tuple[int, ...] | None = None) -> torch.Tensor:
     """One forward at a static shape (what compile.py compiles; the prefill and eager steps call it as is), S samples
     side by side (S = 1 at batch 1; a batch cache's slots under core/batch/static_batch.py).
     inputs: token ids [S, w] or embeddings [S, w, H] (`embeds`); positions [S, w] (rotary); write_at [S, w] (cache
     rows); allowed: [S, w, capacity] bool (True = may attend), or None for causal over the cache (key k visible to
     row r iff k <= write_at[r]); slot: the one slot of a batch cache a single row writes (a prefill), else None;
     edits: layer edits, applied by the decoder layers of a compiled state's graph model (core/model/compile_graph.py:
-    ((layer, slots [P], sources [P], weight [H, H]), ...), indices into the hidden states flattened to [S * w, H]).
-    Returns the decoder's normed hidden states [S, w, H] (`hidden`) or the target's logits [S, w, V] (float).
-    Nothing here reads a clock: the engines time the call from outside (core/machine/forward_clock.py)."""
+    ((layer, slots [P], sources [P], weight [H, H]), ...), indices into the hidden states flattened to [S * w, H]);
+    taps (with hidden == TAPS): the decoder layers whose input states the output carries, read by the same layers.
+    Returns the decoder's normed hidden states [S, w, H] (`hidden`), those followed by the tapped layers' inputs in
+    the order of `taps` [S, w, (1 + len(taps)) H] (hidden == TAPS: split_taps parts them), or the target's logits
+    [S, w, V] (float). Nothing here reads a clock: the engines time the call from outside
+    (core/machine/forward_clock.py)."""
     mask = attention_masks(kv, positions, write_at, allowed, model.get_input_embeddings().weight.dtype)
     embedded = inputs if embeds else model.get_input_embeddings()(inputs)  # [S, w, H]
-    edited = {LAYER_EDITS: edits} if edits else {}
+    tapped: dict[int, torch.Tensor] = {}  # layer index -> the hidden states entering it [S, w, H] (filled by taps)
+    extra = {LAYER_EDITS: edits} if edits else {}
+    if hidden == TAPS:
+        extra[LAYER_TAPS] = (taps, tapped)
     h = decoder.hidden(model, None, positions, _Writer(kv, write_at, slot), mask, inputs_embeds=embedded,
-                       **edited)  # [S, w, H]
+                       **extra)  # [S, w, H]
+    if hidden == TAPS:
+        return torch.cat([h, *(tapped[i].to(h.dtype) for i in taps)], -1)
     return h if hidden else decoder.logits(model, h).float()  # a drafter's: -inf off its --vocab-top tokens
+
+
+def split_taps(out: torch.Tensor, hidden_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A TAPS step's rows [..., (1 + k) H] -> (final hidden states [..., H], the tapped inputs side by side [..., kH])."""
+    return out[..., :hidden_size], out[..., hidden_size:]
 
 
 def attention_masks(kv: StaticKV, positions: torch.Tensor, write_at: torch.Tensor, allowed: torch.Tensor | None,
@@ -175,6 +192,14 @@ def layer_edits(context) -> tuple | None:
     return offer() if offer is not None else None
 
 
+def layer_taps(context) -> tuple[int, ...] | None:
+    """The decoder layers whose input states a method's hook around the forward offers to read from a compiled step's
+    output in place of its hooks (EAGLE-3's fused features: methods/eagle3/layers.Recording), or None. The method
+    then takes them through `context.tapped([(final [w, H], taps [w, kH]) per segment])`."""
+    offer = getattr(context, "layer_taps", None)
+    return offer() if offer is not None else None
+
+
 def head_logits(model, h: torch.Tensor) -> torch.Tensor:
     """Hidden states [n, H] -> the model's logits [n, V] (float), as `step` gives them."""
     return decoder.logits(model, h).float()  # a drafter's: -inf off its --vocab-top tokens
@@ -221,9 +246,10 @@ class StaticSequence:
         context = around([seg], [torch.arange(w, device=device)]) if around else nullcontext()
         # what the compiled step applies in its graph in place of the hooks (or None)
         edits = layer_edits(context) if state.accepts_edits() else None
-        # a hook around the forward that offers no layer edits (EAGLE-3's layer states): never compiled
-        hooked = not isinstance(context, nullcontext) and edits is None
-        kind = (seg.embeds is not None, seg.mask is not None, hidden)
+        taps = state.taps_for(layer_taps(context)) if hidden else None  # the layers whose inputs it reads (or None)
+        # a hook around the forward that offers neither layer edits nor taps: never compiled
+        hooked = not isinstance(context, nullcontext) and edits is None and taps is None
+        kind = (seg.embeds is not None, seg.mask is not None, TAPS if taps else hidden)
         bucket = None if prefill or hooked else state.bucket(w, kind)  # None: an eager step at the exact width
         if hooked and state.frozen:
             state.eager_steps += 1
@@ -249,11 +275,18 @@ class StaticSequence:
                                  compiled=False)[0, w - keep:w]
                 out = out if hidden else head_logits(self.model, out)
             else:  # (the padding rows after the real ones: the edits' row indices stay those of the real rows)
-                out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=hidden,
-                                 compiled=True, edits=edits)
-                out = out[0, w - keep:w]
-                if device.type == "cuda":  # a CUDA graph's output buffer is rewritten by its next replay (a CPU
-                    out = out.clone()  # graph's outputs are fresh tensors: no copy of [keep, V] logits)
+                out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=kind[2],
+                                 compiled=True, edits=edits)[0, :w]
+                # a CUDA graph's output buffer is rewritten by its next replay (a CPU graph's outputs are fresh
+                # tensors: no copy of [keep, V] logits)
+                graphed = device.type == "cuda"
+                if taps:  # the segment's rows, final states and tapped inputs, to the method's hook
+                    final, tapped = split_taps(out, self.model.config.hidden_size)
+                    context.tapped([(final.clone(), tapped.clone()) if graphed else (final, tapped)])
+                    out = final
+                out = out[w - keep:]
+                if graphed:
+                    out = out.clone()
         if hidden:
             clock.output(out)  # a method's head call on these rows is the target's forward (the single engine's too)
         state.kv.length = past + w

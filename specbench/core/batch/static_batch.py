@@ -11,9 +11,10 @@ rows, write beyond its new length and are never seen. This is the padded batch's
 one graph a step; the unpadded / padded comparison of `--batching` is an eager one.
 
 A newcomer's prompt runs eagerly, uncompiled, into its own slot (the static step over that slot's view), the LM
-head on the rows it keeps only, as batch 1's prefill does. A forward with a hook around it (`around`) that offers its
-edits as data (Hidden Transfer's transfer steps) runs compiled with them inside the graph (core/model/compile_graph.py);
-one that does not (EAGLE-3's layer states) runs the same padded step eagerly, counted as an eager step.
+head on the rows it keeps only, as batch 1's prefill does. A forward with a hook around it (`around`) that offers what
+it does as data runs compiled with it inside the graph (core/model/compile_graph.py: Hidden Transfer's transfer steps
+as layer edits, EAGLE-3's layer states as layer taps); one that offers neither runs the same padded step eagerly,
+counted as an eager step.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from ..machine.forward_clock import clock_of
 from ..model.placement import input_device
 from .ragged import Segment, packed_embeddings
-from .static import head_logits, layer_edits, visibility
+from .static import TAPS, head_logits, layer_edits, layer_taps, split_taps, visibility
 
 
 class StaticBatch:
@@ -105,9 +106,11 @@ class StaticBatch:
         context = hook(widest)
         # what the compiled step applies in its graph in place of the hooks (or None)
         edits = layer_edits(context) if state.accepts_edits() else None
-        # a hook inside the forward that offers no layer edits (EAGLE-3's layer states): eager
-        hooked = not isinstance(context, nullcontext) and edits is None
-        kind = (any(s.embeds is not None for s in segments), any(s.mask is not None for s in segments), hidden)
+        taps = state.taps_for(layer_taps(context)) if hidden else None  # the layers whose inputs it reads (or None)
+        # a hook inside the forward that offers neither layer edits nor taps: eager
+        hooked = not isinstance(context, nullcontext) and edits is None and taps is None
+        kind = (any(s.embeds is not None for s in segments), any(s.mask is not None for s in segments),
+                TAPS if taps else hidden)
         bucket = None if hooked else state.bucket(widest, kind, self.slots)
         if bucket is None and state.frozen:
             state.eager_steps += hooked  # (a width no bucket holds was counted by bucket())
@@ -134,10 +137,13 @@ class StaticBatch:
         embeds = inputs.is_floating_point()
         clock = clock_of(self.model)  # one span, opened around the call (a graph must not read the host's clock)
         with context if bucket is None else nullcontext(), clock.forward(inputs.shape[0] * inputs.shape[1]):
-            out = state.call(inputs, positions, write_at, allowed, embeds, hidden=hidden, compiled=bucket is not None,
-                             kv=self.kv, edits=edits if bucket is not None else None)
+            out = state.call(inputs, positions, write_at, allowed, embeds, hidden=kind[2] if bucket else hidden,
+                             compiled=bucket is not None, kv=self.kv, edits=edits if bucket is not None else None)
             if bucket is not None and device.type == "cuda":
                 out = out.clone()  # a CUDA graph's output buffer is rewritten by its next replay (a CPU graph's: fresh)
+        if bucket is not None and taps:  # each segment's rows, final states and tapped inputs, to the method's hook
+            out, tapped = split_taps(out, self.model.config.hidden_size)
+            context.tapped([(out[s.slot, :s.width], tapped[s.slot, :s.width]) for s in segments])
         if hidden:
             clock.output(out)
         results = []

@@ -30,11 +30,11 @@ import weakref
 import torch
 
 from ..batch.cache import sliding_windows
-from ..batch.static import StaticKV, step
+from ..batch.static import TAPS, StaticKV, step
 from ..model.placement import input_device
 from . import compile_graph, compile_wait, grouped_attention, linear_kernels
 from .compile_graph import CPP_WRAPPER, compile_step, settings, sync as _sync  # noqa: F401 (tests and callers read them here)
-from .compile_wait import CACHED_FILES, inductor_cache, say_start as _say_start  # noqa: F401 (tests read them here)
+from .compile_wait import CACHED_FILES, inductor_cache, output_name, say_start as _say_start  # noqa: F401 (tests read them here)
 from .compile_widths import declared_tree_widths, declared_varying_width, declared_width  # noqa: F401 (callers')
 
 # model -> its Compiled state (core/batch/engine.py asks state_of): kept beside the model, never on its module object
@@ -55,7 +55,8 @@ class Compiled:
         self.name = type(model).__name__  # what the compile lines say (the target's class, the drafter's)
         self.linear_choice: dict[int, str] | None = None  # width bucket -> CPU linear kernel (enable measures it)
         self._graph = None  # the model the compiled step runs (compile_graph.py), built at its first use
-        self.takes_edits = False  # whether its decoder layers take layer edits yet (compile_graph.take_edits)
+        self.takes_edits = False  # whether its decoder layers take layer edits and taps yet (compile_graph.take_edits)
+        self.tap_layers: tuple[int, ...] | None = None  # the layers a TAPS step reads the inputs of (taps_for)
         self.fn = compile_step(self.device, f"{self.name}_{id(model):x}")
         self.chain: list[int] = [1]  # the declared buckets (powers of two) of every unmasked kind of input
         # kind of input (embeds, masked, hidden) -> its buckets: the chain's for an unmasked kind, else the exact
@@ -141,6 +142,19 @@ class Compiled:
         self.take_edits()
         self.edits_ahead.append((width, kind, edits))
 
+    def taps_for(self, layers: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """The layers a compiled call taps for a hook that offers to read `layers`' inputs from the step's output
+        (core/batch/static.layer_taps: EAGLE-3's), or None: none offered, or a frozen state whose layers never took
+        taps (the hook then runs around an eager forward). One set of layers per model."""
+        if layers is None or not self.accepts_edits():
+            return None
+        if self.tap_layers is None:
+            self.take_edits()
+            self.tap_layers = tuple(layers)
+        elif tuple(layers) != self.tap_layers:
+            raise ValueError(f"{self.name}: taps at layers {tuple(layers)} where this run taps {self.tap_layers}")
+        return self.tap_layers
+
     def accepts_edits(self) -> bool:
         """Whether a compiled call may bring layer edits: in warm-up, or once its layers take them (after warm-up
         nothing changes: a forward with edits then runs eagerly with the method's own hooks)."""
@@ -220,7 +234,10 @@ class Compiled:
         timed as its compile time. `edits`: layer edits inside a compiled call (compile_graph.py: Hidden Transfer's
         transfer steps); an eager call applies its own (the caller's hooks on the model)."""
         kv = kv or self.kv
+        taps = self.tap_layers if hidden == TAPS else None  # (the graph model's layers read them)
         if not compiled:
+            if taps:
+                return step(self.graph, kv, inputs, positions, write_at, allowed, embeds, hidden, slot, taps=taps)
             return step(self.model, kv, inputs, positions, write_at, allowed, embeds, hidden, slot)
         slots = inputs.shape[0]
         key = (inputs.shape[1], embeds, allowed is not None, hidden)
@@ -244,11 +261,13 @@ class Compiled:
                 if edits and first:  # a kind of edit warm-up never met: nothing compiled for it
                     raise torch._dynamo.exc.RecompileError("edits")
                 with self._no_recompile:
-                    out = self.fn(self.graph, kv, inputs, positions, write_at, allowed, embeds, hidden, edits=edits)
+                    out = self.fn(self.graph, kv, inputs, positions, write_at, allowed, embeds, hidden, edits=edits,
+                                  taps=taps)
             except torch._dynamo.exc.RecompileError:
                 self.eager_steps += 1
-                if edits:  # the graph model's own layers apply them (the model's have no hook now)
-                    return step(self.graph, kv, inputs, positions, write_at, allowed, embeds, hidden, edits=edits)
+                if edits or taps:  # the graph model's own layers apply them (the model's have no hook now)
+                    return step(self.graph, kv, inputs, positions, write_at, allowed, embeds, hidden, edits=edits,
+                                taps=taps)
                 return step(self.model, kv, inputs, positions, write_at, allowed, embeds, hidden)
             self.compiled_steps += 1
         else:
@@ -256,7 +275,8 @@ class Compiled:
                 if first:
                     warnings.simplefilter("ignore", DeprecationWarning)
                     warnings.simplefilter("ignore", FutureWarning)
-                out = self.fn(self.graph, kv, inputs, positions, write_at, allowed, embeds, hidden, edits=edits)
+                out = self.fn(self.graph, kv, inputs, positions, write_at, allowed, embeds, hidden, edits=edits,
+                              taps=taps)
         if first:
             _sync(self.device)
             table[key] = time.perf_counter() - t0
@@ -327,13 +347,13 @@ class Compiled:
                 **({"batch_buckets": {b: sorted({w for s in t.values() for w in s})
                                       for b, t in sorted(self.batch_buckets.items())}} if self.batch_buckets else {}),
                 "shapes": [{"width": w, "inputs": "embeddings" if e else "tokens", "mask": "tree" if m else "causal",
-                            "output": "hidden" if h else "logits", "seconds": round(s, 3)}
+                            "output": output_name(h), "seconds": round(s, 3)}
                            for (w, e, m, h), s in sorted(self.shapes.items())]
                 + [{"batch": b, "width": w, "inputs": "embeddings" if e else "tokens",
-                    "mask": "tree" if m else "causal", "output": "hidden" if h else "logits", "seconds": round(s, 3)}
+                    "mask": "tree" if m else "causal", "output": output_name(h), "seconds": round(s, 3)}
                    for (b, w, e, m, h), s in sorted(self.batch_shapes.items())]
                 + [{"batch": k[0] if len(k) == 6 else 1, "width": k[-5], "inputs": "embeddings" if k[-4] else "tokens",
-                    "mask": "tree" if k[-3] else "causal", "output": "hidden" if k[-2] else "logits",
+                    "mask": "tree" if k[-3] else "causal", "output": output_name(k[-2]),
                     "layer_edits": [list(e) for e in k[-1]], "seconds": round(s, 3)}
                    for k, s in self.edit_shapes.items()],
                 "seconds": round(sum(self.shapes.values()) + sum(self.batch_shapes.values())

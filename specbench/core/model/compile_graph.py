@@ -7,13 +7,16 @@ tables; the same tensors, no second copy of any weight) with children of its own
 - every CPU nn.Linear is a linear_kernels.ChosenLinear around the model's own layer (each width bucket's kernel,
   chosen by measurement); the layers of a module that read one input (q / k / v, gate / up) are
   fused_linears.GroupedLinear, one oneDNN call for the group where a bucket runs oneDNN;
-- its decoder layers take layer edits (once a run brings some: take_edits): `LAYER_EDITS` passed to the decoder
-  (core/batch/static.step's `edits`) reaches each layer's call, and the twin's layer copy (an instance of its
-  class's edited subclass; the model's own layers keep their class) replaces the rows it names before the layer's
-  own forward runs:
-  for (layer, slots [P], sources [P], weight [H, H]), rows `slots` of the hidden states entering that layer, flattened
-  to [S * w, H], become weight @ (rows `sources`). This is Hidden Transfer's transfer step
-  (methods/hidden_transfer/layers.py) as data inside the graph, where the eager forward hooks the model's layer.
+- its decoder layers take layer edits and layer taps (once a run brings some: take_edits): `LAYER_EDITS` and
+  `LAYER_TAPS` passed to the decoder (core/batch/static.step's `edits` and `taps`) reach each layer's call, and the
+  twin's layer copy (an instance of its class's edited subclass; the model's own layers keep their class), before the
+  layer's own forward runs,
+  - replaces the rows the edits name: for (layer, slots [P], sources [P], weight [H, H]), rows `slots` of the hidden
+    states entering that layer, flattened to [S * w, H], become weight @ (rows `sources`). This is Hidden Transfer's
+    transfer step (methods/hidden_transfer/layers.py) as data inside the graph, where the eager forward hooks the
+    model's layer;
+  - hands the hidden states entering a tapped layer [S, w, H] to the step, which returns them beside its final
+    states: EAGLE-3's fused features (methods/eagle3/layers.py), read where the eager forward hooks the layers.
 The model's eager forwards (the prefill, an eager step, the lossless reference) run the model itself, untouched.
 """
 
@@ -26,7 +29,7 @@ import types
 import torch
 
 from ..batch.decoder import decoder_layers
-from ..batch.static import LAYER_EDITS, step  # the decoder keyword carrying the edits of one forward to its layers
+from ..batch.static import LAYER_EDITS, LAYER_TAPS, step  # the decoder keywords carrying edits and taps to layers
 from . import fused_linears
 from .linear_kernels import ChosenLinear, linears
 
@@ -63,16 +66,20 @@ _EDITED: dict[type, type] = {}  # a decoder layer class -> its subclass that tak
 
 
 def _edited_class(base: type) -> type:
-    """`base` (a decoder layer class) with a forward that takes LAYER_EDITS: the rows it names are replaced in the
-    hidden states entering the layer (apply_edits at the layer's own `edit_index`), then base's forward runs."""
+    """`base` (a decoder layer class) with a forward that takes LAYER_EDITS and LAYER_TAPS: the rows the edits name
+    are replaced in the hidden states entering the layer (apply_edits at the layer's own `edit_index`), a tapped
+    layer's entering states are put in the taps' dict under its index, then base's forward runs."""
     if base not in _EDITED:
         def forward(self, *args, **kwargs):
-            edits = kwargs.pop(LAYER_EDITS, None)  # (every layer's own call: the keyword stops here)
+            edits = kwargs.pop(LAYER_EDITS, None)  # (every layer's own call: the keywords stop here)
+            taps = kwargs.pop(LAYER_TAPS, None)  # (layer indices, dict)
             if edits:
                 if args:
                     args = (apply_edits(self.edit_index, args[0], edits), *args[1:])
                 else:
                     kwargs["hidden_states"] = apply_edits(self.edit_index, kwargs["hidden_states"], edits)
+            if taps is not None and self.edit_index in taps[0]:
+                taps[1][self.edit_index] = args[0] if args else kwargs["hidden_states"]
             return base.forward(self, *args, **kwargs)
 
         _EDITED[base] = type(f"Edited{base.__name__}", (base,), {"forward": forward, "__module__": __name__})
@@ -80,8 +87,9 @@ def _edited_class(base: type) -> type:
 
 
 def take_edits(graph: torch.nn.Module) -> None:
-    """Let the graph model's decoder layers take layer edits: each of the twin's own layer copies becomes an instance
-    of its class's edited subclass (_edited_class), knowing its index. A forward without edits runs as before."""
+    """Let the graph model's decoder layers take layer edits and taps: each of the twin's own layer copies becomes an
+    instance of its class's edited subclass (_edited_class), knowing its index. A forward without them runs as
+    before."""
     for index, layer in enumerate(decoder_layers(graph)):
         if type(layer) not in _EDITED.values():
             layer.__class__ = _edited_class(type(layer))

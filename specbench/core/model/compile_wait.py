@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from ..batch.static import TAPS
+
 CACHED_FILES = 50  # files in inductor's cache from which earlier builds are taken to be there (counted up to this)
 READ_BACK = " (read back from inductor's cache)"
 HISTORY = "compile_seconds.json"  # in the user cache: recent seconds per compiled shape, per device kind and cache
@@ -142,6 +144,12 @@ def say_start(name: str, device: torch.device) -> None:
     console.print(f"[dim]--compile {name}: compiling its first shape: expect {wait} ({folder}: {held} files)[/]")
 
 
+def output_name(hidden: bool | int) -> str:
+    """What a compiled shape returns, by its `hidden` (core/batch/static.step): logits, hidden states, or hidden
+    states and the inputs of the layers it taps (TAPS)."""
+    return "hidden and layer taps" if hidden == TAPS else "hidden" if hidden else "logits"
+
+
 def said(name: str, key: tuple, seconds: float, done: int, expected: int, read_back: bool = False) -> None:
     """One line per compiled shape as it compiles (minutes on a 2-core CPU: the user sees progress)."""
     from ...progress import console
@@ -150,5 +158,5 @@ def said(name: str, key: tuple, seconds: float, done: int, expected: int, read_b
     batch = f"batch {slots}, " if slots > 1 else ""
     of = f" [{done}/{expected}]" if expected >= done else f" [{done}]"
     console.print(f"[dim]--compile {name}{of}: {batch}width {width} ({'embeddings' if embeds else 'tokens'}, "
-                  f"{'tree' if masked else 'causal'} mask, {'hidden' if hidden else 'logits'}) compiled in "
+                  f"{'tree' if masked else 'causal'} mask, {output_name(hidden)}) compiled in "
                   f"{seconds:.1f} s{READ_BACK if read_back else ''} (not timed)[/]")

@@ -8,7 +8,8 @@ outputs o, as in its training-time test.
 Verification: exact match at T = 0, multi-candidate speculative sampling with the draft q at T > 0 (eagle's):
 lossless. Trees: `estimate --method eagle3` measures its per-depth accuracy, `build-tree --method eagle3` its
 hardware-aware static tree; `--tree dynamic` drafts EAGLE-2's tree each step. Under --compile the target's
-forward runs eagerly (a forward whose inner states are read is never compiled: core/batch/static.py).
+forward runs compiled, the three layers' inputs read inside its graph as layer taps (core/batch/static.layer_taps);
+its prefill runs eagerly under the hooks, as every prefill does.
 """
 
 from __future__ import annotations
@@ -37,9 +38,15 @@ class Eagle3Proposer(EagleProposer):
     """EAGLE's drafting (one drafter forward per depth, EAGLE-2's dynamic tree, the drafter's engine at every batch
     size) whose verified pairs carry the target's fused states, recorded around the target's forward."""
 
+    taps_layers = True  # `around` reads the target's layer inputs: compiled as layer taps (run/compiled.enable_run)
+
     def __init__(self, target, guesser):
         super().__init__(target, guesser)
         self.tap = FeatureTap(target.model)
+
+    def layers_read(self) -> tuple[int, int, int]:
+        """The target layers whose inputs a compiled target step returns beside its final states."""
+        return self.tap.layers_read()
 
     def propose(self, samples, states, batch_tree, sampling):
         self.tap.clear()  # rows of a forward nobody took (never expected) do not outlive the step

@@ -3,8 +3,8 @@ the hidden states entering three of the target's decoder layers, recorded by for
 own forward.
 
 `fused_states` runs one forward of a sequence (training, scoring). `FeatureTap` records them during the tree
-step's batched target forward (the guesser's `around` hook, told where each segment's inputs lie) and hands each
-sample its rows afterwards: a sample's rows are found by its final hidden states, which the step gives the guesser
+step's batched target forward (the guesser's `around` hook, told where each segment's inputs lie: hooks around an
+eager forward, or the layer taps a compiled step returns) and hands each sample its rows afterwards: a sample's rows are found by its final hidden states, which the step gives the guesser
 (the states of the decoder's final norm at the same places)."""
 
 from __future__ import annotations
@@ -83,14 +83,13 @@ class FeatureTap:
     def clear(self) -> None:
         self.waiting = []
 
-    @contextmanager
-    def around(self, parts):
+    def layers_read(self) -> tuple[int, int, int]:
+        """The target layers whose inputs are fused (low, middle, high)."""
+        return feature_layers(self.layers)
+
+    def around(self, parts) -> "Recording":
         """parts: per segment (layout, prefix, places [w] in the forward's flattened rows)."""
-        with recording(self.model, with_final=True) as seen:
-            yield
-        for _layout, _prefix, places in parts:
-            rows = places.to(seen["final"].device)
-            self.waiting.append((seen["final"][rows], fused(seen, self.layers, rows)))
+        return Recording(self, parts)
 
     def take(self, h: torch.Tensor) -> torch.Tensor:
         """The fused features [n, 3H] of the segment whose final states end with h [n, H] (the rows the step gave
@@ -101,3 +100,34 @@ class FeatureTap:
                 del self.waiting[i]
                 return g[-n:]
         raise RuntimeError("EAGLE-3: no recorded target features match this sample's hidden states")
+
+
+class Recording:
+    """FeatureTap.around's context around one target forward: an eager forward is recorded by hooks on the three
+    layers and the final norm (entered as a context manager); a compiled step reads the same layers' inputs inside
+    its graph instead (core/batch/static.layer_taps: `layer_taps`, then `tapped` with the step's rows)."""
+
+    def __init__(self, tap: FeatureTap, parts):
+        self.tap, self.parts = tap, parts
+        self._hooks = None
+
+    def layer_taps(self) -> tuple[int, int, int]:
+        return self.tap.layers_read()
+
+    def tapped(self, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Per segment, in the order of `parts`: (its final states [w, H], its fused features [w, 3H])."""
+        self.tap.waiting.extend(rows)
+
+    def __enter__(self):
+        self._hooks = recording(self.tap.model, with_final=True)
+        self._seen = self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        if exc[0] is not None:
+            return
+        seen = self._seen
+        for _layout, _prefix, places in self.parts:
+            rows = places.to(seen["final"].device)
+            self.tap.waiting.append((seen["final"][rows], fused(seen, self.tap.layers, rows)))

@@ -52,6 +52,7 @@ class Proposer:
     drafter_model = False  # drafts with a model of its own: the step counts its time and forwards
     advance_drafts = False  # `advance` runs a model of its own (Medusa's heads): step.py times it as drafting
     edits_layers = False  # `around` edits the target's layers (Hidden Transfer): compiled with its edits in the graph
+    taps_layers = False  # `around` reads the target's layer inputs (EAGLE-3): compiled with them as the step's output
     accept_rule = staticmethod(accept_rule.speculative)  # the family's rule (a `-typical` twin: the method's)
 
     def __init__(self, target, guesser):
