@@ -77,15 +77,15 @@ def compile_line(summary: pd.DataFrame) -> str | None:
     eager steps, against a compiled ar); None when every forward ran compiled, or the run did not compile."""
     if "eager_forwards" not in summary:
         return None
-    said = []
+    by_row: dict[str, list[str]] = {}  # a row name -> "dataset: eager of total" per dataset where it ran any eagerly
     for r in summary.itertuples(index=False):
         eager, compiled = getattr(r, "eager_forwards", math.nan), getattr(r, "compiled_forwards", math.nan)
         if _finite(eager) and float(eager) > 0:
             total = float(eager) + (float(compiled) if _finite(compiled) else 0.0)
-            said.append(f"{row_name(r)} ({int(eager)} of {int(total)} decode forwards eager)")
-    said = list(dict.fromkeys(said))
-    if not said:
+            by_row.setdefault(row_name(r), []).append(f"{getattr(r, 'dataset', '?')}: {int(eager)} of {int(total)}")
+    if not by_row:
         return None
+    said = [f"{name} ({', '.join(dict.fromkeys(parts))} decode forwards eager)" for name, parts in by_row.items()]
     return (f"**Not fully compiled** (--compile): {'; '.join(said)}: their speedups mix eager and compiled forwards "
             "against a compiled ar (summary.csv: compiled_forwards, eager_forwards; run.yaml: compile).")
 

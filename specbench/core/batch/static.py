@@ -139,7 +139,8 @@ def step(model, kv: StaticKV, inputs: torch.Tensor, positions: torch.Tensor, wri
 
 
 def split_taps(out: torch.Tensor, hidden_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A TAPS step's rows [..., (1 + k) H] -> (final hidden states [..., H], the tapped inputs side by side [..., kH])."""
+    """A TAPS step's rows [..., (1 + k) H] -> (the final hidden states [..., H], the tapped inputs side by side
+    [..., kH])."""
     return out[..., :hidden_size], out[..., hidden_size:]
 
 

@@ -137,8 +137,9 @@ class StaticBatch:
         embeds = inputs.is_floating_point()
         clock = clock_of(self.model)  # one span, opened around the call (a graph must not read the host's clock)
         with context if bucket is None else nullcontext(), clock.forward(inputs.shape[0] * inputs.shape[1]):
-            out = state.call(inputs, positions, write_at, allowed, embeds, hidden=kind[2] if bucket else hidden,
-                             compiled=bucket is not None, kv=self.kv, edits=edits if bucket is not None else None)
+            compiled = bucket is not None
+            out = state.call(inputs, positions, write_at, allowed, embeds, hidden=kind[2] if compiled else hidden,
+                             compiled=compiled, kv=self.kv, edits=edits if compiled else None)
             if bucket is not None and device.type == "cuda":
                 out = out.clone()  # a CUDA graph's output buffer is rewritten by its next replay (a CPU graph's: fresh)
         if bucket is not None and taps:  # each segment's rows, final states and tapped inputs, to the method's hook

@@ -34,7 +34,8 @@ from ..batch.static import TAPS, StaticKV, step
 from ..model.placement import input_device
 from . import compile_graph, compile_wait, grouped_attention, linear_kernels
 from .compile_graph import CPP_WRAPPER, compile_step, settings, sync as _sync  # noqa: F401 (tests and callers read them here)
-from .compile_wait import CACHED_FILES, inductor_cache, output_name, say_start as _say_start  # noqa: F401 (tests read them here)
+from .compile_wait import output_name
+from .compile_wait import CACHED_FILES, inductor_cache, say_start as _say_start  # noqa: F401 (tests read them here)
 from .compile_widths import declared_tree_widths, declared_varying_width, declared_width  # noqa: F401 (callers')
 
 # model -> its Compiled state (core/batch/engine.py asks state_of): kept beside the model, never on its module object

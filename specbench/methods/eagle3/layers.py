@@ -4,8 +4,9 @@ own forward.
 
 `fused_states` runs one forward of a sequence (training, scoring). `FeatureTap` records them during the tree
 step's batched target forward (the guesser's `around` hook, told where each segment's inputs lie: hooks around an
-eager forward, or the layer taps a compiled step returns) and hands each sample its rows afterwards: a sample's rows are found by its final hidden states, which the step gives the guesser
-(the states of the decoder's final norm at the same places)."""
+eager forward, or the layer taps a compiled step returns) and hands each sample its rows afterwards: a sample's
+rows are found by its final hidden states, which the step gives the guesser (the states of the decoder's final norm
+at the same places)."""
 
 from __future__ import annotations
 
