@@ -145,7 +145,7 @@ def test_verdict_names_methods_not_fully_compiled():
         {"method": "hidden-transfer", "dataset": "d", "batch_size": 1, "batching": "-", "compiled_forwards": 10.0,
          "eager_forwards": 5.0}])
     line = compile_line(summary)
-    assert "pearl (d: 30 of 30" in line and "hidden-transfer (d: 5 of 15" in line and "ar (" not in line
+    assert "pearl (d: 30 of 30" in line and "hidden-transfer (d: 5 of 15" in line and " ar (d" not in line
     two = pd.concat([summary, summary.assign(dataset="e", eager_forwards=summary.eager_forwards * 2)])
     assert "pearl (d: 30 of 30, e: 60 of 60 decode forwards eager)" in compile_line(two)  # one entry per method
     assert compile_line(summary.assign(eager_forwards=0.0)) is None
