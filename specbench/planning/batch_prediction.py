@@ -173,9 +173,10 @@ class DraftCost:
     forwards: float  # drafter forwards per decode step (gamma, fewer near the token cap)
     first_width: float = 1.0
     kv: int | None = None
-    # a row's drafting host work a step outside the drafter's forwards (its cache rolled back, its segments built),
-    # measured at batch 1 (report/map_table.draft_host_ms_per_row)
-    host_ms_per_row: float = 0.0
+    # the drafting's host work a step outside the drafter's forwards (caches rolled back, segments built), measured
+    # at batch 1 (report/map_table.draft_host_ms): one batched drafting a step, whatever its rows (stop 57's map:
+    # 1.2-1.9 ms a step beyond the curve's price at B = 1 to 8)
+    host_ms: float = 0.0
 
     def ms(self, rows: float) -> float | None:
         """Drafting ms of one step over `rows` rows, None past the drafter curve's largest batch size."""
@@ -185,7 +186,7 @@ class DraftCost:
         rest = latency_at_rows(self.profile, rows, 1.0, self.kv)
         if first is None or rest is None:
             return None
-        return first * min(self.forwards, 1.0) + rest * max(self.forwards - 1.0, 0.0) + rows * self.host_ms_per_row
+        return first * min(self.forwards, 1.0) + rest * max(self.forwards - 1.0, 0.0) + self.host_ms
 
 
 def first_draft_width(rates: list[float] | None, gamma: float) -> float:

@@ -12,14 +12,14 @@ What the prediction takes from the run, per (label, B), averaged over its decode
   host    = the label's host seconds outside the forwards per decode step at batch 1 (host_s), charged per row
   draft forwards = a draft-model method's drafter forwards per step (draft_forwards / target_forwards)
   draft host = a draft-model method's drafting per step at batch 1 less its drafter curve's price of it (its cache
-            rolled back, its segments built: draft_host_ms_per_row), charged per row
+            rolled back, its segments built: draft_host_ms), charged per step (one batched drafting, whatever its rows)
   kv      = mean prompt tokens + half the mean new tokens
 and each batch's samples' decode lengths (new_tokens - 1). The predicted steps of a batch are the expected maximum
 over its samples of a seeded simulation from the rates (planning/batch_prediction.simulate_batch), each step priced
 at L(rows still decoding, w, kv) + drafting + host work per row. A draft-model method's drafting is priced on its
 drafter's own curve L_d(rows, w) measured on the spot (DRAFT_COPY): its drafter forwards per step over the rows
-still decoding (planning/batch_prediction.DraftCost), plus its drafting host work per row; other methods' drafting is
-the run's measured one per step.
+still decoding (planning/batch_prediction.DraftCost), plus its drafting host work per step; other methods' drafting
+is the run's measured one per step.
 The predicted ms per batch step splits into `forward_ms_predicted`, `draft_ms_predicted` and `host_ms_predicted`
 (`draft_priced` says how the drafting was priced). The error splits into its steps part (`steps_error`: predicted batch
 steps over measured, max(target_forwards) - 1 per batch) and its step-cost part (`step_cost_error`: predicted ms per
@@ -52,7 +52,7 @@ TRIALS = 200  # simulated batches per point
 GOAL = 0.10  # the cost model's goal: predicted within 10% of measured
 
 COLUMNS = ["dataset", "batch_size", "method", "setting", "mode", "width", "tau", "tau_file", "draft_ms_per_step",
-           "host_ms_per_row", "draft_host_ms_per_row", "kv", "draft_forwards_per_step", "draft_priced", "steps_predicted", "steps_measured",
+           "host_ms_per_row", "draft_host_ms", "kv", "draft_forwards_per_step", "draft_priced", "steps_predicted", "steps_measured",
            "step_ms_predicted", "step_ms_measured", "forward_ms_predicted", "draft_ms_predicted",
            "host_ms_predicted", "steps_error", "step_cost_error", "predicted_tok_s", "measured_tok_s", "error",
            "within_goal",
@@ -190,10 +190,10 @@ def _draft_cost(g: pd.DataFrame, numbers: dict, drafter: LatencyProfile | None,
     return DraftCost(drafter, forwards, first_draft_width(_rates(g), forwards), numbers["kv"], host_ms)
 
 
-def draft_host_ms_per_row(g: pd.DataFrame, numbers: dict, drafter: LatencyProfile | None) -> float:
-    """ms a step of a draft-model method's drafting outside its drafter's forwards (rolling its cache back,
-    building its segments) for one sample: a batch-1 group's drafting as measured less the drafter curve's price of
-    its forwards; 0 without a curve, or where the curve prices more than was measured."""
+def draft_host_ms(g: pd.DataFrame, numbers: dict, drafter: LatencyProfile | None) -> float:
+    """ms a step of a draft-model method's drafting outside its drafter's forwards (rolling caches back, building
+    segments): a batch-1 group's drafting as measured less the drafter curve's price of its forwards; 0 without a
+    curve, or where the curve prices more than was measured."""
     cost = _draft_cost(g, numbers, drafter)
     priced = cost.ms(1.0) if cost is not None else None
     return max(0.0, numbers.get("draft_ms_per_step", 0.0) - priced) if priced is not None else 0.0
@@ -204,7 +204,7 @@ def predict(g: pd.DataFrame, size: int, numbers: dict, profile: LatencyProfile, 
     """The point's predicted batch steps, ms per batch step (and its parts) and tok/s (NaN where a curve has no
     point for it): every batch simulated from the group's per-position rates (the constant tau where the records
     have none). `drafter`: the drafter's L_d(B, w), pricing a draft-model method's drafting (None: as measured),
-    with `draft_host_ms` of drafting host work per row a step beside its forwards."""
+    with `draft_host_ms` of drafting host work a step beside its forwards."""
     nan = {"steps_predicted": math.nan, "step_ms_predicted": math.nan, "predicted_tok_s": math.nan,
            "forward_ms_predicted": math.nan, "draft_ms_predicted": math.nan, "host_ms_predicted": math.nan}
     rates = _rates(g)
@@ -287,7 +287,7 @@ def table(records: pd.DataFrame, summary: pd.DataFrame | None, meta: dict,
     r = _mode_rows(records)
     single = {key: g for key, g in r[r.batch_size == 1].groupby(["dataset", "method"])}  # batch 1's records
     host = {key: host_ms_per_row(g) for key, g in single.items()}
-    draft_host = {key: draft_host_ms_per_row(g, _step_numbers(g, 1), drafter) for key, g in single.items()}
+    draft_host = {key: draft_host_ms(g, _step_numbers(g, 1), drafter) for key, g in single.items()}
     for (dataset, label, size), g in r.groupby(["dataset", "method", "batch_size"], sort=True):
         numbers = _step_numbers(g, int(size))
         if not numbers:
@@ -303,7 +303,7 @@ def table(records: pd.DataFrame, summary: pd.DataFrame | None, meta: dict,
                      "mode": "-" if size == 1 else str(g.batching.iloc[0]), **numbers,
                      "tau_file": tree.get("predicted_tau") if size == 1 else None,
                      "host_ms_per_row": host.get((dataset, label), 0.0),
-                     "draft_host_ms_per_row": draft_host.get((dataset, label), 0.0), **predicted,
+                     "draft_host_ms": draft_host.get((dataset, label), 0.0), **predicted,
                      "timing": _timing(summary, dataset, label, int(size))})
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
