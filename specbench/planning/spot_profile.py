@@ -6,9 +6,9 @@ runs it (its rows' last logits and a token picked from each): the curve L_d(B, w
 (planning/batch_prediction.DraftCost).
 
 Each width is timed as decoding runs it: consecutive forwards of the same shape, each step keeping one of its new
-tokens (the KV grows by one a step, as a decode step that accepted nothing), in two passes (widths ascending, then
-descending) so that a machine whose speed drifts slows every width alike. The file is a latency profile
-(core/profile_file.py) kept in the run folder; it is not filed for other commands.
+tokens (the KV grows by one a step, as a decode step that accepted nothing), in two passes (batch sizes, KV lengths
+and widths ascending, then all descending) so that a machine whose speed drifts slows every point alike. The file is
+a latency profile (core/profile_file.py) kept in the run folder; it is not filed for other commands.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def measure_on_the_spot(target, widths_by_size: dict[int, list[int]], kv_lengths
                         pick: bool = False) -> LatencyProfile:
     """A latency profile of `widths_by_size` (grid_widths) at every KV length: batch 1 on the single-sequence engine
     (its `curves`), every B > 1 on the `mode` engine (its batch curves); each point the median of `repeats` forwards
-    (half in each pass) after `warmup` per pass. pick: each forward as a drafter's draft step (its rows' last logits
-    and a token picked from each: _consecutive)."""
+    (half in each pass, its engine made and its prompts prefilled again for each) after `warmup` per pass. pick:
+    each forward as a drafter's draft step (its rows' last logits and a token picked from each: _consecutive)."""
     if 1 not in widths_by_size:
         raise SpecbenchError("an on-the-spot profile needs batch 1's widths (its main curve)")
     model, device = target.model, target.device
@@ -95,26 +95,37 @@ def measure_on_the_spot(target, widths_by_size: dict[int, list[int]], kv_lengths
     gen = torch.Generator().manual_seed(2)
     vocab = min(target.vocab_size, 32000)
     before = contention.snapshot()
-    curves: dict[int, dict[int, dict[str, list[float]]]] = {}
+    sizes = sorted(widths_by_size)
+    prompts = {(size, kv): [torch.randint(0, vocab, (kv,), generator=gen).tolist() for _ in range(size)]
+               for size in sizes for kv in kv_lengths}
+    rows = {(size, w): [torch.randint(0, vocab, (w,), generator=gen).tolist() for _ in range(size)]
+            for size in sizes for w in widths_by_size[size]}
+    times: dict[tuple[int, int, int], list[float]] = {}  # (size, kv, width) -> ms of each timed forward
     half = max(1, (repeats + 1) // 2)
-    for size, widths in sorted(widths_by_size.items()):
+    # two passes, the second in the reverse order of batch sizes, KV lengths and widths: a machine whose speed
+    # drifts during the profile moves every point alike (stop 57's map, batch sizes one after another: L(4, 1)
+    # read 26.2 ms, below L(2, 1)'s 27.8, where the run's ar stepped at 33.0 ms at B = 4)
+    for forward in (True, False):
+        order = (lambda xs: list(xs)) if forward else (lambda xs: list(xs)[::-1])  # noqa: E731
+        for size in order(sizes):
+            for kv in order(kv_lengths):
+                batch = engine(model, "single" if size == 1 else mode, size, device)
+                for slot in range(size):  # one slot at a time (a B x kv prefill in one forward: B times the memory)
+                    batch.forward([Segment(slot, prompts[(size, kv)][slot], keep=1)], [])
+                for w in order(widths_by_size[size]):
+                    _consecutive(batch, size, rows[(size, w)], kv, warmup, device, pick)
+                    times.setdefault((size, kv, w), []).extend(
+                        _consecutive(batch, size, rows[(size, w)], kv, half, device, pick))
+                advance(f"B {size} kv {kv} ({'first' if forward else 'second'} pass)")
+                del batch
+    curves: dict[int, dict[int, dict[str, list[float]]]] = {}
+    for size in sizes:
         curves[size] = {}
         for kv in kv_lengths:
-            batch = engine(model, "single" if size == 1 else mode, size, device)
-            for slot in range(size):  # one slot at a time (a B x kv prefill in one forward: B times the memory)
-                batch.forward([Segment(slot, torch.randint(0, vocab, (kv,), generator=gen).tolist(), keep=1)], [])
-            rows = {w: [torch.randint(0, vocab, (w,), generator=gen).tolist() for _ in range(size)] for w in widths}
-            times: dict[int, list[float]] = {w: [] for w in widths}
-            for order in (widths, widths[::-1]):
-                for w in order:
-                    _consecutive(batch, size, rows[w], kv, warmup, device, pick)
-                    times[w] += _consecutive(batch, size, rows[w], kv, half, device, pick)
-            advance(f"B {size} kv {kv}")
-            stats = [torch.tensor(times[w]) for w in widths]
+            stats = [torch.tensor(times[(size, kv, w)]) for w in widths_by_size[size]]
             curves[size][kv] = {"median_ms": [round(float(t.median()), 3) for t in stats],
                                 "p10_ms": [round(float(t.quantile(0.1)), 3) for t in stats],
                                 "p90_ms": [round(float(t.quantile(0.9)), 3) for t in stats]}
-            del batch
     meta = profile_meta(target, before, 2 * half, warmup)
     meta["kv_growth"] = "one token a step (each width's steps consecutive, as decoding runs them)"
     meta["engines"] = {"batch 1": SINGLE, "batch > 1": ENGINE if mode == "unpadded" else mode}
