@@ -59,7 +59,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)"
 
 S="python3 -m specbench"
-M="-m pld -m sd -m ppd -m eagle -m parallelspec -m medusa -m hidden-transfer"
+M="-m pld -m sd -m ppd -m eagle -m parallelspec -m medusa -m hidden-transfer -m eagle3 -m suffix -m lookahead"
 step env 30 $S env
 step sdpa-bf16 70 python3 benchmarks/sdpa_backends.py --dtype bfloat16 --device "$DEV" --limit 3 --max-new-tokens 64
 step profile-fp32 45 $S profile --device "$DEV" --dtype float32
