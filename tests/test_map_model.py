@@ -70,7 +70,11 @@ def test_widths_measured_on_the_spot():
 
 
 def test_on_the_spot_profile_on_a_tiny_model(tiny, tmp_path):
-    profile = measure_on_the_spot(tiny, {1: [1, 2], 2: [1, 3]}, [16, 32], repeats=2, warmup=1)
+    said = []
+    profile = measure_on_the_spot(tiny, {1: [1, 2], 2: [1, 3]}, [16, 32], repeats=2, warmup=1, advance=said.append)
+    # every batch size and KV length in both passes, the second in reverse (a drift moves every point alike)
+    first = ["B 1 kv 16", "B 1 kv 32", "B 2 kv 16", "B 2 kv 32"]
+    assert said == [f"{x} (first pass)" for x in first] + [f"{x} (second pass)" for x in first[::-1]]
     assert profile.widths == [1, 2] and sorted(profile.curves) == [16, 32]
     assert profile.batches[2].widths == [1, 3]
     assert all(ms > 0 for c in profile.curves.values() for ms in c["median_ms"])
