@@ -52,8 +52,8 @@ TRIALS = 200  # simulated batches per point
 GOAL = 0.10  # the cost model's goal: predicted within 10% of measured
 
 COLUMNS = ["dataset", "batch_size", "method", "setting", "mode", "width", "tau", "tau_file", "draft_ms_per_step",
-           "host_ms_per_row", "draft_host_ms", "kv", "draft_forwards_per_step", "draft_priced", "steps_predicted", "steps_measured",
-           "step_ms_predicted", "step_ms_measured", "forward_ms_predicted", "draft_ms_predicted",
+           "host_ms_per_row", "draft_host_ms", "kv", "draft_forwards_per_step", "draft_priced", "steps_predicted",
+           "steps_measured", "step_ms_predicted", "step_ms_measured", "forward_ms_predicted", "draft_ms_predicted",
            "host_ms_predicted", "steps_error", "step_cost_error", "predicted_tok_s", "measured_tok_s", "error",
            "within_goal",
            "per_user_tok_s", "predicted_speedup", "measured_speedup", "break_even", "break_even_predicted",
