@@ -123,6 +123,8 @@ def enable_run(cfg, runner, loaded, drafter) -> dict[str, Compiled]:
         if module is not None and module is not runner.target.model and state_of(module) is None:
             states[f"{m.name} drafter"] = enable(module, capacity)
             _FEATURE_STATES.append(weakref.ref(states[f"{m.name} drafter"]))
+            if module is feature_drafter(m):  # its catch-up on a step's verified pairs: up to the tree's depth + 1
+                states[f"{m.name} drafter"].declare(catch_up_width(m))
     for chain in chains.values():
         for state in states.values():
             state.declare(chain)
@@ -182,6 +184,19 @@ def feature_drafter(method):
         return None
     module = getattr(proposer, "drafter", None)
     return module if hasattr(module, "config") else None
+
+
+def catch_up_width(method) -> int:
+    """The most verified pairs a feature drafter feeds in one forward (a step's emitted tokens: the accepted path
+    and the bonus token), the depth of the deepest tree the method verifies, at any batch size, plus one; declared
+    as a chain to its compile state, so that a step accepting more than its warm-up ever did still runs compiled."""
+    depth = 0
+    for batch_tree in (getattr(method, "trees", None) or {}).values():
+        if batch_tree.dynamic is not None:  # EAGLE-2's tree: (candidates, depth, top-k)
+            depth = max(depth, batch_tree.dynamic[1])
+        tf = batch_tree.tree_file
+        depth = max([depth, *(tf.tree(state).depth for state in tf.states)])
+    return depth + 1
 
 
 def compiled_calls(method) -> dict:
