@@ -277,17 +277,14 @@ class StaticSequence:
                 out = out if hidden else head_logits(self.model, out)
             else:  # (the padding rows after the real ones: the edits' row indices stay those of the real rows)
                 out = state.call(inputs, positions, write_at, allowed, embeds=not tokens_in, hidden=kind[2],
-                                 compiled=True, edits=edits)[0, :w]
-                # a CUDA graph's output buffer is rewritten by its next replay (a CPU graph's outputs are fresh
-                # tensors: no copy of [keep, V] logits)
-                graphed = device.type == "cuda"
-                if taps:  # the segment's rows, final states and tapped inputs, to the method's hook
+                                 compiled=True, edits=edits)
+                out = out[0, :w] if taps else out[0, w - keep:w]  # (taps: every real row, for the method's hook)
+                if device.type == "cuda":  # a CUDA graph's output buffer is rewritten by its next replay (a CPU
+                    out = out.clone()  # graph's outputs are fresh tensors: no copy of [keep, V] logits)
+                if taps:  # the segment's final states and tapped inputs to the method's hook; its kept rows on
                     final, tapped = split_taps(out, self.model.config.hidden_size)
-                    context.tapped([(final.clone(), tapped.clone()) if graphed else (final, tapped)])
-                    out = final
-                out = out[w - keep:]
-                if graphed:
-                    out = out.clone()
+                    context.tapped([(final, tapped)])
+                    out = final[w - keep:]
         if hidden:
             clock.output(out)  # a method's head call on these rows is the target's forward (the single engine's too)
         state.kv.length = past + w

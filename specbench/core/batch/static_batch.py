@@ -140,9 +140,9 @@ class StaticBatch:
             compiled = bucket is not None
             out = state.call(inputs, positions, write_at, allowed, embeds, hidden=kind[2] if compiled else hidden,
                              compiled=compiled, kv=self.kv, edits=edits if compiled else None)
-            if bucket is not None and device.type == "cuda":
+            if compiled and device.type == "cuda":
                 out = out.clone()  # a CUDA graph's output buffer is rewritten by its next replay (a CPU graph's: fresh)
-        if bucket is not None and taps:  # each segment's rows, final states and tapped inputs, to the method's hook
+        if compiled and taps:  # each segment's rows, final states and tapped inputs, to the method's hook
             out, tapped = split_taps(out, self.model.config.hidden_size)
             context.tapped([(out[s.slot, :s.width], tapped[s.slot, :s.width]) for s in segments])
         if hidden:
