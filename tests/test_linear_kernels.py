@@ -69,10 +69,10 @@ def test_fastest_median_is_chosen_per_bucket_and_cached(tiny, tmp_path, monkeypa
 
     def measure(layers, kernels, buckets=lk.BUCKETS, rounds=lk.ROUNDS):
         calls.append(kernels)
-        slow = {"mkl": 3.0, "transposed": 2.0, "onednn": 1.0, "panel": 4.0}
+        slow = {"mkl": 3.0, "transposed": 2.0, "onednn": 1.0, "panel": 4.0, "panel-ahead": 4.0}
         # onednn fastest at 1 row, transposed from 2, mkl from 16; the panels never
         return {b: {k: slow[k] * (1 if b == 1 else {"onednn": 5, "transposed": 1, "mkl": 1 if b < 16 else 0.1,
-                                                   "panel": 5}[k])
+                                                   "panel": 5, "panel-ahead": 5}[k])
                     for k in kernels} for b in buckets}
 
     monkeypatch.setattr(lk, "measure", measure)

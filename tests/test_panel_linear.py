@@ -52,6 +52,20 @@ def test_a_rows_output_does_not_depend_on_the_rows_beside_it(built):
             assert torch.equal(pl.linear(x[:r + 1], packed, n, None), wide[:r + 1])
 
 
+def test_the_next_tiles_prefetch_changes_no_sum(built):
+    """`ahead` 1 and 2 (the next tile prefetched during a tile's row blocks) give the bits of `ahead` 0 at every row
+    count, on tiles of 3 and 4 panels, the last one partial, one thread or two."""
+    torch.manual_seed(2)
+    for n, k in ((200, 300), (2090, 24), (2100, 300)):
+        w = torch.randn(n, k)
+        packed = pl.pack(w)
+        for rows in (1, 3, 5, 8, 11, 16):
+            x = torch.randn(rows, k)
+            plain = pl.linear(x, packed, n, None)
+            for ahead in (1, 2):
+                assert torch.equal(pl.linear(x, packed, n, None, ahead), plain), (n, k, rows, ahead)
+
+
 def test_wrong_inputs_are_refused_by_the_operator(built):
     packed = pl.pack(torch.randn(32, 8))
     with pytest.raises(RuntimeError, match="float32 only"):
@@ -75,10 +89,10 @@ def test_compiled_graph_runs_one_panels_call_per_group(built):
 
 
 def test_panels_are_a_candidate_only_where_they_run(built, monkeypatch):
-    assert "panel" in lk.candidates(torch.float32)
-    assert "panel" not in lk.candidates(torch.bfloat16)
+    assert {"panel", "panel-ahead"} <= set(lk.candidates(torch.float32))
+    assert not {"panel", "panel-ahead"} & set(lk.candidates(torch.bfloat16))
     monkeypatch.setenv(nl.ENV, "0")
-    assert "panel" not in lk.candidates(torch.float32)
+    assert not {"panel", "panel-ahead"} & set(lk.candidates(torch.float32))
 
 
 def test_a_choice_cached_among_other_candidates_is_measured_again(built, tmp_path, monkeypatch):

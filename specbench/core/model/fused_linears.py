@@ -88,7 +88,7 @@ def groups(module: torch.nn.Module) -> list[tuple[str, ...]]:
 def worth_fusing(model: torch.nn.Module, choice: dict[int, str] | None) -> bool:
     """Fuse where some bucket runs oneDNN or the panels, on a model small enough for one more packed copy of its
     grouped weights (the limit cpu_kernels.prepack keeps for its own copy); not with $SPECBENCH_COMPILE_FUSE=0."""
-    packed = bool(choice) and bool({"onednn", "panel"} & set(choice.values()))
+    packed = bool(choice) and ("onednn" in choice.values() or lk.runs_panels(choice))
     return os.environ.get(ENV, "1").strip() != "0" and packed \
         and room_for_copies(model)
 
@@ -117,9 +117,9 @@ class GroupedLinear(lk.ChosenLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernel = lk.for_rows(self.choice, x.numel() // x.shape[-1]) if torch.compiler.is_compiling() else None
-        if kernel in ("onednn", "panel"):
-            if kernel == "panel":
-                out = panel_linear.linear(x, self.panels, self.total, None)
+        if kernel == "onednn" or kernel in lk.PANELS:
+            if kernel in lk.PANELS:
+                out = panel_linear.linear(x, self.panels, self.total, None, lk.PANELS[kernel])
             elif lk.native_ready():
                 out = native_linear.linear(x, None, self.group_index, self.total)
             else:
@@ -136,7 +136,7 @@ def twins(module: torch.nn.Module, choice: dict[int, str]) -> dict[str, GroupedL
         members = [module._modules[n] for n in names]
         index = pack_group(members) if "onednn" in choice.values() else None
         start, total = 0, sum(m.out_features for m in members)
-        panels = panel_linear.group_copy(members) if "panel" in choice.values() else None
+        panels = panel_linear.group_copy(members) if lk.runs_panels(choice) else None
         for name, m in zip(names, members):
             out[name] = GroupedLinear(m, choice, index, start, total, panels)
             start += m.out_features

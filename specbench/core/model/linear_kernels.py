@@ -10,7 +10,9 @@ linear (the same sums, another order):
 - `onednn`: oneDNN's linear on the weight packed once (cpu_kernels.prepack's layout), a custom op inside the graph
   (inductor lowers the packed op itself only for frozen weights; here the weights stay graph inputs);
 - `panel`: specbench's own C++ kernel on the weight packed in 16-column panels (panel_linear.py), float32, where the
-  native library is built: at 1-4 rows it reads the weights near the machine's streaming bandwidth.
+  native library is built: at 1-4 rows it reads the weights near the machine's streaming bandwidth;
+- `panel-ahead`: the same, each thread prefetching its next tile while a tile's row blocks run (8-16% faster at
+  12-32 rows on the AMX Xeon, 3-12% slower on the Zen 5 EPYC: benchmarks/RESULTS-cpu.md, stops 60 and 62).
 The first three at the run's dtype in bfloat16 (oneDNN through AVX512-BF16 / AMX where the CPU has them; the weight
 packed here when it is not already).
 
@@ -47,7 +49,8 @@ from ..machine import contention
 from ...errors import SpecbenchError
 
 ENV = "SPECBENCH_COMPILE_LINEAR"
-KERNELS = ("mkl", "transposed", "onednn", "panel")
+KERNELS = ("mkl", "transposed", "onednn", "panel", "panel-ahead")
+PANELS = {"panel": 0, "panel-ahead": panel_linear.AHEAD}  # the panels kernels: their `ahead` (panel_linear.linear)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 ROUNDS = 5
 MEASURE_BYTES = 2**30  # weights one measured pass reads at most (timed_set)
@@ -109,8 +112,9 @@ KERNEL = {"mkl": _mkl, "transposed": _transposed, "onednn": _onednn}
 def apply(kernel: str, m: torch.nn.Linear, x: torch.Tensor, panels: torch.Tensor | None = None) -> torch.Tensor:
     """Layer `m` on x [..., K] through `kernel` (KERNELS); `panel` reads `panels`, the layer's weight in panels
     (panel_linear.copy_of(m) where not given)."""
-    if kernel == "panel":
-        return panel_linear.linear(x, panel_linear.copy_of(m) if panels is None else panels, m.out_features, m.bias)
+    if kernel in PANELS:
+        packed = panel_linear.copy_of(m) if panels is None else panels
+        return panel_linear.linear(x, packed, m.out_features, m.bias, PANELS[kernel])
     return KERNEL[kernel](m.weight, m.bias, x, pack_index(m))
 
 
@@ -121,6 +125,11 @@ def for_rows(choice: dict[int, str], rows: int) -> str:
     return choice[fits[0] if fits else max(choice)]
 
 
+def runs_panels(choice: dict[int, str]) -> bool:
+    """Whether some bucket of `choice` runs a panels kernel (so the weights need their copy in panels)."""
+    return any(k in PANELS for k in choice.values())
+
+
 def linears(model) -> list[torch.nn.Linear]:
     """The model's plain nn.Linear layers on a CPU (each once)."""
     return [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.device.type == "cpu"]
@@ -128,11 +137,11 @@ def linears(model) -> list[torch.nn.Linear]:
 
 def candidates(dtype: torch.dtype) -> tuple[str, ...]:
     """Kernels worth measuring at `dtype`: oneDNN's packed linear where this torch has it, for float32 and bfloat16;
-    the panels in float32 where the native library is built."""
+    the panels (with and without the next tile's prefetch) in float32 where the native library is built."""
     onednn = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
               and (dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())))
     panels = panel_linear.available(dtype)
-    return ("mkl", "transposed") + (("onednn",) if onednn else ()) + (("panel",) if panels else ())
+    return ("mkl", "transposed") + (("onednn",) if onednn else ()) + (tuple(PANELS) if panels else ())
 
 
 def shape_key(layers: list[torch.nn.Linear]) -> str:
@@ -214,7 +223,7 @@ def measure(layers: list[torch.nn.Linear], kernels, buckets=BUCKETS, rounds: int
     dtype = layers[0].weight.dtype
     gen = torch.Generator().manual_seed(0)
     times: dict[int, dict] = {}
-    panels = {id(m): panel_linear.pack(m.weight) for m in layers} if "panel" in kernels else {}  # for this only
+    panels = {id(m): panel_linear.pack(m.weight) for m in layers} if PANELS.keys() & set(kernels) else {}
 
     def call(kernel: str, m: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return apply(kernel, m, x, panels.get(id(m)))
@@ -245,7 +254,7 @@ def choose(model, device: torch.device) -> dict:
     dtype = layers[0].weight.dtype
     kernels = candidates(dtype)
     if not cpu_kernels.room_for_copies(model):  # no room for a copy in panels
-        kernels = tuple(k for k in kernels if k != "panel")
+        kernels = tuple(k for k in kernels if k not in PANELS)
     forced = os.environ.get(ENV, "auto").strip().lower()
     if forced != "auto":
         if forced not in KERNELS:
@@ -306,7 +315,7 @@ class ChosenLinear(torch.nn.Module):
         self.choice = choice
         self.index = pack_index(linear)  # its weight's packed copy in _PACKED (oneDNN), or None
         # its weight in panels where a bucket runs them (a graph input like the weight; a fused member reads its group's)
-        wanted = own_panels and "panel" in choice.values()
+        wanted = own_panels and runs_panels(choice)
         self.register_buffer("panels", panel_linear.copy_of(linear) if wanted else None, persistent=False)
 
     weight = property(lambda self: self.linear.weight)
@@ -317,8 +326,8 @@ class ChosenLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             kernel = for_rows(self.choice, x.numel() // x.shape[-1])
-            if kernel == "panel":
-                return panel_linear.linear(x, self.panels, self.out_features, self.linear.bias)
+            if kernel in PANELS:
+                return panel_linear.linear(x, self.panels, self.out_features, self.linear.bias, PANELS[kernel])
             return KERNEL[kernel](self.linear.weight, self.linear.bias, x, self.index)
         return self.linear(x)
 
@@ -330,7 +339,7 @@ def use(model, device: torch.device) -> dict:
     found = choose(model, device)
     if not found:
         return {}
-    onednn = bool({"onednn", "panel"} & set(found["choice"].values()))  # the native library's ops
+    onednn = "onednn" in found["choice"].values() or runs_panels(found["choice"])  # the native library's ops
     if onednn:
         native_ready()  # built and loaded now, before any graph traces it; the copies choose packed kept in its table
     return {"source": found["source"], "choice": found["choice"],

@@ -4,7 +4,7 @@ panels (panel_linear.py says why and how). It defines its operator in the librar
 (TORCH_LIBRARY_FRAGMENT) inside a C++ namespace of its own. Kept apart from the Python that calls it so that the
 builder imports no caller (no import cycle)."""
 
-# specbench_native::panels(x, packed, out_features, bias) -> [..., out_features]
+# specbench_native::panels(x, packed, out_features, bias, ahead=0) -> [..., out_features]
 PANELS = r"""
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -15,13 +15,18 @@ typedef float v16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 r
 typedef float v16u __attribute__((vector_size(64), aligned(4)));  // the same, read from any float's address
 
 // columns [16 p, 16 p + 16 G) of R rows: for every k, each panel's 16 weights times each row's x[k], summed in k's
-// order (the same sums for a row whatever R and G are: a row's output never depends on the rows beside it)
+// order (the same sums for a row whatever R and G are: a row's output never depends on the rows beside it); meanwhile
+// `lines` cache lines from `pre` on are prefetched into L2, evenly over the k's (0: none)
 template <int R, int G>
-inline void panel_rows(const float* x, int64_t K, const float* P, int64_t p, float* out, int64_t N) {
+inline void panel_rows(const float* x, int64_t K, const float* P, int64_t p, float* out, int64_t N,
+                       const float* pre, int64_t lines) {
   v16 acc[G][R];
   for (int g = 0; g < G; ++g) for (int r = 0; r < R; ++r) acc[g][r] = v16{};
   const float* w = P + p * K * 16;
+  int64_t due = 0;
   for (int64_t k = 0; k < K; ++k) {
+    due += lines;
+    while (due >= K) { due -= K; __builtin_prefetch(pre, 0, 2); pre += 16; }
     v16 wv[G];
     for (int g = 0; g < G; ++g) wv[g] = *(const v16u*)(w + (g * K + k) * 16);
     for (int r = 0; r < R; ++r) {
@@ -41,32 +46,40 @@ inline void panel_rows(const float* x, int64_t K, const float* P, int64_t p, flo
 }
 
 template <int G>
-inline void block_rows(int64_t R, const float* x, int64_t K, const float* P, int64_t p, float* out, int64_t N) {
+inline void block_rows(int64_t R, const float* x, int64_t K, const float* P, int64_t p, float* out, int64_t N,
+                       const float* pre = nullptr, int64_t lines = 0) {
   switch (R) {
-    case 1: panel_rows<1, G>(x, K, P, p, out, N); break;
-    case 2: panel_rows<2, G>(x, K, P, p, out, N); break;
-    case 3: panel_rows<3, G>(x, K, P, p, out, N); break;
-    case 4: panel_rows<4, G>(x, K, P, p, out, N); break;
-    case 5: panel_rows<5, G>(x, K, P, p, out, N); break;
-    case 6: panel_rows<6, G>(x, K, P, p, out, N); break;
-    case 7: panel_rows<7, G>(x, K, P, p, out, N); break;
-    default: panel_rows<8, G>(x, K, P, p, out, N); break;
+    case 1: panel_rows<1, G>(x, K, P, p, out, N, pre, lines); break;
+    case 2: panel_rows<2, G>(x, K, P, p, out, N, pre, lines); break;
+    case 3: panel_rows<3, G>(x, K, P, p, out, N, pre, lines); break;
+    case 4: panel_rows<4, G>(x, K, P, p, out, N, pre, lines); break;
+    case 5: panel_rows<5, G>(x, K, P, p, out, N, pre, lines); break;
+    case 6: panel_rows<6, G>(x, K, P, p, out, N, pre, lines); break;
+    case 7: panel_rows<7, G>(x, K, P, p, out, N, pre, lines); break;
+    default: panel_rows<8, G>(x, K, P, p, out, N, pre, lines); break;
   }
 }
 
 // every row block [start[b], start[b + 1]) over each tile of G panels before the next tile: a tile's weights come
 // from memory once, the later blocks read them from the cache (rows in passes over the whole weight read it once a
 // pass: 16 rows of the LM head took 2.0x 8 rows' time, benchmarks/RESULTS-cpu.md, stop 60); tiles split between the
-// threads
+// threads. `ahead`: the thread's next tile is prefetched meanwhile, a share in each block's pass, so the passes' sums
+// overlap the next weights' stream (1: always; 2: where a tile has two blocks or more; 0: never)
 template <int G>
-void tiles(const float* x, const int64_t* start, int64_t blocks, int64_t K, const float* P, int64_t N, float* out) {
+void tiles(const float* x, const int64_t* start, int64_t blocks, int64_t K, const float* P, int64_t N, float* out,
+           int64_t ahead) {
   const int64_t panels = (N + 15) / 16;
+  const bool prefetch = ahead == 1 || (ahead == 2 && blocks >= 2);
   at::parallel_for(0, (panels + G - 1) / G, 1, [&](int64_t a, int64_t e) {
     for (int64_t t = a; t < e; ++t) {
       const int64_t p = t * G;
+      // the next tile's cache lines (a panel is K lines of 16 floats), 0 for a thread's last tile
+      const int64_t next = prefetch && t + 1 < e ? (std::min(panels, p + 2 * G) - std::min(panels, p + G)) * K : 0;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t r0 = start[b], R = start[b + 1] - r0;
-        if (p + G <= panels) block_rows<G>(R, x + r0 * K, K, P, p, out + r0 * N, N);
+        const int64_t l0 = next * b / blocks, l1 = next * (b + 1) / blocks;
+        const float* pre = P + ((p + G) * K + l0) * 16;
+        if (p + G <= panels) block_rows<G>(R, x + r0 * K, K, P, p, out + r0 * N, N, pre, l1 - l0);
         else for (int64_t q = p; q < panels; ++q) block_rows<1>(R, x + r0 * K, K, P, q, out + r0 * N, N);
       }
     }
@@ -74,7 +87,7 @@ void tiles(const float* x, const int64_t* start, int64_t blocks, int64_t K, cons
 }
 
 at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_features,
-                  const std::optional<at::Tensor>& bias) {
+                  const std::optional<at::Tensor>& bias, int64_t ahead) {
   TORCH_CHECK(x_.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat && packed.is_contiguous(),
               "specbench_native::panels: float32 only, packed contiguous");
   const auto x = x_.contiguous();
@@ -97,8 +110,8 @@ at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_fe
   for (int64_t s = 0; s < rows; s += 64 * most) {  // 64 blocks a pass at most (a prefill's hundreds of rows)
     const int64_t n = std::min(rows - s, 64 * most), blocks = (n + most - 1) / most;
     for (int64_t b = 0; b <= blocks; ++b) start[b] = n * b / blocks;
-    if (four) tiles<4>(xp + s * K, start, blocks, K, wp, N, op + s * N);
-    else tiles<3>(xp + s * K, start, blocks, K, wp, N, op + s * N);
+    if (four) tiles<4>(xp + s * K, start, blocks, K, wp, N, op + s * N, ahead);
+    else tiles<3>(xp + s * K, start, blocks, K, wp, N, op + s * N, ahead);
   }
   if (bias.has_value()) out.add_(*bias);
   return out;
@@ -106,7 +119,7 @@ at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_fe
 }  // namespace specbench_panels
 
 TORCH_LIBRARY_FRAGMENT(specbench_native, m) {
-  m.def("panels(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
+  m.def("panels(Tensor x, Tensor packed, int out_features, Tensor? bias, int ahead=0) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(specbench_native, CPU, m) { m.impl("panels", &specbench_panels::panels); }
 """

@@ -14,7 +14,9 @@ into a 16-float vector register. The panels go in tiles of 4 (3 where the tiles 
 the tiles split between the threads; each tile serves every block of rows (up to 4, 7 or 8 rows: up to 28 sums in
 registers) before the next, so the weights are read from memory once whatever the width (16 rows of the LM head:
 3.3 against 6.3 ms when rows went in passes of 8 over the whole weight, stop 60). A row's sums run in k's order
-whatever rows sit beside it, so a token's output is the same at every width. Float32 only, and only where the native
+whatever rows sit beside it, so a token's output is the same at every width. With `ahead` (the `panel-ahead`
+candidate) each thread prefetches its next tile into L2, a share during each row block's pass over the current one,
+so a wide step's sums overlap the next weights' stream; the sums are the same. Float32 only, and only where the native
 library is built (`available`). The copies: one per layer, the fused groups' one per group (fused_linears.py), kept
 weak-keyed by layer, made only for a compiled step whose choice runs this kernel (memory_need counts them).
 """
@@ -28,6 +30,7 @@ import torch
 from . import native_linear
 
 PANEL = 16  # output columns per panel: one 16-float vector
+AHEAD = 2  # the `panel-ahead` kernel's prefetch: the next tile during a tile's passes where it has 2+ row blocks
 
 
 _COPIES: "weakref.WeakKeyDictionary[torch.nn.Linear, torch.Tensor]" = weakref.WeakKeyDictionary()
@@ -63,9 +66,11 @@ def group_copy(members: list[torch.nn.Linear]) -> torch.Tensor:
     return _COPIES[head]
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [..., K] @ W^T (+ bias) -> [..., out_features] on W's packed copy."""
-    return torch.ops.specbench_native.panels(x, packed, out_features, bias)
+def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+           ahead: int = 0) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias) -> [..., out_features] on W's packed copy; `ahead` (AHEAD) prefetches each thread's
+    next tile while a tile's row blocks run (the same sums either way)."""
+    return torch.ops.specbench_native.panels(x, packed, out_features, bias, ahead)
 
 
 
