@@ -22,7 +22,7 @@ slice holding every shape), rounds alternating the candidates' order, and the
 fastest median wins. Cached (unless other work ran beside the measurement: then it serves the run that made it)
 per hardware key, dtype, thread count and the model's linear shapes in <user cache>/
 linear_kernels/; a width runs at the choice of the smallest measured bucket holding it (the widest beyond them).
-$SPECBENCH_COMPILE_LINEAR = mkl, transposed or onednn sets one kernel for every width instead (auto: measured).
+$SPECBENCH_COMPILE_LINEAR = one of KERNELS sets that kernel for every width instead (auto: measured).
 The choice is made at trace time (each bucket is its own static graph), so the compiled graph holds only its kernel.
 Where it lives: in the compiled step's own model (core/model/compile_graph.py: a twin of the module tree sharing
 every tensor, its linear layers ChosenLinear); the packed copies in a table weak-keyed by layer. No attribute or forward of the model's
