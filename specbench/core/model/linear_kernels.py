@@ -110,8 +110,8 @@ KERNEL = {"mkl": _mkl, "transposed": _transposed, "onednn": _onednn}
 
 
 def apply(kernel: str, m: torch.nn.Linear, x: torch.Tensor, panels: torch.Tensor | None = None) -> torch.Tensor:
-    """Layer `m` on x [..., K] through `kernel` (KERNELS); `panel` reads `panels`, the layer's weight in panels
-    (panel_linear.copy_of(m) where not given)."""
+    """Layer `m` on x [..., K] through `kernel` (KERNELS); the panels kernels (PANELS) read `panels`, the layer's
+    weight in panels (panel_linear.copy_of(m) where not given)."""
     if kernel in PANELS:
         packed = panel_linear.copy_of(m) if panels is None else panels
         return panel_linear.linear(x, packed, m.out_features, m.bias, PANELS[kernel])
