@@ -197,3 +197,15 @@ def test_compile_history_keeps_real_compiles_only(tiny, tmp_path, monkeypatch):
     # another model's history promises nothing for this one: a tiny model's seconds never stand in for a real one's
     other, _, source = compile_wait.per_shape(torch.device("cpu"), torch.nn.Linear(4, 4))
     assert other == compile_wait.DEFAULT_S[("cpu", "built")] and "guess" in source
+
+
+def test_a_shape_with_layer_edits_says_them(capsys):
+    """Hidden Transfer compiles one graph per tree state at the same width: each line names its edits, so two lines
+    never read alike (stop 62's log had "width 6 (embeddings, tree mask, hidden)" twice)."""
+    from specbench.core.model import compile_wait
+
+    compile_wait.said("target", (1, 6, True, True, True), 90.0, 3, 16, edits=((12, 3), (17, 2)))
+    compile_wait.said("target", (1, 6, True, True, True), 90.0, 4, 16)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "width 6" in line]
+    assert "hidden, layer edits 12:3 17:2) compiled in 90.0 s" in lines[0], lines
+    assert "(embeddings, tree mask, hidden) compiled in" in lines[1], lines

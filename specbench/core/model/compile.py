@@ -284,7 +284,8 @@ class Compiled:
             self.read_back[key] = compile_wait.cache_hits() > hits  # inductor's cache served it: not built here
             self.done += 1
             said = (slots, *key[-5:-1]) if edits else key if slots > 1 else (1, *key)
-            compile_wait.said(self.name, said, table[key], self.done, self.expected, self.read_back[key])
+            compile_wait.said(self.name, said, table[key], self.done, self.expected, self.read_back[key],
+                              key[-1] if edits else ())
         return out
 
     @torch.inference_mode()  # as every decode runs: a graph compiled outside it would compile again inside

@@ -150,13 +150,16 @@ def output_name(hidden: bool | int) -> str:
     return "hidden and layer taps" if hidden == TAPS else "hidden" if hidden else "logits"
 
 
-def said(name: str, key: tuple, seconds: float, done: int, expected: int, read_back: bool = False) -> None:
-    """One line per compiled shape as it compiles (minutes on a 2-core CPU: the user sees progress)."""
+def said(name: str, key: tuple, seconds: float, done: int, expected: int, read_back: bool = False,
+         edits: tuple = ()) -> None:
+    """One line per compiled shape as it compiles (minutes on a 2-core CPU: the user sees progress); `edits`: the
+    shape's layer edits as (layer, rows) pairs (Hidden Transfer's tree states: one graph per state at one width)."""
     from ...progress import console
 
     slots, width, embeds, masked, hidden = key
     batch = f"batch {slots}, " if slots > 1 else ""
     of = f" [{done}/{expected}]" if expected >= done else f" [{done}]"
+    edited = ", layer edits " + " ".join(f"{layer}:{rows}" for layer, rows in edits) if edits else ""
     console.print(f"[dim]--compile {name}{of}: {batch}width {width} ({'embeddings' if embeds else 'tokens'}, "
-                  f"{'tree' if masked else 'causal'} mask, {output_name(hidden)}) compiled in "
+                  f"{'tree' if masked else 'causal'} mask, {output_name(hidden)}{edited}) compiled in "
                   f"{seconds:.1f} s{READ_BACK if read_back else ''} (not timed)[/]")
