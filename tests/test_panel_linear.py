@@ -54,7 +54,7 @@ def test_a_rows_output_does_not_depend_on_the_rows_beside_it(built):
 
 def test_the_next_tiles_prefetch_changes_no_sum(built):
     """`ahead` 1 and 2 (the next tile prefetched during a tile's row blocks) give the bits of `ahead` 0 at every row
-    count, on tiles of 3 and 4 panels, the last one partial, one thread or two."""
+    count, on tiles of 3 and 4 panels, the last one partial."""
     torch.manual_seed(2)
     for n, k in ((200, 300), (2090, 24), (2100, 300)):
         w = torch.randn(n, k)
