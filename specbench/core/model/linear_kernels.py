@@ -50,7 +50,7 @@ from ...errors import SpecbenchError
 
 ENV = "SPECBENCH_COMPILE_LINEAR"
 KERNELS = ("mkl", "transposed", "onednn", "panel", "panel-ahead")
-PANELS = {"panel": 0, "panel-ahead": panel_linear.AHEAD}  # the panels kernels: their `ahead` (panel_linear.linear)
+PANELS = {"panel": False, "panel-ahead": True}  # the panels kernels: their `ahead` (panel_linear.linear)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 ROUNDS = 5
 MEASURE_BYTES = 2**30  # weights one measured pass reads at most (timed_set)

@@ -4,7 +4,7 @@ panels (panel_linear.py says why and how). It defines its operator in the librar
 (TORCH_LIBRARY_FRAGMENT) inside a C++ namespace of its own. Kept apart from the Python that calls it so that the
 builder imports no caller (no import cycle)."""
 
-# specbench_native::panels(x, packed, out_features, bias, ahead=0) -> [..., out_features]
+# specbench_native::panels(x, packed, out_features, bias, ahead=False) -> [..., out_features]
 PANELS = r"""
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -64,12 +64,12 @@ inline void block_rows(int64_t R, const float* x, int64_t K, const float* P, int
 // from memory once, the later blocks read them from the cache (rows in passes over the whole weight read it once a
 // pass: 16 rows of the LM head took 2.0x 8 rows' time, benchmarks/RESULTS-cpu.md, stop 60); tiles split between the
 // threads. `ahead`: the thread's next tile is prefetched meanwhile, a share in each block's pass, so the passes' sums
-// overlap the next weights' stream (1: always; 2: where a tile has two blocks or more; 0: never)
+// overlap the next weights' stream (where a tile has two blocks or more: one block's pass is the stream itself)
 template <int G>
 void tiles(const float* x, const int64_t* start, int64_t blocks, int64_t K, const float* P, int64_t N, float* out,
-           int64_t ahead) {
+           bool ahead) {
   const int64_t panels = (N + 15) / 16;
-  const bool prefetch = ahead == 1 || (ahead == 2 && blocks >= 2);
+  const bool prefetch = ahead && blocks >= 2;
   at::parallel_for(0, (panels + G - 1) / G, 1, [&](int64_t a, int64_t e) {
     for (int64_t t = a; t < e; ++t) {
       const int64_t p = t * G;
@@ -87,7 +87,7 @@ void tiles(const float* x, const int64_t* start, int64_t blocks, int64_t K, cons
 }
 
 at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_features,
-                  const std::optional<at::Tensor>& bias, int64_t ahead) {
+                  const std::optional<at::Tensor>& bias, bool ahead) {
   TORCH_CHECK(x_.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat && packed.is_contiguous(),
               "specbench_native::panels: float32 only, packed contiguous");
   const auto x = x_.contiguous();
@@ -119,7 +119,7 @@ at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_fe
 }  // namespace specbench_panels
 
 TORCH_LIBRARY_FRAGMENT(specbench_native, m) {
-  m.def("panels(Tensor x, Tensor packed, int out_features, Tensor? bias, int ahead=0) -> Tensor");
+  m.def("panels(Tensor x, Tensor packed, int out_features, Tensor? bias, bool ahead=False) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(specbench_native, CPU, m) { m.impl("panels", &specbench_panels::panels); }
 """

@@ -30,7 +30,6 @@ import torch
 from . import native_linear
 
 PANEL = 16  # output columns per panel: one 16-float vector
-AHEAD = 2  # the `panel-ahead` kernel's prefetch: the next tile during a tile's passes where it has 2+ row blocks
 
 
 _COPIES: "weakref.WeakKeyDictionary[torch.nn.Linear, torch.Tensor]" = weakref.WeakKeyDictionary()
@@ -67,9 +66,9 @@ def group_copy(members: list[torch.nn.Linear]) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None,
-           ahead: int = 0) -> torch.Tensor:
-    """x [..., K] @ W^T (+ bias) -> [..., out_features] on W's packed copy; `ahead` (AHEAD) prefetches each thread's
-    next tile while a tile's row blocks run (the same sums either way)."""
+           ahead: bool = False) -> torch.Tensor:
+    """x [..., K] @ W^T (+ bias) -> [..., out_features] on W's packed copy; `ahead` prefetches each thread's next
+    tile while a tile's row blocks run, where it has two or more (the same sums either way)."""
     return torch.ops.specbench_native.panels(x, packed, out_features, bias, ahead)
 
 
