@@ -166,3 +166,32 @@ def test_enabling_compile_leaves_the_models_modules_as_they_were(monkeypatch):
             {id(m) for m in lk.linears(target.model)}
     finally:
         cc.disable(target.model)
+
+
+FRESH_PROCESS = """
+import torch, torch.nn.functional as F
+from specbench.core.model import linear_kernels as lk, native_linear
+layer = torch.nn.Linear(64, 96).to(torch.bfloat16)
+lk._pack([layer])                 # packed while the library is not loaded yet
+assert native_linear.ready()      # then loaded by someone else (choose()'s cache key, at bfloat16)
+x = torch.randn(1, 3, 64).to(torch.bfloat16)
+got = lk.apply("onednn", layer, x)
+torch.testing.assert_close(got.float(), F.linear(x.float(), layer.weight.float(), layer.bias.float()),
+                           rtol=2e-2, atol=2e-2)
+print("ok")
+"""
+
+
+def test_a_copy_packed_before_the_library_loads_is_in_its_table():
+    """`profile --compile --dtype bfloat16` packed its weights, then loaded the native library (no panels check
+    loads it at bfloat16), and the op found an empty table (IndexError from C++). In a fresh process: pack, load,
+    call."""
+    import subprocess
+    import sys
+
+    from specbench.core.model import native_linear
+
+    if not native_linear.ready():
+        pytest.skip(f"no native library here: {native_linear.status()}")
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -88,16 +88,22 @@ def _transposed(weight, bias, x, index):
 
 
 def native_ready() -> bool:
-    """Whether native_linear's C++ op runs the packed linears (built and loaded on the first call); when it loads,
-    every copy packed before then is kept in its table at its own index."""
-    before = native_linear.loaded()
+    """Whether native_linear's C++ op runs the packed linears (built and loaded on the first call); the first call
+    that finds it loaded puts every copy packed before then into its table at its own index (keep() puts the later
+    ones). Whoever loaded the library (the panels' check loads it at float32, choose() at any dtype), a copy packed
+    before the load is in the table before the op reads it: a bfloat16 `profile --compile` once packed first, loaded
+    second, and the op found an empty table."""
     if not native_linear.ready():
         return False
-    if not before:
+    if not _SYNCED:
         for index, packed in enumerate(_PACKED):
             if packed is not None:
                 native_linear.put(index, packed)
+        _SYNCED.append(True)
     return True
+
+
+_SYNCED: list[bool] = []  # [True] once native_ready() put _PACKED's copies into the loaded library's table
 
 
 def _onednn(weight, bias, x, index):
