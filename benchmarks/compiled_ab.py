@@ -10,7 +10,7 @@ ms of a forward under each, and B / A with the range of the per-round ratios.
         [--model smollm2-135m] [--dtype float32] [--widths 1,2,4,8,16] [--kv-length 512] [--rounds 9] [--repeats 10]
 
 A setting is NAME=VALUE[,NAME=VALUE...] of environment variables (SPECBENCH_COMPILE_LINEAR, _ATTENTION, _FUSE,
-_NATIVE, ...). Quiet machine only (nothing else running).
+_NATIVE, ...) or of inductor's config options, named inductor.<option> (inductor.cpp.min_chunk_size=4096). Quiet machine only (nothing else running).
 """
 
 from __future__ import annotations
@@ -34,8 +34,25 @@ def setting(text: str) -> dict[str, str]:
 
 
 def environment(env: dict[str, str]):
-    """`env` set inside the block, as it was after: read at trace time, and guarded on by the graphs."""
-    return mock.patch.dict(os.environ, env)
+    """`env` set inside the block, as it was after: read at trace time, and guarded on by the graphs. A name
+    `inductor.<option>` patches inductor's config instead (e.g. inductor.cpp.min_chunk_size=4096: read when a
+    graph compiles, so it holds for the graphs built inside the block)."""
+    import contextlib
+
+    config = {k.removeprefix("inductor."): _value(v) for k, v in env.items() if k.startswith("inductor.")}
+    plain = {k: v for k, v in env.items() if not k.startswith("inductor.")}
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.dict(os.environ, plain))
+    if config:
+        stack.enter_context(torch._inductor.config.patch(config))
+    return stack
+
+
+def _value(text: str):
+    """An inductor option's value from the command line: an int, a bool, or the text."""
+    if text.lstrip("-").isdigit():
+        return int(text)
+    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 def build(model, capacity: int, env: dict[str, str], widths: list[int], prompt: list[int], inputs: dict) -> tuple:

@@ -209,3 +209,20 @@ def test_a_shape_with_layer_edits_says_them(capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if "width 6" in line]
     assert "hidden, layer edits 12:3 17:2) compiled in 90.0 s" in lines[0], lines
     assert "(embeddings, tree mask, hidden) compiled in" in lines[1], lines
+
+
+def test_after_warm_up_the_shapes_left_are_counted_exactly(tiny, capsys):
+    """The count said before warm-up is a guess (it cannot know the kinds of input the methods meet: stop 62's
+    run said 16 and compiled 22, its lines running on as "[17]", "[18]"). finish_warm_up says how many it compiles,
+    and the progress lines' total is done + that from then on."""
+    state = cc.Compiled(tiny.model, 128)
+    state.fn = static.step
+    state.declare(4)  # the chain's buckets: 1, 2, 4
+    state.expected = 1  # the guess
+    static.StaticSequence(tiny.model, state).forward([static.Segment(0, [1, 2, 3], keep=1)], [])  # warm-up
+    done, todo = state.done, state.ahead()
+    assert todo and all(t[4] == 1 and t[5] is None for t in todo)  # batch 1, no layer edits
+    state.finish_warm_up()
+    assert state.done == state.expected == done + len(todo)
+    assert state.ahead() == []  # nothing left: a second look lists nothing
+    assert f"{len(todo)} more shape(s) to compile after the {done} warm-up compiled" in capsys.readouterr().err

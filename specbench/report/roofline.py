@@ -4,7 +4,9 @@ once, and how far `ar` is from it, and why.
 A decoding forward at batch 1 reads every weight once, plus the KV cache of its context:
     bytes(c)   = weight_bytes + kv_bytes_per_token * c
     floor(c)   = bytes(c) / bandwidth                     (seconds; bandwidth: core/machine/bandwidth.py, measured
-                                                           in the run's own sitting: for_run)
+                                                           in the run's own sitting: for_run; on a CPU, read
+                                                           beside each turn: records' bandwidth_gb_s,
+                                                           run/turn_bandwidth.py)
 A turn of n new tokens from a p-token prompt needs at least n forwards (the prefill's gives the first token), at
 contexts p .. p + n - 1 (mean p + (n - 1) / 2), so over a summary row's turns
     roofline_tok_s = sum n / sum [n * floor(p + (n - 1) / 2)]
@@ -48,10 +50,29 @@ def bound_tok_s(records: pd.DataFrame, block: dict | None) -> float:
         p = pd.to_numeric(records.prompt_tokens, errors="coerce")
         n = pd.to_numeric(records.new_tokens, errors="coerce")
         seconds = (n * ((block["weight_bytes"] + block["kv_bytes_per_token"] * (p + (n - 1) / 2))
-                        / (float(block["bandwidth_gb_s"]) * 1e9))).sum()
+                        / (turn_bandwidth(records, block) * 1e9))).sum()
     except (KeyError, TypeError, ValueError):
         return math.nan
     return float(n.sum() / seconds) if seconds > 0 else math.nan
+
+
+def turn_bandwidth(records: pd.DataFrame, block: dict) -> pd.Series:
+    """GB/s per record: the reading beside its turn (records.csv's bandwidth_gb_s, run/turn_bandwidth.py) where it
+    has one, else the run's (the block's, read before the turns)."""
+    run = float(block["bandwidth_gb_s"])
+    if "bandwidth_gb_s" not in records:
+        return pd.Series(run, index=records.index)
+    beside = pd.to_numeric(records.bandwidth_gb_s, errors="coerce")
+    return beside.where(beside > 0, run)
+
+
+def beside_range(records: pd.DataFrame) -> tuple[float, float, float] | None:
+    """(mean, lowest, highest) of the bandwidth read beside the records' turns, GB/s; None where none was read."""
+    if "bandwidth_gb_s" not in records:
+        return None
+    beside = pd.to_numeric(records.bandwidth_gb_s, errors="coerce")
+    beside = beside[beside > 0]
+    return (float(beside.mean()), float(beside.min()), float(beside.max())) if len(beside) else None
 
 
 def host_overhead(records: pd.DataFrame) -> float:
@@ -94,8 +115,9 @@ def why(block: dict) -> tuple[str, str]:
     return f"{kind}-bound", said
 
 
-def verdict_line(summary: pd.DataFrame, block: dict | None) -> str | None:
-    """One sentence: ar's tokens/s against its roofline, and why (or None without ar or a roofline)."""
+def verdict_line(summary: pd.DataFrame, block: dict | None, records: pd.DataFrame | None = None) -> str | None:
+    """One sentence: ar's tokens/s against its roofline, and why (or None without ar or a roofline); `records`
+    (records.csv) says the bandwidth read beside ar's turns where they have it."""
     if not block or "roofline_tok_s" not in summary:
         return None
     ar = summary[(summary.method == "ar") & (summary.get("batch_size", 1) == 1)]
@@ -109,11 +131,23 @@ def verdict_line(summary: pd.DataFrame, block: dict | None) -> str | None:
     host = float((measured.host_overhead * measured.wall_s).sum() / measured.wall_s.sum()) if len(measured) \
         else math.nan
     host_text = f"; {host:.1%} of its time is host overhead outside the forwards" if math.isfinite(host) else ""
-    host_text += prefill_text(ar, block)
+    beside = beside_range(ar_records(records)) if records is not None else None
+    host_text += prefill_text(ar, block, beside[0] if beside else None)
     mb = (block["weight_bytes"] + block["kv_bytes"]) / 1e6
+    if beside:  # each turn against the bandwidth read beside it (run/turn_bandwidth.py)
+        at = (f"the bandwidth read beside each of its turns, {beside[0]:.1f} GB/s on average ({beside[1]:.1f}-"
+              f"{beside[2]:.1f}); the run read {block['bandwidth_gb_s']:.1f} GB/s before its turns"
+              + (f" and {block['bandwidth_after_gb_s']:.1f} after them" if block.get("bandwidth_after_gb_s") else ""))
+    else:
+        at = f"{block['bandwidth_gb_s']:.1f} GB/s{reading(block)}{after_text(block, tps / bound)}"
     return (f"`ar` runs at {tps:.1f} tok/s, {tps / bound:.3g} of its roofline ({bound:.1f} tok/s: {mb:.0f} MB a "
-            f"forward at {block['bandwidth_gb_s']:.1f} GB/s{reading(block)}{after_text(block, tps / bound)})"
-            f"{host_text}; {kind + ': ' if kind else ''}{reason}.")
+            f"forward at {at}){host_text}; {kind + ': ' if kind else ''}{reason}.")
+
+
+def ar_records(records: pd.DataFrame) -> pd.DataFrame:
+    """records.csv's rows of `ar` at batch 1."""
+    rows = records[records.method == "ar"]
+    return rows[pd.to_numeric(rows.batch_size, errors="coerce").fillna(1) == 1] if "batch_size" in rows else rows
 
 
 def after_text(block: dict, ratio: float) -> str:
@@ -128,9 +162,10 @@ def after_text(block: dict, ratio: float) -> str:
             f"turns{note}")
 
 
-def prefill_text(ar: pd.DataFrame, block: dict) -> str:
+def prefill_text(ar: pd.DataFrame, block: dict, gb_s: float | None = None) -> str:
     """What the bound does not see, from the serving columns: the prompt's prefill (arithmetic the bound ignores)
-    as a share of ar's time, and the decode-only time per token (tpot p50) against the floor of one forward."""
+    as a share of ar's time, and the decode-only time per token (tpot p50) against the floor of one forward (at
+    `gb_s`, the mean bandwidth read beside the turns, where given; else the block's)."""
     if not {"ttft_p50_s", "turns", "tpot_p50_ms"} <= set(ar):
         return ""
     ttft, tpot = pd.to_numeric(ar.ttft_p50_s, errors="coerce"), pd.to_numeric(ar.tpot_p50_ms, errors="coerce")
@@ -139,9 +174,10 @@ def prefill_text(ar: pd.DataFrame, block: dict) -> str:
         return ""
     share = float((ttft[known] * ar.turns[known]).sum() / ar.wall_s[known].sum())
     step = float((tpot[known] * ar.new_tokens[known]).sum() / ar.new_tokens[known].sum())
+    floor = block["bound_ms"] * (block["bandwidth_gb_s"] / gb_s if gb_s else 1.0)
     return (f"; its prefill takes about {share:.1%} of its time (median time to first token "
             f"{float(ttft[known].median()) * 1e3:.0f} ms); decoding alone, {step:.2f} ms a token (tpot p50) against "
-            f"the {block['bound_ms']:.2f} ms floor, {block['bound_ms'] / step:.3g} of the roofline")
+            f"the {floor:.2f} ms floor, {floor / step:.3g} of the roofline")
 
 
 def reading(block: dict) -> str:

@@ -62,7 +62,7 @@ def write_run_report(run_dir: Path) -> pd.DataFrame:
     md += random_weights.lines(meta) + ["## Verdict", ""]
     md += acceptance.never_drafted_lines(records)  # a speculative method with 0 draft tokens: an error, not 1.00x
     md += verdict.headline(summary, meta, records)  # the timing verdict is its first line
-    line = roofline.verdict_line(summary, meta.get("roofline"))  # ar against the bandwidth bound, and why
+    line = roofline.verdict_line(summary, meta.get("roofline"), records)  # ar against the bandwidth bound, and why
     md += [line, ""] if line else []
     md += ["## Summary", "", markdown_table(compact.table(summary)), "",
            "`speedup vs ar`: total tokens / total time against `ar` on the same prompt turns; `95% interval`: "

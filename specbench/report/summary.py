@@ -21,7 +21,8 @@ Speedup formulas (both from the same run, same prompts, same machine):
                          over samples; at batch 1 latency_s = wall_s, so it equals tokens_per_s)
   roofline_tok_s       = sum new_tokens / sum [new_tokens * (weight_bytes + kv_bytes_per_token * (prompt_tokens +
                          (new_tokens - 1) / 2)) / bandwidth]   (the memory-bandwidth bound of one-token-a-forward
-                         decoding of the row's turns: report/roofline.py; run.yaml's roofline block; batch 1 only)
+                         decoding of the row's turns: report/roofline.py; run.yaml's roofline block; batch 1 only;
+                         bandwidth: the turn's bandwidth_gb_s, read beside it on a CPU, else the run's reading)
   of_roofline          = tokens_per_s / roofline_tok_s   (ar's: how close the baseline is to the hardware)
   host_overhead        = sum host_s / sum wall_s over the turns that measured host_s (batch 1), where host_s =
                          wall_s - forward_s - draft_s: the time outside the target's forwards and the timed drafting

@@ -114,6 +114,9 @@ class OwnMethods:
             if batched and method.batchable:
                 method.choose_per_batch_size(batched)  # each batch size's gamma / tree from L(B, w) (planning/batch_choice)
         self.env = environment(target.device, target.dtype)
+        # the device whose bandwidth is read beside each timed turn (turn_bandwidth.py): one process on one device
+        self.bandwidth_device = target.device if target.placement.startswith("single:") and cfg.tp == 1 \
+            and cfg.shard is None else None
         self.env["placement"] = target.placement  # core/model/placement.label: records, run.yaml and --resume name it
 
     # ------------------------------------------------------------------------------------------------ decoding

@@ -64,6 +64,7 @@ class Record:
     steal: float = float("nan")  # share of CPU time the hypervisor stole during the timing (0..1)
     load_before: float = float("nan")  # 1-minute load average before / after the timing
     load_after: float = float("nan")
+    bandwidth_gb_s: float = float("nan")  # the memory bandwidth read beside the timing (run/turn_bandwidth.py; CPU)
     order: int = -1  # position of this method among the methods run on this prompt (interleaved per prompt)
     # --retime (run/retime.py): how many timings of this prompt turn were taken (1: the first was kept), and whether
     # the kept one was still disturbed (/proc reading or forward-time outlier) when the tries ran out

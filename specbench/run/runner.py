@@ -17,6 +17,7 @@ from .backend import Backend, turn_seed
 from .config import RunConfig
 from .records import LosslessOutcome, TurnResult, build_record, compare, same_ids
 from .results import Record, RecordWriter, append_timeline
+from .turn_bandwidth import TurnBandwidth
 
 
 class Runner:
@@ -28,6 +29,8 @@ class Runner:
         # --synthetic-acceptance (own_methods.py): the output is not the model's; acceptance is tallied instead
         self.synthetic = getattr(backend, "synthetic", None)
         self.synthetic_tallies: dict[str, synthetic.Tally] = {}
+        # the bandwidth read beside each timed turn (turn_bandwidth.py), where the backend owns a CPU's roofline
+        self.turn_bandwidth = TurnBandwidth(getattr(backend, "bandwidth_device", None))
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -66,11 +69,13 @@ class Runner:
         return results
 
     def time_turn(self, label: str, ids, index: int, turn: int, order: int) -> TurnResult:
-        """One timed turn of one method with what else the machine did meanwhile; run_prompt's, and retime.py's
-        when a disturbed turn is timed again (same ids and seed: the same tokens)."""
+        """One timed turn of one method with what else the machine did meanwhile and the bandwidth beside it;
+        run_prompt's, and retime.py's when a disturbed turn is timed again (same ids and seed: the same tokens)."""
+        bandwidth = self.turn_bandwidth.before()  # untimed, outside the contention reading
         before = contention.snapshot()
         gen, seconds, mem = self.generate(label, ids, self.seed(index, turn))
         load = contention.between(before, contention.snapshot())
+        load["bandwidth_gb_s"] = self.turn_bandwidth.beside(bandwidth)
         # --tp: rank 0's time and reading on every rank, so that re-timing and the outlier test (retime.py) decide
         # alike on every rank (tensor_parallel.py); the tokens are every rank's own and the same
         seconds, load = from_writer((seconds, load))

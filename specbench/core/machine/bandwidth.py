@@ -158,6 +158,27 @@ def measure(device: torch.device, hardware: str, repeats: int = REPEATS, buffer_
                      time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), round(through, 2))
 
 
+PROBE_REPEATS = 2  # reads of one probe (probe()): best of 2, ~0.2 s with the buffer's allocation on a CPU
+
+
+def probe(device: torch.device) -> float:
+    """A short reading of the bandwidth a timed turn sees (run/turn_bandwidth.py), GB/s: a fresh buffer of
+    measure()'s size, read PROBE_REPEATS times as measure() reads it (the panels kernel's one-row read and sum(); the
+    best of each, the larger), then freed again, so that no turn's peak memory holds it. CPU only: 0.0 elsewhere."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return 0.0
+    buffer_bytes = cpu_buffer_bytes(last_level_cache_bytes(), available_bytes())
+    src = torch.ones(buffer_bytes // 4, dtype=torch.float32)
+    kernel = _kernel_read(src)
+    with torch.inference_mode():
+        best = buffer_bytes / min(_timed(lambda: src.sum(), device) for _ in range(PROBE_REPEATS))
+        if kernel:
+            best = max(best, kernel[1] / min(_timed(kernel[0], device) for _ in range(PROBE_REPEATS)))
+    del src
+    return round(best / 1e9, 2)
+
+
 def read_cached(hardware: str, device_type: str, threads: int) -> Bandwidth | None:
     """The cached measurement of this hardware key, or None (none, unreadable, or another device type or thread
     count)."""

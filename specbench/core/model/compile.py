@@ -32,9 +32,8 @@ import torch
 from ..batch.cache import sliding_windows
 from ..batch.static import TAPS, StaticKV, step
 from ..model.placement import input_device
-from . import compile_graph, compile_wait, grouped_attention, linear_kernels
+from . import compile_graph, compile_report, compile_wait, grouped_attention, linear_kernels
 from .compile_graph import CPP_WRAPPER, compile_step, settings, sync as _sync  # noqa: F401 (tests and callers read them here)
-from .compile_wait import output_name
 from .compile_wait import CACHED_FILES, inductor_cache, say_start as _say_start  # noqa: F401 (tests read them here)
 from .compile_widths import declared_tree_widths, declared_varying_width, declared_width  # noqa: F401 (callers')
 
@@ -248,7 +247,7 @@ class Compiled:
             edits = compile_graph.padded(edits)
             if not self.frozen:
                 self.edited.add((slots, *key[-4:]))
-            table, key = self.edit_shapes, (*key, tuple((e[0], e[1].shape[0]) for e in edits))
+            table, key = self.edit_shapes, (*key, compile_graph.edit_key(edits))
         first = key not in table
         if first:
             if not self.shapes and not self.batch_shapes:  # the first compile of this model: the wait to expect
@@ -290,22 +289,37 @@ class Compiled:
 
     @torch.inference_mode()  # as every decode runs: a graph compiled outside it would compile again inside
     def finish_warm_up(self) -> None:
-        """Compile every bucket at every kind of input the warm-up met that it has not compiled yet (a dummy forward
-        each, into the cache's stale rows: the next sample's prefill starts it afresh), at batch 1 and at every
-        batch size warm-up ran (the kinds that batch size met only), then freeze."""
-        if not self.kv.keys and not self.batch_kv:  # nothing ran (no warm-up): nothing to compile ahead
-            self.frozen = True
-            return
+        """Compile every shape `ahead()` lists (a dummy forward each, into the cache's stale rows: the next sample's
+        prefill starts it afresh), saying how many first (the count before warm-up was a guess: it cannot know the
+        kinds of input the methods meet), then freeze."""
+        todo = self.ahead()
+        if todo:
+            self.expected = self.done + len(todo)  # the progress lines' total, exact from here on
+            compile_wait.say_ahead(self.name, len(todo), self.done, self.device, self.model)
+        for width, embeds, masked, hidden, slots, edits in todo:
+            self._dummy(width, embeds, masked, hidden, start=0, slots=slots, edits=edits)
+        self.kv.length = 0
+        for slots, kv in self.batch_kv.items():
+            kv.lengths = [0] * slots
+        self.frozen = True
+        if hasattr(self.fn, "_torchdynamo_orig_callable"):  # torch.compile's own function: real compile seconds
+            compile_wait.remember(self.device, [(seconds, self.read_back.get(key, False)) for key, seconds in
+                                                [*self.shapes.items(), *self.batch_shapes.items(),
+                                                 *self.edit_shapes.items()]], self.model)
+
+    def ahead(self) -> list[tuple]:
+        """What finish_warm_up compiles, (width, embeds, masked, hidden, slots, edits) each: every bucket of every kind
+        of input the warm-up met that has no graph yet, at batch 1 and at every batch size warm-up ran (the kinds that
+        batch size met only), and the declared layer edits warm-up did not meet. Nothing where nothing ran."""
+        todo = []
         if self.kv.keys:  # plain tokens to logits (every chain's verify, sd's drafts): the declared chain
             self.buckets.setdefault((False, False, False), list(self.chain))
             for (embeds, masked, hidden), sizes in sorted(self.buckets.items()):
-                for width in sizes:  # (a shape warm-up met only with layer edits has its graph: no plain one)
-                    if (width, embeds, masked, hidden) not in self.shapes \
-                            and (1, width, embeds, masked, hidden) not in self.edited:
-                        self._dummy(width, embeds, masked, hidden, start=0)
-            for width, kind, edits in self.edits_ahead:
-                self._dummy(width, *kind, start=0, edits=edits)
-            self.kv.length = 0
+                todo += [(width, embeds, masked, hidden, 1, None) for width in sizes  # (a shape warm-up met only
+                         if (width, embeds, masked, hidden) not in self.shapes  # with layer edits has no plain one)
+                         and (1, width, embeds, masked, hidden) not in self.edited]
+            todo += [(width, *kind, 1, edits) for width, kind, edits in self.edits_ahead
+                     if (width, *kind, compile_graph.edit_key(edits)) not in self.edit_shapes]
         for slots, kv in sorted(self.batch_kv.items()):
             if not kv.keys:
                 continue
@@ -313,15 +327,9 @@ class Compiled:
             for kind in sorted(self.met.get(slots, set()) | self.declared_kinds):
                 sizes = table.setdefault(kind, list(self.tree_chain) if kind in self.declared_kinds
                                          else [] if kind[1] else list(self.chain))
-                for width in sizes:
-                    if (slots, width, *kind) not in self.batch_shapes and (slots, width, *kind) not in self.edited:
-                        self._dummy(width, *kind, start=0, slots=slots)
-            kv.lengths = [0] * slots
-        self.frozen = True
-        if hasattr(self.fn, "_torchdynamo_orig_callable"):  # torch.compile's own function: real compile seconds
-            compile_wait.remember(self.device, [(seconds, self.read_back.get(key, False)) for key, seconds in
-                                                [*self.shapes.items(), *self.batch_shapes.items(),
-                                                 *self.edit_shapes.items()]], self.model)
+                todo += [(width, *kind, slots, None) for width in sizes
+                         if (slots, width, *kind) not in self.batch_shapes and (slots, width, *kind) not in self.edited]
+        return todo
 
     def _dummy(self, width: int, embeds: bool, masked: bool, hidden: bool, start: int, slots: int = 1,
                edits: tuple | None = None) -> None:
@@ -343,26 +351,8 @@ class Compiled:
             self.frozen = frozen
 
     def report(self) -> dict:
-        """run.yaml's `compile:` block: the settings, the cache, every compiled shape's seconds, what ran eagerly."""
-        return {**self.settings, "device": str(self.device),
-                "capacity": self.kv.capacity, "buckets": sorted({b for s in self.buckets.values() for b in s}),
-                **({"batch_buckets": {b: sorted({w for s in t.values() for w in s})
-                                      for b, t in sorted(self.batch_buckets.items())}} if self.batch_buckets else {}),
-                "shapes": [{"width": w, "inputs": "embeddings" if e else "tokens", "mask": "tree" if m else "causal",
-                            "output": output_name(h), "seconds": round(s, 3)}
-                           for (w, e, m, h), s in sorted(self.shapes.items())]
-                + [{"batch": b, "width": w, "inputs": "embeddings" if e else "tokens",
-                    "mask": "tree" if m else "causal", "output": output_name(h), "seconds": round(s, 3)}
-                   for (b, w, e, m, h), s in sorted(self.batch_shapes.items())]
-                + [{"batch": k[0] if len(k) == 6 else 1, "width": k[-5], "inputs": "embeddings" if k[-4] else "tokens",
-                    "mask": "tree" if k[-3] else "causal", "output": output_name(k[-2]),
-                    "layer_edits": [list(e) for e in k[-1]], "seconds": round(s, 3)}
-                   for k, s in self.edit_shapes.items()],
-                "seconds": round(sum(self.shapes.values()) + sum(self.batch_shapes.values())
-                                 + sum(self.edit_shapes.values()), 3),
-                "compiled_steps": self.compiled_steps,
-                "eager_steps": self.eager_steps,
-                **({"grown_to": self.grown} if self.grown else {})}
+        """run.yaml's `compile:` block (compile_report.py)."""
+        return compile_report.block(self)
 
 
 def enable(model, capacity: int) -> Compiled:

@@ -62,6 +62,12 @@ def padded(edits: tuple) -> tuple:
     return tuple(out)
 
 
+def edit_key(edits: tuple) -> tuple:
+    """The (layer, rows) pairs that name a graph with these layer edits: each edit's rows as padded() pads them (the
+    same for edits padded already)."""
+    return tuple((layer, 1 << max(0, (slots.shape[0] - 1).bit_length())) for layer, slots, *_ in edits)
+
+
 _EDITED: dict[type, type] = {}  # a decoder layer class -> its subclass that takes layer edits
 
 

@@ -129,6 +129,17 @@ def say_expected(name: str, device: torch.device, shapes: int, detail: str = "",
                   f"expect {_minutes(read * shapes)} to {_minutes(built * shapes)} before {before} (not timed)[/]")
 
 
+def say_ahead(name: str, shapes: int, done: int, device: torch.device | None = None, model=None) -> None:
+    """After warm-up: the exact count of shapes still to compile (every bucket at every kind of input warm-up met;
+    the count said before warm-up could not know the kinds) and their wait."""
+    from ...progress import console
+
+    built, read, _ = per_shape(device or torch.device("cpu"), model)
+    console.print(f"[dim]--compile {name}: {shapes} more shape(s) to compile after the {done} warm-up compiled (each "
+                  f"bucket at each kind of input it met): {_minutes(read * shapes)} to {_minutes(built * shapes)} "
+                  f"(not timed)[/]")
+
+
 def say_start(name: str, device: torch.device) -> None:
     """Before the first shape compiles: the wait to expect, from whether inductor's cache holds earlier builds."""
     from ...progress import console
