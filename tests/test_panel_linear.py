@@ -1,5 +1,5 @@
 """The panels kernel (core/model/panel_linear.py, native_linear's C++ `panels`): equal to F.linear at every row count
-and at shapes that are not multiples of its 16 columns, a row's output the same whatever rows run beside it, one
+and at shapes that are not multiples of its 16 columns, in float32 and bfloat16, a row's output the same whatever rows run beside it, one
 call per fused group inside a compiled graph, a candidate of the measured choice only where it can run, and a
 cached choice measured without it measured again."""
 
@@ -65,10 +65,33 @@ def test_the_next_tiles_prefetch_changes_no_sum(built):
             assert torch.equal(pl.linear(x, packed, n, None, True), plain), (n, k, rows)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_bfloat16_panels_round_float32_sums_once(built, bias):
+    """bfloat16 weights stay bfloat16 in their panels (half the bytes), widened exactly: each output is the float32
+    sum of the exact products (+ the bias), rounded to bfloat16 once, at every row count, with and without the
+    prefetch, on tiles of 3 and 4 panels; a row's output is the same whatever rows run beside it."""
+    torch.manual_seed(3)
+    for n, k in ((96, 64), (2090, 24), (200, 300)):
+        m = torch.nn.Linear(k, n, bias=bias).to(torch.bfloat16)
+        packed = pl.pack(m.weight)
+        assert packed.dtype == torch.bfloat16 and packed.shape == (-(-n // 16), k, 16)
+        for rows in (1, 3, 5, 8, 11, 16):
+            x = torch.randn(rows, k).to(torch.bfloat16)
+            got = pl.linear(x, packed, n, m.bias)
+            exact = F.linear(x.double(), m.weight.double(), None if m.bias is None else m.bias.double())
+            assert got.dtype == torch.bfloat16
+            # float32 sums of exact products: one bfloat16 rounding (2^-8 relative) and the sums' own (tiny) error
+            torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=1e-3 * exact.abs().max().item())
+            assert torch.equal(pl.linear(x, packed, n, m.bias, True), got), (n, k, rows)
+            assert torch.equal(pl.linear(x[:1], packed, n, m.bias), got[:1]), (n, k, rows)
+
+
 def test_wrong_inputs_are_refused_by_the_operator(built):
     packed = pl.pack(torch.randn(32, 8))
-    with pytest.raises(RuntimeError, match="float32 only"):
+    with pytest.raises(RuntimeError, match="x and packed alike"):
         pl.linear(torch.randn(1, 8, dtype=torch.bfloat16), packed, 32, None)
+    with pytest.raises(RuntimeError, match="x and packed alike"):
+        pl.linear(torch.randn(1, 8, dtype=torch.float16), pl.pack(torch.randn(32, 8)).half(), 32, None)
     with pytest.raises(RuntimeError, match="packed is not"):
         pl.linear(torch.randn(1, 9), packed, 32, None)
 
@@ -89,7 +112,8 @@ def test_compiled_graph_runs_one_panels_call_per_group(built):
 
 def test_panels_are_a_candidate_only_where_they_run(built, monkeypatch):
     assert {"panel", "panel-ahead"} <= set(lk.candidates(torch.float32))
-    assert not {"panel", "panel-ahead"} & set(lk.candidates(torch.bfloat16))
+    assert {"panel", "panel-ahead"} <= set(lk.candidates(torch.bfloat16))
+    assert not {"panel", "panel-ahead"} & set(lk.candidates(torch.float16))
     monkeypatch.setenv(nl.ENV, "0")
     assert not {"panel", "panel-ahead"} & set(lk.candidates(torch.float32))
 

@@ -143,7 +143,8 @@ def linears(model) -> list[torch.nn.Linear]:
 
 def candidates(dtype: torch.dtype) -> tuple[str, ...]:
     """Kernels worth measuring at `dtype`: oneDNN's packed linear where this torch has it, for float32 and bfloat16;
-    the panels (with and without the next tile's prefetch) in float32 where the native library is built."""
+    the panels (with and without the next tile's prefetch) in float32 and bfloat16 where the native library is
+    built."""
     onednn = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
               and (dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())))
     panels = panel_linear.available(dtype)

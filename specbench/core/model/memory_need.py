@@ -148,8 +148,8 @@ def prepack_bytes(device: torch.device, dtype: torch.dtype, params: int, linear:
 def compile_pack_bytes(config, device: torch.device, dtype: torch.dtype, params: int, linear: int) -> int:
     """A compiled CPU step's own packed copies (core/model/linear_kernels.py, fused_linears.py, panel_linear.py):
     every linear weight where prepack made no copy (bfloat16 of a model over cpu_kernels.MAX_PREPACK_PARAMS), the
-    q / k / v and gate / up weights once more, fused, and in float32 every linear weight once more in panels (models
-    up to MAX_PREPACK_PARAMS)."""
+    q / k / v and gate / up weights once more, fused, and in float32 and bfloat16 every linear weight once more in
+    panels (models up to MAX_PREPACK_PARAMS)."""
     from .cpu_kernels import MAX_PREPACK_PARAMS, packable
 
     if device.type != "cpu":
@@ -160,7 +160,7 @@ def compile_pack_bytes(config, device: torch.device, dtype: torch.dtype, params:
     grouped = layers * hidden * (heads * head_dim + 2 * kv_heads * head_dim + 2 * inter) * size
     small = params <= MAX_PREPACK_PARAMS
     own = linear * size if dtype == torch.bfloat16 and packable(dtype) and not small else 0
-    panels = linear * size if dtype == torch.float32 else 0
+    panels = linear * size if dtype in (torch.float32, torch.bfloat16) else 0
     return own + (grouped + panels if small else 0)
 
 

@@ -9,26 +9,47 @@ PANELS = r"""
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include <immintrin.h>
+#include <memory>
 
 namespace specbench_panels {
 typedef float v16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, two AVX2 ones
 typedef float v16u __attribute__((vector_size(64), aligned(4)));  // the same, read from any float's address
+typedef uint16_t h16u __attribute__((vector_size(32), aligned(2)));  // 16 bfloat16 weights, from any address
+typedef uint32_t w16 __attribute__((vector_size(64)));
 
-// columns [16 p, 16 p + 16 G) of R rows: for every k, each panel's 16 weights times each row's x[k], summed in k's
-// order (the same sums for a row whatever R and G are: a row's output never depends on the rows beside it); meanwhile
-// `lines` cache lines from `pre` on are prefetched into L2, evenly over the k's (0: none)
-template <int R, int G>
-inline void panel_rows(const float* x, int64_t K, const float* P, int64_t p, float* out, int64_t N,
-                       const float* pre, int64_t lines) {
+// 16 weights as floats: float32 as they are; bfloat16 widened exactly (its 16 bits are a float's top half). With
+// AVX-512 one widening load and a shift (the vector extension's form compiled to two 256-bit halves and a merge here,
+// which made the bfloat16 panels slower per weight than float32's, in the cache)
+inline v16 load16(const float* p) { return *(const v16u*)p; }
+inline v16 load16(const uint16_t* p) {
+#if defined(__AVX512F__)
+  const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
+  return (v16)_mm512_castsi512_ps(wide);
+#else
+  const w16 wide = __builtin_convertvector(*(const h16u*)p, w16) << 16;
+  v16 out;
+  __builtin_memcpy(&out, &wide, 64);
+  return out;
+#endif
+}
+
+// columns [16 p, 16 p + 16 G) of R rows: for every k, each panel's 16 weights (W: float, or uint16_t holding
+// bfloat16) times each row's x[k], summed in float32 in k's order (the same sums for a row whatever R and G are: a
+// row's output never depends on the rows beside it); meanwhile `lines` cache lines from `pre` on are prefetched
+// into L2, evenly over the k's (0: none)
+template <int R, int G, typename W>
+inline void panel_rows(const float* x, int64_t K, const W* P, int64_t p, float* out, int64_t N,
+                       const W* pre, int64_t lines) {
   v16 acc[G][R];
   for (int g = 0; g < G; ++g) for (int r = 0; r < R; ++r) acc[g][r] = v16{};
-  const float* w = P + p * K * 16;
+  const W* w = P + p * K * 16;
   int64_t due = 0;
   for (int64_t k = 0; k < K; ++k) {
     due += lines;
-    while (due >= K) { due -= K; __builtin_prefetch(pre, 0, 2); pre += 16; }
+    while (due >= K) { due -= K; __builtin_prefetch(pre, 0, 2); pre += 64 / sizeof(W); }
     v16 wv[G];
-    for (int g = 0; g < G; ++g) wv[g] = *(const v16u*)(w + (g * K + k) * 16);
+    for (int g = 0; g < G; ++g) wv[g] = load16(w + (g * K + k) * 16);
     for (int r = 0; r < R; ++r) {
       const float xs = x[r * K + k];
       for (int g = 0; g < G; ++g) acc[g][r] += wv[g] * xs;
@@ -45,18 +66,18 @@ inline void panel_rows(const float* x, int64_t K, const float* P, int64_t p, flo
   }
 }
 
-template <int G>
-inline void block_rows(int64_t R, const float* x, int64_t K, const float* P, int64_t p, float* out, int64_t N,
-                       const float* pre = nullptr, int64_t lines = 0) {
+template <int G, typename W>
+inline void block_rows(int64_t R, const float* x, int64_t K, const W* P, int64_t p, float* out, int64_t N,
+                       const W* pre = nullptr, int64_t lines = 0) {
   switch (R) {
-    case 1: panel_rows<1, G>(x, K, P, p, out, N, pre, lines); break;
-    case 2: panel_rows<2, G>(x, K, P, p, out, N, pre, lines); break;
-    case 3: panel_rows<3, G>(x, K, P, p, out, N, pre, lines); break;
-    case 4: panel_rows<4, G>(x, K, P, p, out, N, pre, lines); break;
-    case 5: panel_rows<5, G>(x, K, P, p, out, N, pre, lines); break;
-    case 6: panel_rows<6, G>(x, K, P, p, out, N, pre, lines); break;
-    case 7: panel_rows<7, G>(x, K, P, p, out, N, pre, lines); break;
-    default: panel_rows<8, G>(x, K, P, p, out, N, pre, lines); break;
+    case 1: panel_rows<1, G, W>(x, K, P, p, out, N, pre, lines); break;
+    case 2: panel_rows<2, G, W>(x, K, P, p, out, N, pre, lines); break;
+    case 3: panel_rows<3, G, W>(x, K, P, p, out, N, pre, lines); break;
+    case 4: panel_rows<4, G, W>(x, K, P, p, out, N, pre, lines); break;
+    case 5: panel_rows<5, G, W>(x, K, P, p, out, N, pre, lines); break;
+    case 6: panel_rows<6, G, W>(x, K, P, p, out, N, pre, lines); break;
+    case 7: panel_rows<7, G, W>(x, K, P, p, out, N, pre, lines); break;
+    default: panel_rows<8, G, W>(x, K, P, p, out, N, pre, lines); break;
   }
 }
 
@@ -65,41 +86,31 @@ inline void block_rows(int64_t R, const float* x, int64_t K, const float* P, int
 // pass: 16 rows of the LM head took 2.0x 8 rows' time, benchmarks/RESULTS-cpu.md, stop 60); tiles split between the
 // threads. `ahead`: the thread's next tile is prefetched meanwhile, a share in each block's pass, so the passes' sums
 // overlap the next weights' stream (where a tile has two blocks or more: one block's pass is the stream itself)
-template <int G>
-void tiles(const float* x, const int64_t* start, int64_t blocks, int64_t K, const float* P, int64_t N, float* out,
+template <int G, typename W>
+void tiles(const float* x, const int64_t* start, int64_t blocks, int64_t K, const W* P, int64_t N, float* out,
            bool ahead) {
   const int64_t panels = (N + 15) / 16;
   const bool prefetch = ahead && blocks >= 2;
   at::parallel_for(0, (panels + G - 1) / G, 1, [&](int64_t a, int64_t e) {
     for (int64_t t = a; t < e; ++t) {
       const int64_t p = t * G;
-      // the next tile's cache lines (a panel is K lines of 16 floats), 0 for a thread's last tile
-      const int64_t next = prefetch && t + 1 < e ? (std::min(panels, p + 2 * G) - std::min(panels, p + G)) * K : 0;
+      // the next tile's cache lines (a panel is K rows of 16 weights: K lines of float32, K / 2 of bfloat16), 0 for
+      // a thread's last tile
+      const int64_t next = prefetch && t + 1 < e
+          ? (std::min(panels, p + 2 * G) - std::min(panels, p + G)) * K * (int64_t)sizeof(W) / 4 : 0;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t r0 = start[b], R = start[b + 1] - r0;
         const int64_t l0 = next * b / blocks, l1 = next * (b + 1) / blocks;
-        const float* pre = P + ((p + G) * K + l0) * 16;
-        if (p + G <= panels) block_rows<G>(R, x + r0 * K, K, P, p, out + r0 * N, N, pre, l1 - l0);
-        else for (int64_t q = p; q < panels; ++q) block_rows<1>(R, x + r0 * K, K, P, q, out + r0 * N, N);
+        const W* pre = P + (p + G) * K * 16 + l0 * (64 / sizeof(W));
+        if (p + G <= panels) block_rows<G, W>(R, x + r0 * K, K, P, p, out + r0 * N, N, pre, l1 - l0);
+        else for (int64_t q = p; q < panels; ++q) block_rows<1, W>(R, x + r0 * K, K, P, q, out + r0 * N, N);
       }
     }
   });
 }
 
-at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_features,
-                  const std::optional<at::Tensor>& bias, bool ahead) {
-  TORCH_CHECK(x_.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat && packed.is_contiguous(),
-              "specbench_native::panels: float32 only, packed contiguous");
-  const auto x = x_.contiguous();
-  const int64_t K = x.size(-1), rows = x.numel() / K, N = out_features;
-  TORCH_CHECK(packed.dim() == 3 && packed.size(1) == K && packed.size(2) == 16 && packed.size(0) * 16 >= N,
-              "specbench_native::panels: packed is not [ceil(N / 16), K, 16]");
-  auto shape = x.sizes().vec();
-  shape.back() = N;
-  auto out = at::empty(shape, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = packed.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+template <typename W>
+void all_rows(const float* xp, int64_t rows, int64_t K, const W* wp, int64_t N, float* op, bool ahead) {
   // A tile is 4 panels while its weights stay small enough to be read again from the cache (4 K 64 bytes <= 256 KB)
   // and every thread gets 16 tiles or more (else one thread's extra tile shows), rows in blocks of up to 4 or 7 (up
   // to 28 sums in registers); else 3 panels, blocks of up to 8 (24 sums). Blocks as even as possible (11 rows: 6 + 5).
@@ -110,10 +121,42 @@ at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_fe
   for (int64_t s = 0; s < rows; s += 64 * most) {  // 64 blocks a pass at most (a prefill's hundreds of rows)
     const int64_t n = std::min(rows - s, 64 * most), blocks = (n + most - 1) / most;
     for (int64_t b = 0; b <= blocks; ++b) start[b] = n * b / blocks;
-    if (four) tiles<4>(xp + s * K, start, blocks, K, wp, N, op + s * N, ahead);
-    else tiles<3>(xp + s * K, start, blocks, K, wp, N, op + s * N, ahead);
+    if (four) tiles<4, W>(xp + s * K, start, blocks, K, wp, N, op + s * N, ahead);
+    else tiles<3, W>(xp + s * K, start, blocks, K, wp, N, op + s * N, ahead);
   }
-  if (bias.has_value()) out.add_(*bias);
+}
+
+// float32: x, packed and the output float32. bfloat16: x and packed bfloat16; x widened to float32 once, the sums
+// float32, the bias added to them, each output rounded to bfloat16 once (as oneDNN's bfloat16 linear does); the
+// widening and rounding here, not as tensor ops around the kernel (a call on a 576 x 576 weight is ~30 us: two
+// conversions through the dispatcher are a share of it)
+at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_features,
+                  const std::optional<at::Tensor>& bias, bool ahead) {
+  const auto dtype = packed.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && x_.scalar_type() == dtype && packed.is_contiguous(),
+              "specbench_native::panels: float32 or bfloat16 (x and packed alike), packed contiguous");
+  const auto x = x_.contiguous();
+  const int64_t K = x.size(-1), rows = x.numel() / K, N = out_features;
+  TORCH_CHECK(packed.dim() == 3 && packed.size(1) == K && packed.size(2) == 16 && packed.size(0) * 16 >= N,
+              "specbench_native::panels: packed is not [ceil(N / 16), K, 16]");
+  auto shape = x.sizes().vec();
+  shape.back() = N;
+  auto out = at::empty(shape, x.options());
+  if (dtype == at::kFloat) {
+    all_rows<float>(x.data_ptr<float>(), rows, K, packed.data_ptr<float>(), N, out.data_ptr<float>(), ahead);
+    if (bias.has_value()) out.add_(*bias);
+    return out;
+  }
+  std::unique_ptr<float[]> xf(new float[rows * K]), sums(new float[rows * N]);
+  const at::BFloat16* xb = x.data_ptr<at::BFloat16>();
+  for (int64_t i = 0; i < rows * K; ++i) xf[i] = static_cast<float>(xb[i]);
+  all_rows<uint16_t>(xf.get(), rows, K, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), N,
+                     sums.get(), ahead);
+  at::Tensor b32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const float* bp = bias.has_value() ? b32.data_ptr<float>() : nullptr;
+  at::BFloat16* ob = out.data_ptr<at::BFloat16>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t n = 0; n < N; ++n) ob[r * N + n] = at::BFloat16(sums[r * N + n] + (bp ? bp[n] : 0.0f));
   return out;
 }
 }  // namespace specbench_panels

@@ -16,8 +16,10 @@ registers) before the next, so the weights are read from memory once whatever th
 3.3 against 6.3 ms when rows went in passes of 8 over the whole weight, stop 60). A row's sums run in k's order
 whatever rows sit beside it, so a token's output is the same at every width. With `ahead` (the `panel-ahead`
 candidate) each thread prefetches its next tile into L2, a share during each row block's pass over the current one,
-so a wide step's sums overlap the next weights' stream; the sums are the same. Float32 only, and only where the native
-library is built (`available`). The copies: one per layer, the fused groups' one per group (fused_linears.py), kept
+so a wide step's sums overlap the next weights' stream; the sums are the same. Float32 and bfloat16 (its weights kept
+in bfloat16, half the bytes to stream, widened to float32 in registers, exact; the sums float32, the output rounded to
+bfloat16 once: oneDNN's bfloat16 linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the
+machine streams ~26, benchmarks/RESULTS-cpu.md, stop 63), only where the native library is built (`available`). The copies: one per layer, the fused groups' one per group (fused_linears.py), kept
 weak-keyed by layer, made only for a compiled step whose choice runs this kernel (memory_need counts them).
 """
 
@@ -36,16 +38,18 @@ _COPIES: "weakref.WeakKeyDictionary[torch.nn.Linear, torch.Tensor]" = weakref.We
 
 
 def available(dtype: torch.dtype) -> bool:
-    """Whether the kernel runs at `dtype` here: float32, with the native library built and loaded."""
-    return dtype == torch.float32 and native_linear.ready()
+    """Whether the kernel runs at `dtype` here: float32 or bfloat16, with the native library built and loaded."""
+    return dtype in (torch.float32, torch.bfloat16) and native_linear.ready()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """W [N, K] -> panels [ceil(N / 16), K, 16], float32, contiguous; the padded columns zero."""
+    """W [N, K] -> panels [ceil(N / 16), K, 16] in W's dtype (float32 or bfloat16), contiguous; the padded columns
+    zero."""
     n, k = weight.shape
     panels = -(-n // PANEL)
+    dtype = weight.dtype if weight.dtype == torch.bfloat16 else torch.float32
     with torch.no_grad():
-        padded = weight.detach().new_zeros(panels * PANEL, k, dtype=torch.float32)
+        padded = weight.detach().new_zeros(panels * PANEL, k, dtype=dtype)
         padded[:n] = weight.detach()
         return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
 
