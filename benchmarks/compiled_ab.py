@@ -10,7 +10,8 @@ ms of a forward under each, and B / A with the range of the per-round ratios.
         [--model smollm2-135m] [--dtype float32] [--widths 1,2,4,8,16] [--kv-length 512] [--rounds 9] [--repeats 10]
 
 A setting is NAME=VALUE[,NAME=VALUE...] of environment variables (SPECBENCH_COMPILE_LINEAR, _ATTENTION, _FUSE,
-_NATIVE, ...) or of inductor's config options, named inductor.<option> (inductor.cpp.min_chunk_size=4096). Quiet machine only (nothing else running).
+_NATIVE, ...) or of inductor's config options, named inductor.<option> (inductor.cpp.min_chunk_size=4096). Quiet
+machine only (nothing else running).
 """
 
 from __future__ import annotations

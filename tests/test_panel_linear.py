@@ -1,7 +1,7 @@
 """The panels kernel (core/model/panel_linear.py, native_linear's C++ `panels`): equal to F.linear at every row count
-and at shapes that are not multiples of its 16 columns, in float32 and bfloat16, a row's output the same whatever rows run beside it, one
-call per fused group inside a compiled graph, a candidate of the measured choice only where it can run, and a
-cached choice measured without it measured again."""
+and at shapes that are not multiples of its 16 columns, in float32 and bfloat16, a row's output the same whatever
+rows run beside it, one call per fused group inside a compiled graph, a candidate of the measured choice only where
+it can run, and a cached choice measured without it measured again."""
 
 from __future__ import annotations
 

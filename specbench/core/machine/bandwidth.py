@@ -19,7 +19,8 @@ The result is cached per hardware key (core/machine/hardware.hardware_slug) in t
 measures again (on a CPU the bandwidth a process reaches depends on the cores it uses).
 A benchmark run's roofline does not read that cache: a machine's bandwidth can move by a third within a day, so a run
 measures it in its own sitting, before its turns (`for_run`), and falls back to the cached reading, saying so, only
-when other work disturbed that measurement.
+when other work disturbed that measurement. On a CPU a run also reads it beside every timed turn (`probe`, a short
+reading: run/turn_bandwidth.py).
 $SPECBENCH_BANDWIDTH_GB_S, when set, is taken instead of any measurement (its source says so).
 """
 

@@ -19,8 +19,9 @@ candidate) each thread prefetches its next tile into L2, a share during each row
 so a wide step's sums overlap the next weights' stream; the sums are the same. Float32 and bfloat16 (its weights kept
 in bfloat16, half the bytes to stream, widened to float32 in registers, exact; the sums float32, the output rounded to
 bfloat16 once: oneDNN's bfloat16 linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the
-machine streams ~26, benchmarks/RESULTS-cpu.md, stop 63), only where the native library is built (`available`). The copies: one per layer, the fused groups' one per group (fused_linears.py), kept
-weak-keyed by layer, made only for a compiled step whose choice runs this kernel (memory_need counts them).
+machine streams ~26, benchmarks/RESULTS-cpu.md, stop 63), only where the native library is built (`available`).
+The copies: one per layer, the fused groups' one per group (fused_linears.py), kept weak-keyed by layer, made only
+for a compiled step whose choice runs this kernel (memory_need counts them).
 """
 
 from __future__ import annotations
