@@ -6,8 +6,8 @@ and the larger taken:
 - a timed square GEMM (torch.mm of two n x n matrices of the dtype; 2 n^3 floating-point operations) large enough to
   run at the library's best rate and small enough to take a fraction of a second: n = 2048 on a CPU, 8192 on a GPU
   (CUDA events);
-- on a CPU in float32, where the native library is built, specbench's own panels linear (core/model/panel_linear.py)
-  over a weight that stays in the caches, 112 rows: what a compiled forward's linears reach here. On a Zen 5 EPYC
+- on a CPU in float32 and bfloat16, where the native library is built, specbench's own panels linear
+  (core/model/panel_linear.py) over a weight of the dtype that stays in the caches, 112 rows: what a compiled forward's linears reach here. On a Zen 5 EPYC
   torch's float32 GEMM ran at 224 GFLOP/s and the panels at 490-510 (stop 60): a peak from the GEMM alone was one a
   forward beat (a compiled L(16) read 0.96 of its "ideal").
 
@@ -49,7 +49,7 @@ class Peak:
     hardware: str  # the hardware key
     measured_at: str  # UTC, ISO 8601
     gemm_gflops: float = 0.0  # the n x n x n GEMM's rate (0: given, or a cache from before both were kept)
-    kernel_gflops: float = 0.0  # the panels linear's rate (0: not measured: not a CPU, not float32, no native library)
+    kernel_gflops: float = 0.0  # the panels linear's rate (0: not measured: not a CPU, another dtype, no native lib)
     source: str = "measured now"  # or "cached <path>", "$SPECBENCH_PEAK_GFLOPS": filled when read, not stored
 
     def stored(self) -> dict:
@@ -71,23 +71,23 @@ def gemm_gflops(size: int, seconds: float) -> float:
 
 
 def _kernel_runs(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the panels linear runs here at `dtype` (a CPU, float32, the native library built)."""
+    """Whether the panels linear runs here at `dtype` (a CPU, float32 or bfloat16, the native library built)."""
     from ..model import panel_linear  # (not at import: the model layer builds on this one)
 
     return device.type == "cpu" and panel_linear.available(dtype)
 
 
 def _kernel_call(device: torch.device, dtype: torch.dtype):
-    """A panels linear of 112 rows over a 384 x 576 weight (0.9 MB: it stays in the caches) and its FLOPs; None
-    where that kernel does not run (a GPU, another dtype, no native library)."""
+    """A panels linear of 112 rows over a 384 x 576 weight of `dtype` (0.9 MB in float32: it stays in the caches)
+    and its FLOPs; None where that kernel does not run (a GPU, another dtype, no native library)."""
     from ..model import panel_linear
 
     if not _kernel_runs(device, dtype):
         return None
     gen = torch.Generator().manual_seed(0)
     n, k, rows = 384, 576, 112
-    packed = panel_linear.pack(torch.randn(n, k, generator=gen))
-    x = torch.randn(rows, k, generator=gen)
+    packed = panel_linear.pack(torch.randn(n, k, generator=gen).to(dtype))
+    x = torch.randn(rows, k, generator=gen).to(dtype)
     return (lambda: panel_linear.linear(x, packed, n, None)), 2.0 * n * k * rows
 
 
