@@ -7,9 +7,9 @@ and the larger taken:
   run at the library's best rate and small enough to take a fraction of a second: n = 2048 on a CPU, 8192 on a GPU
   (CUDA events);
 - on a CPU in float32 and bfloat16, where the native library is built, specbench's own panels linear
-  (core/model/panel_linear.py) over a weight of the dtype that stays in the caches, 112 rows: what a compiled forward's linears reach here. On a Zen 5 EPYC
-  torch's float32 GEMM ran at 224 GFLOP/s and the panels at 490-510 (stop 60): a peak from the GEMM alone was one a
-  forward beat (a compiled L(16) read 0.96 of its "ideal").
+  (core/model/panel_linear.py) over a weight of the dtype that stays in the caches, 112 rows: what a compiled
+  forward's linears reach here. On a Zen 5 EPYC torch's float32 GEMM ran at 224 GFLOP/s and the panels at 490-510
+  (stop 60): a peak from the GEMM alone was one a forward beat (a compiled L(16) read 0.96 of its "ideal").
 
 Cached like the bandwidth (core/machine/bandwidth.py), per hardware key and dtype: <user cache>/peak/<hardware key>
 -<dtype>.yaml, with the thread count (a different count measures again; so does a cache written before the panels
