@@ -9,8 +9,10 @@ PANELS = r"""
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <immintrin.h>
 #include <memory>
+#if defined(__AVX512F__)
+#include <immintrin.h>  // (x86 only: elsewhere the vector extension's form below)
+#endif
 
 namespace specbench_panels {
 typedef float v16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, two AVX2 ones
