@@ -134,6 +134,13 @@ def _kernel_read(src: torch.Tensor):
     return (lambda: panel_linear.linear(x, weight, panels * 16, None)), weight.numel() * 4
 
 
+def _time_reads(src: torch.Tensor, kernel, device: torch.device, read_s: list, kernel_s: list) -> None:
+    """One timed sum() of `src` and one timed kernel read of it (`kernel`: _kernel_read's, or None), appended."""
+    read_s.append(_timed(lambda: src.sum(), device))
+    if kernel:
+        kernel_s.append(_timed(kernel[0], device))
+
+
 def measure(device: torch.device, hardware: str, repeats: int = REPEATS, buffer_bytes: int | None = None) -> Bandwidth:
     """Time `repeats` copies and reads of a buffer far larger than the caches on `device` (best of each)."""
     if buffer_bytes is None:
@@ -148,9 +155,7 @@ def measure(device: torch.device, hardware: str, repeats: int = REPEATS, buffer_
     with torch.inference_mode():
         for _ in range(repeats):
             copy_s.append(_timed(lambda: dst.copy_(src), device))
-            read_s.append(_timed(lambda: src.sum(), device))
-            if kernel:
-                kernel_s.append(_timed(kernel[0], device))
+            _time_reads(src, kernel, device, read_s, kernel_s)
     del src, dst
     copy, read = rates(buffer_bytes, copy_s, read_s)
     through = kernel[1] / min(kernel_s) / 1e9 if kernel else 0.0
@@ -172,11 +177,12 @@ def probe(device: torch.device) -> float:
     buffer_bytes = cpu_buffer_bytes(last_level_cache_bytes(), available_bytes())
     src = torch.ones(buffer_bytes // 4, dtype=torch.float32)
     kernel = _kernel_read(src)
+    read_s, kernel_s = [], []
     with torch.inference_mode():
-        best = buffer_bytes / min(_timed(lambda: src.sum(), device) for _ in range(PROBE_REPEATS))
-        if kernel:
-            best = max(best, kernel[1] / min(_timed(kernel[0], device) for _ in range(PROBE_REPEATS)))
+        for _ in range(PROBE_REPEATS):
+            _time_reads(src, kernel, device, read_s, kernel_s)
     del src
+    best = max(buffer_bytes / min(read_s), kernel[1] / min(kernel_s) if kernel else 0.0)
     return round(best / 1e9, 2)
 
 

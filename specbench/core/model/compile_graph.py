@@ -49,12 +49,17 @@ def apply_edits(index: int, hidden: torch.Tensor, edits) -> torch.Tensor:
     return flat.view_as(hidden) if changed else hidden
 
 
+def padded_rows(rows: int) -> int:
+    """An edit's row count as a graph takes it: the next power of two."""
+    return 1 << max(0, (rows - 1).bit_length())
+
+
 def padded(edits: tuple) -> tuple:
     """The edits with each one's rows padded to a power of two by repeating its first row (written twice with the
     same value: the result is the same), so that the edits of a batch's many tree states share a few graphs."""
     out = []
     for layer, slots, sources, weight in edits:
-        extra = (1 << max(0, (slots.shape[0] - 1).bit_length())) - slots.shape[0]
+        extra = padded_rows(slots.shape[0]) - slots.shape[0]
         if extra:
             slots = torch.cat([slots, slots[:1].expand(extra)])
             sources = torch.cat([sources, sources[:1].expand(extra)])
@@ -65,7 +70,7 @@ def padded(edits: tuple) -> tuple:
 def edit_key(edits: tuple) -> tuple:
     """The (layer, rows) pairs that name a graph with these layer edits: each edit's rows as padded() pads them (the
     same for edits padded already)."""
-    return tuple((layer, 1 << max(0, (slots.shape[0] - 1).bit_length())) for layer, slots, *_ in edits)
+    return tuple((layer, padded_rows(slots.shape[0])) for layer, slots, *_ in edits)
 
 
 _EDITED: dict[type, type] = {}  # a decoder layer class -> its subclass that takes layer edits
