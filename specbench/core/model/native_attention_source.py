@@ -1,71 +1,25 @@
 """The C++ of the native library's attention (native_linear builds it with the linears into one library):
 `specbench_native::attention`, a compiled forward's float32 attention over the static cache (native_attention.py
 says where it runs and why). It defines its operator in the library's namespace (TORCH_LIBRARY_FRAGMENT) inside a
-C++ namespace of its own. Kept apart from the Python that calls it so that the builder imports no caller.
+C++ namespace of its own, after its vector helpers (native_vectors_source.py). Kept apart from the Python that calls
+it so that the builder imports no caller.
 
 A unit of work is (batch, key / value head, chunk of keys); its R = query heads per key head x query rows share the
-chunk's keys and values. Few rows (R <= 6) go a row at a time, each score its own dot product. More rows read each
-block of 16 keys once for all of them: the block transposed in registers, scores 4 rows a pass, the values weighted
-4 rows a pass (head dim 64; 2 at 128). At 8 query rows of SmolLM2 (R = 24) over 520 keys that took 30 layers' attention
-from 2.6 to 1.9 ms (benchmarks/RESULTS-cpu.md, stop 60)."""
+chunk's keys and values. Few rows (R <= 6: a decode step's) score 16 keys at a time row by row, the 16 sums folded
+together (not 16 horizontal sums). More rows read each block of 16 keys once for all of them: the block transposed
+in registers, scores 4 rows a pass. The values are weighted 4 rows a pass (head dim 64; 2 at 128). At 8 query rows
+of SmolLM2 (R = 24) over 520 keys that took 30 layers' attention from 2.6 to 1.9 ms (benchmarks/RESULTS-cpu.md,
+stop 60). Both read the keys and values a software prefetch ahead (AHEAD keys): at one row, with the cache out of
+the caches, the 30 layers' attention over 513 keys took 2.1-2.3 ms before the folds and the prefetch and 1.4-1.8
+after (benchmarks/RESULTS-cpu.md, stop 64)."""
+
+from .native_vectors_source import VECTORS
 
 # specbench_native::attention(query, key, value, mask, scale) -> [B, Q, H, D]
-ATTENTION = r"""
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <vector>
-
+ATTENTION = VECTORS + r"""
 namespace specbench_attention {
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));
-typedef int i16v __attribute__((vector_size(64)));
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
-
-inline v16 ld(const float* p) { return *(const v16u*)p; }
-inline void st(float* p, v16 v) { *(v16u*)p = v; }
-inline v16 splat(float x) { return v16{} + x; }
-
-inline float hsum(v16 v) {  // a fixed order: halves, quarters, then pairs
-  v8 a, b; std::memcpy(&a, &v, 32); std::memcpy(&b, (const char*)&v + 32, 32);
-  v8 s = a + b;
-  v4 c, d; std::memcpy(&c, &s, 16); std::memcpy(&d, (const char*)&s + 16, 16);
-  v4 t = c + d;
-  return (t[0] + t[2]) + (t[1] + t[3]);
-}
-
-// e^x for 16 floats (Cephes' single-precision polynomial after x = n ln2 + r, |r| <= ln2 / 2; ~1 ulp); exactly 0
-// below -87.3 (a masked score: the softmax gives it no weight, as SDPA's does)
-inline v16 vexp(v16 x) {
-  const v16 lo = splat(-87.3f);
-  v16 z = x < lo ? lo : x;
-  z = z > splat(88.3f) ? splat(88.3f) : z;
-  v16 t = z * 1.44269504088896341f + 12582912.0f;  // round to nearest through the float's mantissa
-  v16 n = t - 12582912.0f;
-  v16 r = z - n * 0.693359375f - n * -2.12194440e-4f;
-  v16 p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  i16v e = (__builtin_convertvector(n, i16v) + 127) << 23;
-  v16 scale; std::memcpy(&scale, &e, 64);
-  v16 out = p * scale;
-  return x < lo ? v16{} : out;
-}
-
-template <int DV>  // head dim / 16
-inline float dot(const float* a, const float* b) {
-  v16 acc = ld(a) * ld(b);
-  for (int i = 1; i < DV; ++i) acc += ld(a + 16 * i) * ld(b + 16 * i);
-  return hsum(acc);
-}
+// keys a software prefetch runs ahead of the reads (a unit reads its chunk of a layer's cache once: a cold stream)
+constexpr int64_t AHEAD = 32;
 
 // One unit of work: batch b, key / value head g, the cache's keys [k0, k1), and its R = groups x Q query rows (row
 // r = j Q + i: query head g groups + j, query position i); the pointers are batch b's (key and value: head g's)
@@ -105,50 +59,62 @@ inline void normalise(float* s, int64_t n, float* mx, float* sm) {
   *sm = hsum(total) + tail;
 }
 
-// unit() for a few rows (R <= 6: a block of keys would be transposed for too few rows): a row at a time, each score
-// a dot product of its own
+// Per row of a unit: its query, its mask, its scores, its output sums, its scores at the current key block. Made once
+// per thread's share of the units, not once a unit (the decode step's hot path)
+struct RowPointers {
+  std::vector<const float*> query, mask;
+  std::vector<float*> scores, acc, out;
+  explicit RowPointers(int64_t R) : query(R), mask(R), scores(R), acc(R), out(R) {}
+};
+
+// unit() for a few rows (R <= 6: a block of keys would be transposed for too few rows). Scores 16 keys at a time,
+// row by row (the block stays in L1 after the first row reads it): each key's 16 lane-wise partial products in
+// registers, then one fold for the 16 sums (sums16: the same sums, in the same order, as a dot product each); the
+// values read once for up to 4 rows (value_rows)
+template <int DV, int RR>
+inline void value_rows(const Unit& u, const float* const* w, float* const* out);
+
 template <int DV>
-void unit_rows(const Unit& u, float* mx, float* sm, float* acc, float* scores) {
+void unit_rows(const Unit& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
   constexpr int D = DV * 16;
-  const int64_t n = u.k1 - u.k0;
-  for (int64_t r = 0; r < u.rows(); ++r) {
-    const float* qr = u.query(r);
-    const float* mr = u.mask(r);
-    float* s = scores + r * n;
-    for (int64_t t = 0; t < n; ++t) s[t] = dot<DV>(qr, u.key(u.k0 + t)) * u.scale + mr[(u.k0 + t) * u.ms_k];
-    normalise(s, n, mx + r, sm + r);
-    if (sm[r] == 0) continue;  // (its sums are never read)
-    v16 o[DV];
-    for (int d = 0; d < DV; ++d) o[d] = v16{};
-    for (int64_t t = 0; t < n; ++t) {
-      const float* vr = u.value(u.k0 + t);
-      for (int d = 0; d < DV; ++d) o[d] += ld(vr + 16 * d) * s[t];
+  const int64_t n = u.k1 - u.k0, R = u.rows();
+  for (int64_t r = 0; r < R; ++r) {
+    rows.scores[r] = scores + r * n;
+    rows.acc[r] = acc + r * D;
+  }
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int64_t nt = std::min<int64_t>(16, n - t0);
+    const float* keys[16];
+    for (int64_t t = 0; t < 16; ++t) keys[t] = u.key(u.k0 + t0 + std::min(t, nt - 1));  // (past the end: never stored)
+    for (int64_t t = 0; t < 16 && t0 + AHEAD + t < n; ++t)  // the block AHEAD keys on: a stream the caches would not
+      for (int d = 0; d < DV; ++d) __builtin_prefetch(u.key(u.k0 + t0 + AHEAD + t) + 16 * d, 0, 3);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* qr = u.query(r);
+      v16 q[DV], p[16];
+      for (int d = 0; d < DV; ++d) q[d] = ld(qr + 16 * d);
+      for (int t = 0; t < 16; ++t) {
+        v16 a = q[0] * ld(keys[t]);
+        for (int d = 1; d < DV; ++d) a += q[d] * ld(keys[t] + 16 * d);
+        p[t] = a;
+      }
+      const v16 dots = sums16(p);
+      const float* mr = u.mask(r);
+      float* s = rows.scores[r] + t0;
+      for (int64_t t = 0; t < nt; ++t) s[t] = dots[KEY_LANE.lane[t]] * u.scale + mr[(u.k0 + t0 + t) * u.ms_k];
     }
-    for (int d = 0; d < DV; ++d) st(acc + r * D + 16 * d, o[d]);
+  }
+  for (int64_t r = 0; r < R; ++r) normalise(rows.scores[r], n, mx + r, sm + r);  // a dead row's weights all 0
+  constexpr int RV = DV <= 4 ? 4 : 2;  // 16 sums in registers
+  for (int64_t r = 0; r < R; r += RV) {
+    const float* const* w = (const float* const*)&rows.scores[r];
+    switch (std::min<int64_t>(RV, R - r)) {
+      case 1: value_rows<DV, 1>(u, w, &rows.acc[r]); break;
+      case 2: value_rows<DV, (RV >= 2 ? 2 : 1)>(u, w, &rows.acc[r]); break;
+      case 3: value_rows<DV, (RV >= 3 ? 3 : 1)>(u, w, &rows.acc[r]); break;
+      default: value_rows<DV, RV>(u, w, &rows.acc[r]); break;
+    }
   }
 }
-
-// a 16 x 16 block (16 rows of 16 floats) transposed in registers: at s = 8, 4, 2, 1 each pair of rows (i, i + s)
-// swaps its off-diagonal s-wide pieces (64 two-register shuffles in all)
-#define SB_LO(j) (((j) & S) ? 16 + (j) - S : (j))
-#define SB_HI(j) (((j) & S) ? 16 + (j) : (j) + S)
-template <int S>
-inline void swap_pieces(v16* r) {
-  for (int i = 0; i < 16; ++i) {
-    if (i & S) continue;
-    const v16 a = r[i], b = r[i + S];
-    r[i] = __builtin_shufflevector(a, b, SB_LO(0), SB_LO(1), SB_LO(2), SB_LO(3), SB_LO(4), SB_LO(5), SB_LO(6),
-                                   SB_LO(7), SB_LO(8), SB_LO(9), SB_LO(10), SB_LO(11), SB_LO(12), SB_LO(13),
-                                   SB_LO(14), SB_LO(15));
-    r[i + S] = __builtin_shufflevector(a, b, SB_HI(0), SB_HI(1), SB_HI(2), SB_HI(3), SB_HI(4), SB_HI(5), SB_HI(6),
-                                       SB_HI(7), SB_HI(8), SB_HI(9), SB_HI(10), SB_HI(11), SB_HI(12), SB_HI(13),
-                                       SB_HI(14), SB_HI(15));
-  }
-}
-#undef SB_LO
-#undef SB_HI
-
-inline void transpose16(v16* r) { swap_pieces<8>(r); swap_pieces<4>(r); swap_pieces<2>(r); swap_pieces<1>(r); }
 
 // Scores of RR query rows against a block of 16 keys transposed (kt[d * 16 + t]): s[i] = (q_i . k_t) * scale + mask,
 // each dot product in 4 partial sums (d mod 4, each in d's order: independent chains of multiply-adds), then
@@ -182,6 +148,7 @@ inline void value_rows(const Unit& u, const float* const* w, float* const* out) 
   for (int i = 0; i < RR; ++i) for (int d = 0; d < DV; ++d) o[i][d] = v16{};
   for (int64_t t = 0; t < u.k1 - u.k0; ++t) {
     const float* vr = u.value(u.k0 + t);
+    if (t + AHEAD < u.k1 - u.k0) for (int d = 0; d < DV; ++d) __builtin_prefetch(vr + AHEAD * u.vs_k + 16 * d, 0, 3);
     v16 vv[DV];
     for (int d = 0; d < DV; ++d) vv[d] = ld(vr + 16 * d);
     for (int i = 0; i < RR; ++i) {
@@ -191,14 +158,6 @@ inline void value_rows(const Unit& u, const float* const* w, float* const* out) 
   }
   for (int i = 0; i < RR; ++i) for (int d = 0; d < DV; ++d) st(out[i] + 16 * d, o[i][d]);
 }
-
-// Per row of a unit: its query, its mask, its scores, its output sums, its scores at the current key block. Made once
-// per thread's share of the units, not once a unit (the decode step's hot path)
-struct RowPointers {
-  std::vector<const float*> query, mask;
-  std::vector<float*> scores, acc, out;
-  explicit RowPointers(int64_t R) : query(R), mask(R), scores(R), acc(R), out(R) {}
-};
 
 // unit() for many rows. The rows share the chunk's keys and values, so each is read once for a block of rows (not
 // once a row): scores 16 keys at a time, the block transposed, 4 rows a pass; the values 4 (head dim 64) or 2 (128)
@@ -218,6 +177,8 @@ void unit_blocks(const Unit& u, float* mx, float* sm, float* acc, float* scores,
   alignas(64) float kt[D * 16];
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t nt = std::min<int64_t>(16, n - t0);
+    for (int64_t t = 0; t < 16 && t0 + AHEAD + t < n; ++t)
+      for (int d = 0; d < DV; ++d) __builtin_prefetch(u.key(u.k0 + t0 + AHEAD + t) + 16 * d, 0, 3);
     for (int c = 0; c < DV; ++c) {  // head dims [16 c, 16 c + 16) of the 16 keys
       v16 block[16];
       for (int64_t t = 0; t < 16; ++t)  // (past the chunk's end: its last key again, never stored)
@@ -253,7 +214,7 @@ void unit_blocks(const Unit& u, float* mx, float* sm, float* acc, float* scores,
 // output sum e^(score - max) v
 template <int DV>
 void unit(const Unit& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
-  if (u.rows() <= 6) unit_rows<DV>(u, mx, sm, acc, scores);
+  if (u.rows() <= 6) unit_rows<DV>(u, mx, sm, acc, scores, rows);
   else unit_blocks<DV>(u, mx, sm, acc, scores, rows);
 }
 
@@ -358,3 +319,4 @@ TORCH_LIBRARY_FRAGMENT(specbench_native, m) {
 }
 TORCH_LIBRARY_IMPL(specbench_native, CPU, m) { m.impl("attention", &specbench_attention::attention); }
 """
+
