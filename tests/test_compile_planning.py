@@ -107,3 +107,28 @@ def test_method_auto_under_compile_reads_the_compiled_recommendation(here):
     (folder / f"{HW}@compiled.yaml").unlink()
     with pytest.raises(SpecbenchError, match="recommend --model random:tiny --compile"):
         read_choice("random:tiny", "cpu", None, compiled=True)
+
+
+def test_compiled_profile_gaps_name_the_batch_sizes_a_compiled_map_cannot_predict(here, tiny, monkeypatch):
+    """`map --compile` reads the compiled profile filed here: with none, or one without L(B, w) at a grid's batch
+    size, it names what it lacks and measures nothing; with --profile fresh given it measures exactly that."""
+    from specbench.cli import map as map_cli
+
+    monkeypatch.setattr("specbench.core.model.load.load_model", lambda *a, **k: tiny)
+    said: list[str] = []
+    monkeypatch.setattr(map_cli.console, "print", lambda *a, **k: a and said.append(str(a[0])))
+    grid = _cfg(methods=("ar", "pld"), batch_sizes=(1, 2), model="random:tiny", dtype="float32", device="cpu")
+    assert compile_run.compiled_profile_gaps(grid, tiny) == (False, [2])
+    calls = []
+    real = compile_run.ensure_compiled_profile
+    monkeypatch.setattr(compile_run, "ensure_compiled_profile", lambda *a: calls.append(a) or real(*a))
+    map_cli._compiled_profile(grid, [1, 2], measure=False)
+    assert not calls and "no compiled profile here" in said[-1] and "--batch-size 1,2" in said[-1]
+    map_cli._compiled_profile(grid, [1, 2], measure=True)
+    assert len(calls) == 1 and compile_run.compiled_profile_gaps(grid, tiny) == (True, [])
+    wider = _cfg(methods=("ar", "pld"), batch_sizes=(1, 2, 4), model="random:tiny", dtype="float32", device="cpu")
+    assert compile_run.compiled_profile_gaps(wider, tiny) == (True, [4])
+    map_cli._compiled_profile(wider, [1, 2, 4], measure=False)
+    assert "no L(B, w) at B = 4" in said[-1]
+    map_cli._compiled_profile(grid, [1, 2], measure=False)
+    assert "reads the compiled profile filed here" in said[-1]

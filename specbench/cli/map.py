@@ -56,7 +56,9 @@ def map_(
                       "`run --retime`).", envvar="SPECBENCH_RETIME")] = 2,
     threads: Annotated[Optional[int], typer.Option(show_default="torch's choice", help="torch CPU threads.")] = None,
     compile: Annotated[bool, typer.Option("--compile", help="Run the methods compiled (as `run --compile`); the "
-                       "prediction then reads the stored compiled profile.")] = False,
+                       "prediction reads the compiled profile filed for this hardware (with --profile fresh given, "
+                       "the grid's batch sizes it lacks are measured first: every shape compiled, minutes each on a "
+                       "CPU).")] = False,
     allow_disturbed_profile: Annotated[bool, typer.Option("--allow-disturbed-profile", help="Let the run use "
                                        "profiles and trees measured on a disturbed machine.")] = False,
     out_dir: Annotated[Optional[Path], typer.Option("--out", show_default="results/<time>", help="Run folder.")]
@@ -90,9 +92,10 @@ def map_(
                              "--batch-size 1,2,4,8")
     if profile not in PROFILE_CHOICES:
         raise SpecbenchError(f"--profile {profile}: choose fresh or stored")
-    if compile and profile == "fresh":
-        profile = "stored"  # a compiled profile is timed at batch 1 only: the filed one is what there is
-        console.print("[dim]--compile: the prediction reads the stored compiled profile (--profile stored)[/]")
+    # under --compile the prediction reads the compiled profile filed for this hardware: measured now, at the grid's
+    # batch sizes it lacks, only when --profile fresh is given (every shape compiled first: minutes each on a CPU)
+    measure_compiled = compile and profile == "fresh" and \
+        getattr(ctx.get_parameter_source("profile"), "name", "DEFAULT") != "DEFAULT"
     prompts = prompt_limit(limit) if limit is not None else max(4, sizes[-1])
     methods = [m for m in method if m != "ar"]
     _check_methods(methods)
@@ -111,7 +114,9 @@ def map_(
                     tree_sizes=tree_size_list(tree_sizes) if tree_sizes else (), batch_sizes=tuple(sizes),
                     batching="unpadded", options=given_method_options(ctx), compile=compile,
                     allow_disturbed_profile=allow_disturbed_profile)
-    if profile == "fresh" and not (resume and (out_dir / "latency_profile.yaml").exists()):
+    if compile:
+        _compiled_profile(cfg, sizes, measure_compiled)
+    elif profile == "fresh" and not (resume and (out_dir / "latency_profile.yaml").exists()):
         _fresh_profile(cfg, out_dir, sizes, [128, 512, *contexts])
     run_dir = run_benchmark(cfg)
     if not compile:  # a compiled run's steps are the stored compiled profile's: no eager engine stands in for them
@@ -201,6 +206,33 @@ def _fresh_profile(cfg, out_dir: Path, sizes: list[int], kv_lengths: list[int]) 
     if load.get("disturbed"):
         console.print(f"[yellow]the profile was measured while other processes used {load['foreign_cpu']:.2f} "
                       "cores: the prediction may be off; map on a quiet machine[/]")
+    del target
+    gc.collect()
+
+
+def _compiled_profile(cfg, sizes: list[int], measure: bool) -> None:
+    """--compile: the compiled profile filed for this hardware, with L(B, w) at the grid's batch sizes, which the
+    prediction reads. `measure` (--profile fresh given): what it lacks is measured now and filed
+    (run/compiled.ensure_compiled_profile); else the batch sizes it lacks are named, with the two ways to fill them."""
+    import gc
+
+    from ..core.model.load import load_model
+    from ..run import compiled as compiled_run
+
+    target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True)  # the run's dtype
+    if measure:
+        compiled_run.ensure_compiled_profile(cfg, target, "the map's prediction")
+    else:
+        usable, missing = compiled_run.compiled_profile_gaps(cfg, target)
+        if not usable or missing:
+            lacking = "no compiled profile here" if not usable else \
+                f"the compiled profile filed here has no L(B, w) at B = {', '.join(map(str, missing))}"
+            console.print(f"[yellow]--compile: {lacking}: the map predicts only where it has a curve[/] (measured "
+                          f"stays whole). `--profile fresh` measures it before the run, or `specbench profile "
+                          f"--compile --batch-size {','.join(map(str, sizes))}` files it for every later map "
+                          "(every shape compiled first: minutes each on a CPU)")
+        else:
+            console.print("[dim]--compile: the prediction reads the compiled profile filed here[/]")
     del target
     gc.collect()
 

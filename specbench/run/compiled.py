@@ -46,35 +46,49 @@ PROFILE_WIDTHS, PROFILE_KV = (1, 2, 4, 8, 16, 32, 64), (128, 512)  # the on-the-
 def ensure_profile(cfg, target) -> None:
     """Before the methods choose their trees: a run whose tree methods take `--tree auto` needs this hardware's
     compiled profile (trees are built from it), with L(B, w) at each of the run's batch sizes > 1 (a tree at B > 1
-    is built only from a compiled L(B, w)); when there is none, or it lacks a batch size, it is measured now
-    (profile --compile's protocol, planning/profile_compiled.py: every shape compiled first, the wait said) and filed
-    where `specbench profile --compile` files it, so the next run finds it."""
+    is built only from a compiled L(B, w)): ensure_compiled_profile."""
+    from ..methods import get_method
+    from ..methods.tree.batch_trees import tree_spec
+
+    trees = [m for m in cfg.methods if get_method(m).kind == "tree"]
+    if trees and tree_spec(cfg.options).kind == "auto":
+        ensure_compiled_profile(cfg, target, f"{', '.join(trees)}'s --tree auto")
+
+
+def compiled_profile_gaps(cfg, target) -> tuple[bool, list[int]]:
+    """(whether this hardware has a usable compiled profile of the target, cfg's batch sizes > 1 it has no L(B, w)
+    at: all of them when there is none)."""
     from ..core import lookup
     from ..core.machine.hardware import hardware_slug
     from ..core.model.load import dtype_name, model_slug
-    from ..methods import get_method
-    from ..methods.tree.batch_trees import tree_spec
     from ..core.profile_file import load_profile
-    from ..planning.profile import save
-    from ..planning.profile_compiled import measure_compiled
 
-    trees = [m for m in cfg.methods if get_method(m).kind == "tree"]
-    if not trees or tree_spec(cfg.options).kind != "auto":
-        return
     found = lookup.find_profile(hardware_slug(target.device), model_slug(target.spec), dtype_name(target.dtype),
                                 compiled=True)
     sizes = sorted({b for b in getattr(cfg, "batch_sizes", (1,)) if b > 1})
     usable = found is not None and lookup.EAGER_FOR_COMPILED not in found.flags
     have = load_profile(found.path).batch_sizes if usable and sizes else [1]
-    missing = [b for b in sizes if b not in have]
+    return usable, [b for b in sizes if b not in have]
+
+
+def ensure_compiled_profile(cfg, target, purpose: str) -> None:
+    """This hardware's compiled profile of the target with L(B, w) at each of cfg's batch sizes > 1; when there is
+    none, or it lacks a batch size, it is measured now (profile --compile's protocol, planning/profile_compiled.py:
+    every shape compiled first, the wait said) and filed where `specbench profile --compile` files it, so the next
+    run finds it. `purpose`: what needs it, for the line that says why it is measured."""
+    from ..planning.profile import save
+    from ..planning.profile_compiled import measure_compiled
+
+    usable, missing = compiled_profile_gaps(cfg, target)
     if usable and not missing:
         return
+    sizes = sorted({b for b in getattr(cfg, "batch_sizes", (1,)) if b > 1})
     widths = [w for w in PROFILE_WIDTHS if w <= max(1, target.context_length // 4)]
     kv = [k for k in PROFILE_KV if k + widths[-1] < target.context_length] or [min(PROFILE_KV)]
     why = f"no compiled profile of {target.name} here" if not usable else \
         f"the compiled profile of {target.name} has no L(B, w) at batch size {', '.join(map(str, missing))}"
     at = f", batch sizes 1, {', '.join(map(str, sizes))}" if sizes else ""
-    console.print(f"--compile: {why} for {', '.join(trees)}'s --tree auto: measuring it now (widths {widths}, KV "
+    console.print(f"--compile: {why} for {purpose}: measuring it now (widths {widths}, KV "
                   f"{kv}{at}; filed for later runs)")
     path = save(measure_compiled(target, widths, kv, repeats=5, warmup=1, batch_sizes=(1, *sizes)))
     console.print(f"[dim]--compile: compiled profile filed: {path}[/]")
