@@ -50,8 +50,8 @@ def _visible(kind: str, batch: int, width: int, capacity: int, gen) -> torch.Ten
 
 
 @pytest.mark.parametrize("kind", ["causal", "window", "tree"])
-@pytest.mark.parametrize("width, batch, heads, kv_heads, dim", [(1, 1, 9, 3, 64), (3, 2, 9, 3, 64),
-                                                               (16, 1, 4, 4, 128), (33, 2, 8, 2, 64)])
+@pytest.mark.parametrize("width, batch, heads, kv_heads, dim", [(1, 1, 9, 3, 64), (1, 2, 8, 2, 128), (2, 1, 9, 3, 64),
+                                                               (3, 2, 9, 3, 64), (16, 1, 4, 4, 128), (33, 2, 8, 2, 64)])
 def test_equals_sdpa(built, kind, width, batch, heads, kv_heads, dim):
     gen = torch.Generator().manual_seed(width * 7 + batch)
     capacity = 96
