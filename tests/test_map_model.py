@@ -211,3 +211,17 @@ def test_a_drafters_host_work_is_measured_at_batch_1_and_charged_per_step():
     assert sd1.draft_ms_predicted == pytest.approx(20.0)  # batch 1: the measured drafting, by construction
     before = curve_price[curve_price.batch_size == 2].iloc[0]
     assert sd2.draft_ms_predicted - before.draft_ms_predicted == pytest.approx(extra)  # once a step at B = 2
+
+
+def test_a_compiled_runs_map_never_predicts_from_the_eager_profile_that_stood_in(tmp_path):
+    """A compiled run without a compiled profile used the eager one, flagged as standing in: the map predicts nothing
+    from it (eager steps are not the compiled run's) and says why; an unflagged profile is read."""
+    from specbench.core.lookup import EAGER_FOR_COMPILED
+    from specbench.planning.profile import save
+
+    path = save(_profile(), tmp_path / "eager.yaml")
+    entry = {"kind": "profile", "path": str(path), "flags": [EAGER_FOR_COMPILED]}
+    profile, why = map_table.run_profile(tmp_path, {"data_files": {"used": [entry]}})
+    assert profile is None and "compiled" in why and "profile --compile --batch-size" in why
+    profile, source = map_table.run_profile(tmp_path, {"data_files": {"used": [{**entry, "flags": []}]}})
+    assert profile is not None and profile.batch_sizes == [1, 2, 4] and source == str(path)

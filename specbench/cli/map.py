@@ -1,5 +1,5 @@
 """`specbench map`: where each method pays. A batch-size sweep of `run` (specbench's own batched engine, EMS-SD's
-unpadded mode) with this machine's L(B, w) measured just before it and, after it, on the run's own engines at the
+unpadded mode; under --compile the static engine, padded to one shape a step) with this machine's L(B, w) measured just before it and, after it, on the run's own engines at the
 widths its grid verified (planning/spot_profile.py), and the map drawn from both: predicted beside measured
 throughput per batch size, the break-even batch size per method, the best setting per batch size
 (report/map_table.py, map_report.py)."""
@@ -55,10 +55,10 @@ def map_(
     retime: Annotated[int, typer.Option(metavar="N", help="Re-time a disturbed prompt turn up to N times (as "
                       "`run --retime`).", envvar="SPECBENCH_RETIME")] = 2,
     threads: Annotated[Optional[int], typer.Option(show_default="torch's choice", help="torch CPU threads.")] = None,
-    compile: Annotated[bool, typer.Option("--compile", help="Run the methods compiled (as `run --compile`); the "
-                       "prediction reads the compiled profile filed for this hardware (with --profile fresh given, "
-                       "the grid's batch sizes it lacks are measured first: every shape compiled, minutes each on a "
-                       "CPU).")] = False,
+    compile: Annotated[bool, typer.Option("--compile", help="Run the methods compiled (as `run --compile`: a batch "
+                       "padded to one static shape a step); the prediction reads the compiled profile filed for this "
+                       "hardware (with --profile fresh given, the grid's batch sizes it lacks are measured first: "
+                       "every shape compiled, minutes each on a CPU).")] = False,
     allow_disturbed_profile: Annotated[bool, typer.Option("--allow-disturbed-profile", help="Let the run use "
                                        "profiles and trees measured on a disturbed machine.")] = False,
     out_dir: Annotated[Optional[Path], typer.Option("--out", show_default="results/<time>", help="Run folder.")]
@@ -112,9 +112,13 @@ def map_(
                     limit=prompts, max_new_tokens=max_new_tokens, seed=seed, warmup=warmup, retime=retime,
                     threads=threads, out=out_dir, resume=resume,
                     tree_sizes=tree_size_list(tree_sizes) if tree_sizes else (), batch_sizes=tuple(sizes),
-                    batching="unpadded", options=given_method_options(ctx), compile=compile,
+                    # under --compile a batch runs the static engine, padded to one shape a step (as `run --compile`)
+                    batching="padded" if compile else "unpadded", options=given_method_options(ctx), compile=compile,
                     allow_disturbed_profile=allow_disturbed_profile)
     if compile:
+        from ..run.validation import validate
+
+        validate(cfg)  # what the run would refuse, refused before the compiled profile's model loads
         _compiled_profile(cfg, sizes, measure_compiled)
     elif profile == "fresh" and not (resume and (out_dir / "latency_profile.yaml").exists()):
         _fresh_profile(cfg, out_dir, sizes, [128, 512, *contexts])
@@ -225,12 +229,13 @@ def _compiled_profile(cfg, sizes: list[int], measure: bool) -> None:
     else:
         usable, missing = compiled_run.compiled_profile_gaps(cfg, target)
         if not usable or missing:
-            lacking = "no compiled profile here" if not usable else \
-                f"the compiled profile filed here has no L(B, w) at B = {', '.join(map(str, missing))}"
-            console.print(f"[yellow]--compile: {lacking}: the map predicts only where it has a curve[/] (measured "
-                          f"stays whole). `--profile fresh` measures it before the run, or `specbench profile "
-                          f"--compile --batch-size {','.join(map(str, sizes))}` files it for every later map "
-                          "(every shape compiled first: minutes each on a CPU)")
+            lacking = "no compiled profile here: the map shows measured throughput only (no prediction from an " \
+                "eager curve)" if not usable else f"the compiled profile filed here has no L(B, w) at B = " \
+                f"{', '.join(map(str, missing))}: the map predicts only where it has a curve"
+            console.print(f"[yellow]--compile: {lacking}[/] (measured stays whole). `--profile fresh` measures it "
+                          "before the run, or `specbench profile --compile --batch-size "
+                          f"{','.join(map(str, sizes))}` files it for every later map (every shape compiled first: "
+                          "minutes each on a CPU)")
         else:
             console.print("[dim]--compile: the prediction reads the compiled profile filed here[/]")
     del target

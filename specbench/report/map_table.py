@@ -38,6 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core import store
+from ..core.lookup import EAGER_FOR_COMPILED
 from ..core.profile_file import LatencyProfile, load_profile
 from ..errors import SpecbenchError
 from ..planning.batch_prediction import (DraftCost, batch_cost, break_even, chain_rates, first_draft_width,
@@ -76,7 +77,11 @@ def run_profile(run_dir: Path, meta: dict) -> tuple[LatencyProfile | None, str]:
     copy = Path(run_dir) / PROFILE_COPY
     if copy.exists():
         return load_profile(copy), f"{PROFILE_COPY} (the run's copy)"
+    stood_in = False
     for entry in (meta.get("data_files") or {}).get("used") or []:
+        if entry.get("kind") == "profile" and EAGER_FOR_COMPILED in (entry.get("flags") or []):
+            stood_in = True  # a compiled run's steps are not eager decoding's: no prediction from that curve
+            continue
         if entry.get("kind") == "profile" and entry.get("path"):
             path = Path(entry["path"]) if Path(entry["path"]).exists() else store.find(entry["path"])
             if path is not None and Path(path).exists():
@@ -84,6 +89,9 @@ def run_profile(run_dir: Path, meta: dict) -> tuple[LatencyProfile | None, str]:
                     return load_profile(path), str(entry["path"])
                 except SpecbenchError:
                     continue
+    if stood_in:
+        return None, ("the run was compiled and this hardware has no compiled profile (an eager one stood in): "
+                      "`specbench profile --compile --batch-size ...` files one")
     return None, "no latency profile recorded for this run (run `specbench profile --batch-size ...`)"
 
 
