@@ -1,8 +1,9 @@
 """`specbench map`: where each method pays. A batch-size sweep of `run` (specbench's own batched engine, EMS-SD's
-unpadded mode; under --compile the static engine, padded to one shape a step) with this machine's L(B, w) measured just before it and, after it, on the run's own engines at the
-widths its grid verified (planning/spot_profile.py), and the map drawn from both: predicted beside measured
-throughput per batch size, the break-even batch size per method, the best setting per batch size
-(report/map_table.py, map_report.py)."""
+unpadded mode; under --compile the static engine, padded to one shape a step) with this machine's L(B, w) measured
+just before it and, after it, on the run's own engines at the widths its grid verified (planning/spot_profile.py),
+and the map drawn from both: predicted beside measured throughput per batch size, the break-even batch size per
+method, the best setting per batch size (report/map_table.py, map_report.py). Under --compile the prediction reads
+the compiled profile filed for this hardware instead."""
 
 from __future__ import annotations
 
