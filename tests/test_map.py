@@ -116,6 +116,27 @@ def test_map_end_to_end_on_a_tiny_model(tmp_path, prompts_file):
     assert "Where each method pays" in (out / "report.md").read_text()
 
 
+def test_map_compiled_on_a_tiny_model(tmp_path, prompts_file, monkeypatch):
+    """`map --compile` runs (its batches padded, as `run --compile`: the unpadded engine is eager-only) and, with no
+    compiled profile here, says so before the run and predicts nothing rather than from an eager curve. The static
+    step runs uncompiled (compile_step patched: the same engine, seconds instead of minutes)."""
+    from specbench.core.batch import static
+    from specbench.core.model import compile as cc
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cc, "compile_step", lambda device, name: static.step)
+    out = tmp_path / "map"
+    result = CliRunner().invoke(app, ["map", "--model", "random:tiny", "-m", "pld", "--batch-size", "1,2",
+                                      "--dataset", str(prompts_file), "--limit", "2", "--max-new-tokens", "12",
+                                      "--warmup", "1", "--compile", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "no compiled profile here" in " ".join(result.output.split())
+    frame = pd.read_csv(out / "map.csv")
+    assert set(frame.batch_size) == {1, 2} and frame.measured_tok_s.gt(0).all()
+    assert frame.predicted_tok_s.isna().all()
+    assert set(frame[frame.batch_size == 2]["mode"]) == {"padded"}
+
+
 def test_context_fill_lengthens_each_prompt_with_the_others():
     from specbench.data.context_fill import CHARS_PER_TOKEN, lengthened
     from specbench.data.specs import Prompt
@@ -129,3 +150,13 @@ def test_context_fill_lengthens_each_prompt_with_the_others():
         assert 0.9 * 512 * CHARS_PER_TOKEN <= len(row["prompt"]) <= 512 * CHARS_PER_TOKEN
     with pytest.raises(Exception, match="at least 16"):
         lengthened(pool[:1], pool, 8)
+
+
+def test_map_compile_refuses_what_the_run_would_before_loading(monkeypatch):
+    """A compiled map refuses --warmup 0 (compile time would land in timed turns) before any model loads."""
+    import specbench.core.model.load as load
+
+    monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("a model loaded before the refusal"))
+    result = CliRunner().invoke(app, ["map", "--model", "random:tiny", "-m", "pld", "--batch-size", "1,2",
+                                      "--warmup", "0", "--compile"])
+    assert result.exit_code != 0 and "--warmup 1 or more" in result.output and "Traceback" not in result.output

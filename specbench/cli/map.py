@@ -117,9 +117,9 @@ def map_(
                     batching="padded" if compile else "unpadded", options=given_method_options(ctx), compile=compile,
                     allow_disturbed_profile=allow_disturbed_profile)
     if compile:
-        from ..run.validation import validate
+        from ..run.own_methods import check
 
-        validate(cfg)  # what the run would refuse, refused before the compiled profile's model loads
+        check(cfg)  # what the run would refuse, refused before the compiled profile's model loads
         _compiled_profile(cfg, sizes, measure_compiled)
     elif profile == "fresh" and not (resume and (out_dir / "latency_profile.yaml").exists()):
         _fresh_profile(cfg, out_dir, sizes, [128, 512, *contexts])
