@@ -9,9 +9,9 @@ chunk's keys and values. Few rows (R <= 6: a decode step's) score 16 keys at a t
 together (not 16 horizontal sums). More rows read each block of 16 keys once for all of them: the block transposed
 in registers, scores 4 rows a pass. The values are weighted 4 rows a pass (head dim 64; 2 at 128). At 8 query rows
 of SmolLM2 (R = 24) over 520 keys that took 30 layers' attention from 2.6 to 1.9 ms (benchmarks/RESULTS-cpu.md,
-stop 60). Both read the keys and values a software prefetch ahead (AHEAD keys): at one row, with the cache out of
-the caches, the 30 layers' attention over 513 keys took 2.1-2.3 ms before the folds and the prefetch and 1.4-1.8
-after (benchmarks/RESULTS-cpu.md, stop 64)."""
+stop 60). Both read the keys and values a software prefetch ahead (AHEAD keys). Inside the embedded model's compiled
+forward over 512 keys, 30 layers' attention took 1.51-1.87 ms before the folds and the prefetch and 1.23-1.32 after
+at one token, 2.78-3.28 and 2.04-2.20 at four (the AMX Xeon, paired rounds; benchmarks/RESULTS-cpu.md, stop 64)."""
 
 from .native_vectors_source import VECTORS
 
@@ -67,12 +67,13 @@ struct RowPointers {
   explicit RowPointers(int64_t R) : query(R), mask(R), scores(R), acc(R), out(R) {}
 };
 
+template <int DV, int RR>
+inline void value_rows(const Unit& u, const float* const* w, float* const* out);
+
 // unit() for a few rows (R <= 6: a block of keys would be transposed for too few rows). Scores 16 keys at a time,
 // row by row (the block stays in L1 after the first row reads it): each key's 16 lane-wise partial products in
 // registers, then one fold for the 16 sums (sums16: the same sums, in the same order, as a dot product each); the
 // values read once for up to 4 rows (value_rows)
-template <int DV, int RR>
-inline void value_rows(const Unit& u, const float* const* w, float* const* out);
 
 template <int DV>
 void unit_rows(const Unit& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
@@ -86,7 +87,7 @@ void unit_rows(const Unit& u, float* mx, float* sm, float* acc, float* scores, R
     const int64_t nt = std::min<int64_t>(16, n - t0);
     const float* keys[16];
     for (int64_t t = 0; t < 16; ++t) keys[t] = u.key(u.k0 + t0 + std::min(t, nt - 1));  // (past the end: never stored)
-    for (int64_t t = 0; t < 16 && t0 + AHEAD + t < n; ++t)  // the block AHEAD keys on: a stream the caches would not
+    for (int64_t t = 0; t < 16 && t0 + AHEAD + t < n; ++t)  // the block AHEAD keys on, asked for now
       for (int d = 0; d < DV; ++d) __builtin_prefetch(u.key(u.k0 + t0 + AHEAD + t) + 16 * d, 0, 3);
     for (int64_t r = 0; r < R; ++r) {
       const float* qr = u.query(r);
@@ -319,4 +320,3 @@ TORCH_LIBRARY_FRAGMENT(specbench_native, m) {
 }
 TORCH_LIBRARY_IMPL(specbench_native, CPU, m) { m.impl("attention", &specbench_attention::attention); }
 """
-
