@@ -224,7 +224,8 @@ def _compiled_profile(cfg, sizes: list[int], measure: bool) -> None:
     from ..core.model.load import load_model
     from ..run import compiled as compiled_run
 
-    target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True)  # the run's dtype
+    # the dtype the compiled run takes (--dtype auto reads compiled decoding's profiles): its profile is the one found
+    target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True, compiled=True)
     if measure:
         compiled_run.ensure_compiled_profile(cfg, target, "the map's prediction")
     else:

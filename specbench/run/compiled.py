@@ -55,6 +55,11 @@ def ensure_profile(cfg, target) -> None:
         ensure_compiled_profile(cfg, target, f"{', '.join(trees)}'s --tree auto")
 
 
+def _batched(cfg) -> list[int]:
+    """cfg's batch sizes above 1, ascending."""
+    return sorted({b for b in getattr(cfg, "batch_sizes", (1,)) if b > 1})
+
+
 def compiled_profile_gaps(cfg, target) -> tuple[bool, list[int]]:
     """(whether this hardware has a usable compiled profile of the target, cfg's batch sizes > 1 it has no L(B, w)
     at: all of them when there is none)."""
@@ -65,7 +70,7 @@ def compiled_profile_gaps(cfg, target) -> tuple[bool, list[int]]:
 
     found = lookup.find_profile(hardware_slug(target.device), model_slug(target.spec), dtype_name(target.dtype),
                                 compiled=True)
-    sizes = sorted({b for b in getattr(cfg, "batch_sizes", (1,)) if b > 1})
+    sizes = _batched(cfg)
     usable = found is not None and lookup.EAGER_FOR_COMPILED not in found.flags
     have = load_profile(found.path).batch_sizes if usable and sizes else [1]
     return usable, [b for b in sizes if b not in have]
@@ -82,7 +87,7 @@ def ensure_compiled_profile(cfg, target, purpose: str) -> None:
     usable, missing = compiled_profile_gaps(cfg, target)
     if usable and not missing:
         return
-    sizes = sorted({b for b in getattr(cfg, "batch_sizes", (1,)) if b > 1})
+    sizes = _batched(cfg)
     widths = [w for w in PROFILE_WIDTHS if w <= max(1, target.context_length // 4)]
     kv = [k for k in PROFILE_KV if k + widths[-1] < target.context_length] or [min(PROFILE_KV)]
     why = f"no compiled profile of {target.name} here" if not usable else \

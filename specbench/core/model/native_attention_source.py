@@ -96,12 +96,12 @@ void unit_rows(const Unit& u, float* mx, float* sm, float* acc, float* scores, R
       for (int t = 0; t < 16; ++t) {
         v16 a = q[0] * ld(keys[t]);
         for (int d = 1; d < DV; ++d) a += q[d] * ld(keys[t] + 16 * d);
-        p[t] = a;
+        p[BITREV[t]] = a;  // (so that key t's sum comes out in lane t)
       }
       const v16 dots = sums16(p);
       const float* mr = u.mask(r);
       float* s = rows.scores[r] + t0;
-      for (int64_t t = 0; t < nt; ++t) s[t] = dots[KEY_LANE.lane[t]] * u.scale + mr[(u.k0 + t0 + t) * u.ms_k];
+      for (int64_t t = 0; t < nt; ++t) s[t] = dots[t] * u.scale + mr[(u.k0 + t0 + t) * u.ms_k];
     }
   }
   for (int64_t r = 0; r < R; ++r) normalise(rows.scores[r], n, mx + r, sm + r);  // a dead row's weights all 0

@@ -54,9 +54,9 @@ inline v16 vexp(v16 x) {
   return x < lo ? v16{} : out;
 }
 
-// The 16 lane-wise partial dot products p[t] of 16 keys -> one vector of their sums (lane KEY_LANE[t] holds key
-// t's), each summed in hsum's order (halves, quarters, then pairs): a tree of 15 two-vector steps, each adding lanes j
-// and j + S of every 2S-lane block of two vectors (S = 8, 4, 2, 1), not 16 separate horizontal sums
+// The 16 lane-wise partial dot products p[t] of 16 keys -> one vector of their sums (lane j holds p[BITREV[j]]'s),
+// each summed in hsum's order (halves, quarters, then pairs): a tree of 15 two-vector steps, each adding lanes j and
+// j + S of every 2S-lane block of two vectors (S = 8, 4, 2, 1), not 16 separate horizontal sums
 #define RL(j) (((j) % (2 * S) < S) ? (j) : 16 + (j) - S)
 #define RH(j) (((j) % (2 * S) < S) ? (j) + S : 16 + (j))
 template <int S>
@@ -76,17 +76,9 @@ inline v16 sums16(const v16* p) {
   return fold<1>(fold<2>(c[0], c[1]), fold<2>(c[2], c[3]));
 }
 
-// the lane of sums16's result holding key t's sum (found once by folding keys whose sums are their own indices)
-struct KeyLanes {
-  int lane[16];
-  KeyLanes() {
-    v16 p[16];
-    for (int t = 0; t < 16; ++t) p[t] = v16{} + (float)t;
-    const v16 s = sums16(p);
-    for (int j = 0; j < 16; ++j) lane[(int)(s[j] / 16)] = j;
-  }
-};
-static const KeyLanes KEY_LANE;
+// sums16's lane j holds the sum of p[BITREV[j]]: each fold interleaves its two vectors' halves, so the lanes come out
+// in bit-reversed order; p[BITREV[t]] = key t's partial products puts key t's sum in lane t (a reversal undoes itself)
+constexpr int BITREV[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
 // a 16 x 16 block (16 rows of 16 floats) transposed in registers: at s = 8, 4, 2, 1 each pair of rows (i, i + s)
 // swaps its off-diagonal s-wide pieces (64 two-register shuffles in all)
