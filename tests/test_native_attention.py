@@ -1,7 +1,8 @@
 """The compiled CPU forward's own attention operator (core/model/native_attention.py): equal to SDPA (enable_gqa)
 under causal, windowed, tree and per-row masks at every width, batch and head dim it takes; the keys past the last
-visible one never read; taken by grouped_sdpa only while compiling, in float32, where it fits; and a compiled model
-whose heads fit it decodes the eager model's tokens through it."""
+visible one never read; in bfloat16, float32 attention over the same values rounded once; taken by grouped_sdpa only
+while compiling, where it fits; and a compiled model whose heads fit it decodes the eager model's tokens through
+it."""
 
 from __future__ import annotations
 
@@ -66,6 +67,26 @@ def test_equals_sdpa(built, kind, width, batch, heads, kv_heads, dim):
         torch.testing.assert_close(na.attention(q2, k2, v2, mask, 0.3), torch.cat([want, want]), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["causal", "tree"])
+@pytest.mark.parametrize("width, batch, heads, kv_heads, dim", [(1, 1, 9, 3, 64), (2, 2, 8, 2, 128), (8, 1, 9, 3, 64)])
+def test_bfloat16_is_float32_attention_over_the_same_values_rounded_once(built, kind, width, batch, heads, kv_heads,
+                                                                          dim):
+    """A bfloat16 call reads the cache as it is and sums in float32: SDPA in float32 over the same (widened) values,
+    each output within bfloat16's rounding of it; the mask at bfloat16's lowest still hides the keys."""
+    gen = torch.Generator().manual_seed(width * 5 + batch)
+    capacity = 80
+    q = torch.randn(batch, heads, width, dim, generator=gen).bfloat16()
+    k, v = (torch.randn(batch, kv_heads, capacity, dim, generator=gen).bfloat16() for _ in range(2))
+    visible = _visible(kind, batch, width, capacity, gen)
+    mask = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.bfloat16).min)[:, None].bfloat16()
+    assert na.fits(q, k, mask)
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask.float(), scale=0.3,
+                                          enable_gqa=True).transpose(1, 2)
+    got = na.attention(q, k, v, mask, 0.3)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -8, atol=1e-6)  # bfloat16 keeps 8 bits
+
+
 # 2 query rows x 3 heads a key head: a row at a time; 5 x 3: blocks of 16 keys read once for all the rows
 @pytest.mark.parametrize("rows", [2, 5])
 def test_keys_past_the_last_visible_are_not_read(built, rows):
@@ -103,7 +124,9 @@ def test_refused_shapes_and_dtypes(built):
     mask = torch.zeros(1, 1, 1, 10)
     assert na.fits(q, k, mask)
     assert not na.fits(q, k, None)
-    assert not na.fits(q.bfloat16(), k.bfloat16(), mask.bfloat16())
+    assert na.fits(q.bfloat16(), k.bfloat16(), mask.bfloat16())
+    assert not na.fits(q.half(), k.half(), mask.half())
+    assert not na.fits(q.bfloat16(), k, mask)  # dtypes mixed
     assert not na.fits(torch.randn(1, 4, 1, 80), torch.randn(1, 2, 10, 80), mask)  # head dim 80
     assert not na.fits(q, k, torch.zeros(1, 4, 1, 10))  # a mask per head
     with pytest.raises(RuntimeError, match="head dim 64 or 128"):
@@ -166,5 +189,32 @@ def test_compiled_model_decodes_eager_tokens_through_it(built, tmp_path, monkeyp
         assert calls and calls % 2 == 0, calls  # one per layer of every compiled forward
         if linear == "panel":  # q/k/v, o, gate/up, down per layer, and the LM head: 4 x 2 + 1 a forward
             assert counts.get("specbench_native::panels", 0) == calls // 2 * 9, counts
+    finally:
+        cc.disable(target.model)
+
+
+def test_a_bfloat16_compiled_model_runs_it_once_a_layer(built, tmp_path, monkeypatch):
+    """In bfloat16 `auto` takes the operator too (it was the two products before): every compiled decode forward of a
+    2-layer random Llama calls it once per layer, none runs eager. (Its sums against float32 SDPA's: the bfloat16
+    test above; eager bfloat16's tokens are not compared, its linears round differently on each CPU kind.)"""
+    from specbench.core.model import compile as cc
+
+    monkeypatch.delenv(ga.ENV, raising=False)
+    config = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 260,
+              "max_position_embeddings": 512, "tie_word_embeddings": True}
+    path = tmp_path / "wide_heads.json"
+    path.write_text(json.dumps(config))
+    target = load_model(f"random:{path}", dtype="bfloat16", device="cpu")
+    method = get_method("ar")(target, {})
+    state = cc.enable(target.model, 128)
+    try:
+        method.generate(prompt_ids(0), 4, Sampling(), None)
+        state.finish_warm_up()
+        with torch.profiler.profile() as prof:
+            tokens = method.generate(prompt_ids(1), 4, Sampling(), None).tokens
+        assert state.eager_steps == 0 and len(tokens) == 4
+        calls = {e.key: e.count for e in prof.key_averages()}.get("specbench_native::attention", 0)
+        assert calls and calls % 2 == 0, calls
     finally:
         cc.disable(target.model)

@@ -19,9 +19,9 @@ softmax in float32 (`grouped_products`: the query heads of one key / value head 
 groups * q, d] against [b, kv_heads, k, d]) instead of SDPA's flash kernel, whose bfloat16 path at one query row
 made a whole compiled forward slower at one row than at two (17.8 against 13.1 ms, benchmarks/RESULTS-cpu.md,
 stop 58). In float32 the two measured alike (1.95 / 5.05 / 7.10 ms against SDPA's 2.00 / 5.21 / 6.56 over 30 layers
-at 1 / 8 / 16 rows), so float32 kept SDPA until specbench's own operator (native_attention.py): a float32 masked
-attention inside a compiled CPU graph runs it where the native library is built and the call fits it (head dim 64
-or 128; without groups too), SDPA elsewhere.
+at 1 / 8 / 16 rows), so float32 kept SDPA until specbench's own operator (native_attention.py): a float32 or
+bfloat16 masked attention inside a compiled CPU graph runs it where the native library is built and the call fits it
+(head dim 64 or 128; without groups too), the products (float16) or SDPA elsewhere.
 $SPECBENCH_COMPILE_ATTENTION=native, products or sdpa sets one for every dtype (native where it fits). Eager
 forwards keep SDPA: the lossless reference never shares the compiled path's attention.
 """
@@ -35,7 +35,7 @@ import torch
 from . import native_attention, native_linear
 
 NAME = "specbench_grouped"
-ENV = "SPECBENCH_COMPILE_ATTENTION"  # auto (native in float32, products below), native, products or sdpa
+ENV = "SPECBENCH_COMPILE_ATTENTION"  # auto (native where it fits, else products below float32), native, products, sdpa
 UNSUPPORTED = ("position_bias", "softcap", "s_aux", "sinks")  # extras of a family's attention none of ours applies
 
 
@@ -56,7 +56,8 @@ def grouped_products(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
 
 def products_here(dtype: torch.dtype) -> bool:
-    """Whether a masked attention of `dtype` runs as grouped_products: only while compiling (ENV, else below float32)."""
+    """Whether a masked attention of `dtype` that native_attention does not take runs as grouped_products: only while
+    compiling (ENV, else below float32)."""
     if not torch.compiler.is_compiling():
         return False
     said = os.environ.get(ENV, "auto").strip().lower()
@@ -114,7 +115,7 @@ def use(model) -> None:
         return
     _register()
     model.set_attn_implementation(NAME)
-    if next((p.dtype for p in model.parameters()), None) == torch.float32:  # (a drafter module has no .dtype)
+    if next((p.dtype for p in model.parameters()), None) in native_attention.DTYPES:  # (a drafter has no .dtype)
         native_linear.ready()  # built (once per machine) and loaded now: tracing only asks whether it is
 
 

@@ -1,6 +1,7 @@
 """Attention of a compiled CPU forward over the static KV cache as specbench's own C++ operator (its C++ in
-native_attention_source.py, built into the library by native_linear), float32, head dim 64 or 128, with an additive mask
-(grouped_attention.py calls it).
+native_attention_source.py, built into the library by native_linear), float32 or bfloat16 (its cache read as it is,
+the arithmetic in float32, the output rounded once), head dim 64 or 128, with an additive mask (grouped_attention.py
+calls it).
 
 Why: a decode or verify forward attends a few query rows to the whole static cache. SDPA's flash kernel on a CPU
 spent ~60 us a layer at one row on the embedded model's 3 key / value heads (its blocks and buffers sized for long
@@ -23,12 +24,14 @@ from __future__ import annotations
 import torch
 
 HEAD_DIMS = (64, 128)
+DTYPES = (torch.float32, torch.bfloat16)  # bfloat16: the cache read as it is, the arithmetic in float32
 
 
 def fits(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Whether the operator takes this call: float32 query / key / additive mask on a CPU, head dim 64 or 128, the
-    mask one per batch row (or one for all) over every key, query heads a multiple of key / value heads."""
-    return (mask is not None and query.device.type == "cpu" and query.dtype == key.dtype == mask.dtype == torch.float32
+    """Whether the operator takes this call: float32 or bfloat16 query / key / additive mask (all one dtype) on a CPU,
+    head dim 64 or 128, the mask one per batch row (or one for all) over every key, query heads a multiple of key /
+    value heads."""
+    return (mask is not None and query.device.type == "cpu" and query.dtype == key.dtype == mask.dtype in DTYPES
             and query.dim() == key.dim() == mask.dim() == 4 and query.shape[-1] in HEAD_DIMS
             and mask.shape[1] == 1 and mask.shape[-1] == key.shape[2] and mask.shape[0] in (1, query.shape[0])
             and query.shape[1] % key.shape[1] == 0)

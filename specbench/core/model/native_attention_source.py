@@ -22,19 +22,27 @@ namespace specbench_attention {
 constexpr int64_t AHEAD = 32;
 
 // One unit of work: batch b, key / value head g, the cache's keys [k0, k1), and its R = groups x Q query rows (row
-// r = j Q + i: query head g groups + j, query position i); the pointers are batch b's (key and value: head g's)
+// r = j Q + i: query head g groups + j, query position i); the pointers are batch b's (key and value: head g's). T:
+// the cache's element, float or uint16_t (bfloat16, widened to float as it is read); the query and mask are float
+template <typename T>
 struct Unit {
   const float* q; int64_t qs_h, qs_q;  // query [H, Q, D] strides
-  const float* k; const float* v; int64_t ks_k, vs_k;  // key / value [C, D] strides
+  const T* k; const T* v; int64_t ks_k, vs_k;  // key / value [C, D] strides
   const float* m; int64_t ms_q, ms_k;  // additive mask [Q, C] strides
   int64_t g, groups, Q, k0, k1;
   float scale;
   int64_t rows() const { return groups * Q; }
   const float* query(int64_t r) const { return q + (g * groups + r / Q) * qs_h + (r % Q) * qs_q; }
   const float* mask(int64_t r) const { return m + (r % Q) * ms_q; }
-  const float* key(int64_t t) const { return k + t * ks_k; }  // cache position t
-  const float* value(int64_t t) const { return v + t * vs_k; }
+  const T* key(int64_t t) const { return k + t * ks_k; }  // cache position t
+  const T* value(int64_t t) const { return v + t * vs_k; }
 };
+
+// a software prefetch of one key's or value's D elements, a cache line at a time
+template <int DV, typename T>
+inline void prefetch_row(const T* p) {
+  for (int64_t b = 0; b < DV * 16 * (int64_t)sizeof(T); b += 64) __builtin_prefetch((const char*)p + b, 0, 3);
+}
 
 // scores s[0, n) -> e^(s - max) in place; *mx = the max, *sm = the sum. Every key masked with -inf: *mx = -inf,
 // *sm = 0, s all 0 (the chunk gives the row nothing, and no NaN from -inf - -inf)
@@ -67,16 +75,16 @@ struct RowPointers {
   explicit RowPointers(int64_t R) : query(R), mask(R), scores(R), acc(R), out(R) {}
 };
 
-template <int DV, int RR>
-inline void value_rows(const Unit& u, const float* const* w, float* const* out);
+template <int DV, int RR, typename T>
+inline void value_rows(const Unit<T>& u, const float* const* w, float* const* out);
 
 // unit() for a few rows (R <= 6: a block of keys would be transposed for too few rows). Scores 16 keys at a time,
 // row by row (the block stays in L1 after the first row reads it): each key's 16 lane-wise partial products in
 // registers, then one fold for the 16 sums (sums16: the same sums, in the same order, as a dot product each); the
 // values read once for up to 4 rows (value_rows)
 
-template <int DV>
-void unit_rows(const Unit& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
+template <int DV, typename T>
+void unit_rows(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
   constexpr int D = DV * 16;
   const int64_t n = u.k1 - u.k0, R = u.rows();
   for (int64_t r = 0; r < R; ++r) {
@@ -85,10 +93,10 @@ void unit_rows(const Unit& u, float* mx, float* sm, float* acc, float* scores, R
   }
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t nt = std::min<int64_t>(16, n - t0);
-    const float* keys[16];
+    const T* keys[16];
     for (int64_t t = 0; t < 16; ++t) keys[t] = u.key(u.k0 + t0 + std::min(t, nt - 1));  // (past the end: never stored)
     for (int64_t t = 0; t < 16 && t0 + AHEAD + t < n; ++t)  // the block AHEAD keys on, asked for now
-      for (int d = 0; d < DV; ++d) __builtin_prefetch(u.key(u.k0 + t0 + AHEAD + t) + 16 * d, 0, 3);
+      prefetch_row<DV>(u.key(u.k0 + t0 + AHEAD + t));
     for (int64_t r = 0; r < R; ++r) {
       const float* qr = u.query(r);
       v16 q[DV], p[16];
@@ -109,10 +117,10 @@ void unit_rows(const Unit& u, float* mx, float* sm, float* acc, float* scores, R
   for (int64_t r = 0; r < R; r += RV) {
     const float* const* w = (const float* const*)&rows.scores[r];
     switch (std::min<int64_t>(RV, R - r)) {
-      case 1: value_rows<DV, 1>(u, w, &rows.acc[r]); break;
-      case 2: value_rows<DV, (RV >= 2 ? 2 : 1)>(u, w, &rows.acc[r]); break;
-      case 3: value_rows<DV, (RV >= 3 ? 3 : 1)>(u, w, &rows.acc[r]); break;
-      default: value_rows<DV, RV>(u, w, &rows.acc[r]); break;
+      case 1: value_rows<DV, 1, T>(u, w, &rows.acc[r]); break;
+      case 2: value_rows<DV, (RV >= 2 ? 2 : 1), T>(u, w, &rows.acc[r]); break;
+      case 3: value_rows<DV, (RV >= 3 ? 3 : 1), T>(u, w, &rows.acc[r]); break;
+      default: value_rows<DV, RV, T>(u, w, &rows.acc[r]); break;
     }
   }
 }
@@ -143,13 +151,13 @@ inline void score_rows(const float* kt, const float* const* qr, const float* con
 }
 
 // The weighted values of RR rows: o_i = sum over the chunk's keys t, in order, of w_i[t] v_t (o_i in registers)
-template <int DV, int RR>
-inline void value_rows(const Unit& u, const float* const* w, float* const* out) {
+template <int DV, int RR, typename T>
+inline void value_rows(const Unit<T>& u, const float* const* w, float* const* out) {
   v16 o[RR][DV];
   for (int i = 0; i < RR; ++i) for (int d = 0; d < DV; ++d) o[i][d] = v16{};
   for (int64_t t = 0; t < u.k1 - u.k0; ++t) {
-    const float* vr = u.value(u.k0 + t);
-    if (t + AHEAD < u.k1 - u.k0) for (int d = 0; d < DV; ++d) __builtin_prefetch(vr + AHEAD * u.vs_k + 16 * d, 0, 3);
+    const T* vr = u.value(u.k0 + t);
+    if (t + AHEAD < u.k1 - u.k0) prefetch_row<DV>(vr + AHEAD * u.vs_k);
     v16 vv[DV];
     for (int d = 0; d < DV; ++d) vv[d] = ld(vr + 16 * d);
     for (int i = 0; i < RR; ++i) {
@@ -163,8 +171,8 @@ inline void value_rows(const Unit& u, const float* const* w, float* const* out) 
 // unit() for many rows. The rows share the chunk's keys and values, so each is read once for a block of rows (not
 // once a row): scores 16 keys at a time, the block transposed, 4 rows a pass; the values 4 (head dim 64) or 2 (128)
 // rows a pass.
-template <int DV>
-void unit_blocks(const Unit& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
+template <int DV, typename T>
+void unit_blocks(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
   constexpr int D = DV * 16;
   const int64_t n = u.k1 - u.k0, R = u.rows();
   auto &qr = rows.query, &mr = rows.mask;
@@ -179,7 +187,7 @@ void unit_blocks(const Unit& u, float* mx, float* sm, float* acc, float* scores,
   for (int64_t t0 = 0; t0 < n; t0 += 16) {
     const int64_t nt = std::min<int64_t>(16, n - t0);
     for (int64_t t = 0; t < 16 && t0 + AHEAD + t < n; ++t)
-      for (int d = 0; d < DV; ++d) __builtin_prefetch(u.key(u.k0 + t0 + AHEAD + t) + 16 * d, 0, 3);
+      prefetch_row<DV>(u.key(u.k0 + t0 + AHEAD + t));
     for (int c = 0; c < DV; ++c) {  // head dims [16 c, 16 c + 16) of the 16 keys
       v16 block[16];
       for (int64_t t = 0; t < 16; ++t)  // (past the chunk's end: its last key again, never stored)
@@ -203,24 +211,25 @@ void unit_blocks(const Unit& u, float* mx, float* sm, float* acc, float* scores,
   for (int64_t r = 0; r < R; r += RV) {
     const float* const* w = (const float* const*)&sr[r];
     switch (std::min<int64_t>(RV, R - r)) {
-      case 1: value_rows<DV, 1>(u, w, &ar[r]); break;
-      case 2: value_rows<DV, (RV >= 2 ? 2 : 1)>(u, w, &ar[r]); break;
-      case 3: value_rows<DV, (RV >= 3 ? 3 : 1)>(u, w, &ar[r]); break;
-      default: value_rows<DV, RV>(u, w, &ar[r]); break;
+      case 1: value_rows<DV, 1, T>(u, w, &ar[r]); break;
+      case 2: value_rows<DV, (RV >= 2 ? 2 : 1), T>(u, w, &ar[r]); break;
+      case 3: value_rows<DV, (RV >= 3 ? 3 : 1), T>(u, w, &ar[r]); break;
+      default: value_rows<DV, RV, T>(u, w, &ar[r]); break;
     }
   }
 }
 
 // One unit: for each of its R query rows, the chunk's max score, the sum of e^(score - max), and the unnormalised
 // output sum e^(score - max) v
-template <int DV>
-void unit(const Unit& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
-  if (u.rows() <= 6) unit_rows<DV>(u, mx, sm, acc, scores, rows);
-  else unit_blocks<DV>(u, mx, sm, acc, scores, rows);
+template <int DV, typename T>
+void unit(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
+  if (u.rows() <= 6) unit_rows<DV, T>(u, mx, sm, acc, scores, rows);
+  else unit_blocks<DV, T>(u, mx, sm, acc, scores, rows);
 }
 
-// query [B, H, Q, D], key / value [B, KVH, C, D] (a static cache), mask additive [B or 1, 1, Q, C] -> [B, Q, H, D]
-template <int DV>
+// query [B, H, Q, D] float, key / value [B, KVH, C, D] of T (a static cache), mask additive [B or 1, 1, Q, C] float
+// -> [B, Q, H, D] float
+template <int DV, typename T>
 at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask,
                double scale_) {
   constexpr int D = DV * 16;
@@ -228,14 +237,15 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
   const int64_t groups = H / KVH, R = groups * Q;
   const float scale = (float)scale_;
   const float* qp = query.data_ptr<float>();
-  const float* kp = key.data_ptr<float>();
-  const float* vp = value.data_ptr<float>();
+  const T* kp = static_cast<const T*>(key.const_data_ptr());
+  const T* vp = static_cast<const T*>(value.const_data_ptr());
   const float* mp = mask.data_ptr<float>();
   const int64_t ms_b = mask.size(0) == 1 ? 0 : mask.stride(0), ms_q = mask.size(2) == 1 ? 0 : mask.stride(2);
   const int64_t ms_k = mask.stride(3);
   // the keys any row of batch b may see: [first visible, last visible + 1) (keys past it are masked to the dtype's
-  // lowest: skipping them changes no sum, since their weight is exactly 0)
-  const float lowest = std::numeric_limits<float>::lowest();
+  // lowest, or -inf: skipping them changes no sum, since their weight is exactly 0). bfloat16's lowest, widened: it
+  // is above float32's, so both dtypes' masked keys are at or below it
+  const float lowest = -3.38953139e38f;
   std::vector<int64_t> lo(B, C), hi(B, 0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < Q; ++i) {
@@ -266,10 +276,10 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
       const int64_t k0 = lo[b] + c * width, k1 = std::min(hi[b], k0 + width);
       float* mxu = mxp + u * R; float* smu = smp + u * R; float* accu = accp + u * R * D;
       if (k1 <= k0) { for (int64_t r = 0; r < R; ++r) { mxu[r] = -INFINITY; smu[r] = 0; } continue; }
-      const Unit one{qp + b * query.stride(0), query.stride(1), query.stride(2),
+      const Unit<T> one{qp + b * query.stride(0), query.stride(1), query.stride(2),
                      kp + b * key.stride(0) + g * key.stride(1), vp + b * value.stride(0) + g * value.stride(1),
                      key.stride(2), value.stride(2), mp + b * ms_b, ms_q, ms_k, g, groups, Q, k0, k1, scale};
-      unit<DV>(one, mxu, smu, accu, scores.data(), rows);
+      unit<DV, T>(one, mxu, smu, accu, scores.data(), rows);
     }
   });
   auto out = at::empty({B, Q, H, D}, f32);
@@ -297,21 +307,27 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
   return out;
 }
 
+// float32 throughout, or a bfloat16 call: the query and mask widened to float32 here (a few rows), the cache read
+// as it is (widened in registers), the scores, softmax and sums in float32, the output rounded to bfloat16 once
 at::Tensor attention(const at::Tensor& query_, const at::Tensor& key_, const at::Tensor& value_,
-                     const at::Tensor& mask, double scale) {
-  TORCH_CHECK(query_.scalar_type() == at::kFloat && key_.scalar_type() == at::kFloat &&
-              value_.scalar_type() == at::kFloat && mask.scalar_type() == at::kFloat,
-              "specbench_native::attention: float32 only");
-  TORCH_CHECK(query_.dim() == 4 && key_.dim() == 4 && mask.dim() == 4 && mask.size(1) == 1 &&
-              mask.size(3) == key_.size(2) && query_.size(1) % key_.size(1) == 0,
+                     const at::Tensor& mask_, double scale) {
+  const auto dtype = query_.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && key_.scalar_type() == dtype &&
+              value_.scalar_type() == dtype && mask_.scalar_type() == dtype,
+              "specbench_native::attention: float32 or bfloat16 (query, key, value and mask alike)");
+  TORCH_CHECK(query_.dim() == 4 && key_.dim() == 4 && mask_.dim() == 4 && mask_.size(1) == 1 &&
+              mask_.size(3) == key_.size(2) && query_.size(1) % key_.size(1) == 0,
               "specbench_native::attention: query [B, H, Q, D], key / value [B, KVH, C, D], mask [B or 1, 1, Q, C]");
-  const auto query = query_.contiguous();  // (small) the rows read in order
+  const auto query = query_.to(at::kFloat).contiguous();  // (small) the rows read in order
+  const auto mask = mask_.to(at::kFloat);
   const auto key = key_.stride(3) == 1 ? key_ : key_.contiguous();  // the cache as it is, where its rows are dense
   const auto value = value_.stride(3) == 1 ? value_ : value_.contiguous();
   const int64_t D = query.size(3);
-  if (D == 64) return run<4>(query, key, value, mask, scale);
-  if (D == 128) return run<8>(query, key, value, mask, scale);
-  TORCH_CHECK(false, "specbench_native::attention: head dim 64 or 128 only");
+  TORCH_CHECK(D == 64 || D == 128, "specbench_native::attention: head dim 64 or 128 only");
+  if (dtype == at::kFloat) return D == 64 ? run<4, float>(query, key, value, mask, scale)
+                                          : run<8, float>(query, key, value, mask, scale);
+  return (D == 64 ? run<4, uint16_t>(query, key, value, mask, scale)
+                  : run<8, uint16_t>(query, key, value, mask, scale)).to(at::kBFloat16);
 }
 }  // namespace specbench_attention
 

@@ -1,7 +1,8 @@
 """The vector helpers of the native library's attention (native_attention_source.py), in its C++ namespace: 16-float
-vectors (GCC's vector extension: one AVX-512 register, or two AVX2 ones), a horizontal sum in a fixed order, e^x,
-the folds that sum 16 keys' partial dot products at once (each in the horizontal sum's order), and a 16 x 16
-transpose in registers. Apart from the kernel so that each file stays small."""
+vectors (GCC's vector extension: one AVX-512 register, or two AVX2 ones) read from floats or widened from bfloat16, a
+horizontal sum in a fixed order, e^x, the folds that sum 16 keys' partial dot products at once (each in the
+horizontal sum's order), and a 16 x 16 transpose in registers. Apart from the kernel so that each file stays
+small."""
 
 # the attention's includes, its namespace's vector types and helpers (ATTENTION follows it in the library's source)
 VECTORS = r"""
@@ -9,9 +10,13 @@ VECTORS = r"""
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace specbench_attention {
 typedef float v16 __attribute__((vector_size(64)));
@@ -21,6 +26,20 @@ typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 
 inline v16 ld(const float* p) { return *(const v16u*)p; }
+// 16 bfloat16 (uint16_t: a bfloat16 cache's keys or values) widened exactly to floats (a float's top 16 bits); with
+// AVX-512 one widening load and a shift, as the panels' (native_source.py says why)
+inline v16 ld(const uint16_t* p) {
+#if defined(__AVX512F__)
+  const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
+  return (v16)_mm512_castsi512_ps(wide);
+#else
+  typedef uint16_t h16u __attribute__((vector_size(32), aligned(2)));
+  typedef uint32_t w16 __attribute__((vector_size(64)));
+  const w16 wide = __builtin_convertvector(*(const h16u*)p, w16) << 16;
+  v16 out; std::memcpy(&out, &wide, 64);
+  return out;
+#endif
+}
 inline void st(float* p, v16 v) { *(v16u*)p = v; }
 inline v16 splat(float x) { return v16{} + x; }
 
