@@ -17,8 +17,9 @@ registers) before the next, so the weights are read from memory once whatever th
 whatever rows sit beside it, so a token's output is the same at every width. With `ahead` (the `panel-ahead`
 candidate) each thread prefetches its next tile into L2, a share during each row block's pass over the current one,
 so a wide step's sums overlap the next weights' stream; the sums are the same. Float32 and bfloat16 (its weights kept
-in bfloat16, half the bytes to stream, widened to float32 in registers, exact; the sums float32, the output rounded to
-bfloat16 once: oneDNN's bfloat16 linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the
+in bfloat16, half the bytes to stream, a panel's pairs of k side by side per column so that one 64-byte read gives
+two vectors of exact floats for two operations (a widening read per vector took twice that: 0.92 of its time at 16
+rows, the same bits, stop 65); the sums float32, the output rounded to bfloat16 once: oneDNN's bfloat16 linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the
 machine streams ~26, benchmarks/RESULTS-cpu.md, stop 63), only where the native library is built (`available`).
 The copies: one per layer, the fused groups' one per group (fused_linears.py), kept weak-keyed by layer, made only
 for a compiled step whose choice runs this kernel (memory_need counts them).
@@ -45,13 +46,18 @@ def available(dtype: torch.dtype) -> bool:
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """W [N, K] -> panels [ceil(N / 16), K, 16] in W's dtype (float32 or bfloat16), contiguous; the padded columns
-    zero."""
+    zero. bfloat16: [ceil(N / 16), K2, 16] with K2 = K rounded up to even, each panel's pairs of k side by side per
+    column ([K2 / 2, 16, 2] in memory: the kernel reads a column's two weights as one 32-bit lane), the pad zero."""
     n, k = weight.shape
     panels = -(-n // PANEL)
     dtype = weight.dtype if weight.dtype == torch.bfloat16 else torch.float32
+    wide = k + k % 2 if dtype == torch.bfloat16 else k
     with torch.no_grad():
-        padded = weight.detach().new_zeros(panels * PANEL, k, dtype=dtype)
-        padded[:n] = weight.detach()
+        padded = weight.detach().new_zeros(panels * PANEL, wide, dtype=dtype)
+        padded[:n, :k] = weight.detach()
+        if dtype == torch.bfloat16:
+            pairs = padded.view(panels, PANEL, wide // 2, 2).permute(0, 2, 1, 3)  # [P, K2 / 2, 16, 2]
+            return pairs.contiguous().view(panels, wide, PANEL)
         return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
 
 
