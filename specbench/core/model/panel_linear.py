@@ -17,10 +17,11 @@ registers) before the next, so the weights are read from memory once whatever th
 whatever rows sit beside it, so a token's output is the same at every width. With `ahead` (the `panel-ahead`
 candidate) each thread prefetches its next tile into L2, a share during each row block's pass over the current one,
 so a wide step's sums overlap the next weights' stream; the sums are the same. Float32 and bfloat16 (its weights kept
-in bfloat16, half the bytes to stream, a panel's pairs of k side by side per column so that one 64-byte read gives
-two vectors of exact floats for two operations (a widening read per vector took twice that: 0.92 of its time at 16
-rows, the same bits, stop 65); the sums float32, the output rounded to bfloat16 once: oneDNN's bfloat16 linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the
-machine streams ~26, benchmarks/RESULTS-cpu.md, stop 63), only where the native library is built (`available`).
+in bfloat16, half the bytes to stream; the sums float32, the output rounded to bfloat16 once: oneDNN's bfloat16
+linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the machine streams ~26,
+benchmarks/RESULTS-cpu.md, stop 63), only where the native library is built (`available`). A bfloat16 panel keeps
+its pairs of k side by side per column, so one 64-byte read gives two vectors of exact floats in two operations (a
+widening read took two a vector: the same bits in 0.92 of the time at 16 rows, stop 65).
 The copies: one per layer, the fused groups' one per group (fused_linears.py), kept weak-keyed by layer, made only
 for a compiled step whose choice runs this kernel (memory_need counts them).
 """
