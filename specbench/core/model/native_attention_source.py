@@ -23,17 +23,17 @@ constexpr int64_t AHEAD = 32;
 
 // One unit of work: batch b, key / value head g, the cache's keys [k0, k1), and its R = groups x Q query rows (row
 // r = j Q + i: query head g groups + j, query position i); the pointers are batch b's (key and value: head g's). T:
-// the cache's element, float or uint16_t (bfloat16, widened to float as it is read); the query and mask are float
+// the cache's and mask's element, float or uint16_t (bfloat16, widened to float as it is read); the query is float
 template <typename T>
 struct Unit {
   const float* q; int64_t qs_h, qs_q;  // query [H, Q, D] strides
   const T* k; const T* v; int64_t ks_k, vs_k;  // key / value [C, D] strides
-  const float* m; int64_t ms_q, ms_k;  // additive mask [Q, C] strides
+  const T* m; int64_t ms_q, ms_k;  // additive mask [Q, C] strides
   int64_t g, groups, Q, k0, k1;
   float scale;
   int64_t rows() const { return groups * Q; }
   const float* query(int64_t r) const { return q + (g * groups + r / Q) * qs_h + (r % Q) * qs_q; }
-  const float* mask(int64_t r) const { return m + (r % Q) * ms_q; }
+  const T* mask(int64_t r) const { return m + (r % Q) * ms_q; }
   const T* key(int64_t t) const { return k + t * ks_k; }  // cache position t
   const T* value(int64_t t) const { return v + t * vs_k; }
 };
@@ -69,8 +69,10 @@ inline void normalise(float* s, int64_t n, float* mx, float* sm) {
 
 // Per row of a unit: its query, its mask, its scores, its output sums, its scores at the current key block. Made once
 // per thread's share of the units, not once a unit (the decode step's hot path)
+template <typename T>
 struct RowPointers {
-  std::vector<const float*> query, mask;
+  std::vector<const float*> query;
+  std::vector<const T*> mask;
   std::vector<float*> scores, acc, out;
   explicit RowPointers(int64_t R) : query(R), mask(R), scores(R), acc(R), out(R) {}
 };
@@ -84,7 +86,7 @@ inline void value_rows(const Unit<T>& u, const float* const* w, float* const* ou
 // values read once for up to 4 rows (value_rows)
 
 template <int DV, typename T>
-void unit_rows(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
+void unit_rows(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers<T>& rows) {
   constexpr int D = DV * 16;
   const int64_t n = u.k1 - u.k0, R = u.rows();
   for (int64_t r = 0; r < R; ++r) {
@@ -107,9 +109,9 @@ void unit_rows(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores
         p[BITREV[t]] = a;  // (so that key t's sum comes out in lane t)
       }
       const v16 dots = sums16(p);
-      const float* mr = u.mask(r);
+      const T* mr = u.mask(r);
       float* s = rows.scores[r] + t0;
-      for (int64_t t = 0; t < nt; ++t) s[t] = dots[t] * u.scale + mr[(u.k0 + t0 + t) * u.ms_k];
+      for (int64_t t = 0; t < nt; ++t) s[t] = dots[t] * u.scale + tof(mr[(u.k0 + t0 + t) * u.ms_k]);
     }
   }
   for (int64_t r = 0; r < R; ++r) normalise(rows.scores[r], n, mx + r, sm + r);  // a dead row's weights all 0
@@ -128,8 +130,8 @@ void unit_rows(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores
 // Scores of RR query rows against a block of 16 keys transposed (kt[d * 16 + t]): s[i] = (q_i . k_t) * scale + mask,
 // each dot product in 4 partial sums (d mod 4, each in d's order: independent chains of multiply-adds), then
 // (p0 + p1) + (p2 + p3): the same order for a row whatever rows run beside it
-template <int DV, int RR>
-inline void score_rows(const float* kt, const float* const* qr, const float* const* mr, int64_t ms_k, int64_t key0,
+template <int DV, int RR, typename T>
+inline void score_rows(const float* kt, const float* const* qr, const T* const* mr, int64_t ms_k, int64_t key0,
                        int64_t nt, float scale, float* const* out) {
   v16 acc[RR][4];
   for (int i = 0; i < RR; ++i) for (int p = 0; p < 4; ++p) acc[i][p] = v16{};
@@ -146,7 +148,7 @@ inline void score_rows(const float* kt, const float* const* qr, const float* con
     const v16 dot = (acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3]);
     float s[16];
     std::memcpy(s, &dot, 64);
-    for (int64_t t = 0; t < nt; ++t) out[i][t] = s[t] * scale + mr[i][(key0 + t) * ms_k];
+    for (int64_t t = 0; t < nt; ++t) out[i][t] = s[t] * scale + tof(mr[i][(key0 + t) * ms_k]);
   }
 }
 
@@ -172,7 +174,7 @@ inline void value_rows(const Unit<T>& u, const float* const* w, float* const* ou
 // once a row): scores 16 keys at a time, the block transposed, 4 rows a pass; the values 4 (head dim 64) or 2 (128)
 // rows a pass.
 template <int DV, typename T>
-void unit_blocks(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
+void unit_blocks(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers<T>& rows) {
   constexpr int D = DV * 16;
   const int64_t n = u.k1 - u.k0, R = u.rows();
   auto &qr = rows.query, &mr = rows.mask;
@@ -199,10 +201,10 @@ void unit_blocks(const Unit<T>& u, float* mx, float* sm, float* acc, float* scor
     const int64_t key0 = u.k0 + t0;
     for (int64_t r = 0; r < R; r += 4) {
       switch (std::min<int64_t>(4, R - r)) {
-        case 1: score_rows<DV, 1>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
-        case 2: score_rows<DV, 2>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
-        case 3: score_rows<DV, 3>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
-        default: score_rows<DV, 4>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
+        case 1: score_rows<DV, 1, T>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
+        case 2: score_rows<DV, 2, T>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
+        case 3: score_rows<DV, 3, T>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
+        default: score_rows<DV, 4, T>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
       }
     }
   }
@@ -222,13 +224,14 @@ void unit_blocks(const Unit<T>& u, float* mx, float* sm, float* acc, float* scor
 // One unit: for each of its R query rows, the chunk's max score, the sum of e^(score - max), and the unnormalised
 // output sum e^(score - max) v
 template <int DV, typename T>
-void unit(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers& rows) {
+void unit(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers<T>& rows) {
   if (u.rows() <= 6) unit_rows<DV, T>(u, mx, sm, acc, scores, rows);
   else unit_blocks<DV, T>(u, mx, sm, acc, scores, rows);
 }
 
-// query [B, H, Q, D] float, key / value [B, KVH, C, D] of T (a static cache), mask additive [B or 1, 1, Q, C] float
-// -> [B, Q, H, D] float
+// query [B, H, Q, D], key / value [B, KVH, C, D] (a static cache), mask additive [B or 1, 1, Q, C], all of T ->
+// [B, Q, H, D] of T. Its buffers are the library's own (no tensor but the output: each tensor made or converted here
+// is a call through the dispatcher, 30 layers a forward)
 template <int DV, typename T>
 at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask,
                double scale_) {
@@ -236,10 +239,20 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
   const int64_t B = query.size(0), H = query.size(1), Q = query.size(2), KVH = key.size(1), C = key.size(2);
   const int64_t groups = H / KVH, R = groups * Q;
   const float scale = (float)scale_;
-  const float* qp = query.data_ptr<float>();
+  // the query as float, [B, H, Q, D] dense (a few rows, from any strides)
+  std::vector<float> qbuf(B * H * Q * D);
+  const T* qsrc = static_cast<const T*>(query.const_data_ptr());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Q; ++i) {
+        const T* src = qsrc + b * query.stride(0) + h * query.stride(1) + i * query.stride(2);
+        float* dst = qbuf.data() + ((b * H + h) * Q + i) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = tof(src[d * query.stride(3)]);
+      }
+  const float* qp = qbuf.data();
   const T* kp = static_cast<const T*>(key.const_data_ptr());
   const T* vp = static_cast<const T*>(value.const_data_ptr());
-  const float* mp = mask.data_ptr<float>();
+  const T* mp = static_cast<const T*>(mask.const_data_ptr());
   const int64_t ms_b = mask.size(0) == 1 ? 0 : mask.stride(0), ms_q = mask.size(2) == 1 ? 0 : mask.stride(2);
   const int64_t ms_k = mask.stride(3);
   // the keys any row of batch b may see: [first visible, last visible + 1) (keys past it are masked to the dtype's
@@ -249,10 +262,10 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
   std::vector<int64_t> lo(B, C), hi(B, 0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < Q; ++i) {
-      const float* mr = mp + b * ms_b + i * ms_q;
+      const T* mr = mp + b * ms_b + i * ms_q;
       int64_t a = 0, z = C;
-      while (a < C && mr[a * ms_k] <= lowest) ++a;
-      while (z > a && mr[(z - 1) * ms_k] <= lowest) --z;
+      while (a < C && tof(mr[a * ms_k]) <= lowest) ++a;
+      while (z > a && tof(mr[(z - 1) * ms_k]) <= lowest) --z;
       if (a < z) { lo[b] = std::min(lo[b], a); hi[b] = std::max(hi[b], z); }
     }
   int64_t span = 1;
@@ -264,26 +277,24 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
   int64_t chunks = std::max<int64_t>(1, (2 * threads + B * KVH - 1) / (B * KVH));  // >= 2 units a thread
   chunks = std::min<int64_t>(chunks, (span + 31) / 32);
   const int64_t width = (span + chunks - 1) / chunks;
-  auto f32 = query.options();
-  auto mx = at::empty({B, KVH, chunks, R}, f32), sm = at::empty({B, KVH, chunks, R}, f32);
-  auto acc = at::empty({B, KVH, chunks, R, D}, f32);
-  float* mxp = mx.data_ptr<float>(); float* smp = sm.data_ptr<float>(); float* accp = acc.data_ptr<float>();
+  std::vector<float> mx(B * KVH * chunks * R), sm(B * KVH * chunks * R), acc(B * KVH * chunks * R * D);
+  float* mxp = mx.data(); float* smp = sm.data(); float* accp = acc.data();
   at::parallel_for(0, B * KVH * chunks, 1, [&](int64_t u0, int64_t u1) {
     std::vector<float> scores(R * width);
-    RowPointers rows(R);
+    RowPointers<T> rows(R);
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t b = u / (KVH * chunks), g = (u / chunks) % KVH, c = u % chunks;
       const int64_t k0 = lo[b] + c * width, k1 = std::min(hi[b], k0 + width);
       float* mxu = mxp + u * R; float* smu = smp + u * R; float* accu = accp + u * R * D;
       if (k1 <= k0) { for (int64_t r = 0; r < R; ++r) { mxu[r] = -INFINITY; smu[r] = 0; } continue; }
-      const Unit<T> one{qp + b * query.stride(0), query.stride(1), query.stride(2),
+      const Unit<T> one{qp + b * H * Q * D, Q * D, D,
                      kp + b * key.stride(0) + g * key.stride(1), vp + b * value.stride(0) + g * value.stride(1),
                      key.stride(2), value.stride(2), mp + b * ms_b, ms_q, ms_k, g, groups, Q, k0, k1, scale};
       unit<DV, T>(one, mxu, smu, accu, scores.data(), rows);
     }
   });
-  auto out = at::empty({B, Q, H, D}, f32);
-  float* op = out.data_ptr<float>();
+  auto out = at::empty({B, Q, H, D}, query.options());
+  T* op = static_cast<T*>(out.data_ptr());
   for (int64_t b = 0; b < B; ++b)
     for (int64_t g = 0; g < KVH; ++g)
       for (int64_t r = 0; r < R; ++r) {
@@ -301,33 +312,30 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
           const float* a = accp + ((base + c) * R + r) * D;
           for (int d = 0; d < DV; ++d) o[d] += ld(a + 16 * d) * w;
         }
-        float* dst = op + ((b * Q + i) * H + h) * D;
-        for (int d = 0; d < DV; ++d) st(dst + 16 * d, o[d] / total);
+        T* dst = op + ((b * Q + i) * H + h) * D;
+        for (int d = 0; d < DV; ++d) store(dst + 16 * d, o[d] / total);
       }
   return out;
 }
 
-// float32 throughout, or a bfloat16 call: the query and mask widened to float32 here (a few rows), the cache read
-// as it is (widened in registers), the scores, softmax and sums in float32, the output rounded to bfloat16 once
-at::Tensor attention(const at::Tensor& query_, const at::Tensor& key_, const at::Tensor& value_,
-                     const at::Tensor& mask_, double scale) {
-  const auto dtype = query_.scalar_type();
+// float32 throughout, or bfloat16: the query, cache and mask read as they are (widened to float32 as read), the scores,
+// softmax and sums in float32, each output rounded to bfloat16 once
+at::Tensor attention(const at::Tensor& query, const at::Tensor& key_, const at::Tensor& value_, const at::Tensor& mask,
+                     double scale) {
+  const auto dtype = query.scalar_type();
   TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && key_.scalar_type() == dtype &&
-              value_.scalar_type() == dtype && mask_.scalar_type() == dtype,
+              value_.scalar_type() == dtype && mask.scalar_type() == dtype,
               "specbench_native::attention: float32 or bfloat16 (query, key, value and mask alike)");
-  TORCH_CHECK(query_.dim() == 4 && key_.dim() == 4 && mask_.dim() == 4 && mask_.size(1) == 1 &&
-              mask_.size(3) == key_.size(2) && query_.size(1) % key_.size(1) == 0,
+  TORCH_CHECK(query.dim() == 4 && key_.dim() == 4 && mask.dim() == 4 && mask.size(1) == 1 &&
+              mask.size(3) == key_.size(2) && query.size(1) % key_.size(1) == 0,
               "specbench_native::attention: query [B, H, Q, D], key / value [B, KVH, C, D], mask [B or 1, 1, Q, C]");
-  const auto query = query_.to(at::kFloat).contiguous();  // (small) the rows read in order
-  const auto mask = mask_.to(at::kFloat);
   const auto key = key_.stride(3) == 1 ? key_ : key_.contiguous();  // the cache as it is, where its rows are dense
   const auto value = value_.stride(3) == 1 ? value_ : value_.contiguous();
   const int64_t D = query.size(3);
   TORCH_CHECK(D == 64 || D == 128, "specbench_native::attention: head dim 64 or 128 only");
   if (dtype == at::kFloat) return D == 64 ? run<4, float>(query, key, value, mask, scale)
                                           : run<8, float>(query, key, value, mask, scale);
-  return (D == 64 ? run<4, uint16_t>(query, key, value, mask, scale)
-                  : run<8, uint16_t>(query, key, value, mask, scale)).to(at::kBFloat16);
+  return D == 64 ? run<4, uint16_t>(query, key, value, mask, scale) : run<8, uint16_t>(query, key, value, mask, scale);
 }
 }  // namespace specbench_attention
 

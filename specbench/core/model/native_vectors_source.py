@@ -43,6 +43,16 @@ inline v16 ld(const uint16_t* p) {
 inline void st(float* p, v16 v) { *(v16u*)p = v; }
 inline v16 splat(float x) { return v16{} + x; }
 
+// one element as float: float itself, or a bfloat16 (its bits the float's top half)
+inline float tof(float x) { return x; }
+inline float tof(uint16_t x) { const uint32_t bits = (uint32_t)x << 16; float f; std::memcpy(&f, &bits, 4); return f; }
+
+// 16 floats stored as they are, or each rounded to bfloat16 once (to nearest, ties to even: c10::BFloat16's rounding)
+inline void store(float* p, v16 v) { st(p, v); }
+inline void store(uint16_t* p, v16 v) {
+  for (int j = 0; j < 16; ++j) p[j] = c10::BFloat16(v[j]).x;
+}
+
 inline float hsum(v16 v) {  // a fixed order: halves, quarters, then pairs
   v8 a, b; std::memcpy(&a, &v, 32); std::memcpy(&b, (const char*)&v + 32, 32);
   v8 s = a + b;
