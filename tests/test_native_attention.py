@@ -154,6 +154,16 @@ def test_grouped_sdpa_takes_it_only_while_compiling_where_it_fits(built, monkeyp
     assert taken == [1]
 
 
+def _wide_heads_llama(tmp_path, dtype: str):
+    """A 2-layer random Llama whose heads fit the operator (head dim 64: 2 query heads over 1 key / value head)."""
+    config = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 260,
+              "max_position_embeddings": 512, "tie_word_embeddings": True}
+    path = tmp_path / "wide_heads.json"
+    path.write_text(json.dumps(config))
+    return load_model(f"random:{path}", dtype=dtype, device="cpu")
+
+
 @pytest.mark.parametrize("linear", ["auto", "panel"])
 def test_compiled_model_decodes_eager_tokens_through_it(built, tmp_path, monkeypatch, linear):
     """A 2-layer random Llama with head dim 64 under --compile: ar's and a tree method's tokens equal eager ones
@@ -167,12 +177,7 @@ def test_compiled_model_decodes_eager_tokens_through_it(built, tmp_path, monkeyp
 
     monkeypatch.delenv(ga.ENV, raising=False)
     monkeypatch.setenv(lk.ENV, linear)
-    config = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-              "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 260,
-              "max_position_embeddings": 512, "tie_word_embeddings": True}
-    path = tmp_path / "wide_heads.json"
-    path.write_text(json.dumps(config))
-    target = load_model(f"random:{path}", dtype="float32", device="cpu")
+    target = _wide_heads_llama(tmp_path, "float32")
     methods = {"ar": get_method("ar")(target, {}),
                "ppd": get_method("ppd")(target, {**artifact_options("ppd", target), "tree": "size=4"})}
     eager = {n: m.generate(prompt_ids(0), 12, Sampling(), None).tokens for n, m in methods.items()}
@@ -200,12 +205,7 @@ def test_a_bfloat16_compiled_model_runs_it_once_a_layer(built, tmp_path, monkeyp
     from specbench.core.model import compile as cc
 
     monkeypatch.delenv(ga.ENV, raising=False)
-    config = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-              "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 260,
-              "max_position_embeddings": 512, "tie_word_embeddings": True}
-    path = tmp_path / "wide_heads.json"
-    path.write_text(json.dumps(config))
-    target = load_model(f"random:{path}", dtype="bfloat16", device="cpu")
+    target = _wide_heads_llama(tmp_path, "bfloat16")
     method = get_method("ar")(target, {})
     state = cc.enable(target.model, 128)
     try:
