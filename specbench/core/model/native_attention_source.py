@@ -1,8 +1,8 @@
 """The C++ of the native library's attention (native_linear builds it with the linears into one library):
-`specbench_native::attention`, a compiled forward's float32 attention over the static cache (native_attention.py
-says where it runs and why). It defines its operator in the library's namespace (TORCH_LIBRARY_FRAGMENT) inside a
-C++ namespace of its own, after its vector helpers (native_vectors_source.py). Kept apart from the Python that calls
-it so that the builder imports no caller.
+`specbench_native::attention`, a compiled forward's float32 or bfloat16 attention over the static cache
+(native_attention.py says where it runs and why). It defines its operator in the library's namespace
+(TORCH_LIBRARY_FRAGMENT) inside a C++ namespace of its own, after its vector helpers (native_vectors_source.py). Kept
+apart from the Python that calls it so that the builder imports no caller.
 
 A unit of work is (batch, key / value head, chunk of keys); its R = query heads per key head x query rows share the
 chunk's keys and values. Few rows (R <= 6: a decode step's) score 16 keys at a time row by row, the 16 sums folded

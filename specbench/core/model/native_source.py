@@ -11,14 +11,10 @@ PANELS = r"""
 #include <torch/library.h>
 #include <memory>
 #include <type_traits>
-#if defined(__AVX512F__)
-#include <immintrin.h>  // (x86 only: elsewhere the vector extension's form below)
-#endif
 
 namespace specbench_panels {
 typedef float v16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, two AVX2 ones
 typedef float v16u __attribute__((vector_size(64), aligned(4)));  // the same, read from any float's address
-typedef uint16_t h16u __attribute__((vector_size(32), aligned(2)));  // 16 bfloat16 weights, from any address
 typedef uint32_t w16 __attribute__((vector_size(64)));
 typedef uint32_t w16u __attribute__((vector_size(64), aligned(2)));  // 32 bfloat16 weights as 16 pairs, any address
 
@@ -26,22 +22,6 @@ typedef uint32_t w16u __attribute__((vector_size(64), aligned(2)));  // 32 bfloa
 // column's two weights side by side: [K / 2, 16, 2]; an odd K's last pair padded with 0)
 template <typename W>
 constexpr int64_t packed_k(int64_t K) { return std::is_same_v<W, uint16_t> ? K + (K & 1) : K; }
-
-// 16 weights as floats: float32 as they are; bfloat16 widened exactly (its 16 bits are a float's top half). With
-// AVX-512 one widening load and a shift (the vector extension's form compiled to two 256-bit halves and a merge here,
-// which made the bfloat16 panels slower per weight than float32's, in the cache)
-inline v16 load16(const float* p) { return *(const v16u*)p; }
-inline v16 load16(const uint16_t* p) {
-#if defined(__AVX512F__)
-  const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
-  return (v16)_mm512_castsi512_ps(wide);
-#else
-  const w16 wide = __builtin_convertvector(*(const h16u*)p, w16) << 16;
-  v16 out;
-  __builtin_memcpy(&out, &wide, 64);
-  return out;
-#endif
-}
 
 // columns [16 p, 16 p + 16 G) of R rows: for every k, each panel's 16 weights (W: float, or uint16_t holding
 // bfloat16) times each row's x[k], summed in float32 in k's order (the same sums for a row whatever R and G are: a
@@ -82,7 +62,7 @@ inline void panel_rows(const float* x, int64_t K, const W* P, int64_t p, float* 
     due += lines;
     while (due >= K) { due -= K; __builtin_prefetch(pre, 0, 2); pre += 64 / sizeof(W); }
     v16 wv[G];
-    for (int g = 0; g < G; ++g) wv[g] = load16(w + (g * K + k) * 16);
+    for (int g = 0; g < G; ++g) wv[g] = *(const v16u*)(w + (g * K + k) * 16);
     for (int r = 0; r < R; ++r) {
       const float xs = x[r * K + k];
       for (int g = 0; g < G; ++g) acc[g][r] += wv[g] * xs;

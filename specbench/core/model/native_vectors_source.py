@@ -27,7 +27,8 @@ typedef float v4 __attribute__((vector_size(16)));
 
 inline v16 ld(const float* p) { return *(const v16u*)p; }
 // 16 bfloat16 (uint16_t: a bfloat16 cache's keys or values) widened exactly to floats (a float's top 16 bits); with
-// AVX-512 one widening load and a shift, as the panels' (native_source.py says why)
+// AVX-512 one widening load and a shift (the vector extension's form compiled to two 256-bit halves and a merge, which
+// made the panels' bfloat16 read slower per weight than float32's, stop 63)
 inline v16 ld(const uint16_t* p) {
 #if defined(__AVX512F__)
   const __m512i wide = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
