@@ -22,8 +22,6 @@ from specbench.methods import get_method
 
 from .conftest import prompt_ids
 
-LOWEST = torch.finfo(torch.float32).min
-
 
 @pytest.fixture
 def built(monkeypatch):
@@ -32,9 +30,9 @@ def built(monkeypatch):
         pytest.fail(f"the native library did not build here: {nl.status()}")  # inductor's C++ compiler is here
 
 
-def _mask(visible: torch.Tensor) -> torch.Tensor:
-    """visible [B, Q, C] bool -> the additive mask [B, 1, Q, C]."""
-    return torch.zeros(visible.shape).masked_fill(~visible, LOWEST)[:, None]
+def _mask(visible: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """visible [B, Q, C] bool -> the additive mask [B, 1, Q, C] of `dtype`, hidden keys at its lowest."""
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)[:, None]
 
 
 def _visible(kind: str, batch: int, width: int, capacity: int, gen) -> torch.Tensor:
@@ -77,8 +75,7 @@ def test_bfloat16_is_float32_attention_over_the_same_values_rounded_once(built, 
     capacity = 80
     q = torch.randn(batch, heads, width, dim, generator=gen).bfloat16()
     k, v = (torch.randn(batch, kv_heads, capacity, dim, generator=gen).bfloat16() for _ in range(2))
-    visible = _visible(kind, batch, width, capacity, gen)
-    mask = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.bfloat16).min)[:, None].bfloat16()
+    mask = _mask(_visible(kind, batch, width, capacity, gen), torch.bfloat16)
     assert na.fits(q, k, mask)
     want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask.float(), scale=0.3,
                                           enable_gqa=True).transpose(1, 2)

@@ -258,7 +258,7 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
   // the keys any row of batch b may see: [first visible, last visible + 1) (keys past it are masked to the dtype's
   // lowest, or -inf: skipping them changes no sum, since their weight is exactly 0). bfloat16's lowest, widened: it
   // is above float32's, so both dtypes' masked keys are at or below it
-  const float lowest = -3.38953139e38f;
+  const float lowest = static_cast<float>(std::numeric_limits<c10::BFloat16>::lowest());
   std::vector<int64_t> lo(B, C), hi(B, 0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < Q; ++i) {
