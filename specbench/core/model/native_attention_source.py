@@ -61,10 +61,15 @@ inline void normalise(float* s, int64_t n, float* mx, float* sm) {
   }
   v16 total = v16{};
   for (t = 0; t + 16 <= n; t += 16) { v16 e = vexp(ld(s + t) - best); st(s + t, e); total += e; }
-  float tail = 0;
-  for (; t < n; ++t) { v16 e = vexp(splat(s[t] - best)); s[t] = e[0]; tail += e[0]; }
+  if (t < n) {  // the last < 16 scores as one vector (its padding e^-inf = 0), not one e^x vector each
+    alignas(64) float tail[16];
+    for (int j = 0; j < 16; ++j) tail[j] = t + j < n ? s[t + j] : -INFINITY;
+    const v16 e = vexp(ld(tail) - best);
+    for (int64_t j = 0; t + j < n; ++j) s[t + j] = e[j];
+    total += e;
+  }
   *mx = best;
-  *sm = hsum(total) + tail;
+  *sm = hsum(total);
 }
 
 // Per row of a unit: its query, its mask, its scores, its output sums, its scores at the current key block. Made once
@@ -242,12 +247,14 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key, const at::Tensor&
   // the query as float, [B, H, Q, D] dense (a few rows, from any strides)
   std::vector<float> qbuf(B * H * Q * D);
   const T* qsrc = static_cast<const T*>(query.const_data_ptr());
+  const int64_t qs0 = query.stride(0), qs1 = query.stride(1), qs2 = query.stride(2), qs3 = query.stride(3);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < Q; ++i) {
-        const T* src = qsrc + b * query.stride(0) + h * query.stride(1) + i * query.stride(2);
+        const T* src = qsrc + b * qs0 + h * qs1 + i * qs2;
         float* dst = qbuf.data() + ((b * H + h) * Q + i) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = tof(src[d * query.stride(3)]);
+        if (qs3 == 1) for (int d = 0; d < D; d += 16) st(dst + d, ld(src + d));
+        else for (int64_t d = 0; d < D; ++d) dst[d] = tof(src[d * qs3]);
       }
   const float* qp = qbuf.data();
   const T* kp = static_cast<const T*>(key.const_data_ptr());

@@ -54,11 +54,12 @@ inline void store(uint16_t* p, v16 v) {
   for (int j = 0; j < 16; ++j) p[j] = c10::BFloat16(v[j]).x;
 }
 
-inline float hsum(v16 v) {  // a fixed order: halves, quarters, then pairs
-  v8 a, b; std::memcpy(&a, &v, 32); std::memcpy(&b, (const char*)&v + 32, 32);
-  v8 s = a + b;
-  v4 c, d; std::memcpy(&c, &s, 16); std::memcpy(&d, (const char*)&s + 16, 16);
-  v4 t = c + d;
+// a fixed order: halves, quarters, then pairs (shuffles, not copies through memory: a copy's address kept a running
+// sum of normalise in memory, a store and a reload every step)
+inline float hsum(v16 v) {
+  const v8 s = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 t = __builtin_shufflevector(s, s, 0, 1, 2, 3) + __builtin_shufflevector(s, s, 4, 5, 6, 7);
   return (t[0] + t[2]) + (t[1] + t[3]);
 }
 
