@@ -114,7 +114,8 @@ def test_compiled_profile_gaps_name_the_batch_sizes_a_compiled_map_cannot_predic
     size, it names what it lacks and measures nothing; with --profile fresh given it measures exactly that."""
     from specbench.cli import map as map_cli
 
-    monkeypatch.setattr("specbench.core.model.load.load_model", lambda *a, **k: tiny)
+    loads = []
+    monkeypatch.setattr("specbench.core.model.load.load_model", lambda *a, **k: loads.append(a) or tiny)
     said: list[str] = []
     monkeypatch.setattr(map_cli.console, "print", lambda *a, **k: a and said.append(str(a[0])))
     grid = _cfg(methods=("ar", "pld"), batch_sizes=(1, 2), model="random:tiny", dtype="float32", device="cpu")
@@ -124,8 +125,12 @@ def test_compiled_profile_gaps_name_the_batch_sizes_a_compiled_map_cannot_predic
     monkeypatch.setattr(compile_run, "ensure_compiled_profile", lambda *a: calls.append(a) or real(*a))
     map_cli._compiled_profile(grid, [1, 2], measure=False)
     assert not calls and "no compiled profile here" in said[-1] and "--batch-size 1,2" in said[-1]
+    assert not loads  # asking what the profile lacks loads no weights: the key comes from the run's settings
     map_cli._compiled_profile(grid, [1, 2], measure=True)
-    assert len(calls) == 1 and compile_run.compiled_profile_gaps(grid, tiny) == (True, [])
+    assert len(calls) == 1 and len(loads) == 1 and compile_run.compiled_profile_gaps(grid, tiny) == (True, [])
+    assert compile_run.compiled_profile_gaps(grid) == (True, [])  # the same profile found from the settings alone
+    map_cli._compiled_profile(grid, [1, 2], measure=True)
+    assert len(calls) == 1 and len(loads) == 1 and "reads the compiled profile" in said[-1]  # nothing lacking
     wider = _cfg(methods=("ar", "pld"), batch_sizes=(1, 2, 4), model="random:tiny", dtype="float32", device="cpu")
     assert compile_run.compiled_profile_gaps(wider, tiny) == (True, [4])
     map_cli._compiled_profile(wider, [1, 2, 4], measure=False)

@@ -224,24 +224,23 @@ def _compiled_profile(cfg, sizes: list[int], measure: bool) -> None:
     from ..core.model.load import load_model
     from ..run import compiled as compiled_run
 
-    # the dtype the compiled run takes (--dtype auto reads compiled decoding's profiles): its profile is the one found
-    target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True, compiled=True)
-    if measure:
+    # the profile of the dtype the compiled run takes (--dtype auto reads compiled decoding's profiles), asked without
+    # loading the target: its weights load only to measure what the profile lacks
+    usable, missing = compiled_run.compiled_profile_gaps(cfg)
+    if usable and not missing:
+        console.print("[dim]--compile: the prediction reads the compiled profile filed here[/]")
+    elif measure:
+        target = load_model(cfg.model, cfg.dtype, cfg.device, measured_auto=True, compiled=True)
         compiled_run.ensure_compiled_profile(cfg, target, "the map's prediction")
+        del target
+        gc.collect()
     else:
-        usable, missing = compiled_run.compiled_profile_gaps(cfg, target)
-        if not usable or missing:
-            lacking = "no compiled profile here: the map shows measured throughput only (no prediction from an " \
-                "eager curve)" if not usable else f"the compiled profile filed here has no L(B, w) at B = " \
-                f"{', '.join(map(str, missing))}: the map predicts only where it has a curve"
-            console.print(f"[yellow]--compile: {lacking}[/] (measured stays whole). `--profile fresh` measures it "
-                          "before the run, or `specbench profile --compile --batch-size "
-                          f"{','.join(map(str, sizes))}` files it for every later map (every shape compiled first: "
-                          "minutes each on a CPU)")
-        else:
-            console.print("[dim]--compile: the prediction reads the compiled profile filed here[/]")
-    del target
-    gc.collect()
+        lacking = "no compiled profile here: the map shows measured throughput only (no prediction from an eager " \
+            "curve)" if not usable else f"the compiled profile filed here has no L(B, w) at B = " \
+            f"{', '.join(map(str, missing))}: the map predicts only where it has a curve"
+        console.print(f"[yellow]--compile: {lacking}[/] (measured stays whole). `--profile fresh` measures it before "
+                      f"the run, or `specbench profile --compile --batch-size {','.join(map(str, sizes))}` files it "
+                      "for every later map (every shape compiled first: minutes each on a CPU)")
 
 
 def _step_profile(cfg, run_dir: Path) -> None:

@@ -60,16 +60,22 @@ def _batched(cfg) -> list[int]:
     return sorted({b for b in getattr(cfg, "batch_sizes", (1,)) if b > 1})
 
 
-def compiled_profile_gaps(cfg, target) -> tuple[bool, list[int]]:
+def compiled_profile_gaps(cfg, target=None) -> tuple[bool, list[int]]:
     """(whether this hardware has a usable compiled profile of the target, cfg's batch sizes > 1 it has no L(B, w)
-    at: all of them when there is none)."""
+    at: all of them when there is none). Without `target` the profile's key comes from cfg alone (the device and
+    dtype the run would load with: `--dtype auto` as a compiled run resolves it), so no weights load to ask."""
     from ..core import lookup
     from ..core.machine.hardware import hardware_slug
-    from ..core.model.load import dtype_name, model_slug
+    from ..core.model.load import auto_dtype, dtype_name, model_slug
+    from ..core.model.naming import resolve_device, resolve_dtype
     from ..core.profile_file import load_profile
 
-    found = lookup.find_profile(hardware_slug(target.device), model_slug(target.spec), dtype_name(target.dtype),
-                                compiled=True)
+    if target is not None:
+        device, dtype, spec = target.device, target.dtype, target.spec
+    else:
+        device, spec = resolve_device(cfg.device), cfg.model
+        dtype = auto_dtype(spec, device, compiled=True)[0] if cfg.dtype == "auto" else resolve_dtype(cfg.dtype, device)
+    found = lookup.find_profile(hardware_slug(device), model_slug(spec), dtype_name(dtype), compiled=True)
     sizes = _batched(cfg)
     usable = found is not None and lookup.EAGER_FOR_COMPILED not in found.flags
     have = load_profile(found.path).batch_sizes if usable and sizes else [1]
