@@ -70,6 +70,12 @@ def draw(logits: torch.Tensor, sampling: Sampling,
     return sample(q, generator), q
 
 
+def greedy_draws(logits: list[torch.Tensor], vocab: int) -> list[int]:
+    """Each row's argmax of drafter logits (n rows of [V]) as one argmax over the stacked rows [n, vocab] and one copy
+    to Python: a batch's greedy drafts, not one argmax and one copy a row (~0.1 ms each on a CPU, 8 a step at B = 8)."""
+    return fit_vocab(torch.stack(logits), vocab).argmax(-1).tolist()
+
+
 def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     """Logits [n, V_model] -> [n, vocab]: a drafter's padded head is cut, a smaller one padded with -inf."""
     size = logits.shape[-1]

@@ -13,7 +13,7 @@ from ...core.machine.forward_cost import forward_costs
 from ...core.batch.ragged import Segment
 from ...planning.batch_choice import KV_LENGTH, batch_view
 from ...progress import console
-from .drafting import DraftModelMethod, draw, fit_vocab, kept_prefix
+from .drafting import DraftModelMethod, draw, fit_vocab, greedy_draws, kept_prefix
 from ..base import register
 from ..batch_loop import Batchable, engine
 
@@ -121,10 +121,14 @@ class SpeculativeDecoding(Batchable, DraftModelMethod):
             first, out = batch.forward([Segment(s.slot, feeds[s.slot], keep=1) for s in joining],
                                        [Segment(s.slot, feeds[s.slot], keep=1) for s in stepping])
             logits = {s.slot: o[-1] for s, o in zip(joining + stepping, first + out)}
+            greedy = dict(zip(logits, greedy_draws(list(logits.values()), self.vocab))) if sampling.greedy else {}
             for s in drafting:
                 s.scratch["fed"] += feeds[s.slot]
                 s.gen.draft_forwards += 1
-                tok, q = draw(fit_vocab(logits[s.slot], self.vocab), sampling, s.generator)
+                if sampling.greedy:
+                    tok, q = greedy[s.slot], None
+                else:  # each sample on its own random stream
+                    tok, q = draw(fit_vocab(logits[s.slot], self.vocab), sampling, s.generator)
                 s.draft.append(tok)
                 if q is not None:
                     probs[s.slot].append(q)
