@@ -70,14 +70,15 @@ def test_bfloat16_panels_round_float32_sums_once(built, bias):
     """bfloat16 weights stay bfloat16 in their panels (half the bytes), widened exactly: each output is the float32
     sum of the exact products (+ the bias), rounded to bfloat16 once, at every row count, with and without the
     prefetch, on tiles of 3 and 4 panels, an odd K too (its panels' pairs of k padded); a row's output is the same
-    whatever rows run beside it."""
+    whatever rows run beside it. K a multiple of 32 goes through AMX tiles where the CPU has them (row blocks of 16:
+    17 rows are two), else through the vector kernel, with the same guarantees."""
     torch.manual_seed(3)
-    for n, k in ((96, 64), (2090, 24), (200, 300), (40, 37)):
+    for n, k in ((96, 64), (2090, 24), (200, 300), (40, 37), (70, 96)):
         m = torch.nn.Linear(k, n, bias=bias).to(torch.bfloat16)
         packed = pl.pack(m.weight)
         assert packed.dtype == torch.bfloat16 and packed.shape == (-(-n // 16), k + k % 2, 16)
         assert torch.equal(packed.view(-1, (k + k % 2) // 2, 16, 2)[0, 0, 1], m.weight[1, :2])  # column 1's k = 0, 1
-        for rows in (1, 3, 5, 8, 11, 16):
+        for rows in (1, 3, 5, 8, 11, 16, 17):
             x = torch.randn(rows, k).to(torch.bfloat16)
             got = pl.linear(x, packed, n, m.bias)
             exact = F.linear(x.double(), m.weight.double(), None if m.bias is None else m.bias.double())

@@ -2,13 +2,16 @@
 native_attention_source.py, into one library): `specbench_native::panels`, a linear on weights packed in 16-column
 panels (panel_linear.py says why and how). It defines its operator in the library's namespace
 (TORCH_LIBRARY_FRAGMENT) inside a C++ namespace of its own. Kept apart from the Python that calls it so that the
-builder imports no caller (no import cycle)."""
+builder imports no caller (no import cycle). bfloat16 goes through AMX tiles where it can (native_amx_source.py)."""
+
+from .native_amx_source import AMX
 
 # specbench_native::panels(x, packed, out_features, bias, ahead=False) -> [..., out_features]
 PANELS = r"""
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+#include <cstring>
 #include <memory>
 #include <type_traits>
 
@@ -139,6 +142,9 @@ void all_rows(const float* xp, int64_t rows, int64_t K, const W* wp, int64_t N, 
   }
 }
 
+}  // namespace specbench_panels
+""" + AMX + r"""
+namespace specbench_panels {
 // float32: x, packed and the output float32. bfloat16: x and packed bfloat16; x widened to float32 once, the sums
 // float32, the bias added to them, each output rounded to bfloat16 once (as oneDNN's bfloat16 linear does); the
 // widening and rounding here, not as tensor ops around the kernel (a call on a 576 x 576 weight is ~30 us: two
@@ -161,11 +167,19 @@ at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_fe
     if (bias.has_value()) out.add_(*bias);
     return out;
   }
-  std::unique_ptr<float[]> xf(new float[rows * K]), sums(new float[rows * N]);
+  std::unique_ptr<float[]> sums(new float[rows * N]);
   const at::BFloat16* xb = x.data_ptr<at::BFloat16>();
-  for (int64_t i = 0; i < rows * K; ++i) xf[i] = static_cast<float>(xb[i]);
-  all_rows<uint16_t>(xf.get(), rows, K, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), N,
-                     sums.get(), ahead);
+  const uint16_t* wb = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+#if defined(SPECBENCH_AMX)
+  if (K % 32 == 0 && amx::ready()) {
+    amx::all_rows(reinterpret_cast<const uint16_t*>(xb), rows, K, wb, N, sums.get());
+  } else
+#endif
+  {
+    std::unique_ptr<float[]> xf(new float[rows * K]);
+    for (int64_t i = 0; i < rows * K; ++i) xf[i] = static_cast<float>(xb[i]);
+    all_rows<uint16_t>(xf.get(), rows, K, wb, N, sums.get(), ahead);
+  }
   at::Tensor b32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const float* bp = bias.has_value() ? b32.data_ptr<float>() : nullptr;
   at::BFloat16* ob = out.data_ptr<at::BFloat16>();
