@@ -52,15 +52,17 @@ def test_a_rows_output_does_not_depend_on_the_rows_beside_it(built):
             assert torch.equal(pl.linear(x[:r + 1], packed, n, None), wide[:r + 1])
 
 
-def test_the_next_tiles_prefetch_changes_no_sum(built):
-    """`ahead` (the next tile prefetched during a tile's row blocks) gives the bits of the plain kernel at every row
-    count, on tiles of 3 and 4 panels, the last one partial."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_prefetches_change_no_sum(built, dtype):
+    """`ahead` (the first row block's pass prefetching its own weights, the next tile prefetched during a tile's
+    later row blocks) gives the bits of the plain kernel at every row count, on tiles of 3 and 4 panels, the last one
+    partial; in bfloat16 on AMX tiles too where the CPU has them (K = 64, 320)."""
     torch.manual_seed(2)
-    for n, k in ((200, 300), (2090, 24), (2100, 300)):
-        w = torch.randn(n, k)
+    for n, k in ((200, 300), (2090, 24), (2100, 320), (130, 64)):
+        w = torch.randn(n, k).to(dtype)
         packed = pl.pack(w)
-        for rows in (1, 3, 5, 8, 11, 16):
-            x = torch.randn(rows, k)
+        for rows in (1, 3, 5, 8, 11, 16, 17):
+            x = torch.randn(rows, k).to(dtype)
             plain = pl.linear(x, packed, n, None)
             assert torch.equal(pl.linear(x, packed, n, None, True), plain), (n, k, rows)
 

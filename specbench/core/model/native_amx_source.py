@@ -50,13 +50,19 @@ inline void store(const float* sums, int64_t R, float* out, int64_t N, int64_t n
   for (int64_t r = 0; r < R; ++r) std::memcpy(out + r * N + n, sums + r * 16, take * sizeof(float));
 }
 
-// G panels from p (G = 4, or 1 for the last ones) x R rows (x: its first, row stride K) -> out (row stride N)
+// G panels from p (G = 4, or 1 for the last ones) x R rows (x: its first, row stride K) -> out (row stride N); with
+// `soon` each panel's next 32 k's (1 KB, 16 lines) are prefetched while these run (the tile loads alone streamed the
+// weights at ~0.8 of the rate they do with it: benchmarks/RESULTS-cpu.md, stop 67)
 template <int G>
-inline void tile_rows(const uint16_t* x, int64_t R, int64_t K, const uint16_t* P, int64_t p, float* out, int64_t N) {
+inline void tile_rows(const uint16_t* x, int64_t R, int64_t K, const uint16_t* P, int64_t p, float* out, int64_t N,
+                      bool soon) {
   _tile_zero(0);
   if constexpr (G == 4) { _tile_zero(1); _tile_zero(2); _tile_zero(3); }
   const uint16_t* w = P + p * K * 16;  // panel p: K / 2 pairs of k's x 16 columns x 2
   for (int64_t k = 0; k < K; k += 32) {
+    if (soon)
+      for (int g = 0; g < G; ++g)
+        for (int l = 0; l < 16; ++l) __builtin_prefetch(w + (g * K + k + 32) * 16 + 32 * l, 0, 3);
     _tile_loadd(4, x + k, K * 2);
     _tile_loadd(5, w + k * 16, 64);
     _tile_dpbf16ps(0, 4, 5);
@@ -80,8 +86,9 @@ inline void tile_rows(const uint16_t* x, int64_t R, int64_t K, const uint16_t* P
 
 // x [rows, K] bfloat16 (K a multiple of 32), packed [ceil(N / 16), K, 16] -> out [rows, N] float32 sums. Tiles of
 // 4 panels split between the threads; each tile's row blocks (16 rows, the last fewer) one after another, so a
-// tile's weights come from memory once
-inline void all_rows(const uint16_t* x, int64_t rows, int64_t K, const uint16_t* P, int64_t N, float* out) {
+// tile's weights come from memory once. `ahead`: the first block's pass prefetches its weights (tile_rows' `soon`)
+inline void all_rows(const uint16_t* x, int64_t rows, int64_t K, const uint16_t* P, int64_t N, float* out,
+                     bool ahead) {
   const int64_t panels = (N + 15) / 16;
   at::parallel_for(0, (panels + 3) / 4, 1, [&](int64_t a, int64_t e) {
     int64_t configured = -1;
@@ -89,8 +96,8 @@ inline void all_rows(const uint16_t* x, int64_t rows, int64_t K, const uint16_t*
       for (int64_t r0 = 0; r0 < rows; r0 += 16) {
         const int64_t R = std::min<int64_t>(16, rows - r0);
         if (R != configured) { configure(R); configured = R; }
-        if (4 * t + 4 <= panels) tile_rows<4>(x + r0 * K, R, K, P, 4 * t, out + r0 * N, N);
-        else for (int64_t q = 4 * t; q < panels; ++q) tile_rows<1>(x + r0 * K, R, K, P, q, out + r0 * N, N);
+        if (4 * t + 4 <= panels) tile_rows<4>(x + r0 * K, R, K, P, 4 * t, out + r0 * N, N, ahead && r0 == 0);
+        else for (int64_t q = 4 * t; q < panels; ++q) tile_rows<1>(x + r0 * K, R, K, P, q, out + r0 * N, N, false);
       }
     if (configured >= 0) _tile_release();
   });

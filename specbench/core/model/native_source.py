@@ -20,6 +20,10 @@ typedef float v16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 r
 typedef float v16u __attribute__((vector_size(64), aligned(4)));  // the same, read from any float's address
 typedef uint32_t w16 __attribute__((vector_size(64)));
 typedef uint32_t w16u __attribute__((vector_size(64), aligned(2)));  // 32 bfloat16 weights as 16 pairs, any address
+// how far ahead of its reads a pass prefetches its own weights (`ahead`): 2 KB of each panel's stream. 16-48 lines
+// measured alike (the AMX Xeon, 2-8 rows: 0.88-0.97 of the time without; 1.02-1.04 at one float32 row, where the
+// measured choice keeps `panel`)
+constexpr int64_t SOON_LINES = 32;
 
 // a panel's k's as packed: float32 K; bfloat16 K rounded up to pairs (its panel holds, per pair of k's, each
 // column's two weights side by side: [K / 2, 16, 2]; an odd K's last pair padded with 0)
@@ -29,10 +33,12 @@ constexpr int64_t packed_k(int64_t K) { return std::is_same_v<W, uint16_t> ? K +
 // columns [16 p, 16 p + 16 G) of R rows: for every k, each panel's 16 weights (W: float, or uint16_t holding
 // bfloat16) times each row's x[k], summed in float32 in k's order (the same sums for a row whatever R and G are: a
 // row's output never depends on the rows beside it); meanwhile `lines` cache lines from `pre` on are prefetched
-// into L2, evenly over the k's (0: none)
+// into L2, evenly over the k's (0: none), and with `soon` > 0 each panel's weights `soon` elements past the ones read
+// (the same stream, SOON_LINES cache lines on: a pass that sums several rows a line asks for its lines too late for
+// the hardware prefetcher alone, so its stream ran slower than a one-row pass's)
 template <int R, int G, typename W>
 inline void panel_rows(const float* x, int64_t K, const W* P, int64_t p, float* out, int64_t N,
-                       const W* pre, int64_t lines) {
+                       const W* pre, int64_t lines, int64_t soon) {
   v16 acc[G][R];
   for (int g = 0; g < G; ++g) for (int r = 0; r < R; ++r) acc[g][r] = v16{};
   const W* w = P + p * packed_k<W>(K) * 16;
@@ -46,6 +52,7 @@ inline void panel_rows(const float* x, int64_t K, const W* P, int64_t p, float* 
     for (int64_t k = 0; k < KP; k += 2) {
       due += 2 * lines;
       while (due >= K) { due -= K; __builtin_prefetch(pre, 0, 2); pre += 32; }
+      if (soon) for (int g = 0; g < G; ++g) __builtin_prefetch(w + (g * KP + k) * 16 + soon, 0, 3);
       v16 lo[G], hi[G];
       for (int g = 0; g < G; ++g) {
         const w16 pair = *(const w16u*)(w + (g * KP + k) * 16);
@@ -64,6 +71,7 @@ inline void panel_rows(const float* x, int64_t K, const W* P, int64_t p, float* 
   } else for (int64_t k = 0; k < K; ++k) {
     due += lines;
     while (due >= K) { due -= K; __builtin_prefetch(pre, 0, 2); pre += 64 / sizeof(W); }
+    if (soon) for (int g = 0; g < G; ++g) __builtin_prefetch(w + (g * K + k) * 16 + soon, 0, 3);
     v16 wv[G];
     for (int g = 0; g < G; ++g) wv[g] = *(const v16u*)(w + (g * K + k) * 16);
     for (int r = 0; r < R; ++r) {
@@ -84,24 +92,25 @@ inline void panel_rows(const float* x, int64_t K, const W* P, int64_t p, float* 
 
 template <int G, typename W>
 inline void block_rows(int64_t R, const float* x, int64_t K, const W* P, int64_t p, float* out, int64_t N,
-                       const W* pre = nullptr, int64_t lines = 0) {
+                       const W* pre = nullptr, int64_t lines = 0, int64_t soon = 0) {
   switch (R) {
-    case 1: panel_rows<1, G, W>(x, K, P, p, out, N, pre, lines); break;
-    case 2: panel_rows<2, G, W>(x, K, P, p, out, N, pre, lines); break;
-    case 3: panel_rows<3, G, W>(x, K, P, p, out, N, pre, lines); break;
-    case 4: panel_rows<4, G, W>(x, K, P, p, out, N, pre, lines); break;
-    case 5: panel_rows<5, G, W>(x, K, P, p, out, N, pre, lines); break;
-    case 6: panel_rows<6, G, W>(x, K, P, p, out, N, pre, lines); break;
-    case 7: panel_rows<7, G, W>(x, K, P, p, out, N, pre, lines); break;
-    default: panel_rows<8, G, W>(x, K, P, p, out, N, pre, lines); break;
+    case 1: panel_rows<1, G, W>(x, K, P, p, out, N, pre, lines, soon); break;
+    case 2: panel_rows<2, G, W>(x, K, P, p, out, N, pre, lines, soon); break;
+    case 3: panel_rows<3, G, W>(x, K, P, p, out, N, pre, lines, soon); break;
+    case 4: panel_rows<4, G, W>(x, K, P, p, out, N, pre, lines, soon); break;
+    case 5: panel_rows<5, G, W>(x, K, P, p, out, N, pre, lines, soon); break;
+    case 6: panel_rows<6, G, W>(x, K, P, p, out, N, pre, lines, soon); break;
+    case 7: panel_rows<7, G, W>(x, K, P, p, out, N, pre, lines, soon); break;
+    default: panel_rows<8, G, W>(x, K, P, p, out, N, pre, lines, soon); break;
   }
 }
 
 // every row block [start[b], start[b + 1]) over each tile of G panels before the next tile: a tile's weights come
 // from memory once, the later blocks read them from the cache (rows in passes over the whole weight read it once a
 // pass: 16 rows of the LM head took 2.0x 8 rows' time, benchmarks/RESULTS-cpu.md, stop 60); tiles split between the
-// threads. `ahead`: the thread's next tile is prefetched meanwhile, a share in each block's pass, so the passes' sums
-// overlap the next weights' stream (where a tile has two blocks or more: one block's pass is the stream itself)
+// threads. `ahead`: the software prefetches: the first block's pass asks for its own weights SOON_LINES lines before
+// it reads them, and where a tile has two blocks or more the thread's next tile is prefetched meanwhile, a share in
+// each block's pass, so the later passes' sums overlap the next weights' stream
 template <int G, typename W>
 void tiles(const float* x, const int64_t* start, int64_t blocks, int64_t K, const W* P, int64_t N, float* out,
            bool ahead) {
@@ -118,7 +127,8 @@ void tiles(const float* x, const int64_t* start, int64_t blocks, int64_t K, cons
         const int64_t r0 = start[b], R = start[b + 1] - r0;
         const int64_t l0 = next * b / blocks, l1 = next * (b + 1) / blocks;
         const W* pre = P + (p + G) * packed_k<W>(K) * 16 + l0 * (64 / sizeof(W));
-        if (p + G <= panels) block_rows<G, W>(R, x + r0 * K, K, P, p, out + r0 * N, N, pre, l1 - l0);
+        const int64_t soon = ahead && b == 0 ? SOON_LINES * (int64_t)(64 / sizeof(W)) : 0;
+        if (p + G <= panels) block_rows<G, W>(R, x + r0 * K, K, P, p, out + r0 * N, N, pre, l1 - l0, soon);
         else for (int64_t q = p; q < panels; ++q) block_rows<1, W>(R, x + r0 * K, K, P, q, out + r0 * N, N);
       }
     }
@@ -172,7 +182,7 @@ at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_fe
   const uint16_t* wb = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
 #if defined(SPECBENCH_AMX)
   if (K % 32 == 0 && amx::ready()) {
-    amx::all_rows(reinterpret_cast<const uint16_t*>(xb), rows, K, wb, N, sums.get());
+    amx::all_rows(reinterpret_cast<const uint16_t*>(xb), rows, K, wb, N, sums.get(), ahead);
   } else
 #endif
   {

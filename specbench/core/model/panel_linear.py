@@ -15,10 +15,12 @@ the tiles split between the threads; each tile serves every block of rows (up to
 registers) before the next, so the weights are read from memory once whatever the width (16 rows of the LM head:
 3.3 against 6.3 ms when rows went in passes of 8 over the whole weight, stop 60). A row's sums run in k's order
 whatever rows sit beside it, so a token's output is the same at every width. With `ahead` (the `panel-ahead`
-candidate) each thread prefetches its next tile into L2, a share during each row block's pass over the current one,
-so a wide step's sums overlap the next weights' stream; the sums are the same. Float32 and bfloat16 (its weights kept
-in bfloat16, half the bytes to stream; the sums float32, the output rounded to bfloat16 once: oneDNN's bfloat16
-linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the machine streams ~26,
+candidate) the kernel prefetches in software: the first row block's pass asks for each panel's weights 2 KB before
+it reads them (a pass summing several rows a weight ran its stream slower than a one-row pass: 0.87-0.95 of the time
+with it at 2-16 float32 rows, stop 67), and each thread prefetches its next tile into L2, a share during each row
+block's pass over the current one, so a wide step's sums overlap the next weights' stream; the sums are the same.
+Float32 and bfloat16 (its weights kept in bfloat16, half the bytes to stream; the sums float32, the output rounded to
+bfloat16 once: oneDNN's bfloat16 linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the machine streams ~26,
 benchmarks/RESULTS-cpu.md, stop 63), only where the native library is built (`available`). A bfloat16 panel keeps
 its pairs of k side by side per column, so one 64-byte read gives two vectors of exact floats in two operations (a
 widening read took two a vector: the same bits in 0.92 of the time at 16 rows, stop 65). That layout is also an AMX B
@@ -81,8 +83,9 @@ def group_copy(members: list[torch.nn.Linear]) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None,
            ahead: bool = False) -> torch.Tensor:
-    """x [..., K] @ W^T (+ bias) -> [..., out_features] on W's packed copy; `ahead` prefetches each thread's next
-    tile while a tile's row blocks run, where it has two or more (the same sums either way)."""
+    """x [..., K] @ W^T (+ bias) -> [..., out_features] on W's packed copy; `ahead` turns the software prefetches on
+    (the first row block's own weights ahead of its reads, each thread's next tile where a tile has two row blocks or
+    more; on AMX tiles the first pass's only): the same sums either way."""
     return torch.ops.specbench_native.panels(x, packed, out_features, bias, ahead)
 
 
