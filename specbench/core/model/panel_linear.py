@@ -20,9 +20,9 @@ it reads them (a pass summing several rows a weight ran its stream slower than a
 with it at 2-16 float32 rows, stop 67), and each thread prefetches its next tile into L2, a share during each row
 block's pass over the current one, so a wide step's sums overlap the next weights' stream; the sums are the same.
 Float32 and bfloat16 (its weights kept in bfloat16, half the bytes to stream; the sums float32, the output rounded to
-bfloat16 once: oneDNN's bfloat16 linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the machine streams ~26,
-benchmarks/RESULTS-cpu.md, stop 63), only where the native library is built (`available`). A bfloat16 panel keeps
-its pairs of k side by side per column, so one 64-byte read gives two vectors of exact floats in two operations (a
+bfloat16 once: oneDNN's bfloat16 linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the
+machine streams ~26, benchmarks/RESULTS-cpu.md, stop 63), only where the native library is built (`available`). A
+bfloat16 panel keeps its pairs of k side by side per column, so one 64-byte read gives two vectors of exact floats in two operations (a
 widening read took two a vector: the same bits in 0.92 of the time at 16 rows, stop 65). That layout is also an AMX B
 tile's: where the CPU has AMX and K is a multiple of 32, bfloat16 runs on the tiles (native_amx_source.py), whose
 arithmetic no longer limits any width up to 16 (0.78x the vector kernel's time at 8 rows, 0.47x at 16, stop 66).
