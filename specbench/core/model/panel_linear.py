@@ -12,20 +12,21 @@ How: the weight W [N, K] is copied once into panels [ceil(N / 16), K, 16] (panel
 last one zero-padded), one contiguous stream per panel. For each k, a panel's 16 weights times each row's x[k] add
 into a 16-float vector register. The panels go in tiles of 4 (3 where the tiles would be few or their weights large),
 the tiles split between the threads; each tile serves every block of rows (up to 4, 7 or 8 rows: up to 28 sums in
-registers) before the next, so the weights are read from memory once whatever the width (16 rows of the LM head:
-3.3 against 6.3 ms when rows went in passes of 8 over the whole weight, stop 60). A row's sums run in k's order
-whatever rows sit beside it, so a token's output is the same at every width. With `ahead` (the `panel-ahead`
-candidate) the kernel prefetches in software: the first row block's pass asks for each panel's weights 2 KB before
-it reads them (a pass summing several rows a weight ran its stream slower than a one-row pass: 0.87-0.95 of the time
-with it at 2-16 float32 rows, stop 67), and each thread prefetches its next tile into L2, a share during each row
-block's pass over the current one, so a wide step's sums overlap the next weights' stream; the sums are the same.
-Float32 and bfloat16 (its weights kept in bfloat16, half the bytes to stream; the sums float32, the output rounded to
-bfloat16 once: oneDNN's bfloat16 linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the
-machine streams ~26, benchmarks/RESULTS-cpu.md, stop 63), only where the native library is built (`available`). A
-bfloat16 panel keeps its pairs of k side by side per column, so one 64-byte read gives two vectors of exact floats in two operations (a
-widening read took two a vector: the same bits in 0.92 of the time at 16 rows, stop 65). That layout is also an AMX B
-tile's: where the CPU has AMX and K is a multiple of 32, bfloat16 runs on the tiles (native_amx_source.py), whose
-arithmetic no longer limits any width up to 16 (0.78x the vector kernel's time at 8 rows, 0.47x at 16, stop 66).
+registers) before the next, so the weights are read from memory once whatever the width (16 rows of the LM head: 3.3
+against 6.3 ms when rows went in passes of 8 over the whole weight, stop 60). A row's sums run in k's order whatever
+rows sit beside it, so a token's output is the same at every width. With `ahead` (the `panel-ahead` candidate) the
+kernel prefetches in software: the first row block's pass asks for each panel's weights 2 KB before it reads them (a
+pass summing several rows a weight ran its stream slower than a one-row pass: 0.87-0.95 of the time with it at 2-16
+float32 rows, stop 67), and each thread prefetches its next tile into L2, a share during each row block's pass over
+the current one, so a wide step's sums overlap the next weights' stream; the sums are the same. Float32 and bfloat16
+(its weights kept in bfloat16, half the bytes to stream; the sums float32, the output rounded to bfloat16 once:
+oneDNN's bfloat16 linear read the embedded model's weights at ~6.6 GB/s on the AMX Xeon, where the machine streams
+~26, benchmarks/RESULTS-cpu.md, stop 63), only where the native library is built (`available`). A bfloat16 panel
+keeps its pairs of k side by side per column, so one 64-byte read gives two vectors of exact floats in two operations
+(a widening read took two a vector: the same bits in 0.92 of the time at 16 rows, stop 65). That layout is also an
+AMX B tile's: where the CPU has AMX and K is a multiple of 32, bfloat16 runs on the tiles (native_amx_source.py),
+whose arithmetic no longer limits any width up to 16 (0.78x the vector kernel's time at 8 rows, 0.47x at 16, stop
+66).
 The copies: one per layer, the fused groups' one per group (fused_linears.py), kept weak-keyed by layer, made only
 for a compiled step whose choice runs this kernel (memory_need counts them).
 """
