@@ -66,7 +66,9 @@ def test_equals_sdpa(built, kind, width, batch, heads, kv_heads, dim):
 
 
 @pytest.mark.parametrize("kind", ["causal", "tree"])
-@pytest.mark.parametrize("width, batch, heads, kv_heads, dim", [(1, 1, 9, 3, 64), (2, 2, 8, 2, 128), (8, 1, 9, 3, 64)])
+# (8 rows a unit or more score on AMX tiles where the CPU has them: 16 keys x 16 rows a tile, 4 row groups at a time)
+@pytest.mark.parametrize("width, batch, heads, kv_heads, dim", [(1, 1, 9, 3, 64), (2, 2, 8, 2, 128), (8, 1, 9, 3, 64),
+                                                                (24, 1, 12, 2, 64), (3, 2, 8, 2, 128)])
 def test_bfloat16_is_float32_attention_over_the_same_values_rounded_once(built, kind, width, batch, heads, kv_heads,
                                                                           dim):
     """A bfloat16 call reads the cache as it is and sums in float32: SDPA in float32 over the same (widened) values,

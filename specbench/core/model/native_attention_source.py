@@ -11,8 +11,11 @@ in registers, scores 4 rows a pass. The values are weighted 4 rows a pass (head 
 of SmolLM2 (R = 24) over 520 keys that took 30 layers' attention from 2.6 to 1.9 ms (benchmarks/RESULTS-cpu.md,
 stop 60). Both read the keys and values a software prefetch ahead (AHEAD keys). Inside the embedded model's compiled
 forward over 512 keys, 30 layers' attention took 1.51-1.87 ms before the folds and the prefetch and 1.23-1.32 after
-at one token, 2.78-3.28 and 2.04-2.20 at four (the AMX Xeon, paired rounds; benchmarks/RESULTS-cpu.md, stop 64)."""
+at one token, 2.78-3.28 and 2.04-2.20 at four (the AMX Xeon, paired rounds; benchmarks/RESULTS-cpu.md, stop 64). In
+bfloat16, 8 rows or more score on AMX tiles where the CPU has them (native_attention_amx_source.py): 30 layers at 4-16
+query rows in 0.82-0.85 of the time (stop 67)."""
 
+from .native_attention_amx_source import ATTENTION_AMX
 from .native_vectors_source import VECTORS
 
 # specbench_native::attention(query, key, value, mask, scale) -> [B, Q, H, D]
@@ -175,6 +178,7 @@ inline void value_rows(const Unit<T>& u, const float* const* w, float* const* ou
   for (int i = 0; i < RR; ++i) for (int d = 0; d < DV; ++d) st(out[i] + 16 * d, o[i][d]);
 }
 
+""" + ATTENTION_AMX + r"""
 // unit() for many rows. The rows share the chunk's keys and values, so each is read once for a block of rows (not
 // once a row): scores 16 keys at a time, the block transposed, 4 rows a pass; the values 4 (head dim 64) or 2 (128)
 // rows a pass.
@@ -190,8 +194,15 @@ void unit_blocks(const Unit<T>& u, float* mx, float* sm, float* acc, float* scor
     sr[r] = scores + r * n;
     ar[r] = acc + r * D;
   }
+  bool tiles = false;  // bfloat16 scores of many rows on AMX tiles, where the CPU has them
+#if defined(SPECBENCH_AMX)
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    tiles = R >= AMX_ROWS && specbench_panels::amx::ready();
+    if (tiles) amx_scores<DV>(u, sr.data(), mr.data());
+  }
+#endif
   alignas(64) float kt[D * 16];
-  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+  for (int64_t t0 = 0; t0 < n && !tiles; t0 += 16) {
     const int64_t nt = std::min<int64_t>(16, n - t0);
     for (int64_t t = 0; t < 16 && t0 + AHEAD + t < n; ++t)
       prefetch_row<DV>(u.key(u.k0 + t0 + AHEAD + t));
