@@ -51,8 +51,8 @@ inline void store(const float* sums, int64_t R, float* out, int64_t N, int64_t n
 }
 
 // G panels from p (G = 4, or 1 for the last ones) x R rows (x: its first, row stride K) -> out (row stride N); with
-// `soon` each panel's next 32 k's (1 KB, 16 lines) are prefetched while these run (the tile loads alone streamed the
-// weights at ~0.8 of the rate they do with it: benchmarks/RESULTS-cpu.md, stop 67)
+// `soon` each panel's next 32 k's (1 KB, 16 lines) are prefetched while these run (121 linears in 0.80-0.96 of the
+// time without it at 1-16 rows, the most where the machine's memory was contended: benchmarks/RESULTS-cpu.md, stop 67)
 template <int G>
 inline void tile_rows(const uint16_t* x, int64_t R, int64_t K, const uint16_t* P, int64_t p, float* out, int64_t N,
                       bool soon) {
