@@ -11,7 +11,8 @@ query rows packed once per unit into B tiles ([16 pairs of dims][16 rows][2]), t
 float32 (in the instruction's order, not the vector path's: the same class of rounding as a float32 dot product).
 Each score comes from its own key and query row only, so a row's scores do not depend on the rows beside it."""
 
-# amx_scores<DV>(unit, rows' score pointers (at the unit's first key), rows' mask pointers), in specbench_attention
+# amx_scores<DV>(unit, rows' score pointers (at the unit's first key), rows' mask pointers, a buffer for the packed
+# query), in specbench_attention
 ATTENTION_AMX = r"""
 #if defined(SPECBENCH_AMX)
 constexpr int64_t AMX_ROWS = 8;  // a unit of this many rows or more scores on the tiles (bfloat16 only)
@@ -23,13 +24,14 @@ inline void configure_scores() {
   _tile_loadconfig(&c);
 }
 
-// scores[r][t] = (q_r . k_t) * scale + mask for the unit's R rows and keys [k0, k1) (r < R: out[r] at key k0)
+// scores[r][t] = (q_r . k_t) * scale + mask for the unit's R rows and keys [k0, k1) (r < R: out[r] at key k0); `qb`
+// the thread's buffer for the packed query (its capacity kept from unit to unit: no allocation a unit)
 template <int DV>
-void amx_scores(const Unit<uint16_t>& u, float* const* out, const uint16_t* const* mr) {
+void amx_scores(const Unit<uint16_t>& u, float* const* out, const uint16_t* const* mr, std::vector<uint16_t>& qb) {
   constexpr int S = DV / 2;  // steps of 32 dims
   const int64_t R = u.rows(), n = u.k1 - u.k0, G = (R + 15) / 16;
   // B tiles: group g, step s -> [16 pairs of dims][16 rows][2] (rows past R zero); the query is exact bfloat16 widened
-  std::vector<uint16_t> qb(G * S * 512, 0);
+  qb.assign(G * S * 512, 0);
   for (int64_t r = 0; r < R; ++r) {
     const float* q = u.query(r);
     uint16_t* dst = qb.data() + (r / 16) * S * 512 + (r % 16) * 2;

@@ -82,6 +82,7 @@ struct RowPointers {
   std::vector<const float*> query;
   std::vector<const T*> mask;
   std::vector<float*> scores, acc, out;
+  std::vector<uint16_t> packed;  // bfloat16 query rows packed into AMX B tiles (amx_scores), reused unit to unit
   explicit RowPointers(int64_t R) : query(R), mask(R), scores(R), acc(R), out(R) {}
 };
 
@@ -198,7 +199,7 @@ void unit_blocks(const Unit<T>& u, float* mx, float* sm, float* acc, float* scor
 #if defined(SPECBENCH_AMX)
   if constexpr (std::is_same_v<T, uint16_t>) {
     tiles = R >= AMX_ROWS && specbench_panels::amx::ready();
-    if (tiles) amx_scores<DV>(u, sr.data(), mr.data());
+    if (tiles) amx_scores<DV>(u, sr.data(), mr.data(), rows.packed);
   }
 #endif
   alignas(64) float kt[D * 16];
