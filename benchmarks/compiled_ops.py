@@ -5,8 +5,16 @@ Loads the model, compiles the static step (`--compile`'s, core/model/compile.py)
 wall time and the self CPU time per forward of the top operations, grouped into the kinds the compiled graph runs:
 linear (oneDNN / MKL / the panels), attention, the Python hop into a custom op, the graph's own kernels, the rest.
 
+`--thin` times the model's thin twin instead: every layer, op and head grouping kept (query heads per key head, head
+dim), but one key head, the hidden size its query heads need (SmolLM2: 3 x 64), intermediate size 64, a vocabulary of
+256, random weights. Its ~16 MB of float32 weights stay in the last-level cache, so its forward's time is what a
+compiled forward costs besides streaming its weights from memory: the custom ops' calls, the graph's kernels, the
+engine's and dynamo's Python, the attention over the cache. The embedded model's stream moves 10-40% between
+sittings on these VMs; this floor far less, so a change to the step's host side shows here (benchmarks/RESULTS-cpu.md,
+stop 68).
+
     python benchmarks/compiled_ops.py [--model smollm2-135m] [--dtype float32] [--widths 1,8,16] [--kv-length 512]
-        [--repeats 20] [--top 12]
+        [--repeats 20] [--top 12] [--thin]
 
 Quiet machine only (nothing else running): the numbers are per-forward milliseconds.
 """
@@ -14,6 +22,8 @@ Quiet machine only (nothing else running): the numbers are per-forward milliseco
 from __future__ import annotations
 
 import argparse
+import json
+import tempfile
 import time
 from collections import defaultdict
 
@@ -38,6 +48,23 @@ def kind(name: str) -> str:
     return "other"
 
 
+THIN = {"intermediate_size": 64, "vocab_size": 256, "num_key_value_heads": 1}
+
+
+def thin_twin(config) -> str:
+    """`random:` spec of --thin's twin of `config` (module docstring), its JSON written to a temporary file."""
+    fields = config.to_dict()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    group = config.num_attention_heads // (config.num_key_value_heads or config.num_attention_heads)
+    fields.update(THIN, num_attention_heads=group, head_dim=head_dim, hidden_size=group * head_dim)
+    for token in ("bos_token_id", "eos_token_id", "pad_token_id"):  # ids past the twin's vocabulary: none
+        if isinstance(fields.get(token), int) and fields[token] >= THIN["vocab_size"]:
+            fields[token] = None
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as file:
+        json.dump(fields, file)
+    return f"random:{file.name}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -46,17 +73,21 @@ def main() -> None:
     ap.add_argument("--kv-length", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--thin", action="store_true", help="time the model's thin twin: the fixed cost alone")
     args = ap.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
     target = load_model(args.model, dtype=args.dtype, device="cpu")
+    if args.thin:
+        target = load_model(thin_twin(target.model.config), dtype=args.dtype, device="cpu")
     model = target.model
+    vocab = model.config.vocab_size
     state = cc.enable(model, cc._round(args.kv_length + max(widths) + 8))
     state.buckets[(False, False, False)] = list(widths)
     engine = StaticSequence(model, state)
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        engine.forward([Segment(0, torch.randint(0, 32000, (args.kv_length,), generator=gen).tolist(), keep=1)], [])
-        inputs = {w: torch.randint(0, 32000, (w,), generator=gen).tolist() for w in widths}
+        engine.forward([Segment(0, torch.randint(0, vocab, (args.kv_length,), generator=gen).tolist(), keep=1)], [])
+        inputs = {w: torch.randint(0, vocab, (w,), generator=gen).tolist() for w in widths}
 
         def once(w: int) -> None:
             length = engine.lengths[0]
