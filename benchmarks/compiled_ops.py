@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from collections import defaultdict
@@ -78,7 +79,9 @@ def main() -> None:
     widths = [int(w) for w in args.widths.split(",")]
     target = load_model(args.model, dtype=args.dtype, device="cpu")
     if args.thin:
-        target = load_model(thin_twin(target.model.config), dtype=args.dtype, device="cpu")
+        spec = thin_twin(target.model.config)
+        target = load_model(spec, dtype=args.dtype, device="cpu")
+        os.unlink(spec.removeprefix("random:"))
     model = target.model
     vocab = model.config.vocab_size
     state = cc.enable(model, cc._round(args.kv_length + max(widths) + 8))
