@@ -147,3 +147,21 @@ def test_a_run_predicts_at_its_own_context():
         said = predict_at_context(tree, PER_RANK, profile, context)
         assert said["predicted_step_ms"] == like["predicted_step_ms"]
     assert predict_at_context(tree, PER_RANK, profile, None)["predicted_step_ms"] == high["predicted_step_ms"]
+
+
+def test_a_step_cost_miss_names_the_steps_drafting_and_host_work(tmp_path):
+    """The measured step split into drafting, host work and the verify forward (the rest), beside ar's host work:
+    11 decode steps a turn (12 tokens, decode tau 1.1 for ar), the totals over the turns."""
+    rows = [{"method": "ar", "dataset": "gsm8k", "tau": 1.0, "speedup": 1.0, "batch_size": 1, "turns": 2,
+             "new_tokens": 24, "decode_tau": 1.0, "decode_step_ms": 20.0, "wall_s": 0.5, "host_overhead": 0.022,
+             "draft_s": 0.0},
+            {"method": "eagle", "dataset": "gsm8k", "tau": 2.0, "speedup": 1.3, "batch_size": 1, "turns": 2,
+             "new_tokens": 42, "decode_tau": 2.0, "decode_step_ms": 30.0, "wall_s": 0.65, "host_overhead": 0.0923,
+             "draft_s": 0.08}]
+    md = "\n".join(tree_section(pd.DataFrame(rows), PREDICTED, tmp_path))
+    row = pd.read_csv(tmp_path / "tree_sizes.csv").iloc[0]
+    assert row.draft_ms == pytest.approx(4.0) and row.host_ms == pytest.approx(3.0, abs=1e-3)  # 20 decode steps
+    assert "| draft_ms | host_ms |" in md
+    # ar: 22 decode steps, 0.011 s of host work: 0.5 ms a step
+    assert "(x0.93: a step of 30.0 ms = verify 23.0 + drafting 4.00 + host 3.00 (ar's 0.50))" in md
+    assert math.isnan(prediction_split.parts({"new_tokens": 10}, 2.0)[1])  # no totals: no parts

@@ -15,6 +15,12 @@ differ) moves neither part. cost_part is what the pricing controls (the verify f
 as a run pays it); tau_part comes from the acceptance file (often estimated on another dataset). A summary without
 the decode columns (an older run) is read with the prefill as a step (tau = new_tokens / target_forwards, step =
 wall_s / target_forwards).
+
+Where the step cost misses, the measured step is split into its parts, ms a decode step: `draft_ms` (the timed
+drafting, summary's draft_s) and `host_ms` (the host work outside the target's forwards and the drafting: masks, tree
+building, top-k, acceptance; host_overhead x wall_s), the rest the verify forward. The pricing has no host part, so a
+tree method whose host work outweighs ar's misses by it (stop 68: medusa's 1.98 ms against ar's 0.49,
+benchmarks/RESULTS-cpu.md).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import math
 import pandas as pd
 
 GOAL = 0.05  # a part misses when it is more than 5% from 1 (the accuracy a prediction aims for)
-SPLIT_COLUMNS = ["predicted_step_ms", "step_ms", "decode_tau", "decode_speedup", "tau_part", "cost_part", "misses"]
+SPLIT_COLUMNS = ["predicted_step_ms", "step_ms", "draft_ms", "host_ms", "decode_tau", "decode_speedup", "tau_part",
+                 "cost_part", "misses"]
 
 
 def split(row: dict, info: dict, ar_step_ms: float) -> dict:
@@ -40,7 +47,9 @@ def split(row: dict, info: dict, ar_step_ms: float) -> dict:
     decode_speedup = tau * _ratio(_num(ar_step_ms), step)
     if math.isnan(cost_part):  # an older run.yaml: what the tau part leaves of the speedup's error
         cost_part = _ratio(_ratio(_num(row.get("speedup")), _num(info.get("predicted_speedup"))), tau_part)
-    return {"predicted_step_ms": round(pred_step, 3), "step_ms": round(step, 3), "decode_tau": round(tau, 3),
+    draft, host = parts(row, tau)
+    return {"predicted_step_ms": round(pred_step, 3), "step_ms": round(step, 3), "draft_ms": round(draft, 3),
+            "host_ms": round(host, 3), "decode_tau": round(tau, 3),
             "decode_speedup": round(decode_speedup, 3), "tau_part": round(tau_part, 3),
             "cost_part": round(cost_part, 3), "misses": misses(tau_part, cost_part)}
 
@@ -54,12 +63,30 @@ def measured(row: dict) -> tuple[float, float]:
     return step, tau
 
 
+def parts(row: dict, tau: float) -> tuple[float, float]:
+    """(drafting ms, host ms) a decode step of a summary row (module docstring): its totals over its decode steps,
+    (new_tokens - turns) / decode_tau; NaN where the row lacks them (a batched row, an older summary)."""
+    steps = _ratio(_num(row.get("new_tokens")) - _num(row.get("turns")), tau)
+    if math.isnan(steps) or steps <= 0:
+        return math.nan, math.nan
+    host = _num(row.get("host_overhead")) * _num(row.get("wall_s"))
+    return _num(row.get("draft_s")) * 1e3 / steps, host * 1e3 / steps
+
+
 def misses(tau_part: float, cost_part: float) -> str:
     """Which part is more than GOAL from 1: "tau", "cost", "tau, cost", "neither", or "-" when unknown."""
     if math.isnan(tau_part) or math.isnan(cost_part):
         return "-"
     off = [name for name, part in (("tau", tau_part), ("cost", cost_part)) if abs(part - 1) > GOAL]
     return ", ".join(off) or "neither"
+
+
+def ar_hosts(summary: pd.DataFrame) -> dict:
+    """dataset -> ar's host ms a decode step (parts) in a batch-1 summary, where it has them."""
+    if "host_overhead" not in summary:
+        return {}
+    ar = summary[(summary.method == "ar") & (summary.batch_size == 1 if "batch_size" in summary else True)]
+    return {r["dataset"]: parts(r, measured(r)[1])[1] for r in ar.to_dict("records")}
 
 
 def ar_steps(summary: pd.DataFrame) -> dict:
@@ -71,8 +98,9 @@ def ar_steps(summary: pd.DataFrame) -> dict:
     return {r["dataset"]: measured(r)[0] for r in ar.to_dict("records")}
 
 
-def lines(frame: pd.DataFrame) -> list[str]:
-    """report.md's account of the split under the trees table: what the columns are, and which part misses."""
+def lines(frame: pd.DataFrame, ar_host: dict | None = None) -> list[str]:
+    """report.md's account of the split under the trees table: what the columns are, which part misses, and where
+    a step cost misses, the measured step's parts beside ar's host work (`ar_host`: dataset -> ms, ar_hosts)."""
     if "cost_part" not in frame or frame.cost_part.isna().all():
         return []
     md = ["`predicted_step_ms`: the prediction's ms per step (verify forward + drafting, the profile's clock); "
@@ -84,18 +112,32 @@ def lines(frame: pd.DataFrame) -> list[str]:
           "(profile L(1), ar's "
           f"measured step): below 1 the step costs more than it was priced, above 1 less. The pricing controls "
           f"`cost_part`; the goal is within {GOAL:.0%} of 1. `misses` names the parts more than {GOAL:.0%} off. "
-          "These columns are also in tree_sizes.csv.", ""]
+          "`draft_ms`, `host_ms`: the measured step's drafting and its host work outside the forwards and the "
+          "drafting (masks, trees, top-k, acceptance), ms a decode step; the rest is the verify forward. No price "
+          "includes host work. These columns are also in tree_sizes.csv.", ""]
     known = frame[frame.misses != "-"]
     cost = known[known.misses.str.contains("cost")]
     tau = known[known.misses.str.contains("tau")]
     if len(known):
         md += [f"Step cost within {GOAL:.0%} for {len(known) - len(cost)} of {len(known)} tree row(s)"
-               + (": misses for " + ", ".join(f"{r.method} on {r.dataset} (x{r.cost_part:.2f})"
+               + (": misses for " + ", ".join(f"{r.method} on {r.dataset} (x{r.cost_part:.2f}"
+                                              f"{_step_parts(r, (ar_host or {}).get(r.dataset))})"
                                               for r in cost.itertuples()) if len(cost) else "")
                + f"; tau within {GOAL:.0%} for {len(known) - len(tau)} of {len(known)}"
                + (": misses for " + ", ".join(f"{r.method} on {r.dataset} (x{r.tau_part:.2f})"
                                               for r in tau.itertuples()) if len(tau) else "") + ".", ""]
     return md
+
+
+def _step_parts(row, ar_host: float | None) -> str:
+    """', a step of S ms = verify V + drafting D + host H (ar's host A)' of a tree row, or '' without the parts."""
+    step, draft, host = (_num(getattr(row, name, None)) for name in ("step_ms", "draft_ms", "host_ms"))
+    if math.isnan(step) or math.isnan(host):
+        return ""
+    draft = 0.0 if math.isnan(draft) else draft
+    ar = f" (ar's {ar_host:.2f})" if ar_host is not None and math.isfinite(ar_host) else ""
+    return (f": a step of {step:.1f} ms = verify {step - draft - host:.1f} + drafting {draft:.2f} + host "
+            f"{host:.2f}{ar}")
 
 
 def _num(value) -> float:
