@@ -130,7 +130,7 @@ def lines(frame: pd.DataFrame, ar_host: dict | None = None) -> list[str]:
 
 
 def _step_parts(row, ar_host: float | None) -> str:
-    """', a step of S ms = verify V + drafting D + host H (ar's host A)' of a tree row, or '' without the parts."""
+    """': a step of S ms = verify V + drafting D + host H (ar's A)' of a tree row, or '' without the parts."""
     step, draft, host = (_num(getattr(row, name, None)) for name in ("step_ms", "draft_ms", "host_ms"))
     if math.isnan(step) or math.isnan(host):
         return ""
