@@ -164,4 +164,4 @@ def test_a_step_cost_miss_names_the_steps_drafting_and_host_work(tmp_path):
     assert "| draft_ms | host_ms |" in md
     # ar: 22 decode steps, 0.011 s of host work: 0.5 ms a step
     assert "(x0.93: a step of 30.0 ms = verify 23.0 + drafting 4.00 + host 3.00 (ar's 0.50))" in md
-    assert math.isnan(prediction_split.parts({"new_tokens": 10}, 2.0)[1])  # no totals: no parts
+    assert math.isnan(prediction_split.parts({"new_tokens": 10, "decode_tau": 2.0})[1])  # no totals: no parts

@@ -19,8 +19,8 @@ wall_s / target_forwards).
 Where the step cost misses, the measured step is split into its parts, ms a decode step: `draft_ms` (the timed
 drafting, summary's draft_s) and `host_ms` (the host work outside the target's forwards and the drafting: masks, tree
 building, top-k, acceptance; host_overhead x wall_s), the rest the verify forward. The pricing has no host part, so a
-tree method whose host work outweighs ar's misses by it (stop 68: medusa's 1.98 ms against ar's 0.49,
-benchmarks/RESULTS-cpu.md).
+tree method whose host work outweighs ar's misses by it (stop 67's compiled float32 run: medusa's 1.98 ms against
+ar's 0.49, benchmarks/RESULTS-cpu.md, stop 68).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def split(row: dict, info: dict, ar_step_ms: float) -> dict:
     decode_speedup = tau * _ratio(_num(ar_step_ms), step)
     if math.isnan(cost_part):  # an older run.yaml: what the tau part leaves of the speedup's error
         cost_part = _ratio(_ratio(_num(row.get("speedup")), _num(info.get("predicted_speedup"))), tau_part)
-    draft, host = parts(row, tau)
+    draft, host = parts(row)
     return {"predicted_step_ms": round(pred_step, 3), "step_ms": round(step, 3), "draft_ms": round(draft, 3),
             "host_ms": round(host, 3), "decode_tau": round(tau, 3),
             "decode_speedup": round(decode_speedup, 3), "tau_part": round(tau_part, 3),
@@ -63,10 +63,10 @@ def measured(row: dict) -> tuple[float, float]:
     return step, tau
 
 
-def parts(row: dict, tau: float) -> tuple[float, float]:
+def parts(row: dict) -> tuple[float, float]:
     """(drafting ms, host ms) a decode step of a summary row (module docstring): its totals over its decode steps,
     (new_tokens - turns) / decode_tau; NaN where the row lacks them (a batched row, an older summary)."""
-    steps = _ratio(_num(row.get("new_tokens")) - _num(row.get("turns")), tau)
+    steps = _ratio(_num(row.get("new_tokens")) - _num(row.get("turns")), _num(row.get("decode_tau")))
     if math.isnan(steps) or steps <= 0:
         return math.nan, math.nan
     host = _num(row.get("host_overhead")) * _num(row.get("wall_s"))
@@ -85,8 +85,7 @@ def ar_hosts(summary: pd.DataFrame) -> dict:
     """dataset -> ar's host ms a decode step (parts) in a batch-1 summary, where it has them."""
     if "host_overhead" not in summary:
         return {}
-    ar = summary[(summary.method == "ar") & (summary.batch_size == 1 if "batch_size" in summary else True)]
-    return {r["dataset"]: parts(r, measured(r)[1])[1] for r in ar.to_dict("records")}
+    return {r["dataset"]: parts(r)[1] for r in _ar_rows(summary)}
 
 
 def ar_steps(summary: pd.DataFrame) -> dict:
@@ -94,8 +93,13 @@ def ar_steps(summary: pd.DataFrame) -> dict:
     batch-1 summary."""
     if "forward_ms" not in summary and "decode_step_ms" not in summary:
         return {}
+    return {r["dataset"]: measured(r)[0] for r in _ar_rows(summary)}
+
+
+def _ar_rows(summary: pd.DataFrame) -> list[dict]:
+    """ar's batch-1 rows of a summary."""
     ar = summary[(summary.method == "ar") & (summary.batch_size == 1 if "batch_size" in summary else True)]
-    return {r["dataset"]: measured(r)[0] for r in ar.to_dict("records")}
+    return ar.to_dict("records")
 
 
 def lines(frame: pd.DataFrame, ar_host: dict | None = None) -> list[str]:
