@@ -7,7 +7,7 @@ apart from the Python that calls it so that the builder imports no caller.
 A unit of work is (batch, key / value head, chunk of keys); its R = query heads per key head x query rows share the
 chunk's keys and values. Few rows (R <= 6: a decode step's) score 16 keys at a time row by row, the 16 sums folded
 together (not 16 horizontal sums). More rows read each block of 16 keys once for all of them: the block transposed
-in registers, scores 4 rows a pass. The values are weighted 4 rows a pass (head dim 64; 2 at 128). At 8 query rows
+in registers, scores 4 rows a pass. The values are weighted 6 rows a pass (head dim 64; 3 at 128). At 8 query rows
 of SmolLM2 (R = 24) over 520 keys that took 30 layers' attention from 2.6 to 1.9 ms (benchmarks/RESULTS-cpu.md,
 stop 60). Both read the keys and values a software prefetch ahead (AHEAD keys). Inside the embedded model's compiled
 forward over 512 keys, 30 layers' attention took 1.51-1.87 ms before the folds and the prefetch and 1.23-1.32 after
@@ -89,10 +89,30 @@ struct RowPointers {
 template <int DV, int RR, typename T>
 inline void value_rows(const Unit<T>& u, const float* const* w, float* const* out);
 
+// Every row's weighted values (value_rows), 6 rows a pass at head dim 64 and 3 at 128: 24 sums in registers, each value
+// read once a pass. 4 and 2 rows a pass (16 sums) took 4-8% longer over 30 layers at 2-16 query rows (a Zen 5 EPYC,
+// float32; benchmarks/RESULTS-cpu.md, stop 69). A row's sums keep the keys' order whatever rows run beside it
+template <int DV, typename T>
+inline void weigh_values(const Unit<T>& u, float* const* scores, float* const* acc) {
+  constexpr int RV = DV <= 4 ? 6 : 3;
+  const int64_t R = u.rows();
+  for (int64_t r = 0; r < R; r += RV) {
+    const float* const* w = (const float* const*)&scores[r];
+    switch (std::min<int64_t>(RV, R - r)) {
+      case 1: value_rows<DV, 1, T>(u, w, &acc[r]); break;
+      case 2: value_rows<DV, 2, T>(u, w, &acc[r]); break;
+      case 3: value_rows<DV, 3, T>(u, w, &acc[r]); break;
+      case 4: value_rows<DV, (RV >= 4 ? 4 : 1), T>(u, w, &acc[r]); break;
+      case 5: value_rows<DV, (RV >= 5 ? 5 : 1), T>(u, w, &acc[r]); break;
+      default: value_rows<DV, RV, T>(u, w, &acc[r]); break;
+    }
+  }
+}
+
 // unit() for a few rows (R <= 6: a block of keys would be transposed for too few rows). Scores 16 keys at a time,
 // row by row (the block stays in L1 after the first row reads it): each key's 16 lane-wise partial products in
 // registers, then one fold for the 16 sums (sums16: the same sums, in the same order, as a dot product each); the
-// values read once for up to 4 rows (value_rows)
+// values read once for up to 6 rows (weigh_values)
 
 template <int DV, typename T>
 void unit_rows(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers<T>& rows) {
@@ -124,16 +144,7 @@ void unit_rows(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores
     }
   }
   for (int64_t r = 0; r < R; ++r) normalise(rows.scores[r], n, mx + r, sm + r);  // a dead row's weights all 0
-  constexpr int RV = DV <= 4 ? 4 : 2;  // 16 sums in registers
-  for (int64_t r = 0; r < R; r += RV) {
-    const float* const* w = (const float* const*)&rows.scores[r];
-    switch (std::min<int64_t>(RV, R - r)) {
-      case 1: value_rows<DV, 1, T>(u, w, &rows.acc[r]); break;
-      case 2: value_rows<DV, (RV >= 2 ? 2 : 1), T>(u, w, &rows.acc[r]); break;
-      case 3: value_rows<DV, (RV >= 3 ? 3 : 1), T>(u, w, &rows.acc[r]); break;
-      default: value_rows<DV, RV, T>(u, w, &rows.acc[r]); break;
-    }
-  }
+  weigh_values<DV, T>(u, rows.scores.data(), rows.acc.data());
 }
 
 // Scores of RR query rows against a block of 16 keys transposed (kt[d * 16 + t]): s[i] = (q_i . k_t) * scale + mask,
@@ -181,7 +192,7 @@ inline void value_rows(const Unit<T>& u, const float* const* w, float* const* ou
 
 """ + ATTENTION_AMX + r"""
 // unit() for many rows. The rows share the chunk's keys and values, so each is read once for a block of rows (not
-// once a row): scores 16 keys at a time, the block transposed, 4 rows a pass; the values 4 (head dim 64) or 2 (128)
+// once a row): scores 16 keys at a time, the block transposed, 4 rows a pass; the values 6 (head dim 64) or 3 (128)
 // rows a pass.
 template <int DV, typename T>
 void unit_blocks(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers<T>& rows) {
@@ -226,16 +237,7 @@ void unit_blocks(const Unit<T>& u, float* mx, float* sm, float* acc, float* scor
     }
   }
   for (int64_t r = 0; r < R; ++r) normalise(sr[r], n, mx + r, sm + r);  // a dead row's weights all 0
-  constexpr int RV = DV <= 4 ? 4 : 2;  // 16 sums in registers
-  for (int64_t r = 0; r < R; r += RV) {
-    const float* const* w = (const float* const*)&sr[r];
-    switch (std::min<int64_t>(RV, R - r)) {
-      case 1: value_rows<DV, 1, T>(u, w, &ar[r]); break;
-      case 2: value_rows<DV, (RV >= 2 ? 2 : 1), T>(u, w, &ar[r]); break;
-      case 3: value_rows<DV, (RV >= 3 ? 3 : 1), T>(u, w, &ar[r]); break;
-      default: value_rows<DV, RV, T>(u, w, &ar[r]); break;
-    }
-  }
+  weigh_values<DV, T>(u, sr.data(), ar.data());
 }
 
 // One unit: for each of its R query rows, the chunk's max score, the sum of e^(score - max), and the unnormalised
