@@ -117,3 +117,19 @@ def test_verdict_line_says_the_prefill_share_and_the_decode_only_fraction():
     line = roofline.verdict_line(summary, block)
     assert "prefill takes about 10.0% of its time" in line and "20.00 ms a token" in line
     assert "0.5 of the roofline" in line  # 10 ms floor / 20 ms a decoded token
+
+
+@pytest.mark.parametrize("l1, stale", [(45.46, True), (21.5, False), (10.0, True)])
+def test_verdict_line_warns_of_a_profile_whose_L1_is_far_from_ars_step(l1, stale):
+    """A profile of another machine state (Zen 5: a shipped eager L(1) of 45.46 ms against 21.05 ms a token decoded)
+    is named, both ways, and one within STALE of the measured step is not."""
+    block = {**BLOCK, "bound_ms": 10.0, "kv_bytes": 0, "bandwidth_gb_s": 10.0, "profile_l1_ms": l1,
+             "profile_lk_ms": l1 * 1.4, "profile_width": 16}
+    summary = pd.DataFrame({"method": ["ar", "ar"], "batch_size": [1, 1], "new_tokens": [100, 300], "turns": [2, 2],
+                            "wall_s": [4.0, 8.0], "tokens_per_s": [25.0, 37.5], "roofline_tok_s": [50.0, 50.0],
+                            "host_overhead": [0.1, 0.1], "ttft_p50_s": [0.2, 0.2], "tpot_p50_ms": [20.0, 21.4]})
+    line = roofline.verdict_line(summary, block)
+    assert roofline.decode_step_ms(summary) == pytest.approx((20.0 * 100 + 21.4 * 300) / 400)
+    assert ("measures it again" in line) == stale
+    if stale:
+        assert f"L(1), {l1:.2f} ms, is {l1 / 21.05:.2f}x the 21.05 ms a token" in line

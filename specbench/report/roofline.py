@@ -140,8 +140,9 @@ def verdict_line(summary: pd.DataFrame, block: dict | None, records: pd.DataFram
               + (f" and {block['bandwidth_after_gb_s']:.1f} after them" if block.get("bandwidth_after_gb_s") else ""))
     else:
         at = f"{block['bandwidth_gb_s']:.1f} GB/s{reading(block)}{after_text(block, tps / bound)}"
+    stale = stale_text(block, decode_step_ms(ar)) if kind else ""
     return (f"`ar` runs at {tps:.1f} tok/s, {tps / bound:.3g} of its roofline ({bound:.1f} tok/s: {mb:.0f} MB a "
-            f"forward at {at}){host_text}; {kind + ': ' if kind else ''}{reason}.")
+            f"forward at {at}){host_text}; {kind + ': ' if kind else ''}{reason}{stale}.")
 
 
 def ar_records(records: pd.DataFrame) -> pd.DataFrame:
@@ -173,11 +174,37 @@ def prefill_text(ar: pd.DataFrame, block: dict, gb_s: float | None = None) -> st
     if not known.any():
         return ""
     share = float((ttft[known] * ar.turns[known]).sum() / ar.wall_s[known].sum())
-    step = float((tpot[known] * ar.new_tokens[known]).sum() / ar.new_tokens[known].sum())
+    step = decode_step_ms(ar)
     floor = block["bound_ms"] * (block["bandwidth_gb_s"] / gb_s if gb_s else 1.0)
     return (f"; its prefill takes about {share:.1%} of its time (median time to first token "
             f"{float(ttft[known].median()) * 1e3:.0f} ms); decoding alone, {step:.2f} ms a token (tpot p50) against "
             f"the {floor:.2f} ms floor, {floor / step:.3g} of the roofline")
+
+
+def decode_step_ms(ar: pd.DataFrame) -> float:
+    """ar's decode-only ms a token: its rows' tpot p50 weighted by their tokens (NaN without the column)."""
+    if not {"tpot_p50_ms", "new_tokens"} <= set(ar):
+        return math.nan
+    tpot = pd.to_numeric(ar.tpot_p50_ms, errors="coerce")
+    known = tpot.notna() & (ar.new_tokens > 0)
+    return float((tpot[known] * ar.new_tokens[known]).sum() / ar.new_tokens[known].sum()) if known.any() else math.nan
+
+
+STALE = 1.3  # a profile's L(1) this many times ar's measured step (or 1 / this) is of another machine state
+
+
+def stale_text(block: dict, step_ms: float) -> str:
+    """A warning where this hardware's profile L(1) and ar's measured decode step disagree by STALE or more (a
+    profile taken on an older build, another thread count or a loaded machine: the split above, the trees it sized
+    and the predictions read it), else ''. Measured on a Zen 5 EPYC: a shipped eager profile's L(1) of 45.46 ms
+    against a run's 21.05 ms a token (benchmarks/RESULTS-cpu.md, stop 69)."""
+    l1 = block.get("profile_l1_ms")
+    if not l1 or not math.isfinite(step_ms) or step_ms <= 0 or 1 / STALE < l1 / step_ms < STALE:
+        return ""
+    return (f". But that profile's L(1), {l1:.2f} ms, is {l1 / step_ms:.2f}x the {step_ms:.2f} ms a token ar "
+            f"decoded at here: it is of another state of this machine or an older build, and the trees it sized and "
+            f"the predictions read it too; `specbench profile` (the run's --dtype, and --compile for a compiled run) "
+            f"measures it again")
 
 
 def reading(block: dict) -> str:
