@@ -132,10 +132,12 @@ class Lookahead(Batchable, DecodeMethod):
                 finished.append(s)
         for s, h, (root, tokens, parents, depths, past) in zip(active, hidden, drafts):
             window = s.scratch["window"]
-            b = window.shape.branch
-            last = list(window.shape.last_level)
-            logits = target_logits(model, h[[0, *last, *range(b, b + len(tokens))]])  # [1 + W + K, V]
-            nodes = torch.cat([logits[:1], logits[1 + len(last):]])  # root, then every trie node [1 + K, V]
+            b, k = window.shape.branch, len(tokens)
+            # root, every trie node, then the window's last level: [1 + K + W, V], in an order whose first 1 + K
+            # rows are the trie's (a view, where a copy of those rows out of [1 + W + K, V] logits took ~4 ms a step
+            # on a Zen 5 EPYC, a fifth of a compiled step: benchmarks/RESULTS-cpu.md, stop 69)
+            logits = target_logits(model, h[[0, *range(b, b + k), *window.shape.last_level]])
+            nodes = logits[: 1 + k]  # root, then every trie node [1 + K, V]
             # 3. accept: the longest verified path of the trie, then the target's next token
             if self.acceptance_rule is not None and tokens:  # --synthetic-acceptance: a stated draw over the trie
                 path, nxt = self.acceptance_rule.tree(torch.tensor([root, *tokens]), [-1, *parents],
@@ -148,7 +150,7 @@ class Lookahead(Batchable, DecodeMethod):
                 s.gen.count_draft(max(depths), len(accepted))  # the trie's depth: the longest run a step could accept
             # 4. update: the cache keeps the root and the path; the window moves on (its last level's argmax)
             target.keep_offsets(s.slot, past, [0] + [b + node - 1 for node in path[1:]])
-            window.advance(root, logits[1:1 + len(last)].argmax(-1).tolist())
+            window.advance(root, logits[1 + k:].argmax(-1).tolist())
             emitted = accepted + [nxt]
             s.history += emitted
             if s.gen.emit(emitted, stop_ids, max_new_tokens):
