@@ -11,7 +11,7 @@ import torch
 
 from specbench.core.batch import static
 from specbench.core.batch.cache import new_cache
-from specbench.core.batch.decoder import decoder_layers, decoder_module, target_logits
+from specbench.core.batch.decoder import decoder_layers, decoder_module, target_logits, target_logits_at
 from specbench.core.batch.engine import engine
 from specbench.core.batch.forward import count_fed_tokens, forward
 from specbench.core.batch.ragged import Segment
@@ -130,8 +130,12 @@ def test_the_head_on_the_engines_output_is_the_targets_forward(tiny, monkeypatch
         target_logits(tiny.model, h[[0, 2]])  # gathered: a copy
         target_logits(tiny.model, torch.randn_like(h))
         assert len(opened) == 2
+        rows = target_logits_at(tiny.model, h, [2, 0])  # the step's own rows of the output, gathered: timed
+        assert len(opened) == 3 and torch.equal(rows, target_logits(tiny.model, h[[2, 0]]))
+        target_logits_at(tiny.model, torch.randn_like(h), [0])  # rows of anything else: not
+        assert len(opened) == 3
         one.forward([], [Segment(0, [5, 6], keep=2)])  # logits: the head within the span
-        assert len(opened) == 3 and clock.forwards == 2 and clock.tokens == h.shape[0] + 2
+        assert len(opened) == 4 and clock.forwards == 2 and clock.tokens == h.shape[0] + 2
     assert clock_of(tiny.model) is IDLE
 
 

@@ -47,6 +47,16 @@ def target_logits(model, hidden: torch.Tensor) -> torch.Tensor:
         return final_logits(model, hidden)
 
 
+def target_logits_at(model, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The target's logits at `rows` of hidden states [q, H] -> float [len(rows), V], in that order: the head on
+    those rows only, timed as the target's forward when `hidden` is the output an engine just returned. For a verify
+    step whose head needs only some of its rows (lookahead's root, trie and last window level, not its other levels):
+    the gathered copy is still the forward's own head, where target_logits on the copy would count it as host time
+    (forward_clock.py; lookahead's head was ~3 ms of a ~16 ms compiled step, booked as host work)."""
+    with clock_of(model).head(hidden):
+        return final_logits(model, hidden[rows])
+
+
 def final_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """Hidden states [..., H] -> float logits [..., V]: the LM head, then the model's own final processing, as its
     causal-LM forward applies it; no clock (the engines call it inside their own span, a compiled step inside its

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from rich.markup import escape
 
-from ...core.batch.decoder import target_logits
+from ...core.batch.decoder import target_logits, target_logits_at
 from ...core.batch.ragged import Segment
 from ...core.verify import next_token, tree_speculative_accept
 from ...planning.batch_choice import batch_view, local_profile, relative_latency
@@ -133,10 +133,9 @@ class Lookahead(Batchable, DecodeMethod):
         for s, h, (root, tokens, parents, depths, past) in zip(active, hidden, drafts):
             window = s.scratch["window"]
             b, k = window.shape.branch, len(tokens)
-            # root, every trie node, then the window's last level: [1 + K + W, V], in an order whose first 1 + K
-            # rows are the trie's (a view, where a copy of those rows out of [1 + W + K, V] logits took ~4 ms a step
-            # on a Zen 5 EPYC, a fifth of a compiled step: benchmarks/RESULTS-cpu.md, stop 69)
-            logits = target_logits(model, h[[0, *range(b, b + k), *window.shape.last_level]])
+            # the head on the rows the step reads: root, every trie node, then the window's last level [1 + K + W, V]
+            # (the trie's first: its rows are a view), timed as the target's forward
+            logits = target_logits_at(model, h, [0, *range(b, b + k), *window.shape.last_level])
             nodes = logits[: 1 + k]  # root, then every trie node [1 + K, V]
             # 3. accept: the longest verified path of the trie, then the target's next token
             if self.acceptance_rule is not None and tokens:  # --synthetic-acceptance: a stated draw over the trie
