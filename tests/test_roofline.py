@@ -133,3 +133,21 @@ def test_verdict_line_warns_of_a_profile_whose_L1_is_far_from_ars_step(l1, stale
     assert ("measures it again" in line) == stale
     if stale:
         assert f"L(1), {l1:.2f} ms, is {l1 / 21.05:.2f}x the 21.05 ms a token" in line
+        assert "another state of this machine" in line
+        other = {**block, "profile_chip": "AMD EPYC (family 25, model 17)", "chip": "AMD EPYC (family 26, model 2)"}
+        assert "another chip under the same hardware key (AMD EPYC (family 25, model 17); this one: AMD EPYC " \
+            "(family 26, model 2))" in roofline.verdict_line(summary, other)
+
+
+def test_the_roofline_block_names_the_chip_that_measured_the_profile(tiny):
+    from specbench.core.machine import roofline as block_of
+    from specbench.core.profile_file import LatencyProfile
+
+    identity = {"kind": "cpu", "name": "AMD EPYC", "family": 25, "model": 17}
+    profile = LatencyProfile("m", "float32", "cpu-x", "measured", [1, 4], {128: {"median_ms": [10.0, 12.0]}},
+                              meta={"identity": identity})
+    bw = type("Bw", (), {"gb_s": 10.0, "source": "given", "measured_at": None, "copy_gb_s": None, "read_gb_s": None,
+                         "kernel_gb_s": None})()
+    block = block_of.run_block(tiny, bw, 100.0, profile)
+    assert block["profile_chip"] == "AMD EPYC (family 25, model 17)" and block["chip"]
+    assert block_of.chip(None) == "" and block_of.chip({"kind": "gpu", "name": "NVIDIA H200"}) == "NVIDIA H200"

@@ -201,10 +201,12 @@ def stale_text(block: dict, step_ms: float) -> str:
     l1 = block.get("profile_l1_ms")
     if not l1 or not math.isfinite(step_ms) or step_ms <= 0 or 1 / STALE < l1 / step_ms < STALE:
         return ""
+    theirs, mine = block.get("profile_chip"), block.get("chip")
+    source = (f"it was measured on another chip under the same hardware key ({theirs}; this one: {mine})"
+              if theirs and mine and theirs != mine else "it is of another state of this machine or an older build")
     return (f". But that profile's L(1), {l1:.2f} ms, is {l1 / step_ms:.2f}x the {step_ms:.2f} ms a token ar "
-            f"decoded at here: it is of another state of this machine or an older build, and the trees it sized and "
-            f"the predictions read it too; `specbench profile` (the run's --dtype, and --compile for a compiled run) "
-            f"measures it again")
+            f"decoded at here: {source}, and the trees it sized and the predictions read it too; `specbench profile` "
+            f"(the run's --dtype, and --compile for a compiled run) measures it again")
 
 
 def reading(block: dict) -> str:

@@ -57,7 +57,21 @@ def run_block(target, bw, context: float, profile=None) -> dict:
     block["bound_ms"] = round(floor * 1e3, 4)
     block["bound_tok_s"] = round(1 / floor, 2)
     block.update(profile_points(profile, context))
+    if block.get("profile"):  # which chip measured it, beside this one's: a key covers several (Zen 4 and Zen 5 EPYCs)
+        from .hardware import hardware_identity
+
+        block.update(profile_chip=chip(profile.identity), chip=chip(hardware_identity(target.device)))
     return block
+
+
+def chip(identity: dict | None) -> str:
+    """A chip's short name from a hardware identity: 'AMD EPYC (family 26, model 2)' for a CPU, the GPU's name; ''
+    without one (an estimated profile)."""
+    if not isinstance(identity, dict):
+        return ""
+    if identity.get("kind") == "cpu" and identity.get("family") is not None:
+        return f"{identity.get('name', 'CPU')} (family {identity['family']}, model {identity.get('model')})"
+    return str(identity.get("name", ""))
 
 
 def profile_points(profile, context: float) -> dict:
