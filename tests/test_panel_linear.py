@@ -91,6 +91,26 @@ def test_bfloat16_panels_round_float32_sums_once(built, bias):
             assert torch.equal(pl.linear(x[:1], packed, n, m.bias), got[:1]), (n, k, rows)
 
 
+def test_bfloat16_dot_pairs_sum_close_to_exact_and_keep_each_row_apart(built):
+    """`dot` (panel-dot: AVX512-BF16's vdpbf16ps on each pair of k's, where the build has it; else the same path as
+    without it): outputs within one bfloat16 rounding of the exact sums, an odd K's padding never added, a row's
+    output the same whatever rows run beside it; a candidate of the measured choice only in bfloat16 and only where
+    the path exists."""
+    torch.manual_seed(5)
+    for n, k in ((96, 64), (2090, 24), (40, 37), (3072, 576)):
+        m = torch.nn.Linear(k, n, bias=True).to(torch.bfloat16)
+        packed = pl.pack(m.weight)
+        for rows in (1, 3, 8, 16, 17):
+            x = torch.randn(rows, k).to(torch.bfloat16)
+            got = pl.linear(x, packed, n, m.bias, True, True)
+            exact = F.linear(x.double(), m.weight.double(), m.bias.double())
+            torch.testing.assert_close(got.double(), exact, rtol=2**-8, atol=1e-3 * exact.abs().max().item())
+            assert torch.equal(pl.linear(x[:1], packed, n, m.bias, True, True), got[:1]), (n, k, rows)
+            assert torch.equal(pl.linear(x[-1:], packed, n, m.bias, False, True), got[-1:]), (n, k, rows)
+    assert ("panel-dot" in lk.candidates(torch.bfloat16)) == pl.dot_pairs()
+    assert "panel-dot" not in lk.candidates(torch.float32)
+
+
 def test_wrong_inputs_are_refused_by_the_operator(built):
     packed = pl.pack(torch.randn(32, 8))
     with pytest.raises(RuntimeError, match="x and packed alike"):

@@ -119,7 +119,7 @@ class GroupedLinear(lk.ChosenLinear):
         kernel = lk.for_rows(self.choice, x.numel() // x.shape[-1]) if torch.compiler.is_compiling() else None
         if kernel == "onednn" or kernel in lk.PANELS:
             if kernel in lk.PANELS:
-                out = panel_linear.linear(x, self.panels, self.total, None, lk.PANELS[kernel])
+                out = panel_linear.linear(x, self.panels, self.total, None, *lk.PANELS[kernel])
             elif lk.native_ready():
                 out = native_linear.linear(x, None, self.group_index, self.total)
             else:

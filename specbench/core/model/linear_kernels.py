@@ -11,6 +11,9 @@ linear (the same sums, another order):
   (inductor lowers the packed op itself only for frozen weights; here the weights stay graph inputs);
 - `panel`: specbench's own C++ kernel on the weight packed in 16-column panels (panel_linear.py), float32, where the
   native library is built: at 1-4 rows it reads the weights near the machine's streaming bandwidth;
+- `panel-dot` (bfloat16, where the native build has AVX512-BF16 and AMX tiles are not used): `panel-ahead` with each
+  pair of k's summed by one vdpbf16ps (its order and rounding, not the pairwise multiply-adds'): 0.79x the time of
+  `panel-ahead` over the embedded model's linears at 16 rows on a Zen 5 EPYC, 1.00-1.05x at 1-8 (stop 69);
 - `panel-ahead`: the same with software prefetches: the first row block's pass asks for its weights ahead of its
   reads, each thread prefetches its next tile while a tile's row blocks run (the next tile alone: 8-16% faster at
   12-32 rows on the AMX Xeon, 3-12% slower on the Zen 5 EPYC; with the first pass's too, 5-20% faster at 2-16 rows
@@ -51,8 +54,9 @@ from ..machine import contention
 from ...errors import SpecbenchError
 
 ENV = "SPECBENCH_COMPILE_LINEAR"
-KERNELS = ("mkl", "transposed", "onednn", "panel", "panel-ahead")
-PANELS = {"panel": False, "panel-ahead": True}  # the panels kernels: their `ahead` (panel_linear.linear)
+KERNELS = ("mkl", "transposed", "onednn", "panel", "panel-ahead", "panel-dot")
+# the panels kernels: their (`ahead`, `dot`) (panel_linear.linear)
+PANELS = {"panel": (False, False), "panel-ahead": (True, False), "panel-dot": (True, True)}
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 ROUNDS = 5
 MEASURE_BYTES = 2**30  # weights one measured pass reads at most (timed_set)
@@ -122,7 +126,7 @@ def apply(kernel: str, m: torch.nn.Linear, x: torch.Tensor, panels: torch.Tensor
     weight in panels (panel_linear.copy_of(m) where not given)."""
     if kernel in PANELS:
         packed = panel_linear.copy_of(m) if panels is None else panels
-        return panel_linear.linear(x, packed, m.out_features, m.bias, PANELS[kernel])
+        return panel_linear.linear(x, packed, m.out_features, m.bias, *PANELS[kernel])
     return KERNEL[kernel](m.weight, m.bias, x, pack_index(m))
 
 
@@ -150,7 +154,10 @@ def candidates(dtype: torch.dtype) -> tuple[str, ...]:
     onednn = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
               and (dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())))
     panels = panel_linear.available(dtype)
-    return ("mkl", "transposed") + (("onednn",) if onednn else ()) + (tuple(PANELS) if panels else ())
+    # panel-dot: bfloat16 on a CPU whose native build has AVX512-BF16's dot products (else the same as panel-ahead)
+    dot = panels and dtype == torch.bfloat16 and panel_linear.dot_pairs()
+    kinds = tuple(k for k in PANELS if k != "panel-dot" or dot) if panels else ()
+    return ("mkl", "transposed") + (("onednn",) if onednn else ()) + kinds
 
 
 def shape_key(layers: list[torch.nn.Linear]) -> str:
@@ -336,7 +343,7 @@ class ChosenLinear(torch.nn.Module):
         if torch.compiler.is_compiling():
             kernel = for_rows(self.choice, x.numel() // x.shape[-1])
             if kernel in PANELS:
-                return panel_linear.linear(x, self.panels, self.out_features, self.linear.bias, PANELS[kernel])
+                return panel_linear.linear(x, self.panels, self.out_features, self.linear.bias, *PANELS[kernel])
             return KERNEL[kernel](self.linear.weight, self.linear.bias, x, self.index)
         return self.linear(x)
 

@@ -162,7 +162,7 @@ def _fake(x, bias, index, out_features):
     return x.new_empty(*x.shape[:-1], out_features)
 
 
-def _fake_panels(x, packed, out_features, bias, ahead=False):
+def _fake_panels(x, packed, out_features, bias, ahead=False, dot=False):
     return x.new_empty(*x.shape[:-1], out_features)
 
 

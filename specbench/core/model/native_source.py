@@ -14,6 +14,9 @@ PANELS = r"""
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 namespace specbench_panels {
 typedef float v16 __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register, two AVX2 ones
@@ -25,10 +28,21 @@ typedef uint32_t w16u __attribute__((vector_size(64), aligned(2)));  // 32 bfloa
 // measured choice keeps `panel`)
 constexpr int64_t SOON_LINES = 32;
 
+// bfloat16 weights summed with AVX512-BF16's pair dot products (vdpbf16ps), where the CPU has them and AMX is not
+// used: the same packed panels as uint16_t's, x given as bfloat16 pairs (pair_rows)
+struct DotPairs { uint16_t bits; };
+#if defined(__AVX512BF16__)
+constexpr bool DOT_PAIRS = true;  // (panels_dot(): whether `dot` takes this path in this build)
+#else
+constexpr bool DOT_PAIRS = false;
+#endif
+template <typename W>
+constexpr bool is_bf16 = std::is_same_v<W, uint16_t> || std::is_same_v<W, DotPairs>;
+
 // a panel's k's as packed: float32 K; bfloat16 K rounded up to pairs (its panel holds, per pair of k's, each
 // column's two weights side by side: [K / 2, 16, 2]; an odd K's last pair padded with 0)
 template <typename W>
-constexpr int64_t packed_k(int64_t K) { return std::is_same_v<W, uint16_t> ? K + (K & 1) : K; }
+constexpr int64_t packed_k(int64_t K) { return is_bf16<W> ? K + (K & 1) : K; }
 
 // columns [16 p, 16 p + 16 G) of R rows: for every k, each panel's 16 weights (W: float, or uint16_t holding
 // bfloat16) times each row's x[k], summed in float32 in k's order (the same sums for a row whatever R and G are: a
@@ -43,6 +57,26 @@ inline void panel_rows(const float* x, int64_t K, const W* P, int64_t p, float* 
   for (int g = 0; g < G; ++g) for (int r = 0; r < R; ++r) acc[g][r] = v16{};
   const W* w = P + p * packed_k<W>(K) * 16;
   int64_t due = 0;
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<W, DotPairs>) {
+    // x's pair of k's at slot k of its row (pair_rows: bfloat16 k low, k + 1 high), times each column's pair, both
+    // products added to the column's float32 sum in one instruction (its order and rounding, not the loop's below)
+    const int64_t KP = packed_k<W>(K);
+    for (int64_t k = 0; k < KP; k += 2) {
+      due += 2 * lines;
+      while (due >= K) { due -= K; __builtin_prefetch(pre, 0, 2); pre += 32; }
+      if (soon) for (int g = 0; g < G; ++g) __builtin_prefetch(w + (g * KP + k) * 16 + soon, 0, 3);
+      __m512bh wv[G];
+      for (int g = 0; g < G; ++g) wv[g] = (__m512bh)_mm512_loadu_si512((const void*)(w + (g * KP + k) * 16));
+      for (int r = 0; r < R; ++r) {
+        uint32_t bits;
+        __builtin_memcpy(&bits, x + r * K + k, 4);
+        const __m512bh xs = (__m512bh)_mm512_set1_epi32((int)bits);
+        for (int g = 0; g < G; ++g) acc[g][r] = (v16)_mm512_dpbf16_ps((__m512)acc[g][r], wv[g], xs);
+      }
+    }
+  } else
+#endif
   if constexpr (std::is_same_v<W, uint16_t>) {
     // bfloat16, a pair of k's at a time: one 64-byte read holds each column's weights at k and k + 1 as one 32-bit
     // lane; k's are the low halves shifted up, k + 1's the high halves masked (both exact floats), added in k's order
@@ -159,8 +193,10 @@ namespace specbench_panels {
 // float32, the bias added to them, each output rounded to bfloat16 once (as oneDNN's bfloat16 linear does); the
 // widening and rounding here, not as tensor ops around the kernel (a call on a 576 x 576 weight is ~30 us: two
 // conversions through the dispatcher are a share of it)
+bool panels_dot() { return DOT_PAIRS; }
+
 at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_features,
-                  const std::optional<at::Tensor>& bias, bool ahead) {
+                  const std::optional<at::Tensor>& bias, bool ahead, bool dot) {
   const auto dtype = packed.scalar_type();
   TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && x_.scalar_type() == dtype && packed.is_contiguous(),
               "specbench_native::panels: float32 or bfloat16 (x and packed alike), packed contiguous");
@@ -185,6 +221,20 @@ at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_fe
     amx::all_rows(reinterpret_cast<const uint16_t*>(xb), rows, K, wb, N, sums.get(), ahead);
   } else
 #endif
+#if defined(__AVX512BF16__)
+  if (dot) {
+    // x as bfloat16 pairs in float-sized slots, row stride K as the kernel indexes x: slot k (even) of a row holds
+    // its k (low half) and k + 1 (high half; 0 past an odd K), the odd slots unused
+    std::unique_ptr<float[]> xp(new float[rows * K + 1]);
+    const uint16_t* xs = reinterpret_cast<const uint16_t*>(xb);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < K; k += 2) {
+        const uint32_t bits = xs[r * K + k] | (k + 1 < K ? (uint32_t)xs[r * K + k + 1] << 16 : 0u);
+        __builtin_memcpy(xp.get() + r * K + k, &bits, 4);
+      }
+    all_rows<DotPairs>(xp.get(), rows, K, reinterpret_cast<const DotPairs*>(wb), N, sums.get(), ahead);
+  } else
+#endif
   {
     std::unique_ptr<float[]> xf(new float[rows * K]);
     for (int64_t i = 0; i < rows * K; ++i) xf[i] = static_cast<float>(xb[i]);
@@ -200,7 +250,8 @@ at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_fe
 }  // namespace specbench_panels
 
 TORCH_LIBRARY_FRAGMENT(specbench_native, m) {
-  m.def("panels(Tensor x, Tensor packed, int out_features, Tensor? bias, bool ahead=False) -> Tensor");
+  m.def("panels(Tensor x, Tensor packed, int out_features, Tensor? bias, bool ahead=False, bool dot=False) -> Tensor");
+  m.def("panels_dot() -> bool", &specbench_panels::panels_dot);
 }
 TORCH_LIBRARY_IMPL(specbench_native, CPU, m) { m.impl("panels", &specbench_panels::panels); }
 """

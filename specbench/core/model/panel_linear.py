@@ -83,11 +83,21 @@ def group_copy(members: list[torch.nn.Linear]) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None,
-           ahead: bool = False) -> torch.Tensor:
+           ahead: bool = False, dot: bool = False) -> torch.Tensor:
     """x [..., K] @ W^T (+ bias) -> [..., out_features] on W's packed copy; `ahead` turns the software prefetches on
     (the first row block's own weights ahead of its reads, each thread's next tile where a tile has two row blocks or
-    more; on AMX tiles the first pass's only): the same sums either way."""
-    return torch.ops.specbench_native.panels(x, packed, out_features, bias, ahead)
+    more; on AMX tiles the first pass's only): the same sums either way. `dot` (bfloat16, where dot_pairs()): each
+    pair of k's summed by one AVX512-BF16 dot product (vdpbf16ps: its own order and rounding) where AMX tiles are not
+    used; a row's sums still never depend on the rows beside it."""
+    return torch.ops.specbench_native.panels(x, packed, out_features, bias, ahead, dot)
+
+
+def dot_pairs() -> bool:
+    """Whether the native library's bfloat16 panels have the AVX512-BF16 dot-product path (`dot`) on this CPU."""
+    try:
+        return bool(torch.ops.specbench_native.panels_dot())
+    except (AttributeError, RuntimeError):  # no native library (or one built before the path)
+        return False
 
 
 
