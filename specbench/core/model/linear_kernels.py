@@ -11,13 +11,13 @@ linear (the same sums, another order):
   (inductor lowers the packed op itself only for frozen weights; here the weights stay graph inputs);
 - `panel`: specbench's own C++ kernel on the weight packed in 16-column panels (panel_linear.py), float32, where the
   native library is built: at 1-4 rows it reads the weights near the machine's streaming bandwidth;
-- `panel-dot` (bfloat16, where the native build has AVX512-BF16 and AMX tiles are not used): `panel-ahead` with each
-  pair of k's summed by one vdpbf16ps (its order and rounding, not the pairwise multiply-adds'): 0.79x the time of
-  `panel-ahead` over the embedded model's linears at 16 rows on a Zen 5 EPYC, 1.00-1.05x at 1-8 (stop 69);
 - `panel-ahead`: the same with software prefetches: the first row block's pass asks for its weights ahead of its
   reads, each thread prefetches its next tile while a tile's row blocks run (the next tile alone: 8-16% faster at
   12-32 rows on the AMX Xeon, 3-12% slower on the Zen 5 EPYC; with the first pass's too, 5-20% faster at 2-16 rows
-  and in bfloat16 on AMX tiles on the AMX Xeon: benchmarks/RESULTS-cpu.md, stops 60, 62 and 67).
+  and in bfloat16 on AMX tiles on the AMX Xeon: benchmarks/RESULTS-cpu.md, stops 60, 62 and 67);
+- `panel-dot` (bfloat16, where the native build has AVX512-BF16 and AMX tiles are not used): `panel-ahead` with each
+  pair of k's summed by one vdpbf16ps (its order and rounding, not the pairwise multiply-adds'): 0.79x the time of
+  `panel-ahead` over the embedded model's linears at 16 rows on a Zen 5 EPYC, 1.00-1.05x at 1-8 (stop 69).
 The first three at the run's dtype in bfloat16 (oneDNN through AVX512-BF16 / AMX where the CPU has them; the weight
 packed here when it is not already).
 

@@ -2,11 +2,13 @@
 native_attention_source.py, into one library): `specbench_native::panels`, a linear on weights packed in 16-column
 panels (panel_linear.py says why and how). It defines its operator in the library's namespace
 (TORCH_LIBRARY_FRAGMENT) inside a C++ namespace of its own. Kept apart from the Python that calls it so that the
-builder imports no caller (no import cycle). bfloat16 goes through AMX tiles where it can (native_amx_source.py)."""
+builder imports no caller (no import cycle). bfloat16 goes through AMX tiles where it can (native_amx_source.py), and
+with `dot` through AVX512-BF16's pair dot products where the build has them (the measured choice's `panel-dot`)."""
 
 from .native_amx_source import AMX
 
-# specbench_native::panels(x, packed, out_features, bias, ahead=False) -> [..., out_features]
+# specbench_native::panels(x, packed, out_features, bias, ahead=False, dot=False) -> [..., out_features];
+# specbench_native::panels_dot() -> whether `dot` has its path in this build
 PANELS = r"""
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -29,7 +31,7 @@ typedef uint32_t w16u __attribute__((vector_size(64), aligned(2)));  // 32 bfloa
 constexpr int64_t SOON_LINES = 32;
 
 // bfloat16 weights summed with AVX512-BF16's pair dot products (vdpbf16ps), where the CPU has them and AMX is not
-// used: the same packed panels as uint16_t's, x given as bfloat16 pairs (pair_rows)
+// used: the same packed panels as uint16_t's, x given as bfloat16 pairs (built once a call in panels())
 struct DotPairs { uint16_t bits; };
 #if defined(__AVX512BF16__)
 constexpr bool DOT_PAIRS = true;  // (panels_dot(): whether `dot` takes this path in this build)
@@ -45,7 +47,8 @@ template <typename W>
 constexpr int64_t packed_k(int64_t K) { return is_bf16<W> ? K + (K & 1) : K; }
 
 // columns [16 p, 16 p + 16 G) of R rows: for every k, each panel's 16 weights (W: float, or uint16_t holding
-// bfloat16) times each row's x[k], summed in float32 in k's order (the same sums for a row whatever R and G are: a
+// bfloat16; DotPairs: bfloat16 summed a pair of k's at a time by vdpbf16ps) times each row's x[k], summed in float32
+// in k's order (the same sums for a row whatever R and G are: a
 // row's output never depends on the rows beside it); meanwhile `lines` cache lines from `pre` on are prefetched
 // into L2, evenly over the k's (0: none), and with `soon` > 0 each panel's weights `soon` elements past the ones read
 // (the same stream, SOON_LINES cache lines on: a pass that sums several rows a line asks for its lines too late for
@@ -59,7 +62,7 @@ inline void panel_rows(const float* x, int64_t K, const W* P, int64_t p, float* 
   int64_t due = 0;
 #if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<W, DotPairs>) {
-    // x's pair of k's at slot k of its row (pair_rows: bfloat16 k low, k + 1 high), times each column's pair, both
+    // x's pair of k's at slot k of its row (bfloat16: k low, k + 1 high), times each column's pair, both
     // products added to the column's float32 sum in one instruction (its order and rounding, not the loop's below)
     const int64_t KP = packed_k<W>(K);
     for (int64_t k = 0; k < KP; k += 2) {
