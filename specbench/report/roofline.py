@@ -195,9 +195,10 @@ STALE = 1.3  # a profile's L(1) this many times ar's measured step (or 1 / this)
 
 def stale_text(block: dict, step_ms: float) -> str:
     """A warning where this hardware's profile L(1) and ar's measured decode step disagree by STALE or more (a
-    profile taken on an older build, another thread count or a loaded machine: the split above, the trees it sized
-    and the predictions read it), else ''. Measured on a Zen 5 EPYC: a shipped eager profile's L(1) of 45.46 ms
-    against a run's 21.05 ms a token (benchmarks/RESULTS-cpu.md, stop 69)."""
+    profile taken on another chip under the same hardware key (the block's `profile_chip` against `chip`), an older
+    build, another thread count or a loaded machine: the split above, the trees it sized and the predictions read
+    it), else ''. Seen on a Zen 5 EPYC: the shipped eager profile, a Zen 4's, read L(1) = 45.46 ms against a run's
+    21.05 ms a token (benchmarks/RESULTS-cpu.md, stop 69)."""
     l1 = block.get("profile_l1_ms")
     if not l1 or not math.isfinite(step_ms) or step_ms <= 0 or 1 / STALE < l1 / step_ms < STALE:
         return ""

@@ -11,7 +11,9 @@ drafting and host overhead), counted by the code that calls the model: no hook s
   core/batch/decoder.target_logits, through which every method reads the target's logits, times the head as the
   target's forward when it is applied to that output or a view of it (a tree's rows, the last row). A head call on
   anything else is not the target's forward: a drafter that shares the target's head (an sd layer-skip drafter,
-  EAGLE) is drafting, and rows gathered into a copy first (PPD's guess rows when computed apart) count as host time.
+  EAGLE) is drafting, and rows gathered into a copy first (PPD's guess rows when computed apart) count as host time,
+  unless the step gathers its own verify rows through decoder.target_logits_at, which times the head on the output
+  it gathers from (lookahead's root, trie and last window level).
   The output is held until the next span replaces it, so that no other tensor can take its memory and pass for it.
 
 Timing: perf_counter on a CPU. On one GPU, a CUDA event pair per span recorded on the device's current stream, with

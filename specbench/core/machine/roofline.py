@@ -58,7 +58,7 @@ def run_block(target, bw, context: float, profile=None) -> dict:
     block["bound_tok_s"] = round(1 / floor, 2)
     block.update(profile_points(profile, context))
     if block.get("profile"):  # which chip measured it, beside this one's: a key covers several (Zen 4 and Zen 5 EPYCs)
-        from .hardware import hardware_identity
+        from .hardware import hardware_identity  # (lazily, as this module's torch: hardware imports it)
 
         block.update(profile_chip=chip(profile.identity), chip=chip(hardware_identity(target.device)))
     return block

@@ -228,7 +228,7 @@ at::Tensor panels(const at::Tensor& x_, const at::Tensor& packed, int64_t out_fe
   if (dot) {
     // x as bfloat16 pairs in float-sized slots, row stride K as the kernel indexes x: slot k (even) of a row holds
     // its k (low half) and k + 1 (high half; 0 past an odd K), the odd slots unused
-    std::unique_ptr<float[]> xp(new float[rows * K + 1]);
+    std::unique_ptr<float[]> xp(new float[rows * K]);
     const uint16_t* xs = reinterpret_cast<const uint16_t*>(xb);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t k = 0; k < K; k += 2) {
