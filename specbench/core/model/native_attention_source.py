@@ -6,14 +6,16 @@ apart from the Python that calls it so that the builder imports no caller.
 
 A unit of work is (batch, key / value head, chunk of keys); its R = query heads per key head x query rows share the
 chunk's keys and values. Few rows (R <= 6: a decode step's) score 16 keys at a time row by row, the 16 sums folded
-together (not 16 horizontal sums). More rows read each block of 16 keys once for all of them: the block transposed
-in registers, scores 4 rows a pass. The values are weighted 6 rows a pass (head dim 64; 3 at 128). At 8 query rows
-of SmolLM2 (R = 24) over 520 keys that took 30 layers' attention from 2.6 to 1.9 ms (benchmarks/RESULTS-cpu.md,
-stop 60). Both read the keys and values a software prefetch ahead (AHEAD keys). Inside the embedded model's compiled
-forward over 512 keys, 30 layers' attention took 1.51-1.87 ms before the folds and the prefetch and 1.23-1.32 after
-at one token, 2.78-3.28 and 2.04-2.20 at four (the AMX Xeon, paired rounds; benchmarks/RESULTS-cpu.md, stop 64). In
-bfloat16, 8 rows or more score on AMX tiles where the CPU has them (native_attention_amx_source.py): 30 layers at 4-16
-query rows in 0.82-0.85 of the time (stop 67)."""
+together (not 16 horizontal sums). More rows read each block of 32 keys once for all of them: the block transposed
+in registers, scores 6 rows a pass (dot_rows: 12 sums in registers; 30 layers' attention at 4-16 query rows took
+0.90-0.93 of the time of 16 keys x 4 rows a pass, float32 and bfloat16, a Zen 5 EPYC, stop 70). The values are
+weighted 6 rows a pass (head dim 64; 3 at 128). At 8 query rows of SmolLM2 (R = 24) over 520 keys the transposed
+blocks took 30 layers' attention from 2.6 to 1.9 ms (benchmarks/RESULTS-cpu.md, stop 60). Both read the keys and
+values a software prefetch ahead (AHEAD keys). Inside the embedded model's compiled forward over 512 keys, 30
+layers' attention took 1.51-1.87 ms before the folds and the prefetch and 1.23-1.32 after at one token, 2.78-3.28
+and 2.04-2.20 at four (the AMX Xeon, paired rounds; benchmarks/RESULTS-cpu.md, stop 64). In bfloat16, 8 rows or more
+score on AMX tiles where the CPU has them (native_attention_amx_source.py): 30 layers at 4-16 query rows in
+0.82-0.85 of the time (stop 67)."""
 
 from .native_attention_amx_source import ATTENTION_AMX
 from .native_vectors_source import VECTORS
@@ -140,35 +142,47 @@ void unit_rows(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores
       const v16 dots = sums16(p);
       const T* mr = u.mask(r);
       float* s = rows.scores[r] + t0;
-      for (int64_t t = 0; t < nt; ++t) s[t] = dots[t] * u.scale + tof(mr[(u.k0 + t0 + t) * u.ms_k]);
+      if (nt == 16 && u.ms_k == 1) st(s, dots * u.scale + ld(mr + u.k0 + t0));  // (a whole block, a dense mask)
+      else for (int64_t t = 0; t < nt; ++t) s[t] = dots[t] * u.scale + tof(mr[(u.k0 + t0 + t) * u.ms_k]);
     }
   }
   for (int64_t r = 0; r < R; ++r) normalise(rows.scores[r], n, mx + r, sm + r);  // a dead row's weights all 0
   weigh_values<DV, T>(u, rows.scores.data(), rows.acc.data());
 }
 
-// Scores of RR query rows against a block of 16 keys transposed (kt[d * 16 + t]): s[i] = (q_i . k_t) * scale + mask,
-// each dot product in 4 partial sums (d mod 4, each in d's order: independent chains of multiply-adds), then
-// (p0 + p1) + (p2 + p3): the same order for a row whatever rows run beside it
+// Scores of RR query rows against a block of 32 keys transposed (kt[d * 32 + t]): s[i] = (q_i . k_t) * scale + mask,
+// each dot product one chain of multiply-adds in d's order (the same order for a row whatever rows run beside it).
+// dot_rows: the sums of 6 rows x 32 keys in 12 registers, each d two loads of the block and six of the rows' query
+// for 12 multiply-adds (16 keys x 4 rows a pass had 20 loads for 16). Not inlined: one kernel, float32's, for both
+// dtypes (inlined into score_rows GCC kept one of the block's two vectors on the stack for bfloat16's, 5% slower)
+template <int DV, int RR>
+__attribute__((noinline)) void dot_rows(const float* kt, const float* const* qr, float (*dots)[32]) {
+  v16 lo[RR], hi[RR];
+  const float* q[RR];
+  for (int i = 0; i < RR; ++i) { lo[i] = v16{}; hi[i] = v16{}; q[i] = qr[i]; }
+  for (int d = 0; d < DV * 16; ++d) {
+    const v16 a = ld(kt + d * 32), b = ld(kt + d * 32 + 16);
+    for (int i = 0; i < RR; ++i) {
+      const float x = q[i][d];
+      lo[i] += a * x;
+      hi[i] += b * x;
+    }
+  }
+  for (int i = 0; i < RR; ++i) { st(dots[i], lo[i]); st(dots[i] + 16, hi[i]); }
+}
+
 template <int DV, int RR, typename T>
 inline void score_rows(const float* kt, const float* const* qr, const T* const* mr, int64_t ms_k, int64_t key0,
                        int64_t nt, float scale, float* const* out) {
-  v16 acc[RR][4];
-  for (int i = 0; i < RR; ++i) for (int p = 0; p < 4; ++p) acc[i][p] = v16{};
-  for (int d = 0; d < DV * 16; d += 4) {
-    const v16 k0 = ld(kt + d * 16), k1 = ld(kt + d * 16 + 16), k2 = ld(kt + d * 16 + 32), k3 = ld(kt + d * 16 + 48);
-    for (int i = 0; i < RR; ++i) {
-      acc[i][0] += k0 * qr[i][d];
-      acc[i][1] += k1 * qr[i][d + 1];
-      acc[i][2] += k2 * qr[i][d + 2];
-      acc[i][3] += k3 * qr[i][d + 3];
-    }
-  }
+  alignas(64) float dots[RR][32];
+  dot_rows<DV, RR>(kt, qr, dots);
   for (int i = 0; i < RR; ++i) {
-    const v16 dot = (acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3]);
-    float s[16];
-    std::memcpy(s, &dot, 64);
-    for (int64_t t = 0; t < nt; ++t) out[i][t] = s[t] * scale + tof(mr[i][(key0 + t) * ms_k]);
+    if (nt == 32 && ms_k == 1) {  // (a whole block, a dense mask)
+      st(out[i], ld(dots[i]) * scale + ld(mr[i] + key0));
+      st(out[i] + 16, ld(dots[i] + 16) * scale + ld(mr[i] + key0 + 16));
+    } else {
+      for (int64_t t = 0; t < nt; ++t) out[i][t] = dots[i][t] * scale + tof(mr[i][(key0 + t) * ms_k]);
+    }
   }
 }
 
@@ -192,7 +206,7 @@ inline void value_rows(const Unit<T>& u, const float* const* w, float* const* ou
 
 """ + ATTENTION_AMX + r"""
 // unit() for many rows. The rows share the chunk's keys and values, so each is read once for a block of rows (not
-// once a row): scores 16 keys at a time, the block transposed, 4 rows a pass; the values 6 (head dim 64) or 3 (128)
+// once a row): scores 32 keys at a time, the block transposed, 6 rows a pass; the values 6 (head dim 64) or 3 (128)
 // rows a pass.
 template <int DV, typename T>
 void unit_blocks(const Unit<T>& u, float* mx, float* sm, float* acc, float* scores, RowPointers<T>& rows) {
@@ -213,26 +227,29 @@ void unit_blocks(const Unit<T>& u, float* mx, float* sm, float* acc, float* scor
     if (tiles) amx_scores<DV>(u, sr.data(), mr.data(), rows.packed);
   }
 #endif
-  alignas(64) float kt[D * 16];
-  for (int64_t t0 = 0; t0 < n && !tiles; t0 += 16) {
-    const int64_t nt = std::min<int64_t>(16, n - t0);
-    for (int64_t t = 0; t < 16 && t0 + AHEAD + t < n; ++t)
+  alignas(64) float kt[D * 32];
+  for (int64_t t0 = 0; t0 < n && !tiles; t0 += 32) {
+    const int64_t nt = std::min<int64_t>(32, n - t0);
+    for (int64_t t = 0; t < 32 && t0 + AHEAD + t < n; ++t)
       prefetch_row<DV>(u.key(u.k0 + t0 + AHEAD + t));
-    for (int c = 0; c < DV; ++c) {  // head dims [16 c, 16 c + 16) of the 16 keys
-      v16 block[16];
-      for (int64_t t = 0; t < 16; ++t)  // (past the chunk's end: its last key again, never stored)
-        block[t] = ld(u.key(u.k0 + t0 + std::min(t, nt - 1)) + 16 * c);
-      transpose16(block);
-      for (int j = 0; j < 16; ++j) st(kt + (16 * c + j) * 16, block[j]);
-    }
+    for (int half = 0; half < 2; ++half)
+      for (int c = 0; c < DV; ++c) {  // head dims [16 c, 16 c + 16) of keys [16 half, 16 half + 16)
+        v16 block[16];
+        for (int64_t t = 0; t < 16; ++t)  // (past the chunk's end: its last key again, never stored)
+          block[t] = ld(u.key(u.k0 + t0 + std::min<int64_t>(16 * half + t, nt - 1)) + 16 * c);
+        transpose16(block);
+        for (int j = 0; j < 16; ++j) st(kt + (16 * c + j) * 32 + 16 * half, block[j]);
+      }
     for (int64_t r = 0; r < R; ++r) out[r] = sr[r] + t0;
     const int64_t key0 = u.k0 + t0;
-    for (int64_t r = 0; r < R; r += 4) {
-      switch (std::min<int64_t>(4, R - r)) {
+    for (int64_t r = 0; r < R; r += 6) {
+      switch (std::min<int64_t>(6, R - r)) {
         case 1: score_rows<DV, 1, T>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
         case 2: score_rows<DV, 2, T>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
         case 3: score_rows<DV, 3, T>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
-        default: score_rows<DV, 4, T>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
+        case 4: score_rows<DV, 4, T>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
+        case 5: score_rows<DV, 5, T>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
+        default: score_rows<DV, 6, T>(kt, &qr[r], &mr[r], u.ms_k, key0, nt, u.scale, &out[r]); break;
       }
     }
   }
