@@ -197,6 +197,14 @@ def test_compile_history_keeps_real_compiles_only(tiny, tmp_path, monkeypatch):
     # another model's history promises nothing for this one: a tiny model's seconds never stand in for a real one's
     other, _, source = compile_wait.per_shape(torch.device("cpu"), torch.nn.Linear(4, 4))
     assert other == compile_wait.DEFAULT_S[("cpu", "built")] and "guess" in source
+    # a quick build's seconds (the C++ wrapper apart from its kernels) are kept apart from the full build's
+    monkeypatch.setenv(cc.QUICK_BUILD, "1")
+    quick, _, source = compile_wait.per_shape(torch.device("cpu"), tiny.model)
+    assert quick == compile_wait.DEFAULT_S[("cpu", "built")] and "guess" in source
+    compile_wait.remember(torch.device("cpu"), [20.0], tiny.model)
+    assert compile_wait.per_shape(torch.device("cpu"), tiny.model)[0] == 20.0
+    monkeypatch.delenv(cc.QUICK_BUILD)
+    assert compile_wait.per_shape(torch.device("cpu"), tiny.model)[0] == 50.0
 
 
 def test_a_shape_with_layer_edits_says_them(capsys):

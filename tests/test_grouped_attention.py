@@ -86,15 +86,23 @@ def test_cuda_models_keep_transformers_attention(monkeypatch):
 
 
 def test_compile_settings_per_device(monkeypatch):
-    """CUDA: CUDA graphs (reduce-overhead's options), no C++ wrapper; CPU: the C++ wrapper unless switched off. The
+    """CUDA: CUDA graphs (reduce-overhead's options), no C++ wrapper; CPU: the C++ wrapper unless switched off, built
+    with its kernels unless a quick build is asked for. The
     compiled step is built lazily, so the CUDA branch's options are checked here without a GPU."""
     cuda, cpu = cc.settings(torch.device("cuda")), cc.settings(torch.device("cpu"))
     assert cuda["mode"] == "reduce-overhead" and not cuda["cpp_wrapper"]
     assert cpu["mode"] == "default" and cpu["cpp_wrapper"]
-    monkeypatch.setenv(cc.CPP_WRAPPER, "0")
-    assert not cc.settings(torch.device("cpu"))["cpp_wrapper"]
+    assert cpu["wrapper_build"] == "together" and "wrapper_build" not in cuda
     seen = {}
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.update(kw, fn=fn) or fn)
+    cc.compile_step(torch.device("cpu"), "probe")
+    assert seen["options"]["cpp_wrapper"] is True and "cpp_wrapper_build_separate" not in seen["options"]
+    monkeypatch.setenv(cc.QUICK_BUILD, "1")  # the wrapper built apart from its kernels, at -O1: a quicker compile
+    assert cc.settings(torch.device("cpu"))["wrapper_build"] == "apart"
+    cc.compile_step(torch.device("cpu"), "probe")
+    assert seen["options"]["cpp_wrapper_build_separate"] is True
+    monkeypatch.setenv(cc.CPP_WRAPPER, "0")
+    assert not cc.settings(torch.device("cpu"))["cpp_wrapper"]
     fn = cc.compile_step(torch.device("cuda"), "probe")
     assert seen["options"]["triton.cudagraphs"] is True and "cpp_wrapper" not in seen["options"]
     assert seen["options"]["guard_filter_fn"] is torch.compiler.skip_guard_on_all_nn_modules_unsafe

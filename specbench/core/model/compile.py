@@ -33,7 +33,7 @@ from ..batch.cache import sliding_windows
 from ..batch.static import TAPS, StaticKV, step
 from ..model.placement import input_device
 from . import compile_graph, compile_report, compile_wait, grouped_attention, linear_kernels
-from .compile_graph import CPP_WRAPPER, compile_step, settings, sync as _sync  # noqa: F401 (tests and callers read them here)
+from .compile_graph import CPP_WRAPPER, QUICK_BUILD, compile_step, settings, sync as _sync  # noqa: F401 (read here)
 from .compile_wait import CACHED_FILES, inductor_cache, say_start as _say_start  # noqa: F401 (tests read them here)
 from .compile_widths import declared_tree_widths, declared_varying_width, declared_width  # noqa: F401 (callers')
 

@@ -34,6 +34,11 @@ from . import fused_linears
 from .linear_kernels import ChosenLinear, linears
 
 CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on CPU (faster compile, slower calls)
+# 1: the C++ wrapper built at -O1 apart from the kernels (inductor's cpp_wrapper_build_separate), not all of it at -O3
+# as one file: a new shape of the embedded model compiled in 22-25 s instead of ~51 s, and the forward's fixed cost
+# (its thin twin, benchmarks/compiled_ops.py --thin) rose 2-4%, about 0.1 ms (a Zen 5 EPYC; benchmarks/RESULTS-cpu.md,
+# stop 70). Off by default: a run is timed many times more often than it compiles (inductor's cache keeps the shapes)
+QUICK_BUILD = "SPECBENCH_COMPILE_QUICK_BUILD"
 
 
 def apply_edits(index: int, hidden: torch.Tensor, edits) -> torch.Tensor:
@@ -131,11 +136,21 @@ def settings(device: torch.device) -> dict:
     "reduce-overhead"), inductor's C++ kernels elsewhere, called from a C++ wrapper (`cpp_wrapper`: the per-kernel
     Python calls of a many-layer forward are a visible share of a CPU decode step, benchmarks/RESULTS-cpu.md; it
     costs a slower first compile, and later runs read inductor's cache;
-    $SPECBENCH_COMPILE_CPP_WRAPPER=0 leaves it out). Shapes are static (dynamic=False): one graph per bucket, never a symbolic one."""
+    $SPECBENCH_COMPILE_CPP_WRAPPER=0 leaves it out; `wrapper_build`: the wrapper built with its kernels at -O3, or apart
+    at -O1 with $SPECBENCH_COMPILE_QUICK_BUILD=1, QUICK_BUILD). Shapes are static (dynamic=False): one graph per
+    bucket, never a symbolic one."""
     cuda = device.type == "cuda"
     wrapper = not cuda and os.environ.get(CPP_WRAPPER, "1").strip() != "0"
-    return {"backend": "inductor", "mode": "reduce-overhead" if cuda else "default", "dynamic": False,
-            "fullgraph": True, "cpp_wrapper": wrapper, "guards": "module attributes skipped"}
+    out = {"backend": "inductor", "mode": "reduce-overhead" if cuda else "default", "dynamic": False,
+           "fullgraph": True, "cpp_wrapper": wrapper, "guards": "module attributes skipped"}
+    if wrapper:
+        out["wrapper_build"] = "apart" if quick_build() else "together"
+    return out
+
+
+def quick_build() -> bool:
+    """Whether $SPECBENCH_COMPILE_QUICK_BUILD asks for the C++ wrapper built apart from its kernels (QUICK_BUILD)."""
+    return os.environ.get(QUICK_BUILD, "0").strip() == "1"
 
 
 def compile_function(device: torch.device, function, name: str, module_guards: bool = False):
@@ -151,6 +166,8 @@ def compile_function(device: torch.device, function, name: str, module_guards: b
         options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     if said["cpp_wrapper"]:
         options["cpp_wrapper"] = True
+        if said["wrapper_build"] == "apart":
+            options["cpp_wrapper_build_separate"] = True
     if device.type == "cpu":  # a fused group's members share one call (fused_linears.py)
         options["post_grad_custom_pre_pass"] = fused_linears.MergeSameCalls()
     code = function.__code__.replace(co_name=name)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..batch.static import TAPS
+from .compile_graph import quick_build
 
 CACHED_FILES = 50  # files in inductor's cache from which earlier builds are taken to be there (counted up to this)
 READ_BACK = " (read back from inductor's cache)"
@@ -55,10 +56,11 @@ def cache_hits() -> int:
 
 def model_key(model) -> str:
     """What the history is kept per: the model's class, parameter count and dtype (a tiny test model's seconds
-    never promise a real model's wait)."""
+    never promise a real model's wait), and `-quick` under $SPECBENCH_COMPILE_QUICK_BUILD=1 (a quick build's seconds
+    never promise the full build's, nor the other way)."""
     params = list(model.parameters()) if model is not None else []
     dtype = str(params[0].dtype).replace("torch.", "") if params else "none"
-    return f"{type(model).__name__}-{sum(p.numel() for p in params)}-{dtype}"
+    return f"{type(model).__name__}-{sum(p.numel() for p in params)}-{dtype}{'-quick' if quick_build() else ''}"
 
 
 def _kind(device: torch.device) -> str:
