@@ -234,3 +234,16 @@ def test_after_warm_up_the_shapes_left_are_counted_exactly(tiny, capsys):
     assert state.done == state.expected == done + len(todo)
     assert state.ahead() == []  # nothing left: a second look lists nothing
     assert f"{len(todo)} more shape(s) to compile after the {done} warm-up compiled" in capsys.readouterr().err
+
+
+def test_a_long_expected_wait_says_how_to_shorten_it(monkeypatch):
+    """Ten minutes or more of shapes built in full on a CPU: the line names the quick build; not on CUDA, not when the
+    wait is short, not when the quick build is on already."""
+    from specbench.core.model import compile_wait
+
+    cpu = torch.device("cpu")
+    assert cc.QUICK_BUILD in compile_wait.quick_hint(cpu, 44 * 50.0)
+    assert compile_wait.quick_hint(cpu, 3 * 50.0) == ""
+    assert compile_wait.quick_hint(torch.device("cuda"), 44 * 50.0) == ""
+    monkeypatch.setenv(cc.QUICK_BUILD, "1")
+    assert compile_wait.quick_hint(cpu, 44 * 50.0) == ""
