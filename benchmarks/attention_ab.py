@@ -105,8 +105,9 @@ def main() -> None:
                 forward(ops[tag])  # one untimed: the caches as the other left them
                 times[tag].append(forward(ops[tag]))
             ratios.append(times["B"][-1] / times["A"][-1])
-        print(f"width {width:3d}: B / A {statistics.median(ratios):.3f}   A {statistics.median(times['A']) * 1e3:.3f} ms"
-              f"   B {statistics.median(times['B']) * 1e3:.3f} ms   same bits: {same}", flush=True)
+        a_ms, b_ms = (statistics.median(times[tag]) * 1e3 for tag in ("A", "B"))
+        print(f"width {width:3d}: B / A {statistics.median(ratios):.3f}   A {a_ms:.3f} ms   B {b_ms:.3f} ms   "
+              f"same bits: {same}", flush=True)
 
 
 if __name__ == "__main__":
