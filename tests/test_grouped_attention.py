@@ -87,8 +87,8 @@ def test_cuda_models_keep_transformers_attention(monkeypatch):
 
 def test_compile_settings_per_device(monkeypatch):
     """CUDA: CUDA graphs (reduce-overhead's options), no C++ wrapper; CPU: the C++ wrapper unless switched off, built
-    with its kernels unless a quick build is asked for. The
-    compiled step is built lazily, so the CUDA branch's options are checked here without a GPU."""
+    with its kernels unless a quick build is asked for. The compiled step is built lazily, so the CUDA branch's
+    options are checked here without a GPU."""
     cuda, cpu = cc.settings(torch.device("cuda")), cc.settings(torch.device("cpu"))
     assert cuda["mode"] == "reduce-overhead" and not cuda["cpp_wrapper"]
     assert cpu["mode"] == "default" and cpu["cpp_wrapper"]

@@ -35,7 +35,7 @@ from .linear_kernels import ChosenLinear, linears
 
 CPP_WRAPPER = "SPECBENCH_COMPILE_CPP_WRAPPER"  # 0: inductor's Python wrapper on CPU (faster compile, slower calls)
 # 1: the C++ wrapper built at -O1 apart from the kernels (inductor's cpp_wrapper_build_separate), not all of it at -O3
-# as one file: a new shape of the embedded model compiled in 22-25 s instead of ~51 s, and the forward's fixed cost
+# as one file: a new shape of the embedded model compiled in 19-25 s instead of ~51 s, and the forward's fixed cost
 # (its thin twin, benchmarks/compiled_ops.py --thin) rose 2-4%, about 0.1 ms (a Zen 5 EPYC; benchmarks/RESULTS-cpu.md,
 # stop 70). Off by default: a run is timed many times more often than it compiles (inductor's cache keeps the shapes)
 QUICK_BUILD = "SPECBENCH_COMPILE_QUICK_BUILD"
