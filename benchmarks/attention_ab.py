@@ -2,7 +2,7 @@
 working tree's, paired, over a forward's worth of layers.
 
 Builds both sources as libraries of their own (renamed C++ and operator namespaces, the native library's compiler
-flags: -O3 -march=native), then times 30 calls a "forward" (one per layer, each on its own key / value cache, so
+and flags), then times 30 calls a "forward" (one per layer, each on its own key / value cache, so
 that the cache is read cold as a forward reads it) at each query width, the two alternating in pairs, their order
 swapped every round: a machine whose bandwidth moves between sittings moves both alike. Prints, per width, the median
 of the per-round ratios B / A (below 1: the working tree is faster), both medians, and whether the outputs are the
@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils import cpp_extension
+
+from specbench.core.model import native_linear
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = "specbench/core/model/"
@@ -52,16 +53,11 @@ def attention_source(revision: str | None) -> str:
 
 
 def build(source: str, tag: str, folder: Path):
-    """The attention operator of `source` built as library `ab_<tag>` and loaded; returns the op."""
+    """The attention operator of `source` built as library `ab_<tag>` (native_linear.build_library: the native
+    library's compiler and flags) and loaded; returns the op."""
     source = source.replace("specbench_attention", f"ab_attention_{tag}").replace("specbench_native", f"ab_{tag}")
-    cpp, lib = folder / f"{tag}.cpp", folder / f"{tag}.so"
-    cpp.write_text(source)
-    libs = cpp_extension.library_paths()
-    command = ["g++", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++20", "-w",
-               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-               *[f"-I{p}" for p in cpp_extension.include_paths()], str(cpp), "-o", str(lib),
-               *[f"-L{p}" for p in libs], "-lc10", "-ltorch_cpu", "-ltorch", *[f"-Wl,-rpath,{p}" for p in libs]]
-    subprocess.run(command, check=True)
+    lib = folder / f"{tag}.so"
+    native_linear.build_library(lib, source)
     torch.ops.load_library(str(lib))
     return getattr(torch.ops, f"ab_{tag}").attention
 

@@ -105,8 +105,10 @@ def library_path() -> Path:
     return user_cache() / "native" / f"specbench_native-{key}.so"
 
 
-def _build(path: Path) -> None:
-    """Compile source() into `path` (raises RuntimeError with the compiler's last lines on failure)."""
+def build_library(path: Path, text: str) -> None:
+    """Compile the C++ `text` into the shared library `path` with the native library's flags (source() for the
+    library itself; benchmarks/attention_ab.py builds two revisions of the attention the same way). Raises
+    RuntimeError with the compiler's last lines on failure."""
     from torch.utils import cpp_extension
 
     compiler = _compiler()
@@ -115,7 +117,7 @@ def _build(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     cpp = path.with_name(f"{path.stem}.{os.getpid()}.cpp")  # files of this process's own: two builds never mix
     part = path.with_name(f"{path.name}.{os.getpid()}.part")
-    cpp.write_text(source())
+    cpp.write_text(text)
     libs = cpp_extension.library_paths()
     # -march=native: the panels' vector code for this CPU (the library's key names the CPU's flags); -fopenmp: ATen's
     # parallel_for, on the OpenMP runtime torch already loaded (the same soname, so one thread pool)
@@ -142,7 +144,7 @@ def ready() -> bool:
         try:
             path = library_path()
             if not path.exists():
-                _build(path)
+                build_library(path, source())
             torch.ops.load_library(str(path))
             torch.library.register_fake("specbench_native::linear")(_fake)
             torch.library.register_fake("specbench_native::panels")(_fake_panels)
