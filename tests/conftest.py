@@ -25,6 +25,9 @@ os.environ.setdefault("SPECBENCH_PEAK_GFLOPS", "100")
 # The suite runs on every core, so every profile a test measures is flagged disturbed, and runs would skip it
 # (core/lookup.py). Tests of the skipping itself remove this (tests/test_data_files.py).
 os.environ.setdefault("SPECBENCH_ALLOW_DISTURBED_PROFILE", "1")
+# A run files its host work a step in the user cache for later predictions (planning/host_work.py): a test's
+# prediction must not depend on which test ran before it. tests/test_host_work.py turns it on in a fresh cache.
+os.environ.setdefault("SPECBENCH_HOST_WORK", "0")
 
 
 @pytest.fixture(scope="session")

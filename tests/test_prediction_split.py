@@ -161,7 +161,7 @@ def test_a_step_cost_miss_names_the_steps_drafting_and_host_work(tmp_path):
     md = "\n".join(tree_section(pd.DataFrame(rows), PREDICTED, tmp_path))
     row = pd.read_csv(tmp_path / "tree_sizes.csv").iloc[0]
     assert row.draft_ms == pytest.approx(4.0) and row.host_ms == pytest.approx(3.0, abs=1e-3)  # 20 decode steps
-    assert "| draft_ms | host_ms |" in md
+    assert "| draft_ms | predicted_host_ms | host_ms |" in md
     # ar: 22 decode steps, 0.011 s of host work: 0.5 ms a step
     assert "(x0.93: a step of 30.0 ms = verify 23.0 + drafting 4.00 + host 3.00 (ar's 0.50))" in md
     assert math.isnan(prediction_split.parts({"new_tokens": 10, "decode_tau": 2.0})[1])  # no totals: no parts

@@ -213,6 +213,7 @@ def run(
     if not is_writer():
         return
     summary = write_run_report(run_dir)
+    _file_host_work(run_dir, summary)
     print_summary(summary, f"results ({run_dir})")
     warn_unexplained([run_dir])
     batched = ", batching.csv, pareto.png, batch_fastest.csv" if max(cfg.batch_sizes) > 1 else ""
@@ -221,6 +222,18 @@ def run(
     if cfg.shard:
         console.print(f"[dim]shard {cfg.shard} of a sharded run: once every shard has run, `specbench merge "
                       "SHARD_FOLDERS... --out RUN` joins them[/]")
+
+
+def _file_host_work(run_dir: Path, summary) -> None:
+    """This machine's host work a step, as the run measured it, for later predictions (planning/host_work.py)."""
+    from ..planning import host_work
+    from ..report.prediction_split import host_points
+    from ..run.results import read_meta
+
+    filed = host_work.remember(run_dir, host_points(summary, read_meta(run_dir)))
+    if filed:
+        console.print(f"[dim]host work a step: {filed} figure(s) filed for later predictions here "
+                      f"({escape(str(host_work.where()))})[/]")
 
 
 def _report_sharded(runs: list[Path], out_dir: Path) -> None:

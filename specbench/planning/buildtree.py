@@ -23,17 +23,17 @@ from ..errors import SpecbenchError
 from ..progress import status
 from .acceptance import read_per_rank
 from .build_draft_cost import acceptance_rows, draft_cost_here, scaled
+from .candidate_trees import CandidateCurve, candidate_curve, candidate_tree_file, compiled_field
+from .host_work import HostPrice, for_profile
 from .latency_estimate import GPU_CHOICES, resolve_profile
 from .profile import LatencyProfile
 from .treesearch import (
-    CandidateTree,
     DynamicTree,
     StateTree,
     amortized,
     f_value,
     random_tree,
     search,
-    static_candidates,
     static_tree,
 )
 
@@ -47,6 +47,11 @@ def forward_width(tree: DynamicTree, state: int, m: int, ept: int) -> int:
 def expected_latency_ms(tree: DynamicTree, m: int, ept: int, profile: LatencyProfile, kv_length: int) -> float:
     return sum(p * profile.latency_ms(forward_width(tree, k, m, ept), kv_length)
                for k, p in zip(range(1, m + 1), tree.pi))
+
+
+def expected_width(tree: DynamicTree, m: int, ept: int) -> float:
+    """The verify forward's mean input width over the states, sum_k pi_k width_k (the width host work is priced at)."""
+    return sum(p * forward_width(tree, k, m, ept) for k, p in zip(range(1, m + 1), tree.pi))
 
 
 @dataclass
@@ -65,15 +70,18 @@ class SizeCurve:
 
 
 def size_curve(acc, m: int, profile: LatencyProfile, max_size: int, kv_length: int, ept: int = 1,
-               sizes: list[int] | None = None) -> SizeCurve:
-    """tau(n), latency(n) and speedup(n) for every size; the best tree by predicted speedup."""
+               sizes: list[int] | None = None, host: HostPrice | None = None) -> SizeCurve:
+    """tau(n), latency(n) and speedup(n) for every size; the best tree by predicted speedup. `host`: the step's and
+    ar's host work (host_work.py), added to both where this machine's runs measured it."""
     sizes = sizes or list(range(2, max_size + 1))
-    base = profile.latency_ms(1, kv_length)
+    l1 = profile.latency_ms(1, kv_length)
+    base = l1 + (host.ar_ms(l1) if host else 0.0)
     curve = SizeCurve([], [], [], [], [], [], best=None)  # type: ignore[arg-type]
     best_speedup = -1.0
     for n in sizes:
         tree = search(acc, m, n)
         latency = expected_latency_ms(tree, m, ept, profile, kv_length)
+        latency += host.step_ms(expected_width(tree, m, ept), l1) if host else 0.0
         speedup = tree.tau * base / latency
         curve.sizes.append(n)
         curve.tau.append(round(tree.tau, 4))
@@ -96,7 +104,7 @@ def tree_file(curve: SizeCurve, m: int, model: str, profile: LatencyProfile, acc
         "stationary_distribution": [round(p, 4) for p in best.pi],
         "latency_profile": {"hardware": profile.hardware, "source": profile.source, "dtype": profile.dtype,
                             "kv_length": kv_length, "identity": profile.identity,
-                            **_compiled(profile)},
+                            **compiled_field(profile)},
         "acceptance": store.relative_to_cwd(acceptance_source),  # a shipped tree names the repo's file
         "curves": {"size": curve.sizes, "tau": curve.tau, "latency_ms": curve.latency_ms,
                    "speedup": curve.speedup, "static_tau": curve.static_tau, "random_tau": curve.random_tau},
@@ -104,12 +112,6 @@ def tree_file(curve: SizeCurve, m: int, model: str, profile: LatencyProfile, acc
     return TreeFile(states, m, model=model, hardware=profile.hardware, dtype=profile.dtype, method=method,
                     built_by="specbench build-tree: PPD dynamic sparse tree, size maximising tau(n) / L_fp(n)",
                     source=profile.source, predicted_tau=best.tau, extra=extra)
-
-
-def _compiled(profile: LatencyProfile) -> dict:
-    """{"compiled": True} for a curve taken under --compile (profile --compile; a tree a compiled run decodes with)."""
-    meta = profile.meta or {}
-    return {"compiled": True} if meta.get("placement") == "compiled" or isinstance(meta.get("compile"), dict) else {}
 
 
 def plot(curve: SizeCurve, profile: LatencyProfile, path: Path) -> None:
@@ -142,91 +144,51 @@ def plot(curve: SizeCurve, profile: LatencyProfile, path: Path) -> None:
 
 
 def predict(tree: TreeFile, acc, profile: LatencyProfile | None, kv_length: int = 512, ept: int = 1,
-            draft_ms: Callable[[int], float] | None = None) -> dict:
+            draft_ms: Callable[[int], float] | None = None, host: HostPrice | None = None) -> dict:
     """Predicted tau and speedup of a tree file (any size; what `run --tree-sizes` compares measurements with).
 
     tau = 1 + R(T) from the acceptance table; speedup = tau L_fp(1) / sum_k pi_k L_fp(width_k) from `profile`
     (None when there is no profile for the hardware and dtype); one-state trees add draft_ms(depth), the drafter's
-    cost per step of draft-model methods (eagle, parallelspec).
+    cost per step of draft-model methods (eagle, parallelspec). `host` adds the step's host work at the tree's mean
+    verify width and ar's to L(1) (host_work.py). `verify_width`: that mean width, which a run's host work is
+    filed at.
     """
     m = tree.prompt_tokens
     if m == 0:  # a one-state tree without prompt inputs (medusa): tau = 1 + f, width = root + candidates
         paths = [tuple(p) for p, _ in tree.states[0]]
         tau = 1.0 + f_value(paths, acc)
-        out = {"size": tree.size, "predicted_tau": round(tau, 4), "predicted_speedup": None, "profile": None}
+        out = {"size": tree.size, "predicted_tau": round(tau, 4), "predicted_speedup": None, "profile": None,
+               "verify_width": 1 + len(paths)}
         if profile is not None:
             depth = max((len(p) for p in paths), default=0)
             latency = profile.latency_ms(1 + len(paths), kv_length) + (draft_ms(depth) if draft_ms else 0.0)
-            out.update(_speedup_fields(tau, latency, profile, kv_length))
+            out.update(_speedup_fields(tau, latency, profile, kv_length, host, 1 + len(paths)))
         return out
     states = {k: StateTree([tuple(p) for p, _ in nodes], [c for _, c in nodes]) for k, nodes in tree.states.items()}
     R, pi = amortized(states, acc, m)
     dyn = DynamicTree(tree.size, states, R, [float(x) for x in pi])
-    out = {"size": tree.size, "predicted_tau": round(dyn.tau, 4), "predicted_speedup": None, "profile": None}
+    width = expected_width(dyn, m, ept)
+    out = {"size": tree.size, "predicted_tau": round(dyn.tau, 4), "predicted_speedup": None, "profile": None,
+           "verify_width": round(width, 3)}
     if profile is not None:
-        out.update(_speedup_fields(dyn.tau, expected_latency_ms(dyn, m, ept, profile, kv_length), profile, kv_length))
+        out.update(_speedup_fields(dyn.tau, expected_latency_ms(dyn, m, ept, profile, kv_length), profile, kv_length,
+                                   host, width))
     return out
 
 
-def _speedup_fields(tau: float, step_ms: float, profile: LatencyProfile, kv_length: int) -> dict:
+def _speedup_fields(tau: float, step_ms: float, profile: LatencyProfile, kv_length: int,
+                    host: HostPrice | None = None, width: float = 1.0) -> dict:
     """predict()'s speedup fields from a step's expected ms (verify forward + drafting, the profile's clock):
-    predicted_step_ms beside ar_step_ms = L(1), which report.md sets against a run's measured ms per step."""
+    predicted_step_ms beside ar_step_ms = L(1), which report.md sets against a run's measured ms per step; with
+    `host`, each plus its host work (predicted_host_ms, ar_host_ms; `host_price` says where it comes from)."""
     ar_ms = profile.latency_ms(1, kv_length)
+    out = {}
+    if host is not None:
+        step_host, ar_host = host.step_ms(width, ar_ms), host.ar_ms(ar_ms)
+        step_ms, ar_ms = step_ms + step_host, ar_ms + ar_host
+        out = {"predicted_host_ms": round(step_host, 4), "ar_host_ms": round(ar_host, 4), "host_price": host.said()}
     return {"predicted_speedup": round(tau * ar_ms / step_ms, 4), "predicted_step_ms": round(step_ms, 4),
-            "ar_step_ms": round(ar_ms, 4), "profile": f"{profile.hardware} {profile.dtype} ({profile.source})"}
-
-
-# ------------------------------------------------------------------ one-state trees (medusa: guesses cost no width)
-
-@dataclass
-class CandidateCurve:
-    sizes: list[int]
-    tau: list[float]
-    latency_ms: list[float]
-    speedup: list[float]
-    best: CandidateTree
-
-    @property
-    def best_index(self) -> int:
-        return self.sizes.index(self.best.size)
-
-
-def candidate_curve(acc, profile: LatencyProfile, max_size: int, kv_length: int,
-                    draft_ms: Callable[[int], float] | None = None) -> CandidateCurve:
-    """tau(n) = 1 + f(best n candidates), latency L_fp(1 + n) (+ draft_ms(depth of the tree): the drafter's own
-    cost per step, for draft-model methods), speedup(n) = tau(n) L_fp(1) / latency(n)."""
-    base = profile.latency_ms(1, kv_length)
-    curve = CandidateCurve([], [], [], [], best=None)  # type: ignore[arg-type]
-    best_speedup = -1.0
-    for n in range(1, max_size + 1):
-        tree = static_candidates(acc, n)
-        depth = max(len(p) for p in tree.paths)
-        latency = profile.latency_ms(1 + n, kv_length) + (draft_ms(depth) if draft_ms else 0.0)
-        speedup = tree.tau * base / latency
-        curve.sizes.append(n)
-        curve.tau.append(round(tree.tau, 4))
-        curve.latency_ms.append(round(latency, 3))
-        curve.speedup.append(round(speedup, 4))
-        if speedup > best_speedup:
-            best_speedup, curve.best = speedup, tree
-    return curve
-
-
-def candidate_tree_file(curve: CandidateCurve, method: str, model: str, profile: LatencyProfile,
-                        acceptance_source: str, kv_length: int) -> TreeFile:
-    i = curve.best_index
-    extra = {
-        "predicted_speedup": curve.speedup[i],
-        "latency_profile": {"hardware": profile.hardware, "source": profile.source, "dtype": profile.dtype,
-                            "kv_length": kv_length, "identity": profile.identity,
-                            **_compiled(profile)},
-        "acceptance": store.relative_to_cwd(acceptance_source),  # a shipped tree names the repo's file
-        "curves": {"size": curve.sizes, "tau": curve.tau, "latency_ms": curve.latency_ms, "speedup": curve.speedup},
-    }
-    return TreeFile({0: [(p, 0) for p in curve.best.paths]}, 0, model=model, hardware=profile.hardware,
-                    dtype=profile.dtype, method=method, source=profile.source, predicted_tau=curve.best.tau,
-                    built_by="specbench build-tree: one-state tree of the n most probable candidates, n maximising "
-                             "tau(n) / L_fp(1 + n)", extra=extra)
+            "ar_step_ms": round(ar_ms, 4), "profile": f"{profile.hardware} {profile.dtype} ({profile.source})", **out}
 
 
 # ------------------------------------------------------------------ `specbench build-tree`: the choices, then the tree
@@ -309,6 +271,7 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
     profile = batch_curve(full, req.batch_size, req.model)  # L(B, w); batch 1: the profile itself
     stem = store.batch_stem(tree_stem(req.family, f"{profile.hardware}-{profile.dtype}"), req.batch_size)
     path = req.out or store.filed(store.tree_file(slug, stem))
+    host = for_profile(profile, req.family)  # this machine's runs' host work, where they measured it (batch 1)
     if req.one_state:
         rows = acceptance_rows(acc_path)  # every depth the estimate measured,
         if req.max_depth:  # but no deeper than the run's artefact drafts (its heads, masks + 1)
@@ -320,7 +283,7 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
             grow = profile.latency_ms(1, req.kv_length) / full.latency_ms(1, req.kv_length)
             draft_ms = scaled(draft_ms, grow)
         with status(f"Choosing the best candidate tree of sizes 1..{req.max_size}"):
-            curve = candidate_curve(acc, profile, req.max_size, req.kv_length, draft_ms)
+            curve = candidate_curve(acc, profile, req.max_size, req.kv_length, draft_ms, host)
         result = candidate_tree_file(curve, req.family, slug, profile, str(acc_path), req.kv_length)
         if moved:
             result.extra["draft_cost"] = moved  # the drafter was timed on another machine or dtype, or as built
@@ -329,13 +292,15 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
             result.extra["draft_forward_ms"] = round(req.draft_forward_ms, 4)
     else:
         with status(f"Searching dynamic sparse trees of sizes 2..{req.max_size}"):
-            curve = size_curve(acc, m, profile, req.max_size, req.kv_length, req.ept)
+            curve = size_curve(acc, m, profile, req.max_size, req.kv_length, req.ept, host=host)
         result = tree_file(curve, m, slug, profile, str(acc_path), req.kv_length, req.family)
     if (full.meta.get("contention") or {}).get("disturbed"):  # runs skip this tree unless allowed (core/lookup.py)
         result.extra["latency_profile"]["disturbed"] = True
         source = req.gpu if req.gpu.endswith((".yaml", ".yml")) else measured
         if source:
             result.extra["latency_profile"]["file"] = store.data_relative(source)
+    if host is not None:  # the curve's prices include host work (host_work.py)
+        result.extra["host_price"] = host.said()
     if req.batch_size > 1:  # which curve chose it: speedups are over ar at the same batch size
         result.extra["batch_size"] = req.batch_size
         result.extra["latency_profile"]["batch_size"] = req.batch_size

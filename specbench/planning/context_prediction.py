@@ -13,19 +13,21 @@ from __future__ import annotations
 from .buildtree import predict
 
 
-def predict_at_context(tree, acc, profile, context: float | None, ept: int = 1, draft_ms=None) -> dict:
-    """buildtree.predict at `context` KV entries (None: its default KV length), with `kv_length` saying where."""
+def predict_at_context(tree, acc, profile, context: float | None, ept: int = 1, draft_ms=None, host=None) -> dict:
+    """buildtree.predict at `context` KV entries (None: its default KV length), with `kv_length` saying where;
+    `host`: the host work priced in (planning/host_work.py)."""
     if profile is None or context is None or not profile.curves:
-        return predict(tree, acc, profile, ept=ept, draft_ms=draft_ms)
+        return predict(tree, acc, profile, ept=ept, draft_ms=draft_ms, host=host)
     kvs = sorted(profile.curves)
     lo = max([k for k in kvs if k <= context], default=kvs[0])
     hi = min([k for k in kvs if k >= context], default=kvs[-1])
-    a = predict(tree, acc, profile, lo, ept, draft_ms)
+    a = predict(tree, acc, profile, lo, ept, draft_ms, host)
     if hi == lo or a.get("predicted_step_ms") is None:
         return {**a, "kv_length": int(lo)}
-    b = predict(tree, acc, profile, hi, ept, draft_ms)
+    b = predict(tree, acc, profile, hi, ept, draft_ms, host)
     f = (context - lo) / (hi - lo)
     step = a["predicted_step_ms"] + f * (b["predicted_step_ms"] - a["predicted_step_ms"])
     ar = a["ar_step_ms"] + f * (b["ar_step_ms"] - a["ar_step_ms"])
-    return {**a, "predicted_speedup": round(a["predicted_tau"] * ar / step, 4), "predicted_step_ms": round(step, 4),
-            "ar_step_ms": round(ar, 4), "kv_length": int(round(context))}
+    hosts = {k: round(a[k] + f * (b[k] - a[k]), 4) for k in ("predicted_host_ms", "ar_host_ms") if k in a}
+    return {**a, **hosts, "predicted_speedup": round(a["predicted_tau"] * ar / step, 4),
+            "predicted_step_ms": round(step, 4), "ar_step_ms": round(ar, 4), "kv_length": int(round(context))}

@@ -26,7 +26,8 @@ from .. import families
 from ..core import store
 from ..errors import SpecbenchError
 from .acceptance import read_fields, read_per_rank
-from .buildtree import PROFILE_WIDTHS, build_dtype, candidate_curve, candidate_tree_file, size_curve, tree_file
+from .buildtree import PROFILE_WIDTHS, build_dtype, size_curve, tree_file
+from .candidate_trees import candidate_curve, candidate_tree_file
 from .latency_estimate import GPU_CHOICES, ModelShape, drafting_forward_ms, resolve_profile
 from .profile import LatencyProfile
 

@@ -21,7 +21,7 @@ from ..core.model.load import model_slug
 from ..core.tree_file import find_auto_tree
 from ..errors import SpecbenchError
 from ..progress import console
-from . import autotree, tree_choice
+from . import autotree, host_work, tree_choice
 from .acceptance import draft_cost, drafting, read_per_rank
 from .buildtree import predict
 from .profile import load_profile
@@ -94,7 +94,7 @@ def predict_one(cand: Candidate, model_spec: str, hardware: str, dtype: str, dev
         acc = read_per_rank(found.acceptance, rows)
         profile = load_profile(found.profile)
         cost, out.draft_price = drafting_price(cand.family, tree, found.acceptance, profile, timed_ms)
-        said = predict(tree, acc, profile, KV_LENGTH, _ept(meta), cost)
+        said = predict(tree, acc, profile, KV_LENGTH, _ept(meta), cost, host_work.for_profile(profile, cand.family))
     except SpecbenchError as exc:
         out.why_not = str(exc)
         return out

@@ -26,11 +26,14 @@ ar's 0.49, benchmarks/RESULTS-cpu.md, stop 68).
 from __future__ import annotations
 
 import math
+from datetime import datetime, timezone
 
 import pandas as pd
 
+from ..planning import host_work
+
 GOAL = 0.05  # a part misses when it is more than 5% from 1 (the accuracy a prediction aims for)
-SPLIT_COLUMNS = ["predicted_step_ms", "step_ms", "draft_ms", "host_ms", "decode_tau", "decode_speedup", "tau_part",
+SPLIT_COLUMNS = ["predicted_step_ms", "step_ms", "draft_ms", "predicted_host_ms", "host_ms", "decode_tau", "decode_speedup", "tau_part",
                  "cost_part", "misses"]
 
 
@@ -49,7 +52,7 @@ def split(row: dict, info: dict, ar_step_ms: float) -> dict:
         cost_part = _ratio(_ratio(_num(row.get("speedup")), _num(info.get("predicted_speedup"))), tau_part)
     draft, host = parts(row)
     return {"predicted_step_ms": round(pred_step, 3), "step_ms": round(step, 3), "draft_ms": round(draft, 3),
-            "host_ms": round(host, 3), "decode_tau": round(tau, 3),
+            "predicted_host_ms": round(_num(info.get("predicted_host_ms")), 3), "host_ms": round(host, 3), "decode_tau": round(tau, 3),
             "decode_speedup": round(decode_speedup, 3), "tau_part": round(tau_part, 3),
             "cost_part": round(cost_part, 3), "misses": misses(tau_part, cost_part)}
 
@@ -102,9 +105,10 @@ def _ar_rows(summary: pd.DataFrame) -> list[dict]:
     return ar.to_dict("records")
 
 
-def lines(frame: pd.DataFrame, ar_host: dict | None = None) -> list[str]:
+def lines(frame: pd.DataFrame, ar_host: dict | None = None, host_prices: list[str] | None = None) -> list[str]:
     """report.md's account of the split under the trees table: what the columns are, which part misses, and where
-    a step cost misses, the measured step's parts beside ar's host work (`ar_host`: dataset -> ms, ar_hosts)."""
+    a step cost misses, the measured step's parts beside ar's host work (`ar_host`: dataset -> ms, ar_hosts);
+    `host_prices`: where each priced host work came from (run.yaml's trees' host_price), none when unpriced."""
     if "cost_part" not in frame or frame.cost_part.isna().all():
         return []
     md = ["`predicted_step_ms`: the prediction's ms per step (verify forward + drafting, the profile's clock); "
@@ -117,8 +121,12 @@ def lines(frame: pd.DataFrame, ar_host: dict | None = None) -> list[str]:
           f"measured step): below 1 the step costs more than it was priced, above 1 less. The pricing controls "
           f"`cost_part`; the goal is within {GOAL:.0%} of 1. `misses` names the parts more than {GOAL:.0%} off. "
           "`draft_ms`, `host_ms`: the measured step's drafting and its host work outside the forwards and the "
-          "drafting (masks, trees, top-k, acceptance), ms a decode step; the rest is the verify forward. No price "
-          "includes host work. These columns are also in tree_sizes.csv.", ""]
+          "drafting (masks, trees, top-k, acceptance), ms a decode step; the rest is the verify forward; "
+          "`predicted_host_ms`: the host work priced into predicted_step_ms (ar's likewise into its L(1)). "
+          + (f"Priced from this machine's earlier runs: {'; '.join(host_prices)}. " if host_prices else
+             "No price here includes host work: no earlier run on this machine measured it (this run's figures are "
+             "filed for the next: planning/host_work.py). ")
+          + "These columns are also in tree_sizes.csv.", ""]
     known = frame[frame.misses != "-"]
     cost = known[known.misses.str.contains("cost")]
     tau = known[known.misses.str.contains("tau")]
@@ -154,3 +162,39 @@ def _num(value) -> float:
 
 def _ratio(a: float, b: float) -> float:
     return a / b if not (math.isnan(a) or math.isnan(b)) and b > 0 else math.nan
+
+
+def host_points(summary: pd.DataFrame, meta: dict) -> dict[str, list[dict]]:
+    """planning/host_work.py's key -> this run's points, one per dataset and method: (verify width, host ms a decode
+    step over ar's forward ms a decode step: ar's step less its host work), of batch-1 rows whose timing was ok, a
+    tree method's where run.yaml's prediction gave its verify width, and ar's at width 1. Nothing for a sampled,
+    synthetic or other engine's run (its host work is not a greedy step's of specbench's own loop)."""
+    settings, env = meta.get("settings") or {}, meta.get("environment") or {}
+    if (settings.get("temperature") or 0) > 0 or settings.get("synthetic_acceptance") or \
+            settings.get("engine", "specbench") != "specbench" or "host_overhead" not in summary:
+        return {}
+    one = summary[summary.batch_size == 1] if "batch_size" in summary else summary
+    one = one[one.timing == "ok"] if "timing" in one else one
+    from ..core.model.naming import model_slug  # here: naming imports torch, which a report needs nowhere else
+
+    spec = (meta.get("model") or {}).get("spec") or settings.get("model", "")
+    here = (env.get("hardware", ""), model_slug(spec), env.get("dtype", ""), bool(settings.get("compile")))
+    trees, when = meta.get("trees") or {}, datetime.now(timezone.utc).isoformat(timespec="seconds")
+    out: dict[str, list[dict]] = {}
+    for dataset, rows in one.groupby("dataset"):
+        ar = rows[rows.method == host_work.AR].to_dict("records")
+        ar_host = parts(ar[0])[1] if ar else math.nan
+        ar_forward = _num(ar[0].get("decode_step_ms")) - ar_host if ar else math.nan
+        if not ar_forward > 0:  # NaN too: no ar row, or no decode columns
+            continue
+        points = [(host_work.AR, 1.0, ar_host, host_work.AR)]
+        for r in rows[rows.method != host_work.AR].to_dict("records"):
+            info = trees.get(r["method"]) or {}
+            if info.get("verify_width") is not None and info.get("family"):
+                points.append((info["family"], float(info["verify_width"]), parts(r)[1], r["method"]))
+        for family, width, host, label in points:
+            if math.isfinite(host):
+                out.setdefault(host_work.key(*here, family), []).append(
+                    {"width": width, "ratio": round(host / ar_forward, 5), "label": label, "dataset": dataset,
+                     "when": when})
+    return out

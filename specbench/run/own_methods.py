@@ -258,6 +258,7 @@ class OwnMethods:
         entries; None: build-tree's KV length), for the report's measured-vs-predicted table; `profile_provenance`
         says how the profile relates to this machine."""
         from ..core.machine.hardware import hardware_identity, provenance
+        from ..planning import host_work
         from ..planning.context_prediction import predict_at_context
 
         profile = self.profile()
@@ -269,9 +270,11 @@ class OwnMethods:
             tree = getattr(method, "tree_file", None)
             if tree is not None and getattr(method, "acceptance", None) is not None:
                 cost = method.draft_cost(profile) if profile and hasattr(method, "draft_cost") else None
-                out[label] = {"tree": getattr(method, "tree_source", ""),
+                family = getattr(method, "family", None) or label.split("@")[0]
+                host = host_work.for_profile(profile, family) if profile is not None else None
+                out[label] = {"tree": getattr(method, "tree_source", ""), "family": family,
                               **predict_at_context(tree, method.acceptance, profile, context,
-                                                   ept=getattr(method, "ept", 1), draft_ms=cost),
+                                                   ept=getattr(method, "ept", 1), draft_ms=cost, host=host),
                               "acceptance": getattr(method, "acceptance_source", None),
                               "profile_provenance": origin}
         return out

@@ -1,0 +1,154 @@
+"""The host work of a decode step in the price: what a step pays outside the target's forwards and the drafting
+(building the tree's inputs, masks and positions, the acceptance's argmax or sampling over the tree's rows, the
+cache compacted to the accepted path, Python), which a profile's L(w) cannot see.
+
+A tree's prediction (buildtree.predict, size_curve, candidate_curve) prices a step at L(w) + drafting, and ar's at
+L(1). Both measured steps pay host work on top: a compiled float32 run (benchmarks/RESULTS-cpu.md, stop 68) paid
+ppd 1.79 ms a step and ar 0.49 beside a 25 ms forward, and the host work grows with the tree (an eager run here: ppd
+0.94 / 1.07 / 4.16 ms a step at sizes 2 / 8 / 32). Unpriced, a large tree looks cheaper than it runs, and
+every tree's step cost misses by the difference.
+
+Where the figures come from: the runs on this machine. After a batch-1 greedy run, each tree method's and ar's host
+ms a decode step (summary.csv: host_overhead x wall_s over the decode steps, report/prediction_split.parts) is
+divided by the same run's ar forward ms a decode step (its step less its host work): a point in units of ar's
+forward, (verify width, ratio). The prediction multiplies the ratio by the profile's L(1), so a point carries to
+another sitting as the profile's own curve does (the machine's clock moves both). Points are kept in the user cache
+(host_work.json), per hardware key, model, dtype, eager or compiled, and method (the tree file's `method`; ar's
+own); a run replaces its own points when it is reported again.
+
+The law read from the points: ratio(w) = a + b w, least squares over the points' verify widths (b >= 0; one width:
+the points' median), never below 0. Without points the price has no host part, as before, and report.md says so.
+$SPECBENCH_HOST_WORK=0 neither reads nor records (the test suite's default: a test's prediction must not depend on
+what an earlier test ran).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+FILE = "host_work.json"  # in the user cache
+KEPT = 32  # recent points per key
+AR = "ar"  # ar's key: its host work is ar's step's, beside L(1)
+
+
+def enabled() -> bool:
+    return os.environ.get("SPECBENCH_HOST_WORK", "1") not in ("0", "off", "no")
+
+
+def key(hardware: str, model: str, dtype: str, compiled: bool, method: str) -> str:
+    return f"{hardware}/{model}/{dtype}/{'compiled' if compiled else 'eager'}/{method}"
+
+
+@dataclass(frozen=True)
+class HostLaw:
+    """ratio(w) = a + b w: host ms a step per ms of ar's forward, at verify width w; `points`: how many runs'
+    figures it was fitted on, `widths`: the widths they cover."""
+
+    a: float
+    b: float
+    points: int
+    widths: tuple[float, float]
+
+    def ratio(self, width: float) -> float:
+        return max(self.a + self.b * width, 0.0)
+
+    @staticmethod
+    def fit(points: list[tuple[float, float]]) -> HostLaw | None:
+        """The law through (width, ratio) points; None without any."""
+        points = [(float(w), float(r)) for w, r in points if math.isfinite(w) and math.isfinite(r) and r >= 0]
+        if not points:
+            return None
+        ws = [w for w, _ in points]
+        span = (min(ws), max(ws))
+        if span[1] - span[0] < 0.5:  # one width: its median, whatever the width
+            return HostLaw(statistics.median(r for _, r in points), 0.0, len(points), span)
+        mw, mr = statistics.fmean(ws), statistics.fmean(r for _, r in points)
+        b = sum((w - mw) * (r - mr) for w, r in points) / sum((w - mw) ** 2 for w in ws)
+        b = max(b, 0.0)  # more nodes never cost less host work; a noisy negative slope is read as flat
+        return HostLaw(mr - b * mw, b, len(points), span)
+
+
+@dataclass(frozen=True)
+class HostPrice:
+    """A method's host work and ar's, priced on a profile's clock: `step_ms(w, L1)` is the tree's host ms a step at
+    verify width w, `ar_ms(L1)` ar's, both where L1 is the profile's L(1) at the context priced."""
+
+    method: HostLaw
+    ar: HostLaw
+
+    def step_ms(self, width: float, l1: float) -> float:
+        return self.method.ratio(width) * l1
+
+    def ar_ms(self, l1: float) -> float:
+        return self.ar.ratio(1.0) * l1
+
+    def said(self) -> str:
+        """One line for report.md and the tree file: where the host price comes from."""
+        lo, hi = self.method.widths
+        at = f"width {lo:.0f}" if hi - lo < 0.5 else f"widths {lo:.0f}-{hi:.0f}"
+        return (f"host work priced from {self.method.points} earlier run figure(s) here ({at}): "
+                f"{self.method.a:.4f} + {self.method.b:.5f} x width of ar's forward a step; ar's "
+                f"{self.ar.ratio(1.0):.4f}")
+
+
+def where() -> Path:
+    """The file the points are kept in."""
+    from ..core.store import user_cache
+
+    return user_cache() / FILE
+
+
+def _read() -> dict:
+    try:
+        data = json.loads(where().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def law(k: str, data: dict | None = None) -> HostLaw | None:
+    rows = (data if data is not None else _read()).get(k) or []
+    return HostLaw.fit([(p.get("width", math.nan), p.get("ratio", math.nan)) for p in rows if isinstance(p, dict)])
+
+
+def price(hardware: str, model: str, dtype: str, compiled: bool, method: str) -> HostPrice | None:
+    """The host price of `method` here (None: off, or no run here has measured both it and ar)."""
+    if not enabled():
+        return None
+    data = _read()
+    mine, ar = law(key(hardware, model, dtype, compiled, method), data), law(key(hardware, model, dtype, compiled,
+                                                                               AR), data)
+    return HostPrice(mine, ar) if mine is not None and ar is not None else None
+
+
+def for_profile(profile, method: str) -> HostPrice | None:
+    """The host price for a prediction on `profile` (batch 1 only: the points are batch 1's), of this machine."""
+    if profile is None or (profile.meta or {}).get("batch_size", 1) != 1 or profile.source != "measured":
+        return None
+    meta = profile.meta or {}
+    compiled = meta.get("placement") == "compiled" or isinstance(meta.get("compile"), dict)
+    return price(profile.hardware, profile.model, profile.dtype, compiled, method)
+
+
+def remember(run_dir: Path, new: dict[str, list[dict]]) -> int:
+    """File a finished run's points (key -> [{width, ratio, ...}]: report/prediction_split.host_points), replacing
+    the run's own earlier ones; the points filed (best effort: an unwritable cache records nothing)."""
+    if not enabled() or not new:
+        return 0
+    run = str(Path(run_dir).resolve())
+    data = _read()
+    for k, points in new.items():
+        kept = [p for p in data.get(k, []) if isinstance(p, dict) and p.get("run") != run]
+        data[k] = (kept + [{**p, "run": run} for p in points])[-KEPT:]
+    try:
+        path = where()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1))
+    except OSError:
+        return 0
+    return sum(len(p) for p in new.values())

@@ -1,0 +1,128 @@
+"""Host work in the price (issue 51, planning/host_work.py): a run files each tree method's and ar's host ms a step
+as a ratio of ar's forward, the law fitted over the widths the runs covered prices the next predictions, the tree
+search weighs it, and report.md says where it came from."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from specbench.planning import host_work
+from specbench.planning.host_work import HostLaw, HostPrice
+from specbench.report import prediction_split
+
+from .test_auto_tree import PER_RANK, write_profile
+from .test_recommend import sb, store  # noqa: F401 (the fixture)
+
+
+@pytest.fixture
+def on(tmp_path, monkeypatch):
+    """Host work read and filed, in a fresh user cache (the suite turns it off: conftest.py)."""
+    monkeypatch.setenv("SPECBENCH_HOST_WORK", "1")
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_the_law_is_a_line_over_the_widths_flat_for_one_width_and_never_falling():
+    line = HostLaw.fit([(4, 0.05), (12, 0.09), (36, 0.21)])
+    assert line.b == pytest.approx(0.005, rel=1e-6) and line.a == pytest.approx(0.03, rel=1e-6)
+    assert line.ratio(20) == pytest.approx(0.13) and line.widths == (4.0, 36.0) and line.points == 3
+    one = HostLaw.fit([(5, 0.04), (5, 0.06), (5.2, 0.05)])
+    assert one.b == 0 and one.ratio(100) == pytest.approx(0.05)
+    falling = HostLaw.fit([(4, 0.08), (30, 0.06)])  # noise: more nodes never cost less
+    assert falling.b == 0 and falling.ratio(4) == pytest.approx(0.07)
+    assert HostLaw.fit([]) is None and HostLaw.fit([(4, float("nan"))]) is None
+
+
+def test_a_runs_points_are_filed_replaced_on_a_second_report_and_priced(on):
+    k = host_work.key("cpu-x", "tiny", "float32", False, "ppd")
+    ar = host_work.key("cpu-x", "tiny", "float32", False, "ar")
+    points = {k: [{"width": 6.0, "ratio": 0.04}, {"width": 30.0, "ratio": 0.16}], ar: [{"width": 1.0, "ratio": 0.01}]}
+    assert host_work.remember(on / "run1", points) == 3
+    assert host_work.remember(on / "run1", points) == 3  # the same run again (`specbench report`): replaced
+    data = json.loads(host_work.where().read_text())
+    assert len(data[k]) == 2 and len(data[ar]) == 1
+    price = host_work.price("cpu-x", "tiny", "float32", False, "ppd")
+    assert price.step_ms(18.0, 10.0) == pytest.approx((0.04 + 12 * 0.005) * 10.0)  # ratio x the profile's L(1)
+    assert price.ar_ms(20.0) == pytest.approx(0.2)
+    assert host_work.price("cpu-x", "tiny", "float32", True, "ppd") is None  # compiled: never measured
+    assert host_work.price("cpu-x", "tiny", "float32", False, "medusa") is None
+    assert "2 earlier run figure(s) here (widths 6-30)" in price.said()
+
+
+def test_off_reads_and_files_nothing(on, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_HOST_WORK", "0")
+    k = host_work.key("cpu-x", "tiny", "float32", False, "ar")
+    assert host_work.remember(on / "run", {k: [{"width": 1.0, "ratio": 0.01}]}) == 0
+    assert not host_work.where().exists() and host_work.price("cpu-x", "tiny", "float32", False, "ar") is None
+
+
+def test_a_prediction_adds_each_steps_host_work_and_a_dear_host_law_chooses_a_smaller_tree(tmp_path):
+    from specbench.core.tree_file import TreeFile
+    from specbench.methods import REGISTRY  # noqa: F401 (planning.acceptance imports the methods first)
+    from specbench.planning.buildtree import predict, size_curve
+    from specbench.planning.candidate_trees import candidate_curve
+    from specbench.planning.profile import load_profile
+
+    profile = load_profile(write_profile(tmp_path))
+    tree = TreeFile(states={0: [((0,), 0), ((0, 0), 0), ((1,), 0)]}, prompt_tokens=0, method="medusa")
+    host = HostPrice(HostLaw(0.02, 0.01, 3, (4.0, 20.0)), HostLaw(0.01, 0.0, 3, (1.0, 1.0)))
+    bare, priced = predict(tree, PER_RANK, profile), predict(tree, PER_RANK, profile, host=host)
+    l1 = profile.latency_ms(1, 512)
+    assert priced["verify_width"] == 4 and priced["predicted_host_ms"] == pytest.approx((0.02 + 0.04) * l1, abs=1e-3)
+    assert priced["predicted_step_ms"] == pytest.approx(bare["predicted_step_ms"] + 0.06 * l1, abs=1e-3)
+    assert priced["ar_step_ms"] == pytest.approx(l1 * 1.01, abs=1e-3) and "host_price" in priced
+    assert priced["predicted_speedup"] == pytest.approx(
+        priced["predicted_tau"] * priced["ar_step_ms"] / priced["predicted_step_ms"], rel=1e-3)
+    dear = HostPrice(HostLaw(0.0, 0.05, 3, (4.0, 40.0)), HostLaw(0.0, 0.0, 3, (1.0, 1.0)))
+    free = candidate_curve(PER_RANK, profile, 24, 512)
+    assert candidate_curve(PER_RANK, profile, 24, 512, host=dear).best.size < free.best.size
+    free = size_curve(PER_RANK, 3, profile, 24, 512)
+    assert size_curve(PER_RANK, 3, profile, 24, 512, host=dear).best.size < free.best.size
+
+
+def summary_and_meta(temperature=0.0):
+    """ar at 20 ms a decode step (0.4 of it host work), medusa at 30 (1.5 host); 22 and 20 decode steps."""
+    rows = [{"method": "ar", "dataset": "gsm8k", "batch_size": 1, "turns": 2, "new_tokens": 24, "decode_tau": 1.0,
+             "decode_step_ms": 20.0, "wall_s": 0.5, "host_overhead": 0.4 * 22 / 500, "timing": "ok"},
+            {"method": "medusa", "dataset": "gsm8k", "batch_size": 1, "turns": 2, "new_tokens": 42,
+             "decode_tau": 2.0, "decode_step_ms": 30.0, "wall_s": 0.65, "host_overhead": 1.5 * 20 / 650,
+             "timing": "ok"},
+            {"method": "pld", "dataset": "gsm8k", "batch_size": 1, "turns": 2, "new_tokens": 24, "decode_tau": 1.2,
+             "decode_step_ms": 21.0, "wall_s": 0.4, "host_overhead": 0.01, "timing": "ok"}]
+    meta = {"settings": {"model": "random:tiny", "temperature": temperature, "compile": False},
+            "environment": {"hardware": "cpu-x", "dtype": "float32"},
+            "trees": {"medusa": {"family": "medusa", "verify_width": 4}}}
+    return pd.DataFrame(rows), meta
+
+
+def test_a_runs_points_are_its_tree_rows_and_ar_in_units_of_ars_forward():
+    summary, meta = summary_and_meta()
+    points = prediction_split.host_points(summary, meta)
+    assert set(points) == {"cpu-x/tiny/float32/eager/ar", "cpu-x/tiny/float32/eager/medusa"}  # not pld: no tree
+    assert points["cpu-x/tiny/float32/eager/ar"][0]["ratio"] == pytest.approx(0.4 / 19.6, rel=1e-3)
+    medusa = points["cpu-x/tiny/float32/eager/medusa"][0]
+    assert medusa["width"] == 4 and medusa["ratio"] == pytest.approx(1.5 / 19.6, rel=1e-3)
+    assert prediction_split.host_points(*summary_and_meta(temperature=0.7)) == {}  # sampled: not a greedy step's
+
+
+def test_a_second_run_prices_the_host_work_the_first_measured(store, monkeypatch):  # noqa: F811 (the fixture)
+    monkeypatch.setenv("SPECBENCH_HOST_WORK", "1")
+    args = ("run", "--model", "random:tiny", "--method", "medusa", "--tree", "auto", "--dataset", "prompts.jsonl",
+            "--limit", 2, "--max-new-tokens", 8, "--warmup", 0, "--dtype", "float32")
+    said = sb(*args, "--out", "one")
+    first = yaml.safe_load((store / "one" / "run.yaml").read_text())["trees"]["medusa"]
+    assert "predicted_host_ms" not in first and "figure(s) filed for later predictions" in said
+    assert "No price here includes host work" in (store / "one" / "report.md").read_text()
+    filed = json.loads((store / "cache" / host_work.FILE).read_text())
+    assert {k.rsplit("/", 1)[1] for k in filed} == {"ar", "medusa"}
+    sb(*args, "--out", "two")
+    second = yaml.safe_load((store / "two" / "run.yaml").read_text())["trees"]["medusa"]
+    assert second["predicted_host_ms"] > 0 and second["ar_host_ms"] > 0
+    assert "Priced from this machine's earlier runs: medusa: host work priced from 1" in \
+        (store / "two" / "report.md").read_text()
+    row = pd.read_csv(store / "two" / "tree_sizes.csv").iloc[0]
+    assert row.predicted_host_ms == pytest.approx(second["predicted_host_ms"], abs=1e-3)
