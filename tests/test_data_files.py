@@ -160,6 +160,23 @@ def test_nothing_is_filed_into_a_source_checkout_unasked(here, monkeypatch):
     assert (checkout / "profiles" / "mine.yaml").is_file()  # asked for: written
 
 
+def test_inside_the_checkout_specbench_runs_from_what_was_measured_here_wins_over_the_shipped_file(here,
+                                                                                                   monkeypatch):
+    """A command run inside the checkout files its profile in the user cache (above); the next command there must
+    read that one, not the shipped file it was measured to replace (found in stop 71: a fresh profile of this
+    machine lost to a shipped profile of another chip with the same hardware key)."""
+    checkout = here / "checkout"
+    monkeypatch.setattr(store, "checkout", lambda: checkout)
+    shipped = write_profile(checkout)
+    cached = write_profile(here / "cache")
+    monkeypatch.chdir(checkout)
+    assert [name for name, _ in store.sources()] == [store.USER_CACHE, store.SHIPPED]
+    lookup.allow_disturbed(True)
+    assert lookup.find_profile(HW, "tiny", "float32").path == cached != shipped
+    monkeypatch.chdir(here)  # elsewhere: the working directory first, as before
+    assert [name for name, _ in store.sources()] == [store.WORKING_DIRECTORY, store.USER_CACHE, store.SHIPPED]
+
+
 def test_a_compiled_run_reads_the_compiled_profile_never_the_other_way(here):
     eager = write_profile(here)
     found = lookup.find_profile(HW, "tiny", "float32", compiled=True)

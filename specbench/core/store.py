@@ -33,12 +33,15 @@ WORKING_DIRECTORY, USER_CACHE, SHIPPED = "working directory", "user cache", "shi
 
 def sources() -> list[tuple[str, Path]]:
     """Where lookups search, in order, each with its name: the working directory, the user cache, the checkout
-    (shipped data). A root that is the checkout itself (a command run inside it) is named shipped, once."""
+    (shipped data). A working directory that is the checkout itself (a command run inside it) is the shipped data,
+    searched last: what a command measured here is filed in the user cache (write_root), and must be read before
+    the shipped files it was measured to replace."""
     out, seen = [], set()
+    shipped = _resolved(checkout())
     for name, root in ((WORKING_DIRECTORY, Path.cwd()), (USER_CACHE, user_cache()), (SHIPPED, checkout())):
         key = _resolved(root)
-        if key == _resolved(checkout()):
-            name = SHIPPED
+        if key == shipped and name != SHIPPED:  # the checkout as working directory: its turn comes last
+            continue
         if key not in seen:
             seen.add(key)
             out.append((name, root))
