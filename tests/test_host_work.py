@@ -50,7 +50,7 @@ def test_a_runs_points_are_filed_replaced_on_a_second_report_and_priced(on):
     assert price.ar_ms(20.0) == pytest.approx(0.2)
     assert host_work.price("cpu-x", "tiny", "float32", True, "ppd") is None  # compiled: never measured
     assert host_work.price("cpu-x", "tiny", "float32", False, "medusa") is None
-    assert "2 earlier run figure(s) here (widths 6-30)" in price.said()
+    assert "2 figure(s) at widths 6-30, host ms a step = (0.0100 + 0.00500 x width)" in price.said()
 
 
 def test_off_reads_and_files_nothing(on, monkeypatch):
@@ -122,7 +122,7 @@ def test_a_second_run_prices_the_host_work_the_first_measured(store, monkeypatch
     sb(*args, "--out", "two")
     second = yaml.safe_load((store / "two" / "run.yaml").read_text())["trees"]["medusa"]
     assert second["predicted_host_ms"] > 0 and second["ar_host_ms"] > 0
-    assert "Priced from this machine's earlier runs: medusa: host work priced from 1" in \
+    assert "Priced from this machine's earlier runs: medusa: 1 figure(s) at width " in \
         (store / "two" / "report.md").read_text()
     row = pd.read_csv(store / "two" / "tree_sizes.csv").iloc[0]
     assert row.predicted_host_ms == pytest.approx(second["predicted_host_ms"], abs=1e-3)

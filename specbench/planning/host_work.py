@@ -91,9 +91,8 @@ class HostPrice:
         """One line for report.md and the tree file: where the host price comes from."""
         lo, hi = self.method.widths
         at = f"width {lo:.0f}" if hi - lo < 0.5 else f"widths {lo:.0f}-{hi:.0f}"
-        return (f"host work priced from {self.method.points} earlier run figure(s) here ({at}): "
-                f"{self.method.a:.4f} + {self.method.b:.5f} x width of ar's forward a step; ar's "
-                f"{self.ar.ratio(1.0):.4f}")
+        return (f"{self.method.points} figure(s) at {at}, host ms a step = ({self.method.a:.4f} + "
+                f"{self.method.b:.5f} x width) x ar's forward; ar's {self.ar.ratio(1.0):.4f} x its forward")
 
 
 def where() -> Path:

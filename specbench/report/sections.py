@@ -117,7 +117,8 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str =
     if acceptance and acceptance.startswith("a generic"):
         md[-2:-1] = [f"**Predicted tau is not this model's**: it comes from {acceptance}; predicted speedup "
                      f"likewise. Profile: {profile or 'none for this hardware (run `specbench profile`)'}."]
-    priced = list(dict.fromkeys(f"{label}: {i['host_price']}" for label, i in trees.items() if i.get("host_price")))
+    priced = list(dict.fromkeys(f"{i.get('family') or label}: {i['host_price']}" for label, i in trees.items()
+                                if i.get("host_price")))  # one line a family: its labels share the law
     md += prediction_split.lines(frame, prediction_split.ar_hosts(summary), priced)
     if frame["size"].nunique() >= 2:
         plot_tree_sizes(frame, run_dir / "tree_sizes.png", title)
