@@ -26,14 +26,15 @@ def on(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_the_law_is_a_line_over_the_widths_flat_for_one_width_and_never_falling():
-    line = HostLaw.fit([(4, 0.05), (12, 0.09), (36, 0.21)])
-    assert line.b == pytest.approx(0.005, rel=1e-6) and line.a == pytest.approx(0.03, rel=1e-6)
-    assert line.ratio(20) == pytest.approx(0.13) and line.widths == (4.0, 36.0) and line.points == 3
+def test_the_law_reads_between_the_widths_measured_flat_below_and_never_falling_beyond():
+    law = HostLaw.fit([(6, 0.065), (12, 0.08), (36, 0.298), (12.2, 0.09), (12, 0.07)])
+    assert law.widths == (6.0, 12.0, 36.0) and law.points == 5  # 12 and 12.2: one width, their median
+    assert law.ratio(9) == pytest.approx(0.0725) and law.ratio(24) == pytest.approx(0.189)
+    assert law.ratio(2) == pytest.approx(0.065) and law.ratio(48) == pytest.approx(0.298 + 12 * 0.218 / 24)
     one = HostLaw.fit([(5, 0.04), (5, 0.06), (5.2, 0.05)])
-    assert one.b == 0 and one.ratio(100) == pytest.approx(0.05)
-    falling = HostLaw.fit([(4, 0.08), (30, 0.06)])  # noise: more nodes never cost less
-    assert falling.b == 0 and falling.ratio(4) == pytest.approx(0.07)
+    assert one.ratio(1) == one.ratio(100) == pytest.approx(0.05)
+    falling = HostLaw.fit([(4, 0.08), (30, 0.06)])  # noise: beyond the widest, never cheaper
+    assert falling.ratio(60) == pytest.approx(0.06) and falling.ratio(17) == pytest.approx(0.07)
     assert HostLaw.fit([]) is None and HostLaw.fit([(4, float("nan"))]) is None
 
 
@@ -46,11 +47,11 @@ def test_a_runs_points_are_filed_replaced_on_a_second_report_and_priced(on):
     data = json.loads(host_work.where().read_text())
     assert len(data[k]) == 2 and len(data[ar]) == 1
     price = host_work.price("cpu-x", "tiny", "float32", False, "ppd")
-    assert price.step_ms(18.0, 10.0) == pytest.approx((0.04 + 12 * 0.005) * 10.0)  # ratio x the profile's L(1)
+    assert price.step_ms(18.0, 10.0) == pytest.approx(0.1 * 10.0)  # the ratio at width 18 x the profile's L(1)
     assert price.ar_ms(20.0) == pytest.approx(0.2)
     assert host_work.price("cpu-x", "tiny", "float32", True, "ppd") is None  # compiled: never measured
     assert host_work.price("cpu-x", "tiny", "float32", False, "medusa") is None
-    assert "2 figure(s) at widths 6-30, host ms a step = (0.0100 + 0.00500 x width)" in price.said()
+    assert "2 figure(s), host ms a step / ar's forward by verify width 6: 0.040, 30: 0.160; ar's 0.010" in price.said()
 
 
 def test_off_reads_and_files_nothing(on, monkeypatch):
@@ -69,15 +70,15 @@ def test_a_prediction_adds_each_steps_host_work_and_a_dear_host_law_chooses_a_sm
 
     profile = load_profile(write_profile(tmp_path))
     tree = TreeFile(states={0: [((0,), 0), ((0, 0), 0), ((1,), 0)]}, prompt_tokens=0, method="medusa")
-    host = HostPrice(HostLaw(0.02, 0.01, 3, (4.0, 20.0)), HostLaw(0.01, 0.0, 3, (1.0, 1.0)))
+    host = HostPrice(HostLaw(((2.0, 0.04), (6.0, 0.08)), 3), HostLaw(((1.0, 0.01),), 3))
     bare, priced = predict(tree, PER_RANK, profile), predict(tree, PER_RANK, profile, host=host)
     l1 = profile.latency_ms(1, 512)
-    assert priced["verify_width"] == 4 and priced["predicted_host_ms"] == pytest.approx((0.02 + 0.04) * l1, abs=1e-3)
+    assert priced["verify_width"] == 4 and priced["predicted_host_ms"] == pytest.approx(0.06 * l1, abs=1e-3)
     assert priced["predicted_step_ms"] == pytest.approx(bare["predicted_step_ms"] + 0.06 * l1, abs=1e-3)
     assert priced["ar_step_ms"] == pytest.approx(l1 * 1.01, abs=1e-3) and "host_price" in priced
     assert priced["predicted_speedup"] == pytest.approx(
         priced["predicted_tau"] * priced["ar_step_ms"] / priced["predicted_step_ms"], rel=1e-3)
-    dear = HostPrice(HostLaw(0.0, 0.05, 3, (4.0, 40.0)), HostLaw(0.0, 0.0, 3, (1.0, 1.0)))
+    dear = HostPrice(HostLaw(((4.0, 0.2), (40.0, 2.0)), 3), HostLaw(((1.0, 0.0),), 3))
     free = candidate_curve(PER_RANK, profile, 24, 512)
     assert candidate_curve(PER_RANK, profile, 24, 512, host=dear).best.size < free.best.size
     free = size_curve(PER_RANK, 3, profile, 24, 512)
@@ -122,7 +123,7 @@ def test_a_second_run_prices_the_host_work_the_first_measured(store, monkeypatch
     sb(*args, "--out", "two")
     second = yaml.safe_load((store / "two" / "run.yaml").read_text())["trees"]["medusa"]
     assert second["predicted_host_ms"] > 0 and second["ar_host_ms"] > 0
-    assert "Priced from this machine's earlier runs: medusa: 1 figure(s) at width " in \
+    assert "Priced from this machine's earlier runs: medusa: 1 figure(s), host ms a step / ar's forward by" in \
         (store / "two" / "report.md").read_text()
     row = pd.read_csv(store / "two" / "tree_sizes.csv").iloc[0]
     assert row.predicted_host_ms == pytest.approx(second["predicted_host_ms"], abs=1e-3)

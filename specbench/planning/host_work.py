@@ -16,8 +16,9 @@ another sitting as the profile's own curve does (the machine's clock moves both)
 (host_work.json), per hardware key, model, dtype, eager or compiled, and method (the tree file's `method`; ar's
 own); a run replaces its own points when it is reported again.
 
-The law read from the points: ratio(w) = a + b w, least squares over the points' verify widths (b >= 0; one width:
-the points' median), never below 0. Without points the price has no host part, as before, and report.md says so.
+The law read from the points: the median ratio at each verify width measured, read linearly between them, flat
+below the narrowest and along the last slope beyond the widest (never falling). Host work is not linear in the
+width: a compiled float32 run's ppd paid 0.065 / 0.080 / 0.298 of ar's forward at widths 6 / 12 / 36. Without points the price has no host part, as before, and report.md says so.
 $SPECBENCH_HOST_WORK=0 neither reads nor records (the test suite's default: a test's prediction must not depend on
 what an earlier test ran).
 """
@@ -46,31 +47,41 @@ def key(hardware: str, model: str, dtype: str, compiled: bool, method: str) -> s
 
 @dataclass(frozen=True)
 class HostLaw:
-    """ratio(w) = a + b w: host ms a step per ms of ar's forward, at verify width w; `points`: how many runs'
-    figures it was fitted on, `widths`: the widths they cover."""
+    """ratio(w): host ms a step per ms of ar's forward at verify width w, read linearly between `knots` (width,
+    the median ratio of the figures at that width), flat below the narrowest, along the last two knots' slope
+    beyond the widest (never falling); `points`: how many run figures it was read from."""
 
-    a: float
-    b: float
+    knots: tuple[tuple[float, float], ...]
     points: int
-    widths: tuple[float, float]
 
     def ratio(self, width: float) -> float:
-        return max(self.a + self.b * width, 0.0)
+        ks = self.knots
+        if width <= ks[0][0] or len(ks) == 1:  # one width measured: the same at every width
+            return ks[0][1]
+        for (w0, r0), (w1, r1) in zip(ks, ks[1:]):
+            if width <= w1:
+                return r0 + (r1 - r0) * (width - w0) / (w1 - w0)
+        (w0, r0), (w1, r1) = ks[-2], ks[-1]
+        return r1 + max((r1 - r0) / (w1 - w0), 0.0) * (width - w1)
+
+    @property
+    def widths(self) -> tuple[float, ...]:
+        return tuple(w for w, _ in self.knots)
 
     @staticmethod
     def fit(points: list[tuple[float, float]]) -> HostLaw | None:
-        """The law through (width, ratio) points; None without any."""
-        points = [(float(w), float(r)) for w, r in points if math.isfinite(w) and math.isfinite(r) and r >= 0]
+        """The law through (width, ratio) points (widths within half a token are one); None without any."""
+        points = sorted((float(w), float(r)) for w, r in points if math.isfinite(w) and math.isfinite(r) and r >= 0)
         if not points:
             return None
-        ws = [w for w, _ in points]
-        span = (min(ws), max(ws))
-        if span[1] - span[0] < 0.5:  # one width: its median, whatever the width
-            return HostLaw(statistics.median(r for _, r in points), 0.0, len(points), span)
-        mw, mr = statistics.fmean(ws), statistics.fmean(r for _, r in points)
-        b = sum((w - mw) * (r - mr) for w, r in points) / sum((w - mw) ** 2 for w in ws)
-        b = max(b, 0.0)  # more nodes never cost less host work; a noisy negative slope is read as flat
-        return HostLaw(mr - b * mw, b, len(points), span)
+        groups: list[list[tuple[float, float]]] = []
+        for w, r in points:
+            if groups and w - groups[-1][0][0] < 0.5:
+                groups[-1].append((w, r))
+            else:
+                groups.append([(w, r)])
+        knots = tuple((statistics.median(w for w, _ in g), statistics.median(r for _, r in g)) for g in groups)
+        return HostLaw(knots, len(points))
 
 
 @dataclass(frozen=True)
@@ -89,10 +100,9 @@ class HostPrice:
 
     def said(self) -> str:
         """One line for report.md and the tree file: where the host price comes from."""
-        lo, hi = self.method.widths
-        at = f"width {lo:.0f}" if hi - lo < 0.5 else f"widths {lo:.0f}-{hi:.0f}"
-        return (f"{self.method.points} figure(s) at {at}, host ms a step = ({self.method.a:.4f} + "
-                f"{self.method.b:.5f} x width) x ar's forward; ar's {self.ar.ratio(1.0):.4f} x its forward")
+        at = ", ".join(f"{w:g}: {r:.3f}" for w, r in self.method.knots)
+        return (f"{self.method.points} figure(s), host ms a step / ar's forward by verify width {at}; "
+                f"ar's {self.ar.ratio(1.0):.3f}")
 
 
 def where() -> Path:
