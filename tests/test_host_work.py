@@ -127,3 +127,7 @@ def test_a_second_run_prices_the_host_work_the_first_measured(store, monkeypatch
         (store / "two" / "report.md").read_text()
     row = pd.read_csv(store / "two" / "tree_sizes.csv").iloc[0]
     assert row.predicted_host_ms == pytest.approx(second["predicted_host_ms"], abs=1e-3)
+    built = sb("build-tree", "--model", "random:tiny", "--method", "medusa", "--gpu", "cpu", "--dtype", "float32",
+               "--out", "t.yaml")  # the search prices it too, and says so
+    assert "L(n) + host ms" in built and "host work a step priced from this machine's runs (medusa:" in built
+    assert "host_price" in yaml.safe_load((store / "t.yaml").read_text())

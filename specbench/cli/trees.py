@@ -197,7 +197,8 @@ def build_tree(
         if profile.source == "estimated" else " (measured profile)"
     at = f" at batch size {batch_size}" if batch_size > 1 else ""
     table = Table(title=f"{method} tree for {built.model} on {profile.hardware} {profile.dtype}{at}")
-    for col in ("size n", "tau(n)", f"L(B={batch_size}) ms" if at else "L(n) ms",
+    step = " + host ms" if built.host_price else " ms"  # the curve's step: the forward, and host work where priced
+    for col in ("size n", "tau(n)", f"L(B={batch_size}){step}" if at else f"L(n){step}",
                 "predicted speedup" + (" (vs ar at B)" if at else "")):
         table.add_column(col, justify="right")
     marks = sorted({1, 2, 4, 8, 16, 32, 64, 128, curve.best.size} & set(curve.sizes))
@@ -212,6 +213,9 @@ def build_tree(
                   f"{curve.speedup[i]:.3f}x"
                   f"{label}. Wrote {wrote} in "
                   f"{since(start):.1f} s.")
+    if built.host_price:
+        console.print(f"[dim]host work a step priced from this machine's runs ({method}: "
+                      f"{escape(built.host_price)})[/]")
     edge = edge_note(curve, max_size)
     if edge:
         console.print(f"[yellow]warning[/] {escape(edge)}")

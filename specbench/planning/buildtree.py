@@ -228,6 +228,7 @@ class BuiltTree:
     curve: SizeCurve | CandidateCurve
     path: Path
     plot: Path | None  # the size-curve plot (dynamic trees only)
+    host_price: str | None = None  # where the curve's host work a step came from (host_work.py); None: unpriced
 
 
 def build_tree(req: BuildTreeRequest) -> BuiltTree:
@@ -310,7 +311,7 @@ def build_tree(req: BuildTreeRequest) -> BuiltTree:
     if not req.one_state:
         drawn = path.with_suffix(".png")
         plot(curve, profile, drawn)
-    return BuiltTree(req.family, slug, profile, curve, path, drawn)
+    return BuiltTree(req.family, slug, profile, curve, path, drawn, host.said() if host else None)
 
 
 def edge_note(curve, max_size: int) -> str:

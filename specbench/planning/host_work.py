@@ -13,12 +13,13 @@ ms a decode step (summary.csv: host_overhead x wall_s over the decode steps, rep
 divided by the same run's ar forward ms a decode step (its step less its host work): a point in units of ar's
 forward, (verify width, ratio). The prediction multiplies the ratio by the profile's L(1), so a point carries to
 another sitting as the profile's own curve does (the machine's clock moves both). Points are kept in the user cache
-(host_work.json), per hardware key, model, dtype, eager or compiled, and method (the tree file's `method`; ar's
-own); a run replaces its own points when it is reported again.
+(host_work.json), per hardware key, model, dtype, eager or compiled, and method family (ppd, medusa, ...; ar's
+own); a run folder filed again (a resumed run) replaces its own points.
 
 The law read from the points: the median ratio at each verify width measured, read linearly between them, flat
 below the narrowest and along the last slope beyond the widest (never falling). Host work is not linear in the
-width: a compiled float32 run's ppd paid 0.065 / 0.080 / 0.298 of ar's forward at widths 6 / 12 / 36. Without points the price has no host part, as before, and report.md says so.
+width: a compiled float32 run's ppd paid 0.065 / 0.080 / 0.298 of ar's forward at widths 6 / 12 / 36. Without
+points the price has no host part, as before, and report.md says so.
 $SPECBENCH_HOST_WORK=0 neither reads nor records (the test suite's default: a test's prediction must not depend on
 what an earlier test ran).
 """
@@ -130,8 +131,8 @@ def price(hardware: str, model: str, dtype: str, compiled: bool, method: str) ->
     if not enabled():
         return None
     data = _read()
-    mine, ar = law(key(hardware, model, dtype, compiled, method), data), law(key(hardware, model, dtype, compiled,
-                                                                               AR), data)
+    mine = law(key(hardware, model, dtype, compiled, method), data)
+    ar = law(key(hardware, model, dtype, compiled, AR), data)
     return HostPrice(mine, ar) if mine is not None and ar is not None else None
 
 
