@@ -138,3 +138,18 @@ def test_a_second_run_prices_the_host_work_the_first_measured(store, monkeypatch
                "--out", "t.yaml")  # the search prices it too, and says so
     assert "L(n) + host ms" in built and "host work a step priced from this machine's runs (medusa:" in built
     assert "host_price" in yaml.safe_load((store / "t.yaml").read_text())
+
+
+def test_the_verify_forward_is_set_against_its_price_apart_from_host_work_and_drafting():
+    """ar steps at 20 ms (0.4 of it host work); medusa at 30 ms (1.5 drafting, 1.5 host): its verify forward is
+    27 ms, 27 / 19.6 = 1.378 ar forwards; priced L(4) / L(1) = 14 / 10 = 1.4 (the profile's L(1) is ar's step priced
+    less ar's host work): forward_part 1.4 / 1.378."""
+    row = {"decode_step_ms": 30.0, "decode_tau": 2.0, "new_tokens": 42, "turns": 2, "wall_s": 0.65,
+           "host_overhead": 1.5 * 20 / 650, "draft_s": 1.5 * 20 / 1000}
+    info = {"predicted_tau": 2.2, "predicted_step_ms": 16.0, "predicted_forward_ms": 14.0, "ar_step_ms": 10.2,
+            "ar_host_ms": 0.2, "predicted_host_ms": 0.5}
+    out = prediction_split.split(row, info, 20.0, 0.4)
+    assert out["forward_part"] == pytest.approx(1.4 / (27.0 / 19.6), abs=1e-3)
+    assert out["cost_part"] == pytest.approx((16.0 / 10.2) / (30.0 / 20.0), abs=1e-3)
+    assert pd.isna(prediction_split.split(row, {k: v for k, v in info.items() if k != "predicted_forward_ms"},
+                                          20.0, 0.4)["forward_part"])  # an older run.yaml: not known

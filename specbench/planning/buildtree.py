@@ -161,8 +161,9 @@ def predict(tree: TreeFile, acc, profile: LatencyProfile | None, kv_length: int 
                "verify_width": 1 + len(paths)}
         if profile is not None:
             depth = max((len(p) for p in paths), default=0)
-            latency = profile.latency_ms(1 + len(paths), kv_length) + (draft_ms(depth) if draft_ms else 0.0)
-            out.update(_speedup_fields(tau, latency, profile, kv_length, host, 1 + len(paths)))
+            verify = profile.latency_ms(1 + len(paths), kv_length)
+            latency = verify + (draft_ms(depth) if draft_ms else 0.0)
+            out.update(_speedup_fields(tau, latency, profile, kv_length, host, 1 + len(paths), verify))
         return out
     states = {k: StateTree([tuple(p) for p, _ in nodes], [c for _, c in nodes]) for k, nodes in tree.states.items()}
     R, pi = amortized(states, acc, m)
@@ -171,22 +172,23 @@ def predict(tree: TreeFile, acc, profile: LatencyProfile | None, kv_length: int 
     out = {"size": tree.size, "predicted_tau": round(dyn.tau, 4), "predicted_speedup": None, "profile": None,
            "verify_width": round(width, 3)}
     if profile is not None:
-        out.update(_speedup_fields(dyn.tau, expected_latency_ms(dyn, m, ept, profile, kv_length), profile, kv_length,
-                                   host, width))
+        verify = expected_latency_ms(dyn, m, ept, profile, kv_length)
+        out.update(_speedup_fields(dyn.tau, verify, profile, kv_length, host, width, verify))
     return out
 
 
 def _speedup_fields(tau: float, step_ms: float, profile: LatencyProfile, kv_length: int,
-                    host: HostPrice | None = None, width: float = 1.0) -> dict:
+                    host: HostPrice | None = None, width: float = 1.0, verify_ms: float | None = None) -> dict:
     """predict()'s speedup fields from a step's expected ms (verify forward + drafting, the profile's clock):
-    predicted_step_ms beside ar_step_ms = L(1), which report.md sets against a run's measured ms per step; with
-    `host`, each plus its host work (predicted_host_ms, ar_host_ms; `host_price` says where it comes from)."""
+    predicted_step_ms beside ar_step_ms = L(1), which report.md sets against a run's measured ms per step, and the
+    verify forward's part of it (predicted_forward_ms); with `host`, each plus its host work (predicted_host_ms,
+    ar_host_ms; `host_price` says where it comes from)."""
     ar_ms = profile.latency_ms(1, kv_length)
-    out = {}
+    out = {} if verify_ms is None else {"predicted_forward_ms": round(verify_ms, 4)}
     if host is not None:
         step_host, ar_host = host.step_ms(width, ar_ms), host.ar_ms(ar_ms)
         step_ms, ar_ms = step_ms + step_host, ar_ms + ar_host
-        out = {"predicted_host_ms": round(step_host, 4), "ar_host_ms": round(ar_host, 4), "host_price": host.said()}
+        out.update(predicted_host_ms=round(step_host, 4), ar_host_ms=round(ar_host, 4), host_price=host.said())
     return {"predicted_speedup": round(tau * ar_ms / step_ms, 4), "predicted_step_ms": round(step_ms, 4),
             "ar_step_ms": round(ar_ms, 4), "profile": f"{profile.hardware} {profile.dtype} ({profile.source})", **out}
 

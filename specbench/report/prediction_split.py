@@ -33,16 +33,20 @@ import pandas as pd
 from ..planning import host_work
 
 GOAL = 0.05  # a part misses when it is more than 5% from 1 (the accuracy a prediction aims for)
-SPLIT_COLUMNS = ["predicted_step_ms", "step_ms", "draft_ms", "predicted_host_ms", "host_ms", "decode_tau", "decode_speedup", "tau_part",
-                 "cost_part", "misses"]
+SPLIT_COLUMNS = ["predicted_step_ms", "step_ms", "draft_ms", "predicted_host_ms", "host_ms", "decode_tau",
+                 "decode_speedup", "tau_part", "cost_part", "forward_part", "misses"]
 
 
-def split(row: dict, info: dict, ar_step_ms: float) -> dict:
+def split(row: dict, info: dict, ar_step_ms: float, ar_host_ms: float = math.nan) -> dict:
     """The split columns of one tree row: `row` has the measured tau, speedup and ms per step (decode_tau and
     decode_step_ms where the summary has them, else tau and forward_ms), `info` is run.yaml's prediction of the tree
-    (predicted_tau, predicted_speedup, predicted_step_ms, ar_step_ms), and `ar_step_ms` is ar's measured ms per step
-    on the same turns, read the same way. NaN (and misses "-") where a number is missing: no profile, or a run.yaml
-    from before predicted_step_ms (then cost_part is the speedup ratio over tau_part)."""
+    (predicted_tau, predicted_speedup, predicted_step_ms, ar_step_ms, predicted_forward_ms), and `ar_step_ms` is
+    ar's measured ms per step on the same turns, read the same way (`ar_host_ms`: its host work a step). NaN (and
+    misses "-") where a number is missing: no profile, or a run.yaml from before predicted_step_ms (then cost_part
+    is the speedup ratio over tau_part). `forward_part`: the verify forward alone against its price, in ar
+    forwards (the profile's L(w) / L(1) over the measured step less its drafting and host work, over ar's step
+    less its host work): where cost_part misses and forward_part misses alike, the curve missed, not the host
+    work or the drafting."""
     step, tau = measured(row)
     pred_step, pred_ar = _num(info.get("predicted_step_ms")), _num(info.get("ar_step_ms"))
     tau_part = _ratio(tau, _num(info.get("predicted_tau")))
@@ -51,10 +55,15 @@ def split(row: dict, info: dict, ar_step_ms: float) -> dict:
     if math.isnan(cost_part):  # an older run.yaml: what the tau part leaves of the speedup's error
         cost_part = _ratio(_ratio(_num(row.get("speedup")), _num(info.get("predicted_speedup"))), tau_part)
     draft, host = parts(row)
+    l1 = pred_ar - (_num(info.get("ar_host_ms")) if "ar_host_ms" in info else 0.0)  # the profile's L(1)
+    verify = step - (0.0 if math.isnan(draft) else draft) - host
+    forward_part = _ratio(_ratio(_num(info.get("predicted_forward_ms")), l1),
+                          _ratio(verify, _num(ar_step_ms) - _num(ar_host_ms)))
     return {"predicted_step_ms": round(pred_step, 3), "step_ms": round(step, 3), "draft_ms": round(draft, 3),
-            "predicted_host_ms": round(_num(info.get("predicted_host_ms")), 3), "host_ms": round(host, 3), "decode_tau": round(tau, 3),
-            "decode_speedup": round(decode_speedup, 3), "tau_part": round(tau_part, 3),
-            "cost_part": round(cost_part, 3), "misses": misses(tau_part, cost_part)}
+            "predicted_host_ms": round(_num(info.get("predicted_host_ms")), 3), "host_ms": round(host, 3),
+            "decode_tau": round(tau, 3), "decode_speedup": round(decode_speedup, 3), "tau_part": round(tau_part, 3),
+            "cost_part": round(cost_part, 3), "forward_part": round(forward_part, 3),
+            "misses": misses(tau_part, cost_part)}
 
 
 def measured(row: dict) -> tuple[float, float]:
@@ -120,6 +129,10 @@ def lines(frame: pd.DataFrame, ar_host: dict | None = None, host_prices: list[st
           "(profile L(1), ar's "
           f"measured step): below 1 the step costs more than it was priced, above 1 less. The pricing controls "
           f"`cost_part`; the goal is within {GOAL:.0%} of 1. `misses` names the parts more than {GOAL:.0%} off. "
+          "`forward_part`: the verify forward alone against its price, in ar forwards (the profile's L(w) / L(1) "
+          "over the measured step less its drafting and host work / ar's step less its host work): a cost_part "
+          "that misses with it is the latency curve's miss (the machine at another speed for wide forwards than "
+          "when profiled), not the drafting's or the host work's. "
           "`draft_ms`, `host_ms`: the measured step's drafting and its host work outside the forwards and the "
           "drafting (masks, trees, top-k, acceptance), ms a decode step; the rest is the verify forward; "
           "`predicted_host_ms`: the host work priced into predicted_step_ms (ar's likewise into its L(1)). "
@@ -148,8 +161,10 @@ def _step_parts(row, ar_host: float | None) -> str:
         return ""
     draft = 0.0 if math.isnan(draft) else draft
     ar = f" (ar's {ar_host:.2f})" if ar_host is not None and math.isfinite(ar_host) else ""
+    forward = _num(getattr(row, "forward_part", None))
+    curve = f"; its verify forward x{forward:.2f} of its price" if math.isfinite(forward) else ""
     return (f": a step of {step:.1f} ms = verify {step - draft - host:.1f} + drafting {draft:.2f} + host "
-            f"{host:.2f}{ar}")
+            f"{host:.2f}{ar}{curve}")
 
 
 def _num(value) -> float:

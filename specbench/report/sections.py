@@ -3,6 +3,7 @@ trees measured vs predicted (the error's split: prediction_split.py), and whethe
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -90,7 +91,7 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str =
     tree_sizes.png for a sweep; the ms per step predicted and measured, and the speedup's error split into its tau
     and step-cost parts (prediction_split.py; batch-1 rows)."""
     rows = []
-    ar_ms = prediction_split.ar_steps(summary)
+    ar_ms, ar_host = prediction_split.ar_steps(summary), prediction_split.ar_hosts(summary)
     for label, info in trees.items():
         for _, r in summary[summary.method == label].iterrows():
             one = getattr(r, "batch_size", 1) == 1  # the split's identity holds for one sequence at a time
@@ -98,7 +99,8 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str =
                          "predicted_tau": info.get("predicted_tau"), "tau": r.tau,
                          "predicted_speedup": info.get("predicted_speedup"), "speedup": r.speedup,
                          "speedup_lo": getattr(r, "speedup_lo", None), "speedup_hi": getattr(r, "speedup_hi", None),
-                         **prediction_split.split(r.to_dict() if one else {}, info, ar_ms.get(r.dataset)),
+                         **prediction_split.split(r.to_dict() if one else {}, info, ar_ms.get(r.dataset),
+                                                  ar_host.get(r.dataset, math.nan)),
                          "timing": getattr(r, "timing", "")})
     if not rows:
         return []
@@ -119,7 +121,7 @@ def tree_section(summary: pd.DataFrame, trees: dict, run_dir: Path, title: str =
                      f"likewise. Profile: {profile or 'none for this hardware (run `specbench profile`)'}."]
     priced = list(dict.fromkeys(f"{i.get('family') or label}: {i['host_price']}" for label, i in trees.items()
                                 if i.get("host_price")))  # one line a family: its labels share the law
-    md += prediction_split.lines(frame, prediction_split.ar_hosts(summary), priced)
+    md += prediction_split.lines(frame, ar_host, priced)
     if frame["size"].nunique() >= 2:
         plot_tree_sizes(frame, run_dir / "tree_sizes.png", title)
         md += ["![speedup per tree size](tree_sizes.png)", ""]
