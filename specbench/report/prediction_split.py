@@ -212,5 +212,5 @@ def host_points(summary: pd.DataFrame, meta: dict) -> dict[str, list[dict]]:
             if math.isfinite(host):
                 out.setdefault(host_work.key(*here, family), []).append(
                     {"width": width, "ratio": round(host / ar_forward, 5), "label": label, "dataset": dataset,
-                     "when": when})
+                     "when": when, "git": env.get("git")})  # the code that paid it: a later one may pay less
     return out
