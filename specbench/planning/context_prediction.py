@@ -28,7 +28,7 @@ def predict_at_context(tree, acc, profile, context: float | None, ept: int = 1, 
     f = (context - lo) / (hi - lo)
     step = a["predicted_step_ms"] + f * (b["predicted_step_ms"] - a["predicted_step_ms"])
     ar = a["ar_step_ms"] + f * (b["ar_step_ms"] - a["ar_step_ms"])
-    hosts = {k: round(a[k] + f * (b[k] - a[k]), 4) for k in ("predicted_forward_ms", "predicted_host_ms", "ar_host_ms")
+    parts = {k: round(a[k] + f * (b[k] - a[k]), 4) for k in ("predicted_forward_ms", "predicted_host_ms", "ar_host_ms")
              if k in a and k in b}
-    return {**a, **hosts, "predicted_speedup": round(a["predicted_tau"] * ar / step, 4),
+    return {**a, **parts, "predicted_speedup": round(a["predicted_tau"] * ar / step, 4),
             "predicted_step_ms": round(step, 4), "ar_step_ms": round(ar, 4), "kv_length": int(round(context))}

@@ -181,9 +181,9 @@ def _ratio(a: float, b: float) -> float:
 
 def host_points(summary: pd.DataFrame, meta: dict) -> dict[str, list[dict]]:
     """planning/host_work.py's key -> this run's points, one per dataset and method: (verify width, host ms a decode
-    step over ar's forward ms a decode step: ar's step less its host work), of batch-1 rows whose timing was ok, a
-    tree method's where run.yaml's prediction gave its verify width, and ar's at width 1. Nothing for a sampled,
-    synthetic or other engine's run (its host work is not a greedy step's of specbench's own loop)."""
+    step over ar's forward ms a decode step: ar's step less its host work), of batch-1 rows the guard did not judge
+    disturbed, a tree method's where run.yaml's prediction gave its verify width, and ar's at width 1. Nothing for
+    a sampled, synthetic or other engine's run (its host work is not a greedy step's of specbench's own loop)."""
     settings, env = meta.get("settings") or {}, meta.get("environment") or {}
     if (settings.get("temperature") or 0) > 0 or settings.get("synthetic_acceptance") or \
             settings.get("engine", "specbench") != "specbench" or "host_overhead" not in summary:
