@@ -105,6 +105,7 @@ def map_(
     from ..report.run_report import write_run_report
     from ..run.benchmark import run as run_benchmark
     from ..run.config import RunConfig, default_out
+    from .run import file_host_work
 
     out_dir = out_dir or default_out()
     contexts = sorted(set(int_list(context, "--context"))) if context else []
@@ -126,7 +127,7 @@ def map_(
     run_dir = run_benchmark(cfg)
     if not compile:  # a compiled run's steps are the stored compiled profile's: no eager engine stands in for them
         _step_profile(cfg, Path(run_dir))
-    write_run_report(run_dir)
+    file_host_work(Path(run_dir), write_run_report(run_dir))
     _print_map(run_dir)
 
 

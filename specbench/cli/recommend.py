@@ -49,12 +49,13 @@ def recommend(
     from ..run.recommend import recommend as run_recommend
 
     from ..report.run_report import write_run_report
+    from .run import file_host_work
 
     result = run_recommend(RecommendRequest(model, dtype, device, dataset, confirm, prompt_limit(limit),
                                             max_new_tokens, out_dir, data_file, threads,
                                             allow_disturbed_profile, compile))
-    if result.run:
-        write_run_report(result.run)  # summary.csv, report.md and plots beside the records, as `specbench run` writes
+    if result.run:  # summary.csv, report.md and plots beside the records, as `specbench run` writes them
+        file_host_work(Path(result.run), write_run_report(result.run))
     table = Table(title=f"{model} on {result.hardware} ({result.dtype}): predicted and measured speedup over ar")
     for col in ("method", "tree / gamma", "dtype", "predicted", "measured", "lossless", "why not available"):
         table.add_column(col, justify="right" if col in ("predicted", "measured", "lossless") else "left")

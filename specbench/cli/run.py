@@ -213,7 +213,7 @@ def run(
     if not is_writer():
         return
     summary = write_run_report(run_dir)
-    _file_host_work(run_dir, summary)
+    file_host_work(run_dir, summary)
     print_summary(summary, f"results ({run_dir})")
     warn_unexplained([run_dir])
     batched = ", batching.csv, pareto.png, batch_fastest.csv" if max(cfg.batch_sizes) > 1 else ""
@@ -224,8 +224,9 @@ def run(
                       "SHARD_FOLDERS... --out RUN` joins them[/]")
 
 
-def _file_host_work(run_dir: Path, summary) -> None:
-    """This machine's host work a step, as the run measured it, for later predictions (planning/host_work.py)."""
+def file_host_work(run_dir: Path, summary) -> None:
+    """This machine's host work a step, as a run measured it, for later predictions (planning/host_work.py): after
+    `run`, `map` and `recommend`'s confirming run."""
     from ..planning import host_work
     from ..report.prediction_split import host_points
     from ..run.results import read_meta
