@@ -153,3 +153,14 @@ def test_the_verify_forward_is_set_against_its_price_apart_from_host_work_and_dr
     assert out["cost_part"] == pytest.approx((16.0 / 10.2) / (30.0 / 20.0), abs=1e-3)
     assert pd.isna(prediction_split.split(row, {k: v for k, v in info.items() if k != "predicted_forward_ms"},
                                           20.0, 0.4)["forward_part"])  # an older run.yaml: not known
+
+
+def test_step_cost_misses_that_are_the_verify_forwards_say_the_curve_missed():
+    frame = pd.DataFrame([{"method": f"ppd@{n}", "dataset": "gsm8k", "cost_part": 0.85, "tau_part": 1.0,
+                           "forward_part": forward, "misses": "cost", "step_ms": 20.0, "draft_ms": 0.0,
+                           "host_ms": 1.0} for n, forward in ((2, 0.86), (8, 0.84), (32, 0.99))])
+    said = " ".join(prediction_split.lines(frame))
+    assert "The verify forward misses its price at 2 of the 3 step-cost misses" in said
+    assert "its verify forward x0.86 of its price" in said
+    frame["forward_part"] = 0.99  # the forward as priced: the miss is elsewhere (host work, drafting)
+    assert "The verify forward misses" not in " ".join(prediction_split.lines(frame))

@@ -151,7 +151,24 @@ def lines(frame: pd.DataFrame, ar_host: dict | None = None, host_prices: list[st
                + f"; tau within {GOAL:.0%} for {len(known) - len(tau)} of {len(known)}"
                + (": misses for " + ", ".join(f"{r.method} on {r.dataset} (x{r.tau_part:.2f})"
                                               for r in tau.itertuples()) if len(tau) else "") + ".", ""]
+    md += _curve_line(cost)
     return md
+
+
+def _curve_line(cost: pd.DataFrame) -> list[str]:
+    """Where most step-cost misses are their verify forwards' (forward_part off by as much as cost_part): a line
+    saying so and what to do, since neither the host work nor the drafting price can mend a stale curve."""
+    if "forward_part" not in cost or not len(cost):
+        return []
+    curve = cost[(cost.forward_part - 1).abs() > GOAL]
+    if len(curve) * 2 <= len(cost):
+        return []
+    return [f"The verify forward misses its price at {len(curve)} of the {len(cost)} step-cost misses "
+            "(`forward_part`): the latency curve did, not the host work or the drafting. On a machine whose speed "
+            "moves (a VM sharing its memory bandwidth), a profile taken in another sitting prices wide forwards "
+            "against L(1) otherwise than they run now: `specbench profile` again right before the run (with "
+            "--compile for a compiled run), or `specbench map --profile fresh`, takes the curve in the run's "
+            "sitting.", ""]
 
 
 def _step_parts(row, ar_host: float | None) -> str:
