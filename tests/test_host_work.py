@@ -8,6 +8,7 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from specbench.planning import host_work
@@ -164,3 +165,22 @@ def test_step_cost_misses_that_are_the_verify_forwards_say_the_curve_missed():
     assert "its verify forward x0.86 of its price" in said
     frame["forward_part"] = 0.99  # the forward as priced: the miss is elsewhere (host work, drafting)
     assert "The verify forward misses" not in " ".join(prediction_split.lines(frame))
+
+
+def test_list_host_work_shows_each_familys_law_and_where_it_is_filed(on):
+    from specbench.core.machine.hardware import hardware_slug
+
+    from .test_data_files import sb as say
+
+    hardware = hardware_slug(torch.device("cpu"))
+    empty = say("list", "host-work", "--model", "random:tiny", "--device", "cpu")
+    assert "Nothing filed for tiny here yet" in empty
+    host_work.remember(on / "run", {host_work.key(hardware, "tiny", "float32", True, "ppd"):
+                                    [{"width": 6.0, "ratio": 0.07, "when": "2026-11-29T14:00:00+00:00"},
+                                     {"width": 36.0, "ratio": 0.3, "when": "2026-11-29T14:01:00+00:00"}],
+                                    host_work.key(hardware, "tiny", "float32", True, "ar"):
+                                    [{"width": 1.0, "ratio": 0.02, "when": "2026-11-29T14:01:00+00:00"}]})
+    said = say("list", "host-work", "--model", "random:tiny", "--device", "cpu")
+    assert "| float32 | compiled | ar | 1 | 1: 0.020 |" in said.replace("│", "|")
+    assert "| float32 | compiled | ppd | 2 | 6: 0.070, 36: 0.300 |" in said.replace("│", "|")
+    assert "delete it to start afresh" in said

@@ -1,5 +1,5 @@
-"""`specbench env` and `specbench list methods|datasets|profiles|trees`: what this machine is, what is available and
-which data files a run here would read."""
+"""`specbench env` and `specbench list methods|datasets|profiles|trees|host-work`: what this machine is, what is
+available and which data files a run here would read."""
 
 from __future__ import annotations
 
@@ -125,3 +125,32 @@ def list_trees(
                            rows))
     if not rows:
         out.print(f"No tree of {model_slug(model)} in any source: `specbench build-tree --model {model}` builds one.")
+
+
+@list_app.command("host-work")
+def list_host_work(
+    model: Annotated[str, typer.Option(help="Model spec (its file-name key picks the figures).")] = "smollm2-135m",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:<i>")] = "auto",
+):
+    """Host work a decode step pays outside its forwards, as this machine's runs filed it, which predictions here
+    add to each tree step's and ar's price (docs/trees.md, "Host work in the price")."""
+    from ..core.machine.hardware import hardware_slug
+    from ..core.model.load import model_slug, resolve_device
+    from ..planning import host_work
+
+    hardware, key = hardware_slug(resolve_device(device)), model_slug(model)
+    rows = host_work.filed(hardware, key)
+    table = Table(title=f"host work of {key} (this hardware: {hardware}), in ar forwards")
+    for col in ("dtype", "decoding", "method", "figures", "host ms a step / ar's forward, by verify width", "latest"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        at = ", ".join(f"{w:g}: {v:.3f}" for w, v in r.law.knots)
+        table.add_row(r.dtype, r.decoding, r.method, str(r.law.points), at, f"{r.latest} {r.run}")
+    out.print(table)
+    where = host_work.where()
+    if not rows:
+        out.print(f"Nothing filed for {key} here yet: a `specbench run` with a tree method files it ({where}).")
+    else:
+        out.print(f"Filed in {where}; delete it to start afresh.")
+    if not host_work.enabled():
+        out.print("SPECBENCH_HOST_WORK=0: runs here neither file nor read these figures.")

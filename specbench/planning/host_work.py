@@ -126,6 +126,34 @@ def law(k: str, data: dict | None = None) -> HostLaw | None:
     return HostLaw.fit([(p.get("width", math.nan), p.get("ratio", math.nan)) for p in rows if isinstance(p, dict)])
 
 
+@dataclass(frozen=True)
+class Filed:
+    """One family's filed host work (`specbench list host-work`): its key's parts, its law, its latest figure's
+    time and run."""
+
+    dtype: str
+    decoding: str  # eager | compiled
+    method: str
+    law: HostLaw
+    latest: str
+    run: str
+
+
+def filed(hardware: str, model: str) -> list[Filed]:
+    """Every family's host work filed for this hardware key and model, ar first, then by dtype and decoding."""
+    out = []
+    for k, rows in _read().items():
+        parts = k.split("/")
+        if len(parts) != 5 or parts[:2] != [hardware, model] or not isinstance(rows, list):
+            continue
+        fitted = law(k)
+        if fitted is None:
+            continue
+        last = max((p for p in rows if isinstance(p, dict)), key=lambda p: str(p.get("when", "")))
+        out.append(Filed(parts[2], parts[3], parts[4], fitted, str(last.get("when", "")), str(last.get("run", ""))))
+    return sorted(out, key=lambda f: (f.dtype, f.decoding, f.method != AR, f.method))
+
+
 def price(hardware: str, model: str, dtype: str, compiled: bool, method: str) -> HostPrice | None:
     """The host price of `method` here (None: off, or no run here has measured both it and ar)."""
     if not enabled():
