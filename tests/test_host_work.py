@@ -104,7 +104,7 @@ def summary_and_meta(temperature=0.0):
 def test_a_runs_points_are_its_tree_rows_and_ar_in_units_of_ars_forward():
     summary, meta = summary_and_meta()
     points = prediction_split.host_points(summary, meta)
-    assert set(points) == {"cpu-x/tiny/float32/eager/ar", "cpu-x/tiny/float32/eager/medusa"}  # not pld: no tree
+    assert set(points) == {"cpu-x/tiny/float32/eager/ar", "cpu-x/tiny/float32/eager/medusa"}  # pld: no drafts said
     assert points["cpu-x/tiny/float32/eager/ar"][0]["ratio"] == pytest.approx(0.4 / 19.6, rel=1e-3)
     medusa = points["cpu-x/tiny/float32/eager/medusa"][0]
     assert medusa["width"] == 4 and medusa["ratio"] == pytest.approx(1.5 / 19.6, rel=1e-3)
@@ -184,3 +184,21 @@ def test_list_host_work_shows_each_familys_law_and_where_it_is_filed(on):
     assert "| float32 | compiled | ar | 1 | 1: 0.020 |" in said.replace("│", "|")
     assert "| float32 | compiled | ppd | 2 | 6: 0.070, 36: 0.300 |" in said.replace("│", "|")
     assert "delete it to start afresh" in said
+
+
+def test_a_chain_methods_host_work_is_filed_at_its_mean_width_and_priced_into_its_plan(tmp_path):
+    from specbench.core.profile_file import LatencyProfile
+    from specbench.planning.chain_plan import plan_chain
+
+    summary, meta = summary_and_meta()
+    summary.loc[summary.method == "pld", "drafted"] = 66  # over 24 - 2 tokens at decode tau 1.2: 18.33 steps
+    pld = prediction_split.host_points(summary, meta)["cpu-x/tiny/float32/eager/pld"][0]
+    assert pld["width"] == pytest.approx(1 + 66 / (22 / 1.2), abs=1e-3)
+    path = tmp_path / "pld.yaml"
+    fields = {"method": "pld", "conditional": [0.6, 0.5, 0.4], "per_rank": [[0.6], [0.5], [0.4]]}
+    path.write_text(yaml.safe_dump(fields))
+    flat = LatencyProfile("tiny", "float32", "cpu-x", "measured", [1, 2, 4, 8], {512: {"median_ms": [10.0] * 4}})
+    bare = plan_chain("pld", path, fields, flat, 512)
+    host = HostPrice(HostLaw(((4.0, 0.1),), 2), HostLaw(((1.0, 0.02),), 2))
+    priced = plan_chain("pld", path, fields, flat, 512, host=host)
+    assert priced.k == bare.k and priced.speedup == pytest.approx(bare.tau * 10.2 / 11.0, abs=1e-3)

@@ -5,6 +5,8 @@
   step(k)    = L(k + 1) + drafting(k)                         (sd: the drafter's k forwards follow each other)
              = max(L(k + 1), drafting(k))                     (pearl: drafter and target run at the same time)
   drafting   = k x a drafter forward                          (draft-free methods such as pld: 0, host work)
+  host       = this machine's host work a step at width k + 1 where its runs filed it (host_work.py), added to
+             step(k), and ar's to L(1) (recommend, here only)
   a drafter forward = L(1) x drafter share on a measured profile; on a GPU preset its own fixed cost plus its share
              of the target's reading time (latency_estimate.drafting_forward_ms)
   speedup(k) = tau(k) L(1) / step(k)
@@ -25,6 +27,8 @@ from pathlib import Path
 from .. import families
 from ..core.acceptance_profile import read
 from ..errors import SpecbenchError
+from . import host_work
+from .host_work import HostPrice
 from .latency_estimate import drafting_forward_ms
 from .profile import LatencyProfile
 from .shape_pricing import best_measured, check_rows
@@ -66,9 +70,10 @@ def plan_shape(method: str, path: Path, fields: dict, profile: LatencyProfile, k
 
 
 def plan_chain(method: str, path: Path, fields: dict, profile: LatencyProfile, kv_length: int,
-               drafter_layers: float = 1.0) -> ChainPlan:
+               drafter_layers: float = 1.0, host: HostPrice | None = None) -> ChainPlan:
     """The fastest draft length for `method` on `profile` with the acceptance in `path` (`drafter_layers`: the
-    drafter's size in target decoder layers, for its fixed cost per forward on a preset)."""
+    drafter's size in target decoder layers, for its fixed cost per forward on a preset; `host`: this machine's
+    host work a step at verify width k + 1, and ar's beside L(1): host_work.py)."""
     if families.get(method).shaped:
         return plan_shape(method, path, fields, profile, kv_length)
     marginal = read(str(path)).marginal
@@ -79,7 +84,8 @@ def plan_chain(method: str, path: Path, fields: dict, profile: LatencyProfile, k
             raise SpecbenchError(f"{path}: no `drafter_share` (the drafter's weights per forward over the "
                                  f"target's) to price {method}'s drafting; `specbench estimate --method {method} "
                                  "--drafter D` writes it")
-    one = profile.latency_ms(1, kv_length)
+    l1 = profile.latency_ms(1, kv_length)
+    one = l1 + (host.ar_ms(l1) if host else 0.0)
     forward = drafting_forward_ms(profile, kv_length, share, drafter_layers) if share else 0.0
     best = None
     for k in range(1, min(len(marginal), MAX_DRAFT) + 1):
@@ -87,6 +93,7 @@ def plan_chain(method: str, path: Path, fields: dict, profile: LatencyProfile, k
         draft = k * forward
         verify = profile.latency_ms(k + 1, kv_length)
         step = max(verify, draft) if method in PARALLEL else verify + draft
+        step += host.step_ms(k + 1, l1) if host else 0.0
         plan = ChainPlan(k, round(tau, 3), round(tau * one / step, 3), round(draft, 3))
         if best is None or plan.speedup > best.speedup:
             best = plan
@@ -115,6 +122,8 @@ def predict_here(method: str, model_spec: str, hardware: str, dtype: str, kv_len
     if hit is None:
         return None, f"no {key} {dtype} profile for {hardware}: `specbench profile --model {model_spec}`"
     try:
-        return plan_chain(method, found.path, read_fields(found.path), load_profile(hit.path), kv_length), ""
+        profile = load_profile(hit.path)
+        return plan_chain(method, found.path, read_fields(found.path), profile, kv_length,
+                          host=host_work.for_profile(profile, method)), ""
     except SpecbenchError as exc:
         return None, str(exc)

@@ -196,11 +196,25 @@ def _ratio(a: float, b: float) -> float:
     return a / b if not (math.isnan(a) or math.isnan(b)) and b > 0 else math.nan
 
 
+def _chain_width(row: dict) -> float | None:
+    """A chain method's mean verify width a decode step (1 + its draft tokens over its decode steps), where the
+    row is one of a chain family's (pld, sd, pearl: planning/chain_plan.py prices them) and says it; else None."""
+    from .. import families
+
+    family = families.FAMILIES.get(row.get("method"))
+    if family is None or family.kind not in ("draft-free", "draft-model") or family.shaped:
+        return None
+    steps = _ratio(_num(row.get("new_tokens")) - _num(row.get("turns")), _num(row.get("decode_tau")))
+    width = 1.0 + _ratio(_num(row.get("drafted")), steps)
+    return round(width, 3) if math.isfinite(width) else None
+
+
 def host_points(summary: pd.DataFrame, meta: dict) -> dict[str, list[dict]]:
     """planning/host_work.py's key -> this run's points, one per dataset and method: (verify width, host ms a decode
     step over ar's forward ms a decode step: ar's step less its host work), of batch-1 rows the guard did not judge
-    disturbed, a tree method's where run.yaml's prediction gave its verify width, and ar's at width 1. Nothing for
-    a sampled, synthetic or other engine's run (its host work is not a greedy step's of specbench's own loop)."""
+    disturbed, a tree method's where run.yaml's prediction gave its verify width, a chain method's at its mean
+    verify width (_chain_width), and ar's at width 1. Nothing for a sampled, synthetic or other engine's run (its
+    host work is not a greedy step's of specbench's own loop)."""
     settings, env = meta.get("settings") or {}, meta.get("environment") or {}
     if (settings.get("temperature") or 0) > 0 or settings.get("synthetic_acceptance") or \
             settings.get("engine", "specbench") != "specbench" or "host_overhead" not in summary:
@@ -225,6 +239,8 @@ def host_points(summary: pd.DataFrame, meta: dict) -> dict[str, list[dict]]:
             info = trees.get(r["method"]) or {}
             if info.get("verify_width") is not None and info.get("family"):
                 points.append((info["family"], float(info["verify_width"]), parts(r)[1], r["method"]))
+            elif (width := _chain_width(r)) is not None:
+                points.append((r["method"], width, parts(r)[1], r["method"]))
         for family, width, host, label in points:
             if math.isfinite(host):
                 out.setdefault(host_work.key(*here, family), []).append(
