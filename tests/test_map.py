@@ -155,8 +155,13 @@ def test_context_fill_lengthens_each_prompt_with_the_others():
 def test_map_compile_refuses_what_the_run_would_before_loading(monkeypatch):
     """A compiled map refuses --warmup 0 (compile time would land in timed turns) before any model loads."""
     import specbench.core.model.load as load
+    import specbench.run.own_methods as own
 
-    monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("a model loaded before the refusal"))
+    # both names: own_methods binds load_model when first imported, and a first import while the patch is in place
+    # would keep the patch for every later test of this worker
+    fail = lambda *a, **k: pytest.fail("a model loaded before the refusal")  # noqa: E731
+    monkeypatch.setattr(load, "load_model", fail)
+    monkeypatch.setattr(own, "load_model", fail)
     result = CliRunner().invoke(app, ["map", "--model", "random:tiny", "-m", "pld", "--batch-size", "1,2",
                                       "--warmup", "0", "--compile"])
     assert result.exit_code != 0 and "--warmup 1 or more" in result.output and "Traceback" not in result.output
