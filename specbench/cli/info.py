@@ -149,7 +149,8 @@ def list_host_work(
     out.print(table)
     where = host_work.where()
     if not rows:
-        out.print(f"Nothing filed for {key} here yet: a `specbench run` with a tree method files it ({where}).")
+        out.print(f"Nothing filed for {key} here yet: a `specbench run` of a tree or chain method beside ar files it "
+                  f"({where}).")
     else:
         out.print(f"Filed in {where}; delete it to start afresh.")
     if not host_work.enabled():
