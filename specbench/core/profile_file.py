@@ -35,6 +35,12 @@ class LatencyProfile:
         return self.meta.get("identity")
 
     @property
+    def compiled(self) -> bool:
+        """Measured under `--compile` (its placement, or its compile block)."""
+        meta = self.meta or {}
+        return meta.get("placement") == "compiled" or isinstance(meta.get("compile"), dict)
+
+    @property
     def batch_sizes(self) -> list[int]:
         """Batch sizes this profile has a curve for (1 always: `curves`)."""
         return [1, *sorted(self.batches)]

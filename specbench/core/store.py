@@ -13,6 +13,7 @@ Model keys are `core/model/naming.model_slug(spec)` ("smollm2-135m", "org--name"
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,3 +280,23 @@ class RunFolder:
 def user_cache() -> Path:
     """Where specbench keeps downloaded and converted files ($SPECBENCH_CACHE, default ~/.cache/specbench)."""
     return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
+
+
+def read_cached_json(name: str) -> dict:
+    """A JSON object kept in the user cache (a history a command adds to), {} where it is missing or unreadable."""
+    try:
+        data = json.loads((user_cache() / name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cached_json(name: str, data: dict, indent: int | None = None) -> bool:
+    """Keep `data` as the user cache's JSON `name`; False where the cache cannot be written (best effort)."""
+    try:
+        path = user_cache() / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=indent))
+    except OSError:
+        return False
+    return True

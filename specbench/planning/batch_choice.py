@@ -91,7 +91,7 @@ def compiled_view(target, batch_size: int, eager_ok: bool = True) -> tuple[Laten
 
 def is_compiled(view: LatencyProfile) -> bool:
     """Whether a profile (or its batch view) was measured under `--compile` (its placement, or its compile block)."""
-    return view.meta.get("placement") == "compiled" or isinstance(view.meta.get("compile"), dict)
+    return view.compiled
 
 
 def relative_latency(profile: LatencyProfile, most: int, padded: bool = False) -> list[float]:

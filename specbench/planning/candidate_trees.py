@@ -15,8 +15,7 @@ from .treesearch import CandidateTree, static_candidates
 
 def compiled_field(profile: LatencyProfile) -> dict:
     """{"compiled": True} for a curve taken under --compile (profile --compile; a tree a compiled run decodes with)."""
-    meta = profile.meta or {}
-    return {"compiled": True} if meta.get("placement") == "compiled" or isinstance(meta.get("compile"), dict) else {}
+    return {"compiled": True} if profile.compiled else {}
 
 
 @dataclass

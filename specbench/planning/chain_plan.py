@@ -28,7 +28,6 @@ from .. import families
 from ..core.acceptance_profile import read
 from ..errors import SpecbenchError
 from . import host_work
-from .host_work import HostPrice
 from .latency_estimate import drafting_forward_ms
 from .profile import LatencyProfile
 from .shape_pricing import best_measured, check_rows
@@ -70,7 +69,7 @@ def plan_shape(method: str, path: Path, fields: dict, profile: LatencyProfile, k
 
 
 def plan_chain(method: str, path: Path, fields: dict, profile: LatencyProfile, kv_length: int,
-               drafter_layers: float = 1.0, host: HostPrice | None = None) -> ChainPlan:
+               drafter_layers: float = 1.0, host: host_work.HostPrice | None = None) -> ChainPlan:
     """The fastest draft length for `method` on `profile` with the acceptance in `path` (`drafter_layers`: the
     drafter's size in target decoder layers, for its fixed cost per forward on a preset; `host`: this machine's
     host work a step at verify width k + 1, and ar's beside L(1): host_work.py)."""

@@ -26,7 +26,6 @@ what an earlier test ran).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -114,11 +113,9 @@ def where() -> Path:
 
 
 def _read() -> dict:
-    try:
-        data = json.loads(where().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    from ..core.store import read_cached_json
+
+    return read_cached_json(FILE)
 
 
 def law(k: str, data: dict | None = None) -> HostLaw | None:
@@ -168,9 +165,7 @@ def for_profile(profile, method: str) -> HostPrice | None:
     """The host price for a prediction on `profile` (batch 1 only: the points are batch 1's), of this machine."""
     if profile is None or (profile.meta or {}).get("batch_size", 1) != 1 or profile.source != "measured":
         return None
-    meta = profile.meta or {}
-    compiled = meta.get("placement") == "compiled" or isinstance(meta.get("compile"), dict)
-    return price(profile.hardware, profile.model, profile.dtype, compiled, method)
+    return price(profile.hardware, profile.model, profile.dtype, profile.compiled, method)
 
 
 def remember(run_dir: Path, new: dict[str, list[dict]]) -> int:
@@ -183,10 +178,6 @@ def remember(run_dir: Path, new: dict[str, list[dict]]) -> int:
     for k, points in new.items():
         kept = [p for p in data.get(k, []) if isinstance(p, dict) and p.get("run") != run]
         data[k] = (kept + [{**p, "run": run} for p in points])[-KEPT:]
-    try:
-        path = where()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1))
-    except OSError:
-        return 0
-    return sum(len(p) for p in new.values())
+    from ..core.store import write_cached_json
+
+    return sum(len(p) for p in new.values()) if write_cached_json(FILE, data, indent=1) else 0

@@ -270,7 +270,7 @@ class OwnMethods:
             tree = getattr(method, "tree_file", None)
             if tree is not None and getattr(method, "acceptance", None) is not None:
                 cost = method.draft_cost(profile) if profile and hasattr(method, "draft_cost") else None
-                family = getattr(method, "family", None) or label.split("@")[0]
+                family = method.family
                 host = host_work.for_profile(profile, family) if profile is not None else None
                 out[label] = {"tree": getattr(method, "tree_source", ""), "family": family,
                               **predict_at_context(tree, method.acceptance, profile, context,

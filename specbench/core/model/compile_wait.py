@@ -13,7 +13,6 @@ own count of FX-graph cache hits during its first call.
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 from pathlib import Path
 
@@ -68,18 +67,10 @@ def _kind(device: torch.device) -> str:
     return "cuda" if device.type == "cuda" else "cpu"
 
 
-def _history_path() -> Path:
-    from ..store import user_cache
-
-    return user_cache() / HISTORY
-
-
 def _read() -> dict:
-    try:
-        data = json.loads(_history_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    from ..store import read_cached_json
+
+    return read_cached_json(HISTORY)
 
 
 def per_shape(device: torch.device, model=None) -> tuple[float, float, str]:
@@ -106,12 +97,9 @@ def remember(device: torch.device, shapes: list, model=None) -> None:
     for seconds, read in (s if isinstance(s, tuple) else (s, False) for s in shapes):
         key = f"{_kind(device)}/{model_key(model)}/{'read' if read else 'built'}"
         data[key] = [*data.get(key, []), round(float(seconds), 2)][-KEPT:]
-    try:
-        path = _history_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data))
-    except OSError:
-        pass
+    from ..store import write_cached_json
+
+    write_cached_json(HISTORY, data)
 
 
 def _minutes(seconds: float) -> str:
